@@ -1,0 +1,50 @@
+"""The ``gpuloom`` command line.
+
+Each subcommand lives in its own module under ``gpuloom/commands/`` exposing ``NAME``, ``HELP``,
+``add_arguments(parser)`` and ``run(args) -> int``. Modules are imported only when listed here, and
+their heavy imports (torch) happen inside ``run`` so that ``gpuloom --help`` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Subcommand modules, in the order ``--help`` lists them. The first is the default job.
+COMMANDS = ["demo", "profile", "plan", "simulate"]
+
+
+def _load(name: str):
+    return importlib.import_module(f"gpuloom.commands.{name}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = argparse.ArgumentParser(prog="gpuloom", description="Serve many deep-learning models on one GPU.")
+    parser.add_argument("--version", action="version", version=f"gpuloom {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            mod = _load(name)
+        except ModuleNotFoundError as e:
+            if e.name == f"gpuloom.commands.{name}":
+                continue  # not built yet
+            raise
+        p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # the main job on its embedded defaults
+        args = parser.parse_args(["demo", *(argv or [])])
+    return int(args._run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
