@@ -1,0 +1,180 @@
+"""Capture a stream-planned run into CUDA graphs, one per batch bucket.
+
+A :class:`GraphSet` holds, per bucket, a graph plus its static input and output buffers. Kernels of
+a graph run on the SMs of the context whose streams it was captured on, wherever it is replayed:
+give :func:`capture_graphs` a ``stream_factory`` from an SM partition to confine the graphs to it.
+
+What must stay alive: the graphs reference the model's parameters, the static buffers and the
+graph memory pool; the GraphSet keeps all of them (and the streams) referenced.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .dag import flat_tensors
+from .executor import StreamExecutor
+
+StreamFactory = Callable[[], torch.cuda.Stream]
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One model input, without its batch dimension."""
+
+    name: str
+    shape: tuple[int, ...]  # per-sample shape
+    dtype: torch.dtype
+    device: torch.device
+
+    def describe(self, batch: str = "B") -> str:
+        dims = ", ".join([batch, *map(str, self.shape)])
+        return f"{self.name}: {str(self.dtype).removeprefix('torch.')}[{dims}] on {self.device}"
+
+
+@dataclass
+class CapturedBucket:
+    """One bucket's graph and its static buffers (zero-copy views are into these)."""
+
+    batch: int
+    graph: torch.cuda.CUDAGraph
+    inputs: list[torch.Tensor]
+    outputs: Any
+    kind: str  # "single" or "multi"
+    num_streams: int
+    latency_ms: float | None = None  # measured at compile time when streams="auto"
+
+
+@dataclass
+class GraphSet:
+    """CUDA graphs of one model, one per bucket, captured on ``streams`` (``streams[0]`` is main)."""
+
+    buckets: dict[int, CapturedBucket]
+    streams: list[torch.cuda.Stream]
+    pool: Any
+    memory_bytes: int  # graph pool + static buffers, bytes
+    _keepalive: list[Any] = field(default_factory=list)
+
+    @property
+    def stream(self) -> torch.cuda.Stream:
+        """The main capture stream: replays default to it."""
+        return self.streams[0]
+
+    def inputs(self, bucket: int) -> list[torch.Tensor]:
+        return self.buckets[bucket].inputs
+
+    def outputs(self, bucket: int) -> Any:
+        return self.buckets[bucket].outputs
+
+    def replay(self, bucket: int, stream: torch.cuda.Stream | None = None) -> None:
+        """Enqueue one replay on ``stream`` (default: the capture stream). Asynchronous.
+
+        Replays of one GraphSet share a memory pool: issue them on one stream (or serialize them).
+        """
+        entry = self.buckets[bucket]
+        with torch.cuda.stream(stream if stream is not None else self.stream):
+            entry.graph.replay()
+
+    def __repr__(self) -> str:
+        kinds = {b: f"{e.kind}/{e.num_streams}" for b, e in sorted(self.buckets.items())}
+        return f"GraphSet(buckets={kinds}, memory={self.memory_bytes / 2**20:.1f} MiB, stream={self.stream})"
+
+
+def example_batch(examples: Sequence[torch.Tensor], batch: int) -> list[torch.Tensor]:
+    """Inputs of ``batch`` rows made by repeating the user's example rows (valid token ids stay valid)."""
+    out = []
+    for x in examples:
+        reps = (batch + x.shape[0] - 1) // x.shape[0]
+        out.append(x.repeat(reps, *([1] * (x.dim() - 1)))[:batch].contiguous().clone())
+    return out
+
+
+def _capture_one(
+    executor: StreamExecutor, streams: list[torch.cuda.Stream], static_in: list[torch.Tensor], pool: Any, warmup: int
+) -> tuple[torch.cuda.CUDAGraph, Any]:
+    main = streams[0]
+    main.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(main):
+        for _ in range(warmup):  # cuDNN benchmark and lazy inits happen here, not under capture
+            executor.run(static_in, streams)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, stream=main):
+        out = executor.run(static_in, streams)
+    return graph, out
+
+
+def time_replays(graph: torch.cuda.CUDAGraph, stream: torch.cuda.Stream, *, warmup: int = 5, iters: int = 20) -> float:
+    """Median ms of single replays on ``stream``, timed with CUDA events."""
+    times = []
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            graph.replay()
+        for _ in range(iters):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def capture_graphs(
+    executors: dict[str, StreamExecutor],
+    examples: Sequence[torch.Tensor],
+    buckets: Sequence[int],
+    *,
+    choice: str,
+    stream_factory: StreamFactory | None = None,
+    warmup: int = 3,
+) -> GraphSet:
+    """Capture one graph per bucket.
+
+    ``executors`` maps "single" / "multi" to executors; ``choice`` is "single", "multi" or "auto"
+    (capture both, time both, keep the faster per bucket). Streams come from ``stream_factory``
+    (default: new torch streams on the current device), the first one being the capture stream.
+    Buckets are captured largest first so smaller ones reuse the shared pool's memory.
+    """
+    factory = stream_factory or (lambda: torch.cuda.Stream())
+    need = max(e.plan.num_streams for e in executors.values())
+    streams = [factory() for _ in range(need)]
+    pool = torch.cuda.graph_pool_handle()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved()
+    kinds = ["single", "multi"] if choice == "auto" else [choice]
+    if choice == "auto" and executors["multi"].plan.num_streams == 1:
+        kinds = ["single"]
+    cudnn_benchmark = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    captured: dict[int, CapturedBucket] = {}
+    static_bytes = 0
+    try:
+        with torch.no_grad():
+            for b in sorted(buckets, reverse=True):
+                static_in = example_batch(examples, b)
+                static_bytes += sum(t.numel() * t.element_size() for t in static_in)
+                best: CapturedBucket | None = None
+                for kind in kinds:
+                    ex = executors[kind]
+                    graph, out = _capture_one(ex, streams, static_in, pool, warmup)
+                    entry = CapturedBucket(b, graph, static_in, out, kind, ex.plan.num_streams)
+                    if len(kinds) > 1:
+                        entry.latency_ms = time_replays(graph, streams[0])
+                    if best is None or entry.latency_ms < best.latency_ms:
+                        best = entry
+                captured[b] = best
+    finally:
+        torch.backends.cudnn.benchmark = cudnn_benchmark
+    torch.cuda.synchronize()
+    memory = torch.cuda.memory_reserved() - before
+    return GraphSet(buckets=captured, streams=streams, pool=pool, memory_bytes=max(memory, static_bytes))
+
+
+def output_bytes(value: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in flat_tensors(value))

@@ -1,0 +1,280 @@
+"""``gpuloom.compile``: a model made ahead of time into multi-stream CUDA graphs (after Nimble).
+
+    cm = gpuloom.compile(model, example_inputs, max_batch=32, streams="auto")
+    y = cm(x)          # pads x to its batch bucket, replays that bucket's graph, slices the result
+
+On a machine without CUDA (or ``device="cpu"``) the same object runs the operator DAG in stream-plan
+order on the CPU, without graphs.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .capture import GraphSet, InputSpec, StreamFactory, capture_graphs
+from .dag import CaptureError, OpGraph, capture_graph
+from .executor import StreamExecutor
+from .streams import StreamPlan, assign_streams, single_stream_plan
+
+__all__ = ["compile", "CompiledModel", "CaptureError", "default_buckets"]
+
+_STREAM_CHOICES = ("auto", "max", 1)
+
+
+def default_buckets(max_batch: int) -> tuple[int, ...]:
+    """1, 2, 4, ..., up to and including ``max_batch`` (which need not be a power of two)."""
+    out, b = [], 1
+    while b < max_batch:
+        out.append(b)
+        b *= 2
+    out.append(max_batch)
+    return tuple(out)
+
+
+class CompiledModel:
+    """A model compiled by :func:`compile`. Call it like the model; see the module docstring.
+
+    Attributes: ``plan`` (the multi-stream :class:`StreamPlan`), ``buckets``, ``memory_bytes`` (graph
+    memory), ``device``, ``stream_choice`` (bucket -> "single"/"multi" actually kept), ``graph``
+    (the operator DAG), ``compile_seconds``.
+    """
+
+    def __init__(
+        self,
+        graph: OpGraph,
+        specs: list[InputSpec],
+        examples: list[torch.Tensor],
+        *,
+        max_batch: int,
+        buckets: tuple[int, ...],
+        streams: str | int,
+        device: torch.device,
+    ) -> None:
+        self.graph = graph
+        self.specs = specs
+        self.max_batch = max_batch
+        self.buckets = buckets
+        self.streams = streams
+        self.device = device
+        self._examples = examples
+        names = graph.names
+        n, edges = len(graph.ops), graph.edges
+        self.plan: StreamPlan = assign_streams(n, edges, names=names)
+        self.single_plan: StreamPlan = single_stream_plan(n, edges, names=names)
+        self._executors = {
+            "multi": StreamExecutor(graph, self.plan),
+            "single": StreamExecutor(graph, self.single_plan),
+        }
+        self._graphs: GraphSet | None = None
+        self.compile_seconds = 0.0
+
+    # -- construction ---------------------------------------------------------------------------
+    @property
+    def choice(self) -> str:
+        return {"auto": "auto", "max": "multi", 1: "single"}[self.streams]
+
+    def capture(
+        self,
+        stream_factory: StreamFactory | None = None,
+        buckets: Sequence[int] | None = None,
+        streams: str | int | None = None,
+    ) -> GraphSet:
+        """Capture graphs for ``buckets`` (default: all) on streams from ``stream_factory``.
+
+        Pass a partition's stream factory to confine every kernel to that partition's SMs. ``streams``
+        overrides the compile-time choice ("auto", "max" or 1). The returned :class:`GraphSet` owns its
+        static buffers and pool; keep it alive as long as you replay it.
+        """
+        if self.device.type != "cuda":
+            raise RuntimeError("CompiledModel.capture needs a CUDA device; this model was compiled for "
+                               f"{self.device}")
+        choice = self.choice if streams is None else {"auto": "auto", "max": "multi", 1: "single"}[streams]
+        wanted = tuple(buckets) if buckets is not None else self.buckets
+        unknown = [b for b in wanted if b not in self.buckets]
+        if unknown:
+            raise ValueError(f"buckets {unknown} are not among this model's buckets {self.buckets}")
+        with torch.cuda.device(self.device):
+            return capture_graphs(self._executors, self._examples, wanted, choice=choice, stream_factory=stream_factory)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes held by the default graphs (pool + static buffers); 0 on the CPU path."""
+        return self._graphs.memory_bytes if self._graphs is not None else 0
+
+    @property
+    def stream_choice(self) -> dict[int, str]:
+        if self._graphs is None:
+            return {}
+        return {b: e.kind for b, e in sorted(self._graphs.buckets.items())}
+
+    # -- calling --------------------------------------------------------------------------------
+    def signature(self) -> str:
+        return "(" + ", ".join(s.describe() for s in self.specs) + f") with 1 <= B <= {self.max_batch}"
+
+    def bucket_for(self, batch: int) -> int:
+        for b in self.buckets:
+            if b >= batch:
+                return b
+        raise ValueError(f"batch {batch} is larger than max_batch={self.max_batch}; expected {self.signature()}")
+
+    def _check(self, inputs: Sequence[Any]) -> int:
+        if len(inputs) != len(self.specs):
+            raise TypeError(f"expected {len(self.specs)} input(s) {self.signature()}, got {len(inputs)}")
+        batch = None
+        for spec, x in zip(self.specs, inputs):
+            if not isinstance(x, torch.Tensor):
+                raise TypeError(f"input {spec.name!r} must be a torch.Tensor, got {type(x).__name__}; "
+                                f"expected {self.signature()}")
+            problem = None
+            if x.dtype != spec.dtype:
+                problem = f"dtype {x.dtype}"
+            elif x.device != spec.device:
+                problem = f"device {x.device}"
+            elif x.dim() != len(spec.shape) + 1:
+                problem = f"rank {x.dim()} (shape {tuple(x.shape)})"
+            elif tuple(x.shape[1:]) != spec.shape:
+                problem = f"shape {tuple(x.shape)}"
+            if problem:
+                raise ValueError(f"input {spec.name!r} has {problem}; expected {spec.describe()} "
+                                 f"(full signature {self.signature()}). gpuloom never casts or moves inputs.")
+            if batch is None:
+                batch = x.shape[0]
+            elif x.shape[0] != batch:
+                raise ValueError(f"all inputs must share the batch size: {spec.name!r} has {x.shape[0]}, "
+                                 f"the first input has {batch}")
+        if batch < 1:
+            raise ValueError(f"batch must be at least 1, got {batch}")
+        if batch > self.max_batch:
+            raise ValueError(f"batch {batch} is larger than max_batch={self.max_batch}; expected {self.signature()}")
+        return batch
+
+    @torch.no_grad()
+    def __call__(self, *inputs: torch.Tensor, zero_copy: bool = False) -> Any:
+        """Run the model. On the GPU: copy into the bucket's static inputs and replay on the current
+        stream (asynchronous, like any CUDA op). ``zero_copy=True`` returns views of the static output
+        buffers, valid until the next call for the same bucket."""
+        n = self._check(inputs)
+        if self._graphs is None:
+            return self._executors["multi"].run(inputs)
+        b = self.bucket_for(n)
+        entry = self._graphs.buckets[b]
+        for static, x in zip(entry.inputs, inputs):
+            static[:n].copy_(x)
+        stream = torch.cuda.current_stream(self.device)
+        self._graphs.replay(b, stream=stream)
+        return _slice(entry.outputs, n, b, copy=not zero_copy)
+
+    def run_eager_plan(self, *inputs: torch.Tensor, streams: str | int = "max") -> Any:
+        """Run the DAG without graphs (debugging): on CPU in order, on GPU on the plan's streams."""
+        self._check(inputs)
+        ex = self._executors["single" if streams == 1 else "multi"]
+        if self.device.type != "cuda":
+            return ex.run(inputs)
+        with torch.no_grad():
+            cur = torch.cuda.current_stream(self.device)
+            extra = [torch.cuda.Stream(self.device) for _ in range(ex.plan.num_streams - 1)]
+            return ex.run(inputs, [cur, *extra])
+
+    def __repr__(self) -> str:
+        where = "cuda graphs" if self._graphs is not None else "cpu, no graphs"
+        return (f"CompiledModel(ops={len(self.graph.ops)}, streams={self.plan.num_streams}, "
+                f"syncs={self.plan.num_syncs}, buckets={self.buckets}, device={self.device}, {where}, "
+                f"capture={self.graph.method})")
+
+
+def _slice(value: Any, n: int, bucket: int, *, copy: bool) -> Any:
+    if isinstance(value, torch.Tensor):
+        if value.dim() >= 1 and value.shape[0] == bucket:
+            value = value[:n]
+        return value.clone() if copy else value
+    if isinstance(value, tuple):
+        return tuple(_slice(v, n, bucket, copy=copy) for v in value)
+    if isinstance(value, list):
+        return [_slice(v, n, bucket, copy=copy) for v in value]
+    if isinstance(value, dict):
+        return {k: _slice(v, n, bucket, copy=copy) for k, v in value.items()}
+    return value
+
+
+def _model_device(model: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return inputs[0].device if inputs else torch.device("cpu")
+
+
+def compile(
+    model: torch.nn.Module,
+    example_inputs: torch.Tensor | Sequence[torch.Tensor],
+    *,
+    max_batch: int = 32,
+    streams: str | int = "auto",
+    device: str | torch.device | None = None,
+    buckets: Sequence[int] | None = None,
+    input_names: Sequence[str] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> CompiledModel:
+    """Compile ``model`` ahead of time into multi-stream CUDA graphs, one per batch bucket.
+
+    Args:
+        model: an ``nn.Module`` in eval mode, on ``device``.
+        example_inputs: a tensor or a tuple of tensors, each with the batch as dimension 0. Their
+            per-sample shapes and dtypes are the compiled signature.
+        max_batch: the largest batch a call may have.
+        streams: ``"auto"`` (on the GPU, time single- and multi-stream graphs per bucket and keep the
+            faster), ``"max"`` (Nimble's plan: maximum logical concurrency), or ``1`` (one stream).
+        device: where to run; default: the model's device. CPU runs the DAG without graphs.
+        buckets: batch buckets to capture; default 1, 2, 4, ..., max_batch.
+
+    Raises:
+        CaptureError: neither torch.export nor torch.fx could capture the model (says which op).
+        ValueError / TypeError: bad arguments, with what was expected.
+    """
+    t0 = time.perf_counter()
+    say = progress or (lambda msg: None)
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"gpuloom.compile expects an nn.Module, got {type(model).__name__}")
+    if model.training:
+        raise ValueError("gpuloom.compile compiles inference graphs: call model.eval() first "
+                         "(training-mode BatchNorm/Dropout would be baked into the graph)")
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    example_inputs = tuple(example_inputs)
+    if not example_inputs or not all(isinstance(x, torch.Tensor) and x.dim() >= 1 for x in example_inputs):
+        raise TypeError("example_inputs must be a tensor or a tuple of tensors with a batch dimension first")
+    if streams not in _STREAM_CHOICES:
+        raise ValueError(f"streams must be one of 'auto', 'max' or 1, got {streams!r}")
+    if not isinstance(max_batch, int) or max_batch < 1:
+        raise ValueError(f"max_batch must be a positive int, got {max_batch!r}")
+    dev = torch.device(device) if device is not None else _model_device(model, example_inputs)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device='cuda' was asked for but CUDA is not available; use device='cpu'")
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    for x in example_inputs:
+        if x.device.type != dev.type:
+            raise ValueError(f"example inputs must be on {dev}, found one on {x.device}")
+    bucket_list = tuple(sorted(set(buckets))) if buckets is not None else default_buckets(max_batch)
+    if bucket_list[0] < 1 or bucket_list[-1] != max_batch:
+        raise ValueError(f"buckets must be positive and end at max_batch={max_batch}, got {bucket_list}")
+
+    say("capturing the operator graph")
+    graph = capture_graph(model, example_inputs, max_batch=max_batch)
+    graph.module.to(dev)
+    names = list(input_names) if input_names else [
+        n.name for n in graph.module.graph.nodes if n.op == "placeholder"
+    ]
+    if len(names) != len(example_inputs):
+        names = [f"input{i}" for i in range(len(example_inputs))]
+    specs = [InputSpec(nm, tuple(x.shape[1:]), x.dtype, dev) for nm, x in zip(names, example_inputs)]
+    cm = CompiledModel(graph, specs, [x.detach() for x in example_inputs], max_batch=max_batch,
+                       buckets=bucket_list, streams=streams, device=dev)
+    for ex in cm._executors.values():
+        ex.refresh_attrs()
+    if dev.type == "cuda":
+        say(f"capturing CUDA graphs for buckets {bucket_list}")
+        cm._graphs = cm.capture()
+    cm.compile_seconds = time.perf_counter() - t0
+    return cm

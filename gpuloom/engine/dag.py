@@ -1,0 +1,193 @@
+"""Model -> operator DAG.
+
+A model is captured as an FX graph, preferably with ``torch.export`` (an ATen-level graph,
+functionalized so that no operator mutates another's input, with a dynamic batch dimension), falling
+back to ``torch.fx.symbolic_trace`` (a module-level graph) where export fails. If neither can capture
+it, :class:`CaptureError` says which operation stopped each of them.
+
+The DAG's nodes are the graph nodes that do device work ("ops"). Everything else is *free*: views and
+other metadata-only operators, ``getitem`` on multi-output ops, symbolic-size arithmetic, parameter
+reads. Free nodes are folded into their producers: a DAG edge ``a -> b`` exists when ``b`` reads,
+through any chain of free nodes, a value produced by op ``a``.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+import torch.fx as fx
+
+
+class CaptureError(RuntimeError):
+    """The model could not be turned into an operator graph."""
+
+
+# ATen ops that only change metadata (no kernel). Anything not listed is treated as device work,
+# which is always safe (it only costs a possible extra synchronization).
+_VIEW_OPS = {
+    "view", "_unsafe_view", "t", "permute", "transpose", "expand", "squeeze", "unsqueeze", "slice",
+    "select", "alias", "detach", "as_strided", "unflatten", "split", "split_with_sizes", "chunk",
+    "unbind", "narrow", "view_as", "expand_as", "diagonal", "movedim", "numpy_T", "lift_fresh",
+    "_assert_tensor_metadata", "_assert_scalar", "sym_size", "sym_stride", "sym_numel",
+    "sym_storage_offset", "sym_constrain_range_for_size", "sym_constrain_range",
+}
+# Tensor methods / functions of a symbolically traced (fx) graph that only change metadata.
+_FX_VIEW_NAMES = {
+    "view", "reshape_as_view", "t", "permute", "transpose", "expand", "squeeze", "unsqueeze", "size",
+    "dim", "chunk", "split", "unbind", "narrow", "view_as", "expand_as", "flatten_view", "detach",
+    "getattr", "getitem", "shape",
+}
+
+
+@dataclass
+class OpGraph:
+    """An FX graph module plus the operator DAG over its device ops.
+
+    ``ops[i]`` is the FX node of DAG node ``i``; ``edges`` are (producer, consumer) pairs of op indices.
+    """
+
+    module: fx.GraphModule
+    method: str  # "export" or "fx"
+    ops: list[fx.Node]
+    edges: list[tuple[int, int]]
+    op_index: dict[fx.Node, int] = field(default_factory=dict)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(n.name for n in self.ops)
+
+    def __repr__(self) -> str:
+        return f"OpGraph(method={self.method!r}, ops={len(self.ops)}, edges={len(self.edges)})"
+
+
+def capture_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *, max_batch: int) -> OpGraph:
+    """Capture ``model`` as an FX graph and build its operator DAG (see the module docstring)."""
+    export_error: BaseException | None = None
+    try:
+        gm = _export(model, example_inputs, max_batch)
+        method = "export"
+    except Exception as e:  # export fails in many ways; we report it below if fx fails too
+        export_error = e
+        try:
+            gm = fx.symbolic_trace(model)
+            method = "fx"
+        except Exception as fx_error:
+            raise CaptureError(
+                f"gpuloom could not capture {type(model).__name__} as an operator graph.\n"
+                f"  torch.export stopped at: {_first_line(export_error)}\n"
+                f"  torch.fx stopped at: {_first_line(fx_error)}\n"
+                "Models with data-dependent control flow or host synchronizations (.item(), .tolist(), "
+                "Python branches on tensor values) cannot be compiled ahead of time; move that logic "
+                "out of forward() or make it static."
+            ) from fx_error
+    return _build_dag(gm, method)
+
+
+def _export(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], max_batch: int) -> fx.GraphModule:
+    # Export at batch 2 with a dynamic batch dimension: at batch 1 export specializes the size.
+    inputs = tuple(_with_batch(x, 2) for x in example_inputs)
+    batch = torch.export.Dim("batch", min=1, max=max(2, max_batch))
+    dynamic = tuple({0: batch} for _ in inputs)
+    with torch.no_grad():
+        ep = torch.export.export(model, inputs, dynamic_shapes=dynamic)
+        ep = ep.run_decompositions({})  # functionalize: no op mutates its inputs
+    return ep.module()
+
+
+def _with_batch(x: torch.Tensor, n: int) -> torch.Tensor:
+    reps = (n + x.shape[0] - 1) // x.shape[0]
+    return x.repeat(reps, *([1] * (x.dim() - 1)))[:n].contiguous()
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"
+
+
+def is_device_op(node: fx.Node, gm: fx.GraphModule) -> bool:
+    """Does this node launch device work (and so become a DAG node)?"""
+    if node.op in ("placeholder", "output", "get_attr"):
+        return False
+    if node.op == "call_module":
+        if node.target == "_guards_fn":  # export's input guards: host-side checks only
+            return False
+        return True
+    if node.op == "call_method":
+        return node.target not in _FX_VIEW_NAMES
+    target = node.target
+    if target is operator.getitem or getattr(target, "__module__", None) in ("_operator", "operator"):
+        return False
+    if isinstance(target, torch._ops.OpOverload):
+        return target._opname not in _VIEW_OPS
+    if target is getattr:
+        return False
+    name = getattr(target, "__name__", "")
+    if name in _FX_VIEW_NAMES or name in ("size", "sym_size"):
+        return False
+    return True
+
+
+def _mutates_input(node: fx.Node, gm: fx.GraphModule) -> bool:
+    """In-place ops of an fx (non-functionalized) graph: ``relu(inplace=True)``, ``x.add_(y)``..."""
+    if node.op == "call_module":
+        return bool(getattr(gm.get_submodule(node.target), "inplace", False))
+    if node.op == "call_method":
+        return node.target.endswith("_") and not node.target.endswith("__")
+    if node.op == "call_function":
+        return bool(node.kwargs.get("inplace", False)) or getattr(node.target, "__name__", "").endswith("_")
+    return False
+
+
+def _build_dag(gm: fx.GraphModule, method: str) -> OpGraph:
+    ops: list[fx.Node] = []
+    op_index: dict[fx.Node, int] = {}
+    producers: dict[fx.Node, frozenset[int]] = {}  # node -> ops whose output it carries (through free nodes)
+    edges: set[tuple[int, int]] = set()
+    last_writer: dict[fx.Node, int] = {}  # fx fallback: in-place writes to a value, by its root node
+    readers: dict[fx.Node, list[int]] = {}
+
+    for node in gm.graph.nodes:
+        deps: set[int] = set()
+        for arg in node.all_input_nodes:
+            deps |= producers.get(arg, frozenset())
+        if is_device_op(node, gm):
+            i = len(ops)
+            ops.append(node)
+            op_index[node] = i
+            edges.update((d, i) for d in deps)
+            if method == "fx":
+                _order_inplace(node, gm, i, edges, last_writer, readers)
+            producers[node] = frozenset({i})
+        else:
+            producers[node] = frozenset(deps)
+    return OpGraph(module=gm, method=method, ops=ops, edges=sorted(edges), op_index=op_index)
+
+
+def _order_inplace(node, gm, i, edges, last_writer, readers) -> None:
+    """Keep fx graph order around in-place ops: a write follows every earlier read and write of the
+    value it mutates, and every later read follows the write."""
+    roots = [a for a in node.all_input_nodes]
+    for r in roots:
+        if r in last_writer and last_writer[r] != i:
+            edges.add((last_writer[r], i))
+        readers.setdefault(r, []).append(i)
+    if _mutates_input(node, gm) and roots:
+        target = roots[0]
+        edges.update((j, i) for j in readers.get(target, []) if j != i)
+        last_writer[target] = i
+        # the output of an in-place op aliases its input: later readers of either see the write
+        last_writer[node] = i
+
+
+def flat_tensors(value: Any) -> list[torch.Tensor]:
+    """Every tensor inside a (nested) value."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in flat_tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in flat_tensors(v)]
+    return []

@@ -1,0 +1,112 @@
+"""Bad input gets a clear error naming the expected signature; nothing is silently cast."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+import gpuloom
+from gpuloom.engine.compiled import default_buckets
+from gpuloom.engine.dag import CaptureError
+from engine_models import TwoInputs
+
+
+@pytest.fixture(scope="module")
+def cm():
+    return gpuloom.compile(TwoInputs().eval(), (torch.randn(2, 16), torch.randn(2, 4, 10)), max_batch=8)
+
+
+def good(batch=2):
+    return torch.randn(batch, 16), torch.randn(batch, 4, 10)
+
+
+def test_wrong_number_of_inputs_names_the_signature(cm):
+    with pytest.raises(TypeError, match=r"expected 2 input\(s\).*float32\[B, 16\]"):
+        cm(torch.randn(2, 16))
+
+
+def test_wrong_rank_is_rejected(cm):
+    x, y = good()
+    with pytest.raises(ValueError, match=r"rank 3.*expected .*float32\[B, 16\]"):
+        cm(x[:, None, :], y)
+
+
+def test_wrong_shape_is_rejected(cm):
+    x, y = good()
+    with pytest.raises(ValueError, match=r"shape \(2, 5, 10\)"):
+        cm(x, torch.randn(2, 5, 10))
+
+
+def test_wrong_dtype_is_not_cast(cm):
+    x, y = good()
+    with pytest.raises(ValueError, match=r"dtype torch.float64.*never casts"):
+        cm(x.double(), y)
+
+
+def test_wrong_device_is_not_moved(cm):
+    x, y = good()
+    with pytest.raises(ValueError, match=r"device meta"):
+        cm(x.to("meta"), y)
+
+
+def test_batch_over_max_batch_is_rejected(cm):
+    with pytest.raises(ValueError, match=r"batch 9 is larger than max_batch=8"):
+        cm(*good(9))
+
+
+def test_inputs_must_share_batch(cm):
+    x, _ = good(2)
+    with pytest.raises(ValueError, match="share the batch size"):
+        cm(x, torch.randn(3, 4, 10))
+
+
+def test_non_tensor_input_is_rejected(cm):
+    with pytest.raises(TypeError, match="must be a torch.Tensor"):
+        cm([1.0] * 16, torch.randn(1, 4, 10))
+
+
+class DataDependent(nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:
+            return x * 2
+        return x - 1
+
+
+def test_data_dependent_control_flow_names_the_problem():
+    with pytest.raises(CaptureError) as err:
+        gpuloom.compile(DataDependent().eval(), torch.randn(2, 3))
+    text = str(err.value)
+    assert "torch.export stopped at" in text and "torch.fx stopped at" in text
+    assert "control flow" in text
+
+
+def test_training_mode_is_refused():
+    with pytest.raises(ValueError, match=r"model.eval\(\)"):
+        gpuloom.compile(TwoInputs().train(), (torch.randn(2, 16), torch.randn(2, 4, 10)))
+
+
+def test_bad_streams_option():
+    with pytest.raises(ValueError, match="streams must be one of"):
+        gpuloom.compile(TwoInputs().eval(), (torch.randn(2, 16), torch.randn(2, 4, 10)), streams=3)
+
+
+def test_default_buckets_end_at_max_batch():
+    assert default_buckets(32) == (1, 2, 4, 8, 16, 32)
+    assert default_buckets(12) == (1, 2, 4, 8, 12)
+    assert default_buckets(1) == (1,)
+
+
+def test_fx_fallback_when_export_fails(monkeypatch):
+    import gpuloom.engine.dag as dag
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("export refused this model")
+
+    monkeypatch.setattr(dag, "_export", refuse)
+    m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(inplace=True), nn.Linear(8, 4)).eval()
+    cm = gpuloom.compile(m, torch.randn(2, 4), max_batch=4)
+    assert cm.graph.method == "fx"
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), m(x))
