@@ -52,9 +52,10 @@ from gpuloom.profile.store import Profile, ProfileError, ProfileStore
 
 from .schedule import Demand, ModelPlan, Partition, PlanError, PlanInfeasible, Schedule, Slot
 
-CYCLE_FRACTIONS = (0.6, 0.5, 0.4, 0.3, 0.2, 0.12)  # candidate cycle lengths, as fractions of the tightest SLO
+TOP_FRACTIONS = (0.6, 0.5, 0.42, 0.35)  # candidate cycles, as fractions of the loosest SLO (a factor 2 apart)
 _PREF_TOL = 1.03  # sizes within 3% of the least SM-time count as equally efficient: take fewer SMs
-_JOIN_WASTE = 1.15  # join a partition rather than open one if it costs at most 15% more SM-time
+# packing strategies tried in turn: (size preference, join a partition if it costs <= this x opening one)
+STRATEGIES = (("fewest", 1.15), ("cheapest", 1.15), ("fewest", 3.0), ("uniform", 3.0))
 _EPS = 1e-9
 
 
@@ -125,7 +126,7 @@ class _Model:
 
 @dataclass
 class _Opt:
-    busy: float  # k * L(b, u), ms per cycle
+    busy: float  # k * L(b, u), ms per period
     b: int
     k: int
 
@@ -133,11 +134,14 @@ class _Opt:
 @dataclass
 class _Part:
     u: int  # granularity units
-    used: float = 0.0  # ms of the cycle taken by slots
+    c: float  # period, ms
+    used: float = 0.0  # ms of the period taken by slots
     members: list[tuple[str, int, int]] = field(default_factory=list)  # (model, batch, k)
 
 
 class _Planner:
+    """Packing state shared by the cycle search and the fairness search (caches options)."""
+
     def __init__(self, demands: Sequence[Demand], profiles: ProfileStore, gpu_sms: int, g: int, headroom: float):
         self.g = g
         self.headroom = headroom
@@ -151,27 +155,33 @@ class _Planner:
             for b in prof.batches:
                 row: list[float | None] = [None]
                 for u in range(1, self.U + 1):
-                    s = u * g if u < self.U else gpu_sms  # a whole-GPU partition takes the remainder too
+                    s = self.size(u)
                     row.append(prof.latency(b, s) if s >= prof.sms[0] else None)
                 lat[b] = row
             self.models[d.model] = _Model(d, prof, d.rate * (1.0 + headroom), lat)
         self._opt_cache: dict[tuple[str, float, float], dict[int, _Opt]] = {}
 
     def size(self, u: int) -> int:
+        """SMs of a partition of ``u`` units; a whole-GPU partition takes the remainder too."""
         return u * self.g if u < self.U else self.gpu_sms
 
     def latency(self, name: str, b: int, sms: int) -> float:
         return self.models[name].profile.latency(b, sms)
 
-    def options(self, name: str, n: float, C: float) -> dict[int, _Opt]:
-        """Least-busy (b, k) per unit count u for ``n`` requests per cycle of ``C`` ms."""
-        key = (name, n, C)
+    def periods(self, name: str, ladder: Sequence[float]) -> list[float]:
+        """Periods a model may run at: shorter than its SLO, and not absurdly shorter."""
+        slo = self.models[name].demand.slo_ms
+        return [c for c in ladder if slo / 16.0 <= c < slo]
+
+    def options(self, name: str, f: float, c: float) -> dict[int, _Opt]:
+        """Least-busy (b, k) per unit count u serving fraction ``f`` of the demand at period ``c``."""
+        key = (name, f, c)
         got = self._opt_cache.get(key)
         if got is not None:
             return got
         m = self.models[name]
-        slo = m.demand.slo_ms
-        limit = min(C, slo - C) + _EPS
+        n = m.need_rps * f * c / 1000.0  # requests per period
+        limit = min(c, m.demand.slo_ms - c) + _EPS
         out: dict[int, _Opt] = {}
         for b, row in m.lat.items():
             k = max(1, math.ceil(n / b - 1e-9))
@@ -188,78 +198,141 @@ class _Planner:
         self._opt_cache[key] = out
         return out
 
-    def per_cycle(self, name: str, frac: float, C: float) -> float:
-        return self.models[name].need_rps * frac * C / 1000.0
+    def all_options(
+        self, name: str, f: float, ladder: Sequence[float], only: float | None = None
+    ) -> dict[tuple[float, int], _Opt]:
+        periods = [only] if only is not None else self.periods(name, ladder)
+        return {(c, u): o for c in periods for u, o in self.options(name, f, c).items()}
 
-    def pack(self, fracs: dict[str, float], C: float) -> tuple[list[_Part], list[str]]:
-        """Place every model with ``fracs[m] > 0``; returns (partitions, models that did not fit)."""
+    def pack(
+        self, fracs: dict[str, float], ladder: Sequence[float], strategy: tuple[str, float] = STRATEGIES[0]
+    ) -> tuple[list[_Part], list[str]]:
+        """Place every model with ``fracs[m] > 0``; returns (partitions, models that did not fit).
+
+        ``strategy`` = (preference, join_waste): preference "fewest" takes the fewest SMs among
+        options within 3% of the least SM-time, "cheapest" the least SM-time, "uniform" puts every
+        model on one period (the longest at most half the tightest SLO: most sharing in time);
+        a model joins an existing partition if that costs at most ``join_waste`` x opening one.
+        """
+        pref_mode, join_waste = strategy
+        only = None
+        if pref_mode == "uniform":
+            s_min = min(self.models[n].demand.slo_ms for n, f in fracs.items() if f > 0) if fracs else 1.0
+            fit = [c for c in ladder if c <= 0.5 * s_min]
+            if not fit:
+                return [], [n for n, f in fracs.items() if f > 0]
+            only = fit[0]
         items = []
+        failed: list[str] = []
         for name, f in fracs.items():
             if f <= 0 or self.models[name].need_rps <= 0:
                 continue
-            opts = self.options(name, self.per_cycle(name, f, C), C)
-            if not opts:
-                items.append((0, 0.0, name, opts, 0))
-                continue
-            best = min(u * o.busy for u, o in opts.items())
-            pref = min(u for u, o in opts.items() if u * o.busy <= best * _PREF_TOL)
-            items.append((pref, best, name, opts, pref))
-        items.sort(key=lambda it: (-it[0], -it[1], it[2]))
-        parts: list[_Part] = []
-        free = self.U
-        failed: list[str] = []
-        for pref, _, name, opts, _ in items:
+            opts = self.all_options(name, f, ladder, only)
             if not opts:
                 failed.append(name)
                 continue
+            cost = {cu: cu[1] * o.busy / cu[0] for cu, o in opts.items()}  # SM-fraction of the period
+            best = min(cost.values())
+            if pref_mode == "cheapest":
+                pref = min(opts, key=lambda cu: (cost[cu], cu[1], -cu[0]))
+            else:
+                pref = min((cu for cu in opts if cost[cu] <= best * _PREF_TOL), key=lambda cu: (cu[1], -cu[0]))
+            items.append((pref[1], best, name, opts, cost, pref))
+        items.sort(key=lambda it: (-it[0], -it[1], it[2]))
+        parts: list[_Part] = []
+        free = self.U
+        for _, _, name, opts, cost, pref in items:
             join = None
             for p in parts:
-                o = opts.get(p.u)
-                if o is None or p.used + o.busy > C + _EPS:
+                o = opts.get((p.c, p.u))
+                if o is None or p.used + o.busy > p.c + _EPS:
                     continue
-                cost = p.u * o.busy
-                if join is None or cost < join[0] - _EPS or (abs(cost - join[0]) <= _EPS and p.used > join[1].used):
-                    join = (cost, p, o)
+                jc = cost[(p.c, p.u)]
+                if join is None or jc < join[0] - _EPS or (abs(jc - join[0]) <= _EPS and p.used > join[1].used):
+                    join = (jc, p, o)
             new = None
-            if pref <= free:
-                new = (pref * opts[pref].busy, pref)
+            if pref[1] <= free:
+                new = (cost[pref], pref)
             else:
-                fits = [(u * o.busy, u) for u, o in opts.items() if u <= free]
+                fits = [(cost[cu], cu) for cu in opts if cu[1] <= free]
                 if fits:
                     new = min(fits)
-            if join is not None and (new is None or join[0] <= _JOIN_WASTE * new[0]):
+            if join is not None and (new is None or join[0] <= join_waste * new[0]):
                 _, p, o = join
                 p.used += o.busy
                 p.members.append((name, o.b, o.k))
             elif new is not None:
-                u = new[1]
-                o = opts[u]
-                parts.append(_Part(u=u, used=o.busy, members=[(name, o.b, o.k)]))
+                c, u = new[1]
+                o = opts[(c, u)]
+                parts.append(_Part(u=u, c=c, used=o.busy, members=[(name, o.b, o.k)]))
                 free -= u
             else:
-                failed.append(name)
+                extra = self._repair(parts, name, opts, free)
+                if extra is None:
+                    failed.append(name)
+                else:
+                    free -= extra
         return parts, failed
 
-    def feasible(self, fracs: dict[str, float], C: float) -> bool:
-        return not self.pack(fracs, C)[1]
+    def _repair(self, parts: list[_Part], name: str, opts: dict[tuple[float, int], _Opt], free: int) -> int | None:
+        """Fit ``name`` by growing one partition with the free units (its members speed up).
 
-    def used_units(self, parts: list[_Part]) -> int:
-        return sum(p.u for p in parts)
+        Returns the units used, or None when no partition can take the model that way."""
+        best = None
+        for p in parts:
+            for extra in range(1, free + 1):
+                u2 = p.u + extra
+                if best is not None and extra >= best[0]:
+                    break
+                o = opts.get((p.c, u2))
+                if o is None:
+                    continue
+                used2 = sum(k * self.latency(n, b, self.size(u2)) for n, b, k in p.members)
+                if used2 + o.busy <= p.c + _EPS:
+                    best = (extra, p, u2, used2, o)
+                    break
+        if best is None:
+            return None
+        extra, p, u2, used2, o = best
+        p.u, p.used = u2, used2 + o.busy
+        p.members.append((name, o.b, o.k))
+        return extra
 
-    def sm_time(self, parts: list[_Part], C: float) -> float:
-        return sum(p.u * p.used for p in parts) / (self.U * C)
+    def search(
+        self, fracs: dict[str, float], ladders: Sequence[Sequence[float]], *, first: bool = False
+    ) -> tuple[list[float], list[_Part]] | None:
+        """Try every ladder x strategy; the packing with the least SM-time (or the first that fits)."""
+        best = None
+        for ladder in ladders:
+            for strategy in STRATEGIES:
+                parts, failed = self.pack(fracs, ladder, strategy)
+                if failed:
+                    continue
+                if first:
+                    return list(ladder), parts
+                score = self.sm_fraction(parts)
+                if best is None or score < best[0] - 1e-12:
+                    best = (score, list(ladder), parts)
+        return None if best is None else (best[1], best[2])
 
-    def grow(self, parts: list[_Part], C: float) -> None:
+    def feasible(self, fracs: dict[str, float], ladders: Sequence[Sequence[float]]) -> bool:
+        return self.search(fracs, ladders, first=True) is not None
+
+    def sm_fraction(self, parts: list[_Part]) -> float:
+        """Planned SM-time / SM-time of the whole GPU (before leftover SMs are handed out)."""
+        return sum(p.u * p.used / p.c for p in parts) / self.U
+
+    def grow(self, parts: list[_Part]) -> None:
         """Hand leftover granularity units to the partitions they shorten most, relative to slack."""
-        free = self.U - self.used_units(parts)
+        free = self.U - sum(p.u for p in parts)
         while free > 0 and parts:
             best = None
             for p in parts:
                 new_used = sum(k * self.latency(n, b, self.size(p.u + 1)) for n, b, k in p.members)
-                gain = p.used - new_used
-                if gain <= 0.005 * C:
+                gain = (p.used - new_used) / p.c
+                if gain <= 0.005:
                     continue
-                score = gain / max(C - p.used, 0.05 * C)
+                score = gain / max(1.0 - p.used / p.c, 0.05)
                 if best is None or score > best[0]:
                     best = (score, p, new_used)
             if best is None:
@@ -268,6 +341,14 @@ class _Planner:
             p.u += 1
             p.used = new_used
             free -= 1
+
+
+def _ladder(top: float, floor: float) -> list[float]:
+    """Periods ``top, top/2, top/4, ...`` down to ``floor``: every one divides ``top``."""
+    out = [top]
+    while out[-1] / 2.0 >= floor:
+        out.append(out[-1] / 2.0)
+    return out
 
 
 def plan(
@@ -284,84 +365,65 @@ def plan(
     """Plan one GPU for ``demands``: disjoint SM partitions, each a repeating cycle of slots.
 
     See the module docstring for the latency model and the algorithm. ``gpu_sms`` and
-    ``granularity`` default to the profiles' GPU. ``cycle_ms`` fixes the cycle instead of choosing
-    it. ``headroom`` plans capacity for ``rate * (1 + headroom)``. Under overload, served fractions
-    are weighted max-min fair to within ``fair_step`` (a fraction of demand). ``eps`` is the knee
-    tolerance recorded with the schedule (the planner itself optimizes SM-time, which stops paying
-    past the knee by construction).
+    ``granularity`` default to the profiles' GPU. ``cycle_ms`` fixes the cycle (partition periods
+    are then ``cycle_ms / 2**i``) instead of searching for it. ``headroom`` plans capacity for
+    ``rate * (1 + headroom)``. Under overload, served fractions are weighted max-min fair to within
+    ``fair_step`` (a fraction of demand). ``eps`` is the knee tolerance recorded with the schedule
+    (the planner minimizes SM-time, which stops paying past a model's knee by construction).
 
-    Raises ``PlanError`` for unknown models, duplicate models or inconsistent profiles.
+    Raises ``PlanError`` for unknown or repeated models and bad settings.
     """
     t0 = time.perf_counter()
     demands = list(demands)
     if not demands:
         raise PlanError("plan() needs at least one Demand")
+    if not all(isinstance(d, Demand) for d in demands):
+        raise PlanError(f"plan() takes Demand objects, found {sorted({type(d).__name__ for d in demands})}")
     names = [d.model for d in demands]
     if len(set(names)) != len(names):
         raise PlanError(f"each model may appear once in a plan; repeated: {sorted({n for n in names if names.count(n) > 1})}")
     if headroom < 0:
         raise PlanError(f"headroom must be >= 0, found {headroom}")
+    if not 0 < fair_step <= 0.5:
+        raise PlanError(f"fair_step must be in (0, 0.5], found {fair_step}")
     profs = []
     for d in demands:
         try:
             profs.append(profiles.get(d.model))
         except ProfileError as e:
             raise PlanError(f"cannot plan {d.model!r}: {e}") from None
-    gpus = {(p.gpu.sm_count, p.gpu.sm_granularity) for p in profs}
-    gpu_sms = int(gpu_sms if gpu_sms is not None else max(s for s, _ in gpus))
-    g = int(granularity if granularity is not None else max(gr for _, gr in gpus))
+    gpu_sms = int(gpu_sms if gpu_sms is not None else max(p.gpu.sm_count for p in profs))
+    g = int(granularity if granularity is not None else max(p.gpu.sm_granularity for p in profs))
     if gpu_sms < 1 or g < 1 or g > gpu_sms:
         raise PlanError(f"need 1 <= granularity <= gpu_sms, found granularity={g}, gpu_sms={gpu_sms}")
     pl = _Planner(demands, profiles, gpu_sms, g, headroom)
     active = [d for d in demands if d.rate > 0]
-
-    if not active:
-        C = cycle_ms if cycle_ms is not None else min(d.slo_ms for d in demands) * CYCLE_FRACTIONS[1]
-        return _build(pl, [], {}, C, eps, t0, {})
-
+    s_min = min(d.slo_ms for d in (active or demands))
+    s_max = max(d.slo_ms for d in (active or demands))
     if cycle_ms is not None:
         if not cycle_ms > 0:
             raise PlanError(f"cycle_ms must be > 0, found {cycle_ms}")
-        candidates = [float(cycle_ms)]
+        ladders = [_ladder(float(cycle_ms), min(cycle_ms, s_min) / 16.0)]
     else:
-        tight = min(active, key=lambda d: d.slo_ms)
-        s_min = tight.slo_ms
-        candidates = [s_min * f for f in CYCLE_FRACTIONS]
-        l1 = pl.models[tight.model].profile.min_latency()
-        if s_min > l1:
-            candidates.append(0.5 * (s_min - l1))
-        candidates = sorted(set(candidates), reverse=True)
+        ladders = [_ladder(s_max * f, s_min / 16.0) for f in TOP_FRACTIONS]
+    if not active:
+        return _build(pl, [], {}, ladders[0][0], eps, t0, {})
 
     full = {d.model: 1.0 for d in active}
-    best = None
-    for C in candidates:
-        parts, failed = pl.pack(full, C)
-        if not failed:
-            score = pl.sm_time(parts, C)
-            if best is None or score < best[0] - 1e-12:
-                best = (score, C, parts)
-    if best is not None:
-        _, C, parts = best
+    found = pl.search(full, ladders)
+    if found is not None:
+        ladder, parts = found
         fracs = full
     else:
-        C = min(candidates, key=lambda c: _load_bound(pl, full, c))
-        fracs = _fair_share(pl, active, C, fair_step)
-        parts, failed = pl.pack(fracs, C)
-        assert not failed, f"fair share {fracs} must pack"
-    pl.grow(parts, C)
-    return _build(pl, parts, fracs, C, eps, t0, {"candidates_ms": candidates})
+        fracs = _fair_share(pl, active, ladders, fair_step)
+        found = pl.search(fracs, ladders)
+        assert found is not None, f"fair share {fracs} must pack"
+        ladder, parts = found
+    pl.grow(parts)
+    return _build(pl, parts, fracs, ladder[0], eps, t0, {"periods_ms": [round(c, 4) for c in ladder]})
 
 
-def _load_bound(pl: _Planner, fracs: dict[str, float], C: float) -> float:
-    """SM-time per cycle the models need at their most efficient size, ignoring fragmentation."""
-    total = 0.0
-    for name, f in fracs.items():
-        opts = pl.options(name, pl.per_cycle(name, f, C), C)
-        total += min(u * o.busy for u, o in opts.items()) / (pl.U * C) if opts else 1.0
-    return total
-
-
-def _fair_share(pl: _Planner, active: list[Demand], C: float, step: float) -> dict[str, float]:
+def _fair_share(pl: _Planner, active: list[Demand], ladders: Sequence[Sequence[float]], step: float) -> dict[str, float]:
     """Weighted max-min fractions of demand by progressive filling (see the module docstring)."""
     w = {d.model: d.weight for d in active}
     frozen: dict[str, float] = {}
@@ -375,14 +437,13 @@ def _fair_share(pl: _Planner, active: list[Demand], C: float, step: float) -> di
             return f
 
         hi = max(1.0 / w[m] for m in todo)
-        if pl.feasible(at(hi), C):
+        if pl.feasible(at(hi), ladders):
             frozen.update({m: 1.0 for m in todo})
             break
-        # binary search the common level to within step / (2 max weight)
-        tol = step / (2.0 * max(w[m] for m in todo))
+        tol = step / (2.0 * max(w[m] for m in todo))  # binary search the common level
         while hi - lo > tol:
             mid = 0.5 * (lo + hi)
-            if pl.feasible(at(mid), C):
+            if pl.feasible(at(mid), ladders):
                 lo = mid
             else:
                 hi = mid
@@ -394,7 +455,7 @@ def _fair_share(pl: _Planner, active: list[Demand], C: float, step: float) -> di
                 continue
             trial = dict(cur)
             trial[m] = min(1.0, cur[m] + step)
-            if not pl.feasible(trial, C):
+            if not pl.feasible(trial, ladders):
                 stuck.append(m)
         if not stuck:  # the packing is not perfectly monotone: freeze everyone rather than loop
             stuck = list(todo)
@@ -405,38 +466,47 @@ def _fair_share(pl: _Planner, active: list[Demand], C: float, step: float) -> di
 
 
 def _build(
-    pl: _Planner, parts: list[_Part], fracs: dict[str, float], C: float, eps: float, t0: float, meta: dict
+    pl: _Planner, parts: list[_Part], fracs: dict[str, float], top: float, eps: float, t0: float, meta: dict
 ) -> Schedule:
-    """Lay the packed partitions out on SMs and in time, and summarize each model."""
-    parts = sorted(parts, key=lambda p: (-p.u, -p.used))
+    """Lay the packed partitions out on SMs and in time, and summarize each model.
+
+    The schedule's cycle is the longest period in use; a partition with a shorter period (they are
+    ``cycle / 2**i``) repeats its slot pattern ``cycle / period`` times, and every slot is listed.
+    """
+    C = max((p.c for p in parts), default=top)
+    parts = sorted(parts, key=lambda p: (-p.u, p.c, -p.used))
     sizes = [p.u * pl.g for p in parts]
     if parts and sum(p.u for p in parts) == pl.U:
         sizes[-1] += pl.rem
     partitions = []
-    placed: dict[str, tuple[int, int, int, int, float]] = {}  # model -> (partition, sms, batch, k, L)
+    placed: dict[str, tuple[int, int, int, int, float, float]] = {}  # model -> (partition, sms, batch, k, L, period)
     offset = 0
     for i, (p, sms) in enumerate(zip(parts, sizes)):
         members = sorted(p.members, key=lambda mb: (pl.models[mb[0]].demand.slo_ms, mb[0]))
-        slots = []
+        pattern = []
         t = 0.0
         for name, b, k in members:
             L = pl.latency(name, b, sms)
             for _ in range(k):
-                slots.append(Slot(model=name, batch=b, start_ms=t, duration_ms=L))
+                pattern.append((name, b, t, L))
                 t += L
-            placed[name] = (i, sms, b, k, L)
-        partitions.append(Partition(index=i, sm_offset=offset, sms=sms, slots=tuple(slots)))
+            placed[name] = (i, sms, b, k, L, p.c)
+        reps = max(1, round(C / p.c))
+        slots = tuple(
+            Slot(model=name, batch=b, start_ms=r * p.c + t, duration_ms=L) for r in range(reps) for name, b, t, L in pattern
+        )
+        partitions.append(Partition(index=i, sm_offset=offset, sms=sms, slots=slots, period_ms=p.c))
         offset += sms
     models = []
     short = []
     for name, m in pl.models.items():
         d = m.demand
         if name in placed:
-            i, sms, b, k, L = placed[name]
-            planned = k * b * 1000.0 / C
-            worst = C + k * L
+            i, sms, b, k, L, c = placed[name]
+            planned = k * b * 1000.0 / c
+            worst = c + k * L
         else:
-            i, sms, b, k, L, planned, worst = -1, 0, 0, 0, 0.0, 0.0, 0.0
+            i, sms, b, k, L, c, planned, worst = -1, 0, 0, 0, 0.0, 0.0, 0.0, 0.0
         served = 1.0 if m.need_rps <= 0 else min(1.0, planned / m.need_rps)
         if served < 1.0 - 1e-9:
             short.append((name, 1.0 - served))
@@ -453,6 +523,7 @@ def _build(
                 served_fraction=served,
                 slots_per_cycle=k,
                 worst_ms=worst,
+                period_ms=c,
                 weight=d.weight,
             )
         )
