@@ -1,0 +1,101 @@
+"""Thin, checked wrappers over the CUDA driver's green-context API (``cuda.bindings.driver``).
+
+Every call goes through ``_call``, which turns a failing ``CUresult`` into a ``DriverError`` naming
+the call and the error. Nothing here touches torch; ``partition.py`` builds torch streams on top.
+
+Facts this relies on (measured on an H200, driver 580, see ``docs/architecture.md``):
+
+* ``cuDevSmResourceSplitByCount`` returns groups of exactly ``minCount`` SMs (a multiple of 8 on
+  Hopper) plus a remainder; groups of one split are disjoint.
+* A split's outputs cannot be split again directly; make a green context from the remainder, read
+  its resource back (``cuGreenCtxGetDevResource``) and split that.
+* Streams from ``cuGreenCtxStreamCreate`` run their kernels on the green context's SMs only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import BindingsMissingError, DriverError
+
+
+def driver() -> Any:
+    """The ``cuda.bindings.driver`` module, or ``BindingsMissingError`` saying how to install it."""
+    try:
+        from cuda.bindings import driver as cu
+    except ImportError as e:  # pragma: no cover - exercised by monkeypatching in tests
+        raise BindingsMissingError(
+            "SM partitions (green contexts) need the CUDA driver bindings: pip install cuda-bindings "
+            "(or pip install 'gpuloom[gpu]'); found none: " + str(e)
+        ) from e
+    return cu
+
+
+def _call(cu: Any, name: str, *args: Any) -> Any:
+    """Call ``cu.<name>(*args)``; raise ``DriverError`` unless it returns CUDA_SUCCESS; return the rest."""
+    out = getattr(cu, name)(*args)
+    err, rest = (out[0], out[1:]) if isinstance(out, tuple) else (out, ())
+    if int(err) != 0:
+        try:
+            _, ename = cu.cuGetErrorName(err)
+            ename = ename.decode() if isinstance(ename, bytes) else str(ename)
+        except Exception:  # noqa: BLE001 - best effort naming of the error
+            ename = str(err)
+        shown = ", ".join(_short(a) for a in args)
+        raise DriverError(f"{name}({shown}) failed with {ename}")
+    if not rest:
+        return None
+    return rest[0] if len(rest) == 1 else rest
+
+
+def _short(a: Any) -> str:
+    sm = getattr(a, "sm", None)
+    if sm is not None:
+        return f"<SM resource: {sm.smCount} SMs>"
+    r = repr(a)
+    return r if len(r) < 40 else r[:37] + "..."
+
+
+class GreenDriver:
+    """The driver calls gpuloom needs, bound to one device. Create after torch has initialized CUDA."""
+
+    def __init__(self, device: int = 0) -> None:
+        self.cu = cu = driver()
+        _call(cu, "cuInit", 0)
+        self.dev = _call(cu, "cuDeviceGet", device)
+        self.SM = cu.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM
+
+    def device_resource(self) -> Any:
+        """The SM resource of the whole device."""
+        return _call(self.cu, "cuDeviceGetDevResource", self.dev, self.SM)
+
+    def split(self, resource: Any, groups: int, sms: int, flags: int = 0) -> tuple[list[Any], Any]:
+        """Split ``groups`` groups of ``sms`` SMs off ``resource``: (the groups made, remainder)."""
+        result, n, remainder = _call(self.cu, "cuDevSmResourceSplitByCount", groups, resource, flags, sms)
+        return list(result)[: int(n)], remainder
+
+    def create(self, resource: Any) -> Any:
+        """A green context over ``resource`` (with its own default stream)."""
+        desc = _call(self.cu, "cuDevResourceGenerateDesc", [resource], 1)
+        flag = self.cu.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM
+        return _call(self.cu, "cuGreenCtxCreate", desc, self.dev, int(flag))
+
+    def resource_of(self, ctx: Any) -> Any:
+        return _call(self.cu, "cuGreenCtxGetDevResource", ctx, self.SM)
+
+    def sm_count_of(self, ctx: Any) -> int:
+        return int(self.resource_of(ctx).sm.smCount)
+
+    def stream(self, ctx: Any, priority: int = 0) -> Any:
+        """A non-blocking stream whose kernels run on ``ctx``'s SMs only."""
+        flag = self.cu.CUstream_flags.CU_STREAM_NON_BLOCKING
+        return _call(self.cu, "cuGreenCtxStreamCreate", ctx, int(flag), priority)
+
+    def sync_stream(self, stream: Any) -> None:
+        _call(self.cu, "cuStreamSynchronize", stream)
+
+    def destroy_stream(self, stream: Any) -> None:
+        _call(self.cu, "cuStreamDestroy", stream)
+
+    def destroy(self, ctx: Any) -> None:
+        _call(self.cu, "cuGreenCtxDestroy", ctx)
