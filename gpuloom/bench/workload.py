@@ -502,3 +502,52 @@ def _trace_period(ts: Sequence[float]) -> float:
     if len(ts) < 2:
         return max(ts[-1], 1.0) if ts else 1.0
     return ts[-1] + (ts[-1] - ts[0]) / (len(ts) - 1)
+
+
+# -- profiles for a workload -----------------------------------------------------------------
+def resolve_profiles(
+    workload: Workload,
+    *,
+    profiles_dir: str | Path | None = None,
+    gpu: str | None = None,
+    synthetic: bool = False,
+) -> "tuple[ProfileStore, list[str]]":
+    """The profile store to plan/simulate ``workload`` against, and warnings to show the user.
+
+    * ``synthetic``: the synthetic zoo (``gpuloom.profile.synthetic.zoo()``), no GPU facts.
+    * ``profiles_dir``: the profiles in that directory (an error if it holds none).
+    * otherwise the shipped profiles of ``gpu`` (default: the workload's ``gpu``). If none are
+      shipped yet, fall back to the synthetic zoo; models missing from the shipped set are taken
+      from the zoo when it has them. Each fallback adds a warning.
+    """
+    from gpuloom.profile.store import ProfileError, ProfileStore
+    from gpuloom.profile.synthetic import zoo
+
+    if synthetic:
+        return ProfileStore(profiles=zoo()), ["planning against SYNTHETIC profiles (gpuloom.profile.synthetic.zoo)"]
+    if profiles_dir is not None:
+        d = Path(profiles_dir)
+        if not d.is_dir():
+            raise WorkloadError(f"profile directory {str(d)!r} does not exist")
+        store = ProfileStore(d)
+        if not len(store):
+            raise WorkloadError(f"profile directory {str(d)!r} holds no *.json profiles")
+        return store, []
+    gpu = gpu or workload.gpu
+    try:
+        store = ProfileStore.builtin(gpu)
+    except ProfileError:
+        store = ProfileStore()
+    if not len(store):
+        return ProfileStore(profiles=zoo()), [
+            f"no shipped profiles for GPU {gpu!r} yet: falling back to SYNTHETIC profiles "
+            "(gpuloom.profile.synthetic.zoo); numbers are illustrative, not measured"
+        ]
+    warnings = []
+    synth = {p.model: p for p in zoo()}
+    missing = [m.name for m in workload.models if m.name not in store]
+    filled = [m for m in missing if m in synth]
+    if filled:  # a directory-less copy, so nothing is ever written into the shipped profiles
+        store = ProfileStore(profiles=[*store, *(synth[m] for m in filled)])
+        warnings.append(f"no measured {gpu} profile for {filled}: using SYNTHETIC profiles for them")
+    return store, warnings

@@ -1,0 +1,114 @@
+"""``gpuloom plan``: plan a workload on one GPU; print the schedule and draw it as a Gantt chart."""
+
+from __future__ import annotations
+
+import argparse
+
+NAME = "plan"
+HELP = "plan a workload (YAML/JSON) on one GPU: SM partitions, batch sizes, slot cycles; writes a Gantt PNG"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("workload", help="workload file (.yaml/.yml/.json), e.g. examples/mix6.yaml")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--profiles", metavar="DIR", default=None, help="directory of profile JSON files")
+    src.add_argument("--gpu", default=None, help="shipped profiles to use (default: the workload's gpu, e.g. h200)")
+    src.add_argument("--synthetic", action="store_true", help="plan against the synthetic profile zoo")
+    p.add_argument("--out", metavar="DIR", default=".", help="where to write <name>.schedule.json and <name>.gantt.png")
+    p.add_argument("--scale", type=float, default=1.0, help="multiply every arrival rate (default 1)")
+    p.add_argument("--headroom", type=float, default=0.0, help="plan capacity for rate x (1 + headroom) (default 0)")
+    p.add_argument("--peak", action="store_true", help="plan for each model's peak rate instead of its mean")
+    p.add_argument("--cycles", type=int, default=1, help="cycles to draw in the Gantt chart (default 1)")
+    p.add_argument("--no-png", action="store_true", help="do not draw the Gantt chart")
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from gpuloom.bench.workload import WorkloadError, load_workload, resolve_profiles, validate
+    from gpuloom.plan import PlanError, plan, render_gantt
+
+    console = Console()
+    if not console.is_terminal:  # piped or captured: do not squeeze the tables into 80 columns
+        console = Console(width=120)
+    err = Console(stderr=True)
+    try:
+        workload = load_workload(args.workload)
+        if args.scale != 1.0:
+            workload = workload.scaled(args.scale)
+        profiles, warnings = resolve_profiles(
+            workload, profiles_dir=args.profiles, gpu=args.gpu, synthetic=args.synthetic
+        )
+        for w in warnings:
+            err.print(f"[yellow]warning:[/] {w}")
+        validate(workload, profiles)
+        schedule = plan(workload.demands(peak=args.peak), profiles, headroom=args.headroom)
+    except (WorkloadError, PlanError) as e:
+        err.print(f"[red]error:[/] {e}")
+        return 2
+
+    title = (
+        f"{Path(args.workload).name}: {schedule.gpu} ({schedule.gpu_sms} SMs, granularity {schedule.granularity}), "
+        f"cycle {schedule.cycle_ms:.2f} ms, planned SM utilization {schedule.utilization():.0%}, "
+        f"planned in {schedule.meta.get('plan_ms', 0):.1f} ms"
+    )
+    t = Table(title=title, title_justify="left", caption="times in ms; k slots of batch b per period; "
+              "worst = period + k x L", caption_justify="left")
+    # k: back-to-back slots of batch b per period; worst = period + k * L (ms); see gpuloom.plan.planner
+    t.add_column("model", no_wrap=True)
+    for col in ("part", "SMs", "b", "k", "period", "L", "worst", "SLO", "demand/s", "plan/s", "served"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for m in schedule.models:
+        served = f"{m.served_fraction:.0%}"
+        if m.short:
+            served = f"[red]{served}[/]"
+        t.add_row(
+            m.model, str(m.partition), str(m.sms), str(m.batch), str(m.slots_per_cycle), f"{m.period_ms:.2f}",
+            f"{m.latency_ms:.2f}", f"{m.worst_ms:.2f}", f"{m.slo_ms:g}", f"{m.demand_rps:.1f}",
+            f"{m.planned_rps:.1f}", served,
+        )
+    console.print(t)
+    pt = Table(title="partitions", title_justify="left")
+    for col in ("#", "SMs", "range", "period ms", "busy", "slots per period"):
+        pt.add_column(col, justify="left" if col == "slots per period" else "right")
+    for p in schedule.partitions:
+        period = p.period(schedule.cycle_ms)
+        reps = max(1, round(schedule.cycle_ms / period))
+        groups: list[list] = []
+        for s in p.slots[: len(p.slots) // reps]:
+            if groups and groups[-1][0] == (s.model, s.batch):
+                groups[-1][1] += 1
+            else:
+                groups.append([(s.model, s.batch), 1])
+        pt.add_row(
+            str(p.index), str(p.sms), f"{p.sm_offset}..{p.sm_offset + p.sms - 1}", f"{period:.2f}",
+            f"{p.busy_ms / schedule.cycle_ms:.0%}",
+            ", ".join(f"{m} b{b}" + (f" x{n}" if n > 1 else "") for (m, b), n in groups),
+        )
+    console.print(pt)
+    free = schedule.gpu_sms - schedule.used_sms
+    if free:
+        console.print(f"{free} SMs left unassigned (no partition would get faster with them)")
+    if schedule.short:
+        console.print(
+            "[red]short:[/] " + ", ".join(f"{m} misses {f:.0%} of its demand" for m, f in schedule.short)
+            + " (weighted max-min fair on served fraction)"
+        )
+    else:
+        console.print("[green]every model gets its demand within its SLO[/]")
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = Path(args.workload).stem
+    js = schedule.save(out / f"{stem}.schedule.json")
+    console.print(f"wrote {js}")
+    if not args.no_png:
+        png = out / f"{stem}.gantt.png"
+        render_gantt(schedule, str(png), cycles=args.cycles)
+        console.print(f"wrote {png}")
+    sys.stdout.flush()
+    return 0
