@@ -53,7 +53,7 @@ import math
 import operator
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal, Sequence
+from typing import Any, Callable, Iterable, Literal, Sequence
 
 __all__ = [
     "StreamPlan",
@@ -479,51 +479,63 @@ def _bits(x: int):
         x ^= low
 
 
-def _bitset_max_matching(lefts: list[int], adj: dict[int, int], nxt: list[int], prv: list[int], bit: list[int]) -> None:
-    """Grow the matching (nxt: left -> right, prv: right -> left) to a maximum one on ``adj``.
+def _kuhn(roots: list[int], cand_of: Callable[[int], int], nxt: list[int], prv: list[int], bit: list[int],
+          on_match: Callable[[int, int], None] | None = None, *, one_pass: bool = False) -> int:
+    """Grow a bipartite matching with augmenting paths whose steps ``cand_of`` allows.
 
-    ``adj[u]`` is a bitset of the right vertices of left vertex ``u``; only the left vertices in
-    ``lefts`` take part. Greedy first, then Kuhn's augmenting paths with a visited bitset per pass.
+    ``nxt`` (left -> right) and ``prv`` (right -> left) hold the matching, -1 = unmatched, and are
+    updated in place. ``cand_of(u)`` is the bitset of right vertices left vertex ``u`` may take
+    (it must leave out ``nxt[u]``); it is read when the search reaches ``u``, so it may depend on the
+    current matching. Kuhn's algorithm in passes over the free ``roots``: within a pass the visited
+    right vertices are shared (a vertex from which no free vertex was found stays hopeless while the
+    matching is unchanged); passes repeat until one finds nothing, which certifies that no allowed
+    augmenting path is left. Before descending, a free right vertex among the candidates is taken
+    directly. ``on_match(u, v)`` is called for every pair an augmentation creates. With
+    ``one_pass`` only one pass runs: its augmenting paths are vertex-disjoint and each is an
+    augmenting path of the matching the pass started from. Returns the number of augmentations.
     """
-    free_right = 0
-    for u in lefts:
-        free_right |= adj[u]
-    for v in _bits(free_right):
-        if prv[v] >= 0:
-            free_right ^= bit[v]
-    for u in lefts:  # greedy
-        if nxt[u] < 0:
-            cand = adj[u] & free_right
-            if cand:
-                v = (cand & -cand).bit_length() - 1
-                nxt[u], prv[v] = v, u
-                free_right ^= bit[v]
-    for root in lefts:
-        if nxt[root] >= 0 or not adj[root]:
-            continue
+    free_r = 0
+    for v, p in enumerate(prv):
+        if p < 0:
+            free_r |= bit[v]
+    total = 0
+    while True:
+        found = 0
         visited = 0
-        stack = [(root, adj[root])]
-        parent: dict[int, tuple[int, int]] = {}  # left vertex -> (parent left, right used)
-        while stack:
-            u, cand = stack[-1]
-            cand &= ~visited
-            if not cand:
-                stack.pop()
+        for root in roots:
+            if nxt[root] >= 0:
                 continue
-            v = (cand & -cand).bit_length() - 1
-            visited |= bit[v]
-            stack[-1] = (u, cand ^ bit[v])
-            w = prv[v]
-            if w < 0:  # augment: root .. u -> v
-                while True:
-                    old = nxt[u]
-                    nxt[u], prv[v] = v, u
-                    if u == root:
-                        break
-                    u, v = parent[u][0], old
-                break
-            parent[w] = (u, v)
-            stack.append((w, adj[w]))
+            parent: dict[int, int] = {}  # left vertex -> left vertex it was reached from
+            stack = [(root, cand_of(root) & ~visited)]
+            while stack:
+                u, cand = stack[-1]
+                cand &= ~visited
+                if not cand:
+                    stack.pop()
+                    continue
+                direct = cand & free_r
+                pick = direct if direct else cand
+                v = (pick & -pick).bit_length() - 1
+                visited |= bit[v]
+                stack[-1] = (u, cand ^ bit[v])
+                w = prv[v]
+                if w < 0:  # augment root .. u -> v
+                    free_r ^= bit[v]
+                    while True:
+                        old = nxt[u]
+                        nxt[u], prv[v] = v, u
+                        if on_match is not None:
+                            on_match(u, v)
+                        if u == root:
+                            break
+                        u, v = parent[u], old
+                    found += 1
+                    break
+                parent[w] = u
+                stack.append((w, cand_of(w)))
+        total += found
+        if not found or one_pass:
+            return total
 
 
 # --------------------------------------------------------------------------------------------
@@ -542,7 +554,7 @@ def dag_width(num_nodes: int, edges: Iterable[tuple[int, int]]) -> int:
     """
     n, _, _, order, bit, reach, _ = _prepare(num_nodes, edges)
     nxt, prv = [-1] * n, [-1] * n
-    _bitset_max_matching(order, dict(enumerate(reach)), nxt, prv, bit)
+    _kuhn(order, reach.__getitem__, nxt, prv, bit)
     return n - sum(1 for v in nxt if v >= 0)
 
 
@@ -555,7 +567,8 @@ def _best_augmenting_path(n: int, order: list[int], reach: list[int], red_mask: 
     once; reachability is explored with bitsets so a non-reduction step costs one AND per left
     vertex. Valid because the current matching has the most reduction edges of any matching of its
     size, so the residual graph has no positive cycle. Returns (weight, right end, parent map) or
-    None if no augmenting path exists (the matching is maximum).
+    None if no augmenting path exists (the matching is maximum); with the path, the labels (best
+    weight reaching each left and right vertex, None if unreached).
     """
     WL: list[int | None] = [None] * n
     WR: list[int | None] = [None] * n
@@ -619,7 +632,7 @@ def _best_augmenting_path(n: int, order: list[int], reach: list[int], red_mask: 
             best = v
     if best is None:
         return None
-    return WR[best], best, par
+    return WR[best], best, par, WL, WR
 
 
 def _augment(end: int, par: list[int], nxt: list[int], prv: list[int]) -> None:
@@ -632,6 +645,40 @@ def _augment(end: int, par: list[int], nxt: list[int], prv: list[int]) -> None:
             return
         v = old
     raise AssertionError("stream assignment: augmenting path does not end (internal error)")
+
+
+def _augment_tight(n: int, weight: int, reach: list[int], red_mask: list[int], nxt: list[int], prv: list[int],
+                   WL: list[int | None], WR: list[int | None], bit: list[int], order: list[int]) -> int:
+    """Augment along several vertex-disjoint best augmenting paths found by one labelling.
+
+    An edge is *tight* when it realizes the labels (``WR[v] == WL[u] + [u->v is a reduction edge]``
+    forward, ``WL[p] == WR[v] - [p->v is one]`` backward); a path of tight edges from a free left
+    vertex to a free right vertex labelled ``weight`` is a best augmenting path. Paths found in one
+    Kuhn pass are vertex-disjoint, so each stays a best augmenting path after the others are
+    applied (the best weight never rises from one augmentation to the next). Returns how many.
+    """
+    lab: dict[int, int] = {}
+    tight_r = 0
+    for v in range(n):
+        w = WR[v]
+        if w is None:
+            continue
+        b = bit[v]
+        lab[w] = lab.get(w, 0) | b
+        p = prv[v]
+        if (w == weight) if p < 0 else (WL[p] == w - (1 if red_mask[p] & b else 0)):
+            tight_r |= b
+
+    def cand_of(u: int) -> int:
+        d = WL[u]
+        if d is None:
+            return 0
+        c = (red_mask[u] & lab.get(d + 1, 0)) | (reach[u] & ~red_mask[u] & lab.get(d, 0))
+        c &= tight_r
+        return c & ~bit[nxt[u]] if nxt[u] >= 0 else c
+
+    roots = [u for u in order if nxt[u] < 0 and WL[u] == 0]
+    return _kuhn(roots, cand_of, nxt, prv, bit, one_pass=True)
 
 
 def assign_streams(num_nodes: int, edges: Iterable[tuple[int, int]], *,
@@ -695,25 +742,46 @@ def assign_streams(num_nodes: int, edges: Iterable[tuple[int, int]], *,
         if prv[v] < 0:
             firsts |= bit[v]
     lasts = [u for u in order if nxt[u] < 0]
-    ends_adj = {u: reach[u] & firsts for u in lasts}
-    _bitset_max_matching(lasts, ends_adj, nxt, prv, bit)
+    _kuhn(lasts, lambda u: reach[u] & firsts, nxt, prv, bit)
 
-    # 3. re-splice chains along best augmenting paths until the chain cover is minimum
+    # 3. re-splice chains along balanced augmenting paths: a node's chain predecessor is only
+    #    replaced by one of the same kind (reduction edge by reduction edge, other by other)
     red_mask = [0] * n
     for u in range(n):
         m = 0
         for v in red[u]:
             m |= bit[v]
         red_mask[u] = m
+    red_in = 0  # right vertices whose chain predecessor edge is a reduction edge
+    for v in range(n):
+        p = prv[v]
+        if p >= 0 and red_mask[p] & bit[v]:
+            red_in |= bit[v]
+
+    def balanced(u: int) -> int:
+        c = (reach[u] & ~red_mask[u] & ~red_in) | (red_mask[u] & red_in)
+        return c & ~bit[nxt[u]] if nxt[u] >= 0 else c
+
+    def on_match(u: int, v: int) -> None:
+        nonlocal red_in
+        if red_mask[u] & bit[v]:
+            red_in |= bit[v]
+        else:
+            red_in &= ~bit[v]
+
+    _kuhn([u for u in order if nxt[u] < 0], balanced, nxt, prv, bit, on_match)
+
+    # 4. the augmenting paths still left: take a best one (fewest reduction edges lost), one at a time
     while True:
         found = _best_augmenting_path(n, order, reach, red_mask, red, nxt, prv, bit)
         if found is None:
             break
-        weight, end, par = found
+        weight, end, par, WL, WR = found
         assert weight <= 0, "stream assignment: a positive augmenting path means step 1 was not maximum"
         if weight < 0 and prefer == "syncs":
             break
-        _augment(end, par, nxt, prv)
+        if not _augment_tight(n, weight, reach, red_mask, nxt, prv, WL, WR, bit, order):
+            _augment(end, par, nxt, prv)
 
     return _plan_from_chains(n, order, nxt, prv, red, names_t, n_red)
 
