@@ -1,0 +1,174 @@
+"""The policy contract and the registry that picks a policy by name.
+
+A policy sees queues, a clock and profiles, and returns dispatch decisions. The same object runs
+against the simulated backend and the GPU backend (DESIGN.md: "one policy code path, two worlds"),
+so a policy must never look at the backend: everything it needs arrives through these calls.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import deque
+from dataclasses import dataclass, field
+from typing import ClassVar, Mapping, Sequence
+
+from ..profile.store import Profile
+from .types import Completion, Decision, Drop, Layout, Partition, Request
+
+Queues = Mapping[str, "deque[Request]"]  # model -> its FIFO queue, oldest first (read only for policies)
+Action = Decision | Drop
+
+
+class PolicyError(RuntimeError):
+    """A policy returned something the runtime cannot execute (a bug in the policy)."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a policy may know about one model before the run."""
+
+    name: str  # profile name; the key in queues and decisions
+    profile: Profile
+    slo_ms: float  # latency objective per request, ms
+    weight: float = 1.0  # fairness weight / priority
+    rate: float = 0.0  # expected mean arrival rate, requests/s (0 = unknown)
+
+
+@dataclass(frozen=True)
+class PolicyContext:
+    """Handed to :meth:`Policy.setup` once: the models, the device and the world we run in."""
+
+    models: Mapping[str, ModelInfo]  # in the workload's order
+    gpu_sms: int  # SMs of the device
+    granularity: int  # partition sizes must be multiples of this (or the whole GPU)
+    simulated: bool = True  # False on a real GPU (simulation-only policies refuse to run there)
+    knee_eps: float = 0.1  # knee definition shared with the simulator's contention model
+    options: Mapping[str, object] = field(default_factory=dict)  # policy options, by name
+
+
+class Policy(ABC):
+    """An online scheduling policy.
+
+    Who calls what, and when (the runtime, from one thread, in this order):
+
+    * :meth:`setup` once before the first event; returns the partition layout the policy wants.
+    * :meth:`on_arrival` after each request is appended to its model's queue.
+    * :meth:`on_completion` after a batch finished and its requests were recorded.
+    * :meth:`decide` after all events of one instant were handled, when at least one partition is
+      free (and before the run's dispatch horizon). Returns decisions (each on a distinct free
+      partition, requests taken from the head region of their queue) and drops.
+    * :meth:`next_wakeup` right after :meth:`decide` (or after an event when no partition was free):
+      the time at which :meth:`decide` must be called again even if nothing else happens (a
+      batcher's timeout, the start of a slot). ``None`` = only on events.
+    * :meth:`layout_change` after :meth:`decide`: a new layout to switch to, or ``None``.
+
+    Policies must not mutate the queues; the runtime removes what decisions and drops name.
+    """
+
+    #: registry name, e.g. "triton"
+    name: ClassVar[str] = ""
+    #: True for bounds that cannot run on a GPU (``ideal``)
+    simulation_only: ClassVar[bool] = False
+
+    def setup(self, ctx: PolicyContext) -> Layout:
+        """Remember ``ctx`` and return the layout to start with."""
+        self.ctx = ctx
+        if self.simulation_only and not ctx.simulated:
+            raise ValueError(f"policy {self.name!r} is a simulation-only bound; it cannot run on a GPU")
+        return self.layout(ctx)
+
+    @abstractmethod
+    def layout(self, ctx: PolicyContext) -> Layout:
+        """The partitions this policy runs on (called by :meth:`setup`)."""
+
+    def on_arrival(self, request: Request, now_ms: float) -> None:
+        """A request was queued. Default: nothing."""
+
+    def on_completion(self, completion: Completion, now_ms: float) -> None:
+        """A batch finished. Default: nothing."""
+
+    @abstractmethod
+    def decide(self, now_ms: float, queues: Queues, free: Sequence[Partition]) -> list[Action]:
+        """Dispatch decisions and drops for ``now_ms`` given the free partitions."""
+
+    def next_wakeup(self, now_ms: float) -> float | None:
+        """When :meth:`decide` must run again without an event. Default: never."""
+        return None
+
+    def layout_change(self) -> Layout | None:
+        """A new layout to switch to (dstack re-planning). Default: never."""
+        return None
+
+    def describe(self) -> dict:
+        """Plain-data summary of the policy's configuration, for reports."""
+        return {"name": self.name}
+
+
+# -- registry -----------------------------------------------------------------------------------
+_REGISTRY: dict[str, type[Policy]] = {}
+
+
+def register(cls: type[Policy]) -> type[Policy]:
+    """Class decorator: make ``cls`` available as ``make_policy(cls.name)``."""
+    if not cls.name:
+        raise TypeError(f"{cls.__name__} needs a non-empty class attribute `name` to be registered")
+    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
+        raise TypeError(f"policy name {cls.name!r} is already taken by {_REGISTRY[cls.name].__name__}")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def policy_names() -> list[str]:
+    """Registered policy names, in registration order."""
+    return list(_REGISTRY)
+
+
+def make_policy(name: str, **options) -> Policy:
+    """A new policy object by registry name; ``options`` go to its constructor.
+
+    >>> make_policy("nope")
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown policy 'nope'; known policies: ...
+    """
+    cls = _REGISTRY.get(name)
+    if cls is None:
+        raise ValueError(f"unknown policy {name!r}; known policies: {', '.join(_REGISTRY)}")
+    try:
+        return cls(**options)
+    except TypeError as e:
+        raise TypeError(f"policy {name!r}: bad options {options}: {e}") from e
+
+
+# -- helpers shared by policies ----------------------------------------------------------------
+def slo_batch_cap(profile: Profile, sms: float, budget_ms: float) -> int:
+    """Largest profile bucket whose latency on ``sms`` SMs is within ``budget_ms`` (at least 1)."""
+    best = profile.batches[0]
+    for b in profile.batches:
+        if profile.latency(b, sms) <= budget_ms:
+            best = b
+    return best
+
+
+def take(queue: "deque[Request]", n: int) -> tuple[int, ...]:
+    """Ids of the ``n`` oldest requests of ``queue``."""
+    n = min(n, len(queue))
+    if n == len(queue):
+        return tuple(r.id for r in queue)
+    return tuple(queue[i].id for i in range(n))
+
+
+def bucket_for(profile: Profile, n: int) -> int:
+    """Batch size ``n`` requests run as (profile bucket; ``n`` capped at the largest bucket first)."""
+    return profile.bucket(min(n, profile.max_batch))
+
+
+def hopeless(queue: "deque[Request]", now_ms: float, min_latency_ms: float) -> tuple[int, ...]:
+    """Ids at the head of ``queue`` that cannot finish by their deadline even if started now."""
+    out = []
+    for r in queue:
+        if now_ms + min_latency_ms > r.deadline_ms:
+            out.append(r.id)
+        else:
+            break  # FIFO with one SLO per model: deadlines increase along the queue
+    return tuple(out)

@@ -1,0 +1,66 @@
+"""The contract between the runtime and whatever executes batches: simulated or a real GPU.
+
+The runtime owns the queues and the policy; a backend owns the clock (its :class:`EventLoop`) and
+the partitions. One runtime loop drives both worlds (DESIGN.md: "one policy code path, two worlds").
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Callable, Sequence
+
+from .events import EventLoop
+from ..policy.types import Completion, Decision, Layout, Partition, Request
+
+
+class Backend(ABC):
+    """Executes batches on partitions and reports completions through the event loop.
+
+    Call order, all from the runtime's thread:
+
+    1. :meth:`start` once, with the runtime's completion handler;
+    2. :meth:`configure` with the policy's layout (again whenever the policy asks for a new one);
+    3. :meth:`submit` for every validated decision -- it returns at once (asynchronous); when the
+       batch finishes the backend schedules ``on_completion(Completion)`` on :attr:`loop` at the
+       completion time (a GPU backend posts it from its completion watcher);
+    4. :meth:`close` at the end.
+
+    A backend never queues work: the runtime submits to a partition only when it is free.
+    """
+
+    #: the clock and event heap; simulated backends jump it, GPU backends follow the wall clock
+    loop: EventLoop
+    #: SMs of the device
+    gpu_sms: int
+    #: partition sizes are multiples of this
+    granularity: int
+
+    def now(self) -> float:
+        """The backend's current time in ms."""
+        return self.loop.now
+
+    @abstractmethod
+    def start(self, on_completion: Callable[[Completion], None]) -> None:
+        """Remember the runtime's completion handler; prepare the device."""
+
+    @abstractmethod
+    def configure(self, layout: Layout) -> float:
+        """Set up ``layout``'s partitions (replacing the previous layout) and return the time in ms
+        from which they can run work. Batches already running finish where they are; the runtime does
+        not submit to the new partitions before that time and before those batches drain.
+        """
+
+    @abstractmethod
+    def partitions(self) -> Sequence[Partition]:
+        """The partitions of the current layout, by index."""
+
+    @abstractmethod
+    def submit(self, decision: Decision, requests: Sequence[Request]) -> None:
+        """Start ``decision`` (its ``requests``, oldest first) now on its partition. Asynchronous."""
+
+    @abstractmethod
+    def busy_sm_ms(self) -> float:
+        """SM-milliseconds of useful work so far: SMs a batch can use (at most its knee) x time."""
+
+    def close(self) -> None:
+        """Release the device. Default: nothing to release."""

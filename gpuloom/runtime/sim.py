@@ -1,0 +1,263 @@
+"""The simulated backend: batches run for their profiled latency on a discrete-event clock.
+
+Contention model (the part that decides how the baselines fare; keep it honest and calibrate it
+against the GPU, issue 5). Its parameters live in :class:`ContentionModel`.
+
+* **Exclusive partition** (``Partition.shared=False``, a green context): a batch of ``b`` on ``s``
+  SMs runs for ``L(b, s)`` from the profile, whatever else runs on other partitions.
+* **Shared lanes** (streams over the same SMs: Triton instances, Clipper containers, Nexus, the
+  temporal baseline, the ``ideal`` bound). ``A`` = SMs not owned by exclusive partitions (the whole
+  GPU when there are none). A batch alone on them runs for ``L(b, A)``. Each running batch *demands*
+  its knee ``k = knee(b)`` SMs (the fewest SMs within ``knee_eps`` of its whole-GPU latency), or the
+  SMs a policy granted it (``Decision.sms``; then it runs for ``L(b, sms)``). While the sum of the
+  demands ``K`` fits (``K <= efficiency * A``) nobody slows down; beyond, every shared batch progresses
+  ``K / (efficiency * A)`` times slower (the SMs are divided in proportion to demand). The factor is
+  recomputed whenever the set of running batches changes: a batch's progress is integrated piecewise
+  (processor sharing), so a batch that started alone and is joined halfway is slowed only for the
+  second half.
+* **Prioritized shared batches** (``Decision.priority`` set; the ``ideal`` bound uses it): before the
+  proportional division, SMs go to prioritized batches in priority order (lowest first), each up to
+  its demand, losslessly; a batch left with ``s`` SMs below its demand runs at ``L(b, s)`` (below the
+  profile's smallest SM count, linearly slower), with none it waits. Unprioritized batches share what
+  is left as above.
+* **Interference** (memory bandwidth, L2: partitions share them too): every running batch, on any
+  kind of partition, is slowed by ``1 + interference * (n - 1)`` with ``n`` batches running. Default 0.
+
+Utilization: a batch *uses* ``min(partition SMs, knee)`` SMs on an exclusive partition (SMs past the
+knee do not make it faster); shared batches together use ``min(A, K)``. ``busy_sm_ms`` integrates
+that over time.
+
+Defaults are uncalibrated (``efficiency=1``, ``interference=0``): they model the hardware scheduler
+as a perfect divider of SMs, which flatters the shared-SM baselines rather than dstack.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+from ..profile.store import Profile
+from .backend import Backend
+from .events import COMPLETION, EventLoop
+from ..policy.types import Completion, Decision, Layout, Partition, Request
+
+
+@dataclass(frozen=True)
+class ContentionModel:
+    """Parameters of the simulator's sharing model (see the module docstring)."""
+
+    knee_eps: float = 0.1  # a batch demands knee(b, knee_eps) SMs when it shares the GPU
+    efficiency: float = 1.0  # fraction of the shared SMs delivered when oversubscribed (0, 1]
+    interference: float = 0.0  # slowdown per other co-running batch (any partition), >= 0
+    switch_ms: float = 0.0  # time until a new layout's partitions accept work, ms
+
+    def __post_init__(self) -> None:
+        if not (0.0 < self.efficiency <= 1.0):
+            raise ValueError(f"ContentionModel.efficiency must be in (0, 1], found {self.efficiency}")
+        if self.interference < 0 or self.knee_eps < 0 or self.switch_ms < 0:
+            raise ValueError(
+                "ContentionModel: knee_eps, interference and switch_ms must be >= 0, found "
+                f"{self.knee_eps}, {self.interference}, {self.switch_ms}"
+            )
+
+    def shared_factor(self, demand_sms: float, shared_sms: float) -> float:
+        """How many times slower shared batches run when together they demand ``demand_sms``."""
+        return max(1.0, demand_sms / (self.efficiency * shared_sms))
+
+    def interference_factor(self, n_running: int) -> float:
+        return 1.0 + self.interference * max(0, n_running - 1)
+
+
+class _Run:
+    """A batch in flight (mutable bookkeeping, private to the simulator)."""
+
+    __slots__ = ("decision", "part", "start", "base", "demand", "useful", "remaining", "rate", "version", "seq")
+
+    def __init__(self, decision: Decision, part: Partition, start: float, base: float, demand: float, useful: float):
+        self.decision = decision
+        self.part = part
+        self.start = start
+        self.base = base  # ms it takes uncontended
+        self.demand = demand  # SMs it demands from the shared pool (shared lanes only)
+        self.useful = useful  # SMs it can use (utilization)
+        self.remaining = 1.0  # fraction of its work left
+        self.rate = 0.0  # fraction per ms
+        self.version = 0
+        self.seq = 0  # submission order, breaks priority ties
+
+
+class SimBackend(Backend):
+    """Runs batches on a simulated clock using latency profiles and a :class:`ContentionModel`.
+
+    ``profiles`` maps model name -> :class:`Profile`. Deterministic: no randomness inside.
+    """
+
+    def __init__(
+        self,
+        profiles: Mapping[str, Profile],
+        *,
+        gpu_sms: int | None = None,
+        granularity: int | None = None,
+        contention: ContentionModel | None = None,
+    ) -> None:
+        if not profiles:
+            raise ValueError("SimBackend needs at least one profile")
+        first = next(iter(profiles.values()))
+        self.profiles = dict(profiles)
+        self.gpu_sms = int(gpu_sms or first.gpu.sm_count)
+        self.granularity = int(granularity or first.gpu.sm_granularity)
+        self.contention = contention or ContentionModel()
+        self.loop = EventLoop()
+        self._on_completion: Callable[[Completion], None] | None = None
+        self._layout: Layout | None = None
+        self._running: dict[int, _Run] = {}  # partition index -> run (one batch per partition)
+        self._orphans: list[_Run] = []  # batches of a previous layout still draining
+        self._t_last = 0.0
+        self._busy_now = 0.0  # SMs in use since _t_last
+        self._busy = 0.0  # integrated SM-ms
+        self._knee: dict[tuple[str, int], int] = {}
+        self._lat: dict[tuple[str, int, float], float] = {}
+        self._seq = 0
+
+    # -- Backend ------------------------------------------------------------------------------
+    def start(self, on_completion: Callable[[Completion], None]) -> None:
+        self._on_completion = on_completion
+
+    def configure(self, layout: Layout) -> float:
+        if layout.gpu_sms != self.gpu_sms:
+            raise ValueError(f"layout made for {layout.gpu_sms} SMs, the simulated GPU has {self.gpu_sms}")
+        self._orphans.extend(self._running.values())
+        self._running = {}
+        self._layout = layout
+        return self.loop.now + self.contention.switch_ms
+
+    def partitions(self) -> Sequence[Partition]:
+        return self._layout.partitions if self._layout else ()
+
+    def submit(self, decision: Decision, requests: Sequence[Request]) -> None:
+        assert self._layout is not None, "submit before configure"
+        part = self._layout.partitions[decision.partition]
+        assert decision.partition not in self._running, f"partition {decision.partition} is busy"
+        b = decision.batch
+        knee = self.knee(decision.model, b)
+        if part.shared:
+            a = self._layout.shared_sms
+            if decision.sms is not None:
+                demand = float(min(decision.sms, a))
+                base = self.latency(decision.model, b, demand)
+            else:
+                demand = float(min(knee, a))
+                base = self.latency(decision.model, b, a)
+            useful = demand
+        else:
+            base = self.latency(decision.model, b, part.sms)
+            demand = 0.0
+            useful = float(min(part.sms, knee))
+        self._settle()
+        run = _Run(decision, part, self.loop.now, base, demand, useful)
+        self._seq += 1
+        run.seq = self._seq
+        self._running[decision.partition] = run
+        self._rerate()
+
+    def busy_sm_ms(self) -> float:
+        self._settle()
+        return self._busy
+
+    # -- profile lookups (cached: the hot path of a simulation) ------------------------------
+    def knee(self, model: str, batch: int) -> int:
+        key = (model, batch)
+        k = self._knee.get(key)
+        if k is None:
+            k = self._knee[key] = self.profiles[model].knee(batch, self.contention.knee_eps)
+        return k
+
+    def latency(self, model: str, batch: int, sms: float) -> float:
+        key = (model, batch, sms)
+        v = self._lat.get(key)
+        if v is None:
+            v = self._lat[key] = self.profiles[model].latency(batch, sms)
+        return v
+
+    # -- progress bookkeeping ----------------------------------------------------------------
+    def _all_runs(self):
+        yield from self._running.values()
+        yield from self._orphans
+
+    def _settle(self) -> None:
+        """Advance every run's progress and the utilization integral to ``now``."""
+        now = self.loop.now
+        dt = now - self._t_last
+        if dt > 0:
+            for r in self._all_runs():
+                r.remaining -= r.rate * dt
+            self._busy += self._busy_now * dt
+        self._t_last = now
+
+    def _rerate(self) -> None:
+        """Recompute every run's speed after the running set changed; reschedule changed finishes."""
+        runs = list(self._all_runs())
+        cm = self.contention
+        layout = self._layout
+        left = float(layout.shared_sms if layout else self.gpu_sms)
+        inf = cm.interference_factor(len(runs))
+        now = self.loop.now
+        speeds: list[tuple[_Run, float]] = []
+        busy = 0.0
+        prio = sorted(
+            (r for r in runs if r.part.shared and r.decision.priority is not None),
+            key=lambda r: (r.decision.priority, r.seq),
+        )
+        for r in prio:  # prioritized shared batches take SMs first, up to their demand
+            s = min(r.demand, left)
+            left -= s
+            busy += s
+            speeds.append((r, 0.0 if s <= 0 else 1.0 / (self._slowed(r, s) * inf)))
+        demand = 0.0
+        plain = []
+        for r in runs:
+            if not r.part.shared:
+                speeds.append((r, 1.0 / (r.base * inf)))
+                busy += r.useful
+            elif r.decision.priority is None:
+                plain.append(r)
+                demand += r.demand
+        if plain:
+            sf = cm.shared_factor(demand, left) if left > 0 else float("inf")
+            for r in plain:
+                speeds.append((r, 1.0 / (r.base * inf * sf)))
+            busy += min(left, demand)
+        for r, rate in speeds:
+            if rate != r.rate:
+                r.rate = rate
+                r.version += 1
+                if rate > 0:
+                    self.loop.schedule(now + max(0.0, r.remaining) / rate, COMPLETION, self._finish, r, r.version)
+        self._busy_now = busy
+
+    def _slowed(self, r: _Run, sms: float) -> float:
+        """Uncontended time (ms) of ``r``'s batch on ``sms`` SMs (at most its demand)."""
+        if sms >= r.demand:
+            return r.base
+        prof = self.profiles[r.decision.model]
+        lo = prof.sms[0]
+        if sms >= lo:
+            return prof.latency(r.decision.batch, sms)
+        return self.latency(r.decision.model, r.decision.batch, lo) * lo / sms
+
+    def _finish(self, run: _Run, version: int) -> None:
+        if version != run.version:
+            return  # superseded by a re-rate
+        self._settle()
+        run.remaining = 0.0
+        if self._running.get(run.decision.partition) is run:
+            del self._running[run.decision.partition]
+        else:
+            self._orphans.remove(run)
+        self._rerate()
+        assert self._on_completion is not None
+        self._on_completion(Completion(run.decision, run.start, self.loop.now))
+
+    def running(self) -> int:
+        """Batches in flight (including those of a replaced layout)."""
+        return len(self._running) + len(self._orphans)
