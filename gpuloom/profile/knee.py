@@ -12,7 +12,8 @@ first wave fills ``F = blocks / blocks_per_sm`` SMs (``fillable_sms`` is ``ceil(
 device). The kernels are then aggregated, weighted by their duration on the whole GPU:
 
 * ``"latency"`` (default): a latency model. On ``s`` SMs a kernel of duration ``d`` (measured on
-  all ``N`` SMs) takes ``d * max(1, F/s) / max(1, F/N)``: it runs at full speed while its blocks
+  all ``N`` SMs) takes ``d * max(1, F/s) / max(1, F/N)`` (with ``F`` from ``wave_sms``, optionally
+  scaled by a ``saturation`` factor): it runs at full speed while its blocks
   fit in one wave on ``s`` SMs and slows down in proportion beyond. A constant ``overhead_ms`` (launch
   gaps, which do not shrink with SMs) is added. The knee is the smallest SM count of the grid whose
   modelled latency is within ``(1+eps)`` of the modelled latency on ``N`` -- the measured knee's own
@@ -26,6 +27,7 @@ device). The kernels are then aggregated, weighted by their duration on the whol
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -92,9 +94,16 @@ def blocks_per_sm(k: KernelRecord, lim: OccupancyLimits = OccupancyLimits()) -> 
     return max(1, min(by_blocks, by_threads, by_regs, by_smem))
 
 
-def wave_sms(k: KernelRecord, lim: OccupancyLimits = OccupancyLimits()) -> float:
-    """SMs the kernel's blocks occupy in one full wave, fractional: ``blocks / blocks_per_sm``."""
-    return k.blocks / blocks_per_sm(k, lim)
+def wave_sms(k: KernelRecord, lim: OccupancyLimits = OccupancyLimits(), saturation: float = 1.0) -> float:
+    """SMs the kernel's blocks keep busy, fractional: ``blocks / (blocks_per_sm * saturation)``.
+
+    ``saturation`` (0 < x <= 1) is the fraction of the occupancy limit at which one SM is already
+    running at full throughput: with 0.5, a kernel whose blocks would fit on 10 SMs at full
+    occupancy still gets faster up to 20 SMs, because half-full SMs run each block faster.
+    """
+    if not (0.0 < saturation <= 1.0):
+        raise ValueError(f"saturation: expected 0 < x <= 1, got {saturation}")
+    return k.blocks / max(1.0, blocks_per_sm(k, lim) * saturation)
 
 
 def fillable_sms(k: KernelRecord, lim: OccupancyLimits = OccupancyLimits()) -> int:
@@ -110,23 +119,24 @@ def _round_up(x: float, grid: Sequence[int]) -> int:
 
 
 def modelled_latency_us(records: Sequence[KernelRecord], sms: float, lim: OccupancyLimits = OccupancyLimits(),
-                        overhead_us: float = 0.0) -> float:
+                        overhead_us: float = 0.0, saturation: float = 1.0) -> float:
     """The ``"latency"`` model: sum over kernels of ``d * max(1, F/s) / max(1, F/N)``, plus overhead."""
     n = lim.sm_count
     total = overhead_us
     for k in records:
-        f = wave_sms(k, lim)
+        f = wave_sms(k, lim, saturation)
         total += k.duration_us * max(1.0, f / sms) / max(1.0, f / n)
     return total
 
 
 def predict_knee(records: Sequence[KernelRecord], sm_grid: Sequence[int], *, method: str = "latency",
                  eps: float = 0.1, q: float = 0.5, lim: OccupancyLimits = OccupancyLimits(),
-                 overhead_us: float = 0.0) -> int:
+                 overhead_us: float = 0.0, saturation: float = 1.0) -> int:
     """Predicted knee (SMs, a member of ``sm_grid``) of a model whose kernels are ``records``.
 
     ``sm_grid`` is the ascending list of partition sizes (8, 16, ..., 128, 132); its last entry is
-    the whole device. See the module docstring for the methods. Raises ``ValueError`` for an
+    the whole device. ``saturation`` scales the blocks one SM needs to be busy (see ``wave_sms``;
+    1.0 is the plain occupancy model). See the module docstring for the methods. Raises ``ValueError`` for an
     unknown method, an empty grid, or records with no positive duration.
     """
     if method not in METHODS:
@@ -137,15 +147,15 @@ def predict_knee(records: Sequence[KernelRecord], sm_grid: Sequence[int], *, met
     recs = [k for k in records if k.duration_us > 0]
     if not recs:
         raise ValueError("predict_knee: expected kernel records with positive durations, got none")
-    lim = OccupancyLimits(**{**lim.__dict__, "sm_count": grid[-1]}) if lim.sm_count != grid[-1] else lim
+    lim = dataclasses.replace(lim, sm_count=grid[-1]) if lim.sm_count != grid[-1] else lim
     n = grid[-1]
     if method == "latency":
-        full = modelled_latency_us(recs, n, lim, overhead_us)
+        full = modelled_latency_us(recs, n, lim, overhead_us, saturation)
         for s in grid:
-            if modelled_latency_us(recs, s, lim, overhead_us) <= (1.0 + eps) * full:
+            if modelled_latency_us(recs, s, lim, overhead_us, saturation) <= (1.0 + eps) * full:
                 return s
         return n
-    pairs = sorted((min(wave_sms(k, lim), n), k.duration_us) for k in recs)
+    pairs = sorted((min(wave_sms(k, lim, saturation), n), k.duration_us) for k in recs)
     total = sum(d for _, d in pairs)
     if method == "mean":
         return _round_up(sum(f * d for f, d in pairs) / total, grid)

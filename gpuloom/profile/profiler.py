@@ -417,6 +417,8 @@ def predict_all(kernels: dict[int, list[KernelRecord]], grid: Sequence[int], lim
     """Predicted knee per batch by every aggregation the knee module offers (for comparison)."""
     variants = {
         "latency": dict(method="latency"),
+        "latency_sat0.5": dict(method="latency", saturation=0.5),
+        "latency_sat0.25": dict(method="latency", saturation=0.25),
         "mean": dict(method="mean"),
         "median": dict(method="quantile", q=0.5),
         "q75": dict(method="quantile", q=0.75),
@@ -482,6 +484,8 @@ def run_to_json(run: ProfileRun, eps: float = 0.1) -> dict[str, Any]:
         "eps": eps,
         "knees": run.knee_rows(eps),
         "predicted_by_method": {m: {str(b): k for b, k in v.items()} for m, v in run.predicted.items()},
+        "throughput_per_sm": {str(b): [[s, round(v, 3)] for s, v in run.profile.throughput_per_sm(b)]
+                              for b in run.profile.batches},
         "reps": run.reps,
         "kernels": {str(b): [[k.name[:80], round(k.duration_us, 3), list(k.grid), list(k.block),
                               k.registers_per_thread, k.shared_memory] for k in recs]

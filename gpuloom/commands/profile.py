@@ -1,0 +1,81 @@
+"""``gpuloom profile``: measure latency vs SM count for models, print the knee table, write JSON + PNG.
+
+    gpuloom profile resnet50 inception_v3 --batch 1,2,4,8,16,32,64 --out out/profiles
+
+Needs a CUDA GPU (it sweeps real SM partitions); on a machine without one it says so and points at
+the shipped H200 profiles.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+NAME = "profile"
+HELP = "measure latency vs SMs per batch (GPU), print the knee table, write JSON + PNG per model"
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 1,2,4, got {text!r}") from None
+    if not vals or any(v < 1 for v in vals):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return vals
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a shape like 3x224x224, got {text!r}") from None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("models", nargs="+", help="torchvision/timm names, bert_base, or module:factory")
+    p.add_argument("--batch", type=_ints, default=(1, 2, 4, 8, 16, 32, 64), help="batch buckets (default 1..64)")
+    p.add_argument("--sms", type=_ints, default=None, help="SM counts (default: 8, 16, ..., whole device)")
+    p.add_argument("--eps", type=float, default=0.1, help="knee tolerance: within (1+eps) of the whole GPU")
+    p.add_argument("--runner", choices=("auto", "engine", "graph"), default="auto",
+                   help="engine: gpuloom.compile graphs; graph: single-stream CUDA graph of the eager model; "
+                        "auto: engine, falling back to graph")
+    p.add_argument("--input-shape", type=_shape, default=None, help="input shape without batch, e.g. 3x224x224")
+    p.add_argument("--out", default="out/profiles", help="directory for <model>.json and <model>.png")
+    p.add_argument("--store", default=None, help="also put the profiles into this ProfileStore directory")
+    p.add_argument("--no-png", action="store_true", help="skip the plots")
+    p.add_argument("--device", type=int, default=0, help="CUDA device ordinal")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not torch.cuda.is_available():
+        console.print("[red]gpuloom profile needs a CUDA GPU[/red]: it measures graph replays inside real SM "
+                      "partitions, and torch.cuda.is_available() is False here. Profiles measured on an H200 "
+                      "ship with gpuloom: gpuloom.profile.ProfileStore.builtin('h200').")
+        return 2
+    from ..profile.profiler import load_model, profile_model, write_outputs
+    from ..profile.store import ProfileStore
+
+    store = ProfileStore(args.store) if args.store else None
+    for name in args.models:
+        spec = load_model(name, device=f"cuda:{args.device}", input_shape=args.input_shape)
+        prof_run = profile_model(spec, batches=args.batch, sms=args.sms, runner=args.runner, device=args.device,
+                                 eps=args.eps, log=console.print)
+        paths = write_outputs(prof_run, args.out, eps=args.eps, png=not args.no_png)
+        if store is not None:
+            store.put(prof_run.profile)
+        t = Table(title=f"{spec.name} ({prof_run.runner} graphs, {prof_run.seconds:.1f} s sweep)")
+        for col in ("batch", "knee measured", "knee predicted", "latency at knee (ms)", "latency full (ms)"):
+            t.add_column(col, justify="right")
+        for r in prof_run.knee_rows(args.eps):
+            t.add_row(str(r["batch"]), str(r["knee_measured"]), str(r["knee_predicted"] or "-"),
+                      f"{r['latency_knee_ms']:.3f}", f"{r['latency_full_ms']:.3f}")
+        console.print(t)
+        console.print(f"wrote {', '.join(paths.values())}")
+        del prof_run, spec
+        torch.cuda.empty_cache()
+    return 0

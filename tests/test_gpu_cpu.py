@@ -1,0 +1,168 @@
+"""CPU tests of the GPU layer: layout validation, no-op partitions, clear errors, MPS helpers."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from gpuloom.gpu import (BindingsMissingError, NoGpuError, PartitionError, Partitioner, max_blocks_per_sm,
+                         sm_granularity, sm_grid, validate_layout)
+from gpuloom.gpu import mps
+
+
+def test_uneven_layout_within_the_device_is_accepted():
+    assert validate_layout([40, 16, 24, 48], 132, 8) == (40, 16, 24, 48)
+
+
+def test_last_partition_may_take_exactly_the_remainder():
+    assert validate_layout([64, 68], 132, 8) == (64, 68)
+    assert validate_layout([132], 132, 8) == (132,)
+    assert validate_layout([128, 4], 132, 8) == (128, 4)
+
+
+def test_layout_over_the_device_names_the_sum_and_the_device():
+    with pytest.raises(PartitionError, match=r"add up to 136 SMs, more than the device's 132"):
+        validate_layout([64, 72], 132, 8)
+
+
+def test_size_off_the_granularity_is_refused_with_the_granularity_in_the_message():
+    with pytest.raises(PartitionError, match="multiples of 8"):
+        validate_layout([12, 16], 132, 8)
+    with pytest.raises(PartitionError, match="multiples of 8"):
+        validate_layout([4], 132, 8)  # below the granularity and not the remainder
+
+
+def test_non_integer_or_empty_layouts_are_type_or_value_errors():
+    with pytest.raises(TypeError):
+        validate_layout(64, 132, 8)
+    with pytest.raises(TypeError):
+        validate_layout([64.0], 132, 8)
+    with pytest.raises(PartitionError):
+        validate_layout([], 132, 8)
+    with pytest.raises(PartitionError):
+        validate_layout([0, 8], 132, 8)
+
+
+def test_noop_partitions_have_the_requested_sizes_and_no_streams():
+    with Partitioner([32, 16], mode="none") as parts:
+        assert [p.sms for p in parts] == [32, 16]
+        assert all(p.stream is None and not p.confined for p in parts)
+        assert parts[0].stream_factory()() is None
+        with parts[1].use() as s:
+            assert s is None
+        assert "mode=none" in repr(parts) and "cpu" in repr(parts[0])
+
+
+def test_noop_partitions_still_validate_against_the_nominal_h200():
+    with pytest.raises(PartitionError):
+        Partitioner([128, 8], mode="none")
+    assert [p.sms for p in Partitioner([20], mode="none", sm_count=40, granularity=4)] == [20]
+
+
+def test_green_mode_without_a_gpu_says_a_gpu_is_needed(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(NoGpuError, match="needs a CUDA GPU"):
+        Partitioner([32], mode="green")
+    assert Partitioner([32], mode="auto").mode == "none"
+
+
+def test_unknown_mode_lists_the_known_ones():
+    with pytest.raises(ValueError, match="auto"):
+        Partitioner([32], mode="mig")
+
+
+def test_missing_cuda_bindings_says_how_to_install_them(monkeypatch):
+    from gpuloom.gpu import green
+
+    monkeypatch.setitem(sys.modules, "cuda.bindings", None)
+    monkeypatch.setitem(sys.modules, "cuda.bindings.driver", None)
+    with pytest.raises(BindingsMissingError, match="pip install cuda-bindings"):
+        green.driver()
+
+
+def test_driver_errors_name_the_call_and_the_error():
+    from gpuloom.gpu import DriverError
+    from gpuloom.gpu.green import _call
+
+    class FakeCu:
+        @staticmethod
+        def cuThing(x):
+            return (7, None)
+
+        @staticmethod
+        def cuGetErrorName(err):
+            return (0, b"CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION")
+
+    with pytest.raises(DriverError, match=r"cuThing\(3\) failed with CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION"):
+        _call(FakeCu, "cuThing", 3)
+
+
+def test_sm_grid_steps_by_granularity_and_ends_at_the_device():
+    g = sm_grid(132, 8)
+    assert g[0] == 8 and g[-1] == 132 and len(g) == 17
+    assert all(b - a == 8 for a, b in zip(g[:-2], g[1:-1]))
+    assert sm_grid(128, 8)[-1] == 128 and len(sm_grid(128, 8)) == 16
+
+
+def test_hopper_facts_from_compute_capability():
+    assert sm_granularity((9, 0)) == 8 and sm_granularity((8, 0)) == 2
+    assert max_blocks_per_sm((9, 0)) == 32 and max_blocks_per_sm((8, 6)) == 16
+
+
+def test_mps_percentage_covers_the_requested_sms():
+    for sms in (1, 8, 33, 66, 100, 132):
+        pct = mps.mps_percentage(sms, 132)
+        assert 1 <= pct <= 100 and pct * 132 / 100 >= sms - 1e-9
+    with pytest.raises(PartitionError):
+        mps.mps_percentage(140, 132)
+
+
+def test_mps_client_environment_carries_the_percentage_and_pipe():
+    env = mps.mps_env(25, base={"PATH": "/bin"}, pipe_dir="/tmp/p")
+    assert env == {"PATH": "/bin", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25", "CUDA_MPS_PIPE_DIRECTORY": "/tmp/p"}
+    with pytest.raises(PartitionError):
+        mps.mps_env(0)
+
+
+def test_mps_daemon_without_the_control_binary_says_so(monkeypatch, tmp_path):
+    monkeypatch.setattr(mps.shutil, "which", lambda name: None)
+    d = mps.MpsDaemon(pipe_dir=str(tmp_path / "p"), log_dir=str(tmp_path / "l"))
+    with pytest.raises(mps.GpuError, match="nvidia-cuda-mps-control"):
+        d.start()
+    d.stop()  # stopping a daemon that never started is a no-op
+
+
+def test_mps_daemon_start_and_stop_run_the_control_commands(monkeypatch, tmp_path):
+    calls = []
+
+    class Done:
+        returncode, stdout, stderr = 0, "", ""
+
+    def fake_run(cmd, **kw):
+        calls.append((cmd, kw.get("input"), kw["env"]["CUDA_MPS_PIPE_DIRECTORY"]))
+        return Done()
+
+    monkeypatch.setattr(mps.shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.setattr(mps.subprocess, "run", fake_run)
+    with mps.MpsDaemon(pipe_dir=str(tmp_path / "p"), log_dir=str(tmp_path / "l")) as d:
+        assert d.running
+    assert calls[0][0][-1] == "-d" and calls[1][1] == "quit\n"
+    assert calls[0][2] == calls[1][2] == str(tmp_path / "p")
+
+
+def _write_percentage(path):
+    import os
+
+    with open(path, "w") as f:
+        f.write(os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", ""))
+
+
+def test_mps_worker_process_sees_its_percentage(tmp_path):
+    out = tmp_path / "pct"
+    w = mps.MpsWorker(_write_percentage, (str(out),), sms=33, sm_count=132)
+    w.start()
+    assert w.join(60) == 0
+    assert out.read_text() == "25"

@@ -1,0 +1,106 @@
+"""CPU tests of the profiler's plumbing: errors without a GPU, outputs, store round trip, models."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+import torch
+
+from gpuloom.gpu import NoGpuError
+from gpuloom.profile.knee import KernelRecord, OccupancyLimits
+from gpuloom.profile.profiler import (ModelSpec, ProfileRun, load_model, predict_all, profile_model, run_to_json,
+                                      write_outputs)
+from gpuloom.profile.store import Profile, ProfileStore
+from gpuloom.profile.synthetic import synthetic_profile
+
+
+def _run() -> ProfileRun:
+    p = synthetic_profile("toy", per_item_sm_ms=20.0, knee1=32, batches=(1, 4, 16))
+    kernels = {b: [KernelRecord("conv", 10.0 * b, (32 * b, 1, 1), (256, 1, 1), 64, 0)] for b in p.batches}
+    pred = predict_all(kernels, p.sms, OccupancyLimits())
+    p = Profile(model=p.model, input_shapes=p.input_shapes, dtype=p.dtype, gpu=p.gpu, batches=p.batches, sms=p.sms,
+                latency_ms=p.latency_ms, source="measured", predicted_knee=pred["latency"])
+    return ProfileRun(profile=p, runner="graph", seconds=1.0, setup_seconds=0.5, kernels=kernels, predicted=pred)
+
+
+def test_profiling_without_a_gpu_says_a_gpu_is_needed(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    spec = ModelSpec("lin", torch.nn.Linear(4, 4).eval(), ((4,),), (torch.float32,))
+    with pytest.raises(NoGpuError, match="needs a CUDA GPU"):
+        profile_model(spec, batches=(1,), progress=False)
+
+
+def test_profile_command_on_cpu_exits_nonzero_with_a_clear_message(monkeypatch, capsys):
+    from gpuloom.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["profile", "resnet50", "--batch", "1,2"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().out
+
+
+def test_profile_command_rejects_a_bad_batch_list(capsys):
+    from gpuloom.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["profile", "resnet50", "--batch", "1,x"])
+    assert "comma-separated integers" in capsys.readouterr().err
+
+
+def test_run_json_round_trips_through_the_profile_store(tmp_path):
+    run = _run()
+    paths = write_outputs(run, str(tmp_path / "out"), png=False)
+    data = json.loads(open(paths["json"]).read())
+    back = Profile.from_json(data["profile"])
+    assert back == run.profile and back.predicted_knee == run.profile.predicted_knee
+    store = ProfileStore(tmp_path / "store")
+    store.put(back)
+    again = ProfileStore(tmp_path / "store").get("toy")
+    assert again.latency(4, 40) == pytest.approx(run.profile.latency(4, 40))
+    assert set(data["predicted_by_method"]) >= {"latency", "mean", "median", "q75"}
+    assert [r["batch"] for r in data["knees"]] == [1, 4, 16]
+    assert data["kernels"]["4"][0][2] == [128, 1, 1]
+    assert len(data["throughput_per_sm"]["1"]) == len(run.profile.sms)
+
+
+def test_knee_rows_agree_with_the_profile():
+    run = _run()
+    for r in run.knee_rows(0.1):
+        assert r["knee_measured"] == run.profile.knee(r["batch"], 0.1)
+        assert r["latency_full_ms"] <= r["latency_knee_ms"] <= 1.1 * r["latency_full_ms"] + 1e-3
+        assert r["knee_predicted"] == run.profile.predicted_knee[r["batch"]]
+
+
+def test_plot_is_written_as_png(tmp_path):
+    paths = write_outputs(_run(), str(tmp_path), png=True)
+    with open(paths["png"], "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_unknown_model_name_is_a_value_error_naming_the_sources():
+    with pytest.raises(ValueError, match="torchvision or timm"):
+        load_model("no_such_net_xyz", device="cpu")
+
+
+def test_module_factory_models_load_with_their_input_shape(tmp_path, monkeypatch):
+    (tmp_path / "mymodels.py").write_text(textwrap.dedent("""
+        import torch
+        def tiny():
+            return torch.nn.Linear(16, 4), (16,)
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = load_model("mymodels:tiny", device="cpu")
+    assert spec.name == "tiny" and spec.input_shapes == ((16,),)
+    x = spec.make_inputs(3, "cpu")
+    assert x[0].shape == (3, 16) and x[0].abs().sum() > 0  # random, not zeros
+    with pytest.raises(ValueError, match="module:factory"):
+        load_model("mymodels:missing", device="cpu")
+
+
+def test_bert_base_is_a_12_layer_768_wide_encoder_on_sequence_128():
+    spec = load_model("bert_base", device="cpu")
+    assert spec.input_shapes == ((128, 768),)
+    enc = spec.module.encoder
+    assert len(enc.layers) == 12 and enc.layers[0].linear1.out_features == 3072
+    assert enc.layers[0].self_attn.num_heads == 12
