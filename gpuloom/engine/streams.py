@@ -33,6 +33,9 @@ partially ordered sets", 1956):
    of the closure's bipartite graph, each chosen to lose as few reduction edges from inside the
    chains as possible (successive max-weight augmenting paths), until the chain count is the width.
 
+Nimble's bound and the width cannot always both be met (a 10-node example is in
+:func:`assign_streams`); ``prefer`` says which one wins.
+
 Reachability is kept as Python ints used as bitsets (bit ``v`` of ``reach[u]`` says ``u`` reaches
 ``v``), which keeps a 5,000-node graph well under a second.
 
@@ -485,7 +488,7 @@ def _kuhn(roots: list[int], cand_of: Callable[[int], int], nxt: list[int], prv: 
 
     ``nxt`` (left -> right) and ``prv`` (right -> left) hold the matching, -1 = unmatched, and are
     updated in place. ``cand_of(u)`` is the bitset of right vertices left vertex ``u`` may take
-    (it must leave out ``nxt[u]``); it is read when the search reaches ``u``, so it may depend on the
+    (``nxt[u]`` may be in it: that vertex is already visited when ``u`` is searched); it is read when the search reaches ``u``, so it may depend on the
     current matching. Kuhn's algorithm in passes over the free ``roots``: within a pass the visited
     right vertices are shared (a vertex from which no free vertex was found stays hopeless while the
     matching is unchanged); passes repeat until one finds nothing, which certifies that no allowed
@@ -711,14 +714,24 @@ def assign_streams(num_nodes: int, edges: Iterable[tuple[int, int]], *,
        So the waits stay at the bound.
     3. Merging whole chains does not always reach the width (it depends on which maximum ``M``
        was found). The chain matching is then grown to a maximum matching of the closure's
-       bipartite graph (Fulkerson), one augmenting path at a time, each path chosen to remove the
-       fewest reduction edges from inside chains (successive max-weight augmenting paths, as in the
-       Hungarian method). Because every intermediate matching keeps the most reduction edges
-       possible for its size, the final plan has the width's number of streams *and* the fewest
-       syncs any width-stream plan can have.
+       bipartite graph (Fulkerson) along augmenting paths, each one removing the fewest
+       reduction edges from inside chains: the successive max-weight augmenting paths of the
+       Hungarian method, with weight +1 for a reduction edge put inside a chain and -1 for one
+       taken out. Since the matching after step 2 holds the most reduction edges any matching
+       can, and each step takes a best path, every intermediate matching holds the most reduction
+       edges possible for its size; so the final plan has the width's number of streams *and*
+       the fewest syncs any width-stream plan can have. In practice (fast paths first):
+       a. *balanced* paths, found by Kuhn's search over bitsets: a node's chain predecessor is
+          only replaced by one of the same kind (reduction edge by reduction edge, other by
+          other), so the path's weight is 0 and the syncs stay at the bound;
+       b. then a Bellman-Ford labelling of the best weight reaching each vertex (no positive
+          cycle exists, by the invariant), and every vertex-disjoint path of tight edges ending
+          at the best label is applied at once; repeated until no augmenting path is left.
+       A 5,000-node random DAG needs 1-4 labellings.
 
     **Streams vs syncs.** On almost every DAG step 3 loses nothing and the plan meets both Nimble's
-    bound and the width. Not always: in the 10-node DAG with reduction edges ``0->4, 3->4, 4->6,
+    bound and the width (against a max-weight matching oracle: none of 12,000 random DAGs of up to
+    8 nodes and about one in 1,000 of 10-45 nodes lose a sync). Not always: in the 10-node DAG with reduction edges ``0->4, 3->4, 4->6,
     4->8, 1->5, 2->5, 5->7, 5->9, 1->6`` the width is 4, ``|M| = 5``, but any 4 chains keep at
     most 4 reduction edges inside them (5 syncs instead of 4). ``prefer="streams"`` (default)
     takes the width and the fewest syncs given it; ``prefer="syncs"`` keeps the syncs at Nimble's
@@ -744,8 +757,8 @@ def assign_streams(num_nodes: int, edges: Iterable[tuple[int, int]], *,
     lasts = [u for u in order if nxt[u] < 0]
     _kuhn(lasts, lambda u: reach[u] & firsts, nxt, prv, bit)
 
-    # 3. re-splice chains along balanced augmenting paths: a node's chain predecessor is only
-    #    replaced by one of the same kind (reduction edge by reduction edge, other by other)
+    # 3a. re-splice chains along balanced augmenting paths: a node's chain predecessor is only
+    #     replaced by one of the same kind (reduction edge by reduction edge, other by other)
     red_mask = [0] * n
     for u in range(n):
         m = 0
@@ -771,7 +784,7 @@ def assign_streams(num_nodes: int, edges: Iterable[tuple[int, int]], *,
 
     _kuhn([u for u in order if nxt[u] < 0], balanced, nxt, prv, bit, on_match)
 
-    # 4. the augmenting paths still left: take a best one (fewest reduction edges lost), one at a time
+    # 3b. the augmenting paths still left: best ones (fewest reduction edges lost) by labelling
     while True:
         found = _best_augmenting_path(n, order, reach, red_mask, red, nxt, prv, bit)
         if found is None:
