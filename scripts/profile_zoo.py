@@ -70,7 +70,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from gpuloom.profile.knee import KernelRecord, OccupancyLimits, predict_knee
+    from gpuloom.profile.knee import KernelRecord, OccupancyLimits, predict_variant
+    from gpuloom.profile.knee import variants as knee_variants
     from gpuloom.profile.profiler import plot_profile
     from gpuloom.profile.store import Profile, ProfileStore
 
@@ -82,11 +83,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
             if "profile" in d:
                 runs[d["profile"]["model"]] = d
     lim = OccupancyLimits()
-    variants = {"latency": dict(method="latency")}
-    for sat in (0.5, 0.25, 0.125):
-        variants[f"latency_sat{sat}"] = dict(method="latency", saturation=sat)
-    variants.update({"mean": dict(method="mean"), "median": dict(method="quantile", q=0.5),
-                     "q75": dict(method="quantile", q=0.75)})
+    variants = knee_variants()
     table, errs = [], {v: [] for v in variants}
     per_model_err = {v: {} for v in variants}
     for name, d in runs.items():
@@ -97,8 +94,10 @@ def cmd_analyze(args: argparse.Namespace) -> int:
             row = {"model": name, "batch": b, "knee_measured": km, "runner": d.get("runner"),
                    "latency_knee_ms": round(p.latency(b, km), 4), "latency_full_ms": round(p.full_latency(b), 4),
                    "latency_8_ms": round(p.latency(b, p.sms[0]), 4), "predicted": {}}
-            for v, kw in variants.items():
-                k = predict_knee(recs, p.sms, eps=args.eps, lim=lim, **kw)
+            gap_us = max(0.0, p.full_latency(b) * 1000.0 - sum(r.duration_us for r in recs))
+            row["gap_us"] = round(gap_us, 1)
+            for v in variants:
+                k = predict_variant(v, recs, p.sms, full_latency_us=p.full_latency(b) * 1000.0, eps=args.eps, lim=lim)
                 row["predicted"][v] = k
                 errs[v].append(abs(k - km))
                 per_model_err[v].setdefault(name, []).append(abs(k - km))

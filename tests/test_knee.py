@@ -168,3 +168,20 @@ def test_parse_chrome_trace_reads_kineto_kernel_args(tmp_path):
         recs = parse_chrome_trace(src)
         assert recs == [KernelRecord("gemm", 12.5, (66, 2, 1), (128, 1, 1), 168, 98304)]
     assert recs[0].blocks == 132 and recs[0].threads_per_block == 128
+
+
+def test_named_variants_match_their_keyword_arguments():
+    from gpuloom.profile.knee import DEFAULT_VARIANT, predict_variant, variants
+
+    recs = [k(40 * 8, dur=10.0), k(132 * 8 * 2, dur=30.0), k(16, dur=5.0)]
+    assert DEFAULT_VARIANT in variants()
+    assert predict_variant("latency_sat0.5", recs, GRID) == predict_knee(recs, GRID, saturation=0.5)
+    assert predict_variant("median", recs, GRID) == predict_knee(recs, GRID, method="quantile", q=0.5)
+    # +gaps: the whole-GPU latency beyond the kernels' sum is a constant overhead
+    full = modelled_latency_us(recs, 132) + 200.0
+    assert predict_variant("latency+gaps", recs, GRID, full_latency_us=full) == predict_knee(
+        recs, GRID, overhead_us=200.0)
+    with pytest.raises(ValueError, match="full_latency_us"):
+        predict_variant("latency+gaps", recs, GRID)
+    with pytest.raises(ValueError, match="known"):
+        predict_variant("nope", recs, GRID)

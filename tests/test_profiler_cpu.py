@@ -58,7 +58,7 @@ def test_run_json_round_trips_through_the_profile_store(tmp_path):
     store.put(back)
     again = ProfileStore(tmp_path / "store").get("toy")
     assert again.latency(4, 40) == pytest.approx(run.profile.latency(4, 40))
-    assert set(data["predicted_by_method"]) >= {"latency", "mean", "median", "q75"}
+    assert set(data["predicted_by_method"]) >= {"latency", "latency_sat0.5", "mean", "median", "q75"}
     assert [r["batch"] for r in data["knees"]] == [1, 4, 16]
     assert data["kernels"]["4"][0][2] == [128, 1, 1]
     assert len(data["throughput_per_sm"]["1"]) == len(run.profile.sms)

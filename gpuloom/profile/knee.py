@@ -240,3 +240,44 @@ def parse_chrome_trace(trace: dict | str, *, min_duration_us: float = 0.0) -> li
 def _dim3(v: Any) -> tuple[int, int, int]:
     xs = [int(x) for x in (v if isinstance(v, (list, tuple)) else [v])] + [1, 1, 1]
     return (max(1, xs[0]), max(1, xs[1]), max(1, xs[2]))
+
+
+# -- named variants ------------------------------------------------------------------------------
+
+#: The variant the profiler stores as ``Profile.predicted_knee`` (chosen on the H200 zoo, see
+#: ``docs/sections/profile.md``).
+DEFAULT_VARIANT = "latency_sat0.5+gaps"
+
+
+def variants() -> dict[str, dict[str, Any]]:
+    """Every aggregation compared on the zoo, by name: keyword arguments of ``predict_knee``.
+
+    ``latency[_satX][+gaps]``: the latency model with saturation X (default 1); ``+gaps`` adds as a
+    constant the launch gaps of the whole-GPU graph (its measured latency minus the kernels' summed
+    durations), which do not shrink with SMs. ``mean``, ``median``, ``q75``: duration-weighted
+    statistics of the SMs each kernel fills.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for sat in (1.0, 0.5, 0.25, 0.125):
+        for gaps in (False, True):
+            name = "latency" + ("" if sat == 1.0 else f"_sat{sat}") + ("+gaps" if gaps else "")
+            out[name] = dict(method="latency", saturation=sat, gaps=gaps)
+    out["mean"] = dict(method="mean")
+    out["median"] = dict(method="quantile", q=0.5)
+    out["q75"] = dict(method="quantile", q=0.75)
+    return out
+
+
+def predict_variant(name: str, records: Sequence[KernelRecord], sm_grid: Sequence[int], *,
+                    full_latency_us: float | None = None, eps: float = 0.1,
+                    lim: OccupancyLimits = OccupancyLimits()) -> int:
+    """``predict_knee`` by a named variant (see ``variants``). ``+gaps`` variants need ``full_latency_us``."""
+    table = variants()
+    if name not in table:
+        raise ValueError(f"unknown knee variant {name!r}; known: {sorted(table)}")
+    kw = dict(table[name])
+    if kw.pop("gaps", False):
+        if full_latency_us is None:
+            raise ValueError(f"knee variant {name!r} needs the measured whole-GPU latency (full_latency_us)")
+        kw["overhead_us"] = max(0.0, full_latency_us - sum(k.duration_us for k in records))
+    return predict_knee(records, sm_grid, eps=eps, lim=lim, **kw)

@@ -38,7 +38,8 @@ from typing import Any, Callable, Protocol, Sequence
 import torch
 
 from ..gpu import NoGpuError, Partitioner, device_facts
-from .knee import KernelRecord, OccupancyLimits, measured_knee, parse_chrome_trace, predict_knee
+from .knee import DEFAULT_VARIANT, KernelRecord, OccupancyLimits, measured_knee, parse_chrome_trace, predict_variant
+from .knee import variants as knee_variants
 from .store import GpuInfo, Profile, today
 
 __all__ = [
@@ -258,6 +259,10 @@ class EngineRunner:
         self.choice = {b: (1 if choice.get(b, "multi") == "single" else "max") for b in self.buckets}
         if streams != "auto":
             self.choice = {b: streams for b in self.buckets}
+        # one eager warm-up per capture is enough once cuDNN has chosen its algorithms at compile time
+        import inspect
+
+        self._takes_warmup = "warmup" in inspect.signature(self.cm.capture).parameters
 
     def capture(self, partition: Any) -> Captured:
         # one capture per stream choice, each drawing its streams from a fresh factory of the same
@@ -268,7 +273,8 @@ class EngineRunner:
             by_choice.setdefault(self.choice[b], []).append(b)
         for ch, bs in by_choice.items():
             factory = partition.stream_factory() if partition is not None else None
-            gs = self.cm.capture(stream_factory=factory, buckets=bs, streams=ch)
+            kw = {"warmup": 1} if self._takes_warmup else {}
+            gs = self.cm.capture(stream_factory=factory, buckets=bs, streams=ch, **kw)
             for b in bs:
                 sets[b] = gs
         return _EngineCaptured(sets)
@@ -349,7 +355,7 @@ class ProfileRun:
 
 def profile_model(spec: ModelSpec, *, batches: Sequence[int] = DEFAULT_BATCHES, sms: Sequence[int] | None = None,
                   runner: str | Runner = "auto", device: int = 0, eps: float = 0.1, progress: bool = True,
-                  predict: bool = True, knee_method: str = "latency", warmup: int = 2, min_reps: int = 5,
+                  predict: bool = True, knee_method: str = DEFAULT_VARIANT, warmup: int = 2, min_reps: int = 5,
                   max_reps: int = 40, target_ms: float = 40.0, log: Callable[[str], None] = print) -> ProfileRun:
     """Measure ``spec``'s latency on every (batch, SM count) of the grid, inside real partitions.
 
@@ -404,7 +410,8 @@ def profile_model(spec: ModelSpec, *, batches: Sequence[int] = DEFAULT_BATCHES, 
         lim = OccupancyLimits.from_device(facts)
         for b in batches:
             kernels[b] = kernel_records(spec, b, device=f"cuda:{device}")
-        predicted = predict_all(kernels, tuple(real_sms), lim, eps=eps)
+        full = {b: lat[(b, grid[-1])] for b in batches}
+        predicted = predict_all(kernels, tuple(real_sms), lim, full_latency_ms=full, eps=eps)
     profile = Profile(model=spec.name, input_shapes=spec.input_shapes, dtype=spec.dtype, gpu=info,
                       batches=batches, sms=tuple(real_sms), latency_ms=rows, date=today(), source="measured",
                       predicted_knee=predicted.get(knee_method, {}))
@@ -413,19 +420,18 @@ def profile_model(spec: ModelSpec, *, batches: Sequence[int] = DEFAULT_BATCHES, 
 
 
 def predict_all(kernels: dict[int, list[KernelRecord]], grid: Sequence[int], lim: OccupancyLimits, *,
-                eps: float = 0.1) -> dict[str, dict[int, int]]:
-    """Predicted knee per batch by every aggregation the knee module offers (for comparison)."""
-    variants = {
-        "latency": dict(method="latency"),
-        "latency_sat0.5": dict(method="latency", saturation=0.5),
-        "latency_sat0.25": dict(method="latency", saturation=0.25),
-        "mean": dict(method="mean"),
-        "median": dict(method="quantile", q=0.5),
-        "q75": dict(method="quantile", q=0.75),
-    }
+                full_latency_ms: dict[int, float] | None = None, eps: float = 0.1) -> dict[str, dict[int, int]]:
+    """Predicted knee per batch by every named variant (``knee.variants``), for comparison.
+
+    ``+gaps`` variants are computed only when ``full_latency_ms`` (batch -> whole-GPU ms) is given.
+    """
     out: dict[str, dict[int, int]] = {}
-    for name, kw in variants.items():
-        out[name] = {b: predict_knee(recs, grid, eps=eps, lim=lim, **kw) for b, recs in kernels.items() if recs}
+    for name, kw in knee_variants().items():
+        if kw.get("gaps") and full_latency_ms is None:
+            continue
+        out[name] = {b: predict_variant(name, recs, grid, eps=eps, lim=lim,
+                                        full_latency_us=(full_latency_ms or {}).get(b, 0.0) * 1000.0)
+                     for b, recs in kernels.items() if recs}
     return out
 
 
