@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 import torch
 import torch.fx as fx
+import torch.utils._pytree as pytree
 
 from .dag import OpGraph, flat_tensors, is_device_op
 from .streams import StreamPlan
@@ -83,6 +84,14 @@ class StreamExecutor:
             else:
                 self._steps.append(_Step(node, _FREE, release=rel))
         self.num_inputs = placeholders
+        # export's graphs return a flat tuple that their forward() unflattens with a pytree spec
+        info = getattr(gm.graph._codegen, "pytree_info", None)
+        self._out_spec = info.out_spec if info is not None and info.out_spec is not None else None
+
+    def _result(self, flat: Any) -> Any:
+        if self._out_spec is None:
+            return flat
+        return pytree.tree_unflatten(list(flat), self._out_spec)
 
     def refresh_attrs(self) -> None:
         """Re-read parameters after the module moved (``module.to(device)`` replaces tensors)."""
@@ -91,17 +100,20 @@ class StreamExecutor:
             self._attrs[node] = operator.attrgetter(node.target)(gm)
 
     # ------------------------------------------------------------------------------------------
-    def run(self, inputs: Sequence[torch.Tensor], streams: Sequence[torch.cuda.Stream] | None = None) -> Any:
+    def run(
+        self, inputs: Sequence[torch.Tensor], streams: Sequence[torch.cuda.Stream] | None = None, *, annotate: bool = False
+    ) -> Any:
         """Run once. ``streams`` (GPU): ``plan.num_streams`` streams, ``streams[0]`` the current one.
 
         Asynchronous on the GPU: returns when every op has been issued; the result is ready on
         ``streams[0]``. Inputs and outputs must stay alive until then (they do under capture).
+        ``annotate`` wraps op ``i`` in a profiler range ``gpuloom_op_<i>`` (for per-op kernel times).
         """
         if streams is None:
             return self._run_in_order(inputs)
         if len(streams) < self.plan.num_streams:
             raise ValueError(f"plan needs {self.plan.num_streams} streams, got {len(streams)}")
-        return self._run_on_streams(inputs, streams)
+        return self._run_on_streams(inputs, streams, annotate)
 
     def _call(self, node: fx.Node, env: dict) -> Any:
         args = fx.node.map_arg(node.args, env.__getitem__)
@@ -127,10 +139,12 @@ class StreamExecutor:
                 for v in step.release:
                     env.pop(v, None)
             elif step.kind == _OUTPUT:
-                return fx.node.map_arg(node.args[0], env.__getitem__)
+                return self._result(fx.node.map_arg(node.args[0], env.__getitem__))
         raise AssertionError("graph has no output node")
 
-    def _run_on_streams(self, inputs: Sequence[torch.Tensor], streams: Sequence[torch.cuda.Stream]) -> Any:
+    def _run_on_streams(
+        self, inputs: Sequence[torch.Tensor], streams: Sequence[torch.cuda.Stream], annotate: bool = False
+    ) -> Any:
         main = streams[0]
         used = streams[: self.plan.num_streams]
         if len(used) > 1:
@@ -155,7 +169,11 @@ class StreamExecutor:
                 for p in step.waits:
                     s.wait_event(events[p])
                 with torch.cuda.stream(s):
-                    env[node] = self._call(node, env)
+                    if annotate:
+                        with torch.profiler.record_function(f"gpuloom_op_{step.op}"):
+                            env[node] = self._call(node, env)
+                    else:
+                        env[node] = self._call(node, env)
                 for a in node.all_input_nodes:
                     owner = alloc.get(a, -1)
                     if owner >= 0 and owner != step.stream:
@@ -185,5 +203,5 @@ class StreamExecutor:
                     join = torch.cuda.Event()
                     join.record(s)
                     main.wait_event(join)
-                return out
+                return self._result(out)
         raise AssertionError("graph has no output node")

@@ -1,0 +1,254 @@
+"""Engine benchmark (issue 2): eager vs torch.compile vs CUDA graph vs gpuloom single/multi/auto.
+
+    PYTHONPATH=. python scripts/bench_engine.py --out docs/results/engine_h200.json
+
+All variants of one (model, dtype, batch) are timed in the same process, back to back, with CUDA
+events: 50 warm-up calls, then the median of 200 timed calls. Every variant is timed as a user calls
+it (copy the input in, run, hand back a fresh output): eager ``model(x)``; ``torch.compile(mode=
+"reduce-overhead")``; a single-stream ``torch.cuda.graph`` of the eager forward (static input copy +
+replay + output clone); gpuloom ``cm(x)`` with graphs captured single-stream, multi-stream (Nimble's
+plan) and ``streams="auto"``. The JSON is written after every model, so a cut-short run keeps what
+it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import math
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import gpuloom  # noqa: E402
+from gpuloom.engine.critical import lower_bound_ms  # noqa: E402
+
+BRANCHY = ("inception_v3", "googlenet", "nasnetalarge", "efficientnet_b0")
+
+
+def bert_base() -> nn.Module:
+    layer = nn.TransformerEncoderLayer(768, 12, 3072, dropout=0.0, batch_first=True, activation="gelu")
+    return nn.TransformerEncoder(layer, 12, enable_nested_tensor=False)
+
+
+def build(name: str) -> tuple[nn.Module, tuple[int, ...]]:
+    """Model with random weights and its per-sample input shape."""
+    import torchvision.models as tv
+
+    if name == "bert_base":
+        return bert_base(), (128, 768)
+    if name == "nasnetalarge":
+        import timm
+
+        return timm.create_model("nasnetalarge", pretrained=False), (3, 331, 331)
+    if name in ("inception_v3", "googlenet"):
+        m = getattr(tv, name)(weights=None, aux_logits=False, init_weights=False)
+        return m, (3, 299, 299) if name == "inception_v3" else (3, 224, 224)
+    size = {"efficientnet_b5": 456}.get(name, 224)
+    return getattr(tv, name)(weights=None), (3, size, size)
+
+
+def median_ms(fn, x, warmup: int, iters: int) -> float:
+    for _ in range(warmup):
+        fn(x)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn(x)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times)
+
+
+def eager_graph(model: nn.Module, example: torch.Tensor):
+    """The plain baseline: one torch.cuda.graph of the eager forward, single stream."""
+    static_in = example.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            model(static_in)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_out = model(static_in)
+
+    def call(x):
+        static_in.copy_(x)
+        g.replay()
+        return static_out.clone()
+
+    return call
+
+
+def graphset_call(gs, bucket):
+    entry = gs.buckets[bucket]
+
+    def call(x):
+        entry.inputs[0].copy_(x)
+        gs.replay(bucket, stream=torch.cuda.current_stream())
+        return entry.outputs.clone()
+
+    return call
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.double(), want.double()
+    return float((got - want).norm() / want.norm().clamp_min(1e-30))
+
+
+def bench_model(name: str, dtype: torch.dtype, batches: list[int], args) -> dict:
+    model, shape = build(name)
+    model = model.eval().cuda().to(dtype)
+    rec: dict = {"model": name, "dtype": str(dtype).removeprefix("torch."), "input_shape": list(shape), "rows": []}
+    examples = {b: torch.randn(b, *shape, device="cuda", dtype=dtype) for b in batches}
+    t0 = time.perf_counter()
+    cm = gpuloom.compile(model, (examples[batches[0]],), max_batch=max(batches), buckets=batches, streams="auto")
+    rec["compile_s"] = round(time.perf_counter() - t0, 2)
+    rec["ops"] = len(cm.graph.ops)
+    rec["capture_method"] = cm.graph.method
+    rec["streams"] = cm.plan.num_streams
+    rec["syncs"] = cm.plan.num_syncs
+    rec["graph_memory_mib"] = round(cm.memory_bytes / 2**20, 1)
+    rec["auto_choice"] = {str(b): k for b, k in cm.stream_choice.items()}
+    gs_single = cm.capture(streams=1)
+    gs_multi = cm.capture(streams="max")
+    rec["graph_memory_mib_single"] = round(gs_single.memory_bytes / 2**20, 1)
+    rec["graph_memory_mib_multi"] = round(gs_multi.memory_bytes / 2**20, 1)
+    compiled = None
+    if "torch_compile" in args.variants:
+        compiled = torch.compile(model, mode="reduce-overhead", dynamic=False)
+    for b in batches:
+        x = examples[b]
+        row: dict = {"batch": b}
+        variants = {
+            "eager": lambda v: model(v),
+            "cuda_graph": eager_graph(model, x),
+            "gpuloom_single": graphset_call(gs_single, b),
+            "gpuloom_multi": graphset_call(gs_multi, b),
+            "gpuloom_auto": lambda v: cm(v),
+        }
+        if compiled is not None:
+            tc = time.perf_counter()
+            for _ in range(3):
+                compiled(x)
+            torch.cuda.synchronize()
+            row["torch_compile_s"] = round(time.perf_counter() - tc, 1)
+            variants["torch_compile"] = lambda v: compiled(v).clone()
+        with torch.no_grad():
+            fresh = torch.randn_like(x)
+            want = model(fresh)
+            for key in ("gpuloom_single", "gpuloom_multi", "gpuloom_auto"):
+                row[f"rel_err_{key}"] = rel_err(variants[key](fresh), want)
+            for key, fn in variants.items():
+                if key in args.variants or key.startswith("gpuloom") or key == "eager":
+                    row[f"{key}_ms"] = round(median_ms(fn, x, args.warmup, args.iters), 4)
+        if args.lower_bound:
+            with torch.no_grad():
+                cp, total = lower_bound_ms(cm, b)
+            row["critical_path_ms"] = round(cp, 4)
+            row["kernel_sum_ms"] = round(total, 4)
+        eager = row["eager_ms"]
+        for key in list(row):
+            if key.endswith("_ms") and key not in ("eager_ms", "critical_path_ms", "kernel_sum_ms"):
+                row[f"speedup_{key[:-3]}"] = round(eager / row[key], 3)
+        row["multi_over_single_graph"] = round(row["cuda_graph_ms"] / row["gpuloom_multi_ms"], 3)
+        row["auto_over_single_graph"] = round(row["cuda_graph_ms"] / row["gpuloom_auto_ms"], 3)
+        if "critical_path_ms" in row:
+            row["multi_over_critical_path"] = round(row["gpuloom_multi_ms"] / row["critical_path_ms"], 3)
+        rec["rows"].append(row)
+        print(f"  {name} {rec['dtype']} b{b}: " + ", ".join(
+            f"{k[:-3]} {v:.3f}" for k, v in row.items() if k.endswith("_ms")), flush=True)
+    del cm, gs_single, gs_multi, compiled
+    return rec
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def summarize(results: list[dict]) -> dict:
+    def pick(dtype, batch, key, models=None):
+        out = {}
+        for r in results:
+            if r.get("dtype") != dtype or "rows" not in r or (models and r["model"] not in models):
+                continue
+            for row in r["rows"]:
+                if row["batch"] == batch and key in row:
+                    out[r["model"]] = row[key]
+        return out
+
+    s = {}
+    for dtype in ("float32", "float16"):
+        for b in (1, 8):
+            sp = pick(dtype, b, "speedup_gpuloom_auto")
+            ms = pick(dtype, b, "multi_over_single_graph", BRANCHY)
+            au = pick(dtype, b, "auto_over_single_graph")
+            if sp:
+                s[f"{dtype}_b{b}"] = {
+                    "geomean_speedup_auto_over_eager": round(geomean(list(sp.values())), 3),
+                    "geomean_multi_over_graph_branchy": round(geomean(list(ms.values())), 3) if ms else None,
+                    "worst_auto_over_graph": round(min(au.values()), 3) if au else None,
+                }
+    return s
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="resnet50,resnet101,inception_v3,googlenet,mobilenet_v2,efficientnet_b0,"
+                                       "efficientnet_b5,densenet121,nasnetalarge,bert_base")
+    p.add_argument("--dtypes", default="float32,float16")
+    p.add_argument("--batches", default="1,8")
+    p.add_argument("--variants", default="eager,torch_compile,cuda_graph,gpuloom",
+                   help="drop torch_compile to save its compile time")
+    p.add_argument("--warmup", type=int, default=50)
+    p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--no-lower-bound", dest="lower_bound", action="store_false")
+    p.add_argument("--out", default="docs/results/engine_h200.json")
+    args = p.parse_args()
+    args.variants = set(args.variants.split(","))
+    batches = [int(b) for b in args.batches.split(",")]
+    torch.backends.cudnn.benchmark = True
+    out = {
+        "benchmark": "engine",
+        "gpu": torch.cuda.get_device_name(),
+        "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "date": datetime.date.today().isoformat(),
+        "method": "CUDA events, median of %d after %d warm-up, per call incl. input copy + output clone" % (
+            args.iters, args.warmup),
+        "results": [],
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    for dtype_name in args.dtypes.split(","):
+        dtype = getattr(torch, dtype_name)
+        for name in args.models.split(","):
+            print(f"{name} {dtype_name}", flush=True)
+            try:
+                out["results"].append(bench_model(name, dtype, batches, args))
+            except Exception as e:  # keep going: one model's failure is a result too
+                traceback.print_exc()
+                out["results"].append({"model": name, "dtype": dtype_name, "error": f"{type(e).__name__}: {e}"[:2000]})
+            gc.collect()
+            torch.cuda.empty_cache()
+            torch._dynamo.reset()
+            out["summary"] = summarize(out["results"])
+            Path(args.out).write_text(json.dumps(out, indent=1))
+    print(json.dumps(out["summary"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
