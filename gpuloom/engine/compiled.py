@@ -81,11 +81,13 @@ class CompiledModel:
         stream_factory: StreamFactory | None = None,
         buckets: Sequence[int] | None = None,
         streams: str | int | None = None,
+        warmup: int = 3,
     ) -> GraphSet:
         """Capture graphs for ``buckets`` (default: all) on streams from ``stream_factory``.
 
         Pass a partition's stream factory to confine every kernel to that partition's SMs. ``streams``
-        overrides the compile-time choice ("auto", "max" or 1). The returned :class:`GraphSet` owns its
+        overrides the compile-time choice ("auto", "max" or 1); ``warmup`` eager runs precede each
+        capture (cuDNN picks its algorithms there). The returned :class:`GraphSet` owns its
         static buffers and pool; keep it alive as long as you replay it.
         """
         if self.device.type != "cuda":
@@ -97,7 +99,8 @@ class CompiledModel:
         if unknown:
             raise ValueError(f"buckets {unknown} are not among this model's buckets {self.buckets}")
         with torch.cuda.device(self.device):
-            return capture_graphs(self._executors, self._examples, wanted, choice=choice, stream_factory=stream_factory)
+            return capture_graphs(self._executors, self._examples, wanted, choice=choice,
+                                  stream_factory=stream_factory, warmup=warmup)
 
     @property
     def memory_bytes(self) -> int:
