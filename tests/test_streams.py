@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import random
@@ -22,6 +23,7 @@ from dag_helpers import (
     cross_edges,
     dags,
     layered_dag,
+    oracle_chain_cover,
     plan_implies_edges_fast,
     random_dag,
 )
@@ -147,6 +149,16 @@ def test_prefer_syncs_meets_nimble_bound_with_the_fewest_streams(g):
     assert plan.num_streams == fewest
 
 
+@settings(max_examples=40, deadline=None)
+@given(dags(min_nodes=9, max_nodes=20), st.sampled_from(["streams", "syncs"]))
+def test_plan_matches_a_max_weight_matching_oracle_on_medium_dags(g, prefer):
+    # past brute force's reach (the DAGs where width costs a sync have >= 10 nodes)
+    pytest.importorskip("networkx")
+    n, edges = g
+    plan = assign_streams(n, edges, prefer=prefer)
+    assert (plan.num_streams, plan.num_syncs) == oracle_chain_cover(n, edges, prefer=prefer)
+
+
 def test_width_many_streams_can_cost_one_sync_more_than_nimble_bound():
     n, edges = 10, WIDTH_COSTS_A_SYNC
     width, bound = brute_max_antichain(n, edges), nimble_bound(n, edges)
@@ -157,6 +169,9 @@ def test_width_many_streams_can_cost_one_sync_more_than_nimble_bound():
     assert (by_streams.num_streams, by_streams.num_syncs) == (width, bound + 1)
     by_syncs = assign_streams(n, edges, prefer="syncs")
     assert (by_syncs.num_streams, by_syncs.num_syncs) == (width + 1, bound)
+    if importlib.util.find_spec("networkx"):
+        assert oracle_chain_cover(n, edges) == (width, bound + 1)
+        assert oracle_chain_cover(n, edges, prefer="syncs") == (width + 1, bound)
     check_plan(by_streams, n, edges)
     check_plan(by_syncs, n, edges)
 

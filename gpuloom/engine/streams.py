@@ -200,7 +200,7 @@ class StreamPlan:
         fig = Figure(figsize=(min(2 + 1.4 * k, 40), min(1.5 + 0.45 * depth, 60)))
         FigureCanvasAgg(fig)
         ax = fig.add_subplot(1, 1, 1)
-        xy = {u: (self.stream_of[u], -level[u]) for u in range(self.num_nodes)}
+        xy = {u: (self.stream_of[u], level[u]) for u in range(self.num_nodes)}
         for nodes in self.streams():
             for a, b in zip(nodes, nodes[1:]):
                 ax.plot([xy[a][0], xy[b][0]], [xy[a][1], xy[b][1]], color="0.6", lw=1, zorder=1)
@@ -218,7 +218,8 @@ class StreamPlan:
         ax.set_xticks(range(k))
         ax.set_xticklabels([f"s{s}" for s in range(k)])
         ax.set_xlabel("stream")
-        ax.set_ylabel("topological level (down = later)")
+        ax.set_ylabel("topological level")
+        ax.invert_yaxis()  # sources on top
         ax.set_title(title or f"{self.num_nodes} nodes, {self.num_streams} streams, {self.num_syncs} syncs")
         fig.tight_layout()
         fig.savefig(path, dpi=110)
