@@ -1,6 +1,6 @@
 """Profile the model zoo on the GPU, then (on any machine) build the shipped profiles and knee table.
 
-On the GPU (writes one run JSON + PNG per model under OUT/zoo, and OUT/zoo.tar.gz):
+On the GPU (writes one run JSON + PNG per model under WORK/zoo, tarred into OUT/zoo.tar.gz):
 
     PYTHONPATH=. python3 scripts/profile_zoo.py run --out $OUT [--runner auto] [--budget-s 420]
 
@@ -38,8 +38,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from gpuloom.profile.profiler import load_model, profile_model, write_outputs
 
-    out = os.path.join(args.out, "zoo")
+    out = os.path.join(args.work, "zoo")  # many files: only the tarball goes to --out
     os.makedirs(out, exist_ok=True)
+    os.makedirs(args.out, exist_ok=True)
     t_start = time.perf_counter()
     summary = []
     models = args.models or ZOO
@@ -62,7 +63,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         for v in ("spec", "run"):
             locals().pop(v, None)
         torch.cuda.empty_cache()
-        subprocess.run(["tar", "czf", os.path.join(args.out, "zoo.tar.gz"), "-C", args.out, "zoo"], check=False)
+        subprocess.run(["tar", "czf", os.path.join(args.out, args.tar_name), "-C", args.work, "zoo"], check=False)
     print("\nmodel | runner | setup s | sweep s | measured knees | predicted knees")
     for row in summary:
         print(" | ".join(str(x) for x in row))
@@ -149,7 +150,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
-    r.add_argument("--out", default="out")
+    r.add_argument("--out", default="out", help="where zoo.tar.gz goes")
+    r.add_argument("--tar-name", default="zoo.tar.gz")
+    r.add_argument("--work", default="/tmp/gpuloom_zoo", help="where the per-model JSON and PNG files go")
     r.add_argument("--runner", default="auto", choices=("auto", "engine", "graph"))
     r.add_argument("--budget-s", type=float, default=420.0, help="drop batch 64 when the time left per model is short")
     r.add_argument("--min-full-s", type=float, default=35.0, help="seconds per model below which batch 64 is dropped")
