@@ -52,7 +52,8 @@ from gpuloom.profile.store import Profile, ProfileError, ProfileStore
 
 from .schedule import Demand, ModelPlan, Partition, PlanError, PlanInfeasible, Schedule, Slot
 
-TOP_FRACTIONS = (0.6, 0.5, 0.42, 0.35)  # candidate cycles, as fractions of the loosest SLO (a factor 2 apart)
+# candidate cycles as fractions of the loosest SLO: four phases of one octave (each ladder halves down)
+TOP_FRACTIONS = (0.84, 0.71, 0.59, 0.5)
 _PREF_TOL = 1.03  # sizes within 3% of the least SM-time count as equally efficient: take fewer SMs
 # packing strategies tried in turn: (size preference, join a partition if it costs <= this x opening one)
 STRATEGIES = (("fewest", 1.15), ("cheapest", 1.15), ("fewest", 3.0), ("uniform", 3.0))
@@ -217,7 +218,10 @@ class _Planner:
         pref_mode, join_waste = strategy
         only = None
         if pref_mode == "uniform":
-            s_min = min(self.models[n].demand.slo_ms for n, f in fracs.items() if f > 0) if fracs else 1.0
+            slos = [self.models[n].demand.slo_ms for n, f in fracs.items() if f > 0]
+            if not slos:
+                return [], []
+            s_min = min(slos)
             fit = [c for c in ladder if c <= 0.5 * s_min]
             if not fit:
                 return [], [n for n, f in fracs.items() if f > 0]
@@ -418,7 +422,7 @@ def plan(
         fracs = _fair_share(pl, active, ladders, fair_step)
         found = pl.search(fracs, ladders)
         assert found is not None, f"fair share {fracs} must pack"
-        ladder, parts = found
+        fracs, (ladder, parts) = _polish(pl, active, ladders, fair_step, found)
     pl.grow(parts)
     return _build(pl, parts, fracs, ladder[0], eps, t0, {"periods_ms": [round(c, 4) for c in ladder]})
 
@@ -463,6 +467,48 @@ def _fair_share(pl: _Planner, active: list[Demand], ladders: Sequence[Sequence[f
             frozen[m] = cur[m]
         todo = [m for m in todo if m not in stuck]
     return frozen
+
+
+def _served(pl: _Planner, parts: list[_Part]) -> dict[str, float]:
+    """Fraction of each model's (headroom-inflated) demand that a packing's slots can serve."""
+    out = {}
+    for p in parts:
+        for name, b, k in p.members:
+            out[name] = min(1.0, k * b * 1000.0 / p.c / pl.models[name].need_rps)
+    return out
+
+
+def _polish(
+    pl: _Planner,
+    active: list[Demand],
+    ladders: Sequence[Sequence[float]],
+    step: float,
+    found: tuple[list[float], list[_Part]],
+) -> tuple[dict[str, float], tuple[list[float], list[_Part]]]:
+    """Pareto-improve a fair packing: raise a short model by ``step`` while everyone keeps what the
+    current slots serve them (rounding often leaves room); lowest weighted fraction first.
+
+    The packing heuristic is not perfectly monotone, so progressive filling alone can leave such
+    room. Stops when no short model can rise (a checkable form of weighted max-min fairness).
+    """
+    w = {d.model: d.weight for d in active}
+    served = _served(pl, found[1])
+    fr = {d.model: served.get(d.model, 0.0) for d in active}
+    for _ in range(int(2 / step) * len(active)):  # each success raises someone by >= step
+        improved = False
+        for m in sorted((m for m in fr if fr[m] < 1.0 - 1e-9), key=lambda m: (fr[m] / w[m], m)):
+            trial = dict(fr)
+            trial[m] = min(1.0, fr[m] + step)
+            got = pl.search(trial, ladders)
+            if got is not None:
+                found = got
+                served = _served(pl, got[1])
+                fr = {n: max(trial[n], served.get(n, 0.0)) if trial[n] > 0 else 0.0 for n in fr}
+                improved = True
+                break
+        if not improved:
+            break
+    return fr, found
 
 
 def _build(

@@ -1,0 +1,315 @@
+"""The D-STACK planner: schedule invariants, SLOs, fairness under overload, JSON, speed."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpuloom.bench.workload import load_workload
+from gpuloom.plan import (
+    Demand,
+    PlanError,
+    PlanInfeasible,
+    Schedule,
+    choose_batch,
+    plan,
+    render_gantt,
+)
+from gpuloom.profile.store import ProfileStore
+from gpuloom.profile.synthetic import H200, synthetic_profile, zoo
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+ZOO = ProfileStore(profiles=zoo())
+NAMES = [p.model for p in zoo()]
+
+
+# -- shared invariant checks -----------------------------------------------------------------------
+def check_schedule(s: Schedule) -> None:
+    """No two slots overlap on any SM at any time; everything lies within the GPU and the cycle."""
+    parts = sorted(s.partitions, key=lambda p: p.sm_offset)
+    end = 0
+    for i, p in enumerate(parts):
+        assert p.sm_offset >= end, f"partitions overlap on SMs: {parts}"
+        assert p.sms > 0
+        last = i == len(parts) - 1
+        rem = s.gpu_sms % s.granularity
+        assert p.sms % s.granularity == 0 or (last and (p.sms - rem) % s.granularity == 0), (
+            f"partition of {p.sms} SMs is not a multiple of {s.granularity} (only the last may add the remainder {rem})"
+        )
+        end = p.sm_offset + p.sms
+    assert end <= s.gpu_sms
+    for p in s.partitions:
+        period = p.period(s.cycle_ms)
+        assert period > 0 and math.isclose(s.cycle_ms / period, round(s.cycle_ms / period), rel_tol=1e-9)
+        t = 0.0
+        for slot in sorted(p.slots, key=lambda x: x.start_ms):
+            assert slot.start_ms >= t - 1e-9, f"slots overlap in partition {p.index}: {p.slots}"
+            assert slot.duration_ms > 0
+            t = slot.end_ms
+        assert t <= s.cycle_ms + 1e-9, f"partition {p.index} runs past the cycle: {t} > {s.cycle_ms}"
+    for m in s.models:
+        if m.partition < 0:
+            assert m.planned_rps == 0 and m.served_fraction < 1 or m.demand_rps == 0
+            continue
+        p = s.partitions[m.partition]
+        mine = [x for x in p.slots if x.model == m.model]
+        assert mine and all(x.batch == m.batch for x in mine)
+        assert m.sms == p.sms
+        assert m.planned_rps == pytest.approx(len(mine) * m.batch * 1000.0 / s.cycle_ms)
+        # the latency bound, recomputed from the slots: one period of waiting + the model's run of slots
+        period = p.period(s.cycle_ms)
+        first = [x for x in mine if x.start_ms < period - 1e-9]
+        span = max(x.end_ms for x in first) - min(x.start_ms for x in first)
+        assert m.worst_ms == pytest.approx(period + span)
+        assert m.worst_ms <= m.slo_ms + 1e-6, f"{m.model}: worst {m.worst_ms} ms > SLO {m.slo_ms} ms"
+    shorts = dict(s.short)
+    for m in s.models:
+        assert (m.model in shorts) == m.short
+        if m.short:
+            assert shorts[m.model] == pytest.approx(1.0 - m.served_fraction)
+
+
+def check_feasible(s: Schedule) -> None:
+    assert s.feasible, f"expected a feasible plan:\n{s}"
+    for m in s.models:
+        assert m.planned_rps >= m.demand_rps - 1e-9, f"{m.model}: {m.planned_rps} < {m.demand_rps}"
+        assert m.worst_ms <= m.slo_ms + 1e-9
+
+
+def min_slo(name: str) -> float:
+    return ZOO.get(name).min_latency()
+
+
+# -- feasible plans ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["mix6", "light3", "bursty", "shift"])
+def test_example_workloads_get_feasible_schedules_meeting_every_slo(name: str) -> None:
+    w = load_workload(EXAMPLES / f"{name}.yaml")
+    s = plan(w.demands(), ZOO)
+    check_schedule(s)
+    check_feasible(s)
+
+
+demand_lists = st.lists(
+    st.tuples(
+        st.sampled_from(NAMES),
+        st.floats(min_value=1.0, max_value=1500.0),
+        st.floats(min_value=2.5, max_value=40.0),  # SLO as a multiple of the model's fastest latency
+        st.sampled_from([0.5, 1.0, 2.0]),
+    ),
+    min_size=1,
+    max_size=6,
+    unique_by=lambda t: t[0],
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(demand_lists)
+def test_any_plan_keeps_slots_disjoint_and_every_planned_model_within_its_slo(spec) -> None:
+    demands = [Demand(n, rate, mult * min_slo(n), w) for n, rate, mult, w in spec]
+    s = plan(demands, ZOO)
+    check_schedule(s)
+    if s.feasible:
+        check_feasible(s)
+
+
+@settings(max_examples=40, deadline=None)
+@given(demand_lists)
+def test_light_load_is_always_feasible(spec) -> None:
+    # at most ~3% of the GPU per model and a roomy SLO: must fit
+    demands = [Demand(n, min(rate, 20.0), max(mult, 12.0) * min_slo(n), w) for n, rate, mult, w in spec]
+    s = plan(demands, ZOO)
+    check_schedule(s)
+    check_feasible(s)
+
+
+def test_models_whose_best_option_is_the_whole_gpu_share_it_in_time() -> None:
+    big = ProfileStore(
+        profiles=[
+            synthetic_profile("big_a", per_item_sm_ms=200.0, knee1=132, knee_growth=0.0),
+            synthetic_profile("big_b", per_item_sm_ms=200.0, knee1=132, knee_growth=0.0),
+        ]
+    )
+    # each needs the whole GPU to meet its SLO with batch 1, but only about a third of its time
+    slo = 4 * (0.1 + 200.0 / 132) + 0.5
+    s = plan([Demand("big_a", 150, slo), Demand("big_b", 150, slo)], big)
+    check_schedule(s)
+    check_feasible(s)
+    assert len(s.partitions) == 1 and s.partitions[0].sms == 132
+    assert set(s.partitions[0].models) == {"big_a", "big_b"}
+
+
+def test_last_partition_takes_the_sub_granularity_remainder() -> None:
+    s = plan(load_workload(EXAMPLES / "mix6.yaml").demands(), ZOO)
+    assert s.used_sms == 132  # 16 x 8 + the 4 left over
+    assert sorted(s.partitions, key=lambda p: p.sm_offset)[-1].sms % 8 == 4
+
+
+def test_zero_rate_models_get_no_slots_and_count_as_served() -> None:
+    s = plan([Demand("resnet50", 0.0, 25.0), Demand("vgg16", 50.0, 100.0)], ZOO)
+    check_schedule(s)
+    assert s.model("resnet50").partition == -1 and s.model("resnet50").served_fraction == 1.0
+    assert s.feasible
+
+
+def test_headroom_plans_extra_capacity() -> None:
+    d = [Demand("resnet50", 500.0, 25.0)]
+    assert plan(d, ZOO, headroom=0.3).model("resnet50").planned_rps >= 650.0
+
+
+# -- overload and fairness ---------------------------------------------------------------------------
+def _overload(factor: float = 2.5, weights=None) -> list[Demand]:
+    base = load_workload(EXAMPLES / "mix6.yaml").demands()
+    weights = weights or {}
+    return [Demand(d.model, d.rate * factor, d.slo_ms, weights.get(d.model, 1.0)) for d in base]
+
+
+def check_max_min(demands: list[Demand], s: Schedule, step: float = 0.02) -> None:
+    """The checkable form of weighted max-min fairness on served fraction of demand.
+
+    1. Pareto: no short model can get ``step`` more of its demand while every other model keeps
+       what it is served (re-planning that asks is infeasible).
+    2. The floor cannot rise: asking every model for ``min(1, weight * level)`` with ``level`` a bit
+       above the lowest weighted served fraction among short models is infeasible.
+    """
+    by = {d.model: d for d in demands}
+    served = {m.model: m.served_fraction for m in s.models}
+    shorts = [m for m in s.models if m.short]
+    assert shorts
+    for m in shorts:
+        ask = [
+            Demand(n, by[n].rate * (min(1.0, served[n] + step) if n == m.model else served[n]), by[n].slo_ms, by[n].weight)
+            for n in by
+        ]
+        assert not plan(ask, ZOO).feasible, f"{m.model} could get more without hurting anyone"
+    level = min(served[m.model] / by[m.model].weight for m in shorts) * 1.05 + 0.01
+    ask = [Demand(n, d.rate * min(1.0, d.weight * level), d.slo_ms, d.weight) for n, d in by.items()]
+    assert not plan(ask, ZOO).feasible, f"every model could be raised to weighted level {level}"
+
+
+@pytest.mark.parametrize("factor", [1.3, 2.5, 6.0])
+def test_overload_is_weighted_max_min_fair_and_reports_short_models(factor: float) -> None:
+    demands = _overload(factor)
+    s = plan(demands, ZOO)
+    check_schedule(s)
+    assert not s.feasible and s.short
+    check_max_min(demands, s)
+    # equal weights: nobody is served much less than anybody else who is also short
+    fr = [m.served_fraction for m in s.models if m.short]
+    assert max(fr) - min(fr) < 0.35
+
+
+def test_higher_weight_gets_a_larger_served_fraction() -> None:
+    demands = _overload(3.0, weights={"resnet50": 3.0})
+    s = plan(demands, ZOO)
+    check_schedule(s)
+    check_max_min(demands, s)
+    others = [m.served_fraction for m in s.models if m.model != "resnet50" and m.short]
+    assert s.model("resnet50").served_fraction > max(others)
+
+
+def test_overload_example_reports_short_models_worst_first() -> None:
+    w = load_workload(EXAMPLES / "overload.yaml")
+    s = plan(w.demands(), ZOO)
+    check_schedule(s)
+    assert [f for _, f in s.short] == sorted((f for _, f in s.short), reverse=True)
+    assert s.model("bert_base").served_fraction > s.model("resnet50").served_fraction  # weight 2
+
+
+# -- batch-size optimizer ----------------------------------------------------------------------------
+@pytest.mark.parametrize("rate, slo", [(50.0, 30.0), (800.0, 20.0), (3000.0, 15.0)])
+def test_choose_batch_meets_the_slo_and_maximizes_throughput_per_sm(rate: float, slo: float) -> None:
+    prof = ZOO.get("resnet50")
+    sms = list(range(8, 133, 8))
+    b, s, lat = choose_batch(prof, rate, slo, sms)
+    assert b * 1000.0 / rate + lat <= slo + 1e-9
+    assert lat == prof.latency(b, s)
+    feasible = [
+        (bb, ss) for ss in sms for bb in prof.batches
+        if bb * 1000.0 / rate + prof.latency(bb, ss) <= slo and bb * 1000.0 / prof.latency(bb, ss) >= rate
+    ]
+    if feasible:
+        best = max(bb * 1000.0 / prof.latency(bb, ss) / ss for bb, ss in feasible)
+        assert b * 1000.0 / lat / s == pytest.approx(best)
+
+
+def test_choose_batch_rejects_impossible_slo_and_bad_input() -> None:
+    prof = ZOO.get("vgg16")
+    with pytest.raises(PlanInfeasible, match="SLO"):
+        choose_batch(prof, 100.0, prof.min_latency() * 0.5, [132])
+    with pytest.raises(PlanError):
+        choose_batch(prof, 0.0, 50.0, [132])
+
+
+def test_plan_rejects_unknown_and_repeated_models() -> None:
+    with pytest.raises(PlanError, match="nosuch"):
+        plan([Demand("nosuch", 10, 10)], ZOO)
+    with pytest.raises(PlanError, match="repeated"):
+        plan([Demand("vgg16", 10, 100), Demand("vgg16", 20, 100)], ZOO)
+    with pytest.raises(PlanError, match="rate"):
+        Demand("vgg16", -1, 100)
+
+
+def test_a_model_whose_slo_no_cycle_can_meet_is_reported_short_not_dropped() -> None:
+    fastest = min_slo("vgg16")
+    s = plan([Demand("vgg16", 10, fastest * 1.05), Demand("resnet50", 100, 25)], ZOO)
+    check_schedule(s)
+    assert s.model("vgg16").served_fraction == 0.0 and dict(s.short)["vgg16"] == 1.0
+    assert not s.model("resnet50").short
+
+
+# -- serialization, rendering, speed -----------------------------------------------------------------
+def test_schedule_json_round_trip() -> None:
+    for d in (load_workload(EXAMPLES / "mix6.yaml").demands(), _overload(2.0)):
+        s = plan(d, ZOO)
+        back = Schedule.from_json(json.loads(json.dumps(s.to_json())))
+        assert back == s
+        assert back.to_json()["schema"] == "gpuloom.schedule/1"
+        assert str(back) == str(s)
+    with pytest.raises(PlanError, match="schema"):
+        Schedule.from_json({"schema": "gpuloom.schedule/0"})
+
+
+def test_gantt_png_is_written(tmp_path: Path) -> None:
+    s = plan(load_workload(EXAMPLES / "mix6.yaml").demands(), ZOO)
+    out = tmp_path / "g.png"
+    render_gantt(s, str(out), cycles=2)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
+
+
+def _ten_models() -> ProfileStore:
+    extra = [
+        synthetic_profile(f"m{i}", per_item_sm_ms=10.0 + 15 * i, knee1=32 + 8 * i, knee_growth=0.3)
+        for i in range(4)
+    ]
+    return ProfileStore(profiles=[*zoo(), *extra])
+
+
+def test_planning_ten_models_takes_under_100_ms() -> None:
+    store = _ten_models()
+    demands = [Demand(p.model, 30.0 + 10 * i, 8 * p.min_latency() + 10, 1.0) for i, p in enumerate(store)]
+    assert len(demands) == 10
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        s = plan(demands, store)
+        times.append(time.perf_counter() - t)
+    check_schedule(s)
+    assert s.feasible
+    assert min(times) < 0.100, f"planning 10 models took {min(times) * 1000:.1f} ms"
+
+
+def test_planning_ten_models_under_overload_stays_interactive() -> None:
+    store = _ten_models()
+    demands = [Demand(p.model, 400.0, 8 * p.min_latency() + 10, 1.0) for p in store]
+    t = time.perf_counter()
+    s = plan(demands, store)
+    took = time.perf_counter() - t
+    check_schedule(s)
+    assert not s.feasible
+    assert took < 1.0, f"overloaded 10-model plan took {took * 1000:.0f} ms"
