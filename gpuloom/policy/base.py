@@ -55,7 +55,7 @@ class Policy(ABC):
     * :meth:`on_arrival` after each request is appended to its model's queue.
     * :meth:`on_completion` after a batch finished and its requests were recorded.
     * :meth:`decide` after all events of one instant were handled, when at least one partition is
-      free (and before the run's dispatch horizon). Returns decisions (each on a distinct free
+      free and at least one request is queued (and before the run's dispatch horizon). Returns decisions (each on a distinct free
       partition, requests taken from the head region of their queue) and drops.
     * :meth:`next_wakeup` right after :meth:`decide` (or after an event when no partition was free):
       the time at which :meth:`decide` must be called again even if nothing else happens (a

@@ -8,12 +8,13 @@ take turns in a repeating cycle (:func:`gpuloom.plan.plan` makes the :class:`~gp
 At run time, when a partition is free at phase ``phi`` of its cycle (the cycle starts when the
 layout is ready):
 
-1. **slot owner first**: the model whose slot contains ``phi`` runs up to its planned batch;
+1. **slot owner first**: the model whose slot contains ``phi`` runs up to its planned batch; no
+   other model may take the partition while the owner has requests queued;
 2. **work-conserving fill**: otherwise (the owner has nothing queued, or ``phi`` falls in a gap)
-   any model with queued work may run -- earliest deadline first -- as long as its batch ends before
-   the next slot of *another* model in this partition begins (so no other model's planned slot is
-   delayed) and before its oldest request's deadline. The batch is the largest bucket up to the
-   model's planned batch that fits both;
+   any model with queued work may run -- earliest deadline first, on its home partitions first -- as
+   long as its batch ends before the next slot of *another* model in this partition begins (so no
+   other model's planned slot is delayed) and before its oldest request's deadline. The batch is the
+   largest bucket up to the model's planned batch that fits both;
 3. nothing fits: wake up at the next slot start.
 
 A request is dropped (reason ``"deadline"``) only when it can no longer meet its deadline on any
@@ -98,7 +99,10 @@ class DStackPolicy(Policy):
         self._wake: float | None = None
         self._now = 0.0
         self._next_check = 0.0
-        self._pending_layout: Layout | None = None
+        self._waiting: set[str] = set()  # models left queued by the last decision
+        self._dirty = True  # re-examine every model on every free partition at the next decision
+        self._fresh_parts: set[int] = set()  # partitions freed since the last decision
+        self._fresh_models: set[str] = set()  # models whose queue filled since the last decision
         self.replans = 0
 
     # -- setup ------------------------------------------------------------------------------
@@ -124,6 +128,12 @@ class DStackPolicy(Policy):
         self.cycle = sched.cycle_ms
         models = list(self.ctx.models)
         self.parts = [_PartPlan(p, models) for p in sched.partitions]
+        self._rows: dict[tuple[str, int], list[tuple[int, float]]] = {}
+        self._l1 = {
+            m: [i.profile.latency(i.profile.batches[0], p.sms) for p in sched.partitions] for m, i in self.ctx.models.items()
+        }
+        home = {m: [p.index for p in sched.partitions if m in p.models] for m in models}
+        self.pref = {m: home[m] + [p.index for p in sched.partitions if p.index not in home[m]] for m in models}
         planned = {mp.model: mp for mp in sched.models}
         self.cap = {}
         for m, info in self.ctx.models.items():
@@ -131,62 +141,123 @@ class DStackPolicy(Policy):
             self.cap[m] = mp.batch if mp is not None and mp.batch >= 1 else info.profile.batches[0]
         biggest = max(p.sms for p in sched.partitions)
         self.fastest = {m: i.profile.latency(i.profile.batches[0], biggest) for m, i in self.ctx.models.items()}
-        parts = []
+        layout_parts = []
         for p in sched.partitions:
             owner = p.models[0] if len(p.models) == 1 else None
-            parts.append(Partition(p.index, p.sm_offset, p.sms, shared=False, owner=owner, label=f"p{p.index}[{p.sm_offset}:{p.sm_offset + p.sms}]"))
-        return Layout(tuple(parts), sched.gpu_sms)
+            layout_parts.append(Partition(p.index, p.sm_offset, p.sms, shared=False, owner=owner, label=f"p{p.index}[{p.sm_offset}:{p.sm_offset + p.sms}]"))
+        return Layout(tuple(layout_parts), sched.gpu_sms)
 
     # -- events -----------------------------------------------------------------------------
     def on_arrival(self, request, now_ms: float) -> None:
         self.estimator.observe(request.model, now_ms / 1000.0)
+        if request.model not in self._waiting:
+            self._fresh_models.add(request.model)  # had nothing queued: it may fit somewhere now
+
+    def on_completion(self, completion, now_ms: float) -> None:
+        self._fresh_parts.add(completion.decision.partition)  # this partition came free
 
     # -- deciding ---------------------------------------------------------------------------
     def decide(self, now_ms: float, queues: Queues, free: Sequence[Partition]) -> list[Action]:
         self._now = now_ms
+        # Incremental decisions: a model still queued from the last call could not run on any
+        # partition that was free then, and cannot now either (its room only shrinks until the next
+        # slot boundary, which is a wake-up); so it only tries partitions freed since. Models that
+        # had nothing queued try every partition. A wake-up or a new layout re-examines everything.
+        full = self._dirty or (self._wake is not None and now_ms >= self._wake)
+        fresh_parts, fresh_models = self._fresh_parts, self._fresh_models
+        self._fresh_parts, self._fresh_models = set(), set()
+        if not full and not fresh_parts and not fresh_models:
+            return []
+        self._dirty = False
         out: list[Action] = []
         pos: dict[str, int] = {}
+        head: dict[str, float] = {}  # deadline of each model's next request
+        fastest = self.fastest
         for m, q in queues.items():
             if q:
-                dead = hopeless(q, now_ms, self.fastest[m])
-                if dead:
+                dl = q[0].deadline_ms
+                if now_ms + fastest[m] > dl:
+                    dead = hopeless(q, now_ms, fastest[m])
                     out.append(Drop(m, dead, "deadline"))
-                pos[m] = len(dead)
+                    if len(dead) < len(q):
+                        pos[m] = len(dead)
+                        head[m] = q[len(dead)].deadline_ms
+                else:
+                    pos[m] = 0
+                    head[m] = dl
+        if not pos:
+            self._wake = None
+            self._waiting = set()
+            return out
         wake = math.inf
-        phi_all = (now_ms - self.epoch) % self.cycle if self.cycle > 0 else 0.0
-        for p in free:
-            pp = self.parts[p.index]
-            phi = phi_all
-            owner = pp.owner_at(phi)
-            cands = [m for m, i in pos.items() if i < len(queues[m])]
-            if not cands:
-                break
-            cands.sort(key=lambda m: (m != owner, queues[m][pos[m]].deadline_ms))
-            for m in cands:
-                k = self._batch(m, queues[m], pos[m], pp, phi, now_ms)
+        phi = (now_ms - self.epoch) % self.cycle if self.cycle > 0 else 0.0
+        parts = self.parts
+        free_idx = {p.index for p in free}
+        owners: dict[int, str | None] = {}
+        order = sorted(pos, key=head.__getitem__) if len(pos) > 1 else list(pos)
+        for m in order:  # earliest deadline first
+            q = queues[m]
+            # m's home partitions first (static order), then the others; a partition whose current
+            # slot belongs to another model with queued requests is that model's
+            stale = not full and m not in fresh_models
+            for idx in self.pref[m]:
+                if idx not in free_idx or (stale and idx not in fresh_parts):
+                    continue
+                if idx not in owners:
+                    owners[idx] = parts[idx].owner_at(phi)
+                o = owners[idx]
+                if o is not None and o != m and o in pos:
+                    continue
+                i = pos[m]
+                pp = parts[idx]
+                # quick reject: not even a batch of one fits before the next other slot / the deadline
+                l1 = self._l1[m][idx]
+                if l1 > q[i].deadline_ms - now_ms + 1e-9:
+                    continue
+                others = pp.other_starts[m]
+                if others:
+                    j = bisect.bisect_left(others, phi)
+                    room = (others[j] if j < len(others) else others[0] + self.cycle) - phi
+                    if l1 > room + 1e-9:
+                        continue
+                k = self._batch(m, q, i, pp, phi, now_ms)
                 if k:
-                    q, i = queues[m], pos[m]
-                    out.append(Decision(m, tuple(q[i + j].id for j in range(k)), k, p.index))
-                    pos[m] = i + k
-                    break
-            else:
-                wake = min(wake, now_ms + pp.next_start(phi, self.cycle))
+                    out.append(Decision(m, tuple(q[i + j].id for j in range(k)), k, idx))
+                    free_idx.discard(idx)
+                    if i + k < len(q):
+                        pos[m] = i + k
+                    else:
+                        del pos[m]
+                        break
+        left = [p for p in free if p.index in free_idx]
+        self._waiting = set(pos)
+        if pos:
+            for p in left:
+                wake = min(wake, now_ms + self.parts[p.index].next_start(phi, self.cycle))
         self._wake = wake if math.isfinite(wake) else None
         return out
 
     def _batch(self, m: str, q, i: int, pp: _PartPlan, phi: float, now_ms: float) -> int:
         """Requests of ``m`` (from queue position ``i``) to run now on ``pp``; 0 = none fits."""
-        prof = self.ctx.models[m].profile
         n = min(len(q) - i, self.cap[m])
-        room = min(pp.horizon(m, phi, self.cycle), q[i].deadline_ms - now_ms)
+        room = min(pp.horizon(m, phi, self.cycle), q[i].deadline_ms - now_ms) + 1e-9
         best = 0
-        for b in prof.batches:
-            k = min(b, n)
-            if prof.latency(k, pp.sms) <= room + 1e-9:
-                best = k
+        for b, lat in self._lat_row(m, pp.sms):
+            if lat > room:
+                break  # latency grows with the batch
+            best = min(b, n)
             if b >= n:
                 break
         return best
+
+    def _lat_row(self, m: str, sms: int) -> list[tuple[int, float]]:
+        """(bucket, L(bucket, sms)) for ``m``, cached."""
+        key = (m, sms)
+        row = self._rows.get(key)
+        if row is None:
+            prof = self.ctx.models[m].profile
+            row = self._rows[key] = [(b, prof.latency(b, sms)) for b in prof.batches]
+        return row
 
     def next_wakeup(self, now_ms: float) -> float | None:
         self._now = now_ms
@@ -205,6 +276,7 @@ class DStackPolicy(Policy):
         if not d.replan:
             return None
         self.replans += 1
+        self._dirty = True
         return self._adopt(d.schedule, self._now)
 
     def describe(self) -> dict:

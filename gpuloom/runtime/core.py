@@ -65,6 +65,8 @@ class Runtime:
         self._stop_ms = float("inf")  # no dispatch after this
         self._layouts: list[tuple[float, Layout]] = []
         self._dispatches = 0
+        self._free: list[Partition] | None = None  # cache of the free partitions
+        self._woke = True  # a wake-up fired (or the run just started): poll the policy's timers
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self, requests: Sequence[Request], *, until_ms: float, drain_ms: float = 0.0) -> RunRecord:
@@ -80,8 +82,10 @@ class Runtime:
         if requests:
             self.loop.schedule(requests[0].arrival_ms, ARRIVAL, self._on_arrival, requests, 0)
         loop = self.loop
+        stop = self._stop_ms
         while loop.step():
-            if loop.peek() != loop.now and loop.now <= self._stop_ms:
+            now = loop.now
+            if now <= stop and loop.peek() != now:
                 self._decide()
         return self._record(requests, until_ms)
 
@@ -105,6 +109,7 @@ class Runtime:
         else:
             del self._inflight[d.partition]
             reqs = entry[1]
+            self._free = None
         status = Status.FAILED if c.error else Status.SERVED
         for r in reqs:
             self._results[r.id] = Result(r, status, c.end_ms, c.error, d.batch)
@@ -113,21 +118,25 @@ class Runtime:
         self.policy.on_completion(c, self.loop.now)
 
     def _on_wakeup(self, t: float) -> None:
+        self._woke = True
         if t == self._wake_ms:
             self._wake_ms = float("inf")
 
     # -- deciding ---------------------------------------------------------------------------
     def _decide(self) -> None:
         now = self.loop.now
-        free = self._free_partitions(now)
+        free = self._free_partitions(now) if self._pending else None
         if free:
             for action in self.policy.decide(now, self.queues, free):
-                if isinstance(action, Decision):
+                if type(action) is Decision:
                     self._dispatch(action, free)
                 elif isinstance(action, Drop):
                     self._drop(action)
                 else:
                     raise PolicyError(f"{self.policy.name}: decide returned {action!r}; expected Decision or Drop")
+        elif not self._woke:
+            return  # nothing the policy could act on, and no timer of its own fired
+        self._woke = False
         wake = self.policy.next_wakeup(now)
         if wake is not None and now < wake < self._wake_ms:
             self._wake_ms = wake
@@ -139,8 +148,10 @@ class Runtime:
     def _free_partitions(self, now: float) -> list[Partition]:
         if now < self._ready_ms or self._orphans:
             return []
-        busy = self._inflight
-        return [p for p in self._parts if p.index not in busy]
+        if self._free is None:
+            busy = self._inflight
+            self._free = [p for p in self._parts if p.index not in busy]
+        return self._free
 
     def _dispatch(self, d: Decision, free: list[Partition]) -> None:
         if d.partition in self._inflight or not any(p.index == d.partition for p in free):
@@ -149,6 +160,7 @@ class Runtime:
             raise PolicyError(f"{self.policy.name}: a decision needs 1..batch requests, got {d}")
         reqs = self._take(d.model, d.request_ids)
         self._inflight[d.partition] = (d, reqs)
+        self._free = None
         self._dispatches += 1
         if self._trace_on:
             self._log("dispatch", d.model, d.partition, d.request_ids)
@@ -184,6 +196,7 @@ class Runtime:
             self._orphan_reqs[id(d)] = reqs
             self._orphans += 1
         self._inflight = {}
+        self._free = None
         self._ready_ms = self.backend.configure(layout)
         self._parts = tuple(self.backend.partitions())
         self._layouts.append((self.loop.now, layout))
