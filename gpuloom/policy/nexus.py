@@ -5,14 +5,18 @@ SOSP 2019 (section 6.1, squishy bin packing; section 6.3, early drop):
 
 * each model's largest batch ``B`` satisfies ``2 * L(B) <= SLO`` (half the SLO to gather a batch,
   half to run it; ``L`` = whole-GPU latency);
-* sessions on one GPU are merged into one node with a common *duty cycle* ``d``: each model runs one
-  batch of ``b = ceil(rate * d)`` (at most ``B``) per cycle, and the node fits when the batches'
-  latencies sum to at most ``d`` while ``d + L(b) <= SLO`` for every model. ``d`` starts at the
-  smallest per-model duty cycle and is *squished* up (bigger, more efficient batches) while that
-  lowers the node's occupancy and every SLO still holds. On one GPU there is no other node to spill
-  to, so an over-full node keeps the least-occupied feasible duty cycle;
+* a model alone would use the largest batch ``b <= B`` whose fill time at its rate plus its latency
+  fits the SLO (``b / rate + L(b) <= SLO``); its duty cycle is that fill time ``b / rate``;
+* sessions on one GPU are merged into one node whose duty cycle ``d`` is the smallest of theirs:
+  each model runs one batch of ``ceil(rate * d)`` (at most ``B``) per cycle -- the batches are
+  *squished* to the shorter cycle, so every SLO still holds -- and the node fits when the batches'
+  latencies sum to at most ``d`` (occupancy <= 1). With one GPU there is no other node to spill to:
+  an over-full node is kept and its cycle simply runs longer than ``d``;
 * the GPU executes the node's batches one after another (Nexus's backend runs one model's batch at a
   time: one stream over the whole GPU), round-robin over models, skipping models with nothing queued;
+* when more than a model's planned batch is queued (the node is over-full, or a burst came), it
+  takes up to ``B`` (``grow_batches=True``, the generous reading of Nexus's "up to the batch size";
+  ``False`` keeps the planned batch);
 * early drop: before a model's turn, requests at the head of its queue that would miss their
   deadline even if the batch started now are dropped (reason ``"deadline"``).
 """
@@ -30,8 +34,9 @@ from .types import Decision, Drop, Layout, Partition
 class NexusPolicy(Policy):
     name = "nexus"
 
-    def __init__(self, duty_cycle_ms: float | None = None) -> None:
+    def __init__(self, duty_cycle_ms: float | None = None, grow_batches: bool = True) -> None:
         self._d_opt = duty_cycle_ms
+        self.grow_batches = bool(grow_batches)
         self._rr = 0
 
     def layout(self, ctx: PolicyContext) -> Layout:
@@ -46,33 +51,24 @@ class NexusPolicy(Policy):
         def lat(m: str, b: int) -> float:
             return models[m].profile.latency(b, self.full)
 
-        def batches(d: float) -> dict[str, int]:
-            return {m: max(1, min(self.max_batch[m], math.ceil(i.rate * d / 1000.0))) for m, i in models.items()}
-
-        # per-model duty cycle: time to gather its largest SLO-feasible batch at its rate
-        per = []
+        # per model: the largest batch whose fill time at its rate plus its latency fits the SLO
+        # (and whose latency fits half of it); its duty cycle is that fill time
+        per = {}
         for m, i in models.items():
-            b = self.max_batch[m]
-            per.append(b / i.rate * 1000.0 if i.rate > 0 else float("inf"))
-        d0 = self._d_opt or min(per)
-        if not math.isfinite(d0):
-            d0 = min(i.slo_ms for i in models.values()) / 2
-        best = None
-        d = d0
-        slo_room = min(i.slo_ms for i in models.values())
-        while d <= slo_room:
-            bs = batches(d)
-            if all(d + lat(m, b) <= models[m].slo_ms for m, b in bs.items()):
-                occ = sum(lat(m, b) for m, b in bs.items()) / d
-                if best is None or occ < best[2] - 1e-12:
-                    best = (d, bs, occ)
-                if occ <= 1.0 or self._d_opt:
+            b_best = i.profile.batches[0]
+            for b in i.profile.batches:
+                if b > self.max_batch[m]:
                     break
-            d *= 1.1
-        if best is None:  # nothing satisfies every SLO: keep the smallest cycle
-            bs = batches(d0)
-            best = (d0, bs, sum(lat(m, b) for m, b in bs.items()) / d0)
-        return best
+                if i.rate > 0 and b / i.rate * 1000.0 + lat(m, b) <= i.slo_ms:
+                    b_best = b
+            per[m] = b_best / i.rate * 1000.0 if i.rate > 0 else float("inf")
+        d = self._d_opt or min(per.values())
+        if not d < float("inf"):
+            d = min(i.slo_ms for i in models.values()) / 2
+        # merged node: every model runs one batch per common duty cycle d (d <= each model's own)
+        batch = {m: max(1, min(self.max_batch[m], math.ceil(i.rate * d / 1000.0))) for m, i in models.items()}
+        occupancy = sum(lat(m, b) for m, b in batch.items()) / d
+        return d, batch, occupancy
 
     def decide(self, now_ms: float, queues: Queues, free: Sequence[Partition]) -> list[Action]:
         out: list[Action] = []
@@ -84,7 +80,7 @@ class NexusPolicy(Policy):
             if not q:
                 continue
             prof = self.ctx.models[m].profile
-            b = self.batch[m]
+            b = self.max_batch[m] if self.grow_batches else self.batch[m]
             dropped = []
             i = 0
             while i < len(q):
@@ -107,4 +103,5 @@ class NexusPolicy(Policy):
 
     def describe(self) -> dict:
         return {"name": self.name, "duty_cycle_ms": self.duty_ms, "batch": dict(self.batch),
+                "max_batch": dict(self.max_batch), "grow_batches": self.grow_batches,
                 "occupancy": self.occupancy}

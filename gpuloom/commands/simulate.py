@@ -1,0 +1,135 @@
+"""``gpuloom simulate``: run a workload under several policies on the simulated GPU and compare."""
+
+from __future__ import annotations
+
+import argparse
+
+NAME = "simulate"
+HELP = "simulate a workload under scheduling policies (dstack and baselines); compare, sweep the load"
+
+DEFAULT_POLICIES = "dstack,triton,clipper,nexus,gslice,temporal,ideal"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("workload", help="workload file (.yaml/.yml/.json), e.g. examples/mix6.yaml")
+    p.add_argument("--policy", default=DEFAULT_POLICIES, help=f"comma-separated policies (default {DEFAULT_POLICIES})")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--profiles", metavar="DIR", default=None, help="directory of profile JSON files")
+    src.add_argument("--synthetic", action="store_true", help="use the synthetic profile zoo")
+    p.add_argument("--scale", type=float, default=1.0, help="multiply every arrival rate (default 1)")
+    p.add_argument("--duration", type=float, default=None, help="seconds of arrivals (default: the workload's)")
+    p.add_argument("--sweep-rate", action="store_true",
+                   help="find each policy's highest load factor keeping the target SLO attainment (bisection)")
+    p.add_argument("--target", type=float, default=0.99, help="SLO attainment the sweep must keep (default 0.99)")
+    p.add_argument("--sweep-duration", type=float, default=10.0,
+                   help="seconds of arrivals per sweep point (default 10; at most the workload's)")
+    p.add_argument("--efficiency", type=float, default=1.0,
+                   help="contention model: fraction of shared SMs delivered when oversubscribed (default 1)")
+    p.add_argument("--interference", type=float, default=0.0,
+                   help="contention model: slowdown per co-running batch (default 0)")
+    p.add_argument("--out", metavar="DIR", default=None, help="write <name>.simulate.json and <name>.simulate.png here")
+
+
+def run(args: argparse.Namespace) -> int:
+    import dataclasses
+    import json
+    import time
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from gpuloom.bench.experiment import simulate, sweep_rate
+    from gpuloom.bench.plots import comparison_chart
+    from gpuloom.bench.workload import WorkloadError, load_workload, resolve_profiles, validate
+    from gpuloom.policy import policy_names
+    from gpuloom.runtime.sim import ContentionModel
+
+    console = Console() if Console().is_terminal else Console(width=140)
+    err = Console(stderr=True)
+    policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+    unknown = [p for p in policies if p not in policy_names()]
+    if unknown:
+        err.print(f"[red]error:[/] unknown policies {unknown}; known policies: {', '.join(policy_names())}")
+        return 2
+    try:
+        workload = load_workload(args.workload)
+        if args.scale != 1.0:
+            workload = workload.scaled(args.scale)
+        if args.duration is not None:
+            workload = dataclasses.replace(workload, duration_s=float(args.duration))
+        profiles, warnings = resolve_profiles(workload, profiles_dir=args.profiles, synthetic=args.synthetic)
+        for w in warnings:
+            err.print(f"[yellow]warning:[/] {w}")
+        validate(workload, profiles)
+        contention = ContentionModel(efficiency=args.efficiency, interference=args.interference)
+    except (WorkloadError, ValueError) as e:
+        err.print(f"[red]error:[/] {e}")
+        return 2
+
+    t0 = time.perf_counter()
+    runs = [simulate(workload, profiles, p, contention=contention) for p in policies]
+    sweeps = {}
+    if args.sweep_rate:
+        sweep_w = dataclasses.replace(workload, duration_s=min(workload.duration_s, args.sweep_duration))
+        for p in policies:
+            with console.status(f"sweeping {p} ..."):
+                sweeps[p] = sweep_rate(sweep_w, profiles, p, target=args.target, contention=contention)
+    elapsed = time.perf_counter() - t0
+
+    by = {r.metrics.policy: r.metrics for r in runs}
+    ref = by.get("dstack")
+    ideal = by.get("ideal")
+    name = Path(args.workload).stem
+    t = Table(
+        title=f"{name}: {workload.total_rate():.0f} req/s over {workload.duration_s:g} s, "
+        f"{len(workload.models)} models, simulated ({'efficiency %g, interference %g' % (contention.efficiency, contention.interference)})",
+        title_justify="left",
+    )
+    cols = ["policy"]
+    if sweeps:
+        cols += [f"max load @{args.target:.0%}", "vs dstack", "vs ideal"]
+    cols += ["SLO att.", "goodput/s", "vs dstack", "vs ideal", "p50 ms", "p99 ms", "drops", "SM util", "fairness"]
+    for c in cols:
+        t.add_column(c, justify="left" if c == "policy" else "right")
+
+    def ratio(a: float, b: float | None) -> str:
+        return f"{a / b:.2f}" if b else "-"
+
+    for r in runs:
+        m = r.metrics
+        row = [m.policy]
+        if sweeps:
+            s = sweeps[m.policy]
+            row += [f"{s.max_factor:.2f}x ({s.max_rps:.0f}/s)", ratio(s.max_factor, sweeps["dstack"].max_factor if "dstack" in sweeps else None),
+                    ratio(s.max_factor, sweeps["ideal"].max_factor if "ideal" in sweeps else None)]
+        row += [
+            f"{m.slo_attainment:.2%}", f"{m.goodput_rps:.0f}", ratio(m.goodput_rps, ref.goodput_rps if ref else None),
+            ratio(m.goodput_rps, ideal.goodput_rps if ideal else None), f"{m.p50_ms:.1f}", f"{m.p99_ms:.1f}",
+            str(m.dropped), f"{m.sm_utilization:.0%}", f"{m.fairness:.3f}",
+        ]
+        t.add_row(*row)
+    console.print(t)
+    console.print(f"[dim]simulated in {elapsed:.1f} s[/]")
+
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        data = {
+            "schema": "gpuloom.simulate/1",
+            "workload": str(args.workload),
+            "scale": args.scale,
+            "duration_s": workload.duration_s,
+            "profiles": "synthetic" if (args.synthetic or any("SYNTHETIC" in w for w in warnings)) else (args.profiles or "builtin"),
+            "contention": dataclasses.asdict(contention),
+            "runs": [{"policy_config": r.policy, "metrics": r.metrics.to_json(), "wall_s": r.wall_s} for r in runs],
+            "sweep": {p: {"target": s.target, "max_factor": s.max_factor, "max_rps": s.max_rps, "points": s.points,
+                          "at_max": s.at_max.to_json() if s.at_max else None} for p, s in sweeps.items()},
+        }
+        jpath = out / f"{name}.simulate.json"
+        jpath.write_text(json.dumps(data, indent=1, default=str) + "\n")
+        ppath = comparison_chart([r.metrics for r in runs], out / f"{name}.simulate.png",
+                                 sweep={p: s.max_factor for p, s in sweeps.items()} or None,
+                                 title=f"{name} (simulated)")
+        console.print(f"wrote {jpath} and {ppath}")
+    return 0

@@ -1,0 +1,202 @@
+"""The runtime loop, the event heap and the simulated backend's contention model."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuloom.bench.experiment import make_context, make_requests, simulate
+from gpuloom.bench.workload import Arrival, ModelSpec, Workload, load_workload
+from gpuloom.policy import Decision, Layout, Partition, Policy, PolicyError, Request, Status, make_policy, policy_names
+from gpuloom.profile.store import GpuInfo, Profile, ProfileStore
+from gpuloom.profile.synthetic import zoo
+from gpuloom.runtime import ContentionModel, EventLoop, Runtime, SimBackend
+from gpuloom.runtime.events import ARRIVAL, COMPLETION, WAKEUP
+
+ROOT = Path(__file__).resolve().parent.parent
+GPU16 = GpuInfo(name="toy", sm_count=16, sm_granularity=8)
+
+
+def toy_profile(name: str = "toy") -> Profile:
+    """Batch 1: 2 ms on 8 SMs, 1 ms on 16 (knee 16). Batch 2: 3 ms on 8, 1.5 ms on 16."""
+    return Profile(model=name, input_shapes=((4,),), dtype="float32", gpu=GPU16, batches=(1, 2), sms=(8, 16),
+                   latency_ms=((2.0, 1.0), (3.0, 1.5)), source="synthetic")
+
+
+def toy_run(policy, requests, *, until_ms, contention=None, slo_ms=10.0, trace=True):
+    prof = toy_profile()
+    w = Workload((ModelSpec("toy", slo_ms, arrival=Arrival("poisson", rate=1.0)),), duration_s=1)
+    ctx = make_context(w, {"toy": prof}, contention=contention)
+    backend = SimBackend({"toy": prof}, contention=contention)
+    rt = Runtime(policy, backend, ctx, trace=trace)
+    return rt.run(requests, until_ms=until_ms, drain_ms=slo_ms)
+
+
+def check_conserved(record) -> None:
+    """Every request ends exactly once: served, dropped, failed or still queued."""
+    counts = {s: record.count(s) for s in Status}
+    assert sum(counts.values()) == len(record.results)
+    assert len({r.request.id for r in record.results}) == len(record.results)
+
+
+# -- the event heap ---------------------------------------------------------------------------
+def test_event_loop_runs_ties_by_priority_then_scheduling_order():
+    loop, seen = EventLoop(), []
+    loop.schedule(5.0, WAKEUP, seen.append, "wake")
+    loop.schedule(5.0, ARRIVAL, seen.append, "arrive-1")
+    loop.schedule(5.0, COMPLETION, seen.append, "complete")
+    loop.schedule(5.0, ARRIVAL, seen.append, "arrive-2")
+    loop.schedule(1.0, WAKEUP, seen.append, "early")
+    while loop.step():
+        pass
+    assert seen == ["early", "complete", "arrive-1", "arrive-2", "wake"]
+    assert loop.now == 5.0
+
+
+# -- exact traces -----------------------------------------------------------------------------
+def test_exact_event_trace_of_a_tiny_temporal_scenario():
+    reqs = [Request(0, "toy", 0.0, 10.0), Request(1, "toy", 0.5, 10.5), Request(2, "toy", 0.7, 10.7),
+            Request(3, "toy", 5.0, 15.0)]
+    rec = toy_run(make_policy("temporal"), reqs, until_ms=6.0)
+    got = [tuple(e) for e in rec.trace if e.kind != "layout"]
+    assert got == [
+        (0.0, "arrive", "toy", 0),
+        (0.0, "dispatch", "toy", 0, (0,)),
+        (0.5, "arrive", "toy", 1),
+        (0.7, "arrive", "toy", 2),
+        (1.0, "complete", "toy", 0, (0,)),  # batch 1 alone on 16 SMs: 1 ms
+        (1.0, "dispatch", "toy", 0, (1, 2)),
+        (2.5, "complete", "toy", 0, (1, 2)),  # batch 2 on 16 SMs: 1.5 ms
+        (5.0, "arrive", "toy", 3),
+        (5.0, "dispatch", "toy", 0, (3,)),
+        (6.0, "complete", "toy", 0, (3,)),
+    ]
+    assert [r.finish_ms for r in rec.results] == [1.0, 2.5, 2.5, 6.0]
+    assert all(r.status == Status.SERVED for r in rec.results)
+
+
+class _TwoLanes(Policy):
+    """Test policy: every request goes alone to the first free shared lane, at once."""
+
+    name = "two-lanes-test"
+
+    def layout(self, ctx):
+        return Layout.shared_lanes(ctx.gpu_sms, [None, None])
+
+    def decide(self, now_ms, queues, free):
+        out, lanes = [], list(free)
+        for q in queues.values():
+            for r in q:
+                if not lanes:
+                    return out
+                out.append(Decision(r.model, (r.id,), 1, lanes.pop(0).index))
+        return out
+
+
+def test_shared_batches_slow_down_in_proportion_to_their_knees():
+    # both demand 16 SMs (their knee) of 16: twice as slow while together (processor sharing)
+    reqs = [Request(0, "toy", 0.0, 10.0), Request(1, "toy", 0.5, 10.5)]
+    rec = toy_run(_TwoLanes(), reqs, until_ms=1.0)
+    a, b = rec.results
+    assert a.finish_ms == pytest.approx(1.5)  # 0.5 ms alone, then its last 0.5 ms of work at half speed
+    assert b.finish_ms == pytest.approx(2.0)  # 1.0 ms at half speed, then 0.5 ms alone
+    # useful SM-time: 16 SMs busy from 0 to 2.0 ms
+    assert rec.busy_sm_ms == pytest.approx(16 * 2.0)
+
+
+def test_no_slowdown_while_the_knees_fit_and_efficiency_scales_oversubscription():
+    reqs = [Request(0, "toy", 0.0, 10.0), Request(1, "toy", 0.0, 10.0)]
+    rec = toy_run(_TwoLanes(), reqs, until_ms=1.0, contention=ContentionModel(efficiency=0.8))
+    # 32 SMs demanded of 16 at 80% efficiency: 2.5x slower
+    assert [r.finish_ms for r in rec.results] == [pytest.approx(2.5), pytest.approx(2.5)]
+    fits = ContentionModel().shared_factor(16, 16)
+    assert fits == 1.0
+
+
+def test_exclusive_partitions_run_at_their_profiled_latency_side_by_side():
+    class Split(Policy):
+        name = "split-test"
+
+        def layout(self, ctx):
+            return Layout.exclusive(ctx.gpu_sms, [(8, None), (8, None)])
+
+        def decide(self, now_ms, queues, free):
+            q = queues["toy"]
+            return [Decision("toy", (r.id,), 1, p.index) for r, p in zip(q, free)]
+
+    reqs = [Request(0, "toy", 0.0, 10.0), Request(1, "toy", 0.0, 10.0)]
+    rec = toy_run(Split(), reqs, until_ms=1.0)
+    assert [r.finish_ms for r in rec.results] == [2.0, 2.0]  # L(1, 8 SMs) each, no interaction
+
+
+def test_layout_rejects_overlapping_or_oversized_partitions():
+    with pytest.raises(ValueError, match="overlap"):
+        Layout((Partition(0, 0, 16), Partition(1, 8, 8)), 32)
+    with pytest.raises(ValueError, match="beyond"):
+        Layout((Partition(0, 0, 16), Partition(1, 16, 24)), 32)
+    with pytest.raises(ValueError, match="indices"):
+        Layout((Partition(1, 0, 16),), 32)
+
+
+def test_a_decision_on_a_busy_partition_is_a_policy_error():
+    class Greedy(_TwoLanes):
+        name = "greedy-test"
+
+        def decide(self, now_ms, queues, free):
+            return [Decision(r.model, (r.id,), 1, 0) for q in queues.values() for r in q]
+
+    reqs = [Request(0, "toy", 0.0, 10.0), Request(1, "toy", 0.0, 10.0)]
+    with pytest.raises(PolicyError, match="not free"):
+        toy_run(Greedy(), reqs, until_ms=1.0)
+
+
+def test_unsorted_or_unknown_requests_are_rejected():
+    with pytest.raises(ValueError, match="sorted"):
+        toy_run(make_policy("temporal"), [Request(0, "toy", 1.0, 5.0), Request(1, "toy", 0.5, 5.0)], until_ms=2)
+    with pytest.raises(ValueError, match="asks for"):
+        toy_run(make_policy("temporal"), [Request(0, "nope", 1.0, 5.0)], until_ms=2)
+
+
+# -- whole runs -------------------------------------------------------------------------------
+SLOS = {"resnet50": 25, "mobilenet_v2": 10, "inception_v3": 40, "efficientnet_b0": 20, "vgg16": 100, "bert_base": 60}
+
+
+def mix(rate: float, duration_s: float, seed: int = 0) -> Workload:
+    return Workload(tuple(ModelSpec(m, s, arrival=Arrival("poisson", rate=rate)) for m, s in SLOS.items()),
+                    duration_s=duration_s, seed=seed)
+
+
+@pytest.fixture(scope="module")
+def store() -> ProfileStore:
+    return ProfileStore(profiles=zoo())
+
+
+@pytest.mark.parametrize("policy", policy_names())
+def test_requests_are_conserved_under_overload(store, policy):
+    run = simulate(mix(600, 1.0), store, policy)  # about twice what the GPU serves
+    check_conserved(run.record)
+    m = run.metrics
+    assert m.arrived == len(make_requests(mix(600, 1.0)))
+    assert m.arrived == m.served + m.dropped + m.failed + m.queued
+    assert m.slo_attainment < 1.0  # overloaded for every policy
+
+
+@pytest.mark.parametrize("policy", policy_names())
+def test_runs_are_deterministic_for_a_seed(store, policy):
+    a = simulate(mix(200, 0.5, seed=3), store, policy)
+    b = simulate(mix(200, 0.5, seed=3), store, policy)
+    assert [(r.status, r.finish_ms) for r in a.record.results] == [(r.status, r.finish_ms) for r in b.record.results]
+    c = simulate(mix(200, 0.5, seed=4), store, policy)
+    assert [r.request.arrival_ms for r in c.record.results] != [r.request.arrival_ms for r in a.record.results]
+
+
+def test_simulating_60_s_of_the_six_model_mix_at_full_load_takes_under_5_s(store):
+    w = load_workload(ROOT / "examples" / "mix6.yaml")  # 2250 requests/s, dstack's planned load ~100%
+    assert len(w.models) == 6 and w.duration_s == 60
+    t0 = time.process_time()
+    run = simulate(w, store, "dstack")
+    cpu = time.process_time() - t0
+    assert run.metrics.arrived > 130_000
+    assert cpu < 5.0, f"60 s of mix6 took {cpu:.2f} s of CPU"
