@@ -1,0 +1,199 @@
+"""Each baseline's defining behaviour, dstack's guarantees, and the policy registry."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+
+from gpuloom.bench.experiment import make_context, simulate
+from gpuloom.bench.workload import Arrival, ModelSpec, Workload
+from gpuloom.policy import Completion, Decision, Drop, Request, make_policy, policy_names
+from gpuloom.policy.base import PolicyContext
+from gpuloom.profile.store import ProfileStore
+from gpuloom.profile.synthetic import synthetic_profile, zoo
+
+ZOO = {p.model: p for p in zoo()}
+
+
+@pytest.fixture(scope="module")
+def store() -> ProfileStore:
+    return ProfileStore(profiles=zoo())
+
+
+def ctx_for(models: dict[str, tuple[float, float]]) -> PolicyContext:
+    """Context for {model: (slo_ms, rate)} from the synthetic zoo."""
+    w = Workload(tuple(ModelSpec(m, slo, arrival=Arrival("poisson", rate=r)) for m, (slo, r) in models.items()),
+                 duration_s=1)
+    return make_context(w, {m: ZOO[m] for m in models})
+
+
+def intervals_by_partition(trace) -> dict[int, list[tuple[float, float]]]:
+    """(start, end) of every batch, per partition, from a run's trace."""
+    start: dict[tuple, float] = {}
+    out: dict[int, list[tuple[float, float]]] = {}
+    for e in trace:
+        if e.kind == "dispatch":
+            start[(e.detail[1], e.detail[2])] = e.time_ms
+        elif e.kind == "complete":
+            key = (e.detail[1], e.detail[2])
+            out.setdefault(e.detail[1], []).append((start.pop(key), e.time_ms))
+    return out
+
+
+def check_no_overlap(trace) -> None:
+    for part, spans in intervals_by_partition(trace).items():
+        spans.sort()
+        for (s0, e0), (s1, e1) in zip(spans, spans[1:]):
+            assert s1 >= e0 - 1e-9, f"partition {part}: batch at {s1} starts before the one ending {e0}"
+
+
+# -- registry ---------------------------------------------------------------------------------
+def test_registry_knows_every_policy_and_lists_them_for_an_unknown_name():
+    assert {"dstack", "triton", "clipper", "nexus", "gslice", "temporal", "ideal"} <= set(policy_names())
+    with pytest.raises(ValueError, match="known policies: .*triton.*dstack"):
+        make_policy("tritonn")
+    with pytest.raises(TypeError, match="bad options"):
+        make_policy("triton", no_such_option=1)
+
+
+def test_ideal_refuses_to_run_on_a_gpu():
+    ctx = ctx_for({"resnet50": (25, 100)})
+    real = PolicyContext(ctx.models, ctx.gpu_sms, ctx.granularity, simulated=False)
+    with pytest.raises(ValueError, match="simulation-only"):
+        make_policy("ideal").setup(real)
+
+
+# -- clipper ----------------------------------------------------------------------------------
+def test_clipper_aimd_grows_on_full_fast_batches_and_backs_off_on_a_slow_one():
+    pol = make_policy("clipper")
+    pol.setup(ctx_for({"resnet50": (25, 100)}))
+    assert pol.cap["resnet50"] == 1
+    t = 0.0
+    for _ in range(20):  # full batches well within the SLO: additive increase by 1
+        n = pol.cap["resnet50"]
+        pol.on_completion(Completion(Decision("resnet50", tuple(range(n)), n, 0), t, t + 5.0), t + 5.0)
+        t += 5.0
+    assert pol.cap["resnet50"] == 21
+    pol.on_completion(Completion(Decision("resnet50", (1,), 1, 0), t, t + 5.0), t)  # not full: no evidence
+    assert pol.cap["resnet50"] == 21
+    pol.on_completion(Completion(Decision("resnet50", tuple(range(21)), 21, 0), t, t + 30.0), t + 30)  # > 25 ms SLO
+    assert pol.cap["resnet50"] == 18  # floor(21 * 0.9)
+
+
+def test_clipper_batch_sizes_adapt_in_a_run(store):
+    w = Workload((ModelSpec("vgg16", 30, arrival=Arrival("poisson", rate=400)),), duration_s=2)
+    run = simulate(w, store, "clipper")
+    cap = run.policy["batch_caps"]["vgg16"]
+    assert 1 < cap < 32  # grew from 1, then backed off below the largest bucket
+    assert ZOO["vgg16"].latency(cap, 132) < 30 * 1.3
+
+
+# -- nexus ------------------------------------------------------------------------------------
+def test_nexus_drops_a_request_that_cannot_make_its_deadline():
+    pol = make_policy("nexus")
+    ctx = ctx_for({"resnet50": (25, 100)})
+    layout = pol.setup(ctx)
+    lat1 = ZOO["resnet50"].latency(1, 132)
+    q = deque([Request(0, "resnet50", 0.0, 25.0), Request(1, "resnet50", 20.0, 45.0)])
+    now = 25.0 - lat1 / 2  # request 0 would finish after its deadline even alone
+    actions = pol.decide(now, {"resnet50": q}, list(layout.partitions))
+    assert actions[0] == Drop("resnet50", (0,), "deadline")
+    assert isinstance(actions[1], Decision) and actions[1].request_ids == (1,)
+
+
+def test_nexus_duty_cycle_batches_fit_every_slo():
+    pol = make_policy("nexus")
+    ctx = ctx_for({"resnet50": (25, 400), "mobilenet_v2": (10, 800), "vgg16": (100, 100)})
+    pol.setup(ctx)
+    for m, b in pol.batch.items():
+        assert pol.duty_ms + ctx.models[m].profile.latency(b, 132) <= ctx.models[m].slo_ms + 1e-9
+        assert 2 * ctx.models[m].profile.latency(pol.max_batch[m], 132) <= ctx.models[m].slo_ms + 1e-9
+
+
+# -- triton -----------------------------------------------------------------------------------
+def test_triton_batcher_rules():
+    pol = make_policy("triton", max_queue_delay_ms=2.0, preferred_batch_sizes=(4, 8), max_batch_size=16)
+    pol.setup(ctx_for({"resnet50": (25, 100)}))
+    assert pol.batch_size("resnet50", 20, 0.0) == 16  # a full batch goes at once
+    assert pol.batch_size("resnet50", 9, 0.0) == 8  # so does a preferred size
+    assert pol.batch_size("resnet50", 3, 1.9) == 0  # otherwise wait ...
+    assert pol.batch_size("resnet50", 3, 2.0) == 3  # ... until the oldest waited max_queue_delay
+
+
+def test_triton_batcher_waits_at_most_max_queue_delay(store):
+    delay = 3.0
+    w = Workload((ModelSpec("mobilenet_v2", 50, arrival=Arrival("poisson", rate=300)),), duration_s=2, seed=5)
+    run = simulate(w, store, make_policy("triton", max_queue_delay_ms=delay), trace=True)
+    arrival = {r.request.id: r.request.arrival_ms for r in run.record.results}
+    waits = [e.time_ms - arrival[e.detail[2][0]] for e in run.record.trace if e.kind == "dispatch"]
+    assert max(waits) <= delay + 1e-9  # the lane is never busy that long at this load
+    assert max(waits) > delay - 0.5  # and it does wait to gather a batch
+    assert any(len(e.detail[2]) > 1 for e in run.record.trace if e.kind == "dispatch")
+
+
+# -- gslice, dstack: space sharing --------------------------------------------------------------
+@pytest.mark.parametrize("policy", ["dstack", "gslice"])
+def test_no_two_batches_overlap_on_a_partition(store, policy):
+    w = Workload(tuple(ModelSpec(m, s, arrival=Arrival("poisson", rate=r)) for m, s, r in
+                       [("resnet50", 25, 500), ("mobilenet_v2", 10, 900), ("inception_v3", 40, 250),
+                        ("bert_base", 60, 200)]), duration_s=1.0, seed=2)
+    run = simulate(w, store, policy, trace=True)
+    check_no_overlap(run.record.trace)
+    layout = run.record.layouts[0][1]
+    assert not any(p.shared for p in layout.partitions)
+    assert layout.exclusive_sms <= 132
+
+
+def test_gslice_sizes_partitions_at_knees_within_the_gpu():
+    pol = make_policy("gslice", share_leftover=False)
+    ctx = ctx_for({"mobilenet_v2": (10, 100), "efficientnet_b0": (20, 100)})
+    layout = pol.setup(ctx)
+    for p in layout.partitions:
+        prof = ctx.models[p.owner].profile
+        assert p.sms % 8 == 0 and p.sms >= prof.knee(1, 0.1)  # at (at least) the batch-1 knee
+    assert sum(p.sms for p in layout.partitions) <= 132
+
+
+def test_a_feasible_workload_meets_its_slo_under_dstack(store):
+    w = Workload(tuple(ModelSpec(m, s, arrival=Arrival("poisson", rate=r)) for m, s, r in
+                       [("resnet50", 25, 300), ("mobilenet_v2", 10, 600), ("efficientnet_b0", 20, 400),
+                        ("bert_base", 60, 100)]), duration_s=3.0, seed=1)
+    run = simulate(w, store, "dstack")
+    assert run.policy["short"] == []  # the planner says it fits
+    assert run.metrics.slo_attainment >= 0.99
+    for m in run.metrics.models:
+        assert m.slo_attainment >= 0.98, m
+
+
+def test_dstack_drops_only_requests_that_can_no_longer_make_it(store):
+    w = Workload((ModelSpec("vgg16", 30, arrival=Arrival("poisson", rate=2000)),), duration_s=1.0)  # overload
+    run = simulate(w, store, "dstack")
+    fastest = ZOO["vgg16"].latency(1, max(p.sms for p in run.record.layouts[0][1].partitions))
+    dropped = [r for r in run.record.results if r.reason == "deadline"]
+    assert dropped
+    assert all(r.finish_ms + fastest > r.request.deadline_ms for r in dropped)
+
+
+def test_dstack_replans_when_the_rate_shifts(store):
+    # mobilenet jumps from 100 to 1500 req/s after 3 s: the initial plan is too small for it
+    w = Workload((ModelSpec("mobilenet_v2", 10, arrival=Arrival("piecewise", segments=((0, 100), (3, 1500)))),
+                  ModelSpec("resnet50", 25, arrival=Arrival("poisson", rate=200))), duration_s=9)
+    base = Workload(tuple(ModelSpec(m.name, m.slo_ms, arrival=Arrival("poisson", rate=r)) for m, r in
+                          zip(w.models, (100, 200))), duration_s=9)
+    ctx = make_context(base, {m.name: ZOO[m.name] for m in w.models})  # the plan believes the old rate
+    from gpuloom.runtime import Runtime, SimBackend
+    from gpuloom.bench.experiment import make_requests
+    from gpuloom.bench.metrics import compute_metrics
+
+    def run(replan: bool):
+        pol = make_policy("dstack", replan=replan, hold_s=0.5, switch_cost_s=0.05)
+        rec = Runtime(pol, SimBackend({m: ZOO[m] for m in ctx.models}), ctx).run(make_requests(w), until_ms=9000, drain_ms=25)
+        return pol, compute_metrics(rec)
+
+    pol, with_replan = run(True)
+    _, without = run(False)
+    assert pol.replans >= 1
+    assert pol.schedule.model("mobilenet_v2").planned_rps >= 1000  # the new plan serves the new rate
+    assert with_replan.meta["layouts"] == 1 + pol.replans
+    assert with_replan.slo_attainment >= without.slo_attainment - 0.01  # switching costs next to nothing

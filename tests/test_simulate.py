@@ -1,0 +1,58 @@
+"""``gpuloom simulate`` and the experiment helpers (rate sweep)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpuloom.bench.experiment import simulate, sweep_rate
+from gpuloom.bench.workload import Arrival, ModelSpec, Workload
+from gpuloom.cli import main
+from gpuloom.profile.store import ProfileStore
+from gpuloom.profile.synthetic import zoo
+
+TINY = """\
+duration_s: 1
+seed: 0
+models:
+  - {name: resnet50,     slo_ms: 25, arrival: {kind: poisson, rate: 300}}
+  - {name: mobilenet_v2, slo_ms: 10, arrival: {kind: poisson, rate: 600}}
+"""
+
+
+def test_simulate_command_prints_a_table_and_writes_json_and_png(tmp_path, capsys):
+    wl = tmp_path / "tiny.yaml"
+    wl.write_text(TINY)
+    rc = main(["simulate", str(wl), "--synthetic", "--out", str(tmp_path)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    for p in ("dstack", "triton", "clipper", "nexus", "gslice", "temporal", "ideal"):
+        assert p in out
+    data = json.loads((tmp_path / "tiny.simulate.json").read_text())
+    assert [r["metrics"]["policy"] for r in data["runs"]] == ["dstack", "triton", "clipper", "nexus", "gslice", "temporal", "ideal"]
+    for r in data["runs"]:
+        m = r["metrics"]
+        assert m["arrived"] == m["served"] + m["dropped"] + m["failed"] + m["queued"]
+    assert (tmp_path / "tiny.simulate.png").stat().st_size > 1000
+
+
+def test_simulate_command_rejects_an_unknown_policy(tmp_path, capsys):
+    wl = tmp_path / "tiny.yaml"
+    wl.write_text(TINY)
+    assert main(["simulate", str(wl), "--synthetic", "--policy", "dstack,nosuch"]) == 2
+    assert "known policies" in capsys.readouterr().err
+
+
+def test_sweep_finds_the_load_where_attainment_falls_below_target():
+    store = ProfileStore(profiles=zoo())
+    w = Workload((ModelSpec("resnet50", 25, arrival=Arrival("poisson", rate=200)),), duration_s=0.5)
+    s = sweep_rate(w, store, "temporal", target=0.99, rel_tol=0.1)
+    assert s.max_factor > 1.0  # 200 req/s is light for one resnet50
+    passing = [f for f, a in s.points if a >= 0.99]
+    failing = [f for f, a in s.points if a < 0.99]
+    assert s.max_factor == max(f for f in passing if f < min(failing))
+    assert min(failing) / s.max_factor <= 1.1 + 1e-9
+    assert s.max_rps == pytest.approx(200 * s.max_factor)
+    # consistent with a direct run at that factor
+    assert simulate(w.scaled(s.max_factor), store, "temporal").metrics.slo_attainment >= 0.99
