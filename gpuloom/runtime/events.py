@@ -58,3 +58,71 @@ class EventLoop:
     def _advance(self, time_ms: float) -> None:
         """Move the clock to ``time_ms``. Simulated: jump. A real-time loop waits here."""
         self.now = time_ms
+
+
+class RealtimeLoop(EventLoop):
+    """Wall-clock event loop for a GPU backend: ``now`` follows ``time.monotonic()`` (ms since start).
+
+    :meth:`_advance` sleeps until the next event is due, waking early when another thread
+    :meth:`post`\\ s one (a completion watcher). Events scheduled in the past run at once, in heap
+    order. Like SimPy's ``RealtimeEnvironment``, only the clock differs from :class:`EventLoop`.
+    """
+
+    def __init__(self, start_ms: float = 0.0) -> None:
+        import threading
+        import time
+
+        super().__init__(start_ms)
+        self._time = time
+        self._t0 = time.monotonic() - start_ms / 1000.0
+        self._cv = threading.Condition()
+        self._posted: list[tuple[int, Callable[..., Any], tuple]] = []
+        self._expected = 0  # posts announced with expect() and not yet arrived
+
+    def expect(self) -> None:
+        """Announce one future :meth:`post` (e.g. on submitting a batch): until it arrives the loop
+        waits for it instead of ending when its heap runs empty."""
+        with self._cv:
+            self._expected += 1
+
+    def wall_ms(self) -> float:
+        return (self._time.monotonic() - self._t0) * 1000.0
+
+    def post(self, priority: int, callback: Callable[..., Any], *args: Any) -> None:
+        """Thread-safe: run ``callback(*args)`` on the loop's thread as soon as possible."""
+        with self._cv:
+            self._posted.append((priority, callback, args))
+            self._expected = max(0, self._expected - 1)
+            self._cv.notify()
+
+    def _drain_posted(self) -> None:
+        with self._cv:
+            posted, self._posted = self._posted, []
+        for priority, cb, args in posted:
+            heapq.heappush(self._heap, (max(self.now, self.wall_ms()), priority, self._seq, cb, args))
+            self._seq += 1
+
+    def peek(self) -> float:
+        self._drain_posted()
+        return super().peek()
+
+    def step(self) -> bool:
+        """Wait for the next event (timer or posted), run it. False when no timer is left and no
+        announced post is outstanding."""
+        self._drain_posted()
+        with self._cv:
+            while not self._posted:
+                if self._heap:
+                    delay = self._heap[0][0] - self.wall_ms()
+                    if delay <= 0:
+                        break
+                    self._cv.wait(timeout=delay / 1000.0)
+                elif self._expected:
+                    self._cv.wait()
+                else:
+                    return False
+        self._drain_posted()
+        return super().step()
+
+    def _advance(self, time_ms: float) -> None:
+        self.now = max(time_ms, self.now)
