@@ -51,7 +51,7 @@ def check_no_overlap(trace) -> None:
 # -- registry ---------------------------------------------------------------------------------
 def test_registry_knows_every_policy_and_lists_them_for_an_unknown_name():
     assert {"dstack", "triton", "clipper", "nexus", "gslice", "temporal", "ideal"} <= set(policy_names())
-    with pytest.raises(ValueError, match="known policies: .*triton.*dstack"):
+    with pytest.raises(ValueError, match="known policies: dstack, triton, clipper"):
         make_policy("tritonn")
     with pytest.raises(TypeError, match="bad options"):
         make_policy("triton", no_such_option=1)

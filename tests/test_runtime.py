@@ -200,3 +200,12 @@ def test_simulating_60_s_of_the_six_model_mix_at_full_load_takes_under_5_s(store
     cpu = time.process_time() - t0
     assert run.metrics.arrived > 130_000
     assert cpu < 5.0, f"60 s of mix6 took {cpu:.2f} s of CPU"
+
+
+def test_the_pure_layers_do_not_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, gpuloom.policy, gpuloom.runtime, gpuloom.bench.experiment, gpuloom.bench.metrics; "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)

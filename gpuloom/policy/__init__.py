@@ -4,16 +4,9 @@
 plain Python (no torch) and runs unchanged against the simulated and the GPU backend.
 """
 
-from . import clipper, gslice, ideal, nexus, temporal, triton  # noqa: F401  (register)
+from . import dstack, triton, clipper, nexus, gslice, temporal, ideal  # noqa: F401,I001  (register, in this order)
 from .base import ModelInfo, Policy, PolicyContext, PolicyError, make_policy, policy_names, register
 from .types import Completion, Decision, Drop, Layout, Partition, Request, Result, Status
-
-try:  # dstack needs the planner (gpuloom.plan); keep the baselines usable while it lands
-    from . import dstack  # noqa: F401
-except ImportError as _e:  # pragma: no cover - only while gpuloom.plan is incomplete
-    import logging
-
-    logging.getLogger(__name__).warning("dstack policy unavailable: %s", _e)
 
 __all__ = [
     "Completion",
