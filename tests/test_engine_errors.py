@@ -110,3 +110,27 @@ def test_fx_fallback_when_export_fails(monkeypatch):
     x = torch.randn(3, 4)
     with torch.no_grad():
         torch.testing.assert_close(cm(x), m(x))
+
+
+def test_batchnorm_folds_into_convolutions():
+    import torchvision
+
+    m = torchvision.models.resnet18(weights=None).eval()
+    # non-trivial statistics so a wrong fold would show
+    for mod in m.modules():
+        if isinstance(mod, nn.BatchNorm2d):
+            mod.running_mean.uniform_(-1, 1)
+            mod.running_var.uniform_(0.5, 2)
+            mod.weight.data.uniform_(0.5, 1.5)
+            mod.bias.data.uniform_(-0.5, 0.5)
+    x = torch.randn(2, 3, 64, 64)
+    folded = gpuloom.compile(m, (x,), max_batch=4)
+    plain = gpuloom.compile(m, (x,), max_batch=4, fold_batchnorm=False)
+    assert folded.graph.folded_batchnorms == 20
+    assert len(folded.graph.ops) == len(plain.graph.ops) - 20
+    assert not any("batch_norm" in str(n.target) for n in folded.graph.ops)
+    x = torch.randn(3, 3, 64, 64)
+    with torch.no_grad():
+        want = m(x)
+    torch.testing.assert_close(folded(x), want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(plain(x), want, rtol=1e-4, atol=1e-5)

@@ -51,13 +51,17 @@ def test_graphs_equal_eager_on_gpu(name):
 
 
 def _replay_ms(cm, x, iters=200):
+    """Median ms of one graph replay (no input copy), CUDA events."""
+    gs = cm._graphs
+    gs.inputs(1)[0].copy_(x)
+    stream = torch.cuda.current_stream()
     for _ in range(20):
-        cm(x)
+        gs.replay(1, stream=stream)
     times = []
     for _ in range(iters):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
-        cm(x, zero_copy=True)
+        gs.replay(1, stream=stream)
         e.record()
         e.synchronize()
         times.append(s.elapsed_time(e))
@@ -65,14 +69,16 @@ def _replay_ms(cm, x, iters=200):
 
 
 def test_independent_branches_overlap():
+    """k equal branches of small kernels: about one branch's time multi-stream, k times single-stream."""
     k = 4
-    x = torch.randn(1, 256, device="cuda")
-    one = gpuloom.compile(Branches(k=1, depth=8).eval().cuda(), (x,), max_batch=1, streams=1)
-    model = Branches(k=k, depth=8).eval().cuda()
+    x = torch.randn(1, 512, device="cuda")
+    one = gpuloom.compile(Branches(k=1, width=512, depth=16).eval().cuda(), (x,), max_batch=1, streams=1)
+    model = Branches(k=k, width=512, depth=16).eval().cuda()
     multi = gpuloom.compile(model, (x,), max_batch=1, streams="max")
     single = gpuloom.compile(model, (x,), max_batch=1, streams=1)
     assert multi.plan.num_streams == k
     t_one, t_multi, t_single = _replay_ms(one, x), _replay_ms(multi, x), _replay_ms(single, x)
-    print(f"one branch {t_one:.4f} ms, {k} branches: multi-stream {t_multi:.4f} ms, single-stream {t_single:.4f} ms")
-    assert t_single > 0.6 * k * t_one, "single stream should run the branches one after another"
-    assert t_multi < 1.6 * t_one, "multi-stream should run the branches side by side"
+    msg = f"one branch {t_one:.4f} ms; {k} branches: multi-stream {t_multi:.4f} ms, single-stream {t_single:.4f} ms"
+    print(msg)
+    assert t_single > 0.75 * k * t_one, "single stream should run the branches one after another: " + msg
+    assert t_multi < 1.5 * t_one, "multi-stream should run the branches side by side: " + msg

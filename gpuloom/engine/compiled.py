@@ -217,6 +217,7 @@ def compile(
     device: str | torch.device | None = None,
     buckets: Sequence[int] | None = None,
     input_names: Sequence[str] | None = None,
+    fold_batchnorm: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> CompiledModel:
     """Compile ``model`` ahead of time into multi-stream CUDA graphs, one per batch bucket.
@@ -230,6 +231,10 @@ def compile(
             faster), ``"max"`` (Nimble's plan: maximum logical concurrency), or ``1`` (one stream).
         device: where to run; default: the model's device. CPU runs the DAG without graphs.
         buckets: batch buckets to capture; default 1, 2, 4, ..., max_batch.
+        input_names: names used in error messages (default: the forward's argument names).
+        fold_batchnorm: fold inference BatchNorms into the convolutions they follow (one kernel
+            instead of two; results differ from eager only by rounding).
+        progress: called with a short message at each compile stage.
 
     Raises:
         CaptureError: neither torch.export nor torch.fx could capture the model (says which op).
@@ -264,7 +269,7 @@ def compile(
         raise ValueError(f"buckets must be positive and end at max_batch={max_batch}, got {bucket_list}")
 
     say("capturing the operator graph")
-    graph = capture_graph(model, example_inputs, max_batch=max_batch)
+    graph = capture_graph(model, example_inputs, max_batch=max_batch, fold_batchnorm=fold_batchnorm)
     graph.module.to(dev)
     names = list(input_names) if input_names else [
         n.name for n in graph.module.graph.nodes if n.op == "placeholder"

@@ -31,7 +31,9 @@ def op_kernel_ms(cm, batch: int, *, warmup: int = 3) -> list[float]:
             torch.cuda.synchronize()
     durations = [0.0] * len(cm.graph.ops)
     for evt in prof.events():
-        if evt.name.startswith("gpuloom_op_"):
+        # the CPU-side range sums the kernels its ops launched; the GPU-side annotation of the same
+        # name spans launch gaps too, so it is skipped
+        if evt.name.startswith("gpuloom_op_") and evt.device_type == torch.autograd.DeviceType.CPU:
             durations[int(evt.name.rsplit("_", 1)[1])] += evt.device_time_total / 1000.0
     return durations
 

@@ -20,6 +20,8 @@ from typing import Any, Sequence
 import torch
 import torch.fx as fx
 
+from . import fold
+
 
 class CaptureError(RuntimeError):
     """The model could not be turned into an operator graph."""
@@ -54,6 +56,7 @@ class OpGraph:
     ops: list[fx.Node]
     edges: list[tuple[int, int]]
     op_index: dict[fx.Node, int] = field(default_factory=dict)
+    folded_batchnorms: int = 0  # BatchNorms folded into convolutions
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -63,17 +66,24 @@ class OpGraph:
         return f"OpGraph(method={self.method!r}, ops={len(self.ops)}, edges={len(self.edges)})"
 
 
-def capture_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *, max_batch: int) -> OpGraph:
-    """Capture ``model`` as an FX graph and build its operator DAG (see the module docstring)."""
+def capture_graph(
+    model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *, max_batch: int, fold_batchnorm: bool = True
+) -> OpGraph:
+    """Capture ``model`` as an FX graph and build its operator DAG (see the module docstring).
+
+    ``fold_batchnorm`` folds inference BatchNorms into the convolutions they follow (export path).
+    """
     export_error: BaseException | None = None
     try:
         gm = _export(model, example_inputs, max_batch)
         method = "export"
+        folded = fold.fold_batchnorm(gm) if fold_batchnorm else 0
     except Exception as e:  # export fails in many ways; we report it below if fx fails too
         export_error = e
         try:
             gm = fx.symbolic_trace(model)
             method = "fx"
+            folded = 0
         except Exception as fx_error:
             raise CaptureError(
                 f"gpuloom could not capture {type(model).__name__} as an operator graph.\n"
@@ -83,7 +93,9 @@ def capture_graph(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor]
                 "Python branches on tensor values) cannot be compiled ahead of time; move that logic "
                 "out of forward() or make it static."
             ) from fx_error
-    return _build_dag(gm, method)
+    graph = _build_dag(gm, method)
+    graph.folded_batchnorms = folded
+    return graph
 
 
 def _export(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], max_batch: int) -> fx.GraphModule:
