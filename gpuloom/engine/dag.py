@@ -78,6 +78,7 @@ def capture_graph(
         gm = _export(model, example_inputs, max_batch)
         method = "export"
         folded = fold.fold_batchnorm(gm) if fold_batchnorm else 0
+        fold.restore_batchnorm(gm)
     except Exception as e:  # export fails in many ways; we report it below if fx fails too
         export_error = e
         try:
