@@ -49,9 +49,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         per_model = left / max(1, len(models) - i)
         batches = BATCHES if per_model > args.min_full_s else BATCHES[:-1]
         t0 = time.perf_counter()
+        name, _, runner = name.partition("@")  # "inception_v3@auto": a runner for this model only
         try:
             spec = load_model(name)
-            run = profile_model(spec, batches=batches, runner=args.runner, progress=True)
+            run = profile_model(spec, batches=batches, runner=runner or args.runner, progress=True)
             write_outputs(run, out)
             ks = run.knee_rows()
             summary.append((name, run.runner, round(run.setup_seconds, 1), round(run.seconds, 1),
@@ -156,7 +157,7 @@ def main() -> int:
     r.add_argument("--runner", default="auto", choices=("auto", "engine", "graph"))
     r.add_argument("--budget-s", type=float, default=420.0, help="drop batch 64 when the time left per model is short")
     r.add_argument("--min-full-s", type=float, default=35.0, help="seconds per model below which batch 64 is dropped")
-    r.add_argument("--models", nargs="*", default=None)
+    r.add_argument("--models", nargs="*", default=None, help="names, optionally NAME@RUNNER (engine/graph/auto)")
     a = sub.add_parser("analyze")
     a.add_argument("dir")
     a.add_argument("--eps", type=float, default=0.1)
