@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuloom.policy import policy_names
     from gpuloom.runtime.sim import ContentionModel
 
-    console = Console() if Console().is_terminal else Console(width=140)
+    console = Console() if Console().is_terminal else Console(width=170)
     err = Console(stderr=True)
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     unknown = [p for p in policies if p not in policy_names()]
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     )
     cols = ["policy"]
     if sweeps:
-        cols += [f"max load @{args.target:.0%}", "vs dstack", "vs ideal"]
+        cols += [f"max load @{args.target:.0%}", "max req/s", "vs dstack", "vs ideal"]
     cols += ["SLO att.", "goodput/s", "vs dstack", "vs ideal", "p50 ms", "p99 ms", "drops", "SM util", "fairness"]
     for c in cols:
         t.add_column(c, justify="left" if c == "policy" else "right")
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         row = [m.policy]
         if sweeps:
             s = sweeps[m.policy]
-            row += [f"{s.max_factor:.2f}x ({s.max_rps:.0f}/s)", ratio(s.max_factor, sweeps["dstack"].max_factor if "dstack" in sweeps else None),
+            row += [f"{s.max_factor:.2f}x", f"{s.max_rps:.0f}", ratio(s.max_factor, sweeps["dstack"].max_factor if "dstack" in sweeps else None),
                     ratio(s.max_factor, sweeps["ideal"].max_factor if "ideal" in sweeps else None)]
         row += [
             f"{m.slo_attainment:.2%}", f"{m.goodput_rps:.0f}", ratio(m.goodput_rps, ref.goodput_rps if ref else None),

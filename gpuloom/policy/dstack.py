@@ -15,7 +15,8 @@ layout is ready):
    long as its batch ends before the next slot of *another* model in this partition begins (so no
    other model's planned slot is delayed) and before its oldest request's deadline. The batch is the
    largest bucket up to the model's planned batch that fits both;
-3. nothing fits: wake up at the next slot start.
+3. nothing fits: try again at the next arrival or completion, and at the start of the next slot of a
+   waiting model on a free partition.
 
 A request is dropped (reason ``"deadline"``) only when it can no longer meet its deadline on any
 partition, even as a batch of one started now. Arrivals feed a
@@ -39,7 +40,7 @@ from .types import Decision, Drop, Layout, Partition
 class _PartPlan:
     """One partition's cycle, indexed for fast look-ups (private)."""
 
-    __slots__ = ("sms", "starts", "ends", "models", "other_starts")
+    __slots__ = ("sms", "starts", "ends", "models", "other_starts", "own_starts")
 
     def __init__(self, part, models: Sequence[str]) -> None:
         slots = sorted(part.slots, key=lambda s: s.start_ms)
@@ -49,6 +50,8 @@ class _PartPlan:
         self.models = [s.model for s in slots]
         # for a filler x: sorted starts of the slots of every model other than x
         self.other_starts = {x: [s.start_ms for s in slots if s.model != x] for x in models}
+        # for a model x: sorted starts of x's own slots
+        self.own_starts = {x: [s.start_ms for s in slots if s.model == x] for x in models}
 
     def owner_at(self, phi: float) -> str | None:
         i = bisect.bisect_right(self.starts, phi) - 1
@@ -65,12 +68,13 @@ class _PartPlan:
         nxt = others[i] if i < len(others) else others[0] + cycle
         return nxt - phi
 
-    def next_start(self, phi: float, cycle: float) -> float:
-        """Time from ``phi`` until the next slot start (ms); inf without slots."""
-        if not self.starts:
+    def next_start(self, phi: float, cycle: float, model: str | None = None) -> float:
+        """Time from ``phi`` until the next slot start (of ``model``'s slots if given), ms; inf if none."""
+        starts = self.starts if model is None else self.own_starts[model]
+        if not starts:
             return math.inf
-        i = bisect.bisect_right(self.starts, phi)
-        nxt = self.starts[i] if i < len(self.starts) else self.starts[0] + cycle
+        i = bisect.bisect_right(starts, phi)
+        nxt = starts[i] if i < len(starts) else starts[0] + cycle
         return nxt - phi
 
 
@@ -116,6 +120,7 @@ class DStackPolicy(Policy):
             switch_cost_s=self.switch_cost_s, plan_kwargs=kwargs,
         ) if self.replan else None
         self.estimator = RateEstimator(self.window_s)
+        self._arrived = {m: 0 for m in ctx.models}  # arrivals since the last check
         self._next_check = self.check_ms
         return self._adopt(sched, 0.0)
 
@@ -149,9 +154,10 @@ class DStackPolicy(Policy):
 
     # -- events -----------------------------------------------------------------------------
     def on_arrival(self, request, now_ms: float) -> None:
-        self.estimator.observe(request.model, now_ms / 1000.0)
-        if request.model not in self._waiting:
-            self._fresh_models.add(request.model)  # had nothing queued: it may fit somewhere now
+        m = request.model
+        self._arrived[m] += 1  # fed to the rate estimator at the next check (every check_ms)
+        if m not in self._waiting:
+            self._fresh_models.add(m)  # had nothing queued: it may fit somewhere now
 
     def on_completion(self, completion, now_ms: float) -> None:
         self._fresh_parts.add(completion.decision.partition)  # this partition came free
@@ -159,66 +165,81 @@ class DStackPolicy(Policy):
     # -- deciding ---------------------------------------------------------------------------
     def decide(self, now_ms: float, queues: Queues, free: Sequence[Partition]) -> list[Action]:
         self._now = now_ms
-        # Incremental decisions: a model still queued from the last call could not run on any
-        # partition that was free then, and cannot now either (its room only shrinks until the next
-        # slot boundary, which is a wake-up); so it only tries partitions freed since. Models that
-        # had nothing queued try every partition. A wake-up or a new layout re-examines everything.
-        full = self._dirty or (self._wake is not None and now_ms >= self._wake)
+        # Incremental decisions: only models that may have become dispatchable are examined -- a
+        # model whose queue was empty at the last call (new arrivals), and, when a partition came
+        # free, every model left waiting. A wake-up (a waiting model's slot begins) or a new layout
+        # re-examines everything.
+        wake = self._wake
+        full = self._dirty or (wake is not None and now_ms >= wake)
         fresh_parts, fresh_models = self._fresh_parts, self._fresh_models
-        self._fresh_parts, self._fresh_models = set(), set()
-        if not full and not fresh_parts and not fresh_models:
+        if full:
+            cands = [m for m, q in queues.items() if q]
+            self._dirty = False
+            wake = None
+        elif fresh_parts:
+            cands = [m for m in queues if queues[m] and (m in fresh_models or m in self._waiting)]
+        elif fresh_models:
+            cands = [m for m in fresh_models if queues[m]]
+        else:
             return []
-        self._dirty = False
+        if fresh_parts:
+            self._fresh_parts = set()
+        if fresh_models:
+            self._fresh_models = set()
         out: list[Action] = []
-        pos: dict[str, int] = {}
-        head: dict[str, float] = {}  # deadline of each model's next request
+        pos: dict[str, int] = {}  # next undecided request of each candidate
+        head: dict[str, float] = {}  # its deadline
         fastest = self.fastest
-        for m, q in queues.items():
-            if q:
-                dl = q[0].deadline_ms
-                if now_ms + fastest[m] > dl:
-                    dead = hopeless(q, now_ms, fastest[m])
-                    out.append(Drop(m, dead, "deadline"))
-                    if len(dead) < len(q):
-                        pos[m] = len(dead)
-                        head[m] = q[len(dead)].deadline_ms
+        for m in cands:
+            q = queues[m]
+            dl = q[0].deadline_ms
+            if now_ms + fastest[m] > dl:
+                dead = hopeless(q, now_ms, fastest[m])
+                out.append(Drop(m, dead, "deadline"))
+                if len(dead) < len(q):
+                    pos[m] = len(dead)
+                    head[m] = q[len(dead)].deadline_ms
                 else:
-                    pos[m] = 0
-                    head[m] = dl
-        if not pos:
-            self._wake = None
-            self._waiting = set()
-            return out
-        wake = math.inf
-        phi = (now_ms - self.epoch) % self.cycle if self.cycle > 0 else 0.0
+                    self._waiting.discard(m)
+            else:
+                pos[m] = 0
+                head[m] = dl
+        if pos:
+            wake = self._fill(now_ms, queues, free, pos, head, wake, out)
+        self._wake = wake
+        return out
+
+    def _fill(self, now_ms, queues, free, pos, head, wake, out) -> float | None:
+        """Dispatch candidates (``pos``) onto free partitions; returns the next wake-up time."""
+        cycle = self.cycle
+        phi = (now_ms - self.epoch) % cycle if cycle > 0 else 0.0
         parts = self.parts
         free_idx = {p.index for p in free}
         owners: dict[int, str | None] = {}
-        order = sorted(pos, key=head.__getitem__) if len(pos) > 1 else list(pos)
-        for m in order:  # earliest deadline first
+        waiting = self._waiting
+        for m in (sorted(pos, key=head.__getitem__) if len(pos) > 1 else list(pos)):  # earliest deadline first
             q = queues[m]
+            l1s = self._l1[m]
             # m's home partitions first (static order), then the others; a partition whose current
             # slot belongs to another model with queued requests is that model's
-            stale = not full and m not in fresh_models
             for idx in self.pref[m]:
-                if idx not in free_idx or (stale and idx not in fresh_parts):
+                if idx not in free_idx:
                     continue
-                if idx not in owners:
-                    owners[idx] = parts[idx].owner_at(phi)
-                o = owners[idx]
-                if o is not None and o != m and o in pos:
+                o = owners.get(idx, 0)
+                if o == 0:
+                    o = owners[idx] = parts[idx].owner_at(phi)
+                if o is not None and o != m and (o in pos or (o not in head and queues[o])):
                     continue
                 i = pos[m]
                 pp = parts[idx]
-                # quick reject: not even a batch of one fits before the next other slot / the deadline
-                l1 = self._l1[m][idx]
+                # quick reject: not even a batch of one fits before the deadline / the next other slot
+                l1 = l1s[idx]
                 if l1 > q[i].deadline_ms - now_ms + 1e-9:
                     continue
                 others = pp.other_starts[m]
                 if others:
                     j = bisect.bisect_left(others, phi)
-                    room = (others[j] if j < len(others) else others[0] + self.cycle) - phi
-                    if l1 > room + 1e-9:
+                    if l1 > (others[j] if j < len(others) else others[0] + cycle) - phi + 1e-9:
                         continue
                 k = self._batch(m, q, i, pp, phi, now_ms)
                 if k:
@@ -229,13 +250,17 @@ class DStackPolicy(Policy):
                     else:
                         del pos[m]
                         break
-        left = [p for p in free if p.index in free_idx]
-        self._waiting = set(pos)
-        if pos:
-            for p in left:
-                wake = min(wake, now_ms + self.parts[p.index].next_start(phi, self.cycle))
-        self._wake = wake if math.isfinite(wake) else None
-        return out
+            if m in pos:
+                waiting.add(m)
+            else:
+                waiting.discard(m)
+        if pos and free_idx:
+            # wake when a waiting model's own slot begins on a free partition (fills are retried then
+            # and at every arrival and completion)
+            t = min(parts[idx].next_start(phi, cycle, m) for idx in free_idx for m in pos) + now_ms
+            if math.isfinite(t) and (wake is None or t < wake):
+                wake = t
+        return wake
 
     def _batch(self, m: str, q, i: int, pp: _PartPlan, phi: float, now_ms: float) -> int:
         """Requests of ``m`` (from queue position ``i``) to run now on ``pp``; 0 = none fits."""
@@ -271,6 +296,10 @@ class DStackPolicy(Policy):
             return None
         now_s = self._now / 1000.0
         self._next_check = self._now + self.check_ms
+        for m, n in self._arrived.items():
+            if n:
+                self.estimator.observe(m, now_s, n)
+                self._arrived[m] = 0
         rates = {m: self.estimator.rate(m, now_s) for m in self.ctx.models}
         d = self.replanner.check(now_s, rates)
         if not d.replan:

@@ -4,13 +4,15 @@ The bound D-STACK measures itself against is "an ideal scheduler where each kern
 SMs it can use". Here SMs are one fluid pool with no partition granularity and no fragmentation,
 divided by an oracle at every event: running batches get SMs in earliest-deadline order, each up to
 its knee ``knee(b)`` (at which it runs at whole-GPU speed ``L(b, A)``), losslessly; a batch left with
-fewer SMs runs proportionally slower, one left with none waits (``Decision.priority`` = the deadline
-of the batch's oldest request; see :mod:`gpuloom.runtime.sim`). On top of that the scheduler never
+fewer SMs ``s`` runs at ``L(b, s)``, one left with none waits (``Decision.priority`` = the deadline of
+the batch's oldest request; see :mod:`gpuloom.runtime.sim`). On top of that the scheduler never
 blocks one model behind another (``lanes_per_model`` batches per model in flight), batches as much as
 is queued up to the largest bucket with ``L(b, knee(b)) <= SLO / 2``, never waits, and drops a
-request the moment it can no longer meet its deadline, so no GPU time is spent on it. Admission keeps
-EDF from collapsing under overload: a batch starts only when, among the batches due before it, it
-still gets its whole knee (a smaller batch with a smaller knee is tried first, then it waits).
+request the moment it can no longer meet its deadline, so no GPU time is spent on it.
+
+Admission keeps EDF from collapsing under overload: a batch starts only if, among the batches due
+before it, it still gets at least ``min(knee, min_sms)`` SMs and, on what it gets, finishes by its
+oldest request's deadline; the largest such batch is taken.
 
 It cannot run on a GPU (the hardware does not divide SMs losslessly), hence ``simulation_only``.
 """
@@ -28,8 +30,9 @@ class IdealPolicy(Policy):
     name = "ideal"
     simulation_only = True
 
-    def __init__(self, lanes_per_model: int = 4, preempt: bool = True) -> None:
+    def __init__(self, lanes_per_model: int = 4, preempt: bool = True, min_sms: int = 8) -> None:
         self.preempt = bool(preempt)
+        self.min_sms = int(min_sms)
         if lanes_per_model < 1:
             raise ValueError(f"ideal: lanes_per_model must be >= 1, found {lanes_per_model}")
         self.lanes_per_model = int(lanes_per_model)
@@ -48,10 +51,10 @@ class IdealPolicy(Policy):
     def on_completion(self, completion: Completion, now_ms: float) -> None:
         self.running.pop(completion.decision.partition, None)
 
-    def _fits(self, priority: float, demand: float) -> bool:
-        """Would a batch of this priority get its whole demand under the EDF division?"""
+    def _room(self, priority: float) -> float:
+        """SMs a batch of this priority would get under the EDF division (before its own demand)."""
         ahead = sum(d for p, d in self.running.values() if p <= priority or not self.preempt)
-        return ahead + demand <= self.ctx.gpu_sms
+        return self.ctx.gpu_sms - ahead
 
     def decide(self, now_ms: float, queues: Queues, free: Sequence[Partition]) -> list[Action]:
         out: list[Action] = []
@@ -75,10 +78,13 @@ class IdealPolicy(Policy):
             n = min(len(q) - i, self.cap[best])
             prio = q[i].deadline_ms
             k = 0
-            for b in reversed(prof.batches):  # the largest batch that gets its whole knee now
+            room = self._room(prio)
+            for b in reversed(prof.batches):  # the largest batch that can start now and make its deadline
                 if b > n and prof.bucket(n) != b:
                     continue
-                if self._fits(prio, self.demand[best][b]):
+                demand = self.demand[best][b]
+                s = min(demand, room)
+                if s >= min(demand, self.min_sms) and now_ms + prof.latency(b, max(s, prof.sms[0])) <= prio:
                     k = min(b, n)
                     break
             if k == 0:
