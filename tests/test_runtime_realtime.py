@@ -56,11 +56,11 @@ def ctx2() -> PolicyContext:
 
 
 def test_realtime_loop_runs_timers_on_the_wall_clock_and_posted_events_early():
+    t0 = time.monotonic()
     loop, seen = RealtimeLoop(), []
     loop.schedule(30.0, ARRIVAL, lambda: seen.append(("timer", loop.now)))
     loop.expect()
     threading.Timer(0.005, lambda: loop.post(COMPLETION, lambda: seen.append(("posted", loop.now)))).start()
-    t0 = time.monotonic()
     while loop.step():
         pass
     assert [k for k, _ in seen] == ["posted", "timer"]
