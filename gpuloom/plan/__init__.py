@@ -18,7 +18,7 @@ from .schedule import (
     Schedule,
     Slot,
 )
-from .planner import choose_batch, plan
+from .planner import choose_batch, fits, plan
 from .replan import RateEstimator, Replanner, ReplanDecision
 from .gantt import render_gantt
 
@@ -35,6 +35,7 @@ __all__ = [
     "Schedule",
     "Slot",
     "choose_batch",
+    "fits",
     "plan",
     "render_gantt",
 ]

@@ -355,6 +355,67 @@ def _ladder(top: float, floor: float) -> list[float]:
     return out
 
 
+def _setup(
+    demands: Sequence[Demand],
+    profiles: ProfileStore,
+    gpu_sms: int | None,
+    granularity: int | None,
+    cycle_ms: float | None,
+    headroom: float,
+) -> tuple[_Planner, list[Demand], list[list[float]]]:
+    """Check the inputs once; the packing state, the models with demand, the candidate ladders."""
+    demands = list(demands)
+    if not demands:
+        raise PlanError("plan() needs at least one Demand")
+    if not all(isinstance(d, Demand) for d in demands):
+        raise PlanError(f"plan() takes Demand objects, found {sorted({type(d).__name__ for d in demands})}")
+    names = [d.model for d in demands]
+    if len(set(names)) != len(names):
+        raise PlanError(f"each model may appear once in a plan; repeated: {sorted({n for n in names if names.count(n) > 1})}")
+    if headroom < 0:
+        raise PlanError(f"headroom must be >= 0, found {headroom}")
+    profs = []
+    for d in demands:
+        try:
+            profs.append(profiles.get(d.model))
+        except ProfileError as e:
+            raise PlanError(f"cannot plan {d.model!r}: {e}") from None
+    gpu_sms = int(gpu_sms if gpu_sms is not None else max(p.gpu.sm_count for p in profs))
+    g = int(granularity if granularity is not None else max(p.gpu.sm_granularity for p in profs))
+    if gpu_sms < 1 or g < 1 or g > gpu_sms:
+        raise PlanError(f"need 1 <= granularity <= gpu_sms, found granularity={g}, gpu_sms={gpu_sms}")
+    pl = _Planner(demands, profiles, gpu_sms, g, headroom)
+    active = [d for d in demands if d.rate > 0]
+    s_min = min(d.slo_ms for d in (active or demands))
+    s_max = max(d.slo_ms for d in (active or demands))
+    if cycle_ms is not None:
+        if not cycle_ms > 0:
+            raise PlanError(f"cycle_ms must be > 0, found {cycle_ms}")
+        ladders = [_ladder(float(cycle_ms), min(cycle_ms, s_min) / 16.0)]
+    else:
+        ladders = [_ladder(s_max * f, s_min / 16.0) for f in TOP_FRACTIONS]
+    return pl, active, ladders
+
+
+def fits(
+    demands: Sequence[Demand],
+    profiles: ProfileStore,
+    *,
+    gpu_sms: int | None = None,
+    granularity: int | None = None,
+    cycle_ms: float | None = None,
+    headroom: float = 0.0,
+) -> bool:
+    """True when the planner's packing search places every demand in full (admission control).
+
+    This is the feasibility test ``plan`` itself uses when it shares an overloaded GPU, so it is
+    also the yardstick its fairness claims are checked against. (``plan`` can occasionally serve a
+    demand that ``fits`` rejects: rounding batches up to buckets may leave enough capacity.)
+    """
+    pl, active, ladders = _setup(demands, profiles, gpu_sms, granularity, cycle_ms, headroom)
+    return not active or pl.feasible({d.model: 1.0 for d in active}, ladders)
+
+
 def plan(
     demands: Sequence[Demand],
     profiles: ProfileStore,
@@ -378,38 +439,9 @@ def plan(
     Raises ``PlanError`` for unknown or repeated models and bad settings.
     """
     t0 = time.perf_counter()
-    demands = list(demands)
-    if not demands:
-        raise PlanError("plan() needs at least one Demand")
-    if not all(isinstance(d, Demand) for d in demands):
-        raise PlanError(f"plan() takes Demand objects, found {sorted({type(d).__name__ for d in demands})}")
-    names = [d.model for d in demands]
-    if len(set(names)) != len(names):
-        raise PlanError(f"each model may appear once in a plan; repeated: {sorted({n for n in names if names.count(n) > 1})}")
-    if headroom < 0:
-        raise PlanError(f"headroom must be >= 0, found {headroom}")
     if not 0 < fair_step <= 0.5:
         raise PlanError(f"fair_step must be in (0, 0.5], found {fair_step}")
-    profs = []
-    for d in demands:
-        try:
-            profs.append(profiles.get(d.model))
-        except ProfileError as e:
-            raise PlanError(f"cannot plan {d.model!r}: {e}") from None
-    gpu_sms = int(gpu_sms if gpu_sms is not None else max(p.gpu.sm_count for p in profs))
-    g = int(granularity if granularity is not None else max(p.gpu.sm_granularity for p in profs))
-    if gpu_sms < 1 or g < 1 or g > gpu_sms:
-        raise PlanError(f"need 1 <= granularity <= gpu_sms, found granularity={g}, gpu_sms={gpu_sms}")
-    pl = _Planner(demands, profiles, gpu_sms, g, headroom)
-    active = [d for d in demands if d.rate > 0]
-    s_min = min(d.slo_ms for d in (active or demands))
-    s_max = max(d.slo_ms for d in (active or demands))
-    if cycle_ms is not None:
-        if not cycle_ms > 0:
-            raise PlanError(f"cycle_ms must be > 0, found {cycle_ms}")
-        ladders = [_ladder(float(cycle_ms), min(cycle_ms, s_min) / 16.0)]
-    else:
-        ladders = [_ladder(s_max * f, s_min / 16.0) for f in TOP_FRACTIONS]
+    pl, active, ladders = _setup(demands, profiles, gpu_sms, granularity, cycle_ms, headroom)
     if not active:
         return _build(pl, [], {}, ladders[0][0], eps, t0, {})
 
@@ -485,28 +517,45 @@ def _polish(
     step: float,
     found: tuple[list[float], list[_Part]],
 ) -> tuple[dict[str, float], tuple[list[float], list[_Part]]]:
-    """Pareto-improve a fair packing: raise a short model by ``step`` while everyone keeps what the
-    current slots serve them (rounding often leaves room); lowest weighted fraction first.
+    """Make a fair packing checkably weighted max-min fair; the packing heuristic is not perfectly
+    monotone, so progressive filling alone can stop short. Repeats, until neither applies:
 
-    The packing heuristic is not perfectly monotone, so progressive filling alone can leave such
-    room. Stops when no short model can rise (a checkable form of weighted max-min fairness).
+    1. raise the floor: ask every served model for ``min(1, weight * (lowest weighted served
+       fraction among short models + step))``; adopt if that packs;
+    2. Pareto: raise one short model by ``step`` while everyone keeps what the current slots
+       serve them (rounding up to batch buckets often leaves room); lowest weighted fraction first.
+
+    Served fractions are what the adopted slots can serve, so each adoption raises the floor or
+    one model by at least ``step`` and the loop ends. Models that cannot be served at all stay at 0.
     """
     w = {d.model: d.weight for d in active}
     served = _served(pl, found[1])
     fr = {d.model: served.get(d.model, 0.0) for d in active}
-    for _ in range(int(2 / step) * len(active)):  # each success raises someone by >= step
-        improved = False
-        for m in sorted((m for m in fr if fr[m] < 1.0 - 1e-9), key=lambda m: (fr[m] / w[m], m)):
+    alive = [m for m in fr if fr[m] > 0]
+
+    def adopt(trial: dict[str, float]) -> bool:
+        nonlocal found, fr
+        got = pl.search(trial, ladders)
+        if got is None:
+            return False
+        found = got
+        served = _served(pl, got[1])
+        fr = {n: served.get(n, 0.0) for n in fr}
+        return True
+
+    for _ in range(int(4 / step) * len(active) + 4):
+        shorts = [m for m in alive if fr[m] < 1.0 - 1e-9]
+        if not shorts:
+            break
+        level = min(fr[m] / w[m] for m in shorts) + step
+        if adopt({n: (min(1.0, w[n] * level) if n in alive else 0.0) for n in fr}):
+            continue
+        for m in sorted(shorts, key=lambda m: (fr[m] / w[m], m)):
             trial = dict(fr)
             trial[m] = min(1.0, fr[m] + step)
-            got = pl.search(trial, ladders)
-            if got is not None:
-                found = got
-                served = _served(pl, got[1])
-                fr = {n: max(trial[n], served.get(n, 0.0)) if trial[n] > 0 else 0.0 for n in fr}
-                improved = True
+            if adopt(trial):
                 break
-        if not improved:
+        else:
             break
     return fr, found
 

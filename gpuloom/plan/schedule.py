@@ -226,13 +226,14 @@ class Schedule:
             f"schedule: {self.gpu or 'GPU'} {self.gpu_sms} SMs (granularity {self.granularity}), "
             f"cycle {self.cycle_ms:.2f} ms, {len(self.partitions)} partitions, "
             f"{self.used_sms} SMs assigned, planned utilization {self.utilization():.0%}",
-            f"{'model':<18}{'part':>5}{'SMs':>5}{'batch':>6}{'x/cyc':>6}{'L ms':>8}{'worst':>8}{'SLO':>7}"
+            f"{'model':<18}{'part':>5}{'SMs':>5}{'batch':>6}{'k':>4}{'period':>8}{'L ms':>8}{'worst':>8}{'SLO':>8}"
             f"{'demand/s':>10}{'plan/s':>9}{'served':>8}",
         ]
         for m in self.models:
             lines.append(
-                f"{m.model:<18}{m.partition:>5}{m.sms:>5}{m.batch:>6}{m.slots_per_cycle:>6}{m.latency_ms:>8.2f}"
-                f"{m.worst_ms:>8.2f}{m.slo_ms:>7g}{m.demand_rps:>10.1f}{m.planned_rps:>9.1f}{m.served_fraction:>8.0%}"
+                f"{m.model:<18}{m.partition:>5}{m.sms:>5}{m.batch:>6}{m.slots_per_cycle:>4}{m.period_ms:>8.2f}"
+                f"{m.latency_ms:>8.2f}{m.worst_ms:>8.2f}{m.slo_ms:>8.2f}{m.demand_rps:>10.1f}{m.planned_rps:>9.1f}"
+                f"{m.served_fraction:>8.0%}"
             )
         for p in self.partitions:
             lines.append(
