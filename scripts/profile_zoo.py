@@ -124,13 +124,27 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         plot_profile(p2, os.path.join(args.results, f"knee_{name}.png"), args.eps)
     for r in table:
         r["knee_predicted"] = r["predicted"][chosen]
+
+    def _err(rows, f):
+        e = [abs(f(r) - r["knee_measured"]) for r in rows]
+        return {"median_abs_err_sms": statistics.median(e), "mean_abs_err_sms": round(statistics.fmean(e), 2)} if e else {}
+
+    small, large = [r for r in table if r["batch"] <= 4], [r for r in table if r["batch"] >= 8]
+    chosen_by_batch = {"batch<=4": _err(small, lambda r: r["knee_predicted"]),
+                       "batch>=8": _err(large, lambda r: r["knee_predicted"])}
+    # how much a predictor that ignores the model would score: the honest yardstick
+    baselines = {f"constant_{c}": {"all": _err(table, lambda r, c=c: c), "batch<=4": _err(small, lambda r, c=c: c),
+                                   "batch>=8": _err(large, lambda r, c=c: c)} for c in (112, 120, 132)}
     out = {
         "what": "knee per model and batch on the H200: measured (fewest SMs within (1+eps) of the whole GPU) "
                 "and predicted from kernel launch shapes (gpuloom.profile.knee)",
-        "command": "PYTHONPATH=. python3 scripts/profile_zoo.py run --out $OUT; "
-                   "python3 scripts/profile_zoo.py analyze <OUT>/zoo",
+        "command": "PYTHONPATH=. python3 scripts/profile_zoo.py run --out $OUT --models NAME@RUNNER ... (GPU); "
+                   "tar xzf docs/results/profile_runs.tar.gz -C /tmp && "
+                   "python3 scripts/profile_zoo.py analyze /tmp/runs (anywhere)",
         "eps": args.eps, "chosen_method": chosen, "scores": score,
         "leave_one_model_out_median_abs_err_sms": statistics.median(loo) if loo else None,
+        "chosen_by_batch": chosen_by_batch,
+        "baselines": baselines,
         "gpu": runs[next(iter(runs))]["profile"]["gpu"] if runs else None,
         "runners": {n: d.get("runner") for n, d in runs.items()},
         "sweep_seconds": {n: d.get("sweep_seconds") for n, d in runs.items()},

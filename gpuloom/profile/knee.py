@@ -246,7 +246,7 @@ def _dim3(v: Any) -> tuple[int, int, int]:
 
 #: The variant the profiler stores as ``Profile.predicted_knee`` (chosen on the H200 zoo, see
 #: ``docs/sections/profile.md``).
-DEFAULT_VARIANT = "latency_sat0.5+gaps"
+DEFAULT_VARIANT = "latency_sat0.5"
 
 
 def variants() -> dict[str, dict[str, Any]]:
