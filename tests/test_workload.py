@@ -212,5 +212,5 @@ def test_demands_carry_slo_weight_and_mean_or_peak_rate() -> None:
     w = load_workload(EXAMPLES / "bursty.yaml")
     mean = {d.model: d for d in w.demands()}
     peak = {d.model: d for d in w.demands(peak=True)}
-    assert mean["resnet50"].rate == pytest.approx(225.0) and peak["resnet50"].rate == 900.0
+    assert mean["resnet50"].rate == pytest.approx(450.0) and peak["resnet50"].rate == 1800.0
     assert mean["resnet50"].slo_ms == w.spec("resnet50").slo_ms
