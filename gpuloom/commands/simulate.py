@@ -118,9 +118,11 @@ def run(args: argparse.Namespace) -> int:
         data = {
             "schema": "gpuloom.simulate/1",
             "workload": str(args.workload),
+            "workload_spec": workload.to_dict(),  # the rates actually simulated (after --scale/--duration)
             "scale": args.scale,
             "duration_s": workload.duration_s,
-            "profiles": "synthetic" if (args.synthetic or any("SYNTHETIC" in w for w in warnings)) else (args.profiles or "builtin"),
+            "profiles": "synthetic" if (args.synthetic or any("SYNTHETIC" in w for w in warnings)) else (args.profiles or f"builtin:{workload.gpu}"),
+            "sweep_duration_s": min(workload.duration_s, args.sweep_duration) if args.sweep_rate else None,
             "contention": dataclasses.asdict(contention),
             "runs": [{"policy_config": r.policy, "metrics": r.metrics.to_json(), "wall_s": r.wall_s} for r in runs],
             "sweep": {p: {"target": s.target, "max_factor": s.max_factor, "max_rps": s.max_rps, "points": s.points,
