@@ -8,7 +8,8 @@ Two guards keep it from thrashing on noise:
 * **switch cost**: a new schedule needs new partitions and freshly captured CUDA graphs. While that
   happens (``switch_cost_s`` seconds) we charge the whole current goodput as lost. A candidate plan
   is adopted only if the requests it serves *beyond* the current schedule over ``horizon_s`` exceed
-  that cost. Falling rates therefore never trigger a switch (the current plan still serves them);
+  that cost. Only the drifting models' measured rates enter the candidate plan and the gain;
+  the others keep their planned rates (their deviation is noise inside the band). Falling rates therefore never trigger a switch (the current plan still serves them);
   rising rates do once they outgrow the current plan's capacity.
 
 Both the estimator and the replanner take the clock as an argument (simulated or real seconds), so
@@ -145,6 +146,8 @@ class Replanner:
         if now - self._last_switch < self.cooldown_s:
             return ReplanDecision(False, f"cooling down after the switch at {self._last_switch:.1f} s")
         self.evaluations += 1
+        # models inside the band keep their planned rate: their deviation is noise, not a trend
+        rates = {m: (r if m in drifting else self.planned_rates[m]) for m, r in rates.items()}
         candidate = plan(
             [dataclasses.replace(self.base[m], rate=r) for m, r in rates.items()], self.profiles, **self.plan_kwargs
         )

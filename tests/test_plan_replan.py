@@ -1,0 +1,114 @@
+"""Online re-planning: rate estimation, hysteresis, switch cost."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuloom.bench.workload import Arrival, ModelSpec, Workload, arrival_times
+from gpuloom.plan import Demand, RateEstimator, Replanner, plan
+from gpuloom.profile.store import ProfileStore
+from gpuloom.profile.synthetic import zoo
+
+ZOO = ProfileStore(profiles=zoo())
+BASE = [Demand("resnet50", 600.0, 25.0), Demand("mobilenet_v2", 20.0, 10.0), Demand("vgg16", 100.0, 100.0)]
+
+
+def drive(workload: Workload, replanner: Replanner, *, window_s: float = 2.0, tick_s: float = 0.1):
+    """Feed the workload's arrivals through an estimator; check the replanner every tick."""
+    est = RateEstimator(window_s)
+    events = sorted((t, m) for m, ts in arrival_times(workload).items() for t in ts)
+    switches = []
+    i, now = 0, tick_s
+    while now < workload.duration_s:
+        while i < len(events) and events[i][0] < now:
+            est.observe(events[i][1], events[i][0])
+            i += 1
+        d = replanner.check(now, est.rates(now))
+        if d.replan:
+            switches.append((now, d))
+        now += tick_s
+    return switches
+
+
+def _steady(seed: int, duration_s: float = 60.0) -> Workload:
+    return Workload(
+        tuple(ModelSpec(d.model, d.slo_ms, arrival=Arrival("poisson", rate=d.rate)) for d in BASE),
+        duration_s=duration_s,
+        seed=seed,
+    )
+
+
+def test_rate_estimator_counts_the_window() -> None:
+    est = RateEstimator(window_s=2.0)
+    for k in range(50):  # 50 requests/s ...
+        est.observe("a", k * 0.02)
+    assert est.rate("a", 1.0) == pytest.approx(50.0, rel=0.05)  # before a full window: count / elapsed
+    for k in range(50, 350):  # ... then 100 requests/s for 3 s
+        est.observe("a", 1.0 + (k - 50) * 0.01)
+    assert est.rate("a", 4.0) == pytest.approx(100.0, rel=0.02)  # only the last 2 s count
+    assert est.rate("a", 5.0) == 0.0  # everything slid out
+    assert est.rate("never", 5.0) == 0.0
+    with pytest.raises(ValueError):
+        RateEstimator(window_s=0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_noisy_poisson_rates_do_not_make_it_thrash(seed: int) -> None:
+    rp = Replanner(BASE, ZOO)
+    switches = drive(_steady(seed), rp)
+    assert switches == []
+    assert rp.schedule.model("resnet50").demand_rps == 600.0
+
+
+def test_a_real_doubling_triggers_exactly_one_switch_soon_after() -> None:
+    models = list(_steady(0).models)
+    models[0] = ModelSpec("resnet50", 25.0, arrival=Arrival("piecewise", segments=((0, 600), (30, 1200))))
+    rp = Replanner(BASE, ZOO, hold_s=2.0)
+    assert rp.schedule.model("resnet50").planned_rps < 1200  # the old plan cannot serve the new rate
+    switches = drive(Workload(tuple(models), duration_s=60.0), rp, window_s=2.0)
+    assert len(switches) == 1
+    t, d = switches[0]
+    assert 30.0 + 2.0 <= t <= 30.0 + 2.0 + 2.0 + 1.0  # hold time + window to see it + slack
+    assert d.gain > d.cost > 0
+    assert rp.schedule.model("resnet50").planned_rps >= 0.95 * rp.schedule.model("resnet50").demand_rps
+    assert rp.schedule.model("resnet50").demand_rps == pytest.approx(1200, rel=0.2)
+
+
+def test_falling_rates_never_pay_for_a_switch() -> None:
+    models = list(_steady(0).models)
+    models[0] = ModelSpec("resnet50", 25.0, arrival=Arrival("piecewise", segments=((0, 600), (20, 150))))
+    rp = Replanner(BASE, ZOO)
+    assert drive(Workload(tuple(models), duration_s=40.0), rp) == []
+    assert rp.evaluations >= 1  # it did look, and found no gain
+
+
+def test_a_huge_switch_cost_keeps_the_old_plan() -> None:
+    rp = Replanner(BASE, ZOO, switch_cost_s=1e6, hold_s=0.0)
+    d = rp.check(10.0, {"resnet50": 1500.0, "mobilenet_v2": 20.0, "vgg16": 100.0})
+    assert not d.replan and d.gain > 0 and d.cost > d.gain
+    cheap = Replanner(BASE, ZOO, switch_cost_s=0.1, hold_s=0.0)
+    assert cheap.check(10.0, {"resnet50": 1500.0, "mobilenet_v2": 20.0, "vgg16": 100.0}).replan
+
+
+def test_hysteresis_needs_the_drift_to_persist() -> None:
+    rp = Replanner(BASE, ZOO, hold_s=2.0, switch_cost_s=0.0)
+    high = {"resnet50": 1500.0, "mobilenet_v2": 20.0, "vgg16": 100.0}
+    normal = {"resnet50": 600.0, "mobilenet_v2": 20.0, "vgg16": 100.0}
+    assert not rp.check(10.0, high).replan  # drift starts
+    assert not rp.check(11.0, normal).replan  # back inside the band: timer resets
+    assert not rp.check(12.0, high).replan
+    assert not rp.check(13.5, high).replan  # 1.5 s < hold
+    assert rp.check(14.0, high).replan  # 2 s of drift
+
+
+def test_cooldown_blocks_back_to_back_switches() -> None:
+    rp = Replanner(BASE, ZOO, hold_s=0.0, switch_cost_s=0.0, cooldown_s=5.0)
+    assert rp.check(1.0, {"resnet50": 1500.0, "mobilenet_v2": 20.0, "vgg16": 100.0}).replan
+    d = rp.check(2.0, {"resnet50": 1500.0, "mobilenet_v2": 20.0, "vgg16": 400.0})
+    assert not d.replan and "cooling" in d.reason
+
+
+def test_replanner_rejects_bad_settings() -> None:
+    with pytest.raises(ValueError, match="band"):
+        Replanner(BASE, ZOO, band=0.0)
+    assert Replanner(BASE, ZOO, schedule=plan(BASE, ZOO)).switches == 0
