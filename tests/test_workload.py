@@ -214,3 +214,8 @@ def test_demands_carry_slo_weight_and_mean_or_peak_rate() -> None:
     peak = {d.model: d for d in w.demands(peak=True)}
     assert mean["resnet50"].rate == pytest.approx(450.0) and peak["resnet50"].rate == 1800.0
     assert mean["resnet50"].slo_ms == w.spec("resnet50").slo_ms
+
+
+def test_model_spec_requires_an_arrival() -> None:
+    with pytest.raises(WorkloadError, match="arrival must be an Arrival"):
+        ModelSpec("resnet50", 25.0)

@@ -214,7 +214,7 @@ class ModelSpec:
     name: str  # profile model name ("resnet50") or full key ("resnet50|3x224x224|float32")
     slo_ms: float  # end-to-end latency target of one request, ms
     weight: float = 1.0  # weighted max-min share under overload (2.0 = twice the served fraction)
-    arrival: Arrival = Arrival("poisson", rate=1.0)  # requests of this model
+    arrival: Arrival | None = None  # requests of this model (required; the default only keeps field order)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -224,7 +224,10 @@ class ModelSpec:
         if not isinstance(self.weight, (int, float)) or not self.weight > 0 or not math.isfinite(self.weight):
             raise WorkloadError(f"model {self.name!r}: weight must be > 0, found {self.weight!r}")
         if not isinstance(self.arrival, Arrival):
-            raise WorkloadError(f"model {self.name!r}: arrival must be an Arrival, found {type(self.arrival).__name__}")
+            raise WorkloadError(
+                f"model {self.name!r}: arrival must be an Arrival (e.g. Arrival('poisson', rate=100)), "
+                f"found {self.arrival!r}"
+            )
 
 
 @dataclass(frozen=True)
