@@ -11,7 +11,7 @@ from gpuloom.bench.workload import Arrival, ModelSpec, Workload
 from gpuloom.policy import Completion, Decision, Drop, Request, make_policy, policy_names
 from gpuloom.policy.base import PolicyContext
 from gpuloom.profile.store import ProfileStore
-from gpuloom.profile.synthetic import synthetic_profile, zoo
+from gpuloom.profile.synthetic import zoo
 
 ZOO = {p.model: p for p in zoo()}
 
@@ -197,3 +197,14 @@ def test_dstack_replans_when_the_rate_shifts(store):
     assert pol.schedule.model("mobilenet_v2").planned_rps >= 1000  # the new plan serves the new rate
     assert with_replan.meta["layouts"] == 1 + pol.replans
     assert with_replan.slo_attainment >= without.slo_attainment - 0.01  # switching costs next to nothing
+
+
+def test_dstack_keeps_full_batches_under_a_backlog(store):
+    # far more resnet50 than the plan can serve: batches stay near the planned size instead of
+    # shrinking to the few oldest requests that still have time
+    w = Workload((ModelSpec("resnet50", 25, arrival=Arrival("poisson", rate=4000)),), duration_s=1.0)
+    run = simulate(w, store, "dstack")
+    planned = run.policy["batch"]["resnet50"]
+    assert planned > 1
+    assert run.metrics.model("resnet50").mean_batch >= 0.8 * planned
+    assert run.metrics.arrived == run.metrics.served + run.metrics.dropped + run.metrics.queued

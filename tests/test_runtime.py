@@ -210,3 +210,19 @@ def test_the_pure_layers_do_not_import_torch():
     code = ("import sys, gpuloom.policy, gpuloom.runtime, gpuloom.bench.experiment, gpuloom.bench.metrics; "
             "assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_policy_may_take_younger_requests_and_leave_the_oldest_queued():
+    class Youngest(_TwoLanes):
+        name = "youngest-test"
+
+        def decide(self, now_ms, queues, free):
+            q = queues["toy"]
+            if len(q) < 3:
+                return []
+            return [Decision("toy", (q[1].id, q[2].id), 2, free[0].index)]
+
+    reqs = [Request(i, "toy", 0.0, 10.0) for i in range(3)]
+    rec = toy_run(Youngest(), reqs, until_ms=1.0)
+    assert [r.status for r in rec.results] == [Status.QUEUED, Status.SERVED, Status.SERVED]
+    check_conserved(rec)

@@ -14,7 +14,8 @@ layout is ready):
    any model with queued work may run -- earliest deadline first, on its home partitions first -- as
    long as its batch ends before the next slot of *another* model in this partition begins (so no
    other model's planned slot is delayed) and before its oldest request's deadline. The batch is the
-   largest bucket up to the model's planned batch that fits both;
+   largest bucket up to the model's planned batch that fits both; under a backlog, requests too close
+   to their deadline for that batch are passed over for younger ones (not dropped);
 3. nothing fits: try again at the next arrival or completion, and at the start of the next slot of a
    waiting model on a free partition.
 
@@ -35,6 +36,10 @@ from ..plan import Demand, RateEstimator, Replanner, Schedule, plan
 from ..profile.store import ProfileStore
 from .base import Action, Policy, PolicyContext, Queues, hopeless, register
 from .types import Decision, Drop, Layout, Partition
+
+
+def _deadline(r) -> float:
+    return r.deadline_ms
 
 
 class _PartPlan:
@@ -241,12 +246,12 @@ class DStackPolicy(Policy):
                     j = bisect.bisect_left(others, phi)
                     if l1 > (others[j] if j < len(others) else others[0] + cycle) - phi + 1e-9:
                         continue
-                k = self._batch(m, q, i, pp, phi, now_ms)
+                k, j = self._batch(m, q, i, pp, phi, now_ms)
                 if k:
-                    out.append(Decision(m, tuple(q[i + j].id for j in range(k)), k, idx))
+                    out.append(Decision(m, tuple(q[j + t].id for t in range(k)), k, idx))
                     free_idx.discard(idx)
-                    if i + k < len(q):
-                        pos[m] = i + k
+                    if j + k < len(q):
+                        pos[m] = j + k
                     else:
                         del pos[m]
                         break
@@ -262,18 +267,30 @@ class DStackPolicy(Policy):
                 wake = t
         return wake
 
-    def _batch(self, m: str, q, i: int, pp: _PartPlan, phi: float, now_ms: float) -> int:
-        """Requests of ``m`` (from queue position ``i``) to run now on ``pp``; 0 = none fits."""
-        n = min(len(q) - i, self.cap[m])
-        room = min(pp.horizon(m, phi, self.cycle), q[i].deadline_ms - now_ms) + 1e-9
-        best = 0
+    def _batch(self, m: str, q, i: int, pp: _PartPlan, phi: float, now_ms: float) -> tuple[int, int]:
+        """``(k, j)``: run ``q[j : j + k]`` of ``m`` now on ``pp`` (``k = 0``: nothing fits).
+
+        The largest batch up to the planned one that ends before the next slot of another model and
+        before the deadline of its oldest request. Under a backlog the oldest requests may be too
+        close to their deadline for a full batch: they are skipped (not dropped -- they may still run
+        alone elsewhere, or are dropped once hopeless) in favour of a full batch of younger ones, so
+        that overload does not shrink every batch to the few requests that still have time.
+        """
+        cap = self.cap[m]
+        total = len(q) - i
+        horizon = pp.horizon(m, phi, self.cycle) + 1e-9
+        slack0 = q[i].deadline_ms - now_ms + 1e-9
+        best_k, best_j = 0, i
         for b, lat in self._lat_row(m, pp.sms):
-            if lat > room:
+            if lat > horizon:
                 break  # latency grows with the batch
-            best = min(b, n)
-            if b >= n:
+            j = i if lat <= slack0 else bisect.bisect_left(q, now_ms + lat - 1e-9, lo=i, key=_deadline)
+            k = min(b, cap, len(q) - j)
+            if k > best_k:
+                best_k, best_j = k, j
+            if b >= min(total, cap):
                 break
-        return best
+        return best_k, best_j
 
     def _lat_row(self, m: str, sms: int) -> list[tuple[int, float]]:
         """(bucket, L(bucket, sms)) for ``m``, cached."""

@@ -183,11 +183,19 @@ class Runtime:
             r = self._pending.pop(rid, None)
             if r is None or r.model != model:
                 raise PolicyError(f"{self.policy.name}: request {rid} is not queued for {model!r}")
-            if q[0].id == rid:
+            out.append(r)
+        if q[0] is out[0]:
+            j = 0
+        else:  # a block further down the queue (a policy passed over the oldest requests)
+            j = q.index(out[0])
+            q.rotate(-j)
+        for r in out:
+            if q and q[0] is r:
                 q.popleft()
             else:
                 q.remove(r)
-            out.append(r)
+        if j:
+            q.rotate(j)
         return out
 
     # -- layouts ----------------------------------------------------------------------------
