@@ -56,3 +56,15 @@ def test_sweep_finds_the_load_where_attainment_falls_below_target():
     assert s.max_rps == pytest.approx(200 * s.max_factor)
     # consistent with a direct run at that factor
     assert simulate(w.scaled(s.max_factor), store, "temporal").metrics.slo_attainment >= 0.99
+
+
+def test_fluid_bound_scales_inversely_with_the_load_and_exceeds_what_a_policy_sustains():
+    from gpuloom.bench.experiment import fluid_bound
+
+    store = ProfileStore(profiles=zoo())
+    w = Workload((ModelSpec("resnet50", 25, arrival=Arrival("poisson", rate=300)),
+                  ModelSpec("mobilenet_v2", 10, arrival=Arrival("poisson", rate=600))), duration_s=0.5)
+    f = fluid_bound(w, store)
+    assert fluid_bound(w.scaled(2.0), store) == pytest.approx(f / 2, rel=0.02)
+    s = sweep_rate(w, store, "temporal", rel_tol=0.1)
+    assert s.max_factor <= f

@@ -186,3 +186,61 @@ def sweep_rate(
         points=points,
         at_max=best.metrics if best else None,
     )
+
+
+def fluid_bound(
+    workload: Workload,
+    profiles: ProfileStore | Mapping[str, Profile],
+    *,
+    hi: float = 256.0,
+    rel_tol: float = 0.002,
+    knee_eps: float = 0.1,
+) -> float:
+    """A capacity bound on the load factor: the largest ``f`` at which ``workload.scaled(f)`` fits a
+    fluid GPU.
+
+    Each request of model ``m`` (mean rate ``r``) costs at least ``c_m(r)`` SM-milliseconds: the least
+    ``s * L(b, s) / b`` over profile batches ``b`` and SM counts ``s`` (plus ``knee(b) * L(b, whole
+    GPU)``, what the contention model charges a shared batch) whose batch can fill and run within the
+    SLO, ``(b - 1) / r + L(b, s) <= SLO``. The load fits when ``sum r * f * c_m(r * f) <= SMs * 1000``.
+    Queueing, bursts and packing are ignored, so no policy should sustain much more (Poisson luck can
+    let one slightly exceed it with batches larger than the mean rate fills).
+    """
+    profs = _profiles_for(workload, profiles)
+    gpu = next(iter(profs.values())).gpu.sm_count
+    rates = {m.name: workload.mean_rate(m) for m in workload.models}
+    slo = {m.name: float(m.slo_ms) for m in workload.models}
+
+    def cost(m: str, r: float) -> float:
+        p = profs[m]
+        best = float("inf")
+        for b in p.batches:
+            fill = (b - 1) / r * 1000.0 if r > 0 else (0.0 if b == 1 else float("inf"))
+            options = [(s, p.latency(b, s)) for s in p.sms] + [(min(gpu, p.knee(b, knee_eps)), p.full_latency(b))]
+            for s, lat in options:
+                if fill + lat <= slo[m]:
+                    best = min(best, s * lat / b)
+        return best
+
+    def fits(f: float) -> bool:
+        return sum(r * f * cost(m, r * f) for m, r in rates.items() if r > 0) <= gpu * 1000.0
+
+    lo = 0.0
+    f = 1.0
+    if fits(f):
+        lo = f
+        while lo * 2 <= hi and fits(lo * 2):
+            lo *= 2
+        up = lo * 2
+    else:
+        up = f
+        while up > 1e-6 and not fits(up / 2):
+            up /= 2
+        lo = up / 2
+    while lo > 0 and up / lo > 1 + rel_tol:
+        mid = (lo * up) ** 0.5
+        if fits(mid):
+            lo = mid
+        else:
+            up = mid
+    return lo

@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from gpuloom.bench.experiment import simulate, sweep_rate
+    from gpuloom.bench.experiment import fluid_bound, simulate, sweep_rate
     from gpuloom.bench.plots import comparison_chart
     from gpuloom.bench.workload import WorkloadError, load_workload, resolve_profiles, validate
     from gpuloom.policy import policy_names
@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         for p in policies:
             with console.status(f"sweeping {p} ..."):
                 sweeps[p] = sweep_rate(sweep_w, profiles, p, target=args.target, contention=contention)
+    bound = fluid_bound(workload, profiles, knee_eps=contention.knee_eps) if args.sweep_rate else None
     elapsed = time.perf_counter() - t0
 
     by = {r.metrics.policy: r.metrics for r in runs}
@@ -110,6 +111,11 @@ def run(args: argparse.Namespace) -> int:
         ]
         t.add_row(*row)
     console.print(t)
+    if bound is not None:
+        line = f"fluid capacity bound (gpuloom.bench.experiment.fluid_bound): {bound:.2f}x ({workload.total_rate() * bound:.0f} req/s)"
+        if "dstack" in sweeps:
+            line += f"; dstack reaches {sweeps['dstack'].max_factor / bound:.0%} of it"
+        console.print(line)
     console.print(f"[dim]simulated in {elapsed:.1f} s[/]")
 
     if args.out:
@@ -125,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
             "sweep_duration_s": min(workload.duration_s, args.sweep_duration) if args.sweep_rate else None,
             "contention": dataclasses.asdict(contention),
             "runs": [{"policy_config": r.policy, "metrics": r.metrics.to_json(), "wall_s": r.wall_s} for r in runs],
+            "fluid_bound": bound,
             "sweep": {p: {"target": s.target, "max_factor": s.max_factor, "max_rps": s.max_rps, "points": s.points,
                           "at_max": s.at_max.to_json() if s.at_max else None} for p, s in sweeps.items()},
         }

@@ -1,18 +1,21 @@
-"""``ideal``: the simulation-only upper bound -- a perfect divider of SMs and an oracle scheduler.
+"""``ideal``: the simulation-only reference -- a perfect divider of SMs and an oracle scheduler.
 
-The bound D-STACK measures itself against is "an ideal scheduler where each kernel gets exactly the
-SMs it can use". Here SMs are one fluid pool with no partition granularity and no fragmentation,
-divided by an oracle at every event: running batches get SMs in earliest-deadline order, each up to
-its knee ``knee(b)`` (at which it runs at whole-GPU speed ``L(b, A)``), losslessly; a batch left with
+The reference D-STACK measures itself against is "an ideal scheduler where each kernel gets exactly
+the SMs it can use". Here SMs are one fluid pool with no partition granularity and no fragmentation,
+divided by an oracle at every event: each batch is granted SMs (``Decision.sms``, at most its knee)
+and running batches get their grants in earliest-deadline order, losslessly; a batch left with
 fewer SMs ``s`` runs at ``L(b, s)``, one left with none waits (``Decision.priority`` = the deadline of
 the batch's oldest request; see :mod:`gpuloom.runtime.sim`). On top of that the scheduler never
-blocks one model behind another (``lanes_per_model`` batches per model in flight), batches as much as
-is queued up to the largest bucket with ``L(b, knee(b)) <= SLO / 2``, never waits, and drops a
-request the moment it can no longer meet its deadline, so no GPU time is spent on it.
+blocks one model behind another (``lanes_per_model`` batches per model in flight), never waits, and
+drops a request the moment it can no longer meet its deadline, so no GPU time is spent on it.
 
-Admission keeps EDF from collapsing under overload: a batch starts only if, among the batches due
-before it, it still gets at least ``min(knee, min_sms)`` SMs and, on what it gets, finishes by its
-oldest request's deadline; the largest such batch is taken.
+Each batch takes as many queued requests as it can (up to the largest bucket with
+``L(b, knee(b)) <= SLO / 2``) and, among the SM counts of the profile up to its knee that are free for
+it under the EDF division and finish before its oldest request's deadline, the one with the least
+SM-time per request (fewer SMs are usually more efficient per SM; the knee is the fastest, not the
+most efficient). It is a strong heuristic on an idealized GPU, *not* a proven upper bound: on
+measured profiles ``dstack``'s planned space-time packing can beat it (see
+``gpuloom.bench.experiment.fluid_bound`` for a capacity bound).
 
 It cannot run on a GPU (the hardware does not divide SMs losslessly), hence ``simulation_only``.
 """
@@ -30,21 +33,22 @@ class IdealPolicy(Policy):
     name = "ideal"
     simulation_only = True
 
-    def __init__(self, lanes_per_model: int = 4, preempt: bool = True, min_sms: int = 8) -> None:
+    def __init__(self, lanes_per_model: int = 4, preempt: bool = True) -> None:
         self.preempt = bool(preempt)
-        self.min_sms = int(min_sms)
         if lanes_per_model < 1:
             raise ValueError(f"ideal: lanes_per_model must be >= 1, found {lanes_per_model}")
         self.lanes_per_model = int(lanes_per_model)
 
     def layout(self, ctx: PolicyContext) -> Layout:
-        self.cap, self.fastest, self.demand = {}, {}, {}
+        self.cap, self.fastest, self.demand, self.sm_steps = {}, {}, {}, {}
         for m, i in ctx.models.items():
             p = i.profile
             ok = [b for b in p.batches if p.latency(b, p.knee(b, ctx.knee_eps)) <= i.slo_ms / 2]
             self.cap[m] = max(ok or [p.batches[0]])
             self.fastest[m] = p.full_latency(p.batches[0])
             self.demand[m] = {b: min(ctx.gpu_sms, p.knee(b, ctx.knee_eps)) for b in p.batches}
+            # SM counts a batch may be granted: the profile's, up to its knee
+            self.sm_steps[m] = {b: [s for s in p.sms if s <= self.demand[m][b]] or [p.sms[0]] for b in p.batches}
         self.running: dict[int, tuple[float, float]] = {}  # partition -> (priority, SMs demanded)
         return Layout.shared_lanes(ctx.gpu_sms, [m for m in ctx.models for _ in range(self.lanes_per_model)])
 
@@ -77,25 +81,37 @@ class IdealPolicy(Policy):
             q, i, prof = queues[best], pos[best], self.ctx.models[best].profile
             n = min(len(q) - i, self.cap[best])
             prio = q[i].deadline_ms
-            k = 0
             room = self._room(prio)
-            for b in reversed(prof.batches):  # the largest batch that can start now and make its deadline
-                if b > n and prof.bucket(n) != b:
-                    continue
-                demand = self.demand[best][b]
-                s = min(demand, room)
-                if s >= min(demand, self.min_sms) and now_ms + prof.latency(b, max(s, prof.sms[0])) <= prio:
-                    k = min(b, n)
-                    break
-            if k == 0:
+            choice = self._choose(best, prof, n, room, prio - now_ms)
+            if choice is None:
                 lanes[best] = []  # nothing of this model fits now; a completion will wake us
                 continue
+            k, sms = choice
             lane = lanes[best].pop(0)
             ids = tuple(q[i + j].id for j in range(k))
-            out.append(Decision(best, ids, k, lane.index, priority=prio if self.preempt else None))
-            self.running[lane.index] = (prio, self.demand[best][prof.bucket(k)])
+            out.append(Decision(best, ids, k, lane.index, sms=sms, priority=prio if self.preempt else None))
+            self.running[lane.index] = (prio, sms)
             pos[best] = i + k
         return out
+
+    def _choose(self, m: str, prof, n: int, room: float, slack_ms: float) -> tuple[int, int] | None:
+        """(requests, SMs) for the next batch of ``m``: the most requests, then the least SM-time per
+        request, among batches that fit ``room`` SMs (at most their knee) and finish within ``slack_ms``."""
+        best = None
+        for b in prof.batches:
+            k = min(b, n)
+            for s in self.sm_steps[m][b]:
+                if s > room:
+                    break
+                lat = prof.latency(b, s)
+                if lat > slack_ms:
+                    continue
+                key = (k, -s * lat / k)
+                if best is None or key > best[0]:
+                    best = (key, k, s)
+            if b >= n:
+                break
+        return None if best is None else (best[1], best[2])
 
     def describe(self) -> dict:
         return {"name": self.name, "lanes_per_model": self.lanes_per_model, "batch_cap": dict(self.cap)}
