@@ -56,7 +56,8 @@ from .schedule import Demand, ModelPlan, Partition, PlanError, PlanInfeasible, S
 TOP_FRACTIONS = (0.84, 0.71, 0.59, 0.5)
 _PREF_TOL = 1.03  # sizes within 3% of the least SM-time count as equally efficient: take fewer SMs
 # packing strategies tried in turn: (size preference, join a partition if it costs <= this x opening one)
-STRATEGIES = (("fewest", 1.15), ("cheapest", 1.15), ("fewest", 3.0), ("uniform", 3.0))
+MATCHED_PERIODS = True  # also offer each model the cycle divisors that match its batch buckets
+STRATEGIES = (("fewest", 1.15), ("cheapest", 1.15), ("fewest", 3.0), ("tightest", 1.15), ("uniform", 3.0))
 _EPS = 1e-9
 
 
@@ -161,6 +162,7 @@ class _Planner:
                 lat[b] = row
             self.models[d.model] = _Model(d, prof, d.rate * (1.0 + headroom), lat)
         self._opt_cache: dict[tuple[str, float, float], dict[int, _Opt]] = {}
+        self._period_cache: dict[tuple[str, float, float], list[float]] = {}
 
     def size(self, u: int) -> int:
         """SMs of a partition of ``u`` units; a whole-GPU partition takes the remainder too."""
@@ -169,10 +171,30 @@ class _Planner:
     def latency(self, name: str, b: int, sms: int) -> float:
         return self.models[name].profile.latency(b, sms)
 
-    def periods(self, name: str, ladder: Sequence[float]) -> list[float]:
-        """Periods a model may run at: shorter than its SLO, and not absurdly shorter."""
-        slo = self.models[name].demand.slo_ms
-        return [c for c in ladder if slo / 16.0 <= c < slo]
+    def periods(self, name: str, f: float, ladder: Sequence[float]) -> list[float]:
+        """Periods a model may run at, all dividing the cycle ``ladder[0]``, shorter than its SLO
+        and not absurdly shorter: the ladder's (shared by many models, so they can share a
+        partition in time) plus, per batch bucket ``b`` and slot count ``k``, the longest
+        ``cycle / j`` whose arrivals fit ``k * b`` (no capacity lost to rounding up to a bucket)."""
+        key = (name, f, ladder[0])
+        got = self._period_cache.get(key)
+        if got is not None:
+            return got
+        m = self.models[name]
+        slo = m.demand.slo_ms
+        out = {c for c in ladder if slo / 16.0 <= c < slo}
+        rate = m.need_rps * f
+        C = ladder[0]
+        if rate > 0 and MATCHED_PERIODS:
+            for b in m.lat:
+                for k in (1, 2):
+                    exact = k * b * 1000.0 / rate
+                    c = C / max(1, math.ceil(C / exact - 1e-9))
+                    if slo / 16.0 <= c < slo:
+                        out.add(c)
+        got = sorted(out, reverse=True)
+        self._period_cache[key] = got
+        return got
 
     def options(self, name: str, f: float, c: float) -> dict[int, _Opt]:
         """Least-busy (b, k) per unit count u serving fraction ``f`` of the demand at period ``c``."""
@@ -202,7 +224,7 @@ class _Planner:
     def all_options(
         self, name: str, f: float, ladder: Sequence[float], only: float | None = None
     ) -> dict[tuple[float, int], _Opt]:
-        periods = [only] if only is not None else self.periods(name, ladder)
+        periods = [only] if only is not None else self.periods(name, f, ladder)
         return {(c, u): o for c in periods for u, o in self.options(name, f, c).items()}
 
     def pack(
@@ -239,19 +261,24 @@ class _Planner:
             best = min(cost.values())
             if pref_mode == "cheapest":
                 pref = min(opts, key=lambda cu: (cost[cu], cu[1], -cu[0]))
+            elif pref_mode == "tightest":  # fewest SMs that can carry the model at all: space first
+                pref = min(opts, key=lambda cu: (cu[1], cost[cu], -cu[0]))
             else:
                 pref = min((cu for cu in opts if cost[cu] <= best * _PREF_TOL), key=lambda cu: (cu[1], -cu[0]))
-            items.append((pref[1], best, name, opts, cost, pref))
+            items.append((pref[1], best, name, opts, cost, pref, f))
         items.sort(key=lambda it: (-it[0], -it[1], it[2]))
         parts: list[_Part] = []
         free = self.U
-        for _, _, name, opts, cost, pref in items:
+        for _, _, name, opts, cost, pref, f in items:
+            slo = self.models[name].demand.slo_ms
             join = None
             for p in parts:
                 o = opts.get((p.c, p.u))
+                if o is None and p.c < slo and only is None:  # any partition's period will do
+                    o = self.options(name, f, p.c).get(p.u)
                 if o is None or p.used + o.busy > p.c + _EPS:
                     continue
-                jc = cost[(p.c, p.u)]
+                jc = p.u * o.busy / p.c
                 if join is None or jc < join[0] - _EPS or (abs(jc - join[0]) <= _EPS and p.used > join[1].used):
                     join = (jc, p, o)
             new = None
@@ -271,14 +298,14 @@ class _Planner:
                 parts.append(_Part(u=u, c=c, used=o.busy, members=[(name, o.b, o.k)]))
                 free -= u
             else:
-                extra = self._repair(parts, name, opts, free)
+                extra = self._repair(parts, name, f, free)
                 if extra is None:
                     failed.append(name)
                 else:
                     free -= extra
         return parts, failed
 
-    def _repair(self, parts: list[_Part], name: str, opts: dict[tuple[float, int], _Opt], free: int) -> int | None:
+    def _repair(self, parts: list[_Part], name: str, f: float, free: int) -> int | None:
         """Fit ``name`` by growing one partition with the free units (its members speed up).
 
         Returns the units used, or None when no partition can take the model that way."""
@@ -288,7 +315,9 @@ class _Planner:
                 u2 = p.u + extra
                 if best is not None and extra >= best[0]:
                     break
-                o = opts.get((p.c, u2))
+                if p.c >= self.models[name].demand.slo_ms:
+                    break
+                o = self.options(name, f, p.c).get(u2)
                 if o is None:
                     continue
                 used2 = sum(k * self.latency(n, b, self.size(u2)) for n, b, k in p.members)
@@ -565,10 +594,15 @@ def _build(
 ) -> Schedule:
     """Lay the packed partitions out on SMs and in time, and summarize each model.
 
-    The schedule's cycle is the longest period in use; a partition with a shorter period (they are
-    ``cycle / 2**i``) repeats its slot pattern ``cycle / period`` times, and every slot is listed.
+    Every period is ``top / j``; the schedule's cycle is the shortest ``top / g`` that all periods
+    in use divide. A partition repeats its slot pattern ``cycle / period`` times, and every slot
+    is listed.
     """
-    C = max((p.c for p in parts), default=top)
+    # every period is top / j; the cycle is the shortest top / g that all of them divide
+    g = 0
+    for p in parts:
+        g = math.gcd(g, max(1, round(top / p.c)))
+    C = top / g if g else top
     parts = sorted(parts, key=lambda p: (-p.u, p.c, -p.used))
     sizes = [p.u * pl.g for p in parts]
     if parts and sum(p.u for p in parts) == pl.U:
