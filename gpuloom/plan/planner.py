@@ -2,40 +2,47 @@
 
 Latency model
 -------------
-Every partition repeats a cycle of ``C`` ms. A model ``m`` served at ``r`` requests/s owns ``k``
-back-to-back slots of batch ``b`` in one partition of ``s`` SMs; each slot lasts ``L(b, s)`` (the
-profile). Its requests are collected for one cycle while its batch fills, then run in its next
-``k`` slots. So a request
+Every partition repeats a *period* ``c`` ms; all periods divide the schedule's cycle, so every
+pattern repeats within one cycle. A model ``m`` served at ``r`` requests/s owns ``k`` back-to-back
+slots of batch ``b`` in one partition of ``s`` SMs; each slot lasts ``L(b, s)`` (the profile). Its
+requests are collected for one period while its batch fills, then run in its next ``k`` slots. So
+a request
 
-* waits for its batch to fill and for the model's next slot: at most one cycle, ``C`` (the fill
-  time ``b / r`` is spent *inside* that wait: the planner sizes ``k * b >= r * C``, so the requests
-  of one cycle always fit the next cycle's slots; counting fill and cycle separately would count the
-  same wait twice), then
-* runs: at most ``k * L(b, s)`` (it may ride in the model's last slot of the cycle).
+* waits for its batch to fill and for the model's next slot: at most one period, ``c`` (the fill
+  time ``b / r`` is spent *inside* that wait: the planner sizes ``k * b >= r * c``, so the requests
+  of one period always fit the next period's slots; counting fill and wait separately would count
+  the same wait twice), then
+* runs: at most ``k * L(b, s)`` (it may ride in the model's last slot of the period).
 
-``worst = C + k * L(b, s) <= SLO`` is the constraint, and ``k * L(b, s) <= C`` (the model's slots fit
-in the cycle). The bound holds for arrivals at the planned rate; Poisson bursts beyond ``k * b`` in
-one cycle wait a cycle more, which is what ``headroom`` (plan ``rate * (1 + headroom)``) and the
-leftover SMs handed to partitions are for. ``choose_batch`` is the stand-alone form for one model
-on its own partition, where there is no shared cycle: ``worst = b / r (fill) + cycle_ms + L(b, s)``.
+``worst = c + k * L(b, s) <= SLO`` is the constraint, with ``k * L(b, s) <= c`` (the model's slots
+fit in the period). The bound holds for arrivals at the planned rate; Poisson bursts beyond
+``k * b`` in one period wait a period more, which is what ``headroom`` (plan
+``rate * (1 + headroom)``) and the leftover SMs handed to partitions are for. ``choose_batch`` is
+the stand-alone form for one model on its own partition, where there is no shared period:
+``worst = b / r (fill) + cycle_ms + L(b, s)``.
 
 Algorithm
 ---------
-1. Cycle: from the tightest SLO ``S``. Candidates ``C = f * S`` (and one that leaves the tightest
-   model just its batch-1 latency); each is packed and the one using the least SM-time wins.
-2. Options: for each model and each partition size (multiples of the granularity), the batch
-   bucket ``b`` and slot count ``k = ceil(r C / b)`` that minimize the model's busy time
-   ``k L(b, s)`` under the constraints above. Its preferred size is the one with the least
-   SM-time per cycle ``s * k * L(b, s)`` (the highest throughput per SM; within 3%, the fewest SMs).
+1. Cycle candidates ``C = f * loosest SLO`` for four phases ``f`` of one octave. A model may run at
+   periods ``C / j`` in ``[SLO / 16, SLO)``: the ladder ``C / 2**i`` (shared, so models can share a
+   partition in time) and, per batch bucket ``b`` and ``k`` in {1, 2}, the longest ``C / j`` whose
+   arrivals fit ``k * b`` (nothing lost to rounding a batch up to its bucket).
+2. Options: for each model, period and partition size (multiples of the granularity), the batch
+   bucket ``b`` and slot count ``k = ceil(r c / b)`` that minimize the busy time ``k L(b, s)`` under
+   the constraints. The preferred option has the least SM-time per period ``s k L(b, s) / c``
+   (the highest throughput per SM; within 3%, the fewest SMs).
 3. Packing (first-fit decreasing, space then time): models in decreasing preferred size join an
-   existing partition whose cycle still has room (and whose size they can use without wasting more
-   than 15% SM-time), else open a new partition of their preferred size. Models whose best option
-   is the whole GPU end up sharing it in time.
+   existing partition whose period still has room (at that partition's size and period, if that
+   costs at most ``join_waste`` x the SM-time of opening one), else open a partition of their
+   preferred size; when SMs run out, a partition may grow into the free SMs so the newcomer fits.
+   Several strategies (``STRATEGIES``) are tried per cycle candidate; the packing with the least
+   SM-time wins. Models whose best option is the whole GPU end up sharing it in time.
 4. Leftover SMs go, one granularity step at a time, to the partition they shorten most (relative
    to its slack); the last partition takes the sub-granularity remainder (132 = 16 * 8 + 4).
-5. Overload: progressive filling (weighted max-min on served fraction of demand). All unfrozen
-   models are raised together to ``min(1, weight * level)`` while the packing succeeds (binary
-   search on the level); those that cannot be raised alone any further are frozen; repeat.
+5. Overload: weighted max-min fairness on served fraction of demand. Progressive filling (all
+   unfrozen models raised together to ``min(1, weight * level)`` while the packing succeeds, binary
+   search on the level; those that cannot rise alone are frozen; repeat), then ``_polish``, because
+   the packing heuristic is not perfectly monotone. ``fits`` is the packing search on its own.
 
 Reference: Dhakal et al., "D-STACK: High Throughput DNN Inference by Effective Multiplexing and
 Spatio-Temporal Scheduling of GPUs" (2023).
@@ -55,8 +62,8 @@ from .schedule import Demand, ModelPlan, Partition, PlanError, PlanInfeasible, S
 # candidate cycles as fractions of the loosest SLO: four phases of one octave (each ladder halves down)
 TOP_FRACTIONS = (0.84, 0.71, 0.59, 0.5)
 _PREF_TOL = 1.03  # sizes within 3% of the least SM-time count as equally efficient: take fewer SMs
-# packing strategies tried in turn: (size preference, join a partition if it costs <= this x opening one)
 MATCHED_PERIODS = True  # also offer each model the cycle divisors that match its batch buckets
+# packing strategies tried in turn: (size preference, join a partition if it costs <= this x opening one)
 STRATEGIES = (("fewest", 1.15), ("cheapest", 1.15), ("fewest", 3.0), ("tightest", 1.15), ("uniform", 3.0))
 _EPS = 1e-9
 
