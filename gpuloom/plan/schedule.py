@@ -1,7 +1,8 @@
 """The planner's output: a space-time schedule of one GPU, as small frozen dataclasses.
 
-The GPU's SMs are carved into disjoint ``Partition``s. Each partition repeats a cycle of
-``cycle_ms``; within the cycle it runs ``Slot``s back to back, each one batch of one model.
+The GPU's SMs are carved into disjoint ``Partition``s. Each partition repeats a slot pattern every
+``period_ms`` (a divisor of the schedule's ``cycle_ms``); ``slots`` lists every ``Slot`` of one whole
+cycle (the pattern repeated ``cycle_ms / period_ms`` times), each one batch of one model.
 ``ModelPlan`` summarizes, per model, what the plan gives it. ``Schedule`` serializes to versioned
 JSON (``gpuloom.schedule/1``) so a plan made on a laptop can be served on the GPU.
 
