@@ -112,3 +112,21 @@ def test_replanner_rejects_bad_settings() -> None:
     with pytest.raises(ValueError, match="band"):
         Replanner(BASE, ZOO, band=0.0)
     assert Replanner(BASE, ZOO, schedule=plan(BASE, ZOO)).switches == 0
+
+
+def test_switch_cost_counts_only_graphs_that_must_be_captured() -> None:
+    import dataclasses
+
+    rp = Replanner(BASE, ZOO)
+    cur = rp.schedule
+    assert rp.switch_fraction(cur) == 0.0  # same layout, same batches: nothing to capture
+    # same partitions, one model's batch changes: only its (model, batch, partition) graph is new
+    p0 = cur.partitions[0]
+    m0 = p0.slots[0].model
+    new_slots = tuple(dataclasses.replace(x, batch=x.batch * 2) if x.model == m0 else x for x in p0.slots)
+    changed = dataclasses.replace(cur, partitions=(dataclasses.replace(p0, slots=new_slots), *cur.partitions[1:]))
+    pairs = {(x.model, x.batch, p.sm_offset) for p in cur.partitions for x in p.slots}
+    assert rp.switch_fraction(changed) == pytest.approx(1 / len(pairs))
+    # a partition with a new SM range: everything is captured anew
+    moved = dataclasses.replace(cur, partitions=(dataclasses.replace(p0, sms=p0.sms - 8), *cur.partitions[1:]))
+    assert rp.switch_fraction(moved) == 1.0

@@ -6,7 +6,9 @@ Two guards keep it from thrashing on noise:
   rate by more than ``band`` (relative) for ``hold_s`` seconds in a row; back inside the band, its
   timer resets;
 * **switch cost**: a new schedule needs new partitions and freshly captured CUDA graphs. While that
-  happens (``switch_cost_s`` seconds) we charge the whole current goodput as lost. A candidate plan
+  happens (``switch_cost_s`` seconds) we charge the whole current goodput as lost; when the
+  partitions keep their SM ranges, only the share of (model, batch, partition) graphs that are new
+  (``switch_fraction``). A candidate plan
   is adopted only if the requests it serves *beyond* the current schedule over ``horizon_s`` exceed
   that cost. Only the drifting models' measured rates enter the candidate plan and the gain;
   the others keep their planned rates (their deviation is noise inside the band). Falling rates therefore never trigger a switch (the current plan still serves them);
@@ -130,6 +132,21 @@ class Replanner:
         """Requests/s ``schedule`` can serve at ``rates`` (capacity-capped)."""
         return sum(min(r, schedule.model(m).planned_rps) for m, r in rates.items() if m in self.base)
 
+    def switch_fraction(self, candidate: Schedule) -> float:
+        """How much of a full switch adopting ``candidate`` costs (0..1).
+
+        Graphs are captured per (model, batch, partition). If the partitions stay the same SM
+        ranges, only the (model, batch) pairs new to their partition need capturing: the cost is
+        their share of the candidate's pairs. New partitions need everything captured anew: 1.0.
+        """
+        old_parts = {(p.sm_offset, p.sms) for p in self.schedule.partitions}
+        new_parts = {(p.sm_offset, p.sms) for p in candidate.partitions}
+        if not new_parts <= old_parts:
+            return 1.0
+        have = {(s.model, s.batch, p.sm_offset) for p in self.schedule.partitions for s in p.slots}
+        need = {(s.model, s.batch, p.sm_offset) for p in candidate.partitions for s in p.slots}
+        return len(need - have) / len(need) if need else 0.0
+
     def check(self, now: float, rates: Mapping[str, float]) -> ReplanDecision:
         """Decide at time ``now`` (s) whether to switch plans for the measured ``rates`` (requests/s)."""
         rates = {m: float(rates.get(m, 0.0)) for m in self.base}
@@ -153,7 +170,7 @@ class Replanner:
         )
         now_served = self.served(self.schedule, rates)
         gain = (self.served(candidate, rates) - now_served) * self.horizon_s
-        cost = self.switch_cost_s * now_served
+        cost = self.switch_cost_s * self.switch_fraction(candidate) * now_served
         self._since = {m: now for m in drifting}  # wait another hold_s before re-evaluating
         if gain <= cost:
             return ReplanDecision(
