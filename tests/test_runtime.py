@@ -226,3 +226,38 @@ def test_a_policy_may_take_younger_requests_and_leave_the_oldest_queued():
     rec = toy_run(Youngest(), reqs, until_ms=1.0)
     assert [r.status for r in rec.results] == [Status.QUEUED, Status.SERVED, Status.SERVED]
     check_conserved(rec)
+
+
+def test_design_h200_contention_reproduces_the_measured_streams_to_partitions_ratio():
+    """DESIGN.md: four models, 50 rounds each; plain streams 277 ms vs right-sized partitions 251 ms."""
+    from gpuloom.profile.store import ProfileError
+
+    try:
+        st = ProfileStore.builtin("h200")
+        jobs = [("resnet50", 8), ("mobilenet_v2", 8), ("efficientnet_b0", 8), ("bert_base", 1)]
+        profs = {m: st.get(m) for m, _ in jobs}
+    except ProfileError:
+        pytest.skip("no shipped H200 profiles")
+    rounds = 50
+    partitions = max(rounds * profs[m].latency(b, s) for (m, b), s in zip(jobs, (32, 16, 24, 56)))
+
+    def streams(cm: ContentionModel) -> float:
+        be = SimBackend(profs, contention=cm)
+        be.configure(Layout.shared_lanes(132, [m for m, _ in jobs]))
+        left = [rounds] * len(jobs)
+
+        def done(c):
+            i = c.decision.partition
+            left[i] -= 1
+            if left[i]:
+                be.submit(Decision(jobs[i][0], (0,), jobs[i][1], i), [])
+
+        be.start(done)
+        for i, (m, b) in enumerate(jobs):
+            be.submit(Decision(m, (0,), b, i), [])
+        while be.loop.step():
+            pass
+        return be.loop.now
+
+    assert streams(ContentionModel.design_h200()) / partitions == pytest.approx(277 / 251, rel=0.02)
+    assert streams(ContentionModel()) / partitions > 1.15  # the plain knee model is harsher on streams

@@ -23,6 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", type=float, default=0.99, help="SLO attainment the sweep must keep (default 0.99)")
     p.add_argument("--sweep-duration", type=float, default=10.0,
                    help="seconds of arrivals per sweep point (default 10; at most the workload's)")
+    p.add_argument("--demand-fraction", type=float, default=1.0,
+                   help="contention model: share of its knee a shared batch occupies (default 1; 0.89 fits the "
+                        "H200 sharing measurement in DESIGN.md)")
     p.add_argument("--efficiency", type=float, default=1.0,
                    help="contention model: fraction of shared SMs delivered when oversubscribed (default 1)")
     p.add_argument("--interference", type=float, default=0.0,
@@ -62,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
         for w in warnings:
             err.print(f"[yellow]warning:[/] {w}")
         validate(workload, profiles)
-        contention = ContentionModel(efficiency=args.efficiency, interference=args.interference)
+        contention = ContentionModel(demand_fraction=args.demand_fraction, efficiency=args.efficiency,
+                                     interference=args.interference)
     except (WorkloadError, ValueError) as e:
         err.print(f"[red]error:[/] {e}")
         return 2
@@ -84,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
     name = Path(args.workload).stem
     t = Table(
         title=f"{name}: {workload.total_rate():.0f} req/s over {workload.duration_s:g} s, "
-        f"{len(workload.models)} models, simulated ({'efficiency %g, interference %g' % (contention.efficiency, contention.interference)})",
+        f"{len(workload.models)} models, simulated (contention: demand_fraction {contention.demand_fraction:g}, "
+        f"efficiency {contention.efficiency:g}, interference {contention.interference:g})",
         title_justify="left",
     )
     cols = ["policy"]

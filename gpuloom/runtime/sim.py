@@ -8,7 +8,7 @@ against the GPU, issue 5). Its parameters live in :class:`ContentionModel`.
 * **Shared lanes** (streams over the same SMs: Triton instances, Clipper containers, Nexus, the
   temporal baseline, the ``ideal`` bound). ``A`` = SMs not owned by exclusive partitions (the whole
   GPU when there are none). A batch alone on them runs for ``L(b, A)``. Each running batch *demands*
-  its knee ``k = knee(b)`` SMs (the fewest SMs within ``knee_eps`` of its whole-GPU latency), or the
+  ``demand_fraction`` times its knee ``k = knee(b)`` SMs (the fewest SMs within ``knee_eps`` of its whole-GPU latency), or the
   SMs a policy granted it (``Decision.sms``; then it runs for ``L(b, sms)``). While the sum of the
   demands ``K`` fits (``K <= efficiency * A``) nobody slows down; beyond, every shared batch progresses
   ``K / (efficiency * A)`` times slower (the SMs are divided in proportion to demand). The factor is
@@ -27,8 +27,10 @@ Utilization: a batch *uses* ``min(partition SMs, knee)`` SMs on an exclusive par
 knee do not make it faster); shared batches together use ``min(A, K)``. ``busy_sm_ms`` integrates
 that over time.
 
-Defaults are uncalibrated (``efficiency=1``, ``interference=0``): they model the hardware scheduler
-as a perfect divider of SMs, which flatters the shared-SM baselines rather than dstack.
+Defaults (``demand_fraction=1``, ``efficiency=1``, ``interference=0``) are the plain knee model. Checked
+against DESIGN.md's one H200 sharing measurement they are *harsher* on shared streams than the
+hardware (see :meth:`ContentionModel.design_h200`, ``demand_fraction=0.89``, which fits it); report
+both.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class ContentionModel:
     """Parameters of the simulator's sharing model (see the module docstring)."""
 
     knee_eps: float = 0.1  # a batch demands knee(b, knee_eps) SMs when it shares the GPU
+    demand_fraction: float = 1.0  # ... times this: the share of its knee a shared batch really occupies
     efficiency: float = 1.0  # fraction of the shared SMs delivered when oversubscribed (0, 1]
     interference: float = 0.0  # slowdown per other co-running batch (any partition), >= 0
     switch_ms: float = 0.0  # time until a new layout's partitions accept work, ms
@@ -54,11 +57,25 @@ class ContentionModel:
     def __post_init__(self) -> None:
         if not (0.0 < self.efficiency <= 1.0):
             raise ValueError(f"ContentionModel.efficiency must be in (0, 1], found {self.efficiency}")
+        if not (0.0 < self.demand_fraction <= 1.0):
+            raise ValueError(f"ContentionModel.demand_fraction must be in (0, 1], found {self.demand_fraction}")
         if self.interference < 0 or self.knee_eps < 0 or self.switch_ms < 0:
             raise ValueError(
                 "ContentionModel: knee_eps, interference and switch_ms must be >= 0, found "
                 f"{self.knee_eps}, {self.interference}, {self.switch_ms}"
             )
+
+    @classmethod
+    def design_h200(cls) -> "ContentionModel":
+        """Fitted to DESIGN.md's one H200 sharing measurement (resnet50 b8, mobilenet_v2 b8,
+        efficientnet_b0 b8, BERT-base b1, 50 rounds each): four plain streams took 1.10x the time of
+        partitions sized to the work (277 vs 251 ms). With the shipped H200 profiles the default model
+        predicts 1.23x (260 vs 212 ms): whole-knee demands overstate what a shared batch occupies.
+        ``demand_fraction=0.89`` reproduces 1.10x (the one-at-a-time time, 1.45x the partitions', is
+        matched by the profiles alone). One measurement, one parameter: issue 5 should refit on more
+        mixes.
+        """
+        return cls(demand_fraction=0.89)
 
     def shared_factor(self, demand_sms: float, shared_sms: float) -> float:
         """How many times slower shared batches run when together they demand ``demand_sms``."""
@@ -147,7 +164,7 @@ class SimBackend(Backend):
                 demand = float(min(decision.sms, a))
                 base = self.latency(decision.model, b, demand)
             else:
-                demand = float(min(knee, a))
+                demand = float(min(knee * self.contention.demand_fraction, a))
                 base = self.latency(decision.model, b, a)
             useful = demand
         else:
