@@ -111,7 +111,7 @@ def simulate(
     until = workload.duration_s * 1000.0
     rt = Runtime(pol, backend, ctx, trace=trace)
     record = rt.run(requests, until_ms=until, drain_ms=max(m.slo_ms for m in workload.models))
-    metrics = compute_metrics(record, models=list(ctx.models), weights={m: i.weight for m, i in ctx.models.items()})
+    metrics = compute_metrics(record, models=list(ctx.models))
     return SimRun(record, metrics, pol.describe(), time.perf_counter() - t0)
 
 

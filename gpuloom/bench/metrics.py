@@ -10,7 +10,9 @@ Definitions (``duration`` = the arrival window of the run, s):
 * SM utilization = useful SM-seconds (SMs a batch can use, at most its knee, x time; see
   ``gpuloom.runtime.sim``) / (SMs x simulated time);
 * fairness = Jain's index ``(sum x)^2 / (n sum x^2)`` over each model's served fraction of its demand
-  ``x = attainment / weight`` (1 = every model gets the same weighted share).
+  ``x = attainment`` (1 = every model gets the same share). With ``weights``, ``x = attainment /
+  weight`` instead; that index is below 1 whenever weights differ and every model is fully served, so
+  the experiments report the unweighted index.
 
 Requests are conserved: arrived = served + dropped + failed + queued at the end (asserted).
 """
