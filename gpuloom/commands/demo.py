@@ -61,8 +61,9 @@ def run(args: argparse.Namespace) -> int:
 
     table = Table(title=f"gpuloom demo on {torch.cuda.get_device_name(device) if on_gpu else 'CPU'} "
                         f"(batch {args.batch}, {size}x{size}, median of {iters})")
-    for col in ("model", "ops", "streams", "syncs", "eager ms", "gpuloom ms", "speedup", "compile s"):
-        table.add_column(col, justify="right" if col != "model" else "left")
+    table.add_column("model", no_wrap=True)
+    for col in ("ops", "streams", "syncs", "eager ms", "gpuloom ms", "speedup", "compile s"):
+        table.add_column(col, justify="right")
     for name in args.models:
         try:
             factory = getattr(torchvision.models, name)
