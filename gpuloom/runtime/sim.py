@@ -11,7 +11,8 @@ against the GPU, issue 5). Its parameters live in :class:`ContentionModel`.
   ``demand_fraction`` times its knee ``k = knee(b)`` SMs (the fewest SMs within ``knee_eps`` of its whole-GPU latency), or the
   SMs a policy granted it (``Decision.sms``; then it runs for ``L(b, sms)``). While the sum of the
   demands ``K`` fits (``K <= efficiency * A``) nobody slows down; beyond, every shared batch progresses
-  ``K / (efficiency * A)`` times slower (the SMs are divided in proportion to demand). The factor is
+  ``K / (efficiency * A)`` times slower (SMs divided in proportion to demand; a batch alone is never
+  slowed). The factor is
   recomputed whenever the set of running batches changes: a batch's progress is integrated piecewise
   (processor sharing), so a batch that started alone and is joined halfway is slowed only for the
   second half.
@@ -253,7 +254,7 @@ class SimBackend(Backend):
                 plain.append(r)
                 demand += r.demand
         if plain:
-            sf = cm.shared_factor(demand, left) if left > 0 else float("inf")
+            sf = (cm.shared_factor(demand, left) if len(plain) > 1 else 1.0) if left > 0 else float("inf")
             for r in plain:
                 speeds.append((r, 1.0 / (r.base * inf * sf)))
             busy += min(left, demand)
