@@ -6,16 +6,15 @@ against the GPU, issue 5). Its parameters live in :class:`ContentionModel`.
 * **Exclusive partition** (``Partition.shared=False``, a green context): a batch of ``b`` on ``s``
   SMs runs for ``L(b, s)`` from the profile, whatever else runs on other partitions.
 * **Shared lanes** (streams over the same SMs: Triton instances, Clipper containers, Nexus, the
-  temporal baseline, the ``ideal`` bound). ``A`` = SMs not owned by exclusive partitions (the whole
-  GPU when there are none). A batch alone on them runs for ``L(b, A)``. Each running batch *demands*
-  ``demand_fraction`` times its knee ``k = knee(b)`` SMs (the fewest SMs within ``knee_eps`` of its whole-GPU latency), or the
-  SMs a policy granted it (``Decision.sms``; then it runs for ``L(b, sms)``). While the sum of the
-  demands ``K`` fits (``K <= efficiency * A``) nobody slows down; beyond, every shared batch progresses
-  ``K / (efficiency * A)`` times slower (SMs divided in proportion to demand; a batch alone is never
-  slowed). The factor is
-  recomputed whenever the set of running batches changes: a batch's progress is integrated piecewise
-  (processor sharing), so a batch that started alone and is joined halfway is slowed only for the
-  second half.
+  temporal baseline, the ``ideal`` reference). ``A`` = SMs not owned by exclusive partitions (the
+  whole GPU when there are none). A batch alone on them runs for ``L(b, A)``. Each running batch
+  *demands* ``demand_fraction`` times its knee ``k = knee(b)`` (the fewest SMs within ``knee_eps`` of
+  its whole-GPU latency), or the SMs a policy granted it (``Decision.sms``; then it runs for
+  ``L(b, sms)``). While the demands ``K`` fit (``K <= efficiency * A``) nobody slows down; beyond,
+  every shared batch progresses ``K / (efficiency * A)`` times slower (SMs divided in proportion to
+  demand; a batch alone is never slowed). The factor is recomputed whenever the set of running
+  batches changes: a batch's progress is integrated piecewise (processor sharing), so a batch that
+  started alone and is joined halfway is slowed only for the second half.
 * **Prioritized shared batches** (``Decision.priority`` set; the ``ideal`` bound uses it): before the
   proportional division, SMs go to prioritized batches in priority order (lowest first), each up to
   its demand, losslessly; a batch left with ``s`` SMs below its demand runs at ``L(b, s)`` (below the
