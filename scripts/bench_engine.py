@@ -126,6 +126,10 @@ def bench_model(name: str, dtype: torch.dtype, batches: list[int], args) -> dict
     gs_multi = cm.capture(streams="max")
     rec["graph_memory_mib_single"] = round(gs_single.memory_bytes / 2**20, 1)
     rec["graph_memory_mib_multi"] = round(gs_multi.memory_bytes / 2**20, 1)
+    reinplaced = None
+    if "gpuloom_reinplace" in args.variants:  # experiment: in-place ReLU/add on single-reader inputs
+        reinplaced = gpuloom.compile(model, (examples[batches[0]],), max_batch=max(batches), buckets=batches,
+                                     streams="auto", reinplace=True)
     compiled = None
     if "torch_compile" in args.variants:
         compiled = torch.compile(model, mode="reduce-overhead", dynamic=False)
@@ -139,6 +143,8 @@ def bench_model(name: str, dtype: torch.dtype, batches: list[int], args) -> dict
             "gpuloom_multi": graphset_call(gs_multi, b),
             "gpuloom_auto": lambda v: cm(v),
         }
+        if reinplaced is not None:
+            variants["gpuloom_reinplace"] = lambda v: reinplaced(v)
         if compiled is not None:
             tc = time.perf_counter()
             for _ in range(3):
@@ -149,7 +155,7 @@ def bench_model(name: str, dtype: torch.dtype, batches: list[int], args) -> dict
         with torch.no_grad():
             fresh = torch.randn_like(x)
             want = model(fresh)
-            for key in ("gpuloom_single", "gpuloom_multi", "gpuloom_auto"):
+            for key in [k for k in variants if k.startswith("gpuloom")]:
                 row[f"rel_err_{key}"] = rel_err(variants[key](fresh), want)
             for key, fn in variants.items():
                 if key in args.variants or key.startswith("gpuloom") or key == "eager":
@@ -170,7 +176,7 @@ def bench_model(name: str, dtype: torch.dtype, batches: list[int], args) -> dict
         rec["rows"].append(row)
         print(f"  {name} {rec['dtype']} b{b}: " + ", ".join(
             f"{k[:-3]} {v:.3f}" for k, v in row.items() if k.endswith("_ms")), flush=True)
-    del cm, gs_single, gs_multi, compiled
+    del cm, gs_single, gs_multi, compiled, reinplaced
     return rec
 
 
@@ -211,7 +217,7 @@ def main() -> int:
     p.add_argument("--dtypes", default="float32,float16")
     p.add_argument("--batches", default="1,8")
     p.add_argument("--variants", default="eager,torch_compile,cuda_graph,gpuloom",
-                   help="drop torch_compile to save its compile time")
+                   help="drop torch_compile to save its compile time; add gpuloom_reinplace for that experiment")
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--no-lower-bound", dest="lower_bound", action="store_false")

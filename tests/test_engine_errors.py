@@ -134,3 +134,22 @@ def test_batchnorm_folds_into_convolutions():
         want = m(x)
     torch.testing.assert_close(folded(x), want, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(plain(x), want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v3_small", "transformer_encoder"])
+def test_reinplaced_graph_equals_eager(name):
+    from engine_models import zoo
+
+    model, shapes, dtype = zoo()[name]
+    model = model.eval()
+    xs = tuple(torch.randn(2, *s, dtype=dtype) for s in shapes)
+    cm = gpuloom.compile(model, xs, max_batch=4, reinplace=True)
+    inplace_ops = [n for n in cm.graph.ops if str(n.target).endswith("_.default") or str(n.target).endswith("_.Tensor")]
+    if name == "resnet18":
+        assert len(inplace_ops) >= 17  # every ReLU after a conv and the residual adds
+    for batch in (1, 3):
+        xs = tuple(torch.randn(batch, *s, dtype=dtype) for s in shapes)
+        with torch.no_grad():
+            want = model(*xs)
+        torch.testing.assert_close(cm(*xs), want, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(cm.run_eager_plan(*xs), want, rtol=1e-4, atol=1e-5)

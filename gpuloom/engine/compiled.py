@@ -218,6 +218,7 @@ def compile(
     buckets: Sequence[int] | None = None,
     input_names: Sequence[str] | None = None,
     fold_batchnorm: bool = True,
+    reinplace: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> CompiledModel:
     """Compile ``model`` ahead of time into multi-stream CUDA graphs, one per batch bucket.
@@ -234,6 +235,8 @@ def compile(
         input_names: names used in error messages (default: the forward's argument names).
         fold_batchnorm: fold inference BatchNorms into the convolutions they follow (one kernel
             instead of two; results differ from eager only by rounding).
+        reinplace: run ReLU / residual adds whose input has no other reader in place
+            (experimental, off until measured on the GPU).
         progress: called with a short message at each compile stage.
 
     Raises:
@@ -269,7 +272,8 @@ def compile(
         raise ValueError(f"buckets must be positive and end at max_batch={max_batch}, got {bucket_list}")
 
     say("capturing the operator graph")
-    graph = capture_graph(model, example_inputs, max_batch=max_batch, fold_batchnorm=fold_batchnorm)
+    graph = capture_graph(model, example_inputs, max_batch=max_batch, fold_batchnorm=fold_batchnorm,
+                          reinplace=reinplace)
     graph.module.to(dev)
     names = list(input_names) if input_names else [
         n.name for n in graph.module.graph.nodes if n.op == "placeholder"

@@ -67,11 +67,17 @@ class OpGraph:
 
 
 def capture_graph(
-    model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *, max_batch: int, fold_batchnorm: bool = True
+    model: torch.nn.Module,
+    example_inputs: Sequence[torch.Tensor],
+    *,
+    max_batch: int,
+    fold_batchnorm: bool = True,
+    reinplace: bool = False,
 ) -> OpGraph:
     """Capture ``model`` as an FX graph and build its operator DAG (see the module docstring).
 
-    ``fold_batchnorm`` folds inference BatchNorms into the convolutions they follow (export path).
+    ``fold_batchnorm`` folds inference BatchNorms into the convolutions they follow; ``reinplace``
+    runs single-reader elementwise ops in place (both export path only; see ``fold``).
     """
     export_error: BaseException | None = None
     try:
@@ -79,6 +85,8 @@ def capture_graph(
         method = "export"
         folded = fold.fold_batchnorm(gm) if fold_batchnorm else 0
         fold.restore_batchnorm(gm)
+        if reinplace:
+            fold.reinplace_elementwise(gm)
     except Exception as e:  # export fails in many ways; we report it below if fx fails too
         export_error = e
         try:

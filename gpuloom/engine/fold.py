@@ -109,3 +109,49 @@ def restore_batchnorm(gm: fx.GraphModule) -> int:
     if restored:
         gm.recompile()
     return restored
+
+
+# Out-of-place elementwise ops that have an in-place twin with the same semantics when the first
+# argument already has the result's shape and dtype.
+_INPLACE_TWINS = {
+    torch.ops.aten.relu.default: torch.ops.aten.relu_.default,
+    torch.ops.aten.add.Tensor: torch.ops.aten.add_.Tensor,
+    torch.ops.aten.hardtanh.default: torch.ops.aten.hardtanh_.default,
+    torch.ops.aten.silu.default: torch.ops.aten.silu_.default,
+    torch.ops.aten.mul.Tensor: torch.ops.aten.mul_.Tensor,
+}
+
+
+def reinplace_elementwise(gm: fx.GraphModule) -> int:
+    """Run ReLU / residual add / ... in place on an intermediate that nothing else reads.
+
+    Functionalization made every op out of place; eager PyTorch models run ReLU and the residual
+    add in place, which keeps the working set (and L2 traffic) smaller at large batches. Safe for
+    multi-stream execution because the overwritten value has exactly one reader: the op itself.
+    Returns how many ops were rewritten. Experimental: off by default until measured.
+    """
+    rewritten = 0
+    outputs = {n for n in gm.graph.nodes if n.op == "output" for n in n.all_input_nodes}
+    for node in gm.graph.nodes:
+        twin = _INPLACE_TWINS.get(node.target) if node.op == "call_function" else None
+        if twin is None or not node.args:
+            continue
+        target = node.args[0]
+        if not isinstance(target, fx.Node) or target.op != "call_function" or len(target.users) != 1:
+            continue
+        if target in outputs or target.target is operator.getitem:
+            continue
+        a, out = target.meta.get("val"), node.meta.get("val")
+        if not isinstance(a, torch.Tensor) or not isinstance(out, torch.Tensor):
+            continue
+        if a.dtype != out.dtype or a.shape != out.shape:
+            continue
+        if getattr(target.target, "_schema", None) is not None and any(
+            r.alias_info is not None for r in target.target._schema.returns
+        ):
+            continue  # the input is itself a view of something else
+        node.target = twin
+        rewritten += 1
+    if rewritten:
+        gm.recompile()
+    return rewritten
