@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .base import Action, ModelInfo, Policy, PolicyContext, Queues, register, slo_batch_cap, take
+from .base import Action, Policy, PolicyContext, Queues, register, slo_batch_cap, take
 from .types import Decision, Layout, Partition
 
 
