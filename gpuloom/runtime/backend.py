@@ -64,3 +64,23 @@ class Backend(ABC):
 
     def close(self) -> None:
         """Release the device. Default: nothing to release."""
+
+    # -- online serving (the real backends); simulated backends keep the defaults ----------------
+    def prepare(self, layout: Layout, ready: Callable[[], None]) -> bool:
+        """Start building what ``layout`` needs (partitions, captured graphs) in the background.
+
+        Called by the runtime, from its thread, before :meth:`configure`. Return ``False`` when there
+        is nothing to build (the runtime configures at once: the simulator's case). Return ``True`` to
+        make the runtime keep the current layout running and call :meth:`configure` only after
+        ``ready()`` was called (from any thread) -- the atomic swap of a re-plan. If the build fails,
+        call ``ready()`` anyway and raise the error from :meth:`configure`.
+        """
+        return False
+
+    def attach(self, request_id: int, payload: object) -> None:
+        """Online mode: the input data of request ``request_id`` (called from the submitting
+        thread, before the request is queued). Default: ignored (the simulator has no data)."""
+
+    def take_output(self, request_id: int) -> object:
+        """Online mode: the output of a finished request, once (``None`` when there is none)."""
+        return None

@@ -8,18 +8,35 @@ the backend's :class:`~gpuloom.runtime.events.EventLoop` decides whether time ju
 Books are kept per request: every request that arrives ends the run SERVED, DROPPED (with the
 policy's reason), FAILED (with the backend's error) or still QUEUED; :meth:`Runtime.run` asserts the
 sum.
+
+Two ways to drive it:
+
+* :meth:`Runtime.run` replays a precomputed, sorted list of requests (simulation, experiments);
+* online serving (:meth:`Runtime.start` / :meth:`Runtime.submit` / :meth:`Runtime.stop`): the loop runs
+  in its own thread on a :class:`~gpuloom.runtime.events.RealtimeLoop`, other threads submit
+  requests, and every request's :class:`Result` (with the backend's output) goes to a callback. The
+  policy cannot tell the two apart. :meth:`Runtime.reconfigure` swaps in a new policy/model set
+  (model load and unload) while serving.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from ..policy.base import Policy, PolicyContext, PolicyError
 from ..policy.types import Completion, Decision, Drop, Layout, Partition, Request, Result, Status, TraceEntry
 from .backend import Backend
-from .events import ARRIVAL, WAKEUP
+from .events import ARRIVAL, WAKEUP, RealtimeLoop
+
+log = logging.getLogger(__name__)
+
+#: Online mode: called on the runtime's thread with each request's final Result and the backend's
+#: output for it (None unless SERVED by a backend that produces data).
+ResultCallback = Callable[[Result, Any], None]
 
 
 @dataclass
@@ -56,11 +73,25 @@ class Runtime:
         self.trace: list[TraceEntry] = []
         self._results: dict[int, Result] = {}
         self._pending: dict[int, Request] = {}  # queued, not yet dispatched or dropped
-        self._inflight: dict[int, tuple[Decision, list[Request]]] = {}  # partition -> batch
+        self._inflight: dict[int, tuple[Decision, list[Request], Policy]] = {}  # partition -> batch, its policy
         self._parts: Sequence[Partition] = ()
         self._ready_ms = 0.0  # the current layout accepts work from here (and once old batches drain)
         self._orphans = 0  # batches of a previous layout still running
-        self._orphan_reqs: dict[int, list[Request]] = {}  # id(decision) -> its requests
+        self._orphan_reqs: dict[int, tuple[list[Request], Policy]] = {}  # id(decision) -> its requests, policy
+        self._layout_token = 0  # the latest layout asked for; a prepared older one is not swapped in
+        self._preparing = False  # a backend is building the next layout (no dispatch meanwhile)
+        self._broken = ""  # online: why the last layout failed (requests fail at once until a new one works)
+        # online mode (start/submit/stop); unused by run()
+        self._online = False
+        self._on_result: ResultCallback | None = None
+        self._on_layout: Callable[[Layout, BaseException | None], None] | None = None
+        self._submit_lock = threading.Lock()
+        self._next_id = 0
+        self._closed = False  # no more submissions
+        self._closing = False  # the loop exits once everything entered is answered
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None  # what stopped the online loop, if it crashed
+        self.idle: dict[str, float] = {"queued_ms": 0.0, "idle_queued_ms": 0.0, "idle_ms": 0.0, "total_ms": 0.0}
         self._wake_ms = float("inf")
         self._stop_ms = float("inf")  # no dispatch after this
         self._layouts: list[tuple[float, Layout]] = []
@@ -89,6 +120,182 @@ class Runtime:
                 self._decide()
         return self._record(requests, until_ms)
 
+    # -- online serving ---------------------------------------------------------------------
+    def start(
+        self,
+        on_result: ResultCallback,
+        *,
+        on_layout: Callable[[Layout, BaseException | None], None] | None = None,
+    ) -> None:
+        """Serve online: run the loop in a background thread until :meth:`stop`.
+
+        Needs a backend on a :class:`RealtimeLoop`. ``on_result(result, output)`` is called on the
+        loop's thread once per submitted request (SERVED, DROPPED or FAILED; never QUEUED) -- keep it
+        short (set a future). ``on_layout(layout, error)`` is called whenever a layout was set up (or
+        failed to be). The policy is set up from ``ctx`` on the loop's thread.
+        """
+        if not isinstance(self.loop, RealtimeLoop):
+            raise TypeError(f"online serving needs a backend on a RealtimeLoop; {type(self.backend).__name__} "
+                            f"runs on {type(self.loop).__name__} (use Runtime.run for simulated time)")
+        if self._thread is not None:
+            raise RuntimeError("Runtime.start was called twice")
+        self._online = True
+        self._on_result = on_result
+        self._on_layout = on_layout
+        self.loop.open()
+        self._thread = threading.Thread(target=self._serve, name=f"gpuloom-runtime-{self.policy.name}", daemon=True)
+        self._thread.start()
+
+    def submit(self, model: str, payloads: Sequence[Any] = (None,), *, timeout_ms: float) -> list[Request]:
+        """Thread-safe: enqueue one request per entry of ``payloads`` for ``model``; returns them.
+
+        Each request arrives now and is due ``timeout_ms`` later (its deadline, what policies drop
+        by). ``payloads`` go to the backend (:meth:`Backend.attach`): the input rows of each request.
+        Raises RuntimeError after :meth:`stop`. An unknown model is answered DROPPED("unknown model").
+        """
+        with self._submit_lock:
+            if self._closed:
+                raise RuntimeError("the runtime is stopped; it takes no more requests")
+            now = self.loop.wall_ms()
+            reqs = []
+            for p in payloads:
+                r = Request(self._next_id, model, now, now + float(timeout_ms))
+                self._next_id += 1
+                if p is not None:
+                    self.backend.attach(r.id, p)
+                reqs.append(r)
+            self.loop.post(ARRIVAL, self._on_online_arrivals, reqs)
+        return reqs
+
+    def reconfigure(self, policy: Policy, ctx: PolicyContext) -> None:
+        """Thread-safe: serve ``ctx.models`` with ``policy`` (a fresh object) from now on.
+
+        New models get queues; requests still queued for models that left ``ctx`` are DROPPED
+        ("model unloaded"). Batches running finish; their requests are answered as usual.
+        """
+        self.loop.post(WAKEUP, self._reconfigure, policy, ctx)
+
+    def stop(self, *, drain: bool = True, timeout_s: float = 30.0) -> bool:
+        """Stop serving; returns True when every request entered was answered.
+
+        ``drain=True``: the policy keeps dispatching until the queues are empty (at most
+        ``timeout_s``), then whatever is left is DROPPED("shutdown"). ``drain=False``: queued requests
+        are DROPPED("shutdown") at once. Running batches always finish (their wait is bounded by
+        ``timeout_s`` too).
+        """
+        with self._submit_lock:
+            self._closed = True
+        if self._thread is None:
+            return True
+        self.loop.post(WAKEUP, self._begin_close, drain)
+        self._thread.join(timeout_s)
+        if self._thread.is_alive() and drain:
+            self.loop.post(WAKEUP, self._begin_close, False)
+            self._thread.join(max(1.0, timeout_s))
+        self.loop.shut()
+        return not self._thread.is_alive()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _serve(self) -> None:
+        loop = self.loop
+        try:
+            self.backend.start(self._on_completion)
+            self._set_layout(self.policy.setup(self.ctx))
+            self._stop_ms = float("inf")
+            last = loop.wall_ms()
+            while loop.step():
+                now = loop.now
+                if loop.peek() != now:
+                    self._decide()
+                last = self._account(last)
+                if self._closing and self._all_answered():
+                    break
+        except BaseException as e:  # noqa: BLE001 - answer every request, then report
+            log.exception("the runtime loop crashed")
+            self.error = e
+            msg = f"runtime loop crashed: {type(e).__name__}: {e}"
+            self._fail_pending(msg)
+            for d, reqs, _ in list(self._inflight.values()):
+                for r in reqs:
+                    self._finish(Result(r, Status.FAILED, loop.now, msg))
+            self._inflight = {}
+            for reqs, _ in list(self._orphan_reqs.values()):
+                for r in reqs:
+                    self._finish(Result(r, Status.FAILED, loop.now, msg))
+            self._orphan_reqs = {}
+        finally:
+            with self._submit_lock:
+                self._closed = True
+            loop.shut()
+
+    def _account(self, last: float) -> float:
+        """Integrate idle time: with requests queued, and with no batch running at all (ms)."""
+        now = self.loop.wall_ms()
+        dt = now - last
+        running = bool(self._inflight) or self._orphans > 0
+        acc = self.idle
+        acc["total_ms"] += dt
+        if not running:
+            acc["idle_ms"] += dt
+        if self._pending:
+            acc["queued_ms"] += dt
+            if not running:
+                acc["idle_queued_ms"] += dt
+        return now
+
+    def _all_answered(self) -> bool:
+        return not self._pending and not self._inflight and not self._orphans
+
+    def _on_online_arrivals(self, reqs: list[Request]) -> None:
+        for r in reqs:
+            if self._closing and not self._drain:
+                self._finish(Result(r, Status.DROPPED, self.loop.now, "shutdown"))
+            elif r.model not in self.queues:
+                self._finish(Result(r, Status.DROPPED, self.loop.now, "unknown model"))
+            elif self._broken:
+                self._finish(Result(r, Status.FAILED, self.loop.now, self._broken))
+            else:
+                self.queues[r.model].append(r)
+                self._pending[r.id] = r
+                self.policy.on_arrival(r, self.loop.now)
+
+    def _reconfigure(self, policy: Policy, ctx: PolicyContext) -> None:
+        for m in list(self.queues):
+            if m not in ctx.models:
+                q = self.queues.pop(m)
+                for r in q:
+                    self._pending.pop(r.id, None)
+                    self._finish(Result(r, Status.DROPPED, self.loop.now, "model unloaded"))
+        for m in ctx.models:
+            self.queues.setdefault(m, deque())
+        self.policy, self.ctx = policy, ctx
+        self._parts, self._free = (), None  # the old layout's indices mean nothing to the new policy
+        self._woke = True
+        self._set_layout(policy.setup(ctx))
+
+    _drain = True
+
+    def _begin_close(self, drain: bool) -> None:
+        self._closing = True
+        self._drain = drain
+        self._woke = True
+        if not drain:
+            for q in self.queues.values():
+                for r in list(q):
+                    self._pending.pop(r.id, None)
+                    self._finish(Result(r, Status.DROPPED, self.loop.now, "shutdown"))
+                q.clear()
+
+    def _fail_pending(self, msg: str) -> None:
+        for q in self.queues.values():
+            for r in list(q):
+                self._pending.pop(r.id, None)
+                self._finish(Result(r, Status.FAILED, self.loop.now, msg))
+            q.clear()
+
     # -- event handlers ---------------------------------------------------------------------
     def _on_arrival(self, requests: Sequence[Request], i: int) -> None:
         r = requests[i]
@@ -105,17 +312,29 @@ class Runtime:
         entry = self._inflight.get(d.partition)
         if entry is None or entry[0] is not d:  # a batch of a replaced layout
             self._orphans -= 1
-            reqs = self._orphan_reqs.pop(id(d))
+            reqs, pol = self._orphan_reqs.pop(id(d))
         else:
             del self._inflight[d.partition]
-            reqs = entry[1]
+            _, reqs, pol = entry
             self._free = None
         status = Status.FAILED if c.error else Status.SERVED
         for r in reqs:
-            self._results[r.id] = Result(r, status, c.end_ms, c.error, d.batch)
+            self._finish(Result(r, status, c.end_ms, c.error, d.batch))
         if self._trace_on:
             self._log("complete", d.model, d.partition, d.request_ids)
-        self.policy.on_completion(c, self.loop.now)
+        if pol is self.policy:  # a replaced policy's batch means nothing to its successor
+            self.policy.on_completion(c, self.loop.now)
+
+    def _finish(self, result: Result) -> None:
+        """Record a request's final fate (online: hand it and its output to the result callback)."""
+        if self._online:
+            out = self.backend.take_output(result.request.id) if result.status == Status.SERVED else None
+            try:
+                self._on_result(result, out)
+            except Exception:  # noqa: BLE001 - a caller's callback must not stop the loop
+                log.exception("result callback failed for request %d", result.request.id)
+        else:
+            self._results[result.request.id] = result
 
     def _on_wakeup(self, t: float) -> None:
         self._woke = True
@@ -146,7 +365,7 @@ class Runtime:
             self._set_layout(layout)
 
     def _free_partitions(self, now: float) -> list[Partition]:
-        if now < self._ready_ms or self._orphans:
+        if now < self._ready_ms or self._orphans or self._preparing or self._broken:
             return []
         if self._free is None:
             busy = self._inflight
@@ -159,7 +378,7 @@ class Runtime:
         if not d.request_ids or d.batch < len(d.request_ids):
             raise PolicyError(f"{self.policy.name}: a decision needs 1..batch requests, got {d}")
         reqs = self._take(d.model, d.request_ids)
-        self._inflight[d.partition] = (d, reqs)
+        self._inflight[d.partition] = (d, reqs, self.policy)
         self._free = None
         self._dispatches += 1
         if self._trace_on:
@@ -169,7 +388,7 @@ class Runtime:
     def _drop(self, drop: Drop) -> None:
         now = self.loop.now
         for r in self._take(drop.model, drop.request_ids):
-            self._results[r.id] = Result(r, Status.DROPPED, now, drop.reason)
+            self._finish(Result(r, Status.DROPPED, now, drop.reason))
         if self._trace_on:
             self._log("drop", drop.model, drop.request_ids, drop.reason)
 
@@ -200,18 +419,55 @@ class Runtime:
 
     # -- layouts ----------------------------------------------------------------------------
     def _set_layout(self, layout: Layout) -> None:
-        for d, reqs in self._inflight.values():
-            self._orphan_reqs[id(d)] = reqs
+        """Switch to ``layout``: at once, or -- when the backend builds it in the background
+        (:meth:`Backend.prepare`) -- once it is built. Nothing is dispatched meanwhile: the policy's
+        partition indices already name the new layout's partitions."""
+        self._layout_token += 1
+        token = self._layout_token
+        loop = self.loop
+
+        def ready() -> None:
+            loop.post(WAKEUP, self._swap_layout, layout, token)
+
+        if self.backend.prepare(layout, ready):
+            self._preparing = True
+            self._free = None
+            if isinstance(loop, RealtimeLoop):
+                loop.expect()
+            return
+        self._swap_layout(layout, token)
+
+    def _swap_layout(self, layout: Layout, token: int) -> None:
+        self._woke = True
+        if token != self._layout_token:
+            return  # a newer layout was asked for while this one was being built
+        self._preparing = False
+        try:
+            ready_ms = self.backend.configure(layout)
+        except Exception as e:
+            if not self._online:
+                raise
+            log.error("layout %s could not be set up: %s", layout, e)
+            self._broken = f"layout could not be set up: {type(e).__name__}: {e}"
+            self._fail_pending(self._broken)
+            if self._on_layout is not None:
+                self._on_layout(layout, e)
+            return
+        self._broken = ""
+        for d, reqs, pol in self._inflight.values():
+            self._orphan_reqs[id(d)] = (reqs, pol)
             self._orphans += 1
         self._inflight = {}
         self._free = None
-        self._ready_ms = self.backend.configure(layout)
+        self._ready_ms = ready_ms
         self._parts = tuple(self.backend.partitions())
         self._layouts.append((self.loop.now, layout))
         if self._trace_on:
             self._log("layout", tuple((p.sm_offset, p.sms, p.shared, p.owner) for p in layout.partitions))
         if self._ready_ms > self.loop.now:
             self.loop.schedule(self._ready_ms, WAKEUP, self._on_wakeup, self._ready_ms)
+        if self._on_layout is not None:
+            self._on_layout(layout, None)
 
     # -- books ------------------------------------------------------------------------------
     def _check_requests(self, requests: Sequence[Request], until_ms: float) -> None:

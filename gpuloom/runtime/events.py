@@ -78,6 +78,19 @@ class RealtimeLoop(EventLoop):
         self._cv = threading.Condition()
         self._posted: list[tuple[int, Callable[..., Any], tuple]] = []
         self._expected = 0  # posts announced with expect() and not yet arrived
+        self._open = False  # online serving: keep waiting for posts even with nothing expected
+
+    def open(self) -> None:
+        """Online mode: :meth:`step` waits for posts (submissions from other threads) instead of
+        returning False when its heap runs empty. Undo with :meth:`shut`."""
+        with self._cv:
+            self._open = True
+
+    def shut(self) -> None:
+        """Leave online mode: :meth:`step` returns False again once nothing is left or expected."""
+        with self._cv:
+            self._open = False
+            self._cv.notify_all()
 
     def expect(self) -> None:
         """Announce one future :meth:`post` (e.g. on submitting a batch): until it arrives the loop
@@ -107,8 +120,8 @@ class RealtimeLoop(EventLoop):
         return super().peek()
 
     def step(self) -> bool:
-        """Wait for the next event (timer or posted), run it. False when no timer is left and no
-        announced post is outstanding."""
+        """Wait for the next event (timer or posted), run it. False when no timer is left, no
+        announced post is outstanding and the loop is not :meth:`open`."""
         self._drain_posted()
         with self._cv:
             while not self._posted:
@@ -117,7 +130,7 @@ class RealtimeLoop(EventLoop):
                     if delay <= 0:
                         break
                     self._cv.wait(timeout=delay / 1000.0)
-                elif self._expected:
+                elif self._expected or self._open:
                     self._cv.wait()
                 else:
                     return False
