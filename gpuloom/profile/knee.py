@@ -22,7 +22,7 @@ device). The kernels are then aggregated, weighted by their duration on the whol
 * ``"quantile"``: the duration-weighted ``q``-quantile of ``min(F, N)`` (``q=0.5``: the weighted
   median), rounded up to the grid.
 
-``docs/sections/profile.md`` reports how well each matches the measured knees on the H200 zoo.
+``docs/reports/profiles.md`` reports how well each matches the measured knees on the H200 zoo.
 """
 
 from __future__ import annotations
@@ -245,7 +245,7 @@ def _dim3(v: Any) -> tuple[int, int, int]:
 # -- named variants ------------------------------------------------------------------------------
 
 #: The variant the profiler stores as ``Profile.predicted_knee`` (chosen on the H200 zoo, see
-#: ``docs/sections/profile.md``).
+#: ``docs/reports/profiles.md``).
 DEFAULT_VARIANT = "latency_sat0.5"
 
 
