@@ -1,0 +1,266 @@
+"""What the HTTP and gRPC front ends share: model lookup, validation, submission, outcome books.
+
+The core adds nothing to scheduling: it checks a request against the model's specs, hands it to the
+runtime (``InferenceService.submit``) with its deadline, and turns the runtime's answer or error into
+a protocol answer. Both transports call :meth:`ServeCore.infer` and map :class:`ProtocolError` to
+their own status codes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Any, Mapping
+
+import numpy as np
+
+from .metrics import Books, build_registry
+from .protocol import ProtocolError, check_inputs, v2_dtype
+from .repository import Repository, RepositoryError
+
+log = logging.getLogger("gpuloom.serve")
+
+__all__ = ["ServeCore", "SERVER_NAME", "EXTENSIONS", "model_metadata", "model_config_json"]
+
+SERVER_NAME = "gpuloom"
+EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics", "schedule_policy"]
+VERSION = "1"  # every model has one version
+
+
+def _version_check(name: str, version: str | None) -> None:
+    if version not in (None, "", VERSION):
+        raise ProtocolError(f"model {name!r} has only version {VERSION}, found version {version!r}", 404)
+
+
+def model_metadata(config: Any) -> dict[str, Any]:
+    """KServe v2 model metadata; shapes carry the batch dimension as -1."""
+    return {
+        "name": config.name,
+        "versions": [VERSION],
+        "platform": "gpuloom_torch",
+        "inputs": [{"name": t.name, "datatype": v2_dtype(t.dtype), "shape": [-1, *t.shape]} for t in config.inputs],
+        "outputs": [{"name": t.name, "datatype": v2_dtype(t.dtype), "shape": [-1, *t.shape]} for t in config.outputs],
+    }
+
+
+def model_config_json(config: Any) -> dict[str, Any]:
+    """Triton-style model configuration (``model_config.proto`` as JSON)."""
+
+    def tensors(ts):
+        return [{"name": t.name, "data_type": "TYPE_" + v2_dtype(t.dtype), "dims": list(t.shape)} for t in ts]
+
+    return {
+        "name": config.name,
+        "platform": "pytorch_libtorch",
+        "backend": "gpuloom",
+        "max_batch_size": config.max_batch,
+        "input": tensors(config.inputs),
+        "output": tensors(config.outputs),
+        "dynamic_batching": {"max_queue_delay_microseconds": int(config.slo_ms * 1000)},
+        "parameters": {
+            "slo_ms": {"string_value": repr(float(config.slo_ms))},
+            "weight": {"string_value": repr(float(config.weight))},
+            "rate_hint": {"string_value": repr(float(config.rate_hint))},
+        },
+    }
+
+
+class ServeCore:
+    """The runtime plus the repository behind both transports.
+
+    ``service`` is a started ``gpuloom.runtime.service.InferenceService``; ``repository`` (optional) is
+    what the repository API can load/unload by name.
+    """
+
+    def __init__(self, service: Any, repository: Repository | None = None, *, max_body_bytes: int = 64 << 20):
+        from ..runtime import service as svc
+
+        self.svc = svc
+        self.service = service
+        self.repository = repository
+        self.max_body_bytes = max_body_bytes
+        self.books = Books()
+        self.closing = False
+        self._repo_lock = threading.Lock()
+        self._states: dict[str, str] = {}  # name -> READY | UNAVAILABLE | LOADING (+ reason)
+        self._reasons: dict[str, str] = {}
+        self.registry = build_registry(self.books, self._stats, lambda: [c.name for c in self.service.models()])
+
+    # -- lookup --------------------------------------------------------------------------------
+    def _stats(self) -> dict:
+        return self.service.stats()
+
+    def config(self, name: str, version: str | None = None) -> Any:
+        _version_check(name, version)
+        for c in self.service.models():
+            if c.name == name:
+                return c
+        known = sorted(c.name for c in self.service.models())
+        raise ProtocolError(f"unknown model {name!r}; loaded models: {known}", 404)
+
+    def ready(self, name: str, version: str | None = None) -> bool:
+        if version not in (None, "", VERSION):
+            return False
+        try:
+            return bool(self.service.ready(name))
+        except self.svc.ServiceError:
+            return False
+
+    def server_ready(self) -> bool:
+        return (not self.closing) and self.service.is_live() and all(self.service.ready(c.name) for c in self.service.models())
+
+    # -- inference -----------------------------------------------------------------------------
+    def submit(self, name: str, version: str | None, inputs: Mapping[str, np.ndarray], deadline_ms: float | None):
+        """Validate and submit; returns the runtime's concurrent Future. Raises ProtocolError (4xx/503)."""
+        if self.closing:
+            self.books.reject(name, "shutting_down")
+            raise ProtocolError("server is shutting down; not accepting new requests", 503, retry_after_s=1.0)
+        try:
+            config = self.config(name, version)
+        except ProtocolError:
+            self.books.reject("_unknown", "unknown_model")  # bounded label set under fuzzing
+            raise
+        try:
+            check_inputs(config, inputs)
+        except ProtocolError:
+            self.books.reject(name, "invalid_input")
+            raise
+        svc = self.svc
+        try:
+            fut = self.service.submit(name, dict(inputs), deadline_ms=deadline_ms)
+        except svc.InvalidInput as e:
+            self.books.reject(name, "invalid_input")
+            raise ProtocolError(f"invalid input for model {name!r}: {e}", 400) from None
+        except svc.UnknownModel as e:
+            self.books.reject(name, "unknown_model")
+            raise ProtocolError(f"unknown model {name!r}: {e}", 404) from None
+        except svc.ModelNotReady as e:
+            self.books.reject(name, "not_ready")
+            raise ProtocolError(f"model {name!r} is not ready: {e}", 503, retry_after_s=1.0) from None
+        except svc.Overloaded as e:
+            self.books.reject(name, "overloaded")
+            ra = getattr(e, "retry_after_s", None) or 0.1
+            raise ProtocolError(f"model {name!r} is overloaded: {e}", 429, retry_after_s=ra) from None
+        self.books.accept(name)
+        return fut, config
+
+    def outcome(self, name: str, fut: Any, t0: float, rows: int) -> dict[str, np.ndarray]:
+        """Book the finished future's outcome and return its outputs or raise ProtocolError."""
+        svc = self.svc
+        try:
+            out = fut.result(timeout=0)
+        except svc.DeadlineExceeded as e:
+            self.books.finish(name, "dropped", reason="deadline")
+            raise ProtocolError(f"model {name!r}: deadline exceeded: {e}", 504) from None
+        except svc.Dropped as e:
+            reason = str(getattr(e, "reason", "") or "dropped")
+            self.books.finish(name, "dropped", reason=reason)
+            raise ProtocolError(f"model {name!r}: request dropped ({reason}): {e}", 503, retry_after_s=1.0) from None
+        except svc.ModelFailed as e:
+            self.books.finish(name, "failure")
+            raise ProtocolError(f"model {name!r} failed: {e}", 500) from None
+        except BaseException as e:  # anything else the runtime raised: still answered, still booked
+            self.books.finish(name, "failure")
+            log.exception("model %s: unexpected runtime error", name)
+            raise ProtocolError(f"model {name!r}: internal error {type(e).__name__}: {e}", 500) from None
+        self.books.finish(name, "success", rows=rows, us=(time.perf_counter() - t0) * 1e6)
+        return out
+
+    async def infer(self, name: str, version: str | None, inputs: Mapping[str, np.ndarray], deadline_ms: float | None):
+        """Submit and await; returns ``{output name: ndarray}`` or raises ProtocolError."""
+        t0 = time.perf_counter()
+        fut, _ = self.submit(name, version, inputs, deadline_ms)
+        rows = next(iter(inputs.values())).shape[0]
+        try:
+            await asyncio.wrap_future(fut)
+        except BaseException:
+            pass  # the outcome is read (and booked) below
+        return self.outcome(name, fut, t0, rows)
+
+    # -- repository ------------------------------------------------------------------------------
+    def repository_index(self) -> list[dict[str, str]]:
+        loaded = {c.name for c in self.service.models()}
+        names = set(loaded) | set(self.repository.models if self.repository else {})
+        out = []
+        for n in sorted(names):
+            state = "READY" if n in loaded and self.ready(n) else self._states.get(n, "UNAVAILABLE")
+            item = {"name": n, "version": VERSION, "state": state}
+            if n in self._reasons and state != "READY":
+                item["reason"] = self._reasons[n]
+            elif state == "UNAVAILABLE":
+                item["reason"] = "unloaded"
+            out.append(item)
+        return out
+
+    def load(self, name: str) -> None:
+        """(Re)load ``name`` from the repository (re-read from disk); blocking."""
+        if self.repository is None:
+            raise ProtocolError("this server has no model repository to load from", 400)
+        with self._repo_lock:
+            try:
+                repo = self.repository.reload()
+            except RepositoryError as e:
+                raise ProtocolError(f"model repository is invalid: {e}", 400) from None
+            self.repository = repo
+            entry = repo.models.get(name)
+            if entry is None:
+                raise ProtocolError(f"model {name!r} is not in the repository; it has {repo.names()}", 404)
+            self._states[name] = "LOADING"
+            try:
+                config, module = entry.build()
+                if name in {c.name for c in self.service.models()}:
+                    self.service.unload(name)
+                self.service.load(config, module)
+            except Exception as e:
+                self._states[name] = "UNAVAILABLE"
+                self._reasons[name] = f"load failed: {e}"
+                log.exception("loading model %s failed", name)
+                raise ProtocolError(f"loading model {name!r} failed: {e}", 400) from None
+            self._states[name] = "READY"
+            self._reasons.pop(name, None)
+
+    def unload(self, name: str) -> None:
+        with self._repo_lock:
+            if name not in {c.name for c in self.service.models()}:
+                raise ProtocolError(f"model {name!r} is not loaded; loaded: {sorted(c.name for c in self.service.models())}", 400)
+            self.service.unload(name)
+            self._states[name] = "UNAVAILABLE"
+            self._reasons[name] = "unloaded"
+
+    # -- statistics ------------------------------------------------------------------------------
+    def statistics(self, name: str | None = None, version: str | None = None) -> dict[str, Any]:
+        """Triton's statistics extension shape, with gpuloom's books and runtime stats alongside."""
+        if name is not None:
+            self.config(name, version)
+        snap = self.books.snapshot()
+        try:
+            st = self.service.stats() or {}
+        except Exception:
+            st = {}
+        st_models = st.get("models", {}) if isinstance(st.get("models"), dict) else {}
+        names = [name] if name is not None else sorted(c.name for c in self.service.models())
+        models = []
+        for n in names:
+            b = snap.get(n)
+            sm = st_models.get(n, {})
+            fail = (b.failure + sum(b.dropped.values())) if b else 0
+            models.append({
+                "name": n,
+                "version": VERSION,
+                "last_inference": 0,
+                "inference_count": b.inferences if b else 0,
+                "execution_count": int(sm.get("exec_count", sm.get("batches", 0)) or 0) if isinstance(sm, dict) else 0,
+                "inference_stats": {
+                    "success": {"count": b.success if b else 0, "ns": int((b.request_us if b else 0) * 1000)},
+                    "fail": {"count": fail, "ns": 0},
+                    "queue": {"count": 0, "ns": 0},
+                    "compute_input": {"count": 0, "ns": 0},
+                    "compute_infer": {"count": 0, "ns": 0},
+                    "compute_output": {"count": 0, "ns": 0},
+                },
+                "batch_stats": [],
+                "gpuloom": {"books": b.as_dict() if b else {}, "runtime": sm},
+            })
+        return {"model_stats": models}

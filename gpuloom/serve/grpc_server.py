@@ -1,0 +1,179 @@
+"""The ``inference.GRPCInferenceService`` front end (grpc.aio), on the generated stubs tritonclient ships.
+
+Implements ServerLive/Ready/Metadata, ModelReady/Metadata/Config/Statistics, ModelInfer (raw input
+contents or typed ``contents``; outputs returned as raw output contents, as Triton does), and the
+repository RPCs. Protocol errors map to gRPC codes: 400 -> INVALID_ARGUMENT, 404 -> NOT_FOUND,
+429 -> RESOURCE_EXHAUSTED, 503 -> UNAVAILABLE, 504 -> DEADLINE_EXCEEDED, 5xx -> INTERNAL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+import numpy as np
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2 as mc
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pbg
+
+from .core import EXTENSIONS, SERVER_NAME, ServeCore, model_config_json, model_metadata
+from .protocol import ProtocolError, from_raw, numpy_dtype, v2_dtype
+
+log = logging.getLogger("gpuloom.serve.grpc")
+
+__all__ = ["InferenceServicer", "add_servicer"]
+
+_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    404: grpc.StatusCode.NOT_FOUND,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+
+# InferTensorContents field per numpy kind (typed, non-raw inputs)
+_CONTENTS = {
+    "bool": "bool_contents",
+    "int8": "int_contents", "int16": "int_contents", "int32": "int_contents", "int64": "int64_contents",
+    "uint8": "uint_contents", "uint16": "uint_contents", "uint32": "uint_contents", "uint64": "uint64_contents",
+    "float32": "fp32_contents", "float64": "fp64_contents",
+}
+
+
+async def _abort(context, e: ProtocolError):
+    code = _CODES.get(e.status, grpc.StatusCode.INTERNAL if e.status >= 500 else grpc.StatusCode.INVALID_ARGUMENT)
+    await context.abort(code, str(e))
+
+
+def _param_value(p: pb.InferParameter):
+    which = p.WhichOneof("parameter_choice")
+    return getattr(p, which) if which else None
+
+
+class InferenceServicer(pbg.GRPCInferenceServiceServicer):
+    def __init__(self, core: ServeCore):
+        self.core = core
+
+    async def ServerLive(self, request, context):
+        return pb.ServerLiveResponse(live=self.core.service.is_live())
+
+    async def ServerReady(self, request, context):
+        return pb.ServerReadyResponse(ready=self.core.server_ready())
+
+    async def ModelReady(self, request, context):
+        return pb.ModelReadyResponse(ready=self.core.ready(request.name, request.version))
+
+    async def ServerMetadata(self, request, context):
+        from .. import __version__
+
+        return pb.ServerMetadataResponse(name=SERVER_NAME, version=__version__, extensions=EXTENSIONS)
+
+    async def ModelMetadata(self, request, context):
+        try:
+            md = model_metadata(self.core.config(request.name, request.version))
+        except ProtocolError as e:
+            await _abort(context, e)
+        return pb.ModelMetadataResponse(
+            name=md["name"], versions=md["versions"], platform=md["platform"],
+            inputs=[pb.ModelMetadataResponse.TensorMetadata(**t) for t in md["inputs"]],
+            outputs=[pb.ModelMetadataResponse.TensorMetadata(**t) for t in md["outputs"]],
+        )
+
+    async def ModelConfig(self, request, context):
+        try:
+            cfg = model_config_json(self.core.config(request.name, request.version))
+        except ProtocolError as e:
+            await _abort(context, e)
+        msg = mc.ModelConfig()
+        json_format.ParseDict(cfg, msg, ignore_unknown_fields=True)
+        return pb.ModelConfigResponse(config=msg)
+
+    async def ModelStatistics(self, request, context):
+        try:
+            st = self.core.statistics(request.name or None, request.version or None)
+        except ProtocolError as e:
+            await _abort(context, e)
+        for m in st["model_stats"]:
+            m.pop("gpuloom", None)
+        msg = pb.ModelStatisticsResponse()
+        json_format.ParseDict(st, msg, ignore_unknown_fields=True)
+        return msg
+
+    async def RepositoryIndex(self, request, context):
+        idx = self.core.repository_index()
+        return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**m) for m in idx])
+
+    async def RepositoryModelLoad(self, request, context):
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self.core.load, request.model_name)
+        except ProtocolError as e:
+            await _abort(context, e)
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request, context):
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self.core.unload, request.model_name)
+        except ProtocolError as e:
+            await _abort(context, e)
+        return pb.RepositoryModelUnloadResponse()
+
+    async def ModelInfer(self, request, context):
+        try:
+            inputs = self._inputs(request)
+            params = {k: _param_value(v) for k, v in request.parameters.items()}
+            deadline = None
+            t = params.get("timeout")
+            if isinstance(t, (int, float)) and t > 0:
+                deadline = t / 1000.0  # microseconds -> ms
+            remaining = context.time_remaining()
+            if remaining is not None:  # the client's gRPC deadline, seconds
+                deadline = min(deadline or float("inf"), remaining * 1000.0)
+            if request.outputs:
+                have = {t.name for t in self.core.config(request.model_name, request.model_version).outputs}
+                unknown = [o.name for o in request.outputs if o.name not in have]
+                if unknown:
+                    raise ProtocolError(f"model {request.model_name!r} has no outputs {unknown}; it has {sorted(have)}")
+            outputs = await self.core.infer(request.model_name, request.model_version, inputs, deadline)
+        except ProtocolError as e:
+            await _abort(context, e)
+        names = [o.name for o in request.outputs] or list(outputs)
+        resp = pb.ModelInferResponse(model_name=request.model_name, model_version="1", id=request.id)
+        for n in names:
+            arr = np.ascontiguousarray(outputs[n])
+            resp.outputs.append(pb.ModelInferResponse.InferOutputTensor(name=n, datatype=v2_dtype(arr.dtype.name), shape=list(arr.shape)))
+            resp.raw_output_contents.append(arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes())
+        return resp
+
+    @staticmethod
+    def _inputs(request) -> dict[str, np.ndarray]:
+        raw = request.raw_input_contents
+        if raw and len(raw) != len(request.inputs):
+            raise ProtocolError(f"{len(request.inputs)} inputs but {len(raw)} raw_input_contents; expected one per input")
+        out: dict[str, np.ndarray] = {}
+        for i, t in enumerate(request.inputs):
+            where = f"input {t.name!r}"
+            if t.name in out:
+                raise ProtocolError(f"{where} appears twice")
+            dtype = numpy_dtype(t.datatype)
+            shape = tuple(int(d) for d in t.shape)
+            if any(d < 0 for d in shape):
+                raise ProtocolError(f"{where}: shape must be non-negative, found {list(shape)}")
+            if raw:
+                out[t.name] = from_raw(raw[i], dtype, shape, where)
+            else:
+                field = _CONTENTS.get(dtype.name)
+                if field is None:
+                    raise ProtocolError(f"{where}: {t.datatype} must be sent in raw_input_contents")
+                vals = getattr(t.contents, field)
+                n = int(np.prod(shape))
+                if len(vals) != n:
+                    raise ProtocolError(f"{where}: shape {list(shape)} needs {n} elements, contents has {len(vals)}")
+                out[t.name] = np.asarray(vals, dtype=dtype).reshape(shape)
+        return out
+
+
+def add_servicer(server: grpc.aio.Server, core: ServeCore) -> None:
+    pbg.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(core), server)

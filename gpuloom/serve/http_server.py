@@ -1,0 +1,187 @@
+"""The KServe v2 HTTP/REST front end (aiohttp), as Triton serves it, so ``tritonclient.http`` works.
+
+Routes (``{v}`` part optional: ``/v2/models/{m}/versions/{v}/...``)::
+
+    GET  /v2/health/live | /v2/health/ready | /v2                 server health and metadata
+    GET  /v2/models/{m} | .../ready | .../config | .../stats      model metadata, readiness, config, statistics
+    POST /v2/models/{m}/infer                                      JSON tensors or binary tensor data
+    GET  /v2/models/stats                                          all models' statistics
+    POST /v2/repository/index | /v2/repository/models/{m}/load | .../unload
+    GET  /metrics  (Prometheus text)        GET /openapi.json  (this API, OpenAPI 3.0)
+
+Errors are ``{"error": message}`` with a 4xx for anything the client got wrong, 429/503 with
+``Retry-After`` under overload or shutdown, 504 when the deadline passed in the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from aiohttp import web
+
+from .core import EXTENSIONS, SERVER_NAME, ServeCore, model_config_json, model_metadata
+from .protocol import ProtocolError, deadline_ms_from_parameters, encode_infer_response, parse_infer_body
+
+log = logging.getLogger("gpuloom.serve.http")
+
+__all__ = ["build_app"]
+
+HEADER_LEN = "Inference-Header-Content-Length"
+DEADLINE_HEADER = "X-Gpuloom-Deadline-Ms"
+
+
+def _error(message: str, status: int, retry_after_s: float | None = None) -> web.Response:
+    headers = {}
+    if retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, int(round(retry_after_s + 0.499))))
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler):
+    try:
+        return await handler(request)
+    except ProtocolError as e:
+        return _error(str(e), e.status, e.retry_after_s)
+    except web.HTTPRequestEntityTooLarge as e:
+        return _error(f"request body too large: {e.text}; the limit is {request.app['core'].max_body_bytes} bytes", 413)
+    except web.HTTPException as e:
+        if e.status >= 400:
+            return _error(e.reason or e.text or "error", e.status)
+        raise
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # a bug of ours: answer, log, never drop the connection
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return _error(f"internal error: {type(e).__name__}: {e}", 500)
+
+
+def _version(request: web.Request) -> str | None:
+    return request.match_info.get("version")
+
+
+def build_app(core: ServeCore) -> web.Application:
+    """The aiohttp application serving ``core`` (bodies over ``core.max_body_bytes`` get 413)."""
+    app = web.Application(middlewares=[_errors], client_max_size=core.max_body_bytes)
+    app["core"] = core
+    r = web.RouteTableDef()
+
+    @r.get("/v2/health/live")
+    async def live(request):
+        ok = core.service.is_live()
+        return web.json_response({"live": ok}, status=200 if ok else 503)
+
+    @r.get("/v2/health/ready")
+    async def ready(request):
+        ok = core.server_ready()
+        return web.json_response({"ready": ok}, status=200 if ok else 503)
+
+    @r.get("/v2")
+    async def server_metadata(request):
+        from .. import __version__
+
+        return web.json_response({"name": SERVER_NAME, "version": __version__, "extensions": EXTENSIONS})
+
+    @r.get("/v2/models/stats")
+    async def all_stats(request):
+        return web.json_response(core.statistics())
+
+    for suffix in ("", "/versions/{version}"):
+        base = "/v2/models/{model}" + suffix
+
+        @r.get(base)
+        async def metadata(request):
+            return web.json_response(model_metadata(core.config(request.match_info["model"], _version(request))))
+
+        @r.get(base + "/ready")
+        async def model_ready(request):
+            name = request.match_info["model"]
+            core.config(name, _version(request))  # 404 for unknown
+            ok = core.ready(name, _version(request))
+            return web.json_response({"name": name, "ready": ok}, status=200 if ok else 400)
+
+        @r.get(base + "/config")
+        async def config(request):
+            return web.json_response(model_config_json(core.config(request.match_info["model"], _version(request))))
+
+        @r.get(base + "/stats")
+        async def stats(request):
+            return web.json_response(core.statistics(request.match_info["model"], _version(request)))
+
+        @r.post(base + "/infer")
+        async def infer(request):
+            name = request.match_info["model"]
+            version = _version(request)
+            if request.headers.get("Content-Encoding", "identity") not in ("identity", ""):
+                raise ProtocolError(f"Content-Encoding {request.headers['Content-Encoding']!r} is not supported; send identity", 415)
+            body = await request.read()
+            req = parse_infer_body(body, request.headers.get(HEADER_LEN))
+            deadline = deadline_ms_from_parameters(req.parameters, request.headers.get(DEADLINE_HEADER))
+            if req.outputs is not None:  # check requested names before spending compute
+                config = core.config(name, version)
+                have = {t.name for t in config.outputs}
+                unknown = [n for n in req.outputs if n not in have]
+                if unknown:
+                    raise ProtocolError(f"model {name!r} has no outputs {unknown}; it has {sorted(have)}", 400)
+            outputs = await core.infer(name, version, req.inputs, deadline)
+            payload, hlen = encode_infer_response(name, "1", outputs, request=req)
+            headers = {"Content-Type": "application/octet-stream" if hlen is not None else "application/json"}
+            if hlen is not None:
+                headers[HEADER_LEN] = str(hlen)
+            return web.Response(body=payload, headers=headers)
+
+    @r.post("/v2/repository/index")
+    async def repo_index(request):
+        await _json_body(request, optional=True)
+        return web.json_response(core.repository_index())
+
+    @r.post("/v2/repository/models/{model}/load")
+    async def repo_load(request):
+        body = await _json_body(request, optional=True)
+        if body and any(k in (body.get("parameters") or {}) for k in ("config",)) or (
+            body and any(k.startswith("file:") for k in (body.get("parameters") or {}))
+        ):
+            raise ProtocolError("loading with an override config or files is not supported; edit the repository", 400)
+        await asyncio.get_running_loop().run_in_executor(None, core.load, request.match_info["model"])
+        return web.json_response({})
+
+    @r.post("/v2/repository/models/{model}/unload")
+    async def repo_unload(request):
+        await _json_body(request, optional=True)
+        await asyncio.get_running_loop().run_in_executor(None, core.unload, request.match_info["model"])
+        return web.json_response({})
+
+    @r.get("/metrics")
+    async def metrics(request):
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        text = generate_latest(core.registry)
+        return web.Response(body=text, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    @r.get("/openapi.json")
+    async def openapi(request):
+        from .openapi import openapi_document
+
+        return web.json_response(openapi_document())
+
+    app.add_routes(r)
+    return app
+
+
+async def _json_body(request: web.Request, *, optional: bool) -> dict:
+    raw = await request.read()
+    if not raw.strip():
+        if optional:
+            return {}
+        raise ProtocolError("request body must be a JSON object", 400)
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ProtocolError(f"request body is not valid JSON: {e}", 400) from None
+    if not isinstance(body, dict):
+        raise ProtocolError(f"request body must be a JSON object, found {type(body).__name__}", 400)
+    if "parameters" in body and not isinstance(body["parameters"], dict):
+        raise ProtocolError("'parameters' must be an object", 400)
+    return body

@@ -1,0 +1,229 @@
+"""Server-side books and the ``/metrics`` Prometheus exposition.
+
+:class:`Books` counts every request the server saw, per model, by outcome. The invariant the tests check::
+
+    accepted == success + failure + dropped        (once nothing is in flight)
+
+``rejected`` requests (refused before the runtime took them: bad input, overload, not ready) are never
+accepted. The Prometheus registry is per server (no global state), with Triton's ``nv_inference_*``
+names where Triton has one and ``gpuloom_*`` for the rest. Latency histograms, batch sizes, goodput,
+SLO attainment and partitions come from the runtime's ``InferenceService.stats()`` at scrape time, so
+the server never keeps a second copy of what the runtime measures.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+__all__ = ["Books", "ModelBooks", "build_registry"]
+
+
+@dataclass
+class ModelBooks:
+    accepted: int = 0  # requests the runtime took (submit returned a future)
+    in_flight: int = 0
+    success: int = 0
+    failure: int = 0  # the model raised (ModelFailed) or another runtime error
+    dropped: Counter = field(default_factory=Counter)  # reason -> n (deadline, shutdown, overload, ...)
+    rejected: Counter = field(default_factory=Counter)  # reason -> n (invalid, overloaded, not_ready, unknown)
+    inferences: int = 0  # samples (rows) served successfully
+    request_us: float = 0.0  # summed end-to-end time of successful requests, microseconds
+
+    def balanced(self) -> bool:
+        return self.accepted == self.success + self.failure + sum(self.dropped.values()) + self.in_flight
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "accepted": self.accepted,
+            "in_flight": self.in_flight,
+            "success": self.success,
+            "failure": self.failure,
+            "dropped": dict(self.dropped),
+            "rejected": dict(self.rejected),
+            "inferences": self.inferences,
+        }
+
+
+class Books:
+    """Thread-safe per-model outcome counts (the HTTP and gRPC front ends share one)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._models: dict[str, ModelBooks] = defaultdict(ModelBooks)
+
+    def reject(self, model: str, reason: str) -> None:
+        with self._lock:
+            self._models[model].rejected[reason] += 1
+
+    def accept(self, model: str) -> None:
+        with self._lock:
+            b = self._models[model]
+            b.accepted += 1
+            b.in_flight += 1
+
+    def finish(self, model: str, outcome: str, *, reason: str = "", rows: int = 0, us: float = 0.0) -> None:
+        """outcome: 'success' | 'failure' | 'dropped' (with reason)."""
+        with self._lock:
+            b = self._models[model]
+            b.in_flight -= 1
+            if outcome == "success":
+                b.success += 1
+                b.inferences += rows
+                b.request_us += us
+            elif outcome == "failure":
+                b.failure += 1
+            else:
+                b.dropped[reason or "unknown"] += 1
+
+    def snapshot(self) -> dict[str, ModelBooks]:
+        with self._lock:
+            return {
+                k: ModelBooks(v.accepted, v.in_flight, v.success, v.failure, Counter(v.dropped), Counter(v.rejected), v.inferences, v.request_us)
+                for k, v in self._models.items()
+            }
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return sum(b.in_flight for b in self._models.values())
+
+
+def _num(d: Any, *keys: str, default: float | None = None) -> float | None:
+    """The first numeric value among ``keys`` of mapping ``d`` (the runtime's stats are read leniently)."""
+    if not isinstance(d, dict):
+        return default
+    for k in keys:
+        v = d.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
+    return default
+
+
+def _histogram_parts(h: Any) -> tuple[list[tuple[float, float]], float, float] | None:
+    """A runtime histogram -> (cumulative [(le, count)], sum, count). Accepts {'buckets': {le: n}|[[le, n]],
+    'sum', 'count'} (cumulative or not) or a plain list of observations."""
+    if isinstance(h, (list, tuple)) and all(isinstance(x, (int, float)) for x in h):
+        obs = sorted(float(x) for x in h)
+        bounds = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000]
+        buckets = [(b, float(sum(1 for x in obs if x <= b))) for b in bounds]
+        return buckets, float(sum(obs)), float(len(obs))
+    if not isinstance(h, dict):
+        return None
+    raw = h.get("buckets")
+    items: list[tuple[float, float]] = []
+    if isinstance(raw, dict):
+        items = [(float(k), float(v)) for k, v in raw.items() if k not in ("+Inf", "inf")]
+    elif isinstance(raw, (list, tuple)):
+        items = [(float(a), float(b)) for a, b in raw]
+    items.sort()
+    count = _num(h, "count", default=None)
+    total = _num(h, "sum", default=0.0) or 0.0
+    # make cumulative if it is not already
+    if items and any(items[i][1] > items[i + 1][1] for i in range(len(items) - 1)) or (
+        items and count is not None and sum(c for _, c in items) <= count and items[-1][1] < count
+    ):
+        acc, cum = 0.0, []
+        for le, c in items:
+            acc += c
+            cum.append((le, acc))
+        items = cum
+    if count is None:
+        count = items[-1][1] if items else 0.0
+    return items, total, count
+
+
+def build_registry(books: Books, stats: Callable[[], dict], model_names: Callable[[], list[str]]):
+    """A fresh prometheus CollectorRegistry exposing ``books`` and ``stats()`` at scrape time."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+
+    class CounterMetricFamily(Metric):
+        """A counter exposed under its exact name (Triton's ``nv_inference_*`` have no ``_total`` suffix)."""
+
+        def __init__(self, name: str, documentation: str, labels: list[str]):
+            super().__init__(name, documentation, "counter")
+            self._labels = labels
+
+        def add_metric(self, values: list[str], value: float) -> None:
+            self.add_sample(self.name, dict(zip(self._labels, values)), float(value))
+
+    class _Collector:
+        def collect(self):
+            snap = books.snapshot()
+            try:
+                st = stats() or {}
+            except Exception:  # a scrape must never fail because the runtime is shutting down
+                st = {}
+            st_models = st.get("models", {}) if isinstance(st.get("models"), dict) else {}
+            names = sorted(set(snap) | set(model_names()) | set(st_models))
+            succ = CounterMetricFamily("nv_inference_request_success", "Number of successful inference requests", labels=["model", "version"])
+            fail = CounterMetricFamily("nv_inference_request_failure", "Number of failed inference requests (model errors, drops, timeouts)", labels=["model", "version", "reason"])
+            count = CounterMetricFamily("nv_inference_count", "Number of inferences performed (samples, not requests)", labels=["model", "version"])
+            execc = CounterMetricFamily("nv_inference_exec_count", "Number of model executions (batches) performed", labels=["model", "version"])
+            req_us = CounterMetricFamily("nv_inference_request_duration_us", "Cumulative end-to-end time of successful requests, microseconds", labels=["model", "version"])
+            q_us = CounterMetricFamily("nv_inference_queue_duration_us", "Cumulative time requests waited in queue, microseconds", labels=["model", "version"])
+            c_us = CounterMetricFamily("nv_inference_compute_infer_duration_us", "Cumulative compute time, microseconds", labels=["model", "version"])
+            pend = GaugeMetricFamily("nv_inference_pending_request_count", "Requests accepted and not yet answered", labels=["model", "version"])
+            acc = CounterMetricFamily("gpuloom_request_accepted", "Requests the runtime accepted (success + failure + dropped + pending)", labels=["model"])
+            drop = CounterMetricFamily("gpuloom_request_dropped", "Accepted requests answered without a result, by reason", labels=["model", "reason"])
+            rej = CounterMetricFamily("gpuloom_request_rejected", "Requests refused before the runtime took them, by reason", labels=["model", "reason"])
+            good = GaugeMetricFamily("gpuloom_goodput", "Requests per second served within their deadline", labels=["model"])
+            slo = GaugeMetricFamily("gpuloom_slo_attainment", "Fraction of finished requests served within their deadline", labels=["model"])
+            qh = HistogramMetricFamily("gpuloom_queue_duration_ms", "Queueing time, ms", labels=["model"])
+            ch = HistogramMetricFamily("gpuloom_compute_duration_ms", "Compute time per batch, ms", labels=["model"])
+            bh = HistogramMetricFamily("gpuloom_batch_size", "Executed batch sizes", labels=["model"])
+            for m in names:
+                b = snap.get(m)
+                sm = st_models.get(m, {}) if isinstance(st_models.get(m), dict) else {}
+                if b is not None:
+                    succ.add_metric([m, "1"], b.success)
+                    fail.add_metric([m, "1", "model_error"], b.failure)
+                    for r, n in b.dropped.items():
+                        fail.add_metric([m, "1", r], n)
+                        drop.add_metric([m, r], n)
+                    for r, n in b.rejected.items():
+                        rej.add_metric([m, r], n)
+                    count.add_metric([m, "1"], b.inferences)
+                    req_us.add_metric([m, "1"], b.request_us)
+                    acc.add_metric([m], b.accepted)
+                    pend.add_metric([m, "1"], b.in_flight)
+                ex = _num(sm, "exec_count", "batches")
+                if ex is not None:
+                    execc.add_metric([m, "1"], ex)
+                for fam, key, hist in ((q_us, "queue_ms", qh), (c_us, "compute_ms", ch)):
+                    parts = _histogram_parts(sm.get(key))
+                    if parts is not None:
+                        buckets, total, n = parts
+                        fam.add_metric([m, "1"], total * 1000.0)
+                        hist.add_metric([m], [(str(le), c) for le, c in buckets] + [("+Inf", n)], total)
+                bparts = _histogram_parts(sm.get("batch_sizes", sm.get("batch_size")))
+                if bparts is not None:
+                    buckets, total, n = bparts
+                    bh.add_metric([m], [(str(le), c) for le, c in buckets] + [("+Inf", n)], total)
+                g = _num(sm, "goodput", "goodput_rps")
+                if g is not None:
+                    good.add_metric([m], g)
+                a = _num(sm, "slo_attainment", "attainment")
+                if a is not None:
+                    slo.add_metric([m], a)
+            yield from (succ, fail, count, execc, req_us, q_us, c_us, pend, acc, drop, rej, good, slo, qh, ch, bh)
+            sms = GaugeMetricFamily("gpuloom_partition_sms", "SMs in each partition", labels=["partition"])
+            busy = GaugeMetricFamily("gpuloom_partition_busy_ratio", "Fraction of time each partition was busy", labels=["partition"])
+            parts = st.get("partitions", {})
+            items = parts.items() if isinstance(parts, dict) else enumerate(parts if isinstance(parts, list) else [])
+            for pid, p in items:
+                pid = str(p.get("id", pid)) if isinstance(p, dict) else str(pid)
+                v = _num(p, "sms")
+                if v is not None:
+                    sms.add_metric([pid], v)
+                v = _num(p, "busy_ratio")
+                if v is not None:
+                    busy.add_metric([pid], v)
+            yield sms
+            yield busy
+
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(_Collector())
+    return reg

@@ -1,0 +1,308 @@
+"""KServe v2 / Open Inference Protocol tensors, as Triton speaks them (JSON and binary data).
+
+Pure numpy: parses an HTTP infer body (JSON tensors, or Triton's binary tensor data extension with
+``Inference-Header-Content-Length``) into ``{name: ndarray}``, checks it against a model's input specs,
+and encodes result arrays back (JSON ``data`` or binary, per output). Every user mistake raises
+:class:`ProtocolError` carrying the HTTP status (4xx) and a message saying what was expected and found.
+
+The gRPC server reuses :func:`check_inputs`, :func:`from_raw` and the dtype tables.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+__all__ = [
+    "ProtocolError",
+    "InferRequest",
+    "V2_TO_NUMPY",
+    "NUMPY_TO_V2",
+    "v2_dtype",
+    "numpy_dtype",
+    "parse_infer_body",
+    "check_inputs",
+    "from_raw",
+    "encode_infer_response",
+    "deadline_ms_from_parameters",
+]
+
+# KServe v2 datatype names <-> numpy dtype names. BYTES (variable-length strings) is not served:
+# gpuloom models take numeric tensors only.
+V2_TO_NUMPY: dict[str, str] = {
+    "BOOL": "bool",
+    "UINT8": "uint8",
+    "UINT16": "uint16",
+    "UINT32": "uint32",
+    "UINT64": "uint64",
+    "INT8": "int8",
+    "INT16": "int16",
+    "INT32": "int32",
+    "INT64": "int64",
+    "FP16": "float16",
+    "FP32": "float32",
+    "FP64": "float64",
+}
+NUMPY_TO_V2: dict[str, str] = {v: k for k, v in V2_TO_NUMPY.items()}
+
+
+class ProtocolError(ValueError):
+    """A request the protocol layer refuses; ``status`` is the HTTP status code to answer (4xx/5xx)."""
+
+    def __init__(self, message: str, status: int = 400, *, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.status = status
+        self.retry_after_s = retry_after_s
+
+
+def v2_dtype(numpy_name: str) -> str:
+    """``"float32"`` -> ``"FP32"``; ValueError for a dtype the protocol has no name for."""
+    try:
+        return NUMPY_TO_V2[np.dtype(numpy_name).name]
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"dtype {numpy_name!r} has no KServe v2 name; expected one of {sorted(NUMPY_TO_V2)}") from e
+
+
+def numpy_dtype(v2_name: Any) -> np.dtype:
+    """``"FP32"`` -> ``np.dtype('float32')``; ProtocolError (400) for anything else."""
+    if not isinstance(v2_name, str) or v2_name not in V2_TO_NUMPY:
+        raise ProtocolError(f"unsupported datatype {v2_name!r}; expected one of {sorted(V2_TO_NUMPY)}")
+    return np.dtype(V2_TO_NUMPY[v2_name])
+
+
+@dataclass
+class InferRequest:
+    """A parsed infer request: tensors by name plus what the client asked of the response."""
+
+    inputs: dict[str, np.ndarray]
+    id: str | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    # requested outputs: name -> wants binary (None: all outputs, binary per ``binary_data_output``)
+    outputs: dict[str, bool] | None = None
+
+
+def _shape(value: Any, where: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value):
+        raise ProtocolError(f"{where}: 'shape' must be a list of non-negative integers, found {value!r}")
+    return tuple(value)
+
+
+def _flatten(data: Any) -> list:
+    """Nested JSON lists -> one flat list (the protocol allows both row-major flat and nested)."""
+    if not isinstance(data, list):
+        return [data]
+    out: list = []
+    stack = [iter(data)]
+    while stack:
+        try:
+            item = next(stack[-1])
+        except StopIteration:
+            stack.pop()
+            continue
+        if isinstance(item, list):
+            stack.append(iter(item))
+        else:
+            out.append(item)
+    return out
+
+
+def _json_tensor(t: Mapping[str, Any], dtype: np.dtype, shape: tuple[int, ...], where: str) -> np.ndarray:
+    flat = _flatten(t["data"])
+    n = math.prod(shape)
+    if len(flat) != n:
+        raise ProtocolError(f"{where}: shape {list(shape)} needs {n} elements, 'data' has {len(flat)}")
+    kind = dtype.kind
+    for x in flat[:1] + flat[-1:]:  # cheap spot check; numpy below catches the rest
+        ok = isinstance(x, bool) if kind == "b" else (isinstance(x, (int, float)) and not isinstance(x, bool))
+        if kind in "iu" and isinstance(x, float):
+            ok = False
+        if not ok:
+            raise ProtocolError(f"{where}: element {x!r} is not a valid {NUMPY_TO_V2[dtype.name]} value")
+    try:
+        arr = np.asarray(flat, dtype=dtype)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ProtocolError(f"{where}: 'data' is not all {NUMPY_TO_V2[dtype.name]} values ({e})") from None
+    return arr.reshape(shape)
+
+
+def from_raw(raw: bytes | memoryview, dtype: np.dtype, shape: tuple[int, ...], where: str) -> np.ndarray:
+    """Raw little-endian row-major bytes -> array (copy, writable); ProtocolError on a size mismatch."""
+    need = math.prod(shape) * dtype.itemsize
+    if len(raw) != need:
+        raise ProtocolError(
+            f"{where}: shape {list(shape)} of {NUMPY_TO_V2.get(dtype.name, dtype.name)} needs {need} bytes, found {len(raw)}"
+        )
+    return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype, copy=True).reshape(shape)
+
+
+def parse_infer_body(body: bytes, header_length: str | None) -> InferRequest:
+    """Parse an HTTP ``/infer`` body; ``header_length`` is the ``Inference-Header-Content-Length`` header.
+
+    With the header, the first ``header_length`` bytes are the JSON request and the rest are the inputs'
+    binary data, in input order, each ``parameters.binary_data_size`` long.
+    """
+    if header_length is not None:
+        try:
+            hlen = int(header_length)
+        except ValueError:
+            raise ProtocolError(f"Inference-Header-Content-Length must be an integer, found {header_length!r}") from None
+        if not 0 <= hlen <= len(body):
+            raise ProtocolError(f"Inference-Header-Content-Length {hlen} is outside the body of {len(body)} bytes")
+        head, binary = body[:hlen], memoryview(body)[hlen:]
+    else:
+        head, binary = body, memoryview(b"")
+    try:
+        req = json.loads(head)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ProtocolError(f"request body is not valid JSON: {e}") from None
+    if not isinstance(req, dict):
+        raise ProtocolError(f"request must be a JSON object with 'inputs', found {type(req).__name__}")
+    params = req.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise ProtocolError("'parameters' must be an object")
+    rid = req.get("id")
+    if rid is not None and not isinstance(rid, str):
+        raise ProtocolError(f"'id' must be a string, found {rid!r}")
+    inputs = req.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise ProtocolError("request needs 'inputs': a non-empty list of tensors {name, shape, datatype, data}")
+    tensors: dict[str, np.ndarray] = {}
+    offset = 0
+    for i, t in enumerate(inputs):
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+            raise ProtocolError(f"inputs[{i}] must be an object with a string 'name'")
+        name = t["name"]
+        where = f"input {name!r}"
+        if name in tensors:
+            raise ProtocolError(f"{where} appears twice")
+        dtype = numpy_dtype(t.get("datatype"))
+        shape = _shape(t.get("shape"), where)
+        tp = t.get("parameters") or {}
+        if not isinstance(tp, dict):
+            raise ProtocolError(f"{where}: 'parameters' must be an object")
+        size = tp.get("binary_data_size")
+        if size is not None:
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise ProtocolError(f"{where}: binary_data_size must be a non-negative integer, found {size!r}")
+            if offset + size > len(binary):
+                raise ProtocolError(
+                    f"{where}: binary_data_size {size} at offset {offset} runs past the {len(binary)} bytes of binary data"
+                )
+            tensors[name] = from_raw(binary[offset : offset + size], dtype, shape, where)
+            offset += size
+        elif "data" in t:
+            tensors[name] = _json_tensor(t, dtype, shape, where)
+        else:
+            raise ProtocolError(f"{where} has neither 'data' nor parameters.binary_data_size")
+    if offset != len(binary):
+        raise ProtocolError(f"{len(binary) - offset} bytes of binary data were not claimed by any input's binary_data_size")
+    outputs = None
+    default_binary = bool(params.get("binary_data_output", False))
+    if req.get("outputs") is not None:
+        outs = req["outputs"]
+        if not isinstance(outs, list):
+            raise ProtocolError("'outputs' must be a list of {name, parameters}")
+        outputs = {}
+        for j, o in enumerate(outs):
+            if not isinstance(o, dict) or not isinstance(o.get("name"), str):
+                raise ProtocolError(f"outputs[{j}] must be an object with a string 'name'")
+            op = o.get("parameters") or {}
+            if not isinstance(op, dict):
+                raise ProtocolError(f"output {o['name']!r}: 'parameters' must be an object")
+            outputs[o["name"]] = bool(op.get("binary_data", default_binary))
+    return InferRequest(inputs=tensors, id=rid, parameters=params, outputs=outputs)
+
+
+def check_inputs(config: Any, inputs: Mapping[str, np.ndarray]) -> None:
+    """Check names, dtypes and per-sample shapes against ``config.inputs`` (TensorSpec: name, shape, dtype).
+
+    Shapes are ``[batch, *spec.shape]`` with ``1 <= batch <= config.max_batch`` (a ``-1`` in the spec
+    matches any size). Raises ProtocolError (400) saying what was expected.
+    """
+    want = {s.name: s for s in config.inputs}
+    missing = [n for n in want if n not in inputs]
+    extra = [n for n in inputs if n not in want]
+    if missing or extra:
+        raise ProtocolError(
+            f"model {config.name!r} expects inputs {sorted(want)}; missing {missing}, unexpected {extra}"
+        )
+    batch = None
+    for name, arr in inputs.items():
+        spec = want[name]
+        expected = ["b", *spec.shape]
+        if np.dtype(spec.dtype) != arr.dtype:
+            raise ProtocolError(
+                f"input {name!r} of model {config.name!r}: expected datatype {v2_dtype(spec.dtype)}, found {NUMPY_TO_V2.get(arr.dtype.name, arr.dtype.name)}"
+            )
+        ok = arr.ndim == len(spec.shape) + 1 and all(w == -1 or w == f for w, f in zip(spec.shape, arr.shape[1:]))
+        if not ok:
+            raise ProtocolError(
+                f"input {name!r} of model {config.name!r}: expected shape {expected} (b = batch, 1..{config.max_batch}), found {list(arr.shape)}"
+            )
+        if not 1 <= arr.shape[0] <= config.max_batch:
+            raise ProtocolError(
+                f"input {name!r} of model {config.name!r}: batch {arr.shape[0]} outside 1..{config.max_batch} (max_batch)"
+            )
+        if batch is not None and arr.shape[0] != batch:
+            raise ProtocolError(f"model {config.name!r}: inputs disagree on the batch size ({batch} vs {arr.shape[0]})")
+        batch = arr.shape[0]
+
+
+def deadline_ms_from_parameters(params: Mapping[str, Any], header_ms: str | None = None) -> float | None:
+    """The request's deadline in ms from now: Triton's ``timeout`` parameter (microseconds) or the
+    ``X-Gpuloom-Deadline-Ms`` header; None -> the model's SLO applies."""
+    if header_ms is not None:
+        try:
+            v = float(header_ms)
+        except ValueError:
+            raise ProtocolError(f"X-Gpuloom-Deadline-Ms must be a number of milliseconds, found {header_ms!r}") from None
+        if not (v > 0 and math.isfinite(v)):
+            raise ProtocolError(f"X-Gpuloom-Deadline-Ms must be positive, found {header_ms!r}")
+        return v
+    t = params.get("timeout")
+    if t is None:
+        return None
+    if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
+        raise ProtocolError(f"parameter 'timeout' must be a non-negative number of microseconds, found {t!r}")
+    return None if t == 0 else t / 1000.0
+
+
+def encode_infer_response(
+    model: str,
+    version: str,
+    outputs: Mapping[str, np.ndarray],
+    *,
+    request: InferRequest,
+) -> tuple[bytes, int | None]:
+    """Result arrays -> (body, json_header_length or None). Binary outputs follow the JSON header."""
+    if request.outputs is None:
+        binary_default = bool(request.parameters.get("binary_data_output", False))
+        wanted = {n: binary_default for n in outputs}
+    else:
+        unknown = [n for n in request.outputs if n not in outputs]
+        if unknown:
+            raise ProtocolError(f"model {model!r} has no outputs {unknown}; it has {sorted(outputs)}")
+        wanted = request.outputs
+    out_json = []
+    blobs: list[bytes] = []
+    for name, binary in wanted.items():
+        arr = np.ascontiguousarray(outputs[name])
+        entry: dict[str, Any] = {"name": name, "datatype": v2_dtype(arr.dtype.name), "shape": list(arr.shape)}
+        if binary:
+            raw = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            blobs.append(raw)
+        else:
+            entry["data"] = arr.reshape(-1).tolist()
+        out_json.append(entry)
+    resp: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": out_json}
+    if request.id is not None:
+        resp["id"] = request.id
+    head = json.dumps(resp, allow_nan=True).encode()
+    if not blobs:
+        return head, None
+    return b"".join([head, *blobs]), len(head)

@@ -1,0 +1,193 @@
+"""Run the HTTP and gRPC front ends over one ``InferenceService`` in one asyncio loop.
+
+:class:`Server` can run in the foreground (``serve_forever``, SIGTERM/SIGINT drain and stop: the
+``gpuloom serve`` command) or on a background thread (``start``/``stop``: tests, notebooks).
+
+Shutdown order (graceful): stop accepting new requests (503 + Retry-After), close the runtime with
+``drain=True`` so every queued request is served or answered with a reason, let the transports send
+those answers, then close the listeners.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import signal
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from .core import ServeCore
+
+log = logging.getLogger("gpuloom.serve")
+
+__all__ = ["Server", "ServeError", "ServerAddress"]
+
+
+class ServeError(RuntimeError):
+    """The server could not start (port taken, bad address); the message says what to change."""
+
+
+@dataclass(frozen=True)
+class ServerAddress:
+    host: str
+    http_port: int
+    grpc_port: int | None
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str | None:
+        return None if self.grpc_port is None else f"{self.host}:{self.grpc_port}"
+
+
+class Server:
+    """HTTP (+ optional gRPC) over ``core``. Ports 0 pick free ports (see :attr:`address` after start)."""
+
+    def __init__(self, core: ServeCore, *, host: str = "127.0.0.1", http_port: int = 8000, grpc_port: int | None = 8001,
+                 drain_timeout_s: float = 30.0):
+        self.core = core
+        self.host = host
+        self.http_port = http_port
+        self.grpc_port = grpc_port
+        self.drain_timeout_s = drain_timeout_s
+        self.address: ServerAddress | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stop_event: asyncio.Event | None = None
+        self._stopped = threading.Event()
+        self._runner = None
+        self._grpc = None
+
+    # -- lifecycle inside the loop -----------------------------------------------------------------
+    async def _start(self) -> None:
+        from aiohttp import web
+
+        from .http_server import build_app
+
+        self._stop_event = asyncio.Event()
+        app = build_app(self.core)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=self.drain_timeout_s)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.http_port, reuse_address=True)
+        try:
+            await site.start()
+        except OSError as e:
+            await self._runner.cleanup()
+            raise _bind_error("HTTP", self.host, self.http_port, "--http-port", e) from None
+        http_port = site._server.sockets[0].getsockname()[1]
+        grpc_port = None
+        if self.grpc_port is not None:
+            import grpc
+
+            from .grpc_server import add_servicer
+
+            self._grpc = grpc.aio.server(options=[("grpc.max_receive_message_length", self.core.max_body_bytes),
+                                                  ("grpc.so_reuseport", 0)])
+            add_servicer(self._grpc, self.core)
+            try:
+                grpc_port = self._grpc.add_insecure_port(f"{self.host}:{self.grpc_port}")
+            except RuntimeError as e:
+                await self._runner.cleanup()
+                raise _bind_error("gRPC", self.host, self.grpc_port, "--grpc-port", OSError(errno.EADDRINUSE, str(e))) from None
+            if not grpc_port:
+                await self._runner.cleanup()
+                raise _bind_error("gRPC", self.host, self.grpc_port, "--grpc-port", OSError(errno.EADDRINUSE, "bind failed"))
+            await self._grpc.start()
+        self.address = ServerAddress(self.host, http_port, grpc_port)
+
+    async def _shutdown(self) -> None:
+        core = self.core
+        core.closing = True
+        loop = asyncio.get_running_loop()
+        # drain: the runtime serves or answers every queued request; handlers awaiting them then reply
+        await loop.run_in_executor(None, lambda: core.service.close(drain=True, timeout_s=self.drain_timeout_s))
+        deadline = loop.time() + 5.0
+        while core.books.in_flight() and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        if self._grpc is not None:
+            await self._grpc.stop(grace=2.0)
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _main(self, started: threading.Event | None, box: list) -> None:
+        try:
+            await self._start()
+        except BaseException as e:
+            box.append(e)
+            if started:
+                started.set()
+            return
+        if started:
+            started.set()
+        await self._stop_event.wait()
+        await self._shutdown()
+
+    # -- foreground ----------------------------------------------------------------------------------
+    def serve_forever(self, on_started=None) -> None:
+        """Run until SIGTERM/SIGINT, then drain and stop. Raises ServeError if a port cannot be bound."""
+
+        async def main():
+            box: list = []
+            self._loop = asyncio.get_running_loop()
+            await self._start()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                try:
+                    self._loop.add_signal_handler(sig, self._stop_event.set)
+                except (NotImplementedError, RuntimeError):
+                    pass
+            if on_started:
+                on_started(self.address)
+            await self._stop_event.wait()
+            log.info("stopping: draining queued requests")
+            await self._shutdown()
+            del box
+
+        try:
+            asyncio.run(main())
+        finally:
+            self._stopped.set()
+
+    # -- background thread -----------------------------------------------------------------------------
+    def start(self) -> ServerAddress:
+        """Start on a daemon thread; returns the bound address. Raises ServeError (e.g. port taken)."""
+        started = threading.Event()
+        box: list = []
+
+        def run():
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            try:
+                loop.run_until_complete(self._main(started, box))
+            finally:
+                loop.close()
+                self._stopped.set()
+
+        self._thread = threading.Thread(target=run, name="gpuloom-serve", daemon=True)
+        self._thread.start()
+        started.wait()
+        if box:
+            self._thread.join()
+            raise box[0]
+        return self.address
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Drain and stop (from another thread); returns when the listeners are closed."""
+        if self._loop is not None and self._stop_event is not None and not self._stopped.is_set():
+            self._loop.call_soon_threadsafe(self._stop_event.set)
+        self._stopped.wait(timeout_s)
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+
+def _bind_error(what: str, host: str, port: int, flag: str, e: OSError) -> ServeError:
+    if e.errno == errno.EADDRINUSE or "in use" in str(e).lower() or "bind" in str(e).lower():
+        return ServeError(f"{what} port {port} on {host} is already in use: stop the other server or pick another port with {flag}")
+    return ServeError(f"cannot listen for {what} on {host}:{port}: {e} (check --host)")
+
+
+def make_core(service: Any, repository=None, **kw) -> ServeCore:
+    return ServeCore(service, repository, **kw)

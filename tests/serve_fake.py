@@ -1,0 +1,181 @@
+"""A small stand-in for ``gpuloom.runtime.service.InferenceService`` (same interface) for server tests.
+
+It runs each request's torch module directly on one worker thread (no batching, no policy): enough to
+exercise the server's protocol, books, overload and shutdown paths. If the real module exists its
+types and errors are used, so the server's ``except svc.X`` clauses match; otherwise an equivalent
+stub module is installed under the real name.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import sys
+import threading
+import time
+import types
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def _install_stub():
+    mod = types.ModuleType("gpuloom.runtime.service")
+
+    @dataclass(frozen=True)
+    class TensorSpec:
+        name: str
+        shape: tuple
+        dtype: str
+
+    @dataclass(frozen=True)
+    class ModelConfig:
+        name: str
+        inputs: tuple
+        outputs: tuple
+        max_batch: int = 32
+        slo_ms: float = 100.0
+        weight: float = 1.0
+        rate_hint: float = 50.0
+
+    class ServiceError(Exception):
+        pass
+
+    class UnknownModel(ServiceError):
+        pass
+
+    class ModelNotReady(ServiceError):
+        pass
+
+    class InvalidInput(ServiceError):
+        pass
+
+    class Overloaded(ServiceError):
+        def __init__(self, msg="", retry_after_s=0.1):
+            super().__init__(msg)
+            self.retry_after_s = retry_after_s
+
+    class DeadlineExceeded(ServiceError):
+        pass
+
+    class Dropped(ServiceError):
+        def __init__(self, reason="dropped"):
+            super().__init__(reason)
+            self.reason = reason
+
+    class ModelFailed(ServiceError):
+        pass
+
+    for k, v in list(locals().items()):
+        if isinstance(v, type):
+            v.__module__ = mod.__name__
+            setattr(mod, k, v)
+    sys.modules[mod.__name__] = mod
+    import gpuloom.runtime as rt
+
+    rt.service = mod
+    return mod
+
+
+try:
+    import gpuloom.runtime.service as svc  # noqa: F401
+except ImportError:
+    svc = _install_stub()
+
+
+class FakeService:
+    """Same methods as InferenceService; one worker thread; ``delay_s`` slows every execution."""
+
+    def __init__(self, *, queue_limit: int = 1024, delay_s: float = 0.0, **_):
+        self.queue_limit = queue_limit
+        self.delay_s = delay_s
+        self._models: dict = {}
+        self._pool = cf.ThreadPoolExecutor(1)
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._live = False
+        self._closed = False
+        self._pend_futs: set = set()
+        self.counts: dict = {}
+
+    def start(self):
+        self._live = True
+
+    def is_live(self):
+        return self._live and not self._closed
+
+    def load(self, config, module):
+        with self._lock:
+            self._models[config.name] = (config, module)
+
+    def unload(self, name):
+        with self._lock:
+            if name not in self._models:
+                raise svc.UnknownModel(name)
+            del self._models[name]
+
+    def models(self):
+        with self._lock:
+            return [c for c, _ in self._models.values()]
+
+    def ready(self, name):
+        return name in self._models and not self._closed
+
+    def submit(self, name, inputs, *, deadline_ms=None):
+        import torch
+
+        with self._lock:
+            if self._closed:
+                raise svc.ModelNotReady("closing")
+            if name not in self._models:
+                raise svc.UnknownModel(name)
+            config, module = self._models[name]
+            if self._pending >= self.queue_limit:
+                raise svc.Overloaded(f"{self._pending} queued", retry_after_s=0.2)
+            self._pending += 1
+        deadline = time.monotonic() + (deadline_ms if deadline_ms is not None else config.slo_ms * 100) / 1000.0
+        outer: cf.Future = cf.Future()
+
+        def run():
+            try:
+                if self._closed and not self._drain:
+                    raise svc.Dropped("shutdown")
+                if time.monotonic() > deadline:
+                    raise svc.DeadlineExceeded(f"waited past {deadline_ms} ms")
+                time.sleep(self.delay_s)
+                xs = [torch.from_numpy(inputs[t.name]) for t in config.inputs]
+                try:
+                    with torch.no_grad():
+                        out = module(*xs)
+                except Exception as e:
+                    raise svc.ModelFailed(f"{type(e).__name__}: {e}") from e
+                if isinstance(out, dict):
+                    vals = [out[t.name] for t in config.outputs]
+                elif isinstance(out, (tuple, list)):
+                    vals = list(out)
+                else:
+                    vals = [out]
+                outer.set_result({t.name: v.numpy() for t, v in zip(config.outputs, vals)})
+            except BaseException as e:
+                outer.set_exception(e)
+            finally:
+                with self._lock:
+                    self._pending -= 1
+                    self.counts[name] = self.counts.get(name, 0) + 1
+
+        self._pool.submit(run)
+        return outer
+
+    _drain = True
+
+    def close(self, *, drain=True, timeout_s=30):
+        with self._lock:
+            self._closed = True
+            self._drain = drain
+        self._pool.shutdown(wait=True)
+
+    def stats(self):
+        return {
+            "models": {n: {"success": self.counts.get(n, 0), "queue_ms": [1.0, 2.0], "compute_ms": [0.5],
+                           "batch_sizes": [1, 1], "goodput": 1.0, "slo_attainment": 1.0} for n in self._models},
+            "partitions": [{"id": "0", "sms": 0, "busy_ratio": 0.5}],
+        }
