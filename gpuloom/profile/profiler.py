@@ -414,7 +414,7 @@ def profile_model(spec: ModelSpec, *, batches: Sequence[int] = DEFAULT_BATCHES, 
         predicted = predict_all(kernels, tuple(real_sms), lim, full_latency_ms=full, eps=eps)
     profile = Profile(model=spec.name, input_shapes=spec.input_shapes, dtype=spec.dtype, gpu=info,
                       batches=batches, sms=tuple(real_sms), latency_ms=rows, date=today(), source="measured",
-                      predicted_knee=predicted.get(knee_method, {}))
+                      predicted_knee=predicted.get(knee_method, {}), runner=run_obj.kind)
     return ProfileRun(profile=profile, runner=run_obj.kind, seconds=seconds, setup_seconds=setup, reps=reps,
                       kernels=kernels, predicted=predicted)
 

@@ -77,6 +77,7 @@ class Profile:
     date: str = ""  # ISO date of the measurement
     source: str = "measured"  # "measured" or "synthetic"
     predicted_knee: dict[int, int] = field(default_factory=dict)  # batch -> SMs, from kernel shapes
+    runner: str = ""  # what was timed: "engine" (gpuloom.compile graphs) or "graph" (eager forward graph)
     _mono: tuple[tuple[float, ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -168,6 +169,7 @@ class Profile:
             "sms": list(self.sms),
             "latency_ms": [list(r) for r in self.latency_ms],
             "predicted_knee": {str(k): v for k, v in sorted(self.predicted_knee.items())},
+            "runner": self.runner,
         }
 
     @classmethod
@@ -186,6 +188,7 @@ class Profile:
                 date=data.get("date", ""),
                 source=data.get("source", "measured"),
                 predicted_knee={int(k): int(v) for k, v in data.get("predicted_knee", {}).items()},
+                runner=data.get("runner", ""),
             )
         except (KeyError, TypeError) as e:
             raise ProfileError(f"malformed profile JSON: {e}") from e
