@@ -82,5 +82,7 @@ class Backend(ABC):
         thread, before the request is queued). Default: ignored (the simulator has no data)."""
 
     def take_output(self, request_id: int) -> object:
-        """Online mode: the output of a finished request, once (``None`` when there is none)."""
+        """Online mode: the output of a finished request, once (``None`` when there is none). The
+        runtime calls it for every answered request (served or not), so a backend frees the request's
+        input data here too."""
         return None

@@ -328,7 +328,9 @@ class Runtime:
     def _finish(self, result: Result) -> None:
         """Record a request's final fate (online: hand it and its output to the result callback)."""
         if self._online:
-            out = self.backend.take_output(result.request.id) if result.status == Status.SERVED else None
+            out = self.backend.take_output(result.request.id)  # also frees the request's input data
+            if result.status != Status.SERVED:
+                out = None
             try:
                 self._on_result(result, out)
             except Exception:  # noqa: BLE001 - a caller's callback must not stop the loop

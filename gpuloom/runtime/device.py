@@ -1,0 +1,596 @@
+"""Device layers: what the execution backend (:mod:`gpuloom.runtime.exec_backend`) runs batches on.
+
+A :class:`DeviceLayer` turns a policy's :class:`~gpuloom.policy.types.Layout` into *lanes* (one per
+layout partition) and runs one batch at a time per lane in two halves:
+
+* :meth:`DeviceLayer.launch` -- on the runtime's thread, must return quickly: stage the batch's rows
+  and enqueue the work (on CUDA: rows into pinned host buffers, async H2D copy, graph replay, async
+  D2H copy, an event; nothing waits);
+* :meth:`DeviceLayer.finish` -- on the lane's watcher thread: block until the batch is done (CUDA:
+  ``event.synchronize()`` on a blocking-sync event, no busy spin) and return its outputs as numpy
+  arrays plus the device time in ms.
+
+Three layers:
+
+* :class:`CudaDeviceLayer` -- exclusive partitions are disjoint green contexts
+  (:class:`gpuloom.gpu.Partitioner`), shared lanes are plain streams (over the SMs the exclusive
+  partitions leave, themselves a green context, or the whole GPU when there are none). Graphs are
+  captured per (model, lane) on that lane's streams, so they stay confined; graph memory is
+  accounted and bounded (:class:`GraphMemoryError`, LRU eviction of cached layouts).
+* :class:`CpuDeviceLayer` -- runs ``CompiledModel`` (its CPU path) in the watcher threads.
+* :class:`FakeDeviceLayer` -- numpy functions with a configurable latency and injected failures, for
+  the runtime's tests.
+
+This module imports neither torch nor numpy at import time; the CPU and CUDA layers import torch when
+constructed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from ..policy.types import Layout, Partition
+
+log = logging.getLogger(__name__)
+
+Rows = Sequence[Sequence[Any]]  # per request: one numpy array per model input (one sample, no batch dim)
+
+
+class GraphMemoryError(MemoryError):
+    """The captured graphs of a layout do not fit the device layer's graph-memory budget."""
+
+
+class DeviceFault(RuntimeError):
+    """A failure injected with :meth:`DeviceLayer.inject_fault` (tests, the GPU check)."""
+
+
+@dataclass
+class Lanes:
+    """One layout made real: its lanes, the graphs captured on them, their memory (bytes)."""
+
+    layout: Layout
+    key: tuple  # what makes two builds interchangeable: the layout and the model set
+    memory_bytes: int = 0  # graph memory held by this build (pools + static buffers)
+    users: int = 0  # the backend's references (current layout, draining batches)
+    state: Any = None  # the layer's own data (streams, partitioner, graphs)
+    models: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        parts = ", ".join(p.label or repr(p) for p in self.layout.partitions)
+        return f"Lanes([{parts}], models={list(self.models)}, memory={self.memory_bytes / 2**20:.1f} MiB)"
+
+
+def layout_key(layout: Layout) -> tuple:
+    """Two layouts with the same key can share a build."""
+    return (layout.gpu_sms, tuple((p.sm_offset, p.sms, p.shared, p.owner) for p in layout.partitions))
+
+
+def allowed(p: Partition, model: str) -> bool:
+    """May ``model`` run on partition ``p``? (An owner is a hint the backend honours for captures.)"""
+    return p.owner is None or p.owner == model
+
+
+class DeviceLayer(ABC):
+    """Where batches run. Who calls what:
+
+    * the service: :meth:`add_model` / :meth:`remove_model` (any thread, not while a build runs);
+    * the backend's builder thread: :meth:`build` (slow: captures), then the runtime's thread uses the
+      result; :meth:`release` when no batch runs on a build any more;
+    * the runtime's thread: :meth:`launch` (asynchronous); the lane's watcher thread: :meth:`finish`.
+
+    Subclasses implement :meth:`_build`, :meth:`_launch`, :meth:`finish` and may override
+    :meth:`_estimate` (bytes a build will need) and :meth:`_free` (release a build).
+    """
+
+    kind: str = ""
+    gpu_sms: int = 132
+    granularity: int = 8
+
+    def __init__(self, *, memory_limit_bytes: float = float("inf"), cache_layouts: int = 4) -> None:
+        self.models: dict[str, Any] = {}
+        self._gen: dict[str, int] = {}  # model -> version, so a reloaded model is never served stale graphs
+        self.memory_limit_bytes = memory_limit_bytes
+        self.cache_layouts = cache_layouts
+        self._cache: OrderedDict[tuple, Lanes] = OrderedDict()  # LRU of builds, oldest first
+        self._lock = threading.RLock()
+        self._faults: dict[str, str] = {}
+        self.evictions = 0
+
+    # -- models ---------------------------------------------------------------------------------
+    def add_model(self, name: str, model: Any) -> None:
+        with self._lock:
+            self.models[name] = model
+            self._gen[name] = self._gen.get(name, 0) + 1
+            self._evict_unused(lambda ln: name in ln.models)
+
+    def remove_model(self, name: str) -> None:
+        with self._lock:
+            self.models.pop(name, None)
+            self._evict_unused(lambda ln: name in ln.models)
+
+    def inject_fault(self, model: str, message: str | None) -> None:
+        """Make every batch of ``model`` fail with ``message`` (``None`` heals it)."""
+        with self._lock:
+            if message is None:
+                self._faults.pop(model, None)
+            else:
+                self._faults[model] = message
+
+    # -- builds ---------------------------------------------------------------------------------
+    def memory_bytes(self) -> int:
+        """Graph memory held by every cached build, bytes."""
+        with self._lock:
+            return sum(ln.memory_bytes for ln in self._cache.values())
+
+    def build(self, layout: Layout) -> Lanes:
+        """Lanes for ``layout`` with every loaded model captured where it may run (cached, LRU).
+
+        Raises :class:`GraphMemoryError` when the build cannot fit the graph-memory budget even after
+        evicting every unused cached build.
+        """
+        if layout.gpu_sms != self.gpu_sms:
+            raise ValueError(f"layout made for {layout.gpu_sms} SMs; this {self.kind} device has {self.gpu_sms}")
+        with self._lock:
+            models = tuple(sorted(self.models))
+            key = (layout_key(layout), tuple((m, self._gen[m]) for m in models))
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                hit.users += 1
+                return hit
+            need = self._estimate(layout, models)
+            self._make_room(need, f"layout {layout_key(layout)[1]} with models {list(models)}")
+        lanes = Lanes(layout, key, models=models)
+        try:
+            self._build(lanes)
+        except GraphMemoryError:
+            raise
+        except MemoryError as e:  # e.g. torch.OutOfMemoryError during a capture
+            self._free(lanes)
+            raise GraphMemoryError(f"out of device memory while capturing {lanes!r}: {e}; "
+                                   f"budget {self.memory_limit_bytes / 2**20:.0f} MiB") from e
+        with self._lock:
+            lanes.users += 1
+            self._cache[key] = lanes
+            while len(self._cache) > self.cache_layouts and self._evict_one(keep=key):
+                pass
+        log.info("built %r", lanes)
+        return lanes
+
+    def release(self, lanes: Lanes) -> None:
+        """The backend stopped using ``lanes`` (it stays cached until evicted)."""
+        with self._lock:
+            lanes.users -= 1
+            assert lanes.users >= 0, f"{lanes!r} released more often than built"
+            if lanes.key not in self._cache and lanes.users == 0:
+                self._free(lanes)
+            elif any(m not in self.models or self._gen.get(m) != g for m, g in lanes.key[1]) and lanes.users == 0:
+                self._cache.pop(lanes.key, None)
+                self._free(lanes)
+
+    def _make_room(self, need: float, what: str) -> None:
+        while self.memory_bytes() + need > self.memory_limit_bytes:
+            if not self._evict_one():
+                used = self.memory_bytes()
+                raise GraphMemoryError(
+                    f"{what} needs about {need / 2**20:.0f} MiB of graph memory; {used / 2**20:.0f} MiB are held by "
+                    f"layouts in use and the budget is {self.memory_limit_bytes / 2**20:.0f} MiB. Lower max_batch, "
+                    f"serve fewer models, or raise memory_limit_bytes."
+                )
+
+    def _evict_one(self, keep: tuple | None = None) -> bool:
+        for key, ln in self._cache.items():  # oldest first
+            if ln.users == 0 and key != keep:
+                del self._cache[key]
+                self._free(ln)
+                self.evictions += 1
+                log.info("evicted %r", ln)
+                return True
+        return False
+
+    def _evict_unused(self, pred: Callable[[Lanes], bool]) -> None:
+        for key, ln in list(self._cache.items()):
+            if pred(ln) and ln.users == 0:
+                del self._cache[key]
+                self._free(ln)
+
+    # -- running --------------------------------------------------------------------------------
+    def launch(self, lanes: Lanes, index: int, model: str, rows: Rows) -> Any:
+        """Stage ``rows`` and start them as one batch of ``model`` on lane ``index``. Asynchronous;
+        returns a ticket for :meth:`finish`. Raises for a failing model (its batch fails)."""
+        fault = self._faults.get(model)
+        if fault is not None:
+            raise DeviceFault(fault)
+        if model not in lanes.models:
+            raise RuntimeError(f"model {model!r} has no graphs in {lanes!r} (it was loaded after this layout)")
+        if not allowed(lanes.layout.partitions[index], model):
+            raise RuntimeError(f"model {model!r} may not run on {lanes.layout.partitions[index]!r}")
+        return self._launch(lanes, index, model, rows)
+
+    @abstractmethod
+    def finish(self, ticket: Any) -> tuple[list[Any], float]:
+        """Block until the batch of ``ticket`` is done; its outputs (numpy, ``n`` rows each, in the
+        model's flattened output order) and the device time in ms. Raises if the batch failed."""
+
+    def close(self) -> None:
+        """Free every build (call after all batches finished)."""
+        with self._lock:
+            for ln in list(self._cache.values()):
+                self._free(ln)
+            self._cache.clear()
+
+    # -- for subclasses -------------------------------------------------------------------------
+    @abstractmethod
+    def _build(self, lanes: Lanes) -> None:
+        """Fill ``lanes.state`` and ``lanes.memory_bytes`` for ``lanes.layout`` and ``lanes.models``."""
+
+    @abstractmethod
+    def _launch(self, lanes: Lanes, index: int, model: str, rows: Rows) -> Any: ...
+
+    def _estimate(self, layout: Layout, models: Sequence[str]) -> float:
+        return 0.0
+
+    def _free(self, lanes: Lanes) -> None:
+        lanes.state = None
+
+
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class FakeModel:
+    """A stand-in model: ``fn`` maps batched numpy inputs to batched numpy outputs."""
+
+    fn: Callable[[list[Any]], list[Any]]
+    latency_ms: Callable[[int], float] | float = 1.0  # per batch of n rows
+    graph_bytes: int = 0  # graph memory one capture of it takes (for the memory-budget tests)
+
+
+class FakeDeviceLayer(DeviceLayer):
+    """Batches "run" by sleeping in the watcher thread, then applying the model's numpy function.
+
+    ``build_delay_s`` makes builds slow (background-build tests); ``inject_fault`` fails a model.
+    """
+
+    kind = "fake"
+
+    def __init__(self, *, gpu_sms: int = 132, granularity: int = 8, build_delay_s: float = 0.0,
+                 memory_limit_bytes: float = float("inf"), cache_layouts: int = 4) -> None:
+        super().__init__(memory_limit_bytes=memory_limit_bytes, cache_layouts=cache_layouts)
+        self.gpu_sms, self.granularity = gpu_sms, granularity
+        self.build_delay_s = build_delay_s
+        self.builds = 0
+        self.fail_in_finish: dict[str, str] = {}  # model -> error raised while "running" (not at launch)
+
+    def _estimate(self, layout: Layout, models: Sequence[str]) -> float:
+        return float(sum(self.models[m].graph_bytes for p in layout.partitions for m in models if allowed(p, m)))
+
+    def _build(self, lanes: Lanes) -> None:
+        if self.build_delay_s:
+            time.sleep(self.build_delay_s)
+        self.builds += 1
+        lanes.memory_bytes = int(self._estimate(lanes.layout, lanes.models))
+        lanes.state = {m: self.models[m] for m in lanes.models}
+
+    def _launch(self, lanes: Lanes, index: int, model: str, rows: Rows) -> Any:
+        import numpy as np
+
+        fm: FakeModel = lanes.state[model]
+        batch = [np.stack([r[j] for r in rows]) for j in range(len(rows[0]))]
+        return (fm, batch, len(rows), model)
+
+    def finish(self, ticket: Any) -> tuple[list[Any], float]:
+        fm, batch, n, model = ticket
+        ms = fm.latency_ms(n) if callable(fm.latency_ms) else float(fm.latency_ms)
+        t0 = time.perf_counter()
+        time.sleep(ms / 1000.0)
+        err = self.fail_in_finish.get(model)
+        if err:
+            raise RuntimeError(err)
+        out = fm.fn(batch)
+        return list(out), (time.perf_counter() - t0) * 1000.0
+
+
+# ------------------------------------------------------------------------------------------------
+def _numpy_outputs(value: Any, n: int) -> list[Any]:
+    from ..engine.dag import flat_tensors
+
+    outs = []
+    for t in flat_tensors(value):
+        if t.dim() == 0 or t.shape[0] < n:
+            raise RuntimeError(f"model output of shape {tuple(t.shape)} has no batch dimension; gpuloom serves "
+                               f"batch-major outputs only")
+        outs.append(t[:n].detach().cpu().numpy())
+    return outs
+
+
+class CpuDeviceLayer(DeviceLayer):
+    """Runs each batch through ``CompiledModel.__call__`` (its CPU path) in the lane's watcher thread.
+
+    Lanes are no-ops (nothing is confined on a CPU); a model's calls are serialized by a lock, as
+    the compiled executor is not known to be re-entrant. ``gpu_sms``/``granularity`` are the
+    nominal H200 ones, so plans made for the GPU validate unchanged.
+    """
+
+    kind = "cpu"
+
+    def __init__(self, *, gpu_sms: int = 132, granularity: int = 8, threads: int | None = None) -> None:
+        super().__init__()
+        import torch
+
+        self._torch = torch
+        self.gpu_sms, self.granularity = gpu_sms, granularity
+        if threads:
+            torch.set_num_threads(threads)
+        self._locks: dict[str, threading.Lock] = {}
+
+    def add_model(self, name: str, model: Any) -> None:
+        self._locks.setdefault(name, threading.Lock())
+        super().add_model(name, model)
+
+    def _build(self, lanes: Lanes) -> None:
+        lanes.state = {m: self.models[m] for m in lanes.models}
+
+    def _launch(self, lanes: Lanes, index: int, model: str, rows: Rows) -> Any:
+        return (lanes.state[model], self._locks[model], rows)
+
+    def finish(self, ticket: Any) -> tuple[list[Any], float]:
+        import numpy as np
+
+        cm, lock, rows = ticket
+        torch = self._torch
+        xs = [torch.from_numpy(np.stack([r[j] for r in rows])) for j in range(len(rows[0]))]
+        t0 = time.perf_counter()
+        with lock, torch.inference_mode():
+            out = cm(*xs)
+        ms = (time.perf_counter() - t0) * 1000.0
+        return _numpy_outputs(out, len(rows)), ms
+
+
+# ------------------------------------------------------------------------------------------------
+class _StreamList:
+    """The streams of one lane: ``factory()`` hands them out from the first, creating more on demand
+    (so every model captured on the lane shares its few streams; one batch runs at a time)."""
+
+    def __init__(self, maker: Callable[[], Any]) -> None:
+        self.maker = maker
+        self.streams: list[Any] = []
+
+    def factory(self) -> Callable[[], Any]:
+        k = [0]
+
+        def next_stream() -> Any:
+            while len(self.streams) <= k[0]:
+                self.streams.append(self.maker())
+            s = self.streams[k[0]]
+            k[0] += 1
+            return s
+
+        return next_stream
+
+
+@dataclass
+class _CudaLane:
+    part: Partition
+    streams: _StreamList
+    confined: bool  # kernels captured here run on this lane's SMs only
+    graphs: dict[str, Any] = field(default_factory=dict)  # model -> GraphSet
+    pinned_in: dict[str, list[Any]] = field(default_factory=dict)  # model -> pinned host tensors (max_batch, ...)
+    pinned_out: dict[str, list[Any]] = field(default_factory=dict)
+    np_in: dict[str, list[Any]] = field(default_factory=dict)  # numpy views of pinned_in
+    np_out: dict[str, list[Any]] = field(default_factory=dict)
+
+
+@dataclass
+class _CudaTicket:
+    n: int
+    done: Any  # torch.cuda.Event(blocking=True)
+    t0: Any  # timing events around the replay
+    t1: Any
+    out: list[Any]  # numpy views of the pinned output buffers
+
+
+class CudaDeviceLayer(DeviceLayer):
+    """Lanes on one CUDA device; see the module docstring.
+
+    Exclusive partitions of a layout become disjoint green contexts carved by one
+    :class:`~gpuloom.gpu.Partitioner` (sizes in partition order; when shared lanes exist too, the SMs
+    left over become one more green context whose streams the shared lanes get). Without exclusive
+    partitions, shared lanes are plain torch streams over the whole GPU (what Triton does).
+
+    Per (model, lane) a :class:`~gpuloom.engine.capture.GraphSet` is captured with the lane's stream
+    factory (confined to the lane's SMs), plus pinned host buffers for inputs and outputs of
+    ``max_batch`` rows. Everything a graph references (weights, static buffers, pool, streams) stays
+    alive as long as its :class:`Lanes` build is cached or in use.
+
+    Memory: ``memory_limit_bytes`` (default: ``memory_fraction`` of the device memory free when the
+    layer is made) bounds graph memory; a build's need is estimated from each model's compile-time
+    graph memory (``CompiledModel.memory_bytes``) per lane, unused cached builds are evicted oldest
+    first, and a build that still does not fit raises :class:`GraphMemoryError` (never an OOM crash:
+    an OOM during capture is turned into the same error).
+
+    ``blocking_sync=True`` makes the watcher sleep in ``event.synchronize()`` (cudaEventBlockingSync)
+    instead of spinning a core.
+    """
+
+    kind = "cuda"
+
+    def __init__(self, device: int = 0, *, memory_limit_bytes: float | None = None, memory_fraction: float = 0.6,
+                 warmup: int = 2, blocking_sync: bool = True, cache_layouts: int = 4) -> None:
+        import torch
+
+        from ..gpu import device_facts
+
+        if not torch.cuda.is_available():
+            from ..gpu.errors import NoGpuError
+
+            raise NoGpuError("CudaDeviceLayer needs a CUDA GPU; torch.cuda.is_available() is False "
+                             "(use CpuDeviceLayer, device='cpu')")
+        facts = device_facts(device)
+        self.device = device
+        self.gpu_sms, self.granularity = facts.sm_count, facts.sm_granularity
+        if memory_limit_bytes is None:
+            free, _total = torch.cuda.mem_get_info(device)
+            memory_limit_bytes = memory_fraction * free
+        super().__init__(memory_limit_bytes=memory_limit_bytes, cache_layouts=cache_layouts)
+        self._torch = torch
+        self.warmup = warmup
+        self.blocking_sync = blocking_sync
+        torch.cuda.init()
+        torch.cuda.current_stream(device)  # primary context (and torch's stream pool) first
+
+    def _estimate(self, layout: Layout, models: Sequence[str]) -> float:
+        per = {m: max(int(getattr(self.models[m], "memory_bytes", 0) or 0), 1 << 20) for m in models}
+        return float(sum(per[m] for p in layout.partitions for m in models if allowed(p, m)))
+
+    def _build(self, lanes: Lanes) -> None:
+        from ..gpu import Partitioner
+
+        torch = self._torch
+        layout = lanes.layout
+        excl = [p for p in layout.partitions if not p.shared]
+        shared = [p for p in layout.partitions if p.shared]
+        sizes = [p.sms for p in excl]
+        if shared and excl:
+            sizes.append(self.gpu_sms - sum(sizes))
+        partitioner = Partitioner(sizes, mode="green", device=self.device) if excl else None
+        state = {"partitioner": partitioner, "lanes": []}
+        lanes.state = state
+        dev = torch.device("cuda", self.device)
+        k = 0
+        for p in layout.partitions:
+            if not p.shared:
+                gp = partitioner[k]
+                k += 1
+                sl = _StreamList(gp.new_stream)
+                sl.streams.append(gp.stream)
+                lane = _CudaLane(p, sl, True)
+            elif partitioner is not None:
+                rest = partitioner[len(excl)]
+                lane = _CudaLane(p, _StreamList(rest.new_stream), True)
+            else:
+                lane = _CudaLane(p, _StreamList(lambda: torch.cuda.Stream(dev)), False)
+            state["lanes"].append(lane)
+        before = torch.cuda.memory_reserved(self.device)
+        try:
+            for lane in state["lanes"]:
+                for m in lanes.models:
+                    if allowed(lane.part, m):
+                        self._capture(lane, m)
+        except BaseException:
+            self._free(lanes)
+            raise
+        torch.cuda.synchronize(self.device)
+        lanes.memory_bytes = max(0, torch.cuda.memory_reserved(self.device) - before) or int(
+            sum(gs.memory_bytes for ln in state["lanes"] for gs in ln.graphs.values()))
+
+    def _capture(self, lane: _CudaLane, model: str) -> None:
+        torch = self._torch
+        cm = self.models[model]
+        try:
+            gs = cm.capture(stream_factory=lane.streams.factory(), warmup=self.warmup)
+        except torch.cuda.OutOfMemoryError as e:
+            raise GraphMemoryError(f"out of device memory capturing {model!r} on {lane.part!r}: {e}") from e
+        lane.graphs[model] = gs
+        top = max(gs.buckets)
+        ins = gs.inputs(top)
+        from ..engine.dag import flat_tensors
+
+        outs = flat_tensors(gs.outputs(top))
+        lane.pinned_in[model] = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in ins]
+        lane.pinned_out[model] = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in outs]
+        lane.np_in[model] = [t.numpy() for t in lane.pinned_in[model]]
+        lane.np_out[model] = [t.numpy() for t in lane.pinned_out[model]]
+
+    def _launch(self, lanes: Lanes, index: int, model: str, rows: Rows) -> Any:
+        """Runtime thread. Rows -> pinned buffers (host), then on the lane's main stream: async H2D
+        into the bucket's static inputs, replay, async D2H into pinned outputs, a blocking-sync
+        event. Returns at once; the pinned buffers are reused only after :meth:`finish` (the runtime
+        never submits to a busy lane)."""
+        import numpy as np
+
+        torch = self._torch
+        lane: _CudaLane = lanes.state["lanes"][index]
+        gs = lane.graphs[model]
+        n = len(rows)
+        b = self.models[model].bucket_for(n)
+        for j, buf in enumerate(lane.np_in[model]):
+            np.stack([r[j] for r in rows], out=buf[:n])
+        st = gs.stream
+        from ..engine.dag import flat_tensors
+
+        static_out = flat_tensors(gs.outputs(b))
+        t0 = torch.cuda.Event(enable_timing=True)
+        t1 = torch.cuda.Event(enable_timing=True)
+        done = torch.cuda.Event(blocking=self.blocking_sync)
+        with torch.cuda.stream(st):
+            for dst, src in zip(gs.inputs(b), lane.pinned_in[model]):
+                dst[:n].copy_(src[:n], non_blocking=True)
+            t0.record(st)
+            gs.replay(b, stream=st)
+            t1.record(st)
+            for dst, src in zip(lane.pinned_out[model], static_out):
+                dst[:n].copy_(src[:n], non_blocking=True)
+            done.record(st)
+        return _CudaTicket(n, done, t0, t1, lane.np_out[model])
+
+    def finish(self, ticket: Any) -> tuple[list[Any], float]:
+        """Watcher thread: sleep until the batch's event fires; copy its rows out of the pinned buffers."""
+        ticket.done.synchronize()
+        ms = ticket.t0.elapsed_time(ticket.t1)
+        return [o[: ticket.n].copy() for o in ticket.out], float(ms)
+
+    def _free(self, lanes: Lanes) -> None:
+        state = lanes.state
+        lanes.state = None
+        if not state:
+            return
+        torch = self._torch
+        torch.cuda.synchronize(self.device)
+        for lane in state["lanes"]:
+            lane.graphs.clear()  # graphs before the partition's streams and context go
+        part = state.get("partitioner")
+        if part is not None:
+            part.close()
+        torch.cuda.empty_cache()
+
+    def partition_sms(self, lanes: Lanes) -> list[int]:
+        """SMs the driver really gave each lane (green contexts); the layout's count for plain streams."""
+        state = lanes.state
+        out = []
+        part = state["partitioner"]
+        k = 0
+        for lane in state["lanes"]:
+            if not lane.part.shared:
+                out.append(part[k].sms)
+                k += 1
+            else:
+                out.append(lane.part.sms)
+        return out
+
+
+def make_device_layer(device: str | None = None, **options: Any) -> DeviceLayer:
+    """``"cuda"``/``"cuda:N"``, ``"cpu"`` or ``None`` (cuda when available, else cpu)."""
+    if device is None:
+        try:
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        except ImportError:
+            device = "cpu"
+    if device == "cpu":
+        return CpuDeviceLayer(**options)
+    if device.startswith("cuda"):
+        idx = int(device.split(":", 1)[1]) if ":" in device else 0
+        return CudaDeviceLayer(idx, **options)
+    raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+
+
+__all__ = [
+    "CpuDeviceLayer", "CudaDeviceLayer", "DeviceFault", "DeviceLayer", "FakeDeviceLayer", "FakeModel",
+    "GraphMemoryError", "Lanes", "Rows", "allowed", "layout_key", "make_device_layer",
+]

@@ -1,0 +1,322 @@
+"""The execution backend: runs a policy's decisions for real, on a :class:`DeviceLayer`.
+
+Implements :class:`~gpuloom.runtime.backend.Backend` over the wall clock
+(:class:`~gpuloom.runtime.events.RealtimeLoop`), so every policy runs unchanged on the GPU, on the
+CPU, or on a fake device in tests. Threads:
+
+* the **runtime's thread** calls :meth:`ExecBackend.submit`: it takes the requests' input rows,
+  ``device.launch`` stages and enqueues the batch (asynchronous on CUDA) and hands the ticket to the
+  partition's watcher;
+* one **watcher thread per lane** blocks in ``device.finish`` (CUDA: a blocking-sync event; it sleeps,
+  it does not spin), gives each request its own output rows, and posts the
+  :class:`~gpuloom.policy.types.Completion` to the loop;
+* a **builder thread** makes a new layout's lanes (partitions + captured graphs) when the runtime
+  asks (:meth:`ExecBackend.prepare`); the runtime swaps the build in atomically once it is ready. It
+  starts capturing only when no batch is in flight (the runtime dispatches nothing while a layout is
+  being prepared): a CUDA graph capture must not race other threads' CUDA calls.
+
+A model whose batch fails (at launch or while running) fails only that batch's requests, with the
+error; everything else continues.
+
+Measured (:meth:`ExecBackend.stats`): per partition device-busy time and batches; SM-ms of useful
+work (``min(partition SMs, knee) x device ms``); host time spent dispatching (the dispatch overhead,
+against device time); per request, the dispatch and finish times (in :class:`ExecOutput`).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from ..policy.types import Completion, Decision, Layout, Partition, Request
+from .backend import Backend
+from .device import DeviceLayer, Lanes
+from .events import COMPLETION, RealtimeLoop
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ExecOutput:
+    """What one served request gets back."""
+
+    outputs: list[Any]  # numpy arrays, one per model output, this request's row (no batch dim)
+    start_ms: float  # when its batch was dispatched (loop clock, ms)
+    end_ms: float  # when its batch's outputs were on the host
+    device_ms: float  # device time of its batch (CUDA events; wall time on CPU)
+    batch: int  # rows in its batch
+
+
+@dataclass
+class PartitionStats:
+    """Per lane of the current layout, since it was set up."""
+
+    index: int
+    label: str
+    sms: int
+    shared: bool
+    batches: int = 0
+    failures: int = 0
+    device_ms: float = 0.0  # summed device time of its batches
+    busy_ms: float = 0.0  # summed wall time from dispatch to outputs on the host
+
+
+class _Watcher:
+    """One lane's completion thread: blocks on the device, never spins."""
+
+    def __init__(self, backend: "ExecBackend", lanes: Lanes, index: int) -> None:
+        self.q: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, args=(backend,), daemon=True,
+                                       name=f"gpuloom-watch-{lanes.layout.partitions[index].label or index}")
+        self.thread.start()
+
+    def _run(self, backend: "ExecBackend") -> None:
+        while True:
+            item = self.q.get()
+            if item is None:
+                return
+            backend._complete(*item)
+
+
+class ExecBackend(Backend):
+    """A :class:`Backend` that executes batches on ``device`` (a :class:`DeviceLayer`).
+
+    ``knee(model, batch)`` (SMs a batch can use) feeds the utilization figure; without it a batch is
+    counted as using its whole partition.
+    """
+
+    def __init__(self, device: DeviceLayer, *, knee: Callable[[str, int], int] | None = None,
+                 quiet_timeout_s: float = 60.0) -> None:
+        self.device = device
+        self.loop = RealtimeLoop()
+        self.gpu_sms = device.gpu_sms
+        self.granularity = device.granularity
+        self.knee = knee
+        self.quiet_timeout_s = quiet_timeout_s
+        self._on_completion: Callable[[Completion], None] | None = None
+        self._payloads: dict[int, Any] = {}  # request id -> its input rows (set by submitting threads)
+        self._outputs: dict[int, ExecOutput] = {}  # request id -> its output (set by watchers)
+        self._lock = threading.Condition()
+        self._lanes: Lanes | None = None  # the current build
+        self._watchers: dict[int, list[_Watcher]] = {}  # id(lanes) -> one per lane
+        self._running: dict[int, int] = {}  # id(lanes) -> batches in flight on it
+        self._retired: dict[int, Lanes] = {}  # id(lanes) -> builds replaced but still draining
+        self._inflight = 0
+        self._built: dict[int, tuple[Lanes | None, BaseException | None]] = {}  # id(layout) -> build
+        self._wanted: Layout | None = None
+        self._build_lock = threading.Lock()
+        # measurements
+        self.parts: list[PartitionStats] = []
+        self._layout_t0 = 0.0
+        self._busy_sm_ms = 0.0
+        self.host_ms = 0.0  # time the runtime's thread spent in submit (dispatch overhead)
+        self.device_ms = 0.0  # summed device time of every batch
+        self.batches = 0
+        self.failures = 0
+        self.layouts_built = 0
+
+    # -- Backend --------------------------------------------------------------------------------
+    def start(self, on_completion: Callable[[Completion], None]) -> None:
+        self._on_completion = on_completion
+
+    def prepare(self, layout: Layout, ready: Callable[[], None]) -> bool:
+        self._wanted = layout
+
+        def build() -> None:
+            with self._build_lock:
+                lanes, err = None, None
+                if self._wanted is layout:  # else superseded before we started: nothing to build
+                    self._wait_quiet()
+                    try:
+                        lanes = self.device.build(layout)
+                        self.layouts_built += 1
+                    except BaseException as e:  # noqa: BLE001 - reported by configure()
+                        log.error("building %s failed: %s", layout, e)
+                        err = e
+                with self._lock:
+                    if lanes is not None and self._wanted is not layout:
+                        self.device.release(lanes)  # superseded while building
+                        lanes = None
+                    self._built[id(layout)] = (lanes, err)
+            ready()
+
+        threading.Thread(target=build, daemon=True, name="gpuloom-build").start()
+        return True
+
+    def configure(self, layout: Layout) -> float:
+        with self._lock:
+            entry = self._built.pop(id(layout), None)
+        if entry is None:  # not prepared (or superseded): build now, on this thread
+            self._wait_quiet()
+            lanes, err = self.device.build(layout), None
+        else:
+            lanes, err = entry
+        if err is not None:
+            raise err
+        if lanes is None:
+            raise RuntimeError(f"layout {layout} was superseded before it was built")
+        with self._lock:
+            old = self._lanes
+            self._lanes = lanes
+            if id(lanes) not in self._watchers:
+                self._watchers[id(lanes)] = [_Watcher(self, lanes, i) for i in range(len(layout.partitions))]
+                self._running.setdefault(id(lanes), 0)
+            self._retired.pop(id(lanes), None)
+            if old is not None:
+                if old is lanes:
+                    self.device.release(old)  # build() handed out one more reference
+                else:
+                    self._retired[id(old)] = old
+                    self._maybe_retire(old)
+            self.parts = [PartitionStats(p.index, p.label or repr(p), p.sms, p.shared) for p in layout.partitions]
+            self._layout_t0 = self.loop.wall_ms()
+        return self.loop.now
+
+    def partitions(self) -> Sequence[Partition]:
+        return self._lanes.layout.partitions if self._lanes is not None else ()
+
+    def attach(self, request_id: int, payload: Any) -> None:
+        self._payloads[request_id] = payload
+
+    def take_output(self, request_id: int) -> ExecOutput | None:
+        self._payloads.pop(request_id, None)
+        return self._outputs.pop(request_id, None)
+
+    def submit(self, decision: Decision, requests: Sequence[Request]) -> None:
+        t0 = time.perf_counter()
+        lanes = self._lanes
+        assert lanes is not None, "submit before configure"
+        self.loop.expect()
+        start = self.loop.wall_ms()
+        try:
+            rows = [self._payloads.pop(r.id) for r in requests]
+        except KeyError as e:
+            self._fail_now(decision, start, f"request {e.args[0]} has no input data (Backend.attach was not called)")
+            return
+        try:
+            ticket = self.device.launch(lanes, decision.partition, decision.model, rows)
+        except Exception as e:  # noqa: BLE001 - fails this batch only
+            self._fail_now(decision, start, f"{type(e).__name__}: {e}")
+            return
+        finally:
+            self.host_ms += (time.perf_counter() - t0) * 1000.0
+        with self._lock:
+            self._inflight += 1
+            self._running[id(lanes)] += 1
+        self._watchers[id(lanes)][decision.partition].q.put((lanes, decision, list(requests), ticket, start))
+
+    def busy_sm_ms(self) -> float:
+        return self._busy_sm_ms
+
+    def close(self) -> None:
+        """Wait for batches in flight (up to ``quiet_timeout_s``), stop the watchers, free the device."""
+        self._wait_quiet()
+        with self._lock:
+            for ws in self._watchers.values():
+                for w in ws:
+                    w.q.put(None)
+            self._watchers.clear()
+            lanes, self._lanes = self._lanes, None
+            if lanes is not None:
+                self.device.release(lanes)
+            for old in self._retired.values():
+                self.device.release(old)
+            self._retired.clear()
+        self.device.close()
+
+    # -- measurements ---------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """Plain-data counters: per partition busy ratio and SMs, dispatch overhead, memory."""
+        with self._lock:
+            elapsed = max(1e-9, self.loop.wall_ms() - self._layout_t0)
+            parts = [
+                {"index": p.index, "label": p.label, "sms": p.sms, "shared": p.shared, "batches": p.batches,
+                 "failures": p.failures, "device_ms": p.device_ms, "busy_ms": p.busy_ms,
+                 "busy_ratio": min(1.0, p.busy_ms / elapsed), "device_busy_ratio": min(1.0, p.device_ms / elapsed)}
+                for p in self.parts
+            ]
+            return {
+                "device": self.device.kind,
+                "partitions": parts,
+                "batches": self.batches,
+                "failures": self.failures,
+                "busy_sm_ms": self._busy_sm_ms,
+                "device_ms": self.device_ms,
+                "host_dispatch_ms": self.host_ms,
+                "dispatch_overhead": self.host_ms / self.device_ms if self.device_ms > 0 else 0.0,
+                "graph_memory_bytes": self.device.memory_bytes(),
+                "layouts_built": self.layouts_built,
+                "evictions": self.device.evictions,
+            }
+
+    # -- internals ------------------------------------------------------------------------------
+    def _fail_now(self, d: Decision, start: float, error: str) -> None:
+        with self._lock:
+            self.failures += 1
+            if d.partition < len(self.parts):
+                self.parts[d.partition].failures += 1
+        log.warning("batch of %s on partition %d failed: %s", d.model, d.partition, error)
+        self.loop.post(COMPLETION, self._on_completion, Completion(d, start, self.loop.wall_ms(), error))
+
+    def _complete(self, lanes: Lanes, d: Decision, requests: list[Request], ticket: Any, start: float) -> None:
+        """Watcher thread: wait for the batch, hand out outputs, post the completion."""
+        err, dev_ms = "", 0.0
+        try:
+            outs, dev_ms = self.device.finish(ticket)
+            n = len(requests)
+            for o in outs:
+                if len(o) != n:
+                    raise RuntimeError(f"model {d.model!r} returned {len(o)} rows for a batch of {n}")
+        except Exception as e:  # noqa: BLE001 - fails this batch only
+            err = f"{type(e).__name__}: {e}"
+            log.warning("batch of %s on partition %d failed: %s", d.model, d.partition, err)
+            outs = []
+        end = self.loop.wall_ms()
+        if not err:
+            for i, r in enumerate(requests):
+                self._outputs[r.id] = ExecOutput([o[i] for o in outs], start, end, dev_ms, len(requests))
+        with self._lock:
+            part = lanes.layout.partitions[d.partition]
+            if lanes is self._lanes:
+                ps = self.parts[d.partition]
+                ps.batches += 1
+                ps.failures += bool(err)
+                ps.device_ms += dev_ms
+                ps.busy_ms += end - start
+            self.batches += 1
+            self.failures += bool(err)
+            self.device_ms += dev_ms
+            sms = lanes.layout.shared_sms if part.shared else part.sms
+            use = min(sms, self.knee(d.model, d.batch)) if self.knee else sms
+            self._busy_sm_ms += use * dev_ms
+        self.loop.post(COMPLETION, self._on_completion, Completion(d, start, end, err))
+        with self._lock:
+            self._inflight -= 1
+            self._running[id(lanes)] -= 1
+            if id(lanes) in self._retired:
+                self._maybe_retire(lanes)
+            self._lock.notify_all()
+
+    def _maybe_retire(self, lanes: Lanes) -> None:
+        """Under the lock: free a replaced build once nothing runs on it."""
+        if self._running.get(id(lanes), 0) == 0 and lanes is not self._lanes:
+            self._retired.pop(id(lanes), None)
+            self._running.pop(id(lanes), None)
+            for w in self._watchers.pop(id(lanes), []):
+                w.q.put(None)
+            self.device.release(lanes)
+
+    def _wait_quiet(self) -> None:
+        with self._lock:
+            if not self._lock.wait_for(lambda: self._inflight == 0, timeout=self.quiet_timeout_s):
+                log.warning("%d batches still in flight after %.0f s; going on", self._inflight, self.quiet_timeout_s)
+
+    def __repr__(self) -> str:
+        return f"ExecBackend(device={self.device.kind}, lanes={self._lanes!r}, inflight={self._inflight})"
+
+
+__all__ = ["ExecBackend", "ExecOutput", "PartitionStats"]
