@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .dag import flat_tensors
+from .dag import CaptureError, flat_tensors
 from .executor import StreamExecutor
 
 StreamFactory = Callable[[], torch.cuda.Stream]
@@ -103,8 +103,17 @@ def _capture_one(
             executor.run(static_in, streams)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool, stream=main):
-        out = executor.run(static_in, streams)
+    try:
+        with torch.cuda.graph(graph, pool=pool, stream=main):
+            out = executor.run(static_in, streams)
+    except Exception as e:
+        node = executor.last_node
+        where = f"op {node.target} (graph node {node.name!r})" if node is not None else "the first op"
+        raise CaptureError(
+            f"CUDA graph capture failed at {where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. "
+            "Ops that synchronize with the host (.item(), nonzero, data-dependent shapes) cannot be captured; "
+            "move them out of forward()."
+        ) from e
     return graph, out
 
 

@@ -84,6 +84,7 @@ class StreamExecutor:
             else:
                 self._steps.append(_Step(node, _FREE, release=rel))
         self.num_inputs = placeholders
+        self.last_node: fx.Node | None = None
         # export's graphs return a flat tuple that their forward() unflattens with a pytree spec
         info = getattr(gm.graph._codegen, "pytree_info", None)
         self._out_spec = info.out_spec if info is not None and info.out_spec is not None else None
@@ -116,6 +117,7 @@ class StreamExecutor:
         return self._run_on_streams(inputs, streams, annotate)
 
     def _call(self, node: fx.Node, env: dict) -> Any:
+        self.last_node = node  # for error messages (e.g. an op that cannot be captured)
         args = fx.node.map_arg(node.args, env.__getitem__)
         kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
         if node.op == "call_function":
