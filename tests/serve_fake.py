@@ -179,3 +179,34 @@ class FakeService:
                            "batch_sizes": [1, 1], "goodput": 1.0, "slo_attainment": 1.0} for n in self._models},
             "partitions": [{"id": "0", "sms": 0, "busy_ratio": 0.5}],
         }
+
+
+# -- helpers shared by the serve tests ------------------------------------------------------------
+def real_service_available() -> bool:
+    return hasattr(svc, "InferenceService")
+
+
+def make_service(*, queue_limit: int = 1024, fake_delay_s: float = 0.0):
+    """The real InferenceService on CPU once it exists, else the fake; started."""
+    if real_service_available():
+        s = svc.InferenceService(policy="dstack", device="cpu", queue_limit=queue_limit)
+    else:
+        s = FakeService(queue_limit=queue_limit, delay_s=fake_delay_s)
+    s.start()
+    return s
+
+
+def slow_net(delay_s: float = 0.05, features: int = 4):
+    """A module that sleeps ``delay_s`` per call and returns 2x its input (for overload/shutdown tests)."""
+    import torch
+
+    class SlowNet(torch.nn.Module):
+        def forward(self, x):
+            time.sleep(delay_s)
+            return x * 2
+
+    cfg = svc.ModelConfig(
+        name="slow", inputs=(svc.TensorSpec("x", (features,), "float32"),),
+        outputs=(svc.TensorSpec("y", (features,), "float32"),), max_batch=4, slo_ms=5000.0,
+    )
+    return cfg, SlowNet()

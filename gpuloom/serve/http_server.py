@@ -29,6 +29,7 @@ log = logging.getLogger("gpuloom.serve.http")
 __all__ = ["build_app"]
 
 HEADER_LEN = "Inference-Header-Content-Length"
+CORE_KEY = web.AppKey("core", ServeCore)
 DEADLINE_HEADER = "X-Gpuloom-Deadline-Ms"
 
 
@@ -46,7 +47,7 @@ async def _errors(request: web.Request, handler):
     except ProtocolError as e:
         return _error(str(e), e.status, e.retry_after_s)
     except web.HTTPRequestEntityTooLarge as e:
-        return _error(f"request body too large: {e.text}; the limit is {request.app['core'].max_body_bytes} bytes", 413)
+        return _error(f"request body too large: {e.text}; the limit is {request.app[CORE_KEY].max_body_bytes} bytes", 413)
     except web.HTTPException as e:
         if e.status >= 400:
             return _error(e.reason or e.text or "error", e.status)
@@ -65,7 +66,7 @@ def _version(request: web.Request) -> str | None:
 def build_app(core: ServeCore) -> web.Application:
     """The aiohttp application serving ``core`` (bodies over ``core.max_body_bytes`` get 413)."""
     app = web.Application(middlewares=[_errors], client_max_size=core.max_body_bytes)
-    app["core"] = core
+    app[CORE_KEY] = core
     r = web.RouteTableDef()
 
     @r.get("/v2/health/live")
@@ -155,9 +156,11 @@ def build_app(core: ServeCore) -> web.Application:
 
     @r.get("/metrics")
     async def metrics(request):
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+        from prometheus_client import CONTENT_TYPE_LATEST
 
-        text = generate_latest(core.registry)
+        from .metrics import render
+
+        text = render(core.registry)
         return web.Response(body=text, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     @r.get("/openapi.json")

@@ -227,3 +227,24 @@ def build_registry(books: Books, stats: Callable[[], dict], model_names: Callabl
     reg = CollectorRegistry(auto_describe=False)
     reg.register(_Collector())
     return reg
+
+
+def _escape(v: str) -> str:
+    return v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def render(registry) -> bytes:
+    """Prometheus text format 0.0.4, with counter names as given (prometheus-client's own writer would
+    append ``_total`` to the TYPE line, which Triton's ``nv_inference_*`` counters do not have)."""
+    from prometheus_client.utils import floatToGoString
+
+    lines: list[str] = []
+    for metric in registry.collect():
+        mtype = {"unknown": "untyped"}.get(metric.type, metric.type)
+        doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
+        lines.append(f"# HELP {metric.name} {doc}")
+        lines.append(f"# TYPE {metric.name} {mtype}")
+        for s in metric.samples:
+            labels = ",".join(f'{k}="{_escape(str(v))}"' for k, v in sorted(s.labels.items()))
+            lines.append(f"{s.name}{{{labels}}} {floatToGoString(s.value)}" if labels else f"{s.name} {floatToGoString(s.value)}")
+    return ("\n".join(lines) + "\n").encode()

@@ -1,0 +1,53 @@
+"""``gpuloom load``: open-loop load against a KServe v2 HTTP server; prints throughput, SLO attainment, latency."""
+
+from __future__ import annotations
+
+import argparse
+
+NAME = "load"
+HELP = "drive a KServe v2 / Triton HTTP server open-loop (Poisson or constant rate); print throughput, SLO attainment, latency percentiles"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", help="server address, e.g. 127.0.0.1:8000 or http://host:8000")
+    p.add_argument("--model", required=True, help="model name")
+    p.add_argument("--rate", type=float, required=True, help="offered load, requests/s")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds to send for (default 10)")
+    arr = p.add_mutually_exclusive_group()
+    arr.add_argument("--poisson", dest="poisson", action="store_true", default=True, help="Poisson arrivals (default)")
+    arr.add_argument("--constant", dest="poisson", action="store_false", help="evenly spaced arrivals")
+    p.add_argument("--batch", type=int, default=1, help="rows per request (default 1)")
+    p.add_argument("--json-tensors", action="store_true", help="send JSON tensors instead of binary tensor data")
+    p.add_argument("--slo-ms", type=float, default=None, help="latency objective, ms (default: the model's, from its config)")
+    p.add_argument("--timeout", type=float, default=30.0, help="client timeout per request, s (default 30)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    import sys
+
+    from gpuloom.serve.loadgen import run_load
+
+    if args.rate <= 0 or args.duration <= 0 or args.batch < 1:
+        print(f"error: --rate and --duration must be positive and --batch >= 1 (found {args.rate}, {args.duration}, {args.batch})", file=sys.stderr)
+        return 2
+    try:
+        res = run_load(args.url, args.model, rate=args.rate, duration_s=args.duration, poisson=args.poisson,
+                       batch=args.batch, binary=not args.json_tensors, slo_ms=args.slo_ms, timeout_s=args.timeout, seed=args.seed)
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # aiohttp connection errors
+        print(f"error: cannot reach {args.url}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(res.as_dict()))
+        return 0
+    print(f"model {res.model}: offered {args.rate:g} req/s for {args.duration:g} s ({'Poisson' if args.poisson else 'constant'}), batch {args.batch}")
+    print(f"  sent {res.sent}, ok {res.ok}, errors {res.errors or 'none'}")
+    print(f"  throughput     {res.throughput:.1f} req/s")
+    print(f"  SLO attainment {res.slo_attainment * 100:.1f}% within {res.slo_ms:g} ms")
+    print(f"  latency ms     p50 {res.p50_ms:.2f}  p90 {res.p90_ms:.2f}  p99 {res.p99_ms:.2f}  mean {res.mean_ms:.2f}")
+    return 0

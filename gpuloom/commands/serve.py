@@ -1,0 +1,77 @@
+"""``gpuloom serve``: serve a model repository over KServe v2 / Triton HTTP and gRPC."""
+
+from __future__ import annotations
+
+import argparse
+
+NAME = "serve"
+HELP = "serve a model repository (directory or YAML) over KServe v2 / Triton-compatible HTTP and gRPC"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("repository", help="model repository: a directory of model YAML files or one YAML file (see examples/repository)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)")
+    p.add_argument("--http-port", type=int, default=8000, help="HTTP port (default 8000; 0 picks a free one)")
+    p.add_argument("--grpc-port", type=int, default=8001, help="gRPC port (default 8001; 0 picks a free one)")
+    p.add_argument("--no-grpc", action="store_true", help="serve HTTP only")
+    p.add_argument("--policy", default="dstack", help="scheduling policy by name (default dstack)")
+    p.add_argument("--profiles", default=None, metavar="DIR", help="latency profiles (default: shipped or cached ones)")
+    p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--queue-limit", type=int, default=1024, help="queued requests before 429 (default 1024)")
+    p.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body, MiB (default 64)")
+    p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to drain queued requests on SIGTERM (default 30)")
+    p.add_argument("--models", default=None, help="comma-separated subset of the repository to load at start")
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+    import sys
+
+    from gpuloom.serve.core import ServeCore
+    from gpuloom.serve.protocol import ProtocolError
+    from gpuloom.serve.repository import RepositoryError, load_repository
+    from gpuloom.serve.server import ServeError, Server
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        repo = load_repository(args.repository)
+    except RepositoryError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    names = repo.names() if not args.models else [n.strip() for n in args.models.split(",") if n.strip()]
+    unknown = [n for n in names if n not in repo.models]
+    if unknown:
+        print(f"error: --models names {unknown} not in the repository, which has {repo.names()}", file=sys.stderr)
+        return 2
+    from gpuloom.runtime.service import InferenceService
+
+    try:
+        service = InferenceService(policy=args.policy, device=args.device, profiles=args.profiles, queue_limit=args.queue_limit)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    service.start()
+    core = ServeCore(service, repo, max_body_bytes=int(args.max_body_mb * (1 << 20)))
+    for n in names:
+        print(f"loading {n} ...", file=sys.stderr, flush=True)
+        try:
+            core.load(n)
+        except ProtocolError as e:
+            print(f"error: {e}", file=sys.stderr)
+            service.close(drain=False)
+            return 1
+    server = Server(core, host=args.host, http_port=args.http_port, grpc_port=None if args.no_grpc else args.grpc_port,
+                    drain_timeout_s=args.drain_timeout)
+
+    def started(addr):
+        grpc = f", gRPC on {addr.grpc_url}" if addr.grpc_port else ""
+        print(f"gpuloom serving {len(names)} models ({', '.join(names)}) with policy {args.policy}: HTTP on http://{addr.http_url}{grpc}", file=sys.stderr, flush=True)
+
+    try:
+        server.serve_forever(on_started=started)
+    except ServeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        service.close(drain=False)
+        return 1
+    print("gpuloom serve stopped (drained)", file=sys.stderr)
+    return 0

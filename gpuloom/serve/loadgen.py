@@ -1,0 +1,160 @@
+"""An open-loop HTTP load generator for any KServe v2 server (gpuloom, Triton, KServe).
+
+Arrival times are precomputed (Poisson or constant rate) and each request is sent at its time whether
+or not earlier ones have answered (open loop: a slow server sees the load pile up, as in production).
+Inputs are random tensors of the model's metadata shapes; sent as Triton binary tensor data by default
+or as JSON (``binary=False``, for servers without the extension).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .protocol import V2_TO_NUMPY
+
+__all__ = ["LoadResult", "run_load", "arrival_times"]
+
+
+@dataclass
+class LoadResult:
+    model: str
+    rate: float  # offered requests/s
+    duration_s: float
+    sent: int
+    ok: int
+    errors: dict[str, int]  # HTTP status (or exception name) -> count
+    throughput: float  # successful requests/s over the run
+    slo_ms: float
+    slo_attainment: float  # fraction of sent requests answered 200 within slo_ms
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    mean_ms: float
+    latencies_ms: list[float] = field(default_factory=list, repr=False)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("latencies_ms")
+        return d
+
+
+def arrival_times(rate: float, duration_s: float, *, poisson: bool = True, seed: int = 0) -> np.ndarray:
+    """Send times (s from start) for ``rate`` requests/s over ``duration_s``."""
+    if rate <= 0 or duration_s <= 0:
+        raise ValueError(f"rate and duration must be positive, found rate={rate}, duration={duration_s}")
+    if not poisson:
+        return np.arange(0.0, duration_s, 1.0 / rate)
+    rng = np.random.default_rng(seed)
+    n = int(rate * duration_s * 1.5) + 16
+    t = np.cumsum(rng.exponential(1.0 / rate, n))
+    return t[t < duration_s]
+
+
+def _url(url: str) -> str:
+    url = url.rstrip("/")
+    return url if url.startswith(("http://", "https://")) else "http://" + url
+
+
+def _body(meta: dict, batch: int, binary: bool, rng: np.random.Generator) -> tuple[bytes, dict]:
+    inputs, blobs = [], []
+    for t in meta["inputs"]:
+        shape = [batch, *[d if d > 0 else 1 for d in t["shape"][1:]]]
+        dt = np.dtype(V2_TO_NUMPY[t["datatype"]])
+        arr = (rng.random(shape) * 4).astype(dt) if dt.kind == "f" else rng.integers(0, 4, shape).astype(dt)
+        entry = {"name": t["name"], "shape": shape, "datatype": t["datatype"]}
+        if binary:
+            raw = arr.tobytes()
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            blobs.append(raw)
+        else:
+            entry["data"] = arr.reshape(-1).tolist()
+        inputs.append(entry)
+    req = {"inputs": inputs}
+    if binary:
+        req["parameters"] = {"binary_data_output": True}
+    head = json.dumps(req).encode()
+    headers = {"Content-Type": "application/octet-stream" if binary else "application/json"}
+    if binary:
+        headers["Inference-Header-Content-Length"] = str(len(head))
+    return head + b"".join(blobs), headers
+
+
+async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: bool, slo_ms: float | None,
+               timeout_s: float, seed: int, variants: int = 8) -> LoadResult:
+    import aiohttp
+
+    base = _url(url)
+    conn = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
+        async with s.get(f"{base}/v2/models/{model}") as r:
+            if r.status != 200:
+                raise ValueError(f"model {model!r} metadata from {base}: HTTP {r.status}: {await r.text()}")
+            meta = await r.json()
+        if slo_ms is None:
+            try:
+                async with s.get(f"{base}/v2/models/{model}/config") as r:
+                    cfg = await r.json() if r.status == 200 else {}
+                slo_ms = float(cfg.get("parameters", {}).get("slo_ms", {}).get("string_value", "nan"))
+            except Exception:
+                slo_ms = float("nan")
+            if not slo_ms == slo_ms:  # NaN: the server did not say (not gpuloom)
+                slo_ms = 100.0
+        rng = np.random.default_rng(seed)
+        bodies = [_body(meta, batch, binary, rng) for _ in range(variants)]
+        lat: list[float] = []
+        status: Counter = Counter()
+        ok_in_slo = 0
+        infer_url = f"{base}/v2/models/{model}/infer"
+
+        async def one(i: int):
+            nonlocal ok_in_slo
+            body, headers = bodies[i % len(bodies)]
+            t0 = time.perf_counter()
+            try:
+                async with s.post(infer_url, data=body, headers=headers) as r:
+                    await r.read()
+                    code = r.status
+            except Exception as e:  # connection refused, timeout: counted, never raised
+                status[type(e).__name__] += 1
+                return
+            ms = (time.perf_counter() - t0) * 1000.0
+            if code == 200:
+                lat.append(ms)
+                if ms <= slo_ms:
+                    ok_in_slo += 1
+            else:
+                status[str(code)] += 1
+
+        start = time.perf_counter()
+        tasks = []
+        for i, t in enumerate(times):
+            delay = start + float(t) - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(i)))
+        await asyncio.gather(*tasks)
+        wall = max(time.perf_counter() - start, float(times[-1]) if len(times) else 0.0, 1e-9)
+    arr = np.asarray(lat) if lat else np.asarray([float("nan")])
+    n = len(times)
+    return LoadResult(
+        model=model, rate=n / max(float(times[-1]) if n else 1.0, 1e-9) if n > 1 else float(n), duration_s=wall,
+        sent=n, ok=len(lat), errors=dict(status), throughput=len(lat) / wall, slo_ms=float(slo_ms),
+        slo_attainment=ok_in_slo / n if n else 0.0,
+        p50_ms=float(np.percentile(arr, 50)), p90_ms=float(np.percentile(arr, 90)), p99_ms=float(np.percentile(arr, 99)),
+        mean_ms=float(arr.mean()), latencies_ms=lat,
+    )
+
+
+def run_load(url: str, model: str, *, rate: float, duration_s: float, poisson: bool = True, batch: int = 1,
+             binary: bool = True, slo_ms: float | None = None, timeout_s: float = 30.0, seed: int = 0) -> LoadResult:
+    """Drive ``model`` at ``url`` open-loop; ``slo_ms`` None: the model's own SLO when the server says it."""
+    times = arrival_times(rate, duration_s, poisson=poisson, seed=seed)
+    res = asyncio.run(_run(url, model, times, batch=batch, binary=binary, slo_ms=slo_ms, timeout_s=timeout_s, seed=seed))
+    res.rate = rate
+    return res

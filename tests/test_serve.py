@@ -1,0 +1,387 @@
+"""The inference server end to end on CPU: tritonclient HTTP and gRPC against a real server on loopback."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import serve_fake  # noqa: E402
+
+tritonhttp = pytest.importorskip("tritonclient.http")
+tritongrpc = pytest.importorskip("tritonclient.grpc")
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+from gpuloom.serve.core import ServeCore  # noqa: E402
+from gpuloom.serve.repository import load_repository  # noqa: E402
+from gpuloom.serve.server import ServeError, Server  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1] / "examples" / "repository"
+
+
+@pytest.fixture(scope="module")
+def served():
+    repo = load_repository(REPO)
+    service = serve_fake.make_service()
+    core = ServeCore(service, repo, max_body_bytes=1 << 20)
+    for name in repo.names():
+        core.load(name)
+    server = Server(core, http_port=0, grpc_port=0)
+    addr = server.start()
+    eager = {name: repo.models[name].build()[1] for name in repo.names()}
+    yield addr, core, eager
+    server.stop()
+
+
+def _eager(module, *xs):
+    import torch
+
+    with torch.no_grad():
+        out = module(*[torch.from_numpy(x) for x in xs])
+    return out
+
+
+def _post(addr, path, body: bytes, headers=None):
+    c = http.client.HTTPConnection(addr.host, addr.http_port, timeout=30)
+    c.request("POST", path, body=body, headers=headers or {"Content-Type": "application/json"})
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    return r.status, dict(r.getheaders()), data
+
+
+def _get(addr, path):
+    c = http.client.HTTPConnection(addr.host, addr.http_port, timeout=30)
+    c.request("GET", path)
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    return r.status, data
+
+
+def _metrics(addr) -> dict[tuple[str, str], float]:
+    """/metrics -> {(metric name, label text): value}."""
+    status, text = _get(addr, "/metrics")
+    assert status == 200
+    out = {}
+    for line in text.decode().splitlines():
+        m = re.match(r"^(\w+)(\{[^}]*\})? (\S+)$", line)
+        if m:
+            out[(m.group(1), m.group(2) or "")] = float(m.group(3))
+    return out
+
+
+def _metric(metrics, name, **labels) -> float:
+    total = 0.0
+    for (n, lab), v in metrics.items():
+        if n == name and all(f'{k}="{val}"' in lab for k, val in labels.items()):
+            total += v
+    return total
+
+
+# -- correctness --------------------------------------------------------------------------------
+@pytest.mark.parametrize("binary", [True, False])
+def test_http_outputs_match_eager_for_two_models(served, binary):
+    addr, _, eager = served
+    client = tritonhttp.InferenceServerClient(addr.http_url)
+    assert client.is_server_live() and client.is_server_ready()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 16)).astype(np.float32)
+    inp = tritonhttp.InferInput("x", [3, 16], "FP32")
+    inp.set_data_from_numpy(x, binary_data=binary)
+    res = client.infer("tiny_mlp", [inp], outputs=[tritonhttp.InferRequestedOutput("y", binary_data=binary)])
+    np.testing.assert_allclose(res.as_numpy("y"), _eager(eager["tiny_mlp"], x).numpy(), rtol=1e-5, atol=1e-6)
+
+    img = rng.standard_normal((2, 3, 16, 16)).astype(np.float32)
+    inp = tritonhttp.InferInput("image", [2, 3, 16, 16], "FP32")
+    inp.set_data_from_numpy(img, binary_data=binary)
+    res = client.infer("tiny_cnn", [inp])  # no outputs named: all of them, binary by default
+    want = _eager(eager["tiny_cnn"], img)
+    for name in ("logits", "embedding"):
+        np.testing.assert_allclose(res.as_numpy(name), want[name].numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_grpc_outputs_match_eager_including_a_torchvision_model(served):
+    addr, _, eager = served
+    client = tritongrpc.InferenceServerClient(addr.grpc_url)
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("tiny_cnn")
+    md = client.get_model_metadata("tiny_cnn", as_json=True)
+    assert [o["name"] for o in md["outputs"]] == ["logits", "embedding"]
+    rng = np.random.default_rng(1)
+    for name, inname, shape in (("tiny_mlp", "x", (4, 16)), ("mobilenet_v3_small", "input", (2, 3, 64, 64))):
+        x = rng.standard_normal(shape).astype(np.float32)
+        inp = tritongrpc.InferInput(inname, list(shape), "FP32")
+        inp.set_data_from_numpy(x)
+        res = client.infer(name, [inp])
+        out = _eager(eager[name], x)
+        got = res.as_numpy("y" if name == "tiny_mlp" else "output0")
+        np.testing.assert_allclose(got, out.numpy(), rtol=1e-4, atol=1e-5)
+    cfg = client.get_model_config("tiny_mlp", as_json=True)["config"]
+    assert cfg["max_batch_size"] == 16 and cfg["input"][0]["dims"] == ["16"]
+
+
+def test_metadata_config_statistics_and_repository_index_over_http(served):
+    addr, _, _ = served
+    client = tritonhttp.InferenceServerClient(addr.http_url)
+    md = client.get_model_metadata("tiny_mlp")
+    assert md["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 16]}]
+    assert client.get_model_metadata("tiny_mlp", model_version="1")["name"] == "tiny_mlp"
+    cfg = client.get_model_config("tiny_cnn")
+    assert cfg["max_batch_size"] == 8 and float(cfg["parameters"]["slo_ms"]["string_value"]) == 100.0
+    assert client.get_server_metadata()["name"] == "gpuloom"
+    idx = {m["name"]: m["state"] for m in client.get_model_repository_index()}
+    assert idx == {"tiny_mlp": "READY", "tiny_cnn": "READY", "mobilenet_v3_small": "READY"}
+    st = client.get_inference_statistics("tiny_mlp")["model_stats"][0]
+    assert st["name"] == "tiny_mlp" and "success" in st["inference_stats"]
+    status, body = _get(addr, "/openapi.json")
+    assert status == 200 and json.loads(body)["openapi"].startswith("3.")
+
+
+# -- bad input -----------------------------------------------------------------------------------
+def _infer_json(tensors, **extra):
+    return json.dumps({"inputs": tensors, **extra}).encode()
+
+
+BAD = [
+    ("wrong tensor name", "/v2/models/tiny_mlp/infer", _infer_json([{"name": "z", "shape": [1, 16], "datatype": "FP32", "data": [0.0] * 16}]), {}, 400, "expects inputs ['x']"),
+    ("wrong shape", "/v2/models/tiny_mlp/infer", _infer_json([{"name": "x", "shape": [1, 15], "datatype": "FP32", "data": [0.0] * 15}]), {}, 400, "expected shape ['b', 16]"),
+    ("wrong dtype", "/v2/models/tiny_mlp/infer", _infer_json([{"name": "x", "shape": [1, 16], "datatype": "INT64", "data": [0] * 16}]), {}, 400, "expected datatype FP32"),
+    ("too few elements", "/v2/models/tiny_mlp/infer", _infer_json([{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [0.0] * 3}]), {}, 400, "needs 16 elements"),
+    ("batch over max", "/v2/models/tiny_mlp/infer", _infer_json([{"name": "x", "shape": [17, 16], "datatype": "FP32", "data": [0.0] * 272}]), {}, 400, "outside 1..16"),
+    ("malformed json", "/v2/models/tiny_mlp/infer", b'{"inputs": [', {}, 400, "not valid JSON"),
+    ("json not an object", "/v2/models/tiny_mlp/infer", b"[1, 2]", {}, 400, "JSON object"),
+    ("unknown datatype", "/v2/models/tiny_mlp/infer", _infer_json([{"name": "x", "shape": [1, 16], "datatype": "FP128", "data": [0.0] * 16}]), {}, 400, "unsupported datatype"),
+    ("strings for floats", "/v2/models/tiny_mlp/infer", _infer_json([{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": ["a", "b"]}]), {}, 400, "not a valid FP32"),
+    ("header length past body", "/v2/models/tiny_mlp/infer", b'{"inputs": []}', {"Inference-Header-Content-Length": "999"}, 400, "outside the body"),
+    ("header length not int", "/v2/models/tiny_mlp/infer", b'{"inputs": []}', {"Inference-Header-Content-Length": "abc"}, 400, "must be an integer"),
+    ("binary size past data", "/v2/models/tiny_mlp/infer", None, {"binary": 10}, 400, "runs past"),
+    ("binary size wrong for shape", "/v2/models/tiny_mlp/infer", None, {"binary": 64 - 4}, 400, "needs 64 bytes"),
+    ("unknown model", "/v2/models/nope/infer", _infer_json([{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [0.0] * 16}]), {}, 404, "unknown model 'nope'"),
+    ("unknown version", "/v2/models/tiny_mlp/versions/7/infer", _infer_json([{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [0.0] * 16}]), {}, 404, "only version 1"),
+    ("unknown output", "/v2/models/tiny_mlp/infer", _infer_json([{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [0.0] * 16}], outputs=[{"name": "q"}]), {}, 400, "has no outputs ['q']"),
+    ("negative timeout", "/v2/models/tiny_mlp/infer", _infer_json([{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [0.0] * 16}], parameters={"timeout": -5}), {}, 400, "timeout"),
+    ("body over limit", "/v2/models/tiny_mlp/infer", b" " * (2 << 20), {}, 413, "too large"),
+]
+
+
+@pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
+def test_bad_requests_get_a_4xx_that_says_what_was_expected(served, case):
+    addr, _, _ = served
+    _, path, body, headers, status, needle = case
+    if "binary" in headers:  # binary framing: claim `binary` bytes of a 64-byte tensor
+        size = headers.pop("binary")
+        head = _infer_json([{"name": "x", "shape": [1, 16], "datatype": "FP32", "parameters": {"binary_data_size": size}}])
+        data = bytes(min(size, 64) if size != 10 else 4)
+        body, headers = head + data, {"Inference-Header-Content-Length": str(len(head))}
+    got, _, data = _post(addr, path, body, headers)
+    assert got == status, data
+    assert needle in json.loads(data)["error"]
+
+
+def test_grpc_bad_shape_is_invalid_argument_and_unknown_model_not_found(served):
+    addr, _, _ = served
+    client = tritongrpc.InferenceServerClient(addr.grpc_url)
+    inp = tritongrpc.InferInput("x", [1, 15], "FP32")
+    inp.set_data_from_numpy(np.zeros((1, 15), np.float32))
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("tiny_mlp", [inp])
+    assert "INVALID_ARGUMENT" in str(e.value.status()) and "expected shape" in e.value.message()
+    with pytest.raises(InferenceServerException) as e:
+        client.get_model_metadata("nope")
+    assert "NOT_FOUND" in str(e.value.status())
+
+
+def test_server_keeps_serving_after_garbage(served):
+    addr, _, _ = served
+    for junk in (b"\x00\xff" * 100, b"{}", b'{"inputs": [{"name": 1}]}', b'{"inputs": [{"name": "x", "shape": "no"}]}'):
+        status, _, _ = _post(addr, "/v2/models/tiny_mlp/infer", junk, {"Inference-Header-Content-Length": "2"} if junk[:1] == b"\x00" else None)
+        assert 400 <= status < 500
+    assert _get(addr, "/v2/health/live")[0] == 200
+
+
+# -- books, deadlines ----------------------------------------------------------------------------
+def test_books_balance_after_a_burst(served):
+    addr, core, _ = served
+    before = _metrics(addr)
+    n = 60
+    results = []
+
+    def send(i):
+        body = _infer_json([{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [float(i)] * 16}],
+                           parameters={"timeout": 1} if i % 5 == 0 else {})  # 1 us: some will miss their deadline
+        results.append(_post(addr, "/v2/models/tiny_mlp/infer", body)[0])
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == n and all(s in (200, 429, 503, 504) for s in results), results
+    after = _metrics(addr)
+
+    def delta(name, **lab):
+        return _metric(after, name, **lab) - _metric(before, name, **lab)
+
+    accepted = delta("gpuloom_request_accepted", model="tiny_mlp")
+    success = delta("nv_inference_request_success", model="tiny_mlp")
+    failure = delta("nv_inference_request_failure", model="tiny_mlp")  # model errors + drops by reason
+    rejected = delta("gpuloom_request_rejected", model="tiny_mlp")
+    assert accepted == success + failure
+    assert accepted + rejected == n
+    assert success == results.count(200)
+    assert _metric(after, "nv_inference_pending_request_count", model="tiny_mlp") == 0
+    assert all(b.balanced() for b in core.books.snapshot().values())
+
+
+def test_metrics_expose_triton_names_and_gpuloom_extras(served):
+    addr, _, _ = served
+    _, text = _get(addr, "/metrics")
+    text = text.decode()
+    for name in ("nv_inference_request_success", "nv_inference_request_failure", "nv_inference_count",
+                 "nv_inference_request_duration_us", "gpuloom_request_accepted", "gpuloom_partition_sms"):
+        assert f"# TYPE {name} " in text, name
+
+
+# -- repository API while serving ----------------------------------------------------------------
+def test_unload_and_load_while_serving_another_model(served):
+    addr, _, _ = served
+    client = tritonhttp.InferenceServerClient(addr.http_url, concurrency=2)
+    stop = threading.Event()
+    statuses = []
+
+    def hammer():
+        c = tritonhttp.InferenceServerClient(addr.http_url)
+        x = np.ones((1, 16), np.float32)
+        while not stop.is_set():
+            inp = tritonhttp.InferInput("x", [1, 16], "FP32")
+            inp.set_data_from_numpy(x)
+            try:
+                c.infer("tiny_mlp", [inp])
+                statuses.append(200)
+            except InferenceServerException as e:
+                statuses.append(e.status())
+
+    t = threading.Thread(target=hammer)
+    t.start()
+    try:
+        client.unload_model("tiny_cnn")
+        assert not client.is_model_ready("tiny_cnn") if _model_known(client, "tiny_cnn") else True
+        idx = {m["name"]: m["state"] for m in client.get_model_repository_index()}
+        assert idx["tiny_cnn"] == "UNAVAILABLE" and idx["tiny_mlp"] == "READY"
+        inp = tritonhttp.InferInput("image", [1, 3, 16, 16], "FP32")
+        inp.set_data_from_numpy(np.zeros((1, 3, 16, 16), np.float32))
+        with pytest.raises(InferenceServerException) as e:
+            client.infer("tiny_cnn", [inp])
+        assert e.value.status() in ("404", "503")
+        client.load_model("tiny_cnn")
+        assert client.is_model_ready("tiny_cnn")
+        assert client.infer("tiny_cnn", [inp]).as_numpy("logits").shape == (1, 10)
+        with pytest.raises(InferenceServerException) as e:
+            client.load_model("not_in_repo")
+        assert e.value.status() == "404"
+    finally:
+        stop.set()
+        t.join()
+    assert statuses and set(statuses) == {200}
+
+
+def _model_known(client, name):
+    try:
+        client.get_model_metadata(name)
+        return True
+    except InferenceServerException:
+        return False
+
+
+# -- overload, shutdown, ports -----------------------------------------------------------------------
+def test_overload_answers_429_with_retry_after_and_every_request_is_answered():
+    service = serve_fake.make_service(queue_limit=2)
+    core = ServeCore(service)
+    cfg, module = serve_fake.slow_net(0.05)
+    service.load(cfg, module)
+    server = Server(core, http_port=0, grpc_port=None)
+    addr = server.start()
+    try:
+        results = []
+        body = _infer_json([{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0] * 4}])
+
+        def send():
+            results.append(_post(addr, "/v2/models/slow/infer", body))
+
+        threads = [threading.Thread(target=send) for _ in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        codes = [r[0] for r in results]
+        assert len(codes) == 16 and 200 in codes and 429 in codes, codes
+        for status, headers, data in results:
+            if status == 429:
+                assert int(headers["Retry-After"]) >= 1 and "overloaded" in json.loads(data)["error"]
+            elif status == 200:
+                assert json.loads(data)["outputs"][0]["data"] == [2.0] * 4
+    finally:
+        server.stop()
+    b = core.books.snapshot()["slow"]
+    assert b.balanced() and b.rejected["overloaded"] == codes.count(429)
+
+
+def test_graceful_stop_answers_every_queued_request():
+    service = serve_fake.make_service()
+    core = ServeCore(service)
+    cfg, module = serve_fake.slow_net(0.03)
+    service.load(cfg, module)
+    server = Server(core, http_port=0, grpc_port=0)
+    addr = server.start()
+    results = []
+    body = _infer_json([{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0] * 4}])
+
+    def send():
+        try:
+            results.append(_post(addr, "/v2/models/slow/infer", body)[0])
+        except OSError as e:  # a connection refused after the listener closed is not an accepted request
+            results.append(type(e).__name__)
+
+    threads = [threading.Thread(target=send) for _ in range(12)]
+    for t in threads:
+        t.start()
+    time.sleep(0.1)  # most are queued now
+    server.stop()
+    for t in threads:
+        t.join()
+    b = core.books.snapshot()["slow"]
+    assert b.accepted >= 1 and b.in_flight == 0 and b.balanced()
+    answered = [r for r in results if isinstance(r, int)]
+    assert answered.count(200) == b.success  # every accepted request got its answer over the wire
+    assert all(r in (200, 503, 504) for r in answered), results
+
+
+def test_taken_port_gives_a_clear_error(served):
+    addr, core, _ = served
+    with pytest.raises(ServeError, match=f"port {addr.http_port} on 127.0.0.1 is already in use"):
+        Server(core, http_port=addr.http_port, grpc_port=None).start()
+
+
+def test_deadline_header_and_timeout_parameter_reach_the_runtime(served, monkeypatch):
+    addr, core, _ = served
+    seen = []
+    real = core.service.submit
+
+    def spy(name, inputs, *, deadline_ms=None):
+        seen.append(deadline_ms)
+        return real(name, inputs, deadline_ms=deadline_ms)
+
+    monkeypatch.setattr(core.service, "submit", spy)
+    x = [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [0.0] * 16}]
+    assert _post(addr, "/v2/models/tiny_mlp/infer", _infer_json(x, parameters={"timeout": 250000}))[0] == 200
+    assert _post(addr, "/v2/models/tiny_mlp/infer", _infer_json(x), {"X-Gpuloom-Deadline-Ms": "300"})[0] == 200
+    assert _post(addr, "/v2/models/tiny_mlp/infer", _infer_json(x))[0] == 200
+    assert seen == [250.0, 300.0, None]  # None: the runtime applies the model's SLO
