@@ -18,7 +18,6 @@ import datetime
 import gc
 import json
 import math
-import statistics
 import sys
 import time
 import traceback
@@ -30,6 +29,7 @@ import torch.nn as nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import gpuloom  # noqa: E402
 from gpuloom.engine.critical import lower_bound_ms  # noqa: E402
+from gpuloom.gpu.timing import median_ms  # noqa: E402
 
 BRANCHY = ("inception_v3", "googlenet", "nasnetalarge", "efficientnet_b0")
 
@@ -54,21 +54,6 @@ def build(name: str) -> tuple[nn.Module, tuple[int, ...]]:
         return m, (3, 299, 299) if name == "inception_v3" else (3, 224, 224)
     size = {"efficientnet_b5": 456}.get(name, 224)
     return getattr(tv, name)(weights=None), (3, size, size)
-
-
-def median_ms(fn, x, warmup: int, iters: int) -> float:
-    for _ in range(warmup):
-        fn(x)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn(x)
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
 
 
 def eager_graph(model: nn.Module, example: torch.Tensor):
@@ -159,7 +144,7 @@ def bench_model(name: str, dtype: torch.dtype, batches: list[int], args) -> dict
                 row[f"rel_err_{key}"] = rel_err(variants[key](fresh), want)
             for key, fn in variants.items():
                 if key in args.variants or key.startswith("gpuloom") or key == "eager":
-                    row[f"{key}_ms"] = round(median_ms(fn, x, args.warmup, args.iters), 4)
+                    row[f"{key}_ms"] = round(median_ms(lambda: fn(x), warmup=args.warmup, iters=args.iters, cuda=True), 4)
         if args.lower_bound:
             with torch.no_grad():
                 cp, total = lower_bound_ms(cm, b)

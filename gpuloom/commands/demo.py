@@ -20,8 +20,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import statistics
-    import time
     from pathlib import Path
 
     import torch
@@ -31,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
 
     import gpuloom
     from gpuloom.engine.dag import CaptureError
+    from gpuloom.gpu.timing import median_ms
 
     console = Console()
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -42,22 +41,7 @@ def run(args: argparse.Namespace) -> int:
     iters = args.iters or (100 if on_gpu else 5)
 
     def timed(fn, x) -> float:
-        for _ in range(3 if not on_gpu else 20):
-            fn(x)
-        times = []
-        for _ in range(iters):
-            if on_gpu:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn(x)
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end))
-            else:
-                t = time.perf_counter()
-                fn(x)
-                times.append((time.perf_counter() - t) * 1e3)
-        return statistics.median(times)
+        return median_ms(lambda: fn(x), warmup=20 if on_gpu else 3, iters=iters, cuda=on_gpu)
 
     table = Table(title=f"gpuloom demo on {torch.cuda.get_device_name(device) if on_gpu else 'CPU'} "
                         f"(batch {args.batch}, {size}x{size}, median of {iters})")

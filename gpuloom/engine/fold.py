@@ -35,6 +35,21 @@ def _attr(gm: fx.GraphModule, node) -> torch.Tensor | None:
     return operator.attrgetter(node.target)(gm)
 
 
+def _first_output_users(bn: fx.Node) -> list[fx.Node] | None:
+    """The ``getitem(bn, 0)`` users of a batch-norm node, or None if anything else reads it."""
+    users = list(bn.users)
+    if all(u.op == "call_function" and u.target is operator.getitem and u.args[1] == 0 for u in users):
+        return users
+    return None
+
+
+def _replace_bn(gm: fx.GraphModule, bn: fx.Node, users: list[fx.Node], new: fx.Node) -> None:
+    for u in users:
+        u.replace_all_uses_with(new)
+        gm.graph.erase_node(u)
+    gm.graph.erase_node(bn)
+
+
 def fold_batchnorm(gm: fx.GraphModule) -> int:
     """Fold every ``conv -> batch_norm (inference)`` pair of ``gm`` in place. Returns how many."""
     folded = 0
@@ -46,8 +61,8 @@ def fold_batchnorm(gm: fx.GraphModule) -> int:
             continue
         if len(conv.users) != 1:
             continue  # someone else reads the un-normalized output
-        users = list(bn.users)
-        if not all(u.op == "call_function" and u.target is operator.getitem and u.args[1] == 0 for u in users):
+        users = _first_output_users(bn)
+        if users is None:
             continue
         try:
             gamma, beta, mean, var = (_attr(gm, a) for a in bn.args[1:5])
@@ -74,10 +89,7 @@ def fold_batchnorm(gm: fx.GraphModule) -> int:
         else:
             args.append(b_node)
         conv.args = tuple(args)
-        for u in users:
-            u.replace_all_uses_with(conv)
-            gm.graph.erase_node(u)
-        gm.graph.erase_node(bn)
+        _replace_bn(gm, bn, users, conv)
         folded += 1
     if folded:
         gm.graph.eliminate_dead_code()
@@ -92,8 +104,8 @@ def restore_batchnorm(gm: fx.GraphModule) -> int:
     for bn in list(gm.graph.nodes):
         if bn.op != "call_function" or bn.target is not _BN:
             continue
-        users = list(bn.users)
-        if not all(u.op == "call_function" and u.target is operator.getitem and u.args[1] == 0 for u in users):
+        users = _first_output_users(bn)
+        if users is None:
             continue
         x, weight, bias, mean, var, momentum, eps = bn.args[:7]
         with gm.graph.inserting_before(bn):
@@ -101,10 +113,7 @@ def restore_batchnorm(gm: fx.GraphModule) -> int:
                 torch.ops.aten.batch_norm.default, (x, weight, bias, mean, var, False, momentum, eps, True)
             )
         new.meta = dict(users[0].meta) if users else {}
-        for u in users:
-            u.replace_all_uses_with(new)
-            gm.graph.erase_node(u)
-        gm.graph.erase_node(bn)
+        _replace_bn(gm, bn, users, new)
         restored += 1
     if restored:
         gm.recompile()

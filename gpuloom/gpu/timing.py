@@ -1,0 +1,35 @@
+"""Median latency of a callable, timed the way every gpuloom benchmark times (DESIGN.md).
+
+GPU: CUDA events around each call on the current stream, after a warm-up, median in ms. CPU: the
+host clock. Each call is synchronized before the next starts, so this is latency, not throughput.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+
+def median_ms(fn: Callable[[], object], *, warmup: int, iters: int, cuda: bool) -> float:
+    """Median ms of ``iters`` calls of ``fn()`` after ``warmup`` untimed ones."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
