@@ -212,8 +212,9 @@ class ExecBackend(Backend):
     def busy_sm_ms(self) -> float:
         return self._busy_sm_ms
 
-    def close(self) -> None:
-        """Wait for batches in flight (up to ``quiet_timeout_s``), stop the watchers, free the device."""
+    def close(self, *, keep_device: bool = False) -> None:
+        """Wait for batches in flight (up to ``quiet_timeout_s``), stop the watchers, release the
+        builds and close the device layer (``keep_device=True``: leave it open for another backend)."""
         self._wait_quiet()
         with self._lock:
             for ws in self._watchers.values():
@@ -226,7 +227,8 @@ class ExecBackend(Backend):
             for old in self._retired.values():
                 self.device.release(old)
             self._retired.clear()
-        self.device.close()
+        if not keep_device:
+            self.device.close()
 
     # -- measurements ---------------------------------------------------------------------------
     def stats(self) -> dict:

@@ -1,0 +1,753 @@
+"""The online inference service: load models, submit requests from any thread, get futures back.
+
+This is what a network server (issue 6) sits on. It adds no scheduling of its own: requests go to a
+:class:`~gpuloom.runtime.core.Runtime` (its queues and the chosen policy, the same policy object as
+in simulation) driving an :class:`~gpuloom.runtime.exec_backend.ExecBackend` (CUDA graphs on SM
+partitions, or the CPU path).
+
+    svc = InferenceService(policy="dstack")          # cuda if available, else cpu
+    svc.start()
+    svc.load(ModelConfig("mlp", inputs=(TensorSpec("x", (16,), "float32"),), slo_ms=50), module)
+    fut = svc.submit("mlp", {"x": np.zeros((4, 16), np.float32)})
+    fut.result()["output0"].shape                    # (4, ...): this request's rows only
+    svc.close()
+
+**Rows and batching.** A client request may carry ``n >= 1`` rows. The runtime batches *rows*: each
+row becomes one runtime request (policies count requests, and a batch of ``b`` requests is ``b``
+rows, so every policy batches by samples unchanged); the service joins the request's rows back into
+one response. Rows of one request arrive together and sit next to each other in the FIFO queue, so
+they nearly always run in one batch; if any row fails or is dropped, the whole request does.
+
+**Books.** Every accepted request ends as exactly one of success, failure, dropped (by reason), and
+:meth:`InferenceService.stats` shows ``accepted == success + failure + dropped + in_flight``. Rejected
+submissions (invalid input, overload) are counted apart and never enter the books.
+
+**Rates.** Policies plan from each model's expected rate: ``ModelConfig.rate_hint`` for the first
+plan; at every later (re)load the measured rate of the last minute is used, and ``dstack`` re-plans
+from its own rate estimates while serving.
+"""
+
+from __future__ import annotations
+
+import bisect
+import concurrent.futures
+import logging
+import math
+import threading
+import time
+import warnings
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..policy import make_policy
+from ..policy.base import ModelInfo, PolicyContext
+from ..policy.types import Layout, Result, Status
+from ..profile.store import GpuInfo, Profile, ProfileStore
+from .core import Runtime
+from .device import DeviceLayer, FakeModel, make_device_layer
+from .exec_backend import ExecBackend, ExecOutput
+
+log = logging.getLogger(__name__)
+
+_DTYPES = ("float32", "float16", "float64", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
+#: upper bounds (ms) of the latency histogram buckets; the last bucket is +inf
+LATENCY_BUCKETS_MS = (0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+
+
+# -- configuration ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output tensor of a model, per sample (no batch dimension)."""
+
+    name: str
+    shape: tuple[int, ...]  # per sample; every dimension >= 1 (no -1: graphs have static shapes)
+    dtype: str  # numpy/torch dtype name: "float32", "float16", "int64", ...
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(self.shape))
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"TensorSpec name must be a non-empty string, got {self.name!r}")
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in self.shape):
+            raise ValueError(f"TensorSpec {self.name!r}: shape must be positive ints per sample (no batch, no -1), "
+                             f"got {self.shape}")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"TensorSpec {self.name!r}: dtype must be one of {_DTYPES}, got {self.dtype!r}")
+
+    def describe(self) -> str:
+        return f"{self.name}: {self.dtype}[n, {', '.join(map(str, self.shape))}]".replace("[n, ]", "[n]")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A model as the service serves it."""
+
+    name: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...] = ()  # filled in by load() from the compiled model when empty
+    max_batch: int = 32  # rows per batch (and per request) at most
+    slo_ms: float = 100.0  # latency objective of a request, ms (its default deadline)
+    weight: float = 1.0  # fairness weight when the GPU is short
+    rate_hint: float = 50.0  # expected requests/s, for the first plan
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        object.__setattr__(self, "outputs", tuple(self.outputs))
+        if not isinstance(self.name, str) or not self.name or "/" in self.name:
+            raise ValueError(f"model name must be a non-empty string without '/', got {self.name!r}")
+        if not self.inputs:
+            raise ValueError(f"model {self.name!r}: needs at least one input TensorSpec")
+        names = [t.name for t in self.inputs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"model {self.name!r}: input names must be unique, got {names}")
+        if not isinstance(self.max_batch, int) or self.max_batch < 1:
+            raise ValueError(f"model {self.name!r}: max_batch must be a positive int, got {self.max_batch!r}")
+        for what, v in (("slo_ms", self.slo_ms), ("weight", self.weight)):
+            if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
+                raise ValueError(f"model {self.name!r}: {what} must be a positive number, got {v!r}")
+        if not (isinstance(self.rate_hint, (int, float)) and self.rate_hint >= 0):
+            raise ValueError(f"model {self.name!r}: rate_hint must be >= 0 requests/s, got {self.rate_hint!r}")
+
+
+# -- errors -------------------------------------------------------------------------------------
+class ServiceError(Exception):
+    """Base of every error the service raises or fails a future with."""
+
+
+class UnknownModel(ServiceError, KeyError):
+    """No model of that name is loaded."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class ModelNotReady(ServiceError):
+    """The model is loading or unloading, or the service is not running."""
+
+
+class InvalidInput(ServiceError, ValueError):
+    """Wrong input names, shapes or dtypes; the message says what was expected."""
+
+
+class Overloaded(ServiceError):
+    """The model's queue is full; retry after ``retry_after_s`` seconds."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class DeadlineExceeded(ServiceError):
+    """The request could not be answered by its deadline."""
+
+
+class Dropped(ServiceError):
+    """The scheduler dropped the request; ``reason`` says why (e.g. "shutdown", "model unloaded")."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"request dropped: {reason}")
+        self.reason = reason
+
+
+class ModelFailed(ServiceError):
+    """The model's execution failed for this request's batch; the message carries the error."""
+
+
+# -- bookkeeping --------------------------------------------------------------------------------
+class Histogram:
+    """Counts per bucket of ``bounds`` (upper bounds, ascending) plus one +inf bucket; sum too."""
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = tuple(float(b) for b in bounds)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.sum = 0.0
+        self.n = 0
+
+    def add(self, v: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, v)] += 1
+        self.sum += v
+        self.n += 1
+
+    def quantile(self, q: float) -> float:
+        """Upper bound of the bucket holding the ``q`` quantile (inf when it is the last one)."""
+        if not self.n:
+            return float("nan")
+        target, acc = q * self.n, 0
+        for i, c in enumerate(self.counts):
+            acc += c
+            if acc >= target:
+                return self.bounds[i] if i < len(self.bounds) else float("inf")
+        return float("inf")
+
+    def to_json(self) -> dict:
+        return {"bounds": list(self.bounds), "counts": list(self.counts), "sum": self.sum, "count": self.n}
+
+
+@dataclass
+class _Model:
+    config: ModelConfig
+    profile: Profile
+    runner: Any  # CompiledModel, or FakeModel on a fake device
+    state: str = "loading"  # loading | ready | unloading
+    loaded_at: float = field(default_factory=time.monotonic)
+    accepted: int = 0
+    success: int = 0
+    failure: int = 0
+    on_time: int = 0
+    rejected: int = 0
+    dropped: Counter = field(default_factory=Counter)
+    queue_ms: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_MS))
+    compute_ms: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_MS))
+    total_ms: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_MS))
+    batch: Counter = field(default_factory=Counter)  # rows of the batch a request ran in -> requests
+    arrivals: deque = field(default_factory=lambda: deque(maxlen=4096))  # monotonic s, for the rate
+
+    @property
+    def answered(self) -> int:
+        return self.success + self.failure + sum(self.dropped.values())
+
+    @property
+    def in_flight(self) -> int:
+        return self.accepted - self.answered
+
+    def rate(self, now: float, window_s: float = 60.0) -> float | None:
+        ts = [t for t in self.arrivals if t >= now - window_s]
+        if len(ts) < 10:
+            return None
+        return len(ts) / max(1e-3, now - ts[0])
+
+
+class _Call:
+    """One accepted client request: its rows' fates joined into one future."""
+
+    __slots__ = ("model", "future", "outputs", "left", "error", "t0", "deadline_s", "explicit", "queue_ms",
+                 "compute_ms", "batch")
+
+    def __init__(self, model: _Model, n: int, deadline_s: float, explicit: bool) -> None:
+        self.model = model
+        self.future: concurrent.futures.Future = concurrent.futures.Future()
+        self.outputs: list[Any] = [None] * n
+        self.left = n
+        self.error: ServiceError | None = None
+        self.t0 = time.monotonic()
+        self.deadline_s = deadline_s
+        self.explicit = explicit
+        self.queue_ms = 0.0
+        self.compute_ms = 0.0
+        self.batch = 0
+
+
+# -- the service --------------------------------------------------------------------------------
+class InferenceService:
+    """Serve many models on one device with one scheduling policy. Thread-safe.
+
+    Args:
+        policy: a registered policy name (``gpuloom.policy.policy_names()``; not ``ideal``).
+        device: ``"cuda"``, ``"cuda:N"``, ``"cpu"``; default cuda when available, else cpu.
+        profiles: where to look up each model's latency profile by name (default: the shipped H200
+            profiles on CUDA, none on CPU); without one a crude profile is measured at load (warning).
+        queue_limit: accepted-but-unanswered requests per model before :class:`Overloaded`.
+        policy_options: keyword options of the policy's constructor.
+        device_layer: a ready :class:`DeviceLayer` instead of ``device`` (tests: ``FakeDeviceLayer``).
+    """
+
+    def __init__(
+        self,
+        *,
+        policy: str = "dstack",
+        device: str | None = None,
+        profiles: ProfileStore | None = None,
+        queue_limit: int = 1024,
+        policy_options: dict | None = None,
+        device_layer: DeviceLayer | None = None,
+        load_timeout_s: float = 600.0,
+    ) -> None:
+        self.policy_name = policy
+        self.policy_options = dict(policy_options or {})
+        make_policy(policy, **self.policy_options)  # unknown names / bad options fail here, not at load
+        if not isinstance(queue_limit, int) or queue_limit < 1:
+            raise ValueError(f"queue_limit must be a positive int, got {queue_limit!r}")
+        self.queue_limit = queue_limit
+        self._device_arg = device
+        self._layer = device_layer
+        self.profiles = profiles
+        self.load_timeout_s = load_timeout_s
+        self._models: dict[str, _Model] = {}
+        self._lock = threading.RLock()
+        self._admin = threading.Lock()  # one load/unload at a time
+        self._cv = threading.Condition(self._lock)
+        self._runtime: Runtime | None = None
+        self._backend: ExecBackend | None = None
+        self._layout_seen: dict[int, BaseException | None] = {}  # id(policy) -> first layout outcome
+        self._rid: dict[int, tuple[_Call, int]] = {}  # runtime request id -> (call, row)
+        self._started = False
+        self._closed = False
+        self._t_start = time.monotonic()
+        self._backend_stats: list[dict] = []  # of runtimes stopped when the last model left
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    @property
+    def device(self) -> DeviceLayer:
+        if self._layer is None:
+            self._layer = make_device_layer(self._device_arg)
+            if self.profiles is None and self._layer.kind == "cuda":
+                try:
+                    self.profiles = ProfileStore.builtin("h200")
+                except Exception:  # noqa: BLE001 - no shipped profiles: crude ones at load
+                    self.profiles = None
+        return self._layer
+
+    def start(self) -> None:
+        """Make the device ready; models can be loaded and requests submitted afterwards."""
+        if self._closed:
+            raise ModelNotReady("the service was closed; make a new one")
+        _ = self.device
+        self._started = True
+        self._t_start = time.monotonic()
+
+    def close(self, *, drain: bool = True, timeout_s: float = 30) -> None:
+        """Stop taking requests and answer every accepted one: served (``drain``, within
+        ``timeout_s``) or failed with :class:`Dropped` ("shutdown")."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        rt = self._runtime
+        if rt is not None:
+            rt.stop(drain=drain, timeout_s=timeout_s)
+        self._fail_outstanding("shutdown")
+        if self._backend is not None:
+            self._backend.close()
+        elif self._layer is not None:
+            self._layer.close()
+        self._started = False
+
+    def is_live(self) -> bool:
+        """The service runs and its runtime loop is healthy."""
+        rt = self._runtime
+        return self._started and not self._closed and (rt is None or rt.error is None)
+
+    def ready(self, name: str) -> bool:
+        m = self._models.get(name)
+        return m is not None and m.state == "ready" and self.is_live()
+
+    def models(self) -> list[ModelConfig]:
+        with self._lock:
+            return [m.config for m in self._models.values()]
+
+    # -- models -------------------------------------------------------------------------------
+    def load(self, config: ModelConfig, module: Any) -> None:
+        """Compile ``module`` (``gpuloom.compile`` with ``config.max_batch``), find its profile, re-plan
+        with it; returns when the model is ready to serve (its graphs are captured).
+
+        Raises ValueError for an already loaded name or outputs that do not match the model, and
+        ModelNotReady when its layout could not be set up (e.g. graph memory; the message says why).
+        """
+        if not isinstance(config, ModelConfig):
+            raise TypeError(f"load expects a ModelConfig, got {type(config).__name__}")
+        if not self._started or self._closed:
+            raise ModelNotReady("the service is not running: call start() first")
+        with self._admin:
+            if config.name in self._models:
+                raise ValueError(f"model {config.name!r} is already loaded; unload it first")
+            runner, config = self._compile(config, module)
+            profile = self._profile_for(config, runner)
+            entry = _Model(config, profile, runner)
+            self.device.add_model(config.name, runner)
+            with self._lock:
+                self._models[config.name] = entry
+            err = self._replan()
+            if err is not None:
+                with self._lock:
+                    self._models.pop(config.name, None)
+                self.device.remove_model(config.name)
+                self._replan()
+                raise ModelNotReady(f"model {config.name!r} could not be set up: {type(err).__name__}: {err}") from err
+            entry.state = "ready"
+            entry.loaded_at = time.monotonic()
+
+    def unload(self, name: str, *, timeout_s: float = 60.0) -> None:
+        """Stop accepting requests for ``name``; its queued and running requests finish (within
+        ``timeout_s``, else they are dropped with "model unloaded"); then it is removed."""
+        with self._admin:
+            with self._lock:
+                m = self._models.get(name)
+                if m is None:
+                    raise UnknownModel(f"no model {name!r} is loaded; loaded: {sorted(self._models)}")
+                m.state = "unloading"
+                self._cv.wait_for(lambda: m.in_flight == 0, timeout=timeout_s)
+                del self._models[name]
+            self._replan()
+            self.device.remove_model(name)
+
+    # -- requests -----------------------------------------------------------------------------
+    def submit(self, name: str, inputs: Mapping[str, np.ndarray], *, deadline_ms: float | None = None
+               ) -> concurrent.futures.Future:
+        """Queue one request of ``n`` rows; its future gives ``{output name: array of n rows}``.
+
+        ``deadline_ms``: answer within this many ms from now (default: the model's SLO); a request
+        the scheduler cannot serve in time fails with :class:`DeadlineExceeded`.
+
+        Raises (at once) UnknownModel, ModelNotReady, InvalidInput, Overloaded. The future fails with
+        DeadlineExceeded, Dropped or ModelFailed.
+        """
+        m = self._models.get(name)
+        if m is None:
+            raise UnknownModel(f"no model {name!r} is loaded; loaded: {sorted(self._models)}")
+        if m.state != "ready" or self._closed or not self._started:
+            raise ModelNotReady(f"model {name!r} is not ready ({'service closed' if self._closed else m.state})")
+        rows = self._rows(m.config, inputs)
+        if deadline_ms is not None and not (isinstance(deadline_ms, (int, float)) and deadline_ms > 0):
+            raise InvalidInput(f"deadline_ms must be a positive number of ms, got {deadline_ms!r}")
+        timeout_ms = float(deadline_ms) if deadline_ms is not None else m.config.slo_ms
+        rt = self._runtime
+        with self._lock:
+            if m.in_flight >= self.queue_limit:
+                m.rejected += 1
+                raise Overloaded(f"model {name!r} has {m.in_flight} requests waiting (limit {self.queue_limit})",
+                                 retry_after_s=self._retry_after(m))
+            call = _Call(m, len(rows), time.monotonic() + timeout_ms / 1000.0, deadline_ms is not None)
+            m.accepted += 1
+            m.arrivals.append(call.t0)
+            try:
+                reqs = rt.submit(name, rows, timeout_ms=timeout_ms)
+            except RuntimeError as e:
+                m.accepted -= 1
+                raise ModelNotReady(f"model {name!r}: {e}") from e
+            for i, r in enumerate(reqs):
+                self._rid[r.id] = (call, i)
+        return call.future
+
+    def infer(self, name: str, inputs: Mapping[str, np.ndarray], *, deadline_ms: float | None = None,
+              timeout_s: float | None = None) -> dict[str, np.ndarray]:
+        """``submit(...).result()``."""
+        return self.submit(name, inputs, deadline_ms=deadline_ms).result(timeout_s)
+
+    # -- stats --------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """Per model counts, latency histograms (ms), batch sizes, goodput and SLO attainment; per
+        partition SMs and busy ratio; totals (``accepted == success + failure + dropped + in_flight``)."""
+        now = time.monotonic()
+        with self._lock:
+            per = {}
+            tot = Counter()
+            for name, m in self._models.items():
+                age = max(1e-9, now - m.loaded_at)
+                dropped = dict(m.dropped)
+                answered = m.answered
+                per[name] = {
+                    "state": m.state,
+                    "accepted": m.accepted,
+                    "success": m.success,
+                    "failure": m.failure,
+                    "dropped": dropped,
+                    "rejected": m.rejected,
+                    "in_flight": m.in_flight,
+                    "on_time": m.on_time,
+                    "queue_ms": m.queue_ms.to_json(),
+                    "compute_ms": m.compute_ms.to_json(),
+                    "total_ms": m.total_ms.to_json(),
+                    "batch_size": {str(k): v for k, v in sorted(m.batch.items())},
+                    "goodput_rps": m.on_time / age,
+                    "slo_attainment": m.on_time / answered if answered else 1.0,
+                    "slo_ms": m.config.slo_ms,
+                }
+                for k in ("accepted", "success", "failure", "in_flight", "rejected", "on_time"):
+                    tot[k] += per[name][k]
+                tot["dropped"] += sum(dropped.values())
+            be = self._backend.stats() if self._backend is not None else {"partitions": []}
+            rt = self._runtime
+            idle = dict(rt.idle) if rt is not None else {}
+        return {
+            "policy": self.policy_name,
+            "device": self._layer.kind if self._layer is not None else None,
+            "uptime_s": now - self._t_start,
+            "models": per,
+            "partitions": be.get("partitions", []),
+            "backend": be,
+            "runtime": idle,
+            "totals": dict(tot),
+        }
+
+    # -- internals ----------------------------------------------------------------------------
+    def _rows(self, cfg: ModelConfig, inputs: Mapping[str, np.ndarray]) -> list[list[np.ndarray]]:
+        """Validate ``inputs`` and split them into per-row payloads (copied once: the caller may reuse
+        its arrays)."""
+        if not isinstance(inputs, Mapping):
+            raise InvalidInput(f"inputs must be a dict of name -> numpy array; expected "
+                               f"{', '.join(t.describe() for t in cfg.inputs)}")
+        want = [t.name for t in cfg.inputs]
+        if set(inputs) != set(want):
+            raise InvalidInput(f"model {cfg.name!r} expects inputs {want}, got {sorted(inputs)}")
+        n = None
+        arrays = []
+        for spec in cfg.inputs:
+            x = inputs[spec.name]
+            if not isinstance(x, np.ndarray):
+                raise InvalidInput(f"input {spec.name!r} must be a numpy array, got {type(x).__name__}; "
+                                   f"expected {spec.describe()}")
+            if str(x.dtype) != spec.dtype:
+                raise InvalidInput(f"input {spec.name!r} has dtype {x.dtype}; expected {spec.describe()}")
+            if x.ndim != len(spec.shape) + 1 or tuple(x.shape[1:]) != spec.shape:
+                raise InvalidInput(f"input {spec.name!r} has shape {tuple(x.shape)}; expected {spec.describe()} "
+                                   f"(the first dimension is the rows of this request)")
+            if n is None:
+                n = x.shape[0]
+            elif x.shape[0] != n:
+                raise InvalidInput(f"inputs must have the same number of rows: {spec.name!r} has {x.shape[0]}, "
+                                   f"{want[0]!r} has {n}")
+            arrays.append(np.array(x, copy=True, order="C"))
+        if not 1 <= n <= cfg.max_batch:
+            raise InvalidInput(f"model {cfg.name!r} takes 1..{cfg.max_batch} rows per request, got {n}")
+        return [[a[i] for a in arrays] for i in range(n)]
+
+    def _retry_after(self, m: _Model) -> float:
+        served_rate = m.success / max(1e-3, time.monotonic() - m.loaded_at)
+        return float(min(10.0, max(0.05, m.in_flight / served_rate if served_rate > 0 else 1.0)))
+
+    def _on_result(self, result: Result, out: ExecOutput | None) -> None:
+        """Runtime thread: one row answered; resolve its request's future once every row is."""
+        with self._lock:
+            entry = self._rid.pop(result.request.id, None)
+            if entry is None:
+                return
+            call, i = entry
+            if result.status == Status.SERVED and out is not None:
+                call.outputs[i] = out.outputs
+                call.queue_ms = max(call.queue_ms, out.start_ms - result.request.arrival_ms)
+                call.compute_ms = max(call.compute_ms, out.end_ms - out.start_ms)
+                call.batch = max(call.batch, out.batch)
+            elif call.error is None:
+                call.error = self._error_of(result, out)
+            call.left -= 1
+            if call.left:
+                return
+            self._settle(call)
+
+    def _error_of(self, result: Result, out: ExecOutput | None) -> ServiceError:
+        if result.status == Status.SERVED:
+            return ModelFailed("the backend returned no output for this request")
+        if result.status == Status.FAILED:
+            return ModelFailed(f"model {result.request.model!r} failed: {result.reason}")
+        if result.reason.startswith("deadline"):
+            return DeadlineExceeded(f"request for {result.request.model!r} could not be served by its deadline "
+                                    f"({result.request.deadline_ms - result.request.arrival_ms:.1f} ms)")
+        return Dropped(result.reason or "unspecified")
+
+    def _settle(self, call: _Call) -> None:
+        """Under the lock: count the request's fate and resolve its future."""
+        m = call.model
+        now = time.monotonic()
+        late = now > call.deadline_s + 1e-4
+        if call.error is None and late and call.explicit:
+            call.error = DeadlineExceeded(f"request for {m.config.name!r} finished after its deadline")
+        if call.error is None:
+            m.success += 1
+            m.on_time += not late
+            m.queue_ms.add(call.queue_ms)
+            m.compute_ms.add(call.compute_ms)
+            m.total_ms.add((now - call.t0) * 1000.0)
+            m.batch[call.batch] += 1
+            names = [t.name for t in m.config.outputs]
+            result = {nm: np.stack([row[j] for row in call.outputs]) for j, nm in enumerate(names)}
+            call.future.set_result(result)
+        else:
+            if isinstance(call.error, ModelFailed):
+                m.failure += 1
+            elif isinstance(call.error, Dropped):
+                m.dropped[call.error.reason] += 1
+            else:
+                m.dropped["deadline"] += 1
+            call.future.set_exception(call.error)
+        if m.in_flight == 0:
+            self._cv.notify_all()
+
+    def _fail_outstanding(self, reason: str) -> None:
+        """Answer every request still unanswered (after the runtime stopped) with Dropped(reason)."""
+        with self._lock:
+            calls = {id(c): c for c, _ in self._rid.values()}
+            self._rid.clear()
+            for call in calls.values():
+                if not call.future.done():
+                    call.error = call.error or Dropped(reason)
+                    self._settle(call)
+
+    def _on_layout(self, layout: Layout, error: BaseException | None) -> None:
+        rt = self._runtime
+        if rt is not None:
+            with self._lock:
+                self._layout_seen.setdefault(id(rt.policy), error)
+                self._cv.notify_all()
+
+    def _context(self) -> PolicyContext:
+        now = time.monotonic()
+        infos = {}
+        for name, m in self._models.items():
+            rate = m.rate(now)
+            infos[name] = ModelInfo(name, m.profile, float(m.config.slo_ms), float(m.config.weight),
+                                    float(rate if rate is not None else m.config.rate_hint))
+        dev = self.device
+        return PolicyContext(infos, dev.gpu_sms, dev.granularity, simulated=False)
+
+    def _replan(self) -> BaseException | None:
+        """Serve the current model set with a fresh policy object; wait until its first layout is up.
+        Returns the layout's error, if any. Called with ``_admin`` held."""
+        with self._lock:
+            if not self._models:
+                rt, self._runtime = self._runtime, None
+            else:
+                rt = None
+            ctx = self._context() if self._models else None
+        if ctx is None:  # no model left: stop the runtime (a later load starts a new one)
+            if rt is not None:
+                rt.stop(drain=True, timeout_s=self.load_timeout_s)
+                self._fail_outstanding("model unloaded")
+                be, self._backend = self._backend, None
+                if be is not None:
+                    self._backend_stats.append(be.stats())
+                    be.close(keep_device=True)
+            return None
+        policy = make_policy(self.policy_name, **self.policy_options)
+        if self._runtime is None:
+            self._backend = ExecBackend(self.device, knee=self._knee)
+            self._runtime = Runtime(policy, self._backend, ctx)
+            self._runtime.start(self._on_result, on_layout=self._on_layout)
+        else:
+            self._runtime.reconfigure(policy, ctx)
+        with self._lock:
+            ok = self._cv.wait_for(lambda: id(policy) in self._layout_seen, timeout=self.load_timeout_s)
+            err = self._layout_seen.pop(id(policy), None) if ok else TimeoutError(
+                f"no layout after {self.load_timeout_s} s")
+        return err
+
+    def _knee(self, model: str, batch: int) -> int:
+        m = self._models.get(model)
+        if m is None:
+            return self.device.gpu_sms
+        p = m.profile
+        return p.knee(p.bucket(min(batch, p.max_batch)))
+
+    def _compile(self, config: ModelConfig, module: Any) -> tuple[Any, ModelConfig]:
+        if isinstance(module, FakeModel):
+            if not config.outputs:
+                raise ValueError(f"model {config.name!r}: a FakeModel needs ModelConfig.outputs")
+            return module, config
+        import torch
+
+        import gpuloom
+
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"load expects a torch.nn.Module, got {type(module).__name__}")
+        kind = self.device.kind
+        dev = torch.device("cuda", getattr(self.device, "device", 0)) if kind == "cuda" else torch.device("cpu")
+        module = module.eval().to(dev)
+        examples = []
+        for t in config.inputs:
+            dt = getattr(torch, t.dtype)
+            if dt.is_floating_point:
+                examples.append(torch.randn((1, *t.shape), dtype=torch.float32).to(dt).to(dev))
+            else:
+                examples.append(torch.zeros((1, *t.shape), dtype=dt, device=dev))
+        cm = gpuloom.compile(module, tuple(examples), max_batch=config.max_batch, device=dev,
+                             input_names=[t.name for t in config.inputs])
+        with torch.inference_mode():
+            out = cm(*examples)
+        from ..engine.dag import flat_tensors
+
+        flat = flat_tensors(out)
+        found = tuple(TensorSpec(f"output{i}", tuple(int(d) for d in t.shape[1:]), str(t.dtype).removeprefix("torch."))
+                      for i, t in enumerate(flat))
+        if not config.outputs:
+            import dataclasses
+
+            config = dataclasses.replace(config, outputs=found)
+        else:
+            got = [(t.shape, t.dtype) for t in found]
+            want = [(t.shape, t.dtype) for t in config.outputs]
+            if got != want:
+                raise ValueError(f"model {config.name!r}: ModelConfig.outputs say {want} (shape, dtype per sample) "
+                                 f"but the model returns {got}")
+        return cm, config
+
+    def _profile_for(self, config: ModelConfig, runner: Any) -> Profile:
+        dev = self.device
+        prof = None
+        if self.profiles is not None and config.name in self.profiles:
+            prof = self.profiles.get(config.name)
+            if prof.gpu.sm_count != dev.gpu_sms:
+                warnings.warn(f"profile of {config.name!r} was measured on {prof.gpu.sm_count} SMs; this device has "
+                              f"{dev.gpu_sms}", stacklevel=3)
+        if prof is None:
+            warnings.warn(f"no latency profile for {config.name!r}: using a crude one measured at load "
+                          f"(run `gpuloom profile` for a real one)", stacklevel=3)
+            prof = crude_profile(config, runner, dev)
+        return trim_profile(prof, config.max_batch)
+
+
+def trim_profile(p: Profile, max_batch: int) -> Profile:
+    """``p`` without batch buckets above ``max_batch`` (the engine captures none beyond it)."""
+    keep = [i for i, b in enumerate(p.batches) if b <= max_batch]
+    if not keep:
+        raise ValueError(f"profile of {p.model!r} has no batch <= max_batch={max_batch} (has {p.batches})")
+    if len(keep) == len(p.batches):
+        return p
+    return Profile(model=p.model, input_shapes=p.input_shapes, dtype=p.dtype, gpu=p.gpu,
+                   batches=tuple(p.batches[i] for i in keep), sms=p.sms,
+                   latency_ms=tuple(p.latency_ms[i] for i in keep), date=p.date, source=p.source)
+
+
+def crude_profile(config: ModelConfig, runner: Any, device: DeviceLayer, reps: int = 3) -> Profile:
+    """A profile from timing the compiled model at batch 1 and ``max_batch`` on the whole device
+    (linear in batch in between). On CUDA latency is assumed to scale with 1/SMs (knee = the whole GPU:
+    conservative); on CPU it does not depend on SMs. Good enough to plan with; not a measurement."""
+    from ..profile.synthetic import sm_grid
+
+    gpu = GpuInfo(name=f"{device.kind} (crude)", sm_count=device.gpu_sms, sm_granularity=device.granularity)
+    buckets = tuple(getattr(runner, "buckets", None) or (1, config.max_batch))
+    lat = {}
+    if isinstance(runner, FakeModel):
+        for b in (buckets[0], buckets[-1]):
+            lat[b] = runner.latency_ms(b) if callable(runner.latency_ms) else float(runner.latency_ms)
+    else:
+        import torch
+
+        for b in (buckets[0], buckets[-1]):
+            xs = []
+            for spec, t in zip(runner.specs, config.inputs):
+                xs.append(torch.zeros((b, *spec.shape), dtype=spec.dtype, device=spec.device))
+            times = []
+            with torch.inference_mode():
+                for _ in range(reps + 1):
+                    if device.kind == "cuda":
+                        torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    runner(*xs)
+                    if device.kind == "cuda":
+                        torch.cuda.synchronize()
+                    times.append((time.perf_counter() - t0) * 1000.0)
+            lat[b] = max(1e-3, sorted(times[1:])[len(times[1:]) // 2])
+    b0, b1 = buckets[0], buckets[-1]
+    sms = sm_grid(gpu)
+    rows = []
+    for b in buckets:
+        base = lat[b0] if b1 == b0 else lat[b0] + (lat[b1] - lat[b0]) * (b - b0) / (b1 - b0)
+        base = max(base, 1e-3)
+        if device.kind == "cuda":
+            rows.append(tuple(base * gpu.sm_count / s for s in sms))
+        else:
+            rows.append(tuple(base for _ in sms))
+    # keep the rows non-decreasing in batch (noise)
+    fixed = []
+    for r in rows:
+        fixed.append(tuple(max(v, fixed[-1][j]) for j, v in enumerate(r)) if fixed else r)
+    shapes = tuple(t.shape for t in config.inputs)
+    return Profile(model=config.name, input_shapes=shapes, dtype=config.inputs[0].dtype, gpu=gpu, batches=buckets,
+                   sms=sms, latency_ms=tuple(fixed), source="synthetic")
+
+
+__all__ = [
+    "DeadlineExceeded", "Dropped", "Histogram", "InferenceService", "InvalidInput", "ModelConfig", "ModelFailed",
+    "ModelNotReady", "Overloaded", "ServiceError", "TensorSpec", "UnknownModel", "crude_profile", "trim_profile",
+]
