@@ -1,0 +1,79 @@
+"""``gpuloom load`` against a real server on loopback."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import serve_fake  # noqa: E402
+
+from gpuloom.commands import load as load_cmd  # noqa: E402
+from gpuloom.serve.core import ServeCore  # noqa: E402
+from gpuloom.serve.loadgen import arrival_times  # noqa: E402
+from gpuloom.serve.repository import load_repository  # noqa: E402
+from gpuloom.serve.server import Server  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1] / "examples" / "repository"
+
+
+@pytest.fixture(scope="module")
+def server():
+    repo = load_repository(REPO / "tiny_mlp.yaml")
+    service = serve_fake.make_service()
+    core = ServeCore(service, repo)
+    core.load("tiny_mlp")
+    srv = Server(core, http_port=0, grpc_port=None)
+    addr = srv.start()
+    yield addr, core
+    srv.stop()
+
+
+def _args(*argv):
+    p = argparse.ArgumentParser()
+    load_cmd.add_arguments(p)
+    return p.parse_args(list(argv))
+
+
+def test_arrival_times_have_the_asked_rate():
+    t = arrival_times(200.0, 5.0, poisson=True, seed=3)
+    assert abs(len(t) / 5.0 - 200.0) < 200.0 * 0.1 and np.all(np.diff(t) >= 0) and t[-1] < 5.0
+    c = arrival_times(50.0, 2.0, poisson=False)
+    assert len(c) == 100 and np.allclose(np.diff(c), 0.02)
+    with pytest.raises(ValueError, match="positive"):
+        arrival_times(0.0, 1.0)
+
+
+@pytest.mark.parametrize("mode", ["--poisson", "--constant"])
+def test_load_client_reports_throughput_attainment_and_percentiles(server, capsys, mode):
+    addr, core = server
+    before = core.books.snapshot().get("tiny_mlp")
+    ok_before = before.success if before else 0
+    rc = load_cmd.run(_args(addr.http_url, "--model", "tiny_mlp", "--rate", "40", "--duration", "1", mode, "--json"))
+    assert rc == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["sent"] > 20 and res["ok"] == res["sent"] and not res["errors"]
+    assert res["slo_ms"] == 50.0  # the model's SLO, read from its config
+    assert 0.0 <= res["slo_attainment"] <= 1.0 and res["p50_ms"] <= res["p99_ms"]
+    assert 20 < res["throughput"] < 80
+    assert core.books.snapshot()["tiny_mlp"].success - ok_before == res["ok"]  # the server saw exactly these
+
+
+def test_load_client_human_output_and_json_tensors(server, capsys):
+    addr, _ = server
+    rc = load_cmd.run(_args(f"http://{addr.http_url}", "--model", "tiny_mlp", "--rate", "20", "--duration", "0.5", "--json-tensors", "--batch", "2"))
+    out = capsys.readouterr().out
+    assert rc == 0 and "throughput" in out and "SLO attainment" in out and "p99" in out
+
+
+def test_load_client_unknown_model_and_dead_server_fail_cleanly(server, capsys):
+    addr, _ = server
+    assert load_cmd.run(_args(addr.http_url, "--model", "nope", "--rate", "5", "--duration", "0.2")) == 1
+    assert "unknown model 'nope'" in capsys.readouterr().err
+    assert load_cmd.run(_args("127.0.0.1:1", "--model", "x", "--rate", "5", "--duration", "0.2")) == 1
+    assert "error" in capsys.readouterr().err

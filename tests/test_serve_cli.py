@@ -1,0 +1,113 @@
+"""``gpuloom serve`` as a process: port-taken message, SIGTERM drains and answers every request."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).parent
+
+# Runs `gpuloom serve` in a child; until the runtime's InferenceService lands, the fake stands in for it.
+LAUNCH = (
+    "import sys; sys.path.insert(0, {tests!r}); import serve_fake\n"
+    "if not serve_fake.real_service_available(): serve_fake.svc.InferenceService = serve_fake.FakeService\n"
+    "import argparse; from gpuloom.commands import serve\n"
+    "p = argparse.ArgumentParser(); serve.add_arguments(p); sys.exit(serve.run(p.parse_args(sys.argv[1:])))\n"
+).format(tests=str(TESTS))
+
+SLOW = '''
+import time, torch
+class Slow(torch.nn.Module):
+    def forward(self, x):
+        time.sleep(0.03)
+        return x + 1
+def slow():
+    return Slow()
+'''
+
+
+def _spawn(*argv):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, "-c", LAUNCH, *argv], stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+
+
+def _wait_port(proc, timeout=60):
+    lines = []
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        m = re.search(r"HTTP on http://127\.0\.0\.1:(\d+)", line)
+        if m:
+            return int(m.group(1)), lines
+    raise AssertionError("server did not start:\n" + "".join(lines))
+
+
+def test_sigterm_drains_and_answers_every_accepted_request(tmp_path):
+    (tmp_path / "slow.py").write_text(SLOW)
+    (tmp_path / "slow.yaml").write_text("name: slow\nsource: slow.py:slow\ninputs: [{name: x, shape: [2]}]\nmax_batch: 4\nslo_ms: 5000\n")
+    proc = _spawn(str(tmp_path), "--http-port", "0", "--grpc-port", "0")
+    try:
+        port, _ = _wait_port(proc)
+        results = []
+        body = json.dumps({"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1.0, 2.0]}]})
+
+        def send():
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                c.request("POST", "/v2/models/slow/infer", body=body, headers={"Content-Type": "application/json"})
+                r = c.getresponse()
+                results.append((r.status, json.loads(r.read())))
+            except OSError as e:
+                results.append((type(e).__name__, None))
+
+        threads = [threading.Thread(target=send) for _ in range(10)]
+        for t in threads:
+            t.start()
+        time.sleep(0.15)
+        proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    ok = [r for s, r in results if s == 200]
+    assert len(ok) >= 1 and all(r["outputs"][0]["data"] == [2.0, 3.0] for r in ok)
+    assert all(s in (200, 503) for s, _ in results), results  # drained: served or told to retry, never cut off
+    assert "stopped (drained)" in proc.stderr.read()
+
+
+def test_serve_says_clearly_when_the_port_is_taken(tmp_path):
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    port = sock.getsockname()[1]
+    try:
+        proc = _spawn(str(ROOT / "examples" / "repository" / "tiny_mlp.yaml"), "--http-port", str(port), "--no-grpc")
+        _, err = proc.communicate(timeout=60)
+    finally:
+        sock.close()
+    assert proc.returncode == 1
+    assert f"HTTP port {port} on 127.0.0.1 is already in use" in err and "--http-port" in err
+
+
+def test_serve_rejects_a_bad_repository(tmp_path):
+    (tmp_path / "bad.yaml").write_text("name: a\n")
+    proc = _spawn(str(tmp_path / "bad.yaml"))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "'source'" in err
