@@ -1,0 +1,168 @@
+"""The execution backend's bookkeeping on a fake device: failure isolation, books, memory budget,
+background builds. CPU only, a few seconds."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from gpuloom.policy import Layout, Status, make_policy
+from gpuloom.policy.base import ModelInfo, PolicyContext
+from gpuloom.profile.synthetic import synthetic_profile
+from gpuloom.runtime.core import Runtime
+from gpuloom.runtime.device import FakeDeviceLayer, FakeModel, GraphMemoryError
+from gpuloom.runtime.exec_backend import ExecBackend
+
+POLICIES = ["dstack", "triton", "clipper", "nexus", "gslice", "temporal"]
+
+
+def ctx(models=("good", "bad"), slo=200.0) -> PolicyContext:
+    ms = {m: ModelInfo(m, synthetic_profile(m, per_item_sm_ms=30.0), slo, 1.0, 100.0) for m in models}
+    return PolicyContext(ms, 132, 8, simulated=False)
+
+
+def fake(latency_ms=1.0, **kw) -> FakeDeviceLayer:
+    dev = FakeDeviceLayer(**kw)
+    dev.add_model("good", FakeModel(lambda xs: [xs[0] * 2.0], latency_ms))
+    dev.add_model("bad", FakeModel(lambda xs: [xs[0] + 1.0], latency_ms))
+    return dev
+
+
+def serve(policy: str, dev: FakeDeviceLayer, n: int = 40, c: PolicyContext | None = None):
+    be = ExecBackend(dev)
+    rt = Runtime(make_policy(policy), be, c or ctx())
+    results = []
+    rt.start(lambda r, o: results.append((r, o)))
+    for i in range(n):
+        rt.submit("good" if i % 2 else "bad", [[np.full(3, float(i), np.float32)]], timeout_ms=500.0)
+        time.sleep(0.0005)
+    assert rt.stop(drain=True, timeout_s=10)
+    be.close()
+    return rt, be, results
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_model_failing_at_launch_fails_only_its_own_requests_under_every_policy(policy):
+    dev = fake()
+    dev.inject_fault("bad", "bad model exploded")
+    rt, be, results = serve(policy, dev)
+    by = Counter((r.request.model, r.status) for r, _ in results)
+    assert by == {("bad", Status.FAILED): 20, ("good", Status.SERVED): 20}
+    assert all("exploded" in r.reason for r, _ in results if r.status == Status.FAILED)
+    for r, out in results:  # each request gets its own row back
+        if r.status == Status.SERVED:
+            assert np.allclose(out.outputs[0], 2.0 * r.request.id)
+
+
+def test_a_model_failing_while_running_fails_only_its_batches():
+    dev = fake()
+    dev.fail_in_finish["bad"] = "kernel fault"
+    rt, be, results = serve("triton", dev)
+    assert all(r.status == (Status.FAILED if r.request.model == "bad" else Status.SERVED) for r, _ in results)
+    assert be.stats()["failures"] >= 1
+
+
+def test_books_balance_under_concurrent_submitters_and_shutdown_without_drain():
+    dev = fake(latency_ms=3.0)
+    dev.inject_fault("bad", "boom")
+    be = ExecBackend(dev)
+    rt = Runtime(make_policy("dstack"), be, ctx())
+    answered: list = []
+    lock = threading.Lock()
+
+    def on_result(r, o):
+        with lock:
+            answered.append(r)
+
+    rt.start(on_result)
+    entered = Counter()
+
+    def client(k: int) -> None:
+        for i in range(60):
+            try:
+                reqs = rt.submit("good" if (i + k) % 2 else "bad", [[np.zeros(2, np.float32)]] * (1 + i % 3),
+                                 timeout_ms=300.0)
+            except RuntimeError:
+                return  # stopped
+            with lock:
+                entered[k] += len(reqs)
+            time.sleep(0.0003)
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(0.03)
+    assert rt.stop(drain=False, timeout_s=10)
+    for t in threads:
+        t.join()
+    be.close()
+    ids = [r.request.id for r in answered]
+    assert len(ids) == len(set(ids)) == sum(entered.values()) > 0
+    fates = Counter(r.status for r in answered)
+    assert Status.QUEUED not in fates
+    assert fates[Status.DROPPED] + fates[Status.SERVED] + fates[Status.FAILED] == len(ids)
+    assert all(r.reason for r in answered if r.status in (Status.DROPPED, Status.FAILED))
+
+
+def test_graph_memory_is_bounded_evicting_unused_layouts_then_a_clear_error():
+    dev = FakeDeviceLayer(memory_limit_bytes=100)
+    dev.add_model("m", FakeModel(lambda xs: xs, 1.0, graph_bytes=30))
+    two = Layout.exclusive(132, [(64, None), (64, None)])
+    other = Layout.exclusive(132, [(32, None), (96, None)])
+    four = Layout.exclusive(132, [(32, None)] * 4)
+    a = dev.build(two)
+    assert dev.memory_bytes() == 60
+    dev.release(a)  # unused now, still cached
+    assert dev.build(two) is a and dev.builds == 1  # a cache hit
+    dev.release(a)
+    b = dev.build(other)  # 60 more does not fit with a cached: a is evicted
+    assert dev.evictions == 1 and dev.memory_bytes() == 60
+    with pytest.raises(GraphMemoryError, match="graph memory"):
+        dev.build(four)  # 120 > 100 even with nothing else
+    dev.release(b)
+
+
+def test_layouts_are_built_in_the_background_and_swapped_in_when_ready():
+    dev = fake(latency_ms=1.0, build_delay_s=0.05)
+    be = ExecBackend(dev)
+    rt = Runtime(make_policy("gslice"), be, ctx())
+    results, layouts = [], []
+    t0 = time.monotonic()
+    rt.start(lambda r, o: results.append(r), on_layout=lambda lay, err: layouts.append((time.monotonic() - t0, err)))
+    rt.submit("good", [[np.zeros(1, np.float32)]], timeout_ms=1000.0)  # queued while the build runs
+    assert rt.stop(drain=True, timeout_s=5)
+    be.close()
+    assert layouts and layouts[0][1] is None and layouts[0][0] >= 0.05
+    assert [r.status for r in results] == [Status.SERVED]
+    assert be.layouts_built == 1
+
+
+def test_a_layout_that_cannot_be_built_fails_requests_with_the_reason_instead_of_hanging():
+    dev = FakeDeviceLayer(memory_limit_bytes=10)
+    dev.add_model("good", FakeModel(lambda xs: xs, 1.0, graph_bytes=30))
+    be = ExecBackend(dev)
+    rt = Runtime(make_policy("gslice"), be, ctx(models=("good",)))
+    results, errors = [], []
+    rt.start(lambda r, o: results.append(r), on_layout=lambda lay, err: errors.append(err))
+    deadline = time.monotonic() + 5
+    while not errors and time.monotonic() < deadline:
+        time.sleep(0.005)
+    rt.submit("good", [[np.zeros(1, np.float32)]], timeout_ms=100.0)
+    assert rt.stop(drain=True, timeout_s=5)
+    be.close()
+    assert isinstance(errors[0], GraphMemoryError)
+    assert results[0].status == Status.FAILED and "graph memory" in results[0].reason
+
+
+def test_dispatch_overhead_and_partition_busy_time_are_measured():
+    rt, be, results = serve("gslice", fake(latency_ms=2.0))
+    st = be.stats()
+    assert st["batches"] >= 1 and st["device_ms"] >= 2.0 * st["batches"] * 0.9
+    assert 0 < st["dispatch_overhead"] < 1
+    assert sum(p["batches"] for p in st["partitions"]) == st["batches"]
+    assert all(0 <= p["busy_ratio"] <= 1 for p in st["partitions"])
+    assert rt.idle["total_ms"] > 0

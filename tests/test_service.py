@@ -1,0 +1,202 @@
+"""InferenceService on the CPU (tiny torch models) and on a fake device: correctness against eager,
+books, overload, deadlines, unload while serving, failure isolation, clear input errors."""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+from gpuloom.runtime.device import FakeDeviceLayer, FakeModel
+from gpuloom.runtime.service import (
+    DeadlineExceeded, Dropped, InferenceService, InvalidInput, ModelConfig, ModelFailed, ModelNotReady,
+    Overloaded, TensorSpec, UnknownModel,
+)
+
+X4 = (TensorSpec("x", (4,), "float32"),)
+Y4 = (TensorSpec("y", (4,), "float32"),)
+
+
+def fake_service(policy="triton", latency_ms=2.0, queue_limit=1024, **kw) -> InferenceService:
+    svc = InferenceService(policy=policy, device_layer=FakeDeviceLayer(), queue_limit=queue_limit, **kw)
+    svc.start()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no profile: a crude one
+        svc.load(ModelConfig("twice", X4, Y4, max_batch=8, slo_ms=500), FakeModel(lambda xs: [xs[0] * 2], latency_ms))
+        svc.load(ModelConfig("plus", X4, Y4, max_batch=8, slo_ms=500), FakeModel(lambda xs: [xs[0] + 1], latency_ms))
+    return svc
+
+
+def assert_books(svc: InferenceService) -> dict:
+    st = svc.stats()
+    t = st["totals"]
+    assert t["accepted"] == t["success"] + t["failure"] + t["dropped"] + t["in_flight"]
+    for m in st["models"].values():
+        assert m["accepted"] == m["success"] + m["failure"] + sum(m["dropped"].values()) + m["in_flight"]
+    return st
+
+
+def test_cpu_end_to_end_two_tiny_models_match_eager_for_every_request():
+    import torch
+
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
+    tanh = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()).eval()
+    svc = InferenceService(policy="dstack", device="cpu")
+    svc.start()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        svc.load(ModelConfig("mlp", (TensorSpec("x", (16,), "float32"),), max_batch=8, slo_ms=300), mlp)
+        svc.load(ModelConfig("tanh", (TensorSpec("x", (8,), "float32"),), max_batch=8, slo_ms=300), tanh)
+    assert [c.outputs[0].shape for c in svc.models()] == [(4,), (8,)]
+    rng = np.random.default_rng(0)
+    sent = []
+    for i in range(30):
+        name, width = ("mlp", 16) if i % 2 else ("tanh", 8)
+        x = rng.standard_normal((1 + i % 4, width)).astype(np.float32)
+        sent.append((name, x, svc.submit(name, {"x": x})))
+    for name, x, fut in sent:
+        y = fut.result(timeout=20)["output0"]
+        ref = (mlp if name == "mlp" else tanh)(torch.from_numpy(x)).detach().numpy()
+        assert y.shape == ref.shape
+        np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+    st = assert_books(svc)
+    assert st["totals"]["success"] == 30
+    assert sum(int(k) * v for k, v in st["models"]["mlp"]["batch_size"].items()) >= 15
+    svc.close()
+
+
+def test_inputs_are_checked_with_messages_that_say_what_was_expected():
+    svc = fake_service()
+    with pytest.raises(UnknownModel, match="loaded"):
+        svc.submit("nope", {"x": np.zeros((1, 4), np.float32)})
+    with pytest.raises(InvalidInput, match=r"expects inputs \['x'\]"):
+        svc.submit("twice", {"z": np.zeros((1, 4), np.float32)})
+    with pytest.raises(InvalidInput, match="float32"):
+        svc.submit("twice", {"x": np.zeros((1, 4), np.float64)})
+    with pytest.raises(InvalidInput, match=r"shape \(4,\)"):
+        svc.submit("twice", {"x": np.zeros(4, np.float32)})
+    with pytest.raises(InvalidInput, match="1..8 rows"):
+        svc.submit("twice", {"x": np.zeros((9, 4), np.float32)})
+    out = svc.submit("twice", {"x": np.ones((3, 4), np.float32)}).result(5)
+    assert np.array_equal(out["y"], np.full((3, 4), 2.0, np.float32))
+    assert svc.stats()["totals"]["accepted"] == 1
+    svc.close()
+
+
+def test_a_failing_model_fails_only_its_own_requests_through_the_service():
+    svc = fake_service(policy="dstack")
+    svc.device.inject_fault("plus", "plus is broken")
+    futs = [(n, svc.submit(n, {"x": np.ones((1, 4), np.float32)})) for n in ["twice", "plus"] * 10]
+    for n, f in futs:
+        if n == "plus":
+            with pytest.raises(ModelFailed, match="plus is broken"):
+                f.result(5)
+        else:
+            assert f.result(5)["y"][0, 0] == 2.0
+    st = assert_books(svc)
+    assert st["models"]["plus"]["failure"] == 10 and st["models"]["twice"]["success"] == 10
+    svc.close()
+
+
+def test_overload_raises_overloaded_with_retry_after_and_the_queue_stays_bounded():
+    svc = fake_service(latency_ms=50.0, queue_limit=3)
+    accepted = []
+    with pytest.raises(Overloaded) as e:
+        for _ in range(20):
+            accepted.append(svc.submit("twice", {"x": np.ones((1, 4), np.float32)}))
+    assert e.value.retry_after_s > 0 and len(accepted) == 3
+    svc.close(drain=False)
+    assert all(f.done() for f in accepted)
+    st = assert_books(svc)
+    assert st["models"]["twice"]["rejected"] == 1 and st["totals"]["in_flight"] == 0
+
+
+@pytest.mark.parametrize("policy", ["dstack", "triton"])
+def test_a_deadline_that_cannot_be_met_fails_with_deadline_exceeded(policy):
+    svc = fake_service(policy=policy, latency_ms=30.0)
+    f = svc.submit("twice", {"x": np.ones((1, 4), np.float32)}, deadline_ms=1.0)
+    ok = svc.submit("twice", {"x": np.ones((1, 4), np.float32)}, deadline_ms=2000.0)
+    with pytest.raises(DeadlineExceeded):
+        f.result(5)
+    assert ok.result(5)["y"][0, 0] == 2.0
+    st = assert_books(svc)
+    assert st["models"]["twice"]["dropped"] == {"deadline": 1}
+    svc.close()
+
+
+def test_unload_while_serving_lets_queued_and_running_requests_finish():
+    svc = fake_service(latency_ms=10.0)
+    futs = [svc.submit("twice", {"x": np.full((1, 4), i, np.float32)}) for i in range(8)]
+    t = threading.Thread(target=svc.unload, args=("twice",))
+    t.start()
+    t.join(10)
+    assert not t.is_alive()
+    assert [f.result(0)["y"][0, 0] for f in futs] == [2.0 * i for i in range(8)]
+    with pytest.raises(UnknownModel):
+        svc.submit("twice", {"x": np.ones((1, 4), np.float32)})
+    assert svc.submit("plus", {"x": np.ones((1, 4), np.float32)}).result(5)["y"][0, 0] == 2.0
+    assert [c.name for c in svc.models()] == ["plus"]
+    svc.close()
+
+
+def test_close_answers_every_request_even_with_concurrent_submitters():
+    svc = fake_service(policy="dstack", latency_ms=5.0)
+    svc.device.inject_fault("plus", "boom")
+    futs, lock = [], threading.Lock()
+
+    def client(k):
+        for i in range(100):
+            try:
+                f = svc.submit("twice" if (i + k) % 2 else "plus", {"x": np.ones((1 + i % 2, 4), np.float32)})
+            except (ModelNotReady, Overloaded):
+                continue
+            with lock:
+                futs.append(f)
+            time.sleep(0.0005)
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.05)
+    svc.close(drain=False, timeout_s=5)
+    for t in threads:
+        t.join()
+    assert futs and all(f.done() for f in futs)
+    kinds = {type(f.exception()).__name__ if f.exception() else "ok" for f in futs}
+    assert kinds <= {"ok", "ModelFailed", "Dropped", "DeadlineExceeded"}
+    st = assert_books(svc)
+    t = st["totals"]
+    assert t["in_flight"] == 0 and t["accepted"] == len(futs)
+    with pytest.raises(ModelNotReady):
+        svc.submit("twice", {"x": np.ones((1, 4), np.float32)})
+
+
+def test_a_model_whose_graphs_do_not_fit_is_refused_and_the_others_keep_serving():
+    svc = InferenceService(policy="gslice", device_layer=FakeDeviceLayer(memory_limit_bytes=100))
+    svc.start()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        svc.load(ModelConfig("small", X4, Y4, max_batch=4), FakeModel(lambda xs: [xs[0] * 2], 1.0, graph_bytes=10))
+        with pytest.raises(ModelNotReady, match="graph memory"):
+            svc.load(ModelConfig("huge", X4, Y4, max_batch=4), FakeModel(lambda xs: xs, 1.0, graph_bytes=500))
+    assert [c.name for c in svc.models()] == ["small"]
+    assert svc.submit("small", {"x": np.ones((1, 4), np.float32)}).result(5)["y"][0, 0] == 2.0
+    svc.close()
+
+
+def test_stats_report_histograms_partitions_and_goodput():
+    svc = fake_service(policy="gslice")
+    for _ in range(5):
+        svc.submit("twice", {"x": np.ones((2, 4), np.float32)}).result(5)
+    st = assert_books(svc)
+    m = st["models"]["twice"]
+    assert sum(m["queue_ms"]["counts"]) == 5 == sum(m["compute_ms"]["counts"])
+    assert len(m["queue_ms"]["counts"]) == len(m["queue_ms"]["bounds"]) + 1
+    assert m["goodput_rps"] > 0 and m["slo_attainment"] == 1.0
+    assert st["partitions"] and all({"sms", "busy_ratio"} <= set(p) for p in st["partitions"])
+    svc.close()
+    assert not svc.is_live()
