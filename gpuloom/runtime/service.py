@@ -637,12 +637,10 @@ class InferenceService:
         import torch
 
         import gpuloom
+        from ..engine.compiled import CompiledModel
 
-        if not isinstance(module, torch.nn.Module):
-            raise TypeError(f"load expects a torch.nn.Module, got {type(module).__name__}")
         kind = self.device.kind
         dev = torch.device("cuda", getattr(self.device, "device", 0)) if kind == "cuda" else torch.device("cpu")
-        module = module.eval().to(dev)
         examples = []
         for t in config.inputs:
             dt = getattr(torch, t.dtype)
@@ -650,8 +648,22 @@ class InferenceService:
                 examples.append(torch.randn((1, *t.shape), dtype=torch.float32).to(dt).to(dev))
             else:
                 examples.append(torch.zeros((1, *t.shape), dtype=dt, device=dev))
-        cm = gpuloom.compile(module, tuple(examples), max_batch=config.max_batch, device=dev,
-                             input_names=[t.name for t in config.inputs])
+        if isinstance(module, CompiledModel):  # compiled already (benchmarks share one across services)
+            cm = module
+            if cm.device.type != dev.type or cm.max_batch != config.max_batch:
+                raise ValueError(f"model {config.name!r}: the CompiledModel is for {cm.device} with max_batch "
+                                 f"{cm.max_batch}; expected {dev} and max_batch {config.max_batch}")
+        elif isinstance(module, torch.nn.Module):
+            module = module.eval().to(dev)
+            cm = gpuloom.compile(module, tuple(examples), max_batch=config.max_batch, device=dev,
+                                 input_names=[t.name for t in config.inputs])
+        else:
+            raise TypeError(f"load expects a torch.nn.Module, got {type(module).__name__}")
+        want_in = [(t.shape, t.dtype) for t in config.inputs]
+        got_in = [(tuple(s.shape), str(s.dtype).removeprefix("torch.")) for s in cm.specs]
+        if want_in != got_in:
+            raise ValueError(f"model {config.name!r}: ModelConfig.inputs say {want_in} but the model was compiled "
+                             f"for {got_in}")
         with torch.inference_mode():
             out = cm(*examples)
         from ..engine.dag import flat_tensors

@@ -1,0 +1,345 @@
+"""End-to-end benchmark: an open-loop load generator driving the real runtime (``gpuloom bench``).
+
+For each policy an :class:`~gpuloom.runtime.service.InferenceService` is started and the workload's
+models are loaded into it (compiled once per process, shared by every policy). A *point* replays
+the workload's arrivals (:func:`gpuloom.bench.workload.arrival_times`, scaled by a load factor) for a
+fixed duration, open loop: each request is submitted at its precomputed time whatever happened to
+the previous ones, with real input tensors of the model's shape. A rate sweep finds the highest load
+factor keeping ``target`` SLO attainment (doubling, then bisection) -- the headline number.
+
+Measured per point (client side, so the network-less service is judged like a user would):
+goodput (requests/s served within their SLO), SLO attainment (on time / submitted; rejected,
+dropped, failed and late requests are misses), p50/p99 latency of served requests, Jain fairness
+over per-model attainment; and from the service: SM utilization (useful SM-ms / (SMs x wall ms)),
+GPU idle ratio (share of wall time with requests queued and no batch running), dispatch overhead
+(host ms spent dispatching / device ms of the batches).
+
+With ``tiny=True`` every model of the workload is a small MLP of the same name, so the whole
+pipeline runs on a CPU in seconds (CI); otherwise the zoo models are built with
+:func:`gpuloom.profile.profiler.load_model`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .metrics import jain, percentile
+from .workload import Workload, arrival_times
+
+TINY_DIM = 32
+
+
+@dataclass(frozen=True)
+class ModelPoint:
+    """One model at one load point (client-side counts)."""
+
+    model: str
+    submitted: int
+    rejected: int  # Overloaded / not ready at submit
+    served: int
+    on_time: int
+    dropped: int
+    failed: int
+    offered_rps: float
+    goodput_rps: float
+    slo_attainment: float
+    p50_ms: float
+    p99_ms: float
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One policy at one load factor."""
+
+    policy: str
+    scale: float
+    duration_s: float
+    offered_rps: float
+    goodput_rps: float
+    slo_attainment: float
+    p50_ms: float
+    p99_ms: float
+    fairness: float
+    sm_utilization: float
+    gpu_idle_ratio: float  # queued work, no batch running
+    idle_ratio: float  # no batch running at all
+    dispatch_overhead: float  # host dispatch ms / device ms
+    models: tuple[ModelPoint, ...]
+    layouts: list = field(default_factory=list)  # partitions at the end: label, sms, busy ratio
+
+    def ok(self, target: float) -> bool:
+        return self.slo_attainment >= target
+
+
+def tiny_module(name: str, dim: int = TINY_DIM) -> Any:
+    """A small MLP standing in for ``name`` (deterministic weights per name)."""
+    import torch
+
+    seed = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little")
+    g = torch.Generator().manual_seed(seed)
+    m = torch.nn.Sequential(torch.nn.Linear(dim, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    return m.eval()
+
+
+def build_models(workload: Workload, *, tiny: bool, device: str, max_batch: int = 32,
+                 progress: Callable[[str], None] | None = None) -> dict[str, tuple[Any, Any]]:
+    """``{name: (ModelConfig, CompiledModel)}`` for the workload's models, compiled once."""
+    import torch
+
+    import gpuloom
+    from gpuloom.runtime.service import ModelConfig, TensorSpec
+
+    say = progress or (lambda s: None)
+    out = {}
+    dev = torch.device(device)
+    for spec in workload.models:
+        if tiny:
+            module, shapes, dtypes = tiny_module(spec.name), ((TINY_DIM,),), (torch.float32,)
+        else:
+            from gpuloom.profile.profiler import load_model
+
+            ms = load_model(spec.name, device=dev)
+            module, shapes, dtypes = ms.module, ms.input_shapes, ms.input_dtypes
+        say(f"compiling {spec.name}")
+        module = module.eval().to(dev)
+        ex = tuple(torch.randn((1, *s)).to(dt).to(dev) for s, dt in zip(shapes, dtypes))
+        cm = gpuloom.compile(module, ex, max_batch=max_batch, device=dev,
+                             input_names=[f"input{i}" for i in range(len(ex))])
+        cfg = ModelConfig(spec.name, tuple(TensorSpec(f"input{i}", tuple(s), str(dt).removeprefix("torch."))
+                                           for i, (s, dt) in enumerate(zip(shapes, dtypes))),
+                          max_batch=max_batch, slo_ms=float(spec.slo_ms), weight=float(spec.weight),
+                          rate_hint=float(workload.mean_rate(spec)))
+        out[spec.name] = (cfg, cm)
+    return out
+
+
+def _snapshot(svc) -> dict:
+    st = svc.stats()
+    be = st["backend"]
+    return {"t": time.monotonic(), "busy_sm_ms": be.get("busy_sm_ms", 0.0), "device_ms": be.get("device_ms", 0.0),
+            "host_ms": be.get("host_dispatch_ms", 0.0), **{f"rt_{k}": v for k, v in st["runtime"].items()},
+            "partitions": st["partitions"], "gpu_sms": svc.device.gpu_sms}
+
+
+def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s: float, seed_inputs: int = 4,
+              drain_s: float | None = None) -> Point:
+    """Replay ``workload`` x ``scale`` for ``duration_s`` against the running service ``svc``."""
+    wl = dataclasses.replace(workload.scaled(scale), duration_s=duration_s)
+    times = arrival_times(wl)
+    cfgs = {c.name: c for c in svc.models()}
+    rng = np.random.default_rng(0)
+    pools = {}
+    for m in times:
+        c = cfgs[m]
+        pools[m] = [{t.name: _random(rng, (1, *t.shape), t.dtype) for t in c.inputs} for _ in range(seed_inputs)]
+    events = sorted((t, m) for m, ts in times.items() for t in ts)
+    lock = threading.Lock()
+    lat: dict[str, list[tuple[bool, float, str]]] = {m: [] for m in times}  # (ok, ms, error kind)
+    rejected = {m: 0 for m in times}
+    before = _snapshot(svc)
+    t0 = time.monotonic()
+
+    def record(m: str, sent: float):
+        def cb(f):
+            ms = (time.monotonic() - sent) * 1000.0
+            e = f.exception()
+            with lock:
+                lat[m].append((e is None, ms, "" if e is None else type(e).__name__))
+        return cb
+
+    futs = []
+    from gpuloom.runtime.service import ServiceError
+
+    for i, (t, m) in enumerate(events):
+        delay = t0 + t - time.monotonic()
+        if delay > 0.0005:
+            time.sleep(delay)
+        sent = time.monotonic()
+        try:
+            f = svc.submit(m, pools[m][i % seed_inputs])
+        except ServiceError:
+            rejected[m] += 1
+            continue
+        f.add_done_callback(record(m, sent))
+        futs.append(f)
+    wait_s = drain_s if drain_s is not None else 2.0 + max(c.slo_ms for c in cfgs.values()) / 1000.0 * 4
+    end = time.monotonic() + wait_s
+    for f in futs:
+        try:
+            f.exception(timeout=max(0.0, end - time.monotonic()))
+        except Exception:  # noqa: BLE001 - still pending: counted as a miss below
+            pass
+    after = _snapshot(svc)
+    models = []
+    all_ok_ms = []
+    for m, rows in lat.items():
+        slo = cfgs[m].slo_ms
+        with lock:
+            rows = list(rows)
+        served = [ms for ok, ms, _ in rows if ok]
+        on_time = sum(1 for ms in served if ms <= slo)
+        errors: dict[str, int] = {}
+        for ok, _, kind in rows:
+            if not ok:
+                errors[kind] = errors.get(kind, 0) + 1
+        submitted = len(times[m])
+        served.sort()
+        all_ok_ms.extend(served)
+        models.append(ModelPoint(
+            model=m, submitted=submitted, rejected=rejected[m], served=len(served), on_time=on_time,
+            dropped=sum(v for k, v in errors.items() if k in ("Dropped", "DeadlineExceeded")),
+            failed=errors.get("ModelFailed", 0), offered_rps=submitted / duration_s,
+            goodput_rps=on_time / duration_s, slo_attainment=on_time / submitted if submitted else 1.0,
+            p50_ms=percentile(served, 50) if served else float("nan"),
+            p99_ms=percentile(served, 99) if served else float("nan"), errors=errors))
+    all_ok_ms.sort()
+    wall_ms = max(1e-9, (after["t"] - before["t"]) * 1000.0)
+    d = {k: after[k] - before[k] for k in after if isinstance(after[k], float) and k != "t"}
+    total_sub = sum(mp.submitted for mp in models)
+    on_time = sum(mp.on_time for mp in models)
+    rt_total = max(1e-9, d.get("rt_total_ms", 0.0))
+    return Point(
+        policy=policy, scale=scale, duration_s=duration_s, offered_rps=total_sub / duration_s,
+        goodput_rps=on_time / duration_s, slo_attainment=on_time / total_sub if total_sub else 1.0,
+        p50_ms=percentile(all_ok_ms, 50) if all_ok_ms else float("nan"),
+        p99_ms=percentile(all_ok_ms, 99) if all_ok_ms else float("nan"),
+        fairness=jain([mp.slo_attainment for mp in models]),
+        sm_utilization=min(1.0, d.get("busy_sm_ms", 0.0) / (after["gpu_sms"] * wall_ms)),
+        gpu_idle_ratio=d.get("rt_idle_queued_ms", 0.0) / rt_total,
+        idle_ratio=d.get("rt_idle_ms", 0.0) / rt_total,
+        dispatch_overhead=d.get("host_ms", 0.0) / d["device_ms"] if d.get("device_ms", 0.0) > 0 else 0.0,
+        models=tuple(models),
+        layouts=[{k: p[k] for k in ("label", "sms", "shared", "busy_ratio")} for p in after["partitions"]],
+    )
+
+
+def _random(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    if dtype.startswith("float"):
+        return rng.standard_normal(shape).astype(dtype)
+    return rng.integers(0, 100, shape).astype(dtype)
+
+
+@dataclass
+class PolicyResult:
+    policy: str
+    points: list[Point]
+    max_scale: float  # highest load factor with attainment >= target (0 if none)
+    max_load_rps: float  # that factor x the workload's total rate
+    error: str = ""
+
+
+def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, Any]], *, device: str,
+                 profiles: Any = None, duration_s: float = 5.0, scales: Sequence[float] | None = None,
+                 sweep: bool = False, target: float = 0.99, steps: int = 5, max_scale: float = 64.0,
+                 policy_options: dict | None = None, queue_limit: int = 1024,
+                 progress: Callable[[str], None] | None = None) -> PolicyResult:
+    """Serve ``workload`` under ``policy``: the given ``scales``, and/or a rate sweep."""
+    from gpuloom.runtime.service import InferenceService
+
+    say = progress or (lambda s: None)
+    svc = InferenceService(policy=policy, device=device, profiles=profiles, policy_options=policy_options,
+                           queue_limit=queue_limit)
+    points: list[Point] = []
+    try:
+        svc.start()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # crude profiles for tiny models
+            for cfg, cm in models.values():
+                svc.load(cfg, cm)
+        for cfg, _ in models.values():  # warm the path once
+            try:
+                svc.submit(cfg.name, {t.name: np.zeros((1, *t.shape), t.dtype) for t in cfg.inputs},
+                           deadline_ms=60_000).result(60)
+            except Exception as e:  # noqa: BLE001
+                say(f"{policy}: warm-up of {cfg.name} failed: {e}")
+
+        def measure(s: float) -> Point:
+            p = run_point(svc, workload, policy, scale=s, duration_s=duration_s)
+            say(f"{policy}: x{s:.3g} offered {p.offered_rps:.0f}/s goodput {p.goodput_rps:.0f}/s "
+                f"attainment {p.slo_attainment:.3f} p99 {p.p99_ms:.1f} ms")
+            points.append(p)
+            return p
+
+        for s in scales or ([] if sweep else [1.0]):
+            measure(s)
+        best = 0.0
+        if sweep:
+            lo, hi = 0.0, None
+            s = 1.0
+            for _ in range(steps):  # double until a miss
+                if measure(s).ok(target):
+                    lo = s
+                    if s >= max_scale:
+                        break
+                    s *= 2
+                else:
+                    hi = s
+                    break
+            if hi is None and lo == 0.0:
+                hi = 1.0
+            for _ in range(steps if hi is not None else 0):  # bisect between the last hit and the miss
+                mid = (lo + hi) / 2 if lo > 0 else hi / 2
+                if measure(mid).ok(target):
+                    lo = mid
+                else:
+                    hi = mid
+            best = lo
+        else:
+            best = max((p.scale for p in points if p.ok(target)), default=0.0)
+        return PolicyResult(policy, points, best, best * workload.total_rate())
+    except Exception as e:  # noqa: BLE001 - one policy's failure must not lose the others' results
+        say(f"{policy}: FAILED: {type(e).__name__}: {e}")
+        return PolicyResult(policy, points, 0.0, 0.0, error=f"{type(e).__name__}: {e}")
+    finally:
+        svc.close(drain=False, timeout_s=10)
+
+
+def to_json(workload: Workload, results: Sequence[PolicyResult], *, device: str, target: float,
+            meta: dict | None = None) -> dict:
+    """The report: per policy points and headline, ratios to the best baseline."""
+    out = {
+        "schema": "gpuloom.bench/1",
+        "workload": workload.to_dict(),
+        "device": device,
+        "target": target,
+        "meta": meta or {},
+        "policies": {r.policy: {"max_scale": r.max_scale, "max_load_rps": r.max_load_rps, "error": r.error,
+                                "points": [_clean(dataclasses.asdict(p)) for p in r.points]} for r in results},
+    }
+    base = [r for r in results if r.policy != "dstack" and not r.error]
+    ds = next((r for r in results if r.policy == "dstack"), None)
+    if ds is not None and base:
+        best = max(base, key=lambda r: r.max_scale)
+        out["dstack_vs_best_baseline"] = {
+            "baseline": best.policy,
+            "load_ratio": ds.max_scale / best.max_scale if best.max_scale > 0 else math.inf,
+        }
+    return _clean(out)
+
+
+def _clean(v: Any) -> Any:
+    """JSON without NaN/inf (null instead)."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    return v
+
+
+__all__ = ["ModelPoint", "Point", "PolicyResult", "bench_policy", "build_models", "run_point", "tiny_module",
+           "to_json"]

@@ -1,0 +1,116 @@
+"""``gpuloom bench``: drive the real runtime with an open-loop load generator; sweep the rate."""
+
+from __future__ import annotations
+
+import argparse
+
+NAME = "bench"
+HELP = "end-to-end benchmark: serve a workload for real under each policy, find the highest load within the SLO"
+
+DEFAULT_POLICIES = "dstack,triton,clipper,nexus,gslice,temporal"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("workload", help="workload file (.yaml/.json), e.g. examples/mix6.yaml")
+    p.add_argument("--policy", default=DEFAULT_POLICIES, help=f"comma-separated policies (default {DEFAULT_POLICIES})")
+    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if available)")
+    p.add_argument("--tiny", action="store_true",
+                   help="serve small MLPs named like the workload's models (CPU smoke runs, CI)")
+    p.add_argument("--max-batch", type=int, default=32, help="max batch each model is compiled for (default 32)")
+    p.add_argument("--duration", type=float, default=5.0, help="seconds of arrivals per load point (default 5)")
+    p.add_argument("--scale", type=str, default=None,
+                   help="comma-separated load factors to measure (default 1 without --sweep)")
+    p.add_argument("--sweep", action="store_true", help="find each policy's highest load factor at the target")
+    p.add_argument("--target", type=float, default=0.99, help="SLO attainment a load must keep (default 0.99)")
+    p.add_argument("--steps", type=int, default=5, help="doubling and bisection steps of the sweep (default 5)")
+    p.add_argument("--profiles", metavar="DIR", default=None,
+                   help="profile directory (default: shipped H200 profiles on CUDA; crude ones measured at load "
+                        "with --tiny)")
+    p.add_argument("--queue-limit", type=int, default=1024, help="per-model queue bound (default 1024)")
+    p.add_argument("--out", metavar="FILE", default=None, help="write the JSON report here")
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    import sys
+    import time
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from gpuloom.bench.e2e import bench_policy, build_models, to_json
+    from gpuloom.bench.workload import WorkloadError, load_workload
+    from gpuloom.policy import policy_names
+
+    console = Console(stderr=True)
+    try:
+        workload = load_workload(args.workload)
+    except (OSError, WorkloadError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        return 2
+    policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+    bad = [p for p in policies if p not in policy_names() or p == "ideal"]
+    if bad:
+        console.print(f"[red]error:[/red] unknown or simulation-only policies {bad}; "
+                      f"known: {[p for p in policy_names() if p != 'ideal']}")
+        return 2
+    try:
+        scales = [float(s) for s in args.scale.split(",")] if args.scale else None
+    except ValueError:
+        console.print(f"[red]error:[/red] --scale expects comma-separated numbers, got {args.scale!r}")
+        return 2
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        console.print("[red]error:[/red] --device cuda was asked for but CUDA is not available; use --device cpu")
+        return 2
+    profiles = None
+    if args.profiles:
+        from gpuloom.profile.store import ProfileStore
+
+        profiles = ProfileStore(args.profiles)
+    elif device.startswith("cuda") and not args.tiny:
+        from gpuloom.bench.workload import resolve_profiles
+
+        profiles, warns = resolve_profiles(workload)
+        for w in warns:
+            console.print(f"[yellow]warning:[/yellow] {w}")
+    t0 = time.monotonic()
+    models = build_models(workload, tiny=args.tiny, device=device, max_batch=args.max_batch,
+                          progress=lambda s: console.print(s))
+    results = []
+    for pol in policies:
+        results.append(bench_policy(workload, pol, models, device=device, profiles=profiles,
+                                    duration_s=args.duration, scales=scales, sweep=args.sweep, target=args.target,
+                                    steps=args.steps, queue_limit=args.queue_limit,
+                                    progress=lambda s: console.print(s)))
+    meta = {"torch": torch.__version__, "tiny": args.tiny, "max_batch": args.max_batch, "duration_s": args.duration,
+            "seconds": round(time.monotonic() - t0, 1), "argv": sys.argv[1:]}
+    if device.startswith("cuda"):
+        meta["gpu"] = torch.cuda.get_device_name(0)
+    report = to_json(workload, results, device=device, target=args.target, meta=meta)
+
+    table = Table(title=f"gpuloom bench {Path(args.workload).name} on {device}"
+                        + (" (tiny models)" if args.tiny else ""))
+    for col in ("policy", "max load x", "max req/s", "goodput/s", "attain", "p50 ms", "p99 ms", "SM util",
+                "idle(q)", "dispatch"):
+        table.add_column(col, justify="right" if col != "policy" else "left")
+    for r in results:
+        last = max(r.points, key=lambda p: (p.ok(args.target), p.scale), default=None)
+        if last is None:
+            table.add_row(r.policy, "-", "-", "-", "-", "-", "-", "-", "-", r.error[:30])
+            continue
+        table.add_row(r.policy, f"{r.max_scale:.3g}", f"{r.max_load_rps:.0f}", f"{last.goodput_rps:.0f}",
+                      f"{last.slo_attainment:.3f}", f"{last.p50_ms:.1f}", f"{last.p99_ms:.1f}",
+                      f"{last.sm_utilization:.2f}", f"{last.gpu_idle_ratio:.2f}", f"{last.dispatch_overhead:.3f}")
+    Console().print(table)
+    if "dstack_vs_best_baseline" in report:
+        r = report["dstack_vs_best_baseline"]
+        Console().print(f"dstack / best baseline ({r['baseline']}): {r['load_ratio']}")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+        console.print(f"wrote {args.out}")
+    return 0 if not any(r.error for r in results) else 1

@@ -1,0 +1,59 @@
+"""``gpuloom bench`` on the CPU with tiny models: the whole pipeline in a few seconds."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from gpuloom.commands import bench
+
+WORKLOAD = """
+duration_s: 1
+seed: 3
+models:
+  - {name: alpha, slo_ms: 200, arrival: {kind: poisson, rate: 20}}
+  - {name: beta,  slo_ms: 300, arrival: {kind: poisson, rate: 10}}
+"""
+
+
+def run_bench(tmp_path, *extra: str) -> tuple[int, dict]:
+    wl = tmp_path / "two.yaml"
+    wl.write_text(WORKLOAD)
+    out = tmp_path / "bench.json"
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    args = p.parse_args([str(wl), "--tiny", "--device", "cpu", "--max-batch", "4", "--duration", "0.6",
+                         "--out", str(out), *extra])
+    rc = bench.run(args)
+    return rc, json.loads(out.read_text())
+
+
+def test_bench_serves_tiny_models_on_cpu_and_reports_every_metric(tmp_path):
+    rc, rep = run_bench(tmp_path, "--policy", "dstack,triton")
+    assert rc == 0
+    assert set(rep["policies"]) == {"dstack", "triton"}
+    for name, pol in rep["policies"].items():
+        assert not pol["error"]
+        (pt,) = pol["points"]
+        assert pt["scale"] == 1.0
+        assert {m["model"] for m in pt["models"]} == {"alpha", "beta"}
+        for m in pt["models"]:
+            assert m["served"] + m["rejected"] + m["dropped"] + m["failed"] <= m["submitted"]
+            assert m["submitted"] > 0
+        assert pt["slo_attainment"] > 0.5  # light load, loose SLOs
+        assert 0 <= pt["sm_utilization"] <= 1 and 0 <= pt["gpu_idle_ratio"] <= 1
+        assert pt["dispatch_overhead"] >= 0 and 0 < pt["fairness"] <= 1
+    assert rep["dstack_vs_best_baseline"]["baseline"] == "triton"
+
+
+def test_bench_sweep_finds_a_load_factor_and_rejects_unknown_policies(tmp_path):
+    rc, rep = run_bench(tmp_path, "--policy", "gslice", "--sweep", "--steps", "2", "--target", "0.5")
+    assert rc == 0
+    pol = rep["policies"]["gslice"]
+    assert len(pol["points"]) >= 2 and pol["max_scale"] >= 1.0
+    assert pol["max_load_rps"] == pytest.approx(pol["max_scale"] * 30.0, rel=0.3)
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    assert bench.run(p.parse_args([str(tmp_path / "two.yaml"), "--policy", "ideal", "--tiny"])) == 2
