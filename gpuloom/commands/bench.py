@@ -114,3 +114,11 @@ def run(args: argparse.Namespace) -> int:
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
         console.print(f"wrote {args.out}")
     return 0 if not any(r.error for r in results) else 1
+
+
+if __name__ == "__main__":  # ``python -m gpuloom.commands.bench ...`` (until the CLI lists the command)
+    import sys
+
+    _p = argparse.ArgumentParser(prog="gpuloom bench", description=HELP)
+    add_arguments(_p)
+    sys.exit(run(_p.parse_args()))

@@ -72,7 +72,9 @@ def layout_key(layout: Layout) -> tuple:
 
 
 def allowed(p: Partition, model: str) -> bool:
-    """May ``model`` run on partition ``p``? (An owner is a hint the backend honours for captures.)"""
+    """Is ``model`` expected on partition ``p``? An owner is only a hint (dstack lets a model run on
+    another model's partition when its own are busy): layers capture graphs where it is expected and
+    must still run a model elsewhere (the CUDA layer then runs it eagerly on the lane's stream)."""
     return p.owner is None or p.owner == model
 
 
@@ -209,8 +211,6 @@ class DeviceLayer(ABC):
             raise DeviceFault(fault)
         if model not in lanes.models:
             raise RuntimeError(f"model {model!r} has no graphs in {lanes!r} (it was loaded after this layout)")
-        if not allowed(lanes.layout.partitions[index], model):
-            raise RuntimeError(f"model {model!r} may not run on {lanes.layout.partitions[index]!r}")
         return self._launch(lanes, index, model, rows)
 
     @abstractmethod
@@ -386,6 +386,15 @@ class _CudaLane:
 
 
 @dataclass
+class _EagerTicket:
+    """A model without a graph on this lane: run it eagerly on the lane's stream in the watcher."""
+
+    lane: _CudaLane
+    model: str
+    rows: Any
+
+
+@dataclass
 class _CudaTicket:
     n: int
     done: Any  # torch.cuda.Event(blocking=True)
@@ -420,7 +429,12 @@ class CudaDeviceLayer(DeviceLayer):
     kind = "cuda"
 
     def __init__(self, device: int = 0, *, memory_limit_bytes: float | None = None, memory_fraction: float = 0.6,
-                 warmup: int = 2, blocking_sync: bool = True, cache_layouts: int = 4) -> None:
+                 warmup: int = 2, blocking_sync: bool = True, cache_layouts: int = 4, capture: str = "owner") -> None:
+        if capture not in ("owner", "all"):
+            raise ValueError(f"capture must be 'owner' (graphs where a partition's owner hint expects a model) or "
+                             f"'all' (every model on every lane), got {capture!r}")
+        self.capture_mode = capture
+        self.eager_batches = 0  # batches run without a graph (a model on a lane it was not captured on)
         import torch
 
         from ..gpu import device_facts
@@ -445,7 +459,10 @@ class CudaDeviceLayer(DeviceLayer):
 
     def _estimate(self, layout: Layout, models: Sequence[str]) -> float:
         per = {m: max(int(getattr(self.models[m], "memory_bytes", 0) or 0), 1 << 20) for m in models}
-        return float(sum(per[m] for p in layout.partitions for m in models if allowed(p, m)))
+        return float(sum(per[m] for p in layout.partitions for m in models if self._wanted(p, m)))
+
+    def _wanted(self, p: Partition, model: str) -> bool:
+        return self.capture_mode == "all" or allowed(p, model)
 
     def _build(self, lanes: Lanes) -> None:
         from ..gpu import Partitioner
@@ -479,7 +496,7 @@ class CudaDeviceLayer(DeviceLayer):
         try:
             for lane in state["lanes"]:
                 for m in lanes.models:
-                    if allowed(lane.part, m):
+                    if self._wanted(lane.part, m):
                         self._capture(lane, m)
         except BaseException:
             self._free(lanes)
@@ -491,8 +508,10 @@ class CudaDeviceLayer(DeviceLayer):
     def _capture(self, lane: _CudaLane, model: str) -> None:
         torch = self._torch
         cm = self.models[model]
+        kinds = set(cm.stream_choice.values())  # what compile() kept per bucket: skip re-timing when unanimous
+        streams = {frozenset({"multi"}): "max", frozenset({"single"}): 1}.get(frozenset(kinds))
         try:
-            gs = cm.capture(stream_factory=lane.streams.factory(), warmup=self.warmup)
+            gs = cm.capture(stream_factory=lane.streams.factory(), warmup=self.warmup, streams=streams)
         except torch.cuda.OutOfMemoryError as e:
             raise GraphMemoryError(f"out of device memory capturing {model!r} on {lane.part!r}: {e}") from e
         lane.graphs[model] = gs
@@ -515,7 +534,10 @@ class CudaDeviceLayer(DeviceLayer):
 
         torch = self._torch
         lane: _CudaLane = lanes.state["lanes"][index]
-        gs = lane.graphs[model]
+        gs = lane.graphs.get(model)
+        if gs is None:
+            self.eager_batches += 1
+            return _EagerTicket(lane, model, rows)
         n = len(rows)
         b = self.models[model].bucket_for(n)
         for j, buf in enumerate(lane.np_in[model]):
@@ -540,9 +562,32 @@ class CudaDeviceLayer(DeviceLayer):
 
     def finish(self, ticket: Any) -> tuple[list[Any], float]:
         """Watcher thread: sleep until the batch's event fires; copy its rows out of the pinned buffers."""
+        if isinstance(ticket, _EagerTicket):
+            return self._run_eager(ticket)
         ticket.done.synchronize()
         ms = ticket.t0.elapsed_time(ticket.t1)
         return [o[: ticket.n].copy() for o in ticket.out], float(ms)
+
+    def _run_eager(self, t: _EagerTicket) -> tuple[list[Any], float]:
+        """Watcher thread: the model's single-stream DAG, eagerly, on the lane's main stream (kernels
+        launched into a green context's stream run on its SMs, so this stays confined too)."""
+        import numpy as np
+
+        torch = self._torch
+        cm = self.models[t.model]
+        st = t.lane.streams.factory()()
+        dev = torch.device("cuda", self.device)
+        with torch.cuda.stream(st), torch.inference_mode():
+            xs = [torch.from_numpy(np.stack([r[j] for r in t.rows])).to(dev, non_blocking=False)
+                  for j in range(len(t.rows[0]))]
+            t0 = torch.cuda.Event(enable_timing=True)
+            t1 = torch.cuda.Event(enable_timing=True)
+            t0.record(st)
+            out = cm._executors["single"].run(xs)
+            t1.record(st)
+            outs = _numpy_outputs(out, len(t.rows))  # .cpu() synchronizes with the stream
+        t1.synchronize()
+        return outs, float(t0.elapsed_time(t1))
 
     def _free(self, lanes: Lanes) -> None:
         state = lanes.state

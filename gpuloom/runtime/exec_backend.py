@@ -253,6 +253,7 @@ class ExecBackend(Backend):
                 "graph_memory_bytes": self.device.memory_bytes(),
                 "layouts_built": self.layouts_built,
                 "evictions": self.device.evictions,
+                "eager_batches": getattr(self.device, "eager_batches", 0),  # CUDA: batches run without a graph
             }
 
     # -- internals ------------------------------------------------------------------------------
