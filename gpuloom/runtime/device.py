@@ -162,6 +162,8 @@ class DeviceLayer(ABC):
             self._cache[key] = lanes
             while len(self._cache) > self.cache_layouts and self._evict_one(keep=key):
                 pass
+            while self.memory_bytes() > self.memory_limit_bytes and self._evict_one(keep=key):
+                pass  # the estimate was low: make room after the fact (what is in use stays)
         log.info("built %r", lanes)
         return lanes
 
@@ -378,7 +380,7 @@ class _CudaLane:
     part: Partition
     streams: _StreamList
     confined: bool  # kernels captured here run on this lane's SMs only
-    graphs: dict[str, Any] = field(default_factory=dict)  # model -> GraphSet
+    graphs: dict[str, dict[int, Any]] = field(default_factory=dict)  # model -> bucket -> GraphSet
     pinned_in: dict[str, list[Any]] = field(default_factory=dict)  # model -> pinned host tensors (max_batch, ...)
     pinned_out: dict[str, list[Any]] = field(default_factory=dict)
     np_in: dict[str, list[Any]] = field(default_factory=dict)  # numpy views of pinned_in
@@ -429,7 +431,7 @@ class CudaDeviceLayer(DeviceLayer):
     kind = "cuda"
 
     def __init__(self, device: int = 0, *, memory_limit_bytes: float | None = None, memory_fraction: float = 0.6,
-                 warmup: int = 2, blocking_sync: bool = True, cache_layouts: int = 4, capture: str = "owner") -> None:
+                 warmup: int = 1, blocking_sync: bool = True, cache_layouts: int = 4, capture: str = "owner") -> None:
         if capture not in ("owner", "all"):
             raise ValueError(f"capture must be 'owner' (graphs where a partition's owner hint expects a model) or "
                              f"'all' (every model on every lane), got {capture!r}")
@@ -503,23 +505,32 @@ class CudaDeviceLayer(DeviceLayer):
             raise
         torch.cuda.synchronize(self.device)
         lanes.memory_bytes = max(0, torch.cuda.memory_reserved(self.device) - before) or int(
-            sum(gs.memory_bytes for ln in state["lanes"] for gs in ln.graphs.values()))
+            sum(gs.memory_bytes for ln in state["lanes"] for sets in ln.graphs.values()
+                for gs in {id(g): g for g in sets.values()}.values()))
 
     def _capture(self, lane: _CudaLane, model: str) -> None:
         torch = self._torch
         cm = self.models[model]
-        kinds = set(cm.stream_choice.values())  # what compile() kept per bucket: skip re-timing when unanimous
-        streams = {frozenset({"multi"}): "max", frozenset({"single"}): 1}.get(frozenset(kinds))
+        # compile() already chose single- or multi-stream per bucket (timed on the whole GPU): capture
+        # each group of buckets with its choice, each from a fresh factory of the lane's few streams
+        choice = dict(cm.stream_choice or {})
+        groups: dict[Any, list[int]] = {}
+        for b in cm.buckets:
+            groups.setdefault(1 if choice.get(b, "multi") == "single" else "max", []).append(b)
+        sets: dict[int, Any] = {}
         try:
-            gs = cm.capture(stream_factory=lane.streams.factory(), warmup=self.warmup, streams=streams)
+            for ch, bs in groups.items():
+                gs = cm.capture(stream_factory=lane.streams.factory(), buckets=bs, streams=ch, warmup=self.warmup)
+                for b in bs:
+                    sets[b] = gs
         except torch.cuda.OutOfMemoryError as e:
             raise GraphMemoryError(f"out of device memory capturing {model!r} on {lane.part!r}: {e}") from e
-        lane.graphs[model] = gs
-        top = max(gs.buckets)
-        ins = gs.inputs(top)
+        lane.graphs[model] = sets
+        top = max(sets)
+        ins = sets[top].inputs(top)
         from ..engine.dag import flat_tensors
 
-        outs = flat_tensors(gs.outputs(top))
+        outs = flat_tensors(sets[top].outputs(top))
         lane.pinned_in[model] = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in ins]
         lane.pinned_out[model] = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in outs]
         lane.np_in[model] = [t.numpy() for t in lane.pinned_in[model]]
@@ -534,12 +545,13 @@ class CudaDeviceLayer(DeviceLayer):
 
         torch = self._torch
         lane: _CudaLane = lanes.state["lanes"][index]
-        gs = lane.graphs.get(model)
-        if gs is None:
+        sets = lane.graphs.get(model)
+        if sets is None:
             self.eager_batches += 1
             return _EagerTicket(lane, model, rows)
         n = len(rows)
         b = self.models[model].bucket_for(n)
+        gs = sets[b]
         for j, buf in enumerate(lane.np_in[model]):
             np.stack([r[j] for r in rows], out=buf[:n])
         st = gs.stream
