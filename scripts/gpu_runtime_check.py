@@ -16,6 +16,9 @@ timeout still leaves what was measured:
    keep their attainment.
 4. ``memory``: a graph-memory budget too small for a model gives ``ModelNotReady`` naming graph
    memory (no OOM, the service stays live).
+4b. ``loadwhile``: a fourth model (googlenet) is compiled, captured and loaded while dstack serves
+   three, answers a request, and is unloaded; the others see no failures (a capture racing the
+   serving threads would show up here).
 5. ``overhead``: the 6-model mix (examples/mix6.yaml models) compiled at max_batch 1 under dstack and
    triton: dispatch overhead (host dispatch ms / device ms; target < 5%) and GPU idle ratio with work
    queued.
@@ -126,7 +129,7 @@ def compare_eager(svc, models, n=8):
             rows = 1 + i % 3
             x = {t.name: rng.standard_normal((rows, *t.shape)).astype(t.dtype) for t in cfg.inputs}
             y = svc.submit(name, x, deadline_ms=60_000).result(60)
-            with torch.inference_mode():
+            with svc.device.exclusive(), torch.inference_mode():  # no capture may run meanwhile
                 ref = module(*[torch.from_numpy(x[t.name]).to(DEV) for t in cfg.inputs])
             ref = (ref[0] if isinstance(ref, (tuple, list)) else ref).float().cpu().numpy()
             got = next(iter(y.values())).astype(np.float32)
@@ -226,8 +229,9 @@ def check_disjoint(models, duration):
             (ia, _), (ib, _) = excl[0], excl[1]
             sa = lanes.state["lanes"][ia].streams.streams[0]
             sb = lanes.state["lanes"][ib].streams.streams[0]
-            ga, ka = _matmul_on(sa)
-            gb, kb = _matmul_on(sb)
+            with svc.device.exclusive():  # no re-plan capture meanwhile
+                ga, ka = _matmul_on(sa)
+                gb, kb = _matmul_on(sb)
 
             def alone():
                 with torch.cuda.stream(sa):
@@ -298,6 +302,45 @@ def check_memory(models):
         svc.close(drain=False, timeout_s=5)
 
 
+def check_load_while_serving(models, duration):
+    """Load a fourth model (compile + capture) while three are being served; unload it again."""
+    from gpuloom.bench.e2e import run_point
+    from gpuloom.runtime.service import ModelConfig, TensorSpec
+
+    wl = workload(LIGHT, LIGHT_SLO, LIGHT_RATE, duration * 2)
+    svc = service("dstack", models, wl)
+    res = {}
+    try:
+        def loader():
+            time.sleep(duration / 2)
+            t = time.perf_counter()
+            try:
+                extra = build(["googlenet"], max_batch=8)["googlenet"]
+                svc.load(ModelConfig("googlenet", extra[0].inputs, max_batch=8, slo_ms=50), extra[1])
+                y = svc.submit("googlenet", {i.name: np.zeros((1, *i.shape), i.dtype) for i in extra[0].inputs},
+                               deadline_ms=60_000).result(60)
+                res["loaded"] = {"seconds": round(time.perf_counter() - t, 1),
+                                 "output_shape": list(next(iter(y.values())).shape)}
+                svc.unload("googlenet")
+                res["unloaded"] = True
+            except Exception as e:  # noqa: BLE001
+                res["load_error"] = f"{type(e).__name__}: {e}"
+                res["trace"] = traceback.format_exc()[-2000:]
+
+        import threading
+
+        th = threading.Thread(target=loader)
+        th.start()
+        p = run_point(svc, wl, "dstack", scale=1.0, duration_s=duration * 2)
+        th.join(300)
+        res["point"] = point_json(p)
+        res["totals"] = svc.stats()["totals"]
+        res["no_failures"] = all(v["failed"] == 0 for v in res["point"]["models"].values())
+        return res
+    finally:
+        svc.close(drain=True, timeout_s=10)
+
+
 MIX6 = ["resnet50", "mobilenet_v2", "inception_v3", "efficientnet_b0", "vgg16", "bert_base"]
 MIX6_SLO = {"resnet50": 25, "mobilenet_v2": 10, "inception_v3": 40, "efficientnet_b0": 20, "vgg16": 100,
             "bert_base": 60}
@@ -330,7 +373,7 @@ def main() -> int:
     global OUT, DEV, RATE_SCALE
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT", "docs/results"))
-    ap.add_argument("--only", default="serve,disjoint,failure,memory,overhead")
+    ap.add_argument("--only", default="serve,disjoint,failure,memory,loadwhile,overhead")
     ap.add_argument("--quick", action="store_true", help="1.5 s points instead of 3 s")
     ap.add_argument("--overhead-scale", type=float, default=0.25, help="load factor of the mix6 overhead run")
     ap.add_argument("--cpu-dry-run", action="store_true",
@@ -340,7 +383,7 @@ def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     if a.cpu_dry_run:
         DEV, RATE_SCALE = "cpu", 0.02
-        a.only = ",".join(x for x in a.only.split(",") if x in ("serve", "failure"))
+        a.only = ",".join(x for x in a.only.split(",") if x in ("serve", "failure", "loadwhile"))
     elif not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -354,7 +397,7 @@ def main() -> int:
                 "gpu": torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu dry run"}
     save()
     light = None
-    if only & {"serve", "disjoint", "failure", "memory"}:
+    if only & {"serve", "disjoint", "failure", "memory", "loadwhile"}:
         t = time.perf_counter()
         light = build(LIGHT, max_batch=8)
         R["_seconds"] = {"compile_light": round(time.perf_counter() - t, 1)}
@@ -366,6 +409,8 @@ def main() -> int:
         step("failure", check_failure, light, dur)
     if "memory" in only:
         step("memory", check_memory, light)
+    if "loadwhile" in only:
+        step("loadwhile", check_load_while_serving, light, dur)
     if "overhead" in only:
         del light
         torch.cuda.empty_cache()

@@ -103,6 +103,14 @@ class DeviceLayer(ABC):
         self._lock = threading.RLock()
         self._faults: dict[str, str] = {}
         self.evictions = 0
+        # Held while graphs are captured or freed. A CUDA graph capture fails if another thread
+        # allocates or frees device memory meanwhile: callers doing such work off the hot path
+        # (compiling, eager reference runs) hold it too (``with layer.exclusive(): ...``).
+        self._device_lock = threading.RLock()
+
+    def exclusive(self) -> "threading.RLock":
+        """A context manager: no capture or build runs while it is held."""
+        return self._device_lock
 
     # -- models ---------------------------------------------------------------------------------
     def add_model(self, name: str, model: Any) -> None:
@@ -150,7 +158,8 @@ class DeviceLayer(ABC):
             self._make_room(need, f"layout {layout_key(layout)[1]} with models {list(models)}")
         lanes = Lanes(layout, key, models=models)
         try:
-            self._build(lanes)
+            with self._device_lock:
+                self._build(lanes)
         except GraphMemoryError:
             raise
         except MemoryError as e:  # e.g. torch.OutOfMemoryError during a capture
@@ -602,6 +611,10 @@ class CudaDeviceLayer(DeviceLayer):
         return outs, float(t0.elapsed_time(t1))
 
     def _free(self, lanes: Lanes) -> None:
+        with self._device_lock:
+            self._free_locked(lanes)
+
+    def _free_locked(self, lanes: Lanes) -> None:
         state = lanes.state
         lanes.state = None
         if not state:

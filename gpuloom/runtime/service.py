@@ -352,8 +352,9 @@ class InferenceService:
         with self._admin:
             if config.name in self._models:
                 raise ValueError(f"model {config.name!r} is already loaded; unload it first")
-            runner, config = self._compile(config, module)
-            profile = self._profile_for(config, runner)
+            with self.device.exclusive():  # no graph capture of a re-plan may run meanwhile
+                runner, config = self._compile(config, module)
+                profile = self._profile_for(config, runner)
             entry = _Model(config, profile, runner)
             self.device.add_model(config.name, runner)
             with self._lock:
