@@ -175,9 +175,12 @@ class FakeService:
 
     def stats(self):
         return {
-            "models": {n: {"success": self.counts.get(n, 0), "queue_ms": [1.0, 2.0], "compute_ms": [0.5],
-                           "batch_sizes": [1, 1], "goodput": 1.0, "slo_attainment": 1.0} for n in self._models},
-            "partitions": [{"id": "0", "sms": 0, "busy_ratio": 0.5}],
+            "models": {n: {"success": self.counts.get(n, 0),
+                           "queue_ms": {"bounds": [1.0, 10.0], "counts": [1, 0, 0], "sum": 0.5, "count": 1},
+                           "compute_ms": {"bounds": [1.0, 10.0], "counts": [0, 1, 0], "sum": 2.0, "count": 1},
+                           "batch_size": {"1": self.counts.get(n, 0)}, "goodput_rps": 1.0, "slo_attainment": 1.0}
+                       for n in self._models},
+            "partitions": [{"index": 0, "label": "cpu", "sms": 0, "busy_ratio": 0.5}],
         }
 
 

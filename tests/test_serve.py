@@ -224,7 +224,8 @@ def test_books_balance_after_a_burst(served):
         t.start()
     for t in threads:
         t.join()
-    assert len(results) == n and all(s in (200, 429, 503, 504) for s in results), results
+    # 500 only when the runtime reports ModelFailed (still an answered, booked request)
+    assert len(results) == n and all(s in (200, 429, 500, 503, 504) for s in results), results
     after = _metrics(addr)
 
     def delta(name, **lab):
@@ -236,7 +237,7 @@ def test_books_balance_after_a_burst(served):
     rejected = delta("gpuloom_request_rejected", model="tiny_mlp")
     assert accepted == success + failure
     assert accepted + rejected == n
-    assert success == results.count(200)
+    assert success == results.count(200) and failure >= results.count(500)
     assert _metric(after, "nv_inference_pending_request_count", model="tiny_mlp") == 0
     assert all(b.balanced() for b in core.books.snapshot().values())
 

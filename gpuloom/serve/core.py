@@ -67,6 +67,16 @@ def model_config_json(config: Any) -> dict[str, Any]:
     }
 
 
+def _exec_count(sm: Any) -> int:
+    """Batches executed, from the runtime's per-model stats (``batch_size``: size -> batches)."""
+    if not isinstance(sm, dict):
+        return 0
+    b = sm.get("batch_size")
+    if isinstance(b, dict) and "bounds" not in b:
+        return int(sum(v for v in b.values() if isinstance(v, (int, float))))
+    return int(sm.get("exec_count", 0) or 0)
+
+
 class ServeCore:
     """The runtime plus the repository behind both transports.
 
@@ -251,7 +261,7 @@ class ServeCore:
                 "version": VERSION,
                 "last_inference": 0,
                 "inference_count": b.inferences if b else 0,
-                "execution_count": int(sm.get("exec_count", sm.get("batches", 0)) or 0) if isinstance(sm, dict) else 0,
+                "execution_count": _exec_count(sm),
                 "inference_stats": {
                     "success": {"count": b.success if b else 0, "ns": int((b.request_us if b else 0) * 1000)},
                     "fail": {"count": fail, "ns": 0},

@@ -102,36 +102,34 @@ def _num(d: Any, *keys: str, default: float | None = None) -> float | None:
 
 
 def _histogram_parts(h: Any) -> tuple[list[tuple[float, float]], float, float] | None:
-    """A runtime histogram -> (cumulative [(le, count)], sum, count). Accepts {'buckets': {le: n}|[[le, n]],
-    'sum', 'count'} (cumulative or not) or a plain list of observations."""
+    """A runtime histogram -> (cumulative [(le, count)], sum, count).
+
+    Accepts the runtime's ``{"bounds": [...], "counts": [... one more for +inf], "sum", "count"}``, a
+    value -> count mapping (batch sizes: ``{"1": 40, "8": 3}``), or a plain list of observations.
+    """
     if isinstance(h, (list, tuple)) and all(isinstance(x, (int, float)) for x in h):
         obs = sorted(float(x) for x in h)
         bounds = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000]
-        buckets = [(b, float(sum(1 for x in obs if x <= b))) for b in bounds]
-        return buckets, float(sum(obs)), float(len(obs))
+        return [(b, float(sum(1 for x in obs if x <= b))) for b in bounds], float(sum(obs)), float(len(obs))
     if not isinstance(h, dict):
         return None
-    raw = h.get("buckets")
-    items: list[tuple[float, float]] = []
-    if isinstance(raw, dict):
-        items = [(float(k), float(v)) for k, v in raw.items() if k not in ("+Inf", "inf")]
-    elif isinstance(raw, (list, tuple)):
-        items = [(float(a), float(b)) for a, b in raw]
-    items.sort()
-    count = _num(h, "count", default=None)
-    total = _num(h, "sum", default=0.0) or 0.0
-    # make cumulative if it is not already
-    if items and any(items[i][1] > items[i + 1][1] for i in range(len(items) - 1)) or (
-        items and count is not None and sum(c for _, c in items) <= count and items[-1][1] < count
-    ):
+    if isinstance(h.get("bounds"), list) and isinstance(h.get("counts"), list):
         acc, cum = 0.0, []
-        for le, c in items:
-            acc += c
-            cum.append((le, acc))
-        items = cum
-    if count is None:
-        count = items[-1][1] if items else 0.0
-    return items, total, count
+        for le, c in zip(h["bounds"], h["counts"]):
+            acc += float(c)
+            cum.append((float(le), acc))
+        total_n = float(h.get("count", sum(h["counts"])))
+        return cum, float(h.get("sum", 0.0)), total_n
+    try:
+        items = sorted((float(k), float(v)) for k, v in h.items())
+    except (TypeError, ValueError):
+        return None
+    acc, cum, total = 0.0, [], 0.0
+    for value, n in items:
+        acc += n
+        total += value * n
+        cum.append((value, acc))
+    return cum, total, acc
 
 
 def build_registry(books: Books, stats: Callable[[], dict], model_names: Callable[[], list[str]]):
@@ -189,7 +187,10 @@ def build_registry(books: Books, stats: Callable[[], dict], model_names: Callabl
                     req_us.add_metric([m, "1"], b.request_us)
                     acc.add_metric([m], b.accepted)
                     pend.add_metric([m, "1"], b.in_flight)
+                batch_hist = sm.get("batch_size", sm.get("batch_sizes"))
                 ex = _num(sm, "exec_count", "batches")
+                if ex is None and isinstance(batch_hist, dict) and "bounds" not in batch_hist:
+                    ex = float(sum(v for v in batch_hist.values() if isinstance(v, (int, float))))
                 if ex is not None:
                     execc.add_metric([m, "1"], ex)
                 for fam, key, hist in ((q_us, "queue_ms", qh), (c_us, "compute_ms", ch)):
@@ -198,7 +199,7 @@ def build_registry(books: Books, stats: Callable[[], dict], model_names: Callabl
                         buckets, total, n = parts
                         fam.add_metric([m, "1"], total * 1000.0)
                         hist.add_metric([m], [(str(le), c) for le, c in buckets] + [("+Inf", n)], total)
-                bparts = _histogram_parts(sm.get("batch_sizes", sm.get("batch_size")))
+                bparts = _histogram_parts(batch_hist)
                 if bparts is not None:
                     buckets, total, n = bparts
                     bh.add_metric([m], [(str(le), c) for le, c in buckets] + [("+Inf", n)], total)
@@ -214,7 +215,8 @@ def build_registry(books: Books, stats: Callable[[], dict], model_names: Callabl
             parts = st.get("partitions", {})
             items = parts.items() if isinstance(parts, dict) else enumerate(parts if isinstance(parts, list) else [])
             for pid, p in items:
-                pid = str(p.get("id", pid)) if isinstance(p, dict) else str(pid)
+                if isinstance(p, dict):
+                    pid = str(p.get("label") or p.get("id", p.get("index", pid)))
                 v = _num(p, "sms")
                 if v is not None:
                     sms.add_metric([pid], v)
