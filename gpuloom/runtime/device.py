@@ -93,6 +93,14 @@ class DeviceLayer(ABC):
     kind: str = ""
     gpu_sms: int = 132
     granularity: int = 8
+    #: True when :meth:`stage` copies a row (callers need not copy their arrays first)
+    stages: bool = False
+
+    def stage(self, row: Sequence[Any]) -> Sequence[Any]:
+        """Called on the *submitting* thread with one row (one array per input): make it ready to
+        launch (CUDA: copy it into pinned host memory, so the runtime's thread only issues async
+        copies). Default: the row as is."""
+        return row
 
     def __init__(self, *, memory_limit_bytes: float = float("inf"), cache_layouts: int = 4) -> None:
         self.models: dict[str, Any] = {}
@@ -438,6 +446,7 @@ class CudaDeviceLayer(DeviceLayer):
     """
 
     kind = "cuda"
+    stages = True
 
     def __init__(self, device: int = 0, *, memory_limit_bytes: float | None = None, memory_fraction: float = 0.6,
                  warmup: int = 1, blocking_sync: bool = True, cache_layouts: int = 4, capture: str = "owner") -> None:
@@ -463,6 +472,7 @@ class CudaDeviceLayer(DeviceLayer):
             memory_limit_bytes = memory_fraction * free
         super().__init__(memory_limit_bytes=memory_limit_bytes, cache_layouts=cache_layouts)
         self._torch = torch
+        _init_dtypes()
         self.warmup = warmup
         self.blocking_sync = blocking_sync
         torch.cuda.init()
@@ -561,8 +571,10 @@ class CudaDeviceLayer(DeviceLayer):
         n = len(rows)
         b = self.models[model].bucket_for(n)
         gs = sets[b]
-        for j, buf in enumerate(lane.np_in[model]):
-            np.stack([r[j] for r in rows], out=buf[:n])
+        staged = not isinstance(rows[0][0], np.ndarray)  # pinned torch tensors from stage()
+        if not staged:
+            for j, buf in enumerate(lane.np_in[model]):
+                np.stack([r[j] for r in rows], out=buf[:n])
         st = gs.stream
         from ..engine.dag import flat_tensors
 
@@ -571,8 +583,13 @@ class CudaDeviceLayer(DeviceLayer):
         t1 = torch.cuda.Event(enable_timing=True)
         done = torch.cuda.Event(blocking=self.blocking_sync)
         with torch.cuda.stream(st):
-            for dst, src in zip(gs.inputs(b), lane.pinned_in[model]):
-                dst[:n].copy_(src[:n], non_blocking=True)
+            if staged:  # one async copy per row and input, straight from the request's pinned row
+                for i, r in enumerate(rows):
+                    for dst, src in zip(gs.inputs(b), r):
+                        dst[i].copy_(src, non_blocking=True)
+            else:
+                for dst, src in zip(gs.inputs(b), lane.pinned_in[model]):
+                    dst[:n].copy_(src[:n], non_blocking=True)
             t0.record(st)
             gs.replay(b, stream=st)
             t1.record(st)
@@ -589,6 +606,17 @@ class CudaDeviceLayer(DeviceLayer):
         ms = ticket.t0.elapsed_time(ticket.t1)
         return [o[: ticket.n].copy() for o in ticket.out], float(ms)
 
+    def stage(self, row: Sequence[Any]) -> Sequence[Any]:
+        """Submitting thread: the row in pinned host memory (torch's caching host allocator reuses
+        freed pinned blocks, and keeps a block until the async copies reading it are done)."""
+        torch = self._torch
+        out = []
+        for a in row:
+            t = torch.empty(a.shape, dtype=_TORCH_DTYPES[str(a.dtype)], pin_memory=True)
+            t.numpy()[...] = a
+            out.append(t)
+        return out
+
     def _run_eager(self, t: _EagerTicket) -> tuple[list[Any], float]:
         """Watcher thread: the model's single-stream DAG, eagerly, on the lane's main stream (kernels
         launched into a green context's stream run on its SMs, so this stays confined too)."""
@@ -599,7 +627,7 @@ class CudaDeviceLayer(DeviceLayer):
         st = t.lane.streams.factory()()
         dev = torch.device("cuda", self.device)
         with torch.cuda.stream(st), torch.inference_mode():
-            xs = [torch.from_numpy(np.stack([r[j] for r in t.rows])).to(dev, non_blocking=False)
+            xs = [torch.stack([torch.as_tensor(r[j]) for r in t.rows]).to(dev, non_blocking=False)
                   for j in range(len(t.rows[0]))]
             t0 = torch.cuda.Event(enable_timing=True)
             t1 = torch.cuda.Event(enable_timing=True)
@@ -641,6 +669,16 @@ class CudaDeviceLayer(DeviceLayer):
             else:
                 out.append(lane.part.sms)
         return out
+
+
+_TORCH_DTYPES: dict[str, Any] = {}
+
+
+def _init_dtypes() -> None:
+    import torch
+
+    for name in ("float32", "float16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool"):
+        _TORCH_DTYPES[name] = getattr(torch, name)
 
 
 def make_device_layer(device: str | None = None, **options: Any) -> DeviceLayer:

@@ -180,6 +180,8 @@ class ExecBackend(Backend):
         return self._lanes.layout.partitions if self._lanes is not None else ()
 
     def attach(self, request_id: int, payload: Any) -> None:
+        """Submitting thread: keep the request's row (staged already by the caller, e.g. the service,
+        with ``device.stage``, or plain numpy arrays)."""
         self._payloads[request_id] = payload
 
     def take_output(self, request_id: int) -> ExecOutput | None:

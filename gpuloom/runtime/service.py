@@ -403,6 +403,14 @@ class InferenceService:
         if deadline_ms is not None and not (isinstance(deadline_ms, (int, float)) and deadline_ms > 0):
             raise InvalidInput(f"deadline_ms must be a positive number of ms, got {deadline_ms!r}")
         timeout_ms = float(deadline_ms) if deadline_ms is not None else m.config.slo_ms
+        if m.in_flight >= self.queue_limit:  # cheap early answer before staging (checked again below)
+            with self._lock:
+                m.rejected += 1
+            raise Overloaded(f"model {name!r} has {m.in_flight} requests waiting (limit {self.queue_limit})",
+                             retry_after_s=self._retry_after(m))
+        layer = self.device
+        if layer.stages:  # CUDA: rows into pinned memory on this (the client's) thread, outside any lock
+            rows = [layer.stage(r) for r in rows]
         rt = self._runtime
         with self._lock:
             if m.in_flight >= self.queue_limit:
@@ -499,7 +507,9 @@ class InferenceService:
             elif x.shape[0] != n:
                 raise InvalidInput(f"inputs must have the same number of rows: {spec.name!r} has {x.shape[0]}, "
                                    f"{want[0]!r} has {n}")
-            arrays.append(np.array(x, copy=True, order="C"))
+            # the device copies each row when it stages it (CUDA: into pinned memory); else copy here,
+            # as the caller may reuse its arrays once submit returns
+            arrays.append(np.ascontiguousarray(x) if self.device.stages else np.array(x, copy=True, order="C"))
         if not 1 <= n <= cfg.max_batch:
             raise InvalidInput(f"model {cfg.name!r} takes 1..{cfg.max_batch} rows per request, got {n}")
         return [[a[i] for a in arrays] for i in range(n)]
