@@ -200,3 +200,26 @@ def test_stats_report_histograms_partitions_and_goodput():
     assert st["partitions"] and all({"sms", "busy_ratio"} <= set(p) for p in st["partitions"])
     svc.close()
     assert not svc.is_live()
+
+
+def test_dstack_replans_from_measured_rates_while_serving_and_answers_every_request():
+    from gpuloom.profile.store import ProfileStore
+    from gpuloom.profile.synthetic import zoo
+
+    dev = FakeDeviceLayer(build_delay_s=0.02)
+    svc = InferenceService(policy="dstack", device_layer=dev, profiles=ProfileStore(profiles=zoo()),
+                           policy_options=dict(check_ms=50, window_s=0.3, hold_s=0.1, switch_cost_s=0.0))
+    svc.start()
+    for n in ("resnet50", "mobilenet_v2"):  # planned for 5 req/s each, then offered ~100x more
+        svc.load(ModelConfig(n, X4, Y4, max_batch=8, slo_ms=100, rate_hint=5), FakeModel(lambda xs: [xs[0] * 2], 0.5))
+    builds_after_load = svc.stats()["backend"]["layouts_built"]
+    futs, t0 = [], time.monotonic()
+    while time.monotonic() - t0 < 1.0:
+        for n in ("resnet50", "mobilenet_v2"):
+            futs.append(svc.submit(n, {"x": np.ones((1, 4), np.float32)}))
+        time.sleep(0.002)
+    assert all(f.exception(10) is None for f in futs)
+    st = assert_books(svc)
+    assert svc._runtime.policy.replans >= 1
+    assert st["backend"]["layouts_built"] > builds_after_load  # the new layout was built and swapped in
+    svc.close()

@@ -628,9 +628,16 @@ class InferenceService:
         else:
             self._runtime.reconfigure(policy, ctx)
         with self._lock:
-            ok = self._cv.wait_for(lambda: id(policy) in self._layout_seen, timeout=self.load_timeout_s)
-            err = self._layout_seen.pop(id(policy), None) if ok else TimeoutError(
-                f"no layout after {self.load_timeout_s} s")
+            rt = self._runtime
+            deadline = time.monotonic() + self.load_timeout_s
+            while id(policy) not in self._layout_seen and rt.running and time.monotonic() < deadline:
+                self._cv.wait(0.2)  # woken by _on_layout; the timeout notices a crashed loop
+            if id(policy) in self._layout_seen:
+                err = self._layout_seen.pop(id(policy))
+            elif not rt.running:
+                err = rt.error or RuntimeError("the runtime loop stopped")
+            else:
+                err = TimeoutError(f"no layout after {self.load_timeout_s} s")
         return err
 
     def _knee(self, model: str, batch: int) -> int:
