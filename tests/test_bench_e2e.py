@@ -45,6 +45,7 @@ def test_bench_serves_tiny_models_on_cpu_and_reports_every_metric(tmp_path):
         assert pt["slo_attainment"] > 0.5  # light load, loose SLOs
         assert 0 <= pt["sm_utilization"] <= 1 and 0 <= pt["gpu_idle_ratio"] <= 1
         assert pt["dispatch_overhead"] >= 0 and 0 < pt["fairness"] <= 1
+        assert pt["sim"]["goodput_rps"] > 0 and "p99_ms" in pt["sim"]  # the same arrivals, simulated
     assert rep["dstack_vs_best_baseline"]["baseline"] == "triton"
 
 

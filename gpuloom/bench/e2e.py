@@ -76,6 +76,7 @@ class Point:
     dispatch_overhead: float  # host dispatch ms / device ms
     models: tuple[ModelPoint, ...]
     layouts: list = field(default_factory=list)  # partitions at the end: label, sms, busy ratio
+    sim: dict = field(default_factory=dict)  # the same arrivals through the simulator (simulate_point)
 
     def ok(self, target: float) -> bool:
         return self.slo_attainment >= target
@@ -226,6 +227,20 @@ def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s:
     )
 
 
+def simulate_point(svc, workload: Workload, policy: str, *, scale: float, duration_s: float,
+                   contention: Any = None) -> dict:
+    """The same point through the simulated backend, with the profiles the service planned with:
+    what issue 5's simulator validation compares (goodput and p99 error per policy)."""
+    from .experiment import simulate
+
+    wl = dataclasses.replace(workload.scaled(scale), duration_s=duration_s)
+    profs = {c.name: svc.profile(c.name) for c in svc.models()}
+    run = simulate(wl, profs, policy, contention=contention)
+    m = run.metrics
+    return {"goodput_rps": m.goodput_rps, "slo_attainment": m.slo_attainment, "p50_ms": m.p50_ms,
+            "p99_ms": m.p99_ms, "sm_utilization": m.sm_utilization, "fairness": m.fairness}
+
+
 def _random(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
     if dtype.startswith("float"):
         return rng.standard_normal(shape).astype(dtype)
@@ -244,7 +259,7 @@ class PolicyResult:
 def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, Any]], *, device: str,
                  profiles: Any = None, duration_s: float = 5.0, scales: Sequence[float] | None = None,
                  sweep: bool = False, target: float = 0.99, steps: int = 5, max_scale: float = 64.0,
-                 policy_options: dict | None = None, queue_limit: int = 1024,
+                 policy_options: dict | None = None, queue_limit: int = 1024, simulate: bool = True,
                  progress: Callable[[str], None] | None = None) -> PolicyResult:
     """Serve ``workload`` under ``policy``: the given ``scales``, and/or a rate sweep."""
     from gpuloom.runtime.service import InferenceService
@@ -268,6 +283,14 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
 
         def measure(s: float) -> Point:
             p = run_point(svc, workload, policy, scale=s, duration_s=duration_s)
+            if simulate:
+                try:
+                    sim = simulate_point(svc, workload, policy, scale=s, duration_s=duration_s)
+                    g = p.goodput_rps
+                    sim["goodput_error"] = (sim["goodput_rps"] - g) / g if g else None
+                    p = dataclasses.replace(p, sim=sim)
+                except Exception as e:  # noqa: BLE001 - the measurement stands without it
+                    p = dataclasses.replace(p, sim={"error": f"{type(e).__name__}: {e}"})
             say(f"{policy}: x{s:.3g} offered {p.offered_rps:.0f}/s goodput {p.goodput_rps:.0f}/s "
                 f"attainment {p.slo_attainment:.3f} p99 {p.p99_ms:.1f} ms")
             points.append(p)
@@ -341,5 +364,5 @@ def _clean(v: Any) -> Any:
     return v
 
 
-__all__ = ["ModelPoint", "Point", "PolicyResult", "bench_policy", "build_models", "run_point", "tiny_module",
-           "to_json"]
+__all__ = ["ModelPoint", "Point", "PolicyResult", "bench_policy", "build_models", "run_point", "simulate_point",
+           "tiny_module", "to_json"]

@@ -27,6 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="profile directory (default: shipped H200 profiles on CUDA; crude ones measured at load "
                         "with --tiny)")
     p.add_argument("--queue-limit", type=int, default=1024, help="per-model queue bound (default 1024)")
+    p.add_argument("--no-simulate", action="store_true",
+                   help="skip running each point through the simulator too (simulated vs measured goodput, p99)")
     p.add_argument("--out", metavar="FILE", default=None, help="write the JSON report here")
 
 
@@ -84,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     for pol in policies:
         results.append(bench_policy(workload, pol, models, device=device, profiles=profiles,
                                     duration_s=args.duration, scales=scales, sweep=args.sweep, target=args.target,
-                                    steps=args.steps, queue_limit=args.queue_limit,
+                                    steps=args.steps, queue_limit=args.queue_limit, simulate=not args.no_simulate,
                                     progress=lambda s: console.print(s)))
     meta = {"torch": torch.__version__, "tiny": args.tiny, "max_batch": args.max_batch, "duration_s": args.duration,
             "seconds": round(time.monotonic() - t0, 1), "argv": sys.argv[1:]}

@@ -333,6 +333,13 @@ class InferenceService:
         m = self._models.get(name)
         return m is not None and m.state == "ready" and self.is_live()
 
+    def profile(self, name: str) -> Profile:
+        """The latency profile ``name`` is planned with (trimmed to its max_batch)."""
+        m = self._models.get(name)
+        if m is None:
+            raise UnknownModel(f"no model {name!r} is loaded; loaded: {sorted(self._models)}")
+        return m.profile
+
     def models(self) -> list[ModelConfig]:
         with self._lock:
             return [m.config for m in self._models.values()]
