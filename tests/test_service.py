@@ -223,3 +223,12 @@ def test_dstack_replans_from_measured_rates_while_serving_and_answers_every_requ
     assert svc._runtime.policy.replans >= 1
     assert st["backend"]["layouts_built"] > builds_after_load  # the new layout was built and swapped in
     svc.close()
+
+
+def test_service_refuses_unknown_and_simulation_only_policies_up_front():
+    with pytest.raises(ValueError, match="known policies"):
+        InferenceService(policy="nope", device_layer=FakeDeviceLayer())
+    with pytest.raises(ValueError, match="simulation-only"):
+        InferenceService(policy="ideal", device_layer=FakeDeviceLayer())
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        TensorSpec("x", (4,), "bfloat16")

@@ -52,7 +52,7 @@ from .exec_backend import ExecBackend, ExecOutput
 
 log = logging.getLogger(__name__)
 
-_DTYPES = ("float32", "float16", "float64", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
+_DTYPES = ("float32", "float16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
 #: upper bounds (ms) of the latency histogram buckets; the last bucket is +inf
 LATENCY_BUCKETS_MS = (0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 
@@ -266,7 +266,9 @@ class InferenceService:
     ) -> None:
         self.policy_name = policy
         self.policy_options = dict(policy_options or {})
-        make_policy(policy, **self.policy_options)  # unknown names / bad options fail here, not at load
+        probe = make_policy(policy, **self.policy_options)  # unknown names / bad options fail here, not at load
+        if probe.simulation_only:
+            raise ValueError(f"policy {policy!r} is a simulation-only bound; it cannot serve (pick another policy)")
         if not isinstance(queue_limit, int) or queue_limit < 1:
             raise ValueError(f"queue_limit must be a positive int, got {queue_limit!r}")
         self.queue_limit = queue_limit
