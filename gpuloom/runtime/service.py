@@ -715,7 +715,12 @@ class InferenceService:
         prof = None
         if self.profiles is not None and config.name in self.profiles:
             prof = self.profiles.get(config.name)
-            if prof.gpu.sm_count != dev.gpu_sms:
+            shapes = tuple(t.shape for t in config.inputs)
+            if prof.input_shapes != shapes:
+                warnings.warn(f"the profile named {config.name!r} was measured for inputs {prof.input_shapes}, the "
+                              f"model takes {shapes}: not using it", stacklevel=3)
+                prof = None
+            elif prof.gpu.sm_count != dev.gpu_sms:
                 warnings.warn(f"profile of {config.name!r} was measured on {prof.gpu.sm_count} SMs; this device has "
                               f"{dev.gpu_sms}", stacklevel=3)
         if prof is None:
