@@ -45,9 +45,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from gpuloom.runtime.service import InferenceService
 
+    from gpuloom.profile.store import ProfileStore
+
     try:
-        service = InferenceService(policy=args.policy, device=args.device, profiles=args.profiles, queue_limit=args.queue_limit)
-    except ValueError as e:
+        profiles = ProfileStore(args.profiles) if args.profiles else None
+        service = InferenceService(policy=args.policy, device=args.device, profiles=profiles, queue_limit=args.queue_limit)
+    except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     service.start()

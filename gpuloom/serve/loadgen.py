@@ -86,7 +86,7 @@ def _body(meta: dict, batch: int, binary: bool, rng: np.random.Generator) -> tup
 
 
 async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: bool, slo_ms: float | None,
-               timeout_s: float, seed: int, variants: int = 8) -> LoadResult:
+               timeout_s: float, seed: int, variants: int = 8, inputs: list[dict] | None = None) -> LoadResult:
     import aiohttp
 
     base = _url(url)
@@ -96,6 +96,10 @@ async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: b
             if r.status != 200:
                 raise ValueError(f"model {model!r} metadata from {base}: HTTP {r.status}: {await r.text()}")
             meta = await r.json()
+        if inputs is not None:
+            meta = dict(meta, inputs=inputs)
+        if not meta.get("inputs"):
+            raise ValueError(f"model {model!r} metadata from {base} lists no inputs; pass them explicitly (inputs=...)")
         if slo_ms is None:
             try:
                 async with s.get(f"{base}/v2/models/{model}/config") as r:
@@ -152,9 +156,14 @@ async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: b
 
 
 def run_load(url: str, model: str, *, rate: float, duration_s: float, poisson: bool = True, batch: int = 1,
-             binary: bool = True, slo_ms: float | None = None, timeout_s: float = 30.0, seed: int = 0) -> LoadResult:
-    """Drive ``model`` at ``url`` open-loop; ``slo_ms`` None: the model's own SLO when the server says it."""
+             binary: bool = True, slo_ms: float | None = None, timeout_s: float = 30.0, seed: int = 0,
+             inputs: list[dict] | None = None) -> LoadResult:
+    """Drive ``model`` at ``url`` open-loop; ``slo_ms`` None: the model's own SLO when the server says it.
+
+    ``inputs`` (``[{"name", "shape": [-1, ...], "datatype"}]``) overrides the server's metadata, for
+    servers whose metadata does not list them (KServe's Python server)."""
     times = arrival_times(rate, duration_s, poisson=poisson, seed=seed)
-    res = asyncio.run(_run(url, model, times, batch=batch, binary=binary, slo_ms=slo_ms, timeout_s=timeout_s, seed=seed))
+    res = asyncio.run(_run(url, model, times, batch=batch, binary=binary, slo_ms=slo_ms, timeout_s=timeout_s, seed=seed,
+                           inputs=inputs))
     res.rate = rate
     return res

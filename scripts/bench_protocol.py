@@ -1,0 +1,161 @@
+#!/usr/bin/env python
+"""Protocol overhead on CPU: gpuloom serve vs the KServe Python model server, one linear layer.
+
+Both servers serve the same ``nn.Linear(16, 4)`` (same weights; KServe's side computes it with numpy,
+gpuloom's through its runtime) on this machine; the same open-loop client (``gpuloom.serve.loadgen``,
+the engine of ``gpuloom load``) drives each in turn:
+
+- **saturation**: offered far above capacity (``--sat-rate``) for ``--duration`` s -> served req/s;
+- **fixed rate**: ``--rate`` req/s for ``--duration`` s -> p50 / p99 latency.
+
+KServe runs from its own virtual environment (``--kserve-python``, default ``/tmp/ksv/bin/python``:
+``python -m venv /tmp/ksv && /tmp/ksv/bin/pip install kserve``). Without it only gpuloom is measured
+and the script says so. Writes JSON to ``--out``.
+
+    .venv/bin/python scripts/bench_protocol.py --duration 5 --out docs/results/serve/protocol_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+KSERVE_SERVER = r'''
+import logging, sys, numpy as np
+import kserve.logging, kserve.model_server
+kserve.logging.configure_logging = kserve.model_server.configure_logging = lambda *a, **k: None
+logging.disable(logging.WARNING)  # no per-request access/latency logs (gpuloom logs none either)
+from kserve import Model, ModelServer, InferRequest, InferResponse, InferOutput
+W = np.load(sys.argv[2]); B = np.load(sys.argv[3])
+class Linear(Model):
+    def __init__(self):
+        super().__init__("linear"); self.ready = True
+    async def predict(self, payload: InferRequest, headers=None, response_headers=None):
+        x = payload.inputs[0].as_numpy()
+        y = (x @ W.T + B).astype(np.float32)
+        out = InferOutput(name="y", shape=list(y.shape), datatype="FP32")
+        out.set_data_from_numpy(y, binary_data=payload.use_binary_outputs if hasattr(payload, "use_binary_outputs") else False)
+        return InferResponse(model_name=self.name, infer_outputs=[out], response_id=payload.id or "")
+ModelServer(http_port=int(sys.argv[1]), grpc_port=int(sys.argv[1]) + 1, workers=1, enable_grpc=False,
+            enable_docs_url=False, enable_latency_logging=False).start([Linear()])
+'''
+
+GPULOOM_SERVER = (
+    "import argparse, sys; from gpuloom.commands import serve\n"
+    "p = argparse.ArgumentParser(); serve.add_arguments(p); sys.exit(serve.run(p.parse_args(sys.argv[1:])))\n"
+)
+
+
+def _free_port() -> int:
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def _wait_ready(port: int, model: str, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
+    t_end = time.time() + timeout_s
+    while time.time() < t_end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}: {proc.stderr.read()[-2000:] if proc.stderr else ''}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{model}/ready", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"server on port {port} not ready after {timeout_s} s")
+
+
+def measure(port: int, args) -> dict:
+    from gpuloom.serve.loadgen import run_load
+
+    url = f"127.0.0.1:{port}"
+    kw = dict(binary=args.binary, slo_ms=100.0, inputs=[{"name": "x", "shape": [-1, 16], "datatype": "FP32"}], timeout_s=60.0)
+    run_load(url, "linear", rate=50, duration_s=1.0, **kw)  # warm up
+    fixed = run_load(url, "linear", rate=args.rate, duration_s=args.duration, seed=2, **kw)
+    sat = run_load(url, "linear", rate=args.sat_rate, duration_s=args.duration, seed=1, **kw)
+    return {"saturation": sat.as_dict(), "fixed_rate": fixed.as_dict()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--duration", type=float, default=5.0, help="seconds per measurement (default 5)")
+    ap.add_argument("--rate", type=float, default=100.0, help="fixed rate for the latency point, req/s (default 100)")
+    ap.add_argument("--sat-rate", type=float, default=1500.0, help="offered rate for saturation, req/s (default 1500)")
+    ap.add_argument("--json-tensors", dest="binary", action="store_false", help="JSON tensors instead of binary data")
+    ap.add_argument("--kserve-python", default=os.environ.get("KSERVE_PYTHON", "/tmp/ksv/bin/python"))
+    ap.add_argument("--policy", default="dstack")
+    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    args = ap.parse_args()
+
+    import numpy as np
+    import torch
+
+    sys.path.insert(0, str(ROOT / "examples" / "repository"))
+    import nets
+
+    lin = nets.linear()
+    tmp = Path(tempfile.mkdtemp(prefix="gpuloom-bench-"))
+    w, b = tmp / "w.npy", tmp / "b.npy"
+    np.save(w, lin.weight.detach().numpy())
+    np.save(b, lin.bias.detach().numpy())
+    (tmp / "linear.yaml").write_text(
+        f"name: linear\nsource: '{ROOT / 'examples' / 'repository' / 'nets.py'}:linear'\n"
+        "inputs: [{name: x, shape: [16], dtype: float32}]\noutputs: [{name: y, shape: [4], dtype: float32}]\n"
+        "max_batch: 32\nslo_ms: 100\nrate_hint: 200\n"
+    )
+    results: dict = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0],
+                                 "torch": torch.__version__},
+                     "model": "nn.Linear(16, 4), batch 1 per request", "duration_s": args.duration,
+                     "binary_tensors": args.binary, "servers": {}}
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    servers = [("gpuloom", [sys.executable, "-c", GPULOOM_SERVER, str(tmp / "linear.yaml"), "--no-grpc", "--policy", args.policy,
+                             "--http-port", "{port}", "--device", "cpu"])]
+    if Path(args.kserve_python).exists():
+        servers.append(("kserve", [args.kserve_python, "-c", KSERVE_SERVER, "{port}", str(w), str(b)]))
+    else:
+        print(f"kserve not found at {args.kserve_python}: measuring gpuloom only", file=sys.stderr)
+        results["kserve"] = "not installed"
+    for name, cmd in servers:
+        port = _free_port()
+        cmd = [c.replace("{port}", str(port)) for c in cmd]
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp)
+        try:
+            _wait_ready(port, "linear", proc)
+            print(f"measuring {name} on port {port} ...", file=sys.stderr, flush=True)
+            results["servers"][name] = measure(port, args)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    print(f"{'server':<10} {'sat req/s':>10} {'errors@sat':>12} {'p50 ms':>8} {'p99 ms':>8}  (fixed {args.rate:g} req/s)")
+    for name, r in results["servers"].items():
+        s, f = r["saturation"], r["fixed_rate"]
+        print(f"{name:<10} {s['throughput']:>10.1f} {sum(s['errors'].values()):>12} {f['p50_ms']:>8.2f} {f['p99_ms']:>8.2f}")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
