@@ -5,7 +5,7 @@ Both servers serve the same ``nn.Linear(16, 4)`` (same weights; KServe's side co
 gpuloom's through its runtime) on this machine; the same open-loop client (``gpuloom.serve.loadgen``,
 the engine of ``gpuloom load``) drives each in turn:
 
-- **saturation**: offered far above capacity (``--sat-rate``) for ``--duration`` s -> served req/s;
+- **saturation**: closed loop (perf_analyzer's concurrency mode) with ``--concurrency`` clients -> req/s;
 - **fixed rate**: ``--rate`` req/s for ``--duration`` s -> p50 / p99 latency.
 
 KServe runs from its own virtual environment (``--kserve-python``, default ``/tmp/ksv/bin/python``:
@@ -84,21 +84,27 @@ def _wait_ready(port: int, model: str, proc: subprocess.Popen, timeout_s: float 
 
 
 def measure(port: int, args) -> dict:
-    from gpuloom.serve.loadgen import run_load
+    from gpuloom.serve.loadgen import run_closed, run_load
 
     url = f"127.0.0.1:{port}"
     kw = dict(binary=args.binary, slo_ms=100.0, inputs=[{"name": "x", "shape": [-1, 16], "datatype": "FP32"}], timeout_s=60.0)
     run_load(url, "linear", rate=50, duration_s=1.0, **kw)  # warm up
     fixed = run_load(url, "linear", rate=args.rate, duration_s=args.duration, seed=2, **kw)
-    sat = run_load(url, "linear", rate=args.sat_rate, duration_s=args.duration, seed=1, **kw)
-    return {"saturation": sat.as_dict(), "fixed_rate": fixed.as_dict()}
+    out = {"fixed_rate": fixed.as_dict()}
+    for c in args.concurrency:
+        out[f"closed_c{c}"] = run_closed(url, "linear", concurrency=c, duration_s=args.duration, seed=3, **kw).as_dict()
+    if args.sat_rate:
+        out["open_overload"] = run_load(url, "linear", rate=args.sat_rate, duration_s=args.duration, seed=1, **kw).as_dict()
+    return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=float, default=5.0, help="seconds per measurement (default 5)")
     ap.add_argument("--rate", type=float, default=100.0, help="fixed rate for the latency point, req/s (default 100)")
-    ap.add_argument("--sat-rate", type=float, default=1500.0, help="offered rate for saturation, req/s (default 1500)")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32],
+                    help="closed-loop client counts for the saturation points (default 1 8 32)")
+    ap.add_argument("--sat-rate", type=float, default=0.0, help="also offer this open-loop overload rate, req/s (default off)")
     ap.add_argument("--json-tensors", dest="binary", action="store_false", help="JSON tensors instead of binary data")
     ap.add_argument("--kserve-python", default=os.environ.get("KSERVE_PYTHON", "/tmp/ksv/bin/python"))
     ap.add_argument("--policy", default="dstack")
@@ -147,10 +153,12 @@ def main() -> int:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    print(f"{'server':<10} {'sat req/s':>10} {'errors@sat':>12} {'p50 ms':>8} {'p99 ms':>8}  (fixed {args.rate:g} req/s)")
+    cols = "".join(f"{'req/s c' + str(c):>12}" for c in args.concurrency)
+    print(f"{'server':<10}{cols} {'p50 ms':>8} {'p99 ms':>8}  (p50/p99 at a fixed {args.rate:g} req/s)")
     for name, r in results["servers"].items():
-        s, f = r["saturation"], r["fixed_rate"]
-        print(f"{name:<10} {s['throughput']:>10.1f} {sum(s['errors'].values()):>12} {f['p50_ms']:>8.2f} {f['p99_ms']:>8.2f}")
+        f = r["fixed_rate"]
+        vals = "".join(f"{r[f'closed_c{c}']['throughput']:>12.1f}" for c in args.concurrency)
+        print(f"{name:<10}{vals} {f['p50_ms']:>8.2f} {f['p99_ms']:>8.2f}")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(results, indent=2) + "\n")

@@ -77,3 +77,12 @@ def test_load_client_unknown_model_and_dead_server_fail_cleanly(server, capsys):
     assert "unknown model 'nope'" in capsys.readouterr().err
     assert load_cmd.run(_args("127.0.0.1:1", "--model", "x", "--rate", "5", "--duration", "0.2")) == 1
     assert "error" in capsys.readouterr().err
+
+
+def test_closed_loop_concurrency_mode_measures_saturation(server, capsys):
+    addr, core = server
+    rc = load_cmd.run(_args(addr.http_url, "--model", "tiny_mlp", "--concurrency", "4", "--duration", "0.5", "--json"))
+    res = json.loads(capsys.readouterr().out)
+    assert rc == 0 and res["ok"] == res["sent"] > 4 and res["throughput"] > 0
+    assert load_cmd.run(_args(addr.http_url, "--model", "tiny_mlp")) == 2  # neither --rate nor --concurrency
+    assert "--concurrency" in capsys.readouterr().err

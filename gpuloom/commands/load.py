@@ -11,7 +11,9 @@ HELP = "drive a KServe v2 / Triton HTTP server open-loop (Poisson or constant ra
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("url", help="server address, e.g. 127.0.0.1:8000 or http://host:8000")
     p.add_argument("--model", required=True, help="model name")
-    p.add_argument("--rate", type=float, required=True, help="offered load, requests/s")
+    p.add_argument("--rate", type=float, default=None, help="offered load, requests/s (open loop; required unless --concurrency)")
+    p.add_argument("--concurrency", type=int, default=None,
+                   help="closed loop instead: this many clients, each sending when its last request answered (saturation)")
     p.add_argument("--duration", type=float, default=10.0, help="seconds to send for (default 10)")
     arr = p.add_mutually_exclusive_group()
     arr.add_argument("--poisson", dest="poisson", action="store_true", default=True, help="Poisson arrivals (default)")
@@ -28,8 +30,29 @@ def run(args: argparse.Namespace) -> int:
     import json
     import sys
 
-    from gpuloom.serve.loadgen import run_load
+    from gpuloom.serve.loadgen import run_closed, run_load
 
+    if args.concurrency is not None:
+        if args.concurrency < 1 or args.duration <= 0:
+            print(f"error: --concurrency must be >= 1 and --duration positive (found {args.concurrency}, {args.duration})", file=sys.stderr)
+            return 2
+        try:
+            res = run_closed(args.url, args.model, concurrency=args.concurrency, duration_s=args.duration,
+                             binary=not args.json_tensors, slo_ms=args.slo_ms or 100.0, timeout_s=args.timeout, seed=args.seed)
+        except Exception as e:
+            print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+            return 1
+        if args.json:
+            print(json.dumps(res.as_dict()))
+        else:
+            print(f"model {res.model}: {args.concurrency} closed-loop clients for {args.duration:g} s")
+            print(f"  sent {res.sent}, ok {res.ok}, errors {res.errors or 'none'}")
+            print(f"  throughput     {res.throughput:.1f} req/s")
+            print(f"  latency ms     p50 {res.p50_ms:.2f}  p90 {res.p90_ms:.2f}  p99 {res.p99_ms:.2f}  mean {res.mean_ms:.2f}")
+        return 0
+    if args.rate is None:
+        print("error: give --rate (open loop) or --concurrency (closed loop)", file=sys.stderr)
+        return 2
     if args.rate <= 0 or args.duration <= 0 or args.batch < 1:
         print(f"error: --rate and --duration must be positive and --batch >= 1 (found {args.rate}, {args.duration}, {args.batch})", file=sys.stderr)
         return 2

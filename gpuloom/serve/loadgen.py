@@ -18,7 +18,7 @@ import numpy as np
 
 from .protocol import V2_TO_NUMPY
 
-__all__ = ["LoadResult", "run_load", "arrival_times"]
+__all__ = ["LoadResult", "run_load", "run_closed", "arrival_times"]
 
 
 @dataclass
@@ -167,3 +167,66 @@ def run_load(url: str, model: str, *, rate: float, duration_s: float, poisson: b
                            inputs=inputs))
     res.rate = rate
     return res
+
+
+async def _closed(url: str, model: str, concurrency: int, duration_s: float, *, binary: bool, slo_ms: float,
+                  inputs: list[dict] | None, seed: int, timeout_s: float) -> LoadResult:
+    import aiohttp
+
+    base = _url(url)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                     timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
+        async with s.get(f"{base}/v2/models/{model}") as r:
+            if r.status != 200:
+                raise ValueError(f"model {model!r} metadata from {base}: HTTP {r.status}: {await r.text()}")
+            meta = await r.json()
+        if inputs is not None:
+            meta = dict(meta, inputs=inputs)
+        rng = np.random.default_rng(seed)
+        bodies = [_body(meta, 1, binary, rng) for _ in range(8)]
+        infer_url = f"{base}/v2/models/{model}/infer"
+        lat: list[float] = []
+        status: Counter = Counter()
+        sent = 0
+        stop_at = time.perf_counter() + duration_s
+
+        async def worker(k: int):
+            nonlocal sent
+            i = k
+            while time.perf_counter() < stop_at:
+                body, headers = bodies[i % len(bodies)]
+                i += concurrency
+                sent += 1
+                t0 = time.perf_counter()
+                try:
+                    async with s.post(infer_url, data=body, headers=headers) as r:
+                        await r.read()
+                        code = r.status
+                except Exception as e:
+                    status[type(e).__name__] += 1
+                    continue
+                if code == 200:
+                    lat.append((time.perf_counter() - t0) * 1000.0)
+                else:
+                    status[str(code)] += 1
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(k) for k in range(concurrency)))
+        wall = time.perf_counter() - start
+    arr = np.asarray(lat) if lat else np.asarray([float("nan")])
+    return LoadResult(
+        model=model, rate=float("nan"), duration_s=wall, sent=sent, ok=len(lat), errors=dict(status),
+        throughput=len(lat) / wall, slo_ms=slo_ms, slo_attainment=float(np.sum(arr <= slo_ms)) / sent if sent else 0.0,
+        p50_ms=float(np.percentile(arr, 50)), p90_ms=float(np.percentile(arr, 90)), p99_ms=float(np.percentile(arr, 99)),
+        mean_ms=float(arr.mean()), latencies_ms=lat,
+    )
+
+
+def run_closed(url: str, model: str, *, concurrency: int, duration_s: float, binary: bool = True, slo_ms: float = 100.0,
+               inputs: list[dict] | None = None, seed: int = 0, timeout_s: float = 30.0) -> LoadResult:
+    """Closed loop (perf_analyzer's concurrency mode): ``concurrency`` clients, each sending its next
+    request when the last one answers, for ``duration_s``. Measures requests/s at saturation."""
+    if concurrency < 1 or duration_s <= 0:
+        raise ValueError(f"concurrency must be >= 1 and duration positive, found {concurrency}, {duration_s}")
+    return asyncio.run(_closed(url, model, concurrency, duration_s, binary=binary, slo_ms=slo_ms, inputs=inputs,
+                               seed=seed, timeout_s=timeout_s))
