@@ -14,6 +14,7 @@ A repository is one YAML file or a directory of them (``*.yaml``/``*.yml`` direc
         slo_ms: 100          # latency objective, ms (also the default request deadline)
         weight: 1.0          # share of the GPU under oversubscription (fairness weight)
         rate_hint: 50        # expected requests/s before the runtime has measured any
+        seed: 0              # optional: torch.manual_seed before building (reproducible random init)
 
 Paths (weights, ``file.py`` sources) are relative to the YAML file. Weights are never unpickled as
 objects: safetensors, or ``torch.load(weights_only=True)`` which refuses anything but tensors and plain
@@ -35,7 +36,7 @@ import yaml
 __all__ = ["RepositoryError", "TensorEntry", "ModelEntry", "Repository", "load_repository"]
 
 _ALLOWED_KEYS = {
-    "name", "source", "kwargs", "weights", "inputs", "outputs", "max_batch", "slo_ms", "weight", "rate_hint",
+    "name", "source", "kwargs", "weights", "inputs", "outputs", "max_batch", "slo_ms", "weight", "rate_hint", "seed",
 }
 
 
@@ -70,6 +71,7 @@ class ModelEntry:
     weights: Path | None = None
     kwargs: dict = field(default_factory=dict, hash=False, compare=False)
     origin: Path | None = None  # the YAML file it came from
+    seed: int | None = None  # torch.manual_seed before the factory runs (random-init models reproducible)
 
     # -- building ---------------------------------------------------------------------------
     def build(self):
@@ -77,6 +79,8 @@ class ModelEntry:
         import torch
 
         factory = _resolve_factory(self.source, self.origin)
+        if self.seed is not None:
+            torch.manual_seed(self.seed)
         try:
             module = factory(**self.kwargs)
         except Exception as e:  # the user's factory: say whose it was
@@ -247,7 +251,11 @@ def parse_model(m: Any, origin: Path | None) -> ModelEntry:
         weights = Path(weights)
         if not weights.is_absolute() and origin is not None:
             weights = origin.parent / weights
+    seed = m.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise RepositoryError(f"{where}: seed must be a non-negative integer, found {seed!r}")
     return ModelEntry(
+        seed=seed,
         name=name,
         source=source,
         inputs=_tensors(m.get("inputs"), f"{where}: inputs"),
