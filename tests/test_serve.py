@@ -387,3 +387,48 @@ def test_deadline_header_and_timeout_parameter_reach_the_runtime(served, monkeyp
     assert _post(addr, "/v2/models/tiny_mlp/infer", _infer_json(x), {"X-Gpuloom-Deadline-Ms": "300"})[0] == 200
     assert _post(addr, "/v2/models/tiny_mlp/infer", _infer_json(x))[0] == 200
     assert seen == [250.0, 300.0, None]  # None: the runtime applies the model's SLO
+
+
+def test_grpc_repository_and_statistics(served):
+    addr, _, _ = served
+    client = tritongrpc.InferenceServerClient(addr.grpc_url)
+    names = {m.name: m.state for m in client.get_model_repository_index().models}
+    assert names["tiny_mlp"] == "READY"
+    client.unload_model("tiny_cnn")
+    assert not client.is_model_ready("tiny_cnn")
+    client.load_model("tiny_cnn")
+    assert client.is_model_ready("tiny_cnn")
+    inp = tritongrpc.InferInput("x", [1, 16], "FP32")
+    inp.set_data_from_numpy(np.zeros((1, 16), np.float32))
+    client.infer("tiny_mlp", [inp])
+    st = client.get_inference_statistics("tiny_mlp", as_json=True)
+    assert st["model_stats"][0]["name"] == "tiny_mlp" and int(st["model_stats"][0]["inference_stats"]["success"]["count"]) > 0
+
+
+def test_missed_deadlines_are_answered_and_booked_as_dropped():
+    service = serve_fake.make_service()
+    core = ServeCore(service)
+    cfg, module = serve_fake.slow_net(0.04)
+    service.load(cfg, module)
+    server = Server(core, http_port=0, grpc_port=None)
+    addr = server.start()
+    try:
+        codes = []
+        body = _infer_json([{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0] * 4}])
+
+        def send():
+            codes.append(_post(addr, "/v2/models/slow/infer", body, {"X-Gpuloom-Deadline-Ms": "5"})[0])
+
+        threads = [threading.Thread(target=send) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        m = _metrics(addr)
+    finally:
+        server.stop()
+    late = [c for c in codes if c in (503, 504)]
+    assert len(codes) == 8 and late and set(codes) <= {200, 503, 504}, codes
+    b = core.books.snapshot()["slow"]
+    assert b.balanced() and sum(b.dropped.values()) == len(late)
+    assert _metric(m, "gpuloom_request_dropped", model="slow") == len(late)
