@@ -15,7 +15,6 @@ import time
 import types
 from dataclasses import dataclass
 
-import numpy as np
 
 
 def _install_stub():

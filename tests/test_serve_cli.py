@@ -14,7 +14,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).parent

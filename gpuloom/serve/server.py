@@ -16,8 +16,6 @@ import logging
 import signal
 import threading
 from dataclasses import dataclass
-from typing import Any
-
 from .core import ServeCore
 
 log = logging.getLogger("gpuloom.serve")
@@ -141,7 +139,6 @@ class Server:
         """Run until SIGTERM/SIGINT, then drain and stop. Raises ServeError if a port cannot be bound."""
 
         async def main():
-            box: list = []
             self._loop = asyncio.get_running_loop()
             await self._start()
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -154,7 +151,6 @@ class Server:
             await self._stop_event.wait()
             log.info("stopping: draining queued requests")
             await self._shutdown()
-            del box
 
         try:
             with asyncio.Runner(loop_factory=_new_loop) as runner:
@@ -199,6 +195,3 @@ def _bind_error(what: str, host: str, port: int, flag: str, e: OSError) -> Serve
         return ServeError(f"{what} port {port} on {host} is already in use: stop the other server or pick another port with {flag}")
     return ServeError(f"cannot listen for {what} on {host}:{port}: {e} (check --host)")
 
-
-def make_core(service: Any, repository=None, **kw) -> ServeCore:
-    return ServeCore(service, repository, **kw)
