@@ -68,13 +68,13 @@ def model_config_json(config: Any) -> dict[str, Any]:
 
 
 def _exec_count(sm: Any) -> int:
-    """Batches executed, from the runtime's per-model stats (``batch_size``: size -> batches)."""
+    """Batches executed, from the runtime's per-model stats."""
     if not isinstance(sm, dict):
         return 0
-    b = sm.get("batch_size")
-    if isinstance(b, dict) and "bounds" not in b:
-        return int(sum(v for v in b.values() if isinstance(v, (int, float))))
-    return int(sm.get("exec_count", 0) or 0)
+    from .metrics import batches_from_sizes
+
+    n = batches_from_sizes(sm.get("batch_size"))
+    return int(n if n is not None else sm.get("exec_count", 0) or 0)
 
 
 class ServeCore:

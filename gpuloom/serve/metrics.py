@@ -132,6 +132,20 @@ def _histogram_parts(h: Any) -> tuple[list[tuple[float, float]], float, float] |
     return cum, total, acc
 
 
+def batches_from_sizes(sizes: Any) -> float | None:
+    """Batches executed, from the runtime's ``batch_size`` map (size -> requests that ran in a batch of
+    that size): a batch of size k holds k single-row requests, so batches = sum(n_k / k)."""
+    if not isinstance(sizes, dict) or "bounds" in sizes:
+        return None
+    total = 0.0
+    for k, v in sizes.items():
+        try:
+            total += float(v) / max(1.0, float(k))
+        except (TypeError, ValueError):
+            return None
+    return float(round(total))
+
+
 def build_registry(books: Books, stats: Callable[[], dict], model_names: Callable[[], list[str]]):
     """A fresh prometheus CollectorRegistry exposing ``books`` and ``stats()`` at scrape time."""
     from prometheus_client import CollectorRegistry
@@ -171,7 +185,7 @@ def build_registry(books: Books, stats: Callable[[], dict], model_names: Callabl
             slo = GaugeMetricFamily("gpuloom_slo_attainment", "Fraction of finished requests served within their deadline", labels=["model"])
             qh = HistogramMetricFamily("gpuloom_queue_duration_ms", "Queueing time, ms", labels=["model"])
             ch = HistogramMetricFamily("gpuloom_compute_duration_ms", "Compute time per batch, ms", labels=["model"])
-            bh = HistogramMetricFamily("gpuloom_batch_size", "Executed batch sizes", labels=["model"])
+            bh = HistogramMetricFamily("gpuloom_batch_size", "Size of the batch each request ran in", labels=["model"])
             for m in names:
                 b = snap.get(m)
                 sm = st_models.get(m, {}) if isinstance(st_models.get(m), dict) else {}
@@ -189,8 +203,8 @@ def build_registry(books: Books, stats: Callable[[], dict], model_names: Callabl
                     pend.add_metric([m, "1"], b.in_flight)
                 batch_hist = sm.get("batch_size", sm.get("batch_sizes"))
                 ex = _num(sm, "exec_count", "batches")
-                if ex is None and isinstance(batch_hist, dict) and "bounds" not in batch_hist:
-                    ex = float(sum(v for v in batch_hist.values() if isinstance(v, (int, float))))
+                if ex is None:
+                    ex = batches_from_sizes(batch_hist)
                 if ex is not None:
                     execc.add_metric([m, "1"], ex)
                 for fam, key, hist in ((q_us, "queue_ms", qh), (c_us, "compute_ms", ch)):
