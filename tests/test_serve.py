@@ -432,3 +432,16 @@ def test_missed_deadlines_are_answered_and_booked_as_dropped():
     b = core.books.snapshot()["slow"]
     assert b.balanced() and sum(b.dropped.values()) == len(late)
     assert _metric(m, "gpuloom_request_dropped", model="slow") == len(late)
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_requests_from_tritonclient_are_accepted(served, algorithm):
+    addr, _, eager = served
+    client = tritonhttp.InferenceServerClient(addr.http_url)
+    x = np.random.default_rng(5).standard_normal((2, 16)).astype(np.float32)
+    inp = tritonhttp.InferInput("x", [2, 16], "FP32")
+    inp.set_data_from_numpy(x)
+    res = client.infer("tiny_mlp", [inp], request_compression_algorithm=algorithm)
+    np.testing.assert_allclose(res.as_numpy("y"), _eager(eager["tiny_mlp"], x).numpy(), rtol=1e-5, atol=1e-6)
+    status, _, data = _post(addr, "/v2/models/tiny_mlp/infer", b"not gzip", {"Content-Encoding": "gzip"})
+    assert 400 <= status < 500, data

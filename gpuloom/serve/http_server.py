@@ -20,6 +20,7 @@ import json
 import logging
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from .core import EXTENSIONS, SERVER_NAME, ServeCore, model_config_json, model_metadata
 from .protocol import ProtocolError, deadline_ms_from_parameters, encode_infer_response, parse_infer_body
@@ -52,6 +53,8 @@ async def _errors(request: web.Request, handler):
         if e.status >= 400:
             return _error(e.reason or e.text or "error", e.status)
         raise
+    except RequestPayloadError as e:  # e.g. a body that is not the gzip its Content-Encoding says
+        return _error(f"request body could not be read: {e}", 400)
     except asyncio.CancelledError:
         raise
     except Exception as e:  # a bug of ours: answer, log, never drop the connection
@@ -115,9 +118,7 @@ def build_app(core: ServeCore) -> web.Application:
         async def infer(request):
             name = request.match_info["model"]
             version = _version(request)
-            if request.headers.get("Content-Encoding", "identity") not in ("identity", ""):
-                raise ProtocolError(f"Content-Encoding {request.headers['Content-Encoding']!r} is not supported; send identity", 415)
-            body = await request.read()
+            body = await request.read()  # aiohttp undoes gzip/deflate Content-Encoding, within client_max_size
             req = parse_infer_body(body, request.headers.get(HEADER_LEN))
             deadline = deadline_ms_from_parameters(req.parameters, request.headers.get(DEADLINE_HEADER))
             if req.outputs is not None:  # check requested names before spending compute
