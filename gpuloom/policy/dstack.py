@@ -29,10 +29,12 @@ to a new schedule; the runtime then drains the running batches and starts the ne
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from typing import Sequence
 
 from ..plan import Demand, RateEstimator, Replanner, Schedule, plan
+from ..plan.schedule import Partition as PlanPartition
 from ..profile.store import ProfileStore
 from .base import Action, Policy, PolicyContext, Queues, hopeless, register
 from .types import Decision, Drop, Layout, Partition
@@ -133,6 +135,11 @@ class DStackPolicy(Policy):
         """Index ``sched`` and return its layout; its cycles start at ``now_ms``."""
         if sched.gpu_sms != self.ctx.gpu_sms:
             raise ValueError(f"dstack: schedule for {sched.gpu_sms} SMs, the GPU has {self.ctx.gpu_sms}")
+        if not sched.partitions:
+            # nothing could be planned within its SLO (e.g. every model is slower than its SLO even
+            # alone on the whole GPU): serve best effort on one whole-GPU partition without slots;
+            # requests that cannot make their deadline are dropped as usual, with the reason
+            sched = dataclasses.replace(sched, partitions=(PlanPartition(0, 0, sched.gpu_sms, ()),))
         self.schedule = sched
         self.epoch = now_ms
         self.cycle = sched.cycle_ms
