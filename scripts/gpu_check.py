@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 import traceback
 
 import torch
+
+from gpuloom.gpu.timing import wall_ms_across
 
 R: dict = {}
 
@@ -34,17 +35,7 @@ def step(name):
 
 
 def wall(fn, streams, reps=5):
-    out = []
-    for i in range(reps + 1):
-        for s in streams:
-            s.synchronize()
-        t = time.perf_counter()
-        fn()
-        for s in streams:
-            s.synchronize()
-        if i:
-            out.append((time.perf_counter() - t) * 1000)
-    return statistics.median(out)
+    return wall_ms_across(fn, streams, reps=reps)
 
 
 def main():
@@ -219,7 +210,7 @@ def main():
 
     @step("quick_profile")
     def _():
-        from gpuloom.profile.profiler import load_model, profile_model, run_to_json, write_outputs
+        from gpuloom.profile.profiler import load_model, profile_model, write_outputs
         spec = load_model(args.quick_model)
         run = profile_model(spec, batches=(1, 2, 4, 8, 16, 32, 64), runner="graph", progress=True)
         paths = write_outputs(run, args.out)

@@ -42,6 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from gpuloom.gpu.timing import wall_ms_across  # noqa: E402
+
 R: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 OUT: Path = Path(".")
 POLICIES = ["dstack", "triton", "clipper", "nexus", "gslice", "temporal"]
@@ -197,17 +199,7 @@ def _matmul_on(stream, n=8192):
 
 
 def _time(fn, streams, reps=5):
-    ts = []
-    for i in range(reps + 1):
-        for s in streams:
-            s.synchronize()
-        t = time.perf_counter()
-        fn()
-        for s in streams:
-            s.synchronize()
-        if i:
-            ts.append((time.perf_counter() - t) * 1000)
-    return float(np.median(ts))
+    return wall_ms_across(fn, streams, reps=reps)
 
 
 def check_disjoint(models, duration):
@@ -305,7 +297,7 @@ def check_memory(models):
 def check_load_while_serving(models, duration):
     """Load a fourth model (compile + capture) while three are being served; unload it again."""
     from gpuloom.bench.e2e import run_point
-    from gpuloom.runtime.service import ModelConfig, TensorSpec
+    from gpuloom.runtime.service import ModelConfig
 
     wl = workload(LIGHT, LIGHT_SLO, LIGHT_RATE, duration * 2)
     svc = service("dstack", models, wl)

@@ -23,21 +23,9 @@ def _matmul_graph(part):
 
 
 def _time(fn, streams, reps=5):
-    """Median wall ms of ``fn()`` (which enqueues on ``streams``), measured with events on them."""
-    import statistics
-    import time
+    from gpuloom.gpu.timing import wall_ms_across
 
-    out = []
-    for i in range(reps + 1):
-        for s in streams:
-            s.synchronize()
-        t = time.perf_counter()
-        fn()
-        for s in streams:
-            s.synchronize()
-        if i:
-            out.append((time.perf_counter() - t) * 1000)
-    return statistics.median(out)
+    return wall_ms_across(fn, streams, reps=reps)
 
 
 def test_partitions_report_the_sm_counts_of_an_uneven_layout():

@@ -33,3 +33,22 @@ def median_ms(fn: Callable[[], object], *, warmup: int, iters: int, cuda: bool) 
             fn()
             times.append((time.perf_counter() - t) * 1e3)
     return statistics.median(times)
+
+
+def wall_ms_across(fn: Callable[[], object], streams, *, reps: int = 5) -> float:
+    """Median wall ms of ``fn()``, which enqueues work on several ``streams`` (e.g. one per partition).
+
+    Every stream is synchronized before and after each call, so the time covers all of them: the
+    way to see whether work on two partitions ran side by side. The first call is a warm-up.
+    """
+    out = []
+    for i in range(reps + 1):
+        for s in streams:
+            s.synchronize()
+        t = time.perf_counter()
+        fn()
+        for s in streams:
+            s.synchronize()
+        if i:
+            out.append((time.perf_counter() - t) * 1000)
+    return statistics.median(out)

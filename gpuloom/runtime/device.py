@@ -620,8 +620,6 @@ class CudaDeviceLayer(DeviceLayer):
     def _run_eager(self, t: _EagerTicket) -> tuple[list[Any], float]:
         """Watcher thread: the model's single-stream DAG, eagerly, on the lane's main stream (kernels
         launched into a green context's stream run on its SMs, so this stays confined too)."""
-        import numpy as np
-
         torch = self._torch
         cm = self.models[t.model]
         st = t.lane.streams.factory()()
