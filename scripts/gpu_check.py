@@ -16,7 +16,7 @@ import traceback
 
 import torch
 
-from gpuloom.gpu.timing import wall_ms_across
+from gpuloom.gpu.timing import replay_alone_and_together, wall_ms_across
 
 R: dict = {}
 
@@ -123,16 +123,7 @@ def main():
             gb = ps[1].capture_graph(lambda: torch.matmul(b, a, out=d))
             sa, sb = ps[0].stream, ps[1].stream
 
-            def alone():
-                with torch.cuda.stream(sa):
-                    ga.replay()
-
-            def both():
-                with torch.cuda.stream(sa):
-                    ga.replay()
-                with torch.cuda.stream(sb):
-                    gb.replay()
-            t1, t2 = wall(alone, [sa]), wall(both, [sa, sb])
+            t1, _, t2 = replay_alone_and_together(ga, sa, gb, sb)
         out = {"alone": round(t1, 3), "both": round(t2, 3), "ratio": round(t2 / t1, 3)}
         try:  # control: torch's GreenContext.create twice -> overlapping SMs
             from torch.cuda.green_contexts import GreenContext

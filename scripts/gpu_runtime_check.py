@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from gpuloom.gpu.timing import wall_ms_across  # noqa: E402
+from gpuloom.gpu.timing import replay_alone_and_together, wall_ms_across  # noqa: E402
 
 R: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 OUT: Path = Path(".")
@@ -225,22 +225,8 @@ def check_disjoint(models, duration):
                 ga, ka = _matmul_on(sa)
                 gb, kb = _matmul_on(sb)
 
-            def alone():
-                with torch.cuda.stream(sa):
-                    ga.replay()
-
-            def both():
-                with torch.cuda.stream(sa):
-                    ga.replay()
-                with torch.cuda.stream(sb):
-                    gb.replay()
-
-            def alone_b():
-                with torch.cuda.stream(sb):
-                    gb.replay()
-
             # the slower partition sets "both"; compare with each alone
-            t1, tb, t2 = _time(alone, [sa]), _time(alone_b, [sb]), _time(both, [sa, sb])
+            t1, tb, t2 = replay_alone_and_together(ga, sa, gb, sb)
             res.update({"lanes_probed": [ia, ib], "alone_a_ms": t1, "alone_b_ms": tb, "both_ms": t2,
                         "disjoint": t2 < 1.35 * max(t1, tb)})
             del ga, gb, ka, kb

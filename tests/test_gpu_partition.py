@@ -73,24 +73,14 @@ def test_graph_captured_in_a_partition_is_confined_to_its_sms():
 
 def test_two_partitions_running_at_once_take_about_as_long_as_one_alone():
     from gpuloom.gpu import Partitioner
+    from gpuloom.gpu.timing import replay_alone_and_together
 
     with Partitioner([64, 64], mode="green") as parts:
         ga, ka = _matmul_graph(parts[0])
         gb, kb = _matmul_graph(parts[1])
         sa, sb = parts[0].stream, parts[1].stream
 
-        def alone():
-            with torch.cuda.stream(sa):
-                ga.replay()
-
-        def both():
-            with torch.cuda.stream(sa):
-                ga.replay()
-            with torch.cuda.stream(sb):
-                gb.replay()
-
-        t1 = _time(alone, [sa])
-        t2 = _time(both, [sa, sb])
+        t1, _, t2 = replay_alone_and_together(ga, sa, gb, sb)
         del ga, gb, ka, kb
     # overlapping partitions would share SMs and take ~2x; disjoint ones ~1x
     assert t2 < 1.35 * t1, (t1, t2)

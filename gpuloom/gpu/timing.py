@@ -52,3 +52,22 @@ def wall_ms_across(fn: Callable[[], object], streams, *, reps: int = 5) -> float
         if i:
             out.append((time.perf_counter() - t) * 1000)
     return statistics.median(out)
+
+
+def replay_alone_and_together(graph_a, stream_a, graph_b, stream_b, *, reps: int = 5) -> tuple[float, float, float]:
+    """(a alone, b alone, a and b at once) in wall ms: graph ``a`` replayed on ``stream_a``, ``b`` on
+    ``stream_b``. On disjoint partitions "together" takes about as long as the slower one alone;
+    on overlapping ones (or one shared GPU) it takes up to their sum."""
+    import torch
+
+    def replay(graph, stream):
+        with torch.cuda.stream(stream):
+            graph.replay()
+
+    def both():
+        replay(graph_a, stream_a)
+        replay(graph_b, stream_b)
+
+    alone_a = wall_ms_across(lambda: replay(graph_a, stream_a), [stream_a], reps=reps)
+    alone_b = wall_ms_across(lambda: replay(graph_b, stream_b), [stream_b], reps=reps)
+    return alone_a, alone_b, wall_ms_across(both, [stream_a, stream_b], reps=reps)
