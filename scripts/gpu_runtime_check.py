@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from gpuloom.gpu.timing import replay_alone_and_together, wall_ms_across  # noqa: E402
+from gpuloom.gpu.timing import replay_alone_and_together  # noqa: E402
 
 R: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 OUT: Path = Path(".")
@@ -196,10 +196,6 @@ def _matmul_on(stream, n=8192):
     with torch.cuda.graph(g, stream=stream, capture_error_mode="thread_local"):
         torch.matmul(a, b, out=c)
     return g, (a, b, c)
-
-
-def _time(fn, streams, reps=5):
-    return wall_ms_across(fn, streams, reps=reps)
 
 
 def check_disjoint(models, duration):
