@@ -11,12 +11,12 @@ graph memory pool; the GraphSet keeps all of them (and the streams) referenced.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
 
-from .dag import CaptureError, flat_tensors
+from .dag import CaptureError, with_batch
 from .executor import StreamExecutor
 
 StreamFactory = Callable[[], torch.cuda.Stream]
@@ -57,7 +57,6 @@ class GraphSet:
     streams: list[torch.cuda.Stream]
     pool: Any
     memory_bytes: int  # graph pool + static buffers, bytes
-    _keepalive: list[Any] = field(default_factory=list)
 
     @property
     def stream(self) -> torch.cuda.Stream:
@@ -86,11 +85,7 @@ class GraphSet:
 
 def example_batch(examples: Sequence[torch.Tensor], batch: int) -> list[torch.Tensor]:
     """Inputs of ``batch`` rows made by repeating the user's example rows (valid token ids stay valid)."""
-    out = []
-    for x in examples:
-        reps = (batch + x.shape[0] - 1) // x.shape[0]
-        out.append(x.repeat(reps, *([1] * (x.dim() - 1)))[:batch].contiguous().clone())
-    return out
+    return [with_batch(x, batch).clone() for x in examples]
 
 
 def _capture_one(
@@ -183,7 +178,3 @@ def capture_graphs(
     torch.cuda.synchronize()
     memory = torch.cuda.memory_reserved() - before
     return GraphSet(buckets=captured, streams=streams, pool=pool, memory_bytes=max(memory, static_bytes))
-
-
-def output_bytes(value: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in flat_tensors(value))

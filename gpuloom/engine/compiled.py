@@ -21,7 +21,8 @@ from .streams import StreamPlan, assign_streams, single_stream_plan
 
 __all__ = ["compile", "CompiledModel", "CaptureError", "default_buckets"]
 
-_STREAM_CHOICES = ("auto", "max", 1)
+# the user's ``streams`` option -> which executor's graphs are captured ("auto": time both, keep the faster)
+_CAPTURE_KIND = {"auto": "auto", "max": "multi", 1: "single"}
 
 
 def default_buckets(max_batch: int) -> tuple[int, ...]:
@@ -74,7 +75,7 @@ class CompiledModel:
     # -- construction ---------------------------------------------------------------------------
     @property
     def choice(self) -> str:
-        return {"auto": "auto", "max": "multi", 1: "single"}[self.streams]
+        return _CAPTURE_KIND[self.streams]
 
     def capture(
         self,
@@ -93,7 +94,7 @@ class CompiledModel:
         if self.device.type != "cuda":
             raise RuntimeError("CompiledModel.capture needs a CUDA device; this model was compiled for "
                                f"{self.device}")
-        choice = self.choice if streams is None else {"auto": "auto", "max": "multi", 1: "single"}[streams]
+        choice = self.choice if streams is None else _CAPTURE_KIND[streams]
         wanted = tuple(buckets) if buckets is not None else self.buckets
         unknown = [b for b in wanted if b not in self.buckets]
         if unknown:
@@ -255,7 +256,7 @@ def compile(
     example_inputs = tuple(example_inputs)
     if not example_inputs or not all(isinstance(x, torch.Tensor) and x.dim() >= 1 for x in example_inputs):
         raise TypeError("example_inputs must be a tensor or a tuple of tensors with a batch dimension first")
-    if streams not in _STREAM_CHOICES:
+    if streams not in _CAPTURE_KIND:
         raise ValueError(f"streams must be one of 'auto', 'max' or 1, got {streams!r}")
     if not isinstance(max_batch, int) or max_batch < 1:
         raise ValueError(f"max_batch must be a positive int, got {max_batch!r}")

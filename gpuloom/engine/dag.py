@@ -109,7 +109,7 @@ def capture_graph(
 
 def _export(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], max_batch: int) -> fx.GraphModule:
     # Export at batch 2 with a dynamic batch dimension: at batch 1 export specializes the size.
-    inputs = tuple(_with_batch(x, 2) for x in example_inputs)
+    inputs = tuple(with_batch(x, 2) for x in example_inputs)
     batch = torch.export.Dim("batch", min=1, max=max(2, max_batch))
     dynamic = tuple({0: batch} for _ in inputs)
     with torch.no_grad():
@@ -118,7 +118,8 @@ def _export(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], max_
     return ep.module()
 
 
-def _with_batch(x: torch.Tensor, n: int) -> torch.Tensor:
+def with_batch(x: torch.Tensor, n: int) -> torch.Tensor:
+    """``n`` rows made by repeating ``x``'s rows (valid token ids stay valid), contiguous."""
     reps = (n + x.shape[0] - 1) // x.shape[0]
     return x.repeat(reps, *([1] * (x.dim() - 1)))[:n].contiguous()
 
