@@ -85,6 +85,15 @@ def _body(meta: dict, batch: int, binary: bool, rng: np.random.Generator) -> tup
     return head + b"".join(blobs), headers
 
 
+async def _metadata(session, base: str, model: str, inputs: list[dict] | None) -> dict:
+    """The model's KServe v2 metadata, with ``inputs`` (when given) in place of the server's."""
+    async with session.get(f"{base}/v2/models/{model}") as r:
+        if r.status != 200:
+            raise ValueError(f"model {model!r} metadata from {base}: HTTP {r.status}: {await r.text()}")
+        meta = await r.json()
+    return meta if inputs is None else dict(meta, inputs=inputs)
+
+
 async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: bool, slo_ms: float | None,
                timeout_s: float, seed: int, variants: int = 8, inputs: list[dict] | None = None) -> LoadResult:
     import aiohttp
@@ -92,12 +101,7 @@ async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: b
     base = _url(url)
     conn = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
-        async with s.get(f"{base}/v2/models/{model}") as r:
-            if r.status != 200:
-                raise ValueError(f"model {model!r} metadata from {base}: HTTP {r.status}: {await r.text()}")
-            meta = await r.json()
-        if inputs is not None:
-            meta = dict(meta, inputs=inputs)
+        meta = await _metadata(s, base, model, inputs)
         if not meta.get("inputs"):
             raise ValueError(f"model {model!r} metadata from {base} lists no inputs; pass them explicitly (inputs=...)")
         if slo_ms is None:
@@ -176,12 +180,7 @@ async def _closed(url: str, model: str, concurrency: int, duration_s: float, *, 
     base = _url(url)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                      timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
-        async with s.get(f"{base}/v2/models/{model}") as r:
-            if r.status != 200:
-                raise ValueError(f"model {model!r} metadata from {base}: HTTP {r.status}: {await r.text()}")
-            meta = await r.json()
-        if inputs is not None:
-            meta = dict(meta, inputs=inputs)
+        meta = await _metadata(s, base, model, inputs)
         rng = np.random.default_rng(seed)
         bodies = [_body(meta, 1, binary, rng) for _ in range(8)]
         infer_url = f"{base}/v2/models/{model}/infer"
