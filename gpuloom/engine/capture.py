@@ -69,6 +69,17 @@ class GraphSet:
     def outputs(self, bucket: int) -> Any:
         return self.buckets[bucket].outputs
 
+    def release(self) -> None:
+        """Destroy every graph now (``CUDAGraph.reset``) and drop the buffers.
+
+        Call it, after the streams are idle, before the streams' green context is destroyed: a
+        graph whose context is gone must not be destroyed later by the garbage collector (the
+        driver aborts the process)."""
+        for entry in self.buckets.values():
+            entry.graph.reset()
+        self.buckets.clear()
+        self.pool = None
+
     def replay(self, bucket: int, stream: torch.cuda.Stream | None = None) -> None:
         """Enqueue one replay on ``stream`` (default: the capture stream). Asynchronous.
 
@@ -99,7 +110,7 @@ def _capture_one(
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph, pool=pool, stream=main):
+        with torch.cuda.graph(graph, pool=pool, stream=main, capture_error_mode="thread_local"):
             out = executor.run(static_in, streams)
     except Exception as e:
         node = executor.last_node

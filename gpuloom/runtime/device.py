@@ -641,18 +641,35 @@ class CudaDeviceLayer(DeviceLayer):
             self._free_locked(lanes)
 
     def _free_locked(self, lanes: Lanes) -> None:
+        """Tear a build down in the only safe order: streams idle, graphs destroyed explicitly,
+        cached blocks freed, and only then the partitions' streams and green contexts (a graph or
+        a cached block outliving its green context aborts the process when it is finally freed)."""
+        import gc
+
         state = lanes.state
         lanes.state = None
         if not state:
             return
         torch = self._torch
+        for lane in state["lanes"]:
+            for s in lane.streams.streams:
+                s.synchronize()
         torch.cuda.synchronize(self.device)
         for lane in state["lanes"]:
-            lane.graphs.clear()  # graphs before the partition's streams and context go
+            for sets in lane.graphs.values():
+                for gs in {id(g): g for g in sets.values()}.values():
+                    gs.release()
+            lane.graphs.clear()
+            for d in (lane.pinned_in, lane.pinned_out, lane.np_in, lane.np_out):
+                d.clear()
         part = state.get("partitioner")
+        state["lanes"].clear()
+        del state
+        gc.collect()
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
         if part is not None:
             part.close()
-        torch.cuda.empty_cache()
 
     def partition_sms(self, lanes: Lanes) -> list[int]:
         """SMs the driver really gave each lane (green contexts); the layout's count for plain streams."""

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One device call for the runtime (issue 5): GPU tests, the runtime checks, then a bench.
+#   STEPS="tests check overhead bench" BENCH="examples/light3.yaml" bash scripts/gpu_runtime_session.sh
+# Every step has its own time limit and log; results land under $OUT (one tarball of the
+# small files plus the JSONs), so a step that fails or runs out of time leaves the others.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH=. PYTHONFAULTHANDLER=1
+OUT=${OUT:-out}; mkdir -p "$OUT/logs"
+STEPS=${STEPS:-"tests check overhead"}
+T_TESTS=${T_TESTS:-150} T_CHECK=${T_CHECK:-240} T_OVERHEAD=${T_OVERHEAD:-120} T_BENCH=${T_BENCH:-300}
+BENCH=${BENCH:-examples/light3.yaml}
+BENCH_ARGS=${BENCH_ARGS:-"--sweep --duration 3 --steps 4"}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv | tee "$OUT/logs/gpu.txt"
+python3 -c "import torch; print(torch.__version__, torch.version.cuda)" | tee -a "$OUT/logs/gpu.txt"
+for s in $STEPS; do
+  echo "=== $s $(date +%T)"
+  case $s in
+    tests) timeout "$T_TESTS" python3 -m pytest -q -p no:cacheprovider -m gpu --timeout 120 \
+             tests/test_exec_backend_gpu.py tests/test_gpu_partition.py tests/test_engine_gpu.py 2>&1 \
+             | tail -60 > "$OUT/logs/gpu_tests.txt"; tail -15 "$OUT/logs/gpu_tests.txt" ;;
+    check) timeout "$T_CHECK" python3 scripts/gpu_runtime_check.py --out "$OUT/check" \
+             --only serve,disjoint,failure,memory,loadwhile > "$OUT/logs/check.txt" 2>&1
+           tail -c 3000 "$OUT/logs/check.txt" ;;
+    overhead) timeout "$T_OVERHEAD" python3 scripts/gpu_runtime_check.py --out "$OUT/overhead" --quick \
+             --only overhead > "$OUT/logs/overhead.txt" 2>&1; tail -c 2000 "$OUT/logs/overhead.txt" ;;
+    bench) for w in $BENCH; do n=$(basename "$w" .yaml)
+             timeout "$T_BENCH" python3 -m gpuloom.cli bench "$w" $BENCH_ARGS --out "$OUT/bench/$n.json" \
+               > "$OUT/logs/bench_$n.txt" 2>&1; tail -40 "$OUT/logs/bench_$n.txt"; done ;;
+    *) echo "unknown step $s" ;;
+  esac
+done
+tar czf "$OUT/session.tgz" -C "$OUT" logs $(cd "$OUT" && ls -d check overhead bench 2>/dev/null)
+echo "=== done $(date +%T)"
