@@ -232,3 +232,38 @@ def test_service_refuses_unknown_and_simulation_only_policies_up_front():
         InferenceService(policy="ideal", device_layer=FakeDeviceLayer())
     with pytest.raises(ValueError, match="dtype must be one of"):
         TensorSpec("x", (4,), "bfloat16")
+
+
+def test_load_many_plans_and_builds_once_and_serves_every_model():
+    layer = FakeDeviceLayer()  # counts its layout builds (each one a capture of every model on a GPU)
+    svc = InferenceService(policy="gslice", device_layer=layer)
+    svc.start()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            svc.load_many([(ModelConfig(f"m{i}", X4, Y4, max_batch=8, slo_ms=500),
+                            FakeModel(lambda xs, i=i: [xs[0] + i], 1.0)) for i in range(4)])
+        assert layer.builds == 1  # right after loading (a later re-plan on measured rates may build again)
+        for i in range(4):
+            y = svc.infer(f"m{i}", {"x": np.zeros((1, 4), np.float32)})
+            np.testing.assert_array_equal(y["y"], np.full((1, 4), i, np.float32))
+        with pytest.raises(ValueError, match="already loaded"):
+            svc.load_many([(ModelConfig("m0", X4, Y4, max_batch=8), FakeModel(lambda xs: xs, 1.0))])
+    finally:
+        svc.close()
+
+
+def test_retune_replans_for_the_given_rates_and_rejects_unknown_models():
+    svc = fake_service(policy="gslice")
+    try:
+        svc.retune({"twice": 500.0, "plus": 5.0})
+        cfgs = {c.name: c for c in svc.models()}
+        assert cfgs["twice"].rate_hint == 500.0 and cfgs["plus"].rate_hint == 5.0
+        y = svc.infer("plus", {"x": np.ones((2, 4), np.float32)})
+        np.testing.assert_array_equal(y["y"], np.full((2, 4), 2, np.float32))
+        with pytest.raises(UnknownModel):
+            svc.retune({"nope": 1.0})
+        with pytest.raises(ValueError, match="non-negative"):
+            svc.retune({"plus": -1.0})
+    finally:
+        svc.close()

@@ -260,8 +260,12 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
                  profiles: Any = None, duration_s: float = 5.0, scales: Sequence[float] | None = None,
                  sweep: bool = False, target: float = 0.99, steps: int = 5, max_scale: float = 64.0,
                  policy_options: dict | None = None, queue_limit: int = 1024, simulate: bool = True,
-                 progress: Callable[[str], None] | None = None) -> PolicyResult:
-    """Serve ``workload`` under ``policy``: the given ``scales``, and/or a rate sweep."""
+                 retune: bool = True, progress: Callable[[str], None] | None = None) -> PolicyResult:
+    """Serve ``workload`` under ``policy``: the given ``scales``, and/or a rate sweep.
+
+    ``retune``: before each point, tell the service the point's offered rates and wait for its new
+    layout (the same information for every policy; the time to re-plan and capture is not part of
+    the point). Without it, a policy starts each point planned for the previous point's rates."""
     from gpuloom.runtime.service import InferenceService
 
     say = progress or (lambda s: None)
@@ -272,8 +276,7 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
         svc.start()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # crude profiles for tiny models
-            for cfg, cm in models.values():
-                svc.load(cfg, cm)
+            svc.load_many(list(models.values()))  # one plan, one layout build
         for cfg, _ in models.values():  # warm the path once
             try:
                 svc.submit(cfg.name, {t.name: np.zeros((1, *t.shape), t.dtype) for t in cfg.inputs},
@@ -282,6 +285,8 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
                 say(f"{policy}: warm-up of {cfg.name} failed: {e}")
 
         def measure(s: float) -> Point:
+            if retune:  # every policy plans for the offered rates of this point, not the last point's
+                svc.retune({m.name: workload.mean_rate(m) * s for m in workload.models})
             p = run_point(svc, workload, policy, scale=s, duration_s=duration_s)
             if simulate:
                 try:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import bisect
 import concurrent.futures
+import dataclasses
 import logging
 import math
 import threading
@@ -38,7 +39,7 @@ import time
 import warnings
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -377,6 +378,64 @@ class InferenceService:
                 raise ModelNotReady(f"model {config.name!r} could not be set up: {type(err).__name__}: {err}") from err
             entry.state = "ready"
             entry.loaded_at = time.monotonic()
+
+    def load_many(self, models: Sequence[tuple[ModelConfig, Any]]) -> None:
+        """Load several models with one plan and one layout build (``load`` once per model would
+        re-plan and capture every loaded model again after each one). All or nothing: when the
+        layout cannot be set up, none of them stays loaded (ModelNotReady says why)."""
+        models = list(models)
+        names = [c.name for c, _ in models]
+        if len(set(names)) != len(names):
+            raise ValueError(f"load_many: duplicate model names in {names}")
+        if not self._started or self._closed:
+            raise ModelNotReady("the service is not running: call start() first")
+        with self._admin:
+            taken = [n for n in names if n in self._models]
+            if taken:
+                raise ValueError(f"models {taken} are already loaded; unload them first")
+            entries = []
+            for config, module in models:
+                if not isinstance(config, ModelConfig):
+                    raise TypeError(f"load_many expects (ModelConfig, module) pairs, got {type(config).__name__}")
+                with self.device.exclusive():
+                    runner, config = self._compile(config, module)
+                    profile = self._profile_for(config, runner)
+                entries.append(_Model(config, profile, runner))
+            for e in entries:
+                self.device.add_model(e.config.name, e.runner)
+                with self._lock:
+                    self._models[e.config.name] = e
+            err = self._replan()
+            if err is not None:
+                with self._lock:
+                    for e in entries:
+                        self._models.pop(e.config.name, None)
+                for e in entries:
+                    self.device.remove_model(e.config.name)
+                self._replan()
+                raise ModelNotReady(f"models {names} could not be set up: {type(err).__name__}: {err}") from err
+            now = time.monotonic()
+            for e in entries:
+                e.state = "ready"
+                e.loaded_at = now
+
+    def retune(self, rates: Mapping[str, float]) -> None:
+        """Re-plan for known request rates (req/s per model; others keep theirs), forgetting the
+        measured ones, and wait until the new layout serves: what a benchmark does before each load
+        point so that every policy starts from the offered rates rather than from the last point's."""
+        with self._admin:
+            with self._lock:
+                for name, r in rates.items():
+                    m = self._models.get(name)
+                    if m is None:
+                        raise UnknownModel(f"no model {name!r} is loaded; loaded: {sorted(self._models)}")
+                    if not (isinstance(r, (int, float)) and r >= 0):
+                        raise ValueError(f"rate of {name!r} must be a non-negative number of requests/s, got {r!r}")
+                    m.config = dataclasses.replace(m.config, rate_hint=float(r))
+                    m.arrivals.clear()
+            err = self._replan()
+            if err is not None:
+                raise ModelNotReady(f"re-planning for rates {dict(rates)} failed: {type(err).__name__}: {err}") from err
 
     def unload(self, name: str, *, timeout_s: float = 60.0) -> None:
         """Stop accepting requests for ``name``; its queued and running requests finish (within
