@@ -83,16 +83,25 @@ def run(args: argparse.Namespace) -> int:
     models = build_models(workload, tiny=args.tiny, device=device, max_batch=args.max_batch,
                           progress=lambda s: console.print(s))
     results = []
+
+    def write_report() -> dict:
+        meta = {"torch": torch.__version__, "tiny": args.tiny, "max_batch": args.max_batch,
+                "duration_s": args.duration, "seconds": round(time.monotonic() - t0, 1), "argv": sys.argv[1:]}
+        if device.startswith("cuda"):
+            meta["gpu"] = torch.cuda.get_device_name(0)
+        rep = to_json(workload, results, device=device, target=args.target, meta=meta)
+        if args.out:  # after every policy: a run cut short keeps what it measured
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(rep, indent=1) + "\n")
+        return rep
+
     for pol in policies:
         results.append(bench_policy(workload, pol, models, device=device, profiles=profiles,
                                     duration_s=args.duration, scales=scales, sweep=args.sweep, target=args.target,
                                     steps=args.steps, queue_limit=args.queue_limit, simulate=not args.no_simulate,
                                     progress=lambda s: console.print(s)))
-    meta = {"torch": torch.__version__, "tiny": args.tiny, "max_batch": args.max_batch, "duration_s": args.duration,
-            "seconds": round(time.monotonic() - t0, 1), "argv": sys.argv[1:]}
-    if device.startswith("cuda"):
-        meta["gpu"] = torch.cuda.get_device_name(0)
-    report = to_json(workload, results, device=device, target=args.target, meta=meta)
+        write_report()
+    report = write_report()
 
     table = Table(title=f"gpuloom bench {Path(args.workload).name} on {device}"
                         + (" (tiny models)" if args.tiny else ""))
@@ -112,8 +121,6 @@ def run(args: argparse.Namespace) -> int:
         r = report["dstack_vs_best_baseline"]
         Console().print(f"dstack / best baseline ({r['baseline']}): {r['load_ratio']}")
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
         console.print(f"wrote {args.out}")
     return 0 if not any(r.error for r in results) else 1
 
