@@ -37,6 +37,9 @@ class LoadResult:
     p99_ms: float
     mean_ms: float
     latencies_ms: list[float] = field(default_factory=list, repr=False)
+    # open loop: how late sends left after their scheduled time, ms (a client falling behind shows here)
+    send_lag_p99_ms: float = 0.0
+    send_lag_max_ms: float = 0.0
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -116,6 +119,7 @@ async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: b
         rng = np.random.default_rng(seed)
         bodies = [_body(meta, batch, binary, rng) for _ in range(variants)]
         lat: list[float] = []
+        lag: list[float] = []
         status: Counter = Counter()
         ok_in_slo = 0
         infer_url = f"{base}/v2/models/{model}/infer"
@@ -124,6 +128,7 @@ async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: b
             nonlocal ok_in_slo
             body, headers = bodies[i % len(bodies)]
             t0 = time.perf_counter()
+            lag.append((t0 - start - float(times[i])) * 1000.0)
             try:
                 async with s.post(infer_url, data=body, headers=headers) as r:
                     await r.read()
@@ -149,6 +154,7 @@ async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: b
         await asyncio.gather(*tasks)
         wall = max(time.perf_counter() - start, float(times[-1]) if len(times) else 0.0, 1e-9)
     arr = np.asarray(lat) if lat else np.asarray([float("nan")])
+    lags = np.maximum(np.asarray(lag), 0.0) if lag else np.zeros(1)
     n = len(times)
     return LoadResult(
         model=model, rate=n / max(float(times[-1]) if n else 1.0, 1e-9) if n > 1 else float(n), duration_s=wall,
@@ -156,6 +162,7 @@ async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: b
         slo_attainment=ok_in_slo / n if n else 0.0,
         p50_ms=float(np.percentile(arr, 50)), p90_ms=float(np.percentile(arr, 90)), p99_ms=float(np.percentile(arr, 99)),
         mean_ms=float(arr.mean()), latencies_ms=lat,
+        send_lag_p99_ms=float(np.percentile(lags, 99)), send_lag_max_ms=float(lags.max()),
     )
 
 

@@ -1,0 +1,497 @@
+#!/usr/bin/env python
+"""How much of the runtime's in-process goodput survives the network layer (issue 6, H200 benchmark).
+
+One process, one set of compiled models, one ``InferenceService`` (policy ``--policy``):
+
+1. the workload's models are built and compiled once (:func:`gpuloom.bench.e2e.build_models`;
+   ``--tiny``: small MLPs of the same names, so the whole thing runs on a CPU);
+2. **in-process**: :func:`gpuloom.bench.e2e.run_point` replays the workload x ``--scale`` for
+   ``--duration`` s open loop against the service (``submit`` from a Python thread, no network);
+3. **HTTP**: the same service is put behind the real HTTP server (``gpuloom.serve.server.Server``,
+   the code ``gpuloom serve`` runs, on 127.0.0.1 and a free port, in this process so the compiled
+   models are reused) and driven open loop with *the same arrival times* (same workload, seed and
+   scale) by the project's load generator (``gpuloom.serve.loadgen``: aiohttp, Triton binary tensor
+   data, binary outputs), from ``--clients`` separate client processes (so the client does not
+   share the server's GIL) that start together;
+4. one JSON (``--out``): both legs' goodput (on-time requests/s), SLO attainment, p50/p99 per model
+   and in total, the ratio HTTP / in-process (target >= 0.9), and the books: every request the
+   clients sent was answered, and the server's own books balance.
+
+Before each leg the service is re-planned for the offered rates (``InferenceService.retune``), so
+neither leg inherits rates measured in the other. Latency is measured the same way in both legs:
+from the moment the request is handed over (``submit`` / the HTTP POST) to its answer.
+
+    python scripts/serve_e2e.py examples/mix6.yaml --tiny --scale 0.01 --duration 3 --out /tmp/x.json
+    python scripts/serve_e2e.py examples/mix6.yaml --scale 0.5 --duration 5 --out docs/results/serve/e2e_h200.json
+
+Exit status: 0 when every request was answered and the books balance, 1 otherwise, 2 on bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+SCHEMA = "gpuloom.serve_e2e/1"
+TARGET = 0.9  # issue 6: HTTP goodput >= 90% of in-process goodput
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="serve_e2e.py", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("workload", nargs="?", help="workload file, e.g. examples/mix6.yaml")
+    p.add_argument("--tiny", action="store_true", help="small MLPs named like the workload's models (CPU runs, tests)")
+    p.add_argument("--scale", default="1", help="load factor(s) on the workload's rates, comma-separated (default 1); "
+                   "each is one in-process and one HTTP leg over the same compiled models")
+    p.add_argument("--duration", type=float, default=5.0, help="seconds of arrivals per leg (default 5)")
+    p.add_argument("--policy", default="dstack", help="scheduling policy (default dstack)")
+    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if available)")
+    p.add_argument("--max-batch", type=int, default=16, help="max batch each model is compiled for (default 16)")
+    p.add_argument("--profiles", metavar="DIR", default=None,
+                   help="profile directory (default: shipped H200 profiles on CUDA; crude ones with --tiny)")
+    p.add_argument("--queue-limit", type=int, default=1024, help="per-model queue bound (default 1024)")
+    p.add_argument("--clients", type=int, default=0,
+                   help="client processes driving HTTP (default: min(models, CPUs // 2), at least 1)")
+    p.add_argument("--timeout", type=float, default=30.0, help="HTTP client timeout per request, s (default 30)")
+    p.add_argument("--out", metavar="FILE", default=None, help="write the JSON report here")
+    p.add_argument("--client-spec", default=None, help=argparse.SUPPRESS)  # internal: run as a client process
+    args = p.parse_args(argv)
+    if args.client_spec is None:
+        if not args.workload:
+            p.error("the workload file is required")
+        try:
+            args.scales = [float(x) for x in args.scale.split(",") if x.strip()]
+        except ValueError:
+            p.error(f"--scale expects comma-separated numbers, found {args.scale!r}")
+        if not args.scales or not all(x > 0 and math.isfinite(x) for x in args.scales):
+            p.error(f"--scale needs positive load factors, found {args.scale!r}")
+        if not (args.duration > 0 and args.max_batch >= 1 and args.timeout > 0 and args.clients >= 0):
+            p.error(f"--duration and --timeout must be positive, --max-batch >= 1 and --clients >= 0; found "
+                    f"duration={args.duration}, timeout={args.timeout}, max_batch={args.max_batch}, "
+                    f"clients={args.clients}")
+    return args
+
+
+# ---------------------------------------------------------------------------------------------------
+# client process: drive some models open loop over HTTP, all starting at one monotonic instant
+# ---------------------------------------------------------------------------------------------------
+def client_main(spec_path: str) -> int:
+    """Read the spec, say ``ready``, wait for ``go <monotonic start>`` on stdin, drive, write results.
+
+    CLOCK_MONOTONIC is system-wide on Linux, so every client process starts its arrivals together."""
+    import numpy as np
+
+    from gpuloom.serve import loadgen
+
+    spec = json.loads(Path(spec_path).read_text())
+    print("ready", flush=True)
+    line = sys.stdin.readline().split()
+    if len(line) != 2 or line[0] != "go":
+        print(f"client: expected 'go <start>' on stdin, found {line!r}", file=sys.stderr)
+        return 2
+    start_at = float(line[1])
+
+    async def drive():
+        delay = start_at - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        runs = [m for m in spec["models"] if m["times"]]
+        res = await asyncio.gather(*(
+            loadgen._run(spec["url"], m["model"], np.asarray(m["times"], dtype=float), batch=1, binary=True,
+                         slo_ms=float(m["slo_ms"]), timeout_s=float(spec["timeout_s"]), seed=int(m["seed"]))
+            for m in runs))
+        return res
+
+    try:
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    except ImportError:
+        factory = asyncio.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        results = runner.run(drive())
+    out = [dict(r.as_dict(), latencies_ms=list(r.latencies_ms)) for r in results]
+    Path(spec["out"]).write_text(json.dumps(out))
+    return 0
+
+
+def assign(rates: dict[str, float], k: int) -> list[list[str]]:
+    """Models into ``k`` groups of about equal request rate (largest first onto the lightest group)."""
+    groups: list[list[str]] = [[] for _ in range(max(1, k))]
+    load = [0.0] * len(groups)
+    for name in sorted(rates, key=lambda n: -rates[n]):
+        i = min(range(len(groups)), key=lambda j: (load[j], len(groups[j])))
+        groups[i].append(name)
+        load[i] += rates[name]
+    return [g for g in groups if g]
+
+
+def drive_http(url: str, times: dict[str, list[float]], slos: dict[str, float], *, clients: int,
+               timeout_s: float, workdir: Path) -> tuple[dict[str, dict], int]:
+    """Run the client processes; returns ``({model: loadgen result dict}, processes used)``."""
+    rates = {m: float(len(ts)) for m, ts in times.items()}
+    groups = assign(rates, clients)
+    procs = []
+    for i, names in enumerate(groups):
+        spec = {"url": url, "timeout_s": timeout_s, "out": str(workdir / f"client{i}.out.json"),
+                "models": [{"model": m, "times": times[m], "slo_ms": slos[m], "seed": 1000 + j}
+                           for j, m in enumerate(names)]}
+        sp = workdir / f"client{i}.json"
+        sp.write_text(json.dumps(spec))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        procs.append((subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--client-spec", str(sp)],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env),
+                      spec["out"], names))
+    try:
+        for p, _, _ in procs:
+            line = p.stdout.readline().strip()
+            if line != "ready":
+                raise RuntimeError(f"client process did not start (said {line!r}, exit {p.poll()})")
+        start_at = time.monotonic() + 0.3
+        for p, _, _ in procs:
+            p.stdin.write(f"go {start_at!r}\n")
+            p.stdin.flush()
+        budget = max(times_end(times) + timeout_s + 30.0, 60.0)
+        for p, _, _ in procs:
+            rc = p.wait(timeout=max(1.0, start_at + budget - time.monotonic()))
+            if rc != 0:
+                raise RuntimeError(f"client process exited with status {rc}")
+    finally:
+        for p, _, _ in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    out: dict[str, dict] = {}
+    for _, path, names in procs:
+        for r in json.loads(Path(path).read_text()):
+            out[r["model"]] = r
+    for m in times:  # models with no arrivals at this scale
+        out.setdefault(m, {"model": m, "sent": 0, "ok": 0, "errors": {}, "latencies_ms": [], "duration_s": 0.0})
+    return out, len(procs)
+
+
+def times_end(times: dict[str, list[float]]) -> float:
+    return max((ts[-1] for ts in times.values() if ts), default=0.0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# summaries: one shape for both legs
+# ---------------------------------------------------------------------------------------------------
+def _pct(sorted_ms: list[float], q: float) -> float | None:
+    from gpuloom.bench.metrics import percentile
+
+    return percentile(sorted_ms, q) if sorted_ms else None
+
+
+def http_summary(res: dict[str, dict], slos: dict[str, float], duration_s: float) -> dict[str, Any]:
+    """Per model and total: the loadgen results in run_point's terms (goodput = on-time / duration).
+
+    HTTP status -> outcome: 200 served; 429 rejected (bounded queue); 503 dropped or not ready; 504
+    deadline passed in the queue; 500 failed; anything else (client timeout, connection error) other."""
+    models = {}
+    all_ms: list[float] = []
+    for m, r in res.items():
+        lat = sorted(r["latencies_ms"])
+        on_time = sum(1 for x in lat if x <= slos[m])
+        err = {str(k): int(v) for k, v in r["errors"].items()}
+        sent = int(r["sent"])
+        all_ms.extend(lat)
+        models[m] = {
+            "submitted": sent, "served": int(r["ok"]), "on_time": on_time,
+            "answered": int(r["ok"]) + sum(err.values()),
+            "rejected": err.get("429", 0), "dropped": err.get("503", 0) + err.get("504", 0),
+            "failed": err.get("500", 0),
+            "other": sum(v for k, v in err.items() if k not in ("429", "503", "504", "500")),
+            "errors": err, "offered_rps": sent / duration_s, "goodput_rps": on_time / duration_s,
+            "slo_attainment": on_time / sent if sent else 1.0,
+            "p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99), "client_wall_s": r.get("duration_s"),
+            "send_lag_p99_ms": r.get("send_lag_p99_ms"), "send_lag_max_ms": r.get("send_lag_max_ms"),
+        }
+    all_ms.sort()
+    sub = sum(v["submitted"] for v in models.values())
+    ok = sum(v["on_time"] for v in models.values())
+    return {"offered_rps": sub / duration_s, "goodput_rps": ok / duration_s,
+            "slo_attainment": ok / sub if sub else 1.0, "p50_ms": _pct(all_ms, 50), "p99_ms": _pct(all_ms, 99),
+            "submitted": sub, "served": sum(v["served"] for v in models.values()), "on_time": ok,
+            "answered": sum(v["answered"] for v in models.values()),
+            "send_lag_max_ms": max((v["send_lag_max_ms"] or 0.0 for v in models.values()), default=0.0),
+            "models": models}
+
+
+def inproc_summary(pt: Any) -> dict[str, Any]:
+    """run_point's Point in the same shape as :func:`http_summary`."""
+    def num(x):
+        return x if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+    models = {}
+    for mp in pt.models:
+        answered = mp.served + sum(mp.errors.values())
+        models[mp.model] = {
+            "submitted": mp.submitted, "served": mp.served, "on_time": mp.on_time,
+            "answered": answered + mp.rejected, "rejected": mp.rejected, "dropped": mp.dropped, "failed": mp.failed,
+            "other": mp.submitted - mp.rejected - answered, "errors": dict(mp.errors),
+            "offered_rps": mp.offered_rps, "goodput_rps": mp.goodput_rps, "slo_attainment": mp.slo_attainment,
+            "p50_ms": num(mp.p50_ms), "p99_ms": num(mp.p99_ms),
+        }
+    return {"offered_rps": pt.offered_rps, "goodput_rps": pt.goodput_rps, "slo_attainment": pt.slo_attainment,
+            "p50_ms": num(pt.p50_ms), "p99_ms": num(pt.p99_ms),
+            "submitted": sum(v["submitted"] for v in models.values()),
+            "served": sum(v["served"] for v in models.values()),
+            "on_time": sum(v["on_time"] for v in models.values()),
+            "answered": sum(v["answered"] for v in models.values()),
+            "sm_utilization": num(pt.sm_utilization), "dispatch_overhead": num(pt.dispatch_overhead),
+            "models": models}
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def books_delta(before: dict, after: dict) -> dict[str, dict]:
+    """Server books (gpuloom.serve.metrics.Books snapshots) accumulated between two snapshots."""
+    out = {}
+    for m, b in after.items():
+        a = before.get(m)
+        d = {"accepted": b.accepted - (a.accepted if a else 0), "success": b.success - (a.success if a else 0),
+             "failure": b.failure - (a.failure if a else 0), "in_flight": b.in_flight,
+             "dropped": {k: v - (a.dropped.get(k, 0) if a else 0) for k, v in b.dropped.items()},
+             "rejected": {k: v - (a.rejected.get(k, 0) if a else 0) for k, v in b.rejected.items()}}
+        d["dropped"] = {k: v for k, v in d["dropped"].items() if v}
+        d["rejected"] = {k: v for k, v in d["rejected"].items() if v}
+        d["balanced"] = d["accepted"] == d["success"] + d["failure"] + sum(d["dropped"].values()) + d["in_flight"]
+        out[m] = d
+    return out
+
+
+def http_warmup(url: str, configs: list[Any]) -> None:
+    """One binary-data request per model over HTTP, as the clients will send them (server code paths,
+    first connections); a failure here is reported, not fatal (the leg's books will show it)."""
+    import urllib.error
+    import urllib.request
+
+    import numpy as np
+
+    from gpuloom.serve.core import model_metadata
+    from gpuloom.serve.loadgen import _body
+
+    rng = np.random.default_rng(0)
+    for c in configs:
+        body, headers = _body(model_metadata(c), 1, True, rng)
+        req = urllib.request.Request(f"http://{url}/v2/models/{c.name}/infer", data=body, headers=headers,
+                                     method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                r.read()
+        except (urllib.error.URLError, OSError) as e:
+            print(f"warning: HTTP warm-up of {c.name} failed: {e}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------------------------------
+def print_table(rep: dict, pt: dict) -> None:
+    ip, ht = pt["inprocess"], pt["http"]
+
+    def f(x, spec=".1f"):
+        return "-" if x is None else format(x, spec)
+
+    head = (f"{'model':<16}{'offered/s':>10}{'good in/s':>10}{'good http/s':>12}{'ratio':>7}"
+            f"{'attain in':>10}{'attain http':>12}{'p50 in':>8}{'p50 http':>9}{'p99 in':>8}{'p99 http':>9}")
+    print(f"serve_e2e {rep['workload']} x{pt['scale']:g} policy {rep['policy']} on {rep['device']}"
+          f"{' (tiny models)' if rep['tiny'] else ''}, {rep['duration_s']:g} s per leg, {pt['clients']} client process(es)")
+    print(head)
+    rows = [(m, ip["models"][m], ht["models"][m]) for m in ip["models"]] + [("TOTAL", ip, ht)]
+    for name, a, b in rows:
+        print(f"{name:<16}{f(a['offered_rps']):>10}{f(a['goodput_rps']):>10}{f(b['goodput_rps']):>12}"
+              f"{f(_ratio(b['goodput_rps'], a['goodput_rps']), '.3f'):>7}{f(a['slo_attainment'], '.3f'):>10}"
+              f"{f(b['slo_attainment'], '.3f'):>12}{f(a['p50_ms'], '.2f'):>8}{f(b['p50_ms'], '.2f'):>9}"
+              f"{f(a['p99_ms'], '.2f'):>8}{f(b['p99_ms'], '.2f'):>9}")
+    r = pt["ratio"]["goodput"]
+    print(f"HTTP clients' worst send lag behind schedule: {f(ht.get('send_lag_max_ms'), '.1f')} ms")
+    print(f"HTTP / in-process goodput: {f(r, '.3f')} (target >= {TARGET}: {'met' if pt['meets_target'] else 'NOT met'});"
+          f" every request answered: {pt['books']['all_answered']}; server books balance: {pt['books']['server_balanced']}")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from gpuloom.bench.e2e import build_models, run_point
+    from gpuloom.bench.workload import WorkloadError, arrival_times, load_workload
+    from gpuloom.runtime.service import InferenceService
+    from gpuloom.serve.core import ServeCore
+    from gpuloom.serve.server import Server
+
+    def say(msg: str) -> None:
+        print(f"[{time.monotonic() - t_start:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    t_start = time.monotonic()
+    try:
+        workload = load_workload(args.workload)
+    except (OSError, WorkloadError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        print("error: --device cuda was asked for but CUDA is not available; use --device cpu", file=sys.stderr)
+        return 2
+    profiles = None
+    if args.profiles:
+        from gpuloom.profile.store import ProfileStore
+
+        profiles = ProfileStore(args.profiles)
+    elif device.startswith("cuda") and not args.tiny:
+        from gpuloom.bench.workload import resolve_profiles
+
+        profiles, warns = resolve_profiles(workload)
+        for w in warns:
+            say(f"warning: {w}")
+    clients = args.clients or min(len(workload.models), max(1, (os.cpu_count() or 2) // 2))
+
+    models = build_models(workload, tiny=args.tiny, device=device, max_batch=args.max_batch, progress=say)
+    t_built = time.monotonic()
+    slos = {m.name: float(m.slo_ms) for m in workload.models}
+    svc = InferenceService(policy=args.policy, device=device, profiles=profiles, queue_limit=args.queue_limit)
+    server = None
+    points: list[dict] = []
+    error = ""
+    try:
+        svc.start()
+        say(f"loading {len(models)} models into the service (policy {args.policy})")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # crude profiles for tiny models
+            svc.load_many(list(models.values()))
+        import numpy as np
+
+        for cfg, _ in models.values():  # warm the in-process path once, as gpuloom bench does
+            svc.submit(cfg.name, {t.name: np.zeros((1, *t.shape), t.dtype) for t in cfg.inputs},
+                       deadline_ms=60_000).result(60)
+        core = ServeCore(svc, None)
+        server = Server(core, host="127.0.0.1", http_port=0, grpc_port=None)
+        addr = server.start()
+        http_warmup(addr.http_url, svc.models())
+        say(f"HTTP server on http://{addr.http_url} (the gpuloom serve code, in this process)")
+        for scale in args.scales:
+            wl = dataclasses.replace(workload.scaled(scale), duration_s=args.duration)
+            rates = {m.name: wl.mean_rate(m) for m in wl.models}
+            times = arrival_times(wl)  # what run_point replays; the HTTP clients send the same times
+            n = sum(len(t) for t in times.values())
+
+            svc.retune(rates)
+            say(f"x{scale:g} in-process: {n / args.duration:.0f} req/s for {args.duration:g} s")
+            inproc = inproc_summary(run_point(svc, workload, args.policy, scale=scale, duration_s=args.duration))
+
+            svc.retune(rates)
+            _settle(core)
+            books0 = core.books.snapshot()
+            say(f"x{scale:g} HTTP: {clients} client process(es)")
+            with tempfile.TemporaryDirectory(prefix="serve_e2e.") as tmp:
+                res, used = drive_http(addr.http_url, times, slos, clients=clients, timeout_s=args.timeout,
+                                       workdir=Path(tmp))
+            _settle(core, 10.0)
+            http = http_summary(res, slos, args.duration)
+            points.append(make_point(scale, args.duration, inproc, http, books_delta(books0, core.books.snapshot()), times, used))
+            say(f"x{scale:g}: goodput in-process {inproc['goodput_rps']:.1f}/s, HTTP {http['goodput_rps']:.1f}/s, "
+                f"ratio {points[-1]['ratio']['goodput']}")
+    except Exception as e:  # noqa: BLE001 - the points measured so far are still reported
+        import traceback
+
+        traceback.print_exc()
+        error = f"{type(e).__name__}: {e}"
+    finally:
+        if server is not None:
+            server.stop()
+        svc.close(drain=False, timeout_s=10)
+
+    meta = {"torch": torch.__version__, "python": sys.version.split()[0], "argv": sys.argv[1:],
+            "build_s": round(t_built - t_start, 1), "seconds": round(time.monotonic() - t_start, 1),
+            "cpus": os.cpu_count()}
+    if device.startswith("cuda"):
+        meta["gpu"] = torch.cuda.get_device_name(0)
+    ok = bool(points) and not error and all(p["books"]["all_answered"] and p["books"]["server_balanced"]
+                                            for p in points)
+    report = _clean({
+        "schema": SCHEMA, "workload": args.workload, "policy": args.policy, "scales": args.scales,
+        "duration_s": args.duration, "device": device, "tiny": args.tiny, "max_batch": args.max_batch,
+        "clients": clients, "target": TARGET, "ok": ok, "error": error,
+        "summary": [{"scale": p["scale"], "offered_rps": p["offered_rps"],
+                     "inprocess_goodput_rps": p["inprocess"]["goodput_rps"],
+                     "http_goodput_rps": p["http"]["goodput_rps"], "ratio": p["ratio"]["goodput"],
+                     "meets_target": p["meets_target"]} for p in points],
+        "points": points, "meta": meta,
+    })
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+        say(f"wrote {args.out}")
+    for p in report["points"]:
+        print_table(report, p)
+    if error:
+        print(f"FAILED: {error}")
+    return 0 if ok else 1
+
+
+def _settle(core: Any, timeout_s: float = 30.0) -> None:
+    """Wait until the server has answered everything it accepted (or ``timeout_s`` passed)."""
+    end = time.monotonic() + timeout_s
+    while core.books.in_flight() and time.monotonic() < end:
+        time.sleep(0.01)
+
+
+def make_point(scale: float, duration_s: float, inproc: dict, http: dict, server_books: dict,
+               times: dict[str, list[float]], clients: int) -> dict:
+    """One load factor: both legs, their ratio, and the books of the HTTP leg.
+
+    Books: every request the clients sent got an answer (200 or an error status; none lost), and the
+    server's own books balance (accepted == success + failure + dropped, nothing in flight) and agree
+    with the clients (its successes are the clients' 200s)."""
+    for m, v in http["models"].items():
+        v["server"] = server_books.get(m)
+    all_answered = all(v["answered"] == v["submitted"] == len(times[m]) for m, v in http["models"].items())
+    balanced = all(b["balanced"] and b["in_flight"] == 0 for b in server_books.values())
+    match = all((server_books.get(m) or {}).get("success", 0) == v["served"] for m, v in http["models"].items())
+    ratio = _ratio(http["goodput_rps"], inproc["goodput_rps"])
+    return {
+        "scale": scale, "offered_rps": sum(len(t) for t in times.values()) / duration_s,
+        "clients": clients, "inprocess": inproc, "http": http,
+        "ratio": {"goodput": ratio,
+                  "slo_attainment": _ratio(http["slo_attainment"], inproc["slo_attainment"]),
+                  "models": {m: _ratio(http["models"][m]["goodput_rps"], inproc["models"][m]["goodput_rps"])
+                             for m in inproc["models"]}},
+        "meets_target": ratio is not None and ratio >= TARGET,
+        "books": {"all_answered": all_answered, "server_balanced": balanced, "server_matches_client": match},
+    }
+
+
+def _clean(v: Any) -> Any:
+    """JSON without NaN/inf (null instead)."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {str(k): _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    return v
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.client_spec is not None:
+        return client_main(args.client_spec)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
