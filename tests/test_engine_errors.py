@@ -153,3 +153,35 @@ def test_reinplaced_graph_equals_eager(name):
             want = model(*xs)
         torch.testing.assert_close(cm(*xs), want, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(cm.run_eager_plan(*xs), want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("bad, error, message", [
+    (lambda x, y: (x.double(), y), ValueError, r"dtype torch.float64.*never casts"),
+    (lambda x, y: (x, torch.randn(2, 5, 10)), ValueError, r"shape \(2, 5, 10\)"),
+    (lambda x, y: (x[:, None, :], y), ValueError, r"rank 3"),
+    (lambda x, y: (x.to("meta"), y), ValueError, r"device meta"),
+    (lambda x, y: (x,), TypeError, r"expected 2 input\(s\)"),
+    (lambda x, y: (x.tolist(), y), TypeError, "must be a torch.Tensor"),
+    (lambda x, y: (x, y[:1]), ValueError, "share the batch size"),
+    (lambda x, y: good(9), ValueError, r"batch 9 is larger than max_batch=8"),
+    (lambda x, y: good(0), ValueError, r"batch must be at least 1"),
+])
+def test_bad_input_after_good_calls_still_raises(cm, bad, error, message):
+    """The hot path remembers accepted input signatures; a bad call after good ones is still checked."""
+    x, y = good(2)
+    for _ in range(2):
+        cm(x, y)
+    cm(*good(8))
+    with pytest.raises(error, match=message):
+        cm(*bad(x, y))
+    torch.testing.assert_close(cm(x, y), cm.run_eager_plan(x, y))  # and good calls still work after it
+
+
+def test_bucket_lookup_matches_the_smallest_bucket_that_fits():
+    m = nn.Sequential(nn.Linear(4, 4)).eval()
+    for buckets in [(1, 2, 4, 8, 12), (3, 7, 20), (5,)]:
+        cm = gpuloom.compile(m, torch.randn(2, 4), max_batch=buckets[-1], buckets=buckets)
+        for n in range(1, buckets[-1] + 1):
+            assert cm.bucket_for(n) == min(b for b in buckets if b >= n)
+        with pytest.raises(ValueError, match=f"larger than max_batch={buckets[-1]}"):
+            cm.bucket_for(buckets[-1] + 1)

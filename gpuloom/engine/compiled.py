@@ -9,6 +9,7 @@ order on the CPU, without graphs.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Callable, Sequence
 
@@ -23,6 +24,8 @@ __all__ = ["compile", "CompiledModel", "CaptureError", "default_buckets"]
 
 # the user's ``streams`` option -> which executor's graphs are captured ("auto": time both, keep the faster)
 _CAPTURE_KIND = {"auto": "auto", "max": "multi", 1: "single"}
+# bound on CompiledModel._accepted (signatures are at most max_batch per input type; this is a guard)
+_MAX_ACCEPTED = 4096
 
 
 def default_buckets(max_batch: int) -> tuple[int, ...]:
@@ -118,7 +121,28 @@ class CompiledModel:
     def signature(self) -> str:
         return "(" + ", ".join(s.describe() for s in self.specs) + f") with 1 <= B <= {self.max_batch}"
 
+    @functools.cached_property
+    def _bucket_table(self) -> tuple[int, ...]:
+        """``_bucket_table[n]``: the bucket a batch of ``n`` runs in, for 1 <= n <= max_batch."""
+        table, i = [self.buckets[0]], 0
+        for n in range(1, self.max_batch + 1):
+            while self.buckets[i] < n:
+                i += 1
+            table.append(self.buckets[i])
+        return tuple(table)
+
+    @functools.cached_property
+    def _accepted(self) -> dict[tuple, tuple[int, int]]:
+        """Input signatures that passed :meth:`_check` -> (batch, bucket). Every check depends only on
+        the number of inputs and each one's type, shape, dtype and device, so a signature seen once
+        is accepted for good; with the dtypes, devices and per-sample shapes fixed there are at most
+        ``max_batch`` of them (per input type)."""
+        return {}
+
     def bucket_for(self, batch: int) -> int:
+        """The smallest bucket that holds ``batch`` (a table look-up)."""
+        if 1 <= batch <= self.max_batch:
+            return self._bucket_table[batch]
         for b in self.buckets:
             if b >= batch:
                 return b
@@ -155,21 +179,55 @@ class CompiledModel:
             raise ValueError(f"batch {batch} is larger than max_batch={self.max_batch}; expected {self.signature()}")
         return batch
 
-    @torch.no_grad()
+    def _batch_and_bucket(self, inputs: tuple[Any, ...]) -> tuple[int, int]:
+        """(batch, bucket) of a call: a dict look-up of the input signature when it was accepted
+        before (about 0.3 us a tensor), else the full :meth:`_check` (which raises on bad input)."""
+        try:
+            key = tuple([(type(x), x.shape, x.dtype, x.device) for x in inputs])
+            hit = self._accepted.get(key)
+        except (AttributeError, TypeError):  # not a tensor (or an unhashable look-alike): full check
+            key = hit = None
+        if hit is not None:
+            return hit
+        n = self._check(inputs)
+        hit = (n, self.bucket_for(n))
+        if key is not None:
+            if len(self._accepted) >= _MAX_ACCEPTED:  # only reachable with many tensor subclasses
+                self._accepted.clear()
+            self._accepted[key] = hit
+        return hit
+
     def __call__(self, *inputs: torch.Tensor, zero_copy: bool = False) -> Any:
         """Run the model. On the GPU: copy into the bucket's static inputs and replay on the current
         stream (asynchronous, like any CUDA op). ``zero_copy=True`` returns views of the static output
-        buffers, valid until the next call for the same bucket."""
-        n = self._check(inputs)
-        if self._graphs is None:
+        buffers, valid until the next call for the same bucket.
+
+        The hot path costs a few microseconds of host time: a known input signature skips the full
+        check, grad mode is switched off only when it is on, and the graph is launched directly
+        (``CUDAGraph.replay`` enqueues on the current stream of the device it was captured on, which
+        is where the inputs were copied)."""
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                return self._call(inputs, zero_copy)
+        return self._call(inputs, zero_copy)
+
+    def _call(self, inputs: tuple[torch.Tensor, ...], zero_copy: bool) -> Any:
+        n, b = self._batch_and_bucket(inputs)
+        graphs = self._graphs
+        if graphs is None:
             return self._executors["multi"].run(inputs)
-        b = self.bucket_for(n)
-        entry = self._graphs.buckets[b]
-        for static, x in zip(entry.inputs, inputs):
-            static[:n].copy_(x)
-        stream = torch.cuda.current_stream(self.device)
-        self._graphs.replay(b, stream=stream)
-        return _slice(entry.outputs, n, b, copy=not zero_copy)
+        entry = graphs.buckets[b]
+        if n == b:
+            for static, x in zip(entry.inputs, inputs):
+                static.copy_(x)
+        else:
+            for static, x in zip(entry.inputs, inputs):
+                static[:n].copy_(x)
+        entry.graph.replay()
+        out = entry.outputs
+        if n == b and not zero_copy and type(out) is torch.Tensor:
+            return out.clone()
+        return _slice(out, n, b, copy=not zero_copy)
 
     def run_eager_plan(self, *inputs: torch.Tensor, streams: str | int = "max") -> Any:
         """Run the DAG without graphs (debugging): on CPU in order, on GPU on the plan's streams."""
@@ -191,7 +249,7 @@ class CompiledModel:
 
 def _slice(value: Any, n: int, bucket: int, *, copy: bool) -> Any:
     if isinstance(value, torch.Tensor):
-        if value.dim() >= 1 and value.shape[0] == bucket:
+        if n != bucket and value.dim() >= 1 and value.shape[0] == bucket:
             value = value[:n]
         return value.clone() if copy else value
     if isinstance(value, tuple):
