@@ -1,0 +1,87 @@
+"""scripts/serve_e2e.py on the CPU with tiny models: in-process vs HTTP over the same service."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "serve_e2e.py"
+
+WORKLOAD = """
+duration_s: 1
+seed: 5
+models:
+  - {name: alpha, slo_ms: 500, arrival: {kind: poisson, rate: 30}}
+  - {name: beta,  slo_ms: 800, weight: 2, arrival: {kind: poisson, rate: 15}}
+  - {name: gamma, slo_ms: 500, arrival: {kind: onoff, rate: 40, on_s: 0.5, off_s: 0.5}}
+"""
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> tuple[int, dict, str]:
+    tmp = tmp_path_factory.mktemp("serve_e2e")
+    wl = tmp / "three.yaml"
+    wl.write_text(WORKLOAD)
+    out = tmp / "e2e.json"
+    p = subprocess.run([sys.executable, str(SCRIPT), str(wl), "--tiny", "--device", "cpu", "--scale", "1,0.5",
+                        "--duration", "1.5", "--max-batch", "4", "--clients", "2", "--out", str(out)],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.exists(), p.stderr[-3000:]
+    return p.returncode, json.loads(out.read_text()), p.stdout
+
+
+def _expected_arrivals(scale: float) -> dict[str, int]:
+    import dataclasses
+
+    from gpuloom.bench.workload import arrival_times, workload_from_dict
+    import yaml
+
+    wl = workload_from_dict(yaml.safe_load(WORKLOAD))
+    return {m: len(t) for m, t in arrival_times(dataclasses.replace(wl.scaled(scale), duration_s=1.5)).items()}
+
+
+def test_every_http_request_is_answered_and_the_server_books_balance(report):
+    rc, rep, _ = report
+    assert rc == 0 and rep["ok"] and not rep["error"]
+    assert [p["scale"] for p in rep["points"]] == [1.0, 0.5]
+    for pt in rep["points"]:
+        expected = _expected_arrivals(pt["scale"])
+        assert sum(expected.values()) > 10
+        assert pt["books"] == {"all_answered": True, "server_balanced": True, "server_matches_client": True}
+        for m, n in expected.items():
+            h, i = pt["http"]["models"][m], pt["inprocess"]["models"][m]
+            # both legs replay the same arrivals
+            assert h["submitted"] == i["submitted"] == n
+            assert h["answered"] == n == h["served"] + sum(h["errors"].values())
+            srv = h["server"]
+            assert srv["accepted"] == srv["success"] + srv["failure"] + sum(srv["dropped"].values())
+            assert srv["success"] == h["served"] and srv["in_flight"] == 0
+            assert h["on_time"] <= h["served"] and h["goodput_rps"] == pytest.approx(h["on_time"] / 1.5)
+
+
+def test_ratio_is_http_goodput_over_in_process_goodput(report):
+    _, rep, stdout = report
+    for pt, row in zip(rep["points"], rep["summary"]):
+        ip, ht = pt["inprocess"], pt["http"]
+        assert ip["goodput_rps"] > 0 and ht["goodput_rps"] > 0
+        assert pt["ratio"]["goodput"] == pytest.approx(ht["goodput_rps"] / ip["goodput_rps"])
+        assert pt["meets_target"] == (pt["ratio"]["goodput"] >= rep["target"])
+        assert row["ratio"] == pt["ratio"]["goodput"] and row["scale"] == pt["scale"]
+        total_on_time = sum(v["on_time"] for v in ht["models"].values())
+        assert ht["goodput_rps"] == pytest.approx(total_on_time / 1.5)
+        for leg in (ip, ht):
+            assert leg["p50_ms"] <= leg["p99_ms"]
+            for v in leg["models"].values():
+                assert v["p50_ms"] is None or v["p50_ms"] <= v["p99_ms"]
+    assert "HTTP / in-process goodput" in stdout and "TOTAL" in stdout
+
+
+def test_bad_scale_is_a_usage_error():
+    p = subprocess.run([sys.executable, str(SCRIPT), "examples/mix6.yaml", "--tiny", "--scale", "0,x"],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert p.returncode == 2 and "--scale" in p.stderr
