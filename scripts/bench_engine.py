@@ -2,13 +2,24 @@
 
     PYTHONPATH=. python scripts/bench_engine.py --out docs/results/engine_h200.json
 
-All variants of one (model, dtype, batch) are timed in the same process, back to back, with CUDA
-events: 50 warm-up calls, then the median of 200 timed calls. Every variant is timed as a user calls
+All variants of one (model, dtype, batch) are timed in the same process, interleaved
+(``gpuloom.gpu.timing.median_ms_interleaved``): each gets 50 warm-up calls, then 10 rounds in which
+every variant in turn makes 20 timed calls (the order rotating from round to round); each call is
+timed with CUDA events and the median of a variant's 200 calls is reported. Interleaving makes a
+drift of the host or GPU (seen on the shared H200 host: eager moved 2x between runs) hit every
+variant alike instead of whichever was timed during it. Every variant is timed as a user calls
 it (copy the input in, run, hand back a fresh output): eager ``model(x)``; ``torch.compile(mode=
 "reduce-overhead")``; a single-stream ``torch.cuda.graph`` of the eager forward (static input copy +
 replay + output clone); gpuloom ``cm(x)`` with graphs captured single-stream, multi-stream (Nimble's
 plan) and ``streams="auto"``. The JSON is written after every model, so a cut-short run keeps what
-it measured.
+it measured. ``--torch-compile-batches`` limits the (slow) torch.compile variant to some batches;
+drop ``torch_compile`` from ``--variants`` to skip it for a whole invocation, e.g.
+
+    PYTHONPATH=. python scripts/bench_engine.py --dtypes float32 \
+        --models resnet50,mobilenet_v2,efficientnet_b0,inception_v3 --out run_fp32_tc.json
+    PYTHONPATH=. python scripts/bench_engine.py --dtypes float32 --variants eager,cuda_graph,gpuloom \
+        --models resnet101,googlenet,efficientnet_b5,densenet121,nasnetalarge,bert_base --out run_fp32.json
+    python scripts/merge_engine_results.py run_fp32_tc.json run_fp32.json --out docs/results/engine_h200.json
 """
 
 from __future__ import annotations
@@ -29,7 +40,7 @@ import torch.nn as nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import gpuloom  # noqa: E402
 from gpuloom.engine.critical import lower_bound_ms  # noqa: E402
-from gpuloom.gpu.timing import median_ms  # noqa: E402
+from gpuloom.gpu.timing import median_ms_interleaved  # noqa: E402
 
 BRANCHY = ("inception_v3", "googlenet", "nasnetalarge", "efficientnet_b0")
 
@@ -78,11 +89,13 @@ def eager_graph(model: nn.Module, example: torch.Tensor):
 
 
 def graphset_call(gs, bucket):
+    """A bare call of one bucket's graph: what ``cm(x)`` does after its input check (copy in, launch
+    on the current stream, clone out), so gpuloom_single/multi vs gpuloom_auto shows that check's cost."""
     entry = gs.buckets[bucket]
 
     def call(x):
         entry.inputs[0].copy_(x)
-        gs.replay(bucket, stream=torch.cuda.current_stream())
+        entry.graph.replay()  # launches on the current stream, as GraphSet.replay(b, current stream) does
         return entry.outputs.clone()
 
     return call
@@ -116,7 +129,9 @@ def bench_model(name: str, dtype: torch.dtype, batches: list[int], args) -> dict
         reinplaced = gpuloom.compile(model, (examples[batches[0]],), max_batch=max(batches), buckets=batches,
                                      streams="auto", reinplace=True)
     compiled = None
-    if "torch_compile" in args.variants:
+    rec["torch_compile_batches"] = sorted(args.torch_compile_batches & set(batches)) \
+        if "torch_compile" in args.variants else []
+    if rec["torch_compile_batches"]:
         compiled = torch.compile(model, mode="reduce-overhead", dynamic=False)
     for b in batches:
         x = examples[b]
@@ -130,7 +145,7 @@ def bench_model(name: str, dtype: torch.dtype, batches: list[int], args) -> dict
         }
         if reinplaced is not None:
             variants["gpuloom_reinplace"] = lambda v: reinplaced(v)
-        if compiled is not None:
+        if compiled is not None and b in args.torch_compile_batches:
             tc = time.perf_counter()
             for _ in range(3):
                 compiled(x)
@@ -142,9 +157,11 @@ def bench_model(name: str, dtype: torch.dtype, batches: list[int], args) -> dict
             want = model(fresh)
             for key in [k for k in variants if k.startswith("gpuloom")]:
                 row[f"rel_err_{key}"] = rel_err(variants[key](fresh), want)
-            for key, fn in variants.items():
-                if key in args.variants or key.startswith("gpuloom") or key == "eager":
-                    row[f"{key}_ms"] = round(median_ms(lambda: fn(x), warmup=args.warmup, iters=args.iters, cuda=True), 4)
+            timed = {key: (lambda fn=fn: fn(x)) for key, fn in variants.items()
+                     if key in args.variants or key.startswith("gpuloom") or key == "eager"}
+            medians = median_ms_interleaved(timed, warmup=args.warmup, iters=args.iters, rounds=args.rounds, cuda=True)
+            for key, ms in medians.items():
+                row[f"{key}_ms"] = round(ms, 4)
         if args.lower_bound:
             with torch.no_grad():
                 cp, total = lower_bound_ms(cm, b)
@@ -203,13 +220,20 @@ def main() -> int:
     p.add_argument("--batches", default="1,8")
     p.add_argument("--variants", default="eager,torch_compile,cuda_graph,gpuloom",
                    help="drop torch_compile to save its compile time; add gpuloom_reinplace for that experiment")
-    p.add_argument("--warmup", type=int, default=50)
-    p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--torch-compile-batches", default="1,8",
+                   help="batches on which the torch_compile variant runs (it compiles once per batch size)")
+    p.add_argument("--warmup", type=int, default=50, help="untimed calls per variant before timing")
+    p.add_argument("--iters", type=int, default=200, help="timed calls per variant (the median is reported)")
+    p.add_argument("--rounds", type=int, default=10,
+                   help="the variants take turns this many times, each timing iters/rounds calls a turn")
     p.add_argument("--no-lower-bound", dest="lower_bound", action="store_false")
     p.add_argument("--out", default="docs/results/engine_h200.json")
     args = p.parse_args()
     args.variants = set(args.variants.split(","))
     batches = [int(b) for b in args.batches.split(",")]
+    args.torch_compile_batches = {int(b) for b in args.torch_compile_batches.split(",") if b.strip()}
+    if not 1 <= args.rounds <= args.iters:
+        p.error(f"--rounds must be between 1 and --iters={args.iters}, got {args.rounds}")
     torch.backends.cudnn.benchmark = True
     out = {
         "benchmark": "engine",
@@ -218,8 +242,11 @@ def main() -> int:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "date": datetime.date.today().isoformat(),
-        "method": "CUDA events, median of %d after %d warm-up, per call incl. input copy + output clone" % (
-            args.iters, args.warmup),
+        "method": ("interleaved: variants of one (model, dtype, batch) take turns in %d rounds (order rotated "
+                   "each round) of %d timed calls (after one untimed call) per turn, after %d warm-up calls per "
+                   "variant; CUDA events per call, "
+                   "median of %d per variant, per call incl. input copy + output clone" % (
+                       args.rounds, args.iters // args.rounds, args.warmup, args.iters)),
         "results": [],
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
