@@ -21,6 +21,23 @@ from .executor import StreamExecutor
 
 StreamFactory = Callable[[], torch.cuda.Stream]
 
+# cuDNN's autotuner runs during each capture's warm-up. On a small SM partition (a green context of
+# 8-16 SMs) some of the algorithms it tries fail to launch (CUDNN_STATUS_EXECUTION_FAILED, seen on
+# the H200): a caller can then retry with its heuristics only (``with cudnn_heuristics(): ...``).
+_CUDNN_AUTOTUNE = [True]
+
+
+class cudnn_heuristics:
+    """Context manager: captures inside it pick cuDNN algorithms by heuristics, without autotuning."""
+
+    def __enter__(self) -> "cudnn_heuristics":
+        self._saved = _CUDNN_AUTOTUNE[0]
+        _CUDNN_AUTOTUNE[0] = False
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _CUDNN_AUTOTUNE[0] = self._saved
+
 
 @dataclass(frozen=True)
 class InputSpec:
@@ -166,7 +183,7 @@ def capture_graphs(
     if choice == "auto" and executors["multi"].plan.num_streams == 1:
         kinds = ["single"]
     cudnn_benchmark = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.benchmark = _CUDNN_AUTOTUNE[0]
     captured: dict[int, CapturedBucket] = {}
     static_bytes = 0
     try:

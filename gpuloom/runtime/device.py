@@ -457,6 +457,7 @@ class CudaDeviceLayer(DeviceLayer):
                              f"'all' (every model on every lane), got {capture!r}")
         self.capture_mode = capture
         self.eager_batches = 0  # batches run without a graph (a model on a lane it was not captured on)
+        self.heuristic_captures = 0  # (model, lane) captures retried without cuDNN autotuning
         import torch
 
         from ..gpu import device_facts
@@ -538,12 +539,29 @@ class CudaDeviceLayer(DeviceLayer):
         groups: dict[Any, list[int]] = {}
         for b in cm.buckets:
             groups.setdefault(1 if choice.get(b, "multi") == "single" else "max", []).append(b)
-        sets: dict[int, Any] = {}
-        try:
+        from ..engine.capture import cudnn_heuristics
+
+        def capture_all() -> dict[int, Any]:
+            sets: dict[int, Any] = {}
             for ch, bs in groups.items():
                 gs = cm.capture(stream_factory=lane.streams.factory(), buckets=bs, streams=ch, warmup=self.warmup)
                 for b in bs:
                     sets[b] = gs
+            return sets
+
+        try:
+            try:
+                sets = capture_all()
+            except RuntimeError as e:
+                if "CUDNN" not in str(e).upper() or isinstance(e, torch.cuda.OutOfMemoryError):
+                    raise
+                # an algorithm cuDNN's autotuner tried does not launch on this partition: heuristics only
+                log.warning("capturing %s on %r: %s; retrying without cuDNN autotuning", model, lane.part, e)
+                for st in lane.streams.streams:
+                    st.synchronize()
+                with cudnn_heuristics():
+                    sets = capture_all()
+                self.heuristic_captures += 1
         except torch.cuda.OutOfMemoryError as e:
             raise GraphMemoryError(f"out of device memory capturing {model!r} on {lane.part!r}: {e}") from e
         lane.graphs[model] = sets

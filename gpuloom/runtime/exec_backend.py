@@ -256,6 +256,7 @@ class ExecBackend(Backend):
                 "layouts_built": self.layouts_built,
                 "evictions": self.device.evictions,
                 "eager_batches": getattr(self.device, "eager_batches", 0),  # CUDA: batches run without a graph
+                "heuristic_captures": getattr(self.device, "heuristic_captures", 0),  # CUDA: cuDNN autotune failed
             }
 
     # -- internals ------------------------------------------------------------------------------
