@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One device call for the runtime (issue 5): GPU tests, the runtime checks, then a bench.
 #   STEPS="tests check overhead bench" BENCH="examples/light3.yaml" bash scripts/gpu_runtime_session.sh
+#   STEPS="bench engine serve" ENGINE_CMD="python3 scripts/bench_engine.py ... --out \$OUT/engine/x.json" \
+#     SERVE_CMD="python3 scripts/serve_e2e.py ..." bash scripts/gpu_runtime_session.sh
 # Every step has its own time limit and log; results land under $OUT (one tarball of the
 # small files plus the JSONs), so a step that fails or runs out of time leaves the others.
 set -uo pipefail
@@ -26,8 +28,10 @@ for s in $STEPS; do
     bench) for w in $BENCH; do n=$(basename "$w" .yaml)
              timeout "$T_BENCH" python3 -m gpuloom.cli bench "$w" $BENCH_ARGS --out "$OUT/bench/$n.json" \
                > "$OUT/logs/bench_$n.txt" 2>&1; tail -40 "$OUT/logs/bench_$n.txt"; done ;;
+    engine) timeout "${T_ENGINE:-240}" bash -c "$ENGINE_CMD" > "$OUT/logs/engine.txt" 2>&1; tail -30 "$OUT/logs/engine.txt" ;;
+    serve) timeout "${T_SERVE:-150}" bash -c "$SERVE_CMD" > "$OUT/logs/serve.txt" 2>&1; tail -30 "$OUT/logs/serve.txt" ;;
     *) echo "unknown step $s" ;;
   esac
 done
-tar czf "$OUT/session.tgz" -C "$OUT" logs $(cd "$OUT" && ls -d check overhead bench 2>/dev/null)
+tar czf "$OUT/session.tgz" -C "$OUT" logs $(cd "$OUT" && ls -d check overhead bench engine serve 2>/dev/null)
 echo "=== done $(date +%T)"

@@ -23,6 +23,12 @@ against the GPU, issue 5). Its parameters live in :class:`ContentionModel`.
 * **Interference** (memory bandwidth, L2: partitions share them too): every running batch, on any
   kind of partition, is slowed by ``1 + interference * (n - 1)`` with ``n`` batches running. Default 0.
 
+* **Batch overhead** (``batch_overhead_ms``): every batch holds its lane this much longer than its
+  GPU time: the host's launch and the completion's way back to the scheduler, during which the lane
+  takes no new batch. Measured on the H200 from ``busy_ms - device_ms`` per batch (0.4-0.9 ms with the
+  Python runtime; ``docs/reports/runtime.md``). Simplification: the overhead is modelled as part of
+  the batch (it counts in the batch's demand on shared lanes and in its utilization).
+
 Utilization: a batch *uses* ``min(partition SMs, knee)`` SMs on an exclusive partition (SMs past the
 knee do not make it faster); shared batches together use ``min(A, K)``. ``busy_sm_ms`` integrates
 that over time.
@@ -53,16 +59,17 @@ class ContentionModel:
     efficiency: float = 1.0  # fraction of the shared SMs delivered when oversubscribed (0, 1]
     interference: float = 0.0  # slowdown per other co-running batch (any partition), >= 0
     switch_ms: float = 0.0  # time until a new layout's partitions accept work, ms
+    batch_overhead_ms: float = 0.0  # per batch, a lane's time not on the GPU: host launch + completion turnaround
 
     def __post_init__(self) -> None:
         if not (0.0 < self.efficiency <= 1.0):
             raise ValueError(f"ContentionModel.efficiency must be in (0, 1], found {self.efficiency}")
         if not (0.0 < self.demand_fraction <= 1.0):
             raise ValueError(f"ContentionModel.demand_fraction must be in (0, 1], found {self.demand_fraction}")
-        if self.interference < 0 or self.knee_eps < 0 or self.switch_ms < 0:
+        if self.interference < 0 or self.knee_eps < 0 or self.switch_ms < 0 or self.batch_overhead_ms < 0:
             raise ValueError(
-                "ContentionModel: knee_eps, interference and switch_ms must be >= 0, found "
-                f"{self.knee_eps}, {self.interference}, {self.switch_ms}"
+                "ContentionModel: knee_eps, interference, switch_ms and batch_overhead_ms must be >= 0, found "
+                f"{self.knee_eps}, {self.interference}, {self.switch_ms}, {self.batch_overhead_ms}"
             )
 
     @classmethod
@@ -171,6 +178,7 @@ class SimBackend(Backend):
             base = self.latency(decision.model, b, part.sms)
             demand = 0.0
             useful = float(min(part.sms, knee))
+        base += self.contention.batch_overhead_ms  # the lane is busy, the GPU is not (useful SMs as measured)
         self._settle()
         run = _Run(decision, part, self.loop.now, base, demand, useful)
         self._seq += 1

@@ -1,0 +1,116 @@
+"""Calibrate the simulator's contention model against measured `gpuloom bench` runs (issue 5).
+
+    python scripts/calibrate_sim.py docs/results/runtime/bench_mix6_h200_*.json \
+        --check docs/results/runtime/check_light3_h200.json --out docs/results/runtime/sim_calibration.json
+
+Every measured point (policy, load factor) is simulated again with the same arrivals and the
+profiles the service planned with (shipped H200 profiles, trimmed to the run's max batch), for a
+grid of ``ContentionModel(batch_overhead_ms=..., demand_fraction=...)``. For each parameter pair it
+reports the relative goodput error (simulated - measured) / measured of every point, and picks the
+pair with the smallest worst error over the points that are not in collapse (measured attainment
+>= ``--min-attainment``: past the point where the Python runtime falls over, no queueing model of
+the GPU explains the measurement). The per-batch overhead measured directly (lane busy time minus
+device time, per batch) is reported beside the fit, from ``--check`` JSONs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gpuloom.bench.experiment import simulate  # noqa: E402
+from gpuloom.bench.workload import workload_from_dict  # noqa: E402
+from gpuloom.profile.store import ProfileStore  # noqa: E402
+from gpuloom.runtime.service import trim_profile  # noqa: E402
+from gpuloom.runtime.sim import ContentionModel  # noqa: E402
+
+
+def measured_overhead(paths: list[str]) -> dict:
+    """(busy_ms - device_ms) / batches per lane, from gpu_runtime_check JSONs."""
+    out = {}
+    for path in paths:
+        d = json.loads(Path(path).read_text())
+        for section in ("serve", "overhead"):
+            for pol, v in (d.get(section) or {}).items():
+                be = v.get("backend") if isinstance(v, dict) else None
+                if not be:
+                    continue
+                lanes = [(p["busy_ms"] - p["device_ms"]) / p["batches"] for p in be["partitions"] if p["batches"]]
+                if lanes:
+                    out[f"{Path(path).stem}:{section}:{pol}"] = {
+                        "per_batch_ms_mean": round(sum(lanes) / len(lanes), 3),
+                        "per_batch_ms_lanes": [round(x, 3) for x in lanes],
+                        "host_dispatch_ms_per_batch": round(be["host_dispatch_ms"] / max(1, be["batches"]), 3),
+                    }
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("bench", nargs="+", help="gpuloom bench JSON files (measured on the GPU)")
+    ap.add_argument("--check", nargs="*", default=[], help="gpu_runtime_check JSONs with backend stats")
+    ap.add_argument("--overheads", default="0,0.2,0.4,0.6,0.8,1.0", help="batch_overhead_ms grid")
+    ap.add_argument("--demand-fractions", default="0.89,1.0", help="demand_fraction grid")
+    ap.add_argument("--min-attainment", type=float, default=0.9,
+                    help="points measured below this attainment are reported but not fitted")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+
+    points = []
+    for path in a.bench:
+        d = json.loads(Path(path).read_text())
+        wl = workload_from_dict(d["workload"])
+        max_batch = int(d["meta"]["max_batch"])
+        duration = float(d["meta"]["duration_s"])
+        store = ProfileStore.builtin("h200")
+        profs = {m.name: trim_profile(store.get(m.name), max_batch) for m in wl.models}
+        for pol, res in d["policies"].items():
+            for p in res["points"]:
+                points.append({"file": Path(path).name, "policy": pol, "scale": p["scale"],
+                               "measured_goodput": p["goodput_rps"], "measured_attainment": p["slo_attainment"],
+                               "measured_p99_ms": p["p99_ms"], "wl": wl, "duration": duration, "profs": profs})
+    grid = []
+    for ov in (float(x) for x in a.overheads.split(",")):
+        for df in (float(x) for x in a.demand_fractions.split(",")):
+            cm = ContentionModel(batch_overhead_ms=ov, demand_fraction=df)
+            rows = []
+            for pt in points:
+                wl = dataclasses.replace(pt["wl"].scaled(pt["scale"]), duration_s=pt["duration"])
+                m = simulate(wl, pt["profs"], pt["policy"], contention=cm).metrics
+                g = pt["measured_goodput"]
+                rows.append({"file": pt["file"], "policy": pt["policy"], "scale": pt["scale"],
+                             "measured_goodput": round(g, 1), "simulated_goodput": round(m.goodput_rps, 1),
+                             "goodput_error": round((m.goodput_rps - g) / g, 4) if g else None,
+                             "measured_attainment": round(pt["measured_attainment"], 4),
+                             "simulated_attainment": round(m.slo_attainment, 4),
+                             "measured_p99_ms": round(pt["measured_p99_ms"], 2), "simulated_p99_ms": round(m.p99_ms, 2),
+                             "fitted": pt["measured_attainment"] >= a.min_attainment})
+            fitted = [abs(r["goodput_error"]) for r in rows if r["fitted"] and r["goodput_error"] is not None]
+            grid.append({"batch_overhead_ms": ov, "demand_fraction": df,
+                         "worst_abs_error_fitted": round(max(fitted), 4) if fitted else None,
+                         "mean_abs_error_fitted": round(sum(fitted) / len(fitted), 4) if fitted else None,
+                         "points": rows})
+            print(f"overhead {ov:.2f} ms, demand_fraction {df:.2f}: worst |error| {max(fitted):.3f}, "
+                  f"mean {sum(fitted) / len(fitted):.3f} over {len(fitted)} fitted points", flush=True)
+    best = min(grid, key=lambda g: (g["worst_abs_error_fitted"], g["mean_abs_error_fitted"]))
+    print(f"best: batch_overhead_ms={best['batch_overhead_ms']}, demand_fraction={best['demand_fraction']}")
+    for r in best["points"]:
+        print(f"  {r['policy']:9s} x{r['scale']:<6.3g} measured {r['measured_goodput']:7.0f}/s "
+              f"simulated {r['simulated_goodput']:7.0f}/s error {r['goodput_error']:+.3f}"
+              f"{'' if r['fitted'] else '  (collapse: not fitted)'}")
+    report = {"method": __doc__.strip().splitlines()[0], "min_attainment": a.min_attainment,
+              "measured_overhead": measured_overhead(a.check), "best": {k: best[k] for k in best if k != "points"},
+              "best_points": best["points"], "grid": [{k: g[k] for k in g if k != "points"} for g in grid]}
+    if a.out:
+        Path(a.out).write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
