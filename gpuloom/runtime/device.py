@@ -564,6 +564,12 @@ class CudaDeviceLayer(DeviceLayer):
                 self.heuristic_captures += 1
         except torch.cuda.OutOfMemoryError as e:
             raise GraphMemoryError(f"out of device memory capturing {model!r} on {lane.part!r}: {e}") from e
+        # replay each graph once now: a graph's first launch uploads it to the device (milliseconds),
+        # which would otherwise land on the first request of each bucket on each lane
+        for b, gs in sets.items():
+            gs.replay(b)
+        for st in lane.streams.streams:
+            st.synchronize()
         lane.graphs[model] = sets
         top = max(sets)
         ins = sets[top].inputs(top)
