@@ -458,6 +458,7 @@ class CudaDeviceLayer(DeviceLayer):
         self.capture_mode = capture
         self.eager_batches = 0  # batches run without a graph (a model on a lane it was not captured on)
         self.heuristic_captures = 0  # (model, lane) captures retried without cuDNN autotuning
+        self.launch_ms = {"inputs": 0.0, "replay": 0.0, "outputs": 0.0, "launches": 0}  # host ms per phase
         import torch
 
         from ..gpu import device_facts
@@ -612,6 +613,8 @@ class CudaDeviceLayer(DeviceLayer):
             lane.events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True),
                            torch.cuda.Event(blocking=self.blocking_sync))
         t0, t1, done = lane.events
+        clock = time.perf_counter
+        c0 = clock()
         with torch.cuda.stream(st):
             if staged:  # one async copy per row and input, straight from the request's pinned row
                 for i, r in enumerate(rows):
@@ -620,12 +623,20 @@ class CudaDeviceLayer(DeviceLayer):
             else:
                 for dst, src in zip(entry.inputs, lane.pinned_in[model]):
                     dst[:n].copy_(src[:n], non_blocking=True)
+            c1 = clock()
             t0.record(st)
             entry.graph.replay()
             t1.record(st)
+            c2 = clock()
             for dst, src in zip(lane.pinned_out[model], static_out):
                 dst[:n].copy_(src[:n], non_blocking=True)
             done.record(st)
+        c3 = clock()
+        ph = self.launch_ms  # where a launch's host time goes (issue 5: dispatch overhead)
+        ph["inputs"] += (c1 - c0) * 1e3
+        ph["replay"] += (c2 - c1) * 1e3
+        ph["outputs"] += (c3 - c2) * 1e3
+        ph["launches"] += 1
         return _CudaTicket(n, done, t0, t1, lane.np_out[model])
 
     def finish(self, ticket: Any) -> tuple[list[Any], float]:
