@@ -17,8 +17,9 @@ One process, one set of compiled models, one ``InferenceService`` (policy ``--po
    and in total, the ratio HTTP / in-process (target >= 0.9), and the books: every request the
    clients sent was answered, and the server's own books balance.
 
-Before each leg the service is re-planned for the offered rates (``InferenceService.retune``), so
-neither leg inherits rates measured in the other. Latency is measured the same way in both legs:
+With ``--retune`` the service is re-planned for the offered rates before each leg
+(``InferenceService.retune``), so neither leg inherits rates measured in the other; by default both
+legs run on the plan made at load for the workload's own rates (scale 1). Latency is measured the same way in both legs:
 from the moment the request is handed over (``submit`` / the HTTP POST) to its answer.
 
     python scripts/serve_e2e.py examples/mix6.yaml --tiny --scale 0.01 --duration 3 --out /tmp/x.json
@@ -68,6 +69,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--clients", type=int, default=0,
                    help="client processes driving HTTP (default: min(models, CPUs // 2), at least 1)")
     p.add_argument("--timeout", type=float, default=30.0, help="HTTP client timeout per request, s (default 30)")
+    p.add_argument("--retune", action="store_true",
+                   help="re-plan for each scale's offered rates before each leg (InferenceService.retune); default: "
+                        "keep the plan made at load for the workload's own rates")
     p.add_argument("--out", metavar="FILE", default=None, help="write the JSON report here")
     p.add_argument("--client-spec", default=None, help=argparse.SUPPRESS)  # internal: run as a client process
     args = p.parse_args(argv)
@@ -389,11 +393,13 @@ def run(args: argparse.Namespace) -> int:
             times = arrival_times(wl)  # what run_point replays; the HTTP clients send the same times
             n = sum(len(t) for t in times.values())
 
-            svc.retune(rates)
+            if args.retune:
+                svc.retune(rates)
             say(f"x{scale:g} in-process: {n / args.duration:.0f} req/s for {args.duration:g} s")
             inproc = inproc_summary(run_point(svc, workload, args.policy, scale=scale, duration_s=args.duration))
 
-            svc.retune(rates)
+            if args.retune:
+                svc.retune(rates)
             _settle(core)
             books0 = core.books.snapshot()
             say(f"x{scale:g} HTTP: {clients} client process(es)")
