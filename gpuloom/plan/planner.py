@@ -38,7 +38,10 @@ Algorithm
    Several strategies (``STRATEGIES``) are tried per cycle candidate; the packing with the least
    SM-time wins. Models whose best option is the whole GPU end up sharing it in time.
 4. Leftover SMs go, one granularity step at a time, to the partition they shorten most (relative
-   to its slack); the last partition takes the sub-granularity remainder (132 = 16 * 8 + 4).
+   to its slack); the last partition takes the sub-granularity remainder (132 = 16 * 8 + 4) when
+   it has at least ``MIN_SMS_WITH_REMAINDER`` SMs, else the remainder stays idle: on the H200 a
+   12-SM green context of 8 SMs plus the 4-SM remainder failed cuDNN launches (twice, in graph
+   capture; docs/reports/runtime.md) where 20 (16 + 4) and plain groups of 8 worked.
 5. Overload: weighted max-min fairness on served fraction of demand. Progressive filling (all
    unfrozen models raised together to ``min(1, weight * level)`` while the packing succeeds, binary
    search on the level; those that cannot rise alone are frozen; repeat), then ``_polish``, because
@@ -66,6 +69,7 @@ MATCHED_PERIODS = True  # also offer each model the cycle divisors that match it
 # packing strategies tried in turn: (size preference, join a partition if it costs <= this x opening one)
 STRATEGIES = (("fewest", 1.15), ("cheapest", 1.15), ("fewest", 3.0), ("tightest", 1.15), ("uniform", 3.0))
 _EPS = 1e-9
+MIN_SMS_WITH_REMAINDER = 16  # a partition smaller than this does not take the sub-granularity remainder
 
 
 # -- the batch-size optimizer on its own -----------------------------------------------------
@@ -612,7 +616,7 @@ def _build(
     C = top / g if g else top
     parts = sorted(parts, key=lambda p: (-p.u, p.c, -p.used))
     sizes = [p.u * pl.g for p in parts]
-    if parts and sum(p.u for p in parts) == pl.U:
+    if parts and sum(p.u for p in parts) == pl.U and sizes[-1] >= MIN_SMS_WITH_REMAINDER:
         sizes[-1] += pl.rem
     partitions = []
     placed: dict[str, tuple[int, int, int, int, float, float]] = {}  # model -> (partition, sms, batch, k, L, period)
