@@ -458,6 +458,7 @@ class CudaDeviceLayer(DeviceLayer):
         self.capture_mode = capture
         self.eager_batches = 0  # batches run without a graph (a model on a lane it was not captured on)
         self.heuristic_captures = 0  # (model, lane) captures retried without cuDNN autotuning
+        self.skipped_captures = 0  # filler models left uncaptured on another model's lane (capture failed)
         self.launch_ms = {"inputs": 0.0, "replay": 0.0, "outputs": 0.0, "launches": 0}  # host ms per phase
         import torch
 
@@ -521,8 +522,19 @@ class CudaDeviceLayer(DeviceLayer):
         try:
             for lane in state["lanes"]:
                 for m in lanes.models:
-                    if self._wanted(lane.part, m):
+                    if not self._wanted(lane.part, m):
+                        continue
+                    try:
                         self._capture(lane, m)
+                    except RuntimeError as e:
+                        if lane.part.owner in (None, m) or isinstance(e, MemoryError):
+                            raise  # the lane exists for this model (or everyone shares it): the layout fails
+                        # a filler that cannot run here: the owner still can; a batch of it sent here
+                        # runs eagerly (and fails alone if it cannot launch either)
+                        log.warning("not capturing %s on %r (it belongs to %s): %s", m, lane.part, lane.part.owner, e)
+                        self.skipped_captures += 1
+                        for st in lane.streams.streams:
+                            st.synchronize()
         except BaseException:
             self._free(lanes)
             raise
