@@ -1,0 +1,57 @@
+"""SLO attainment and goodput against offered load, one line per policy, from `gpuloom bench` JSONs.
+
+    python scripts/plot_bench.py docs/results/runtime/bench_mix6_h200_*.json --out docs/results/runtime/mix6_h200.png
+
+Points of one policy from several files are drawn together (labelled by file when a policy appears
+in more than one), so runs made in different device calls stay distinguishable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("bench", nargs="+")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--target", type=float, default=0.99)
+    a = ap.parse_args()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[str, list] = {}
+    for path in a.bench:
+        d = json.loads(Path(path).read_text())
+        for pol, res in d["policies"].items():
+            pts = sorted(res["points"], key=lambda p: p["offered_rps"])
+            if pts:
+                series.setdefault(pol, []).append((Path(path).stem, pts))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for pol, runs in sorted(series.items()):
+        for stem, pts in runs:
+            label = pol if len(runs) == 1 else f"{pol} ({stem})"
+            x = [p["offered_rps"] for p in pts]
+            style = dict(marker="o", lw=2.5 if pol == "dstack" else 1.2)
+            ax1.plot(x, [p["slo_attainment"] for p in pts], label=label, **style)
+            ax2.plot(x, [p["goodput_rps"] for p in pts], label=label, **style)
+    ax1.axhline(a.target, color="grey", ls="--", lw=0.8)
+    ax1.set(xlabel="offered load (requests/s)", ylabel="SLO attainment", title="attainment vs load")
+    lim = max(p["offered_rps"] for r in series.values() for _, pts in r for p in pts)
+    ax2.plot([0, lim], [0, lim], color="grey", ls=":", lw=0.8, label="goodput = offered")
+    ax2.set(xlabel="offered load (requests/s)", ylabel="goodput (requests/s within SLO)", title="goodput vs load")
+    ax1.legend(fontsize=7)
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(a.out, dpi=110)
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
