@@ -140,8 +140,16 @@ def test_metadata_config_statistics_and_repository_index_over_http(served):
     assert client.get_server_metadata()["name"] == "gpuloom"
     idx = {m["name"]: m["state"] for m in client.get_model_repository_index()}
     assert idx == {"tiny_mlp": "READY", "tiny_cnn": "READY", "mobilenet_v3_small": "READY"}
+    inp = tritonhttp.InferInput("x", [2, 16], "FP32")
+    inp.set_data_from_numpy(np.ones((2, 16), np.float32))
+    client.infer("tiny_mlp", [inp])
     st = client.get_inference_statistics("tiny_mlp")["model_stats"][0]
-    assert st["name"] == "tiny_mlp" and "success" in st["inference_stats"]
+    assert st["name"] == "tiny_mlp" and int(st["inference_stats"]["success"]["count"]) >= 1
+    stats = st["inference_stats"]
+    # queue and compute times come from the runtime's histograms: one per served request, > 0 ns
+    assert int(stats["queue"]["count"]) >= 1 and int(stats["compute_infer"]["count"]) >= 1
+    assert int(stats["compute_infer"]["ns"]) > 0
+    assert 1 <= int(st["execution_count"]) <= int(stats["success"]["count"]) * 2  # batches, counted
     status, body = _get(addr, "/openapi.json")
     assert status == 200 and json.loads(body)["openapi"].startswith("3.")
 

@@ -29,6 +29,7 @@ import logging
 import queue
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -116,6 +117,7 @@ class ExecBackend(Backend):
         self.host_ms = 0.0  # time the runtime's thread spent in submit (dispatch overhead)
         self.device_ms = 0.0  # summed device time of every batch
         self.batches = 0
+        self.model_batches: Counter = Counter()  # model -> batches executed (Triton's exec_count)
         self.failures = 0
         self.layouts_built = 0
 
@@ -247,6 +249,7 @@ class ExecBackend(Backend):
                 "device": self.device.kind,
                 "partitions": parts,
                 "batches": self.batches,
+                "model_batches": dict(self.model_batches),
                 "failures": self.failures,
                 "busy_sm_ms": self._busy_sm_ms,
                 "device_ms": self.device_ms,
@@ -296,6 +299,7 @@ class ExecBackend(Backend):
                 ps.device_ms += dev_ms
                 ps.busy_ms += end - start
             self.batches += 1
+            self.model_batches[d.model] += 1
             self.failures += bool(err)
             self.device_ms += dev_ms
             sms = lanes.layout.shared_sms if part.shared else part.sms

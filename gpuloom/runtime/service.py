@@ -535,6 +535,9 @@ class InferenceService:
                     tot[k] += per[name][k]
                 tot["dropped"] += sum(dropped.values())
             be = self._backend.stats() if self._backend is not None else {"partitions": []}
+            for name, mb in (be.get("model_batches") or {}).items():
+                if name in per:
+                    per[name]["exec_count"] = mb  # batches of this model run by the current backend
             rt = self._runtime
             idle = dict(rt.idle) if rt is not None else {}
         return {

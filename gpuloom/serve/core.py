@@ -73,8 +73,21 @@ def _exec_count(sm: Any) -> int:
         return 0
     from .metrics import batches_from_sizes
 
-    n = batches_from_sizes(sm.get("batch_size"))
-    return int(n if n is not None else sm.get("exec_count", 0) or 0)
+    if sm.get("exec_count") is not None:  # counted by the backend
+        return int(sm["exec_count"])
+    n = batches_from_sizes(sm.get("batch_size"))  # else estimated from the batch-size histogram
+    return int(n or 0)
+
+
+def _duration(hist: Any) -> dict[str, int]:
+    """Triton's ``{count, ns}`` from one of the runtime's ms histograms (requests, summed time)."""
+    from .metrics import _histogram_parts
+
+    parts = _histogram_parts(hist)
+    if parts is None:
+        return {"count": 0, "ns": 0}
+    _buckets, total_ms, n = parts
+    return {"count": int(n), "ns": int(total_ms * 1e6)}
 
 
 class ServeCore:
@@ -265,9 +278,10 @@ class ServeCore:
                 "inference_stats": {
                     "success": {"count": b.success if b else 0, "ns": int((b.request_us if b else 0) * 1000)},
                     "fail": {"count": fail, "ns": 0},
-                    "queue": {"count": 0, "ns": 0},
+                    "queue": _duration(sm.get("queue_ms")),
+                    # the runtime times the whole batch (input copy, replay, output copy) as one
                     "compute_input": {"count": 0, "ns": 0},
-                    "compute_infer": {"count": 0, "ns": 0},
+                    "compute_infer": _duration(sm.get("compute_ms")),
                     "compute_output": {"count": 0, "ns": 0},
                 },
                 "batch_stats": [],
