@@ -56,6 +56,7 @@ def main() -> int:
     ap.add_argument("--check", nargs="*", default=[], help="gpu_runtime_check JSONs with backend stats")
     ap.add_argument("--overheads", default="0,0.2,0.4,0.6,0.8,1.0", help="batch_overhead_ms grid")
     ap.add_argument("--demand-fractions", default="0.89,1.0", help="demand_fraction grid")
+    ap.add_argument("--interference", default="0", help="interference grid (slowdown per co-running batch)")
     ap.add_argument("--min-attainment", type=float, default=0.9,
                     help="points measured below this attainment are reported but not fitted")
     ap.add_argument("--out", default=None)
@@ -75,9 +76,11 @@ def main() -> int:
                                "measured_goodput": p["goodput_rps"], "measured_attainment": p["slo_attainment"],
                                "measured_p99_ms": p["p99_ms"], "wl": wl, "duration": duration, "profs": profs})
     grid = []
-    for ov in (float(x) for x in a.overheads.split(",")):
-        for df in (float(x) for x in a.demand_fractions.split(",")):
-            cm = ContentionModel(batch_overhead_ms=ov, demand_fraction=df)
+    combos = [(float(ov), float(df), float(it)) for ov in a.overheads.split(",")
+              for df in a.demand_fractions.split(",") for it in a.interference.split(",")]
+    for ov, df, it in combos:
+        cm = ContentionModel(batch_overhead_ms=ov, demand_fraction=df, interference=it)
+        if True:  # one parameter triple
             rows = []
             for pt in points:
                 wl = dataclasses.replace(pt["wl"].scaled(pt["scale"]), duration_s=pt["duration"])
@@ -91,21 +94,25 @@ def main() -> int:
                              "measured_p99_ms": round(pt["measured_p99_ms"], 2), "simulated_p99_ms": round(m.p99_ms, 2),
                              "fitted": pt["measured_attainment"] >= a.min_attainment})
             fitted = [abs(r["goodput_error"]) for r in rows if r["fitted"] and r["goodput_error"] is not None]
-            grid.append({"batch_overhead_ms": ov, "demand_fraction": df,
+            grid.append({"batch_overhead_ms": ov, "demand_fraction": df, "interference": it,
                          "worst_abs_error_fitted": round(max(fitted), 4) if fitted else None,
                          "mean_abs_error_fitted": round(sum(fitted) / len(fitted), 4) if fitted else None,
                          "points": rows})
-            print(f"overhead {ov:.2f} ms, demand_fraction {df:.2f}: worst |error| {max(fitted):.3f}, "
+            print(f"overhead {ov:.2f} ms, demand_fraction {df:.2f}, interference {it:.3f}: worst |error| {max(fitted):.3f}, "
                   f"mean {sum(fitted) / len(fitted):.3f} over {len(fitted)} fitted points", flush=True)
     best = min(grid, key=lambda g: (g["worst_abs_error_fitted"], g["mean_abs_error_fitted"]))
-    print(f"best: batch_overhead_ms={best['batch_overhead_ms']}, demand_fraction={best['demand_fraction']}")
+    print(f"best: batch_overhead_ms={best['batch_overhead_ms']}, demand_fraction={best['demand_fraction']}, "
+          f"interference={best['interference']}")
     for r in best["points"]:
         print(f"  {r['policy']:9s} x{r['scale']:<6.3g} measured {r['measured_goodput']:7.0f}/s "
               f"simulated {r['simulated_goodput']:7.0f}/s error {r['goodput_error']:+.3f}"
               f"{'' if r['fitted'] else '  (collapse: not fitted)'}")
     report = {"method": __doc__.strip().splitlines()[0], "min_attainment": a.min_attainment,
               "measured_overhead": measured_overhead(a.check), "best": {k: best[k] for k in best if k != "points"},
-              "best_points": best["points"], "grid": [{k: g[k] for k in g if k != "points"} for g in grid]}
+              "best_points": best["points"],
+              "grid": [{**{k: g[k] for k in g if k != "points"},
+                        "unfitted_errors": {f"{r['policy']} x{r['scale']:g}": r["goodput_error"]
+                                            for r in g["points"] if not r["fitted"]}} for g in grid]}
     if a.out:
         Path(a.out).write_text(json.dumps(report, indent=1) + "\n")
         print(f"wrote {a.out}")

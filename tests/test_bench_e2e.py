@@ -46,6 +46,12 @@ def test_bench_serves_tiny_models_on_cpu_and_reports_every_metric(tmp_path):
         assert 0 <= pt["sm_utilization"] <= 1 and 0 <= pt["gpu_idle_ratio"] <= 1
         assert pt["dispatch_overhead"] >= 0 and 0 < pt["fairness"] <= 1
         assert pt["sim"]["goodput_rps"] > 0 and "p99_ms" in pt["sim"]  # the same arrivals, simulated
+        # measured device time per (model, SMs, batch) held against the profile the plan used
+        checked = pt["profile_check"]
+        assert {r["model"] for r in checked} == {"alpha", "beta"}
+        assert all(r["batches"] >= 1 and r["measured_ms"] > 0 and r["profile_ms"] > 0 for r in checked)
+        served_rows = sum(m["served"] for m in pt["models"])
+        assert sum(r["batches"] * r["batch"] for r in checked) >= served_rows  # every served row ran in one
     assert rep["dstack_vs_best_baseline"]["baseline"] == "triton"
 
 

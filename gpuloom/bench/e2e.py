@@ -77,6 +77,7 @@ class Point:
     models: tuple[ModelPoint, ...]
     layouts: list = field(default_factory=list)  # partitions at the end: label, sms, busy ratio
     sim: dict = field(default_factory=dict)  # the same arrivals through the simulator (simulate_point)
+    profile_check: list = field(default_factory=list)  # measured vs profiled ms per (model, SMs, batch)
 
     def ok(self, target: float) -> bool:
         return self.slo_attainment >= target
@@ -132,7 +133,31 @@ def _snapshot(svc) -> dict:
     be = st["backend"]
     return {"t": time.monotonic(), "busy_sm_ms": be.get("busy_sm_ms", 0.0), "device_ms": be.get("device_ms", 0.0),
             "host_ms": be.get("host_dispatch_ms", 0.0), **{f"rt_{k}": v for k, v in st["runtime"].items()},
-            "partitions": st["partitions"], "gpu_sms": svc.device.gpu_sms}
+            "partitions": st["partitions"], "gpu_sms": svc.device.gpu_sms,
+            "exec_ms": {(e["model"], e["sms"], e["batch"]): (e["device_ms_sum"], e["batches"])
+                        for e in be.get("exec_ms", [])}}
+
+
+def profile_check(svc, before: dict, after: dict) -> list[dict]:
+    """Measured device ms per batch during a point against the plan's profile, per (model, SMs,
+    batch): where a ratio is far from 1, the plan was made for a GPU that is not the one serving."""
+    out = []
+    for key, (t1, n1) in sorted(after["exec_ms"].items()):
+        t0, n0 = before["exec_ms"].get(key, (0.0, 0))
+        if n1 - n0 <= 0:
+            continue
+        model, sms, b = key
+        mean = (t1 - t0) / (n1 - n0)
+        row = {"model": model, "sms": sms, "batch": b, "batches": n1 - n0, "measured_ms": round(mean, 4)}
+        try:
+            prof = svc.profile(model)
+            pred = prof.latency(prof.bucket(min(b, prof.max_batch)), sms)
+            row["profile_ms"] = round(pred, 4)
+            row["ratio"] = round(mean / pred, 3) if pred > 0 else None
+        except Exception:  # noqa: BLE001 - no profile (tiny models): the measurement stands alone
+            pass
+        out.append(row)
+    return out
 
 
 def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s: float, seed_inputs: int = 4,
@@ -224,6 +249,7 @@ def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s:
         dispatch_overhead=d.get("host_ms", 0.0) / d["device_ms"] if d.get("device_ms", 0.0) > 0 else 0.0,
         models=tuple(models),
         layouts=[{k: p[k] for k in ("label", "sms", "shared", "busy_ratio")} for p in after["partitions"]],
+        profile_check=profile_check(svc, before, after),
     )
 
 

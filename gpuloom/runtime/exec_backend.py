@@ -118,6 +118,9 @@ class ExecBackend(Backend):
         self.device_ms = 0.0  # summed device time of every batch
         self.batches = 0
         self.model_batches: Counter = Counter()  # model -> batches executed (Triton's exec_count)
+        # (model, SMs of the lane, batch rows) -> [device ms summed, batches]: measured L(b, s), to
+        # hold against the profile the plan was made with
+        self.exec_ms: dict[tuple[str, int, int], list[float]] = {}
         self.failures = 0
         self.layouts_built = 0
 
@@ -250,6 +253,8 @@ class ExecBackend(Backend):
                 "partitions": parts,
                 "batches": self.batches,
                 "model_batches": dict(self.model_batches),
+                "exec_ms": [{"model": m, "sms": sms, "batch": b, "batches": int(n), "device_ms_sum": t}
+                            for (m, sms, b), (t, n) in sorted(self.exec_ms.items())],
                 "failures": self.failures,
                 "busy_sm_ms": self._busy_sm_ms,
                 "device_ms": self.device_ms,
@@ -303,6 +308,10 @@ class ExecBackend(Backend):
             self.failures += bool(err)
             self.device_ms += dev_ms
             sms = lanes.layout.shared_sms if part.shared else part.sms
+            if not err:
+                acc = self.exec_ms.setdefault((d.model, sms, len(requests)), [0.0, 0])
+                acc[0] += dev_ms
+                acc[1] += 1
             use = min(sms, self.knee(d.model, d.batch)) if self.knee else sms
             self._busy_sm_ms += use * dev_ms
         self.loop.post(COMPLETION, self._on_completion, Completion(d, start, end, err))
