@@ -196,9 +196,11 @@ def test_simulating_60_s_of_the_six_model_mix_at_full_load_takes_under_5_s(store
              "bert_base": 150}
     w = Workload(tuple(ModelSpec(m, SLOS[m], arrival=Arrival("poisson", rate=r)) for m, r in rates.items()),
                  duration_s=60)
-    t0 = time.process_time()
+    # CPU time of this thread: the simulation is single-threaded, and threads that earlier tests left
+    # behind in the process (a server's event loop, tqdm's monitor) must not count against it
+    t0 = time.thread_time()
     run = simulate(w, store, "dstack")
-    cpu = time.process_time() - t0
+    cpu = time.thread_time() - t0
     assert run.metrics.arrived > 130_000
     assert cpu < 5.0, f"60 s of mix6 took {cpu:.2f} s of CPU"
 
