@@ -379,6 +379,11 @@ class _StreamList:
         self.maker = maker
         self.streams: list[Any] = []
 
+    def synchronize(self) -> None:
+        """Wait until every stream of the lane is idle."""
+        for s in self.streams:
+            s.synchronize()
+
     def factory(self) -> Callable[[], Any]:
         k = [0]
 
@@ -404,6 +409,10 @@ class _CudaLane:
     np_out: dict[str, list[Any]] = field(default_factory=dict)
     static_out: dict[tuple[str, int], list[Any]] = field(default_factory=dict)  # (model, bucket) -> flat outputs
     events: tuple | None = None  # (t0, t1, done): reused, a lane runs one batch at a time
+
+    def graph_sets(self) -> list[Any]:
+        """Each GraphSet once (a model's buckets share one per single/multi-stream group)."""
+        return list({id(gs): gs for sets in self.graphs.values() for gs in sets.values()}.values())
 
 
 @dataclass
@@ -527,21 +536,19 @@ class CudaDeviceLayer(DeviceLayer):
                     try:
                         self._capture(lane, m)
                     except RuntimeError as e:
-                        if lane.part.owner in (None, m) or isinstance(e, MemoryError):
+                        if lane.part.owner in (None, m):
                             raise  # the lane exists for this model (or everyone shares it): the layout fails
                         # a filler that cannot run here: the owner still can; a batch of it sent here
                         # runs eagerly (and fails alone if it cannot launch either)
                         log.warning("not capturing %s on %r (it belongs to %s): %s", m, lane.part, lane.part.owner, e)
                         self.skipped_captures += 1
-                        for st in lane.streams.streams:
-                            st.synchronize()
+                        lane.streams.synchronize()
         except BaseException:
             self._free(lanes)
             raise
         torch.cuda.synchronize(self.device)
         lanes.memory_bytes = max(0, torch.cuda.memory_reserved(self.device) - before) or int(
-            sum(gs.memory_bytes for ln in state["lanes"] for sets in ln.graphs.values()
-                for gs in {id(g): g for g in sets.values()}.values()))
+            sum(gs.memory_bytes for ln in state["lanes"] for gs in ln.graph_sets()))
 
     def _capture(self, lane: _CudaLane, model: str) -> None:
         torch = self._torch
@@ -570,8 +577,7 @@ class CudaDeviceLayer(DeviceLayer):
                     raise
                 # an algorithm cuDNN's autotuner tried does not launch on this partition: heuristics only
                 log.warning("capturing %s on %r: %s; retrying without cuDNN autotuning", model, lane.part, e)
-                for st in lane.streams.streams:
-                    st.synchronize()
+                lane.streams.synchronize()
                 with cudnn_heuristics():
                     sets = capture_all()
                 self.heuristic_captures += 1
@@ -581,8 +587,7 @@ class CudaDeviceLayer(DeviceLayer):
         # which would otherwise land on the first request of each bucket on each lane
         for b, gs in sets.items():
             gs.replay(b)
-        for st in lane.streams.streams:
-            st.synchronize()
+        lane.streams.synchronize()
         lane.graphs[model] = sets
         top = max(sets)
         ins = sets[top].inputs(top)
@@ -705,13 +710,11 @@ class CudaDeviceLayer(DeviceLayer):
             return
         torch = self._torch
         for lane in state["lanes"]:
-            for s in lane.streams.streams:
-                s.synchronize()
+            lane.streams.synchronize()
         torch.cuda.synchronize(self.device)
         for lane in state["lanes"]:
-            for sets in lane.graphs.values():
-                for gs in {id(g): g for g in sets.values()}.values():
-                    gs.release()
+            for gs in lane.graph_sets():
+                gs.release()
             lane.graphs.clear()
             for d in (lane.pinned_in, lane.pinned_out, lane.np_in, lane.np_out, lane.static_out):
                 d.clear()
