@@ -332,7 +332,7 @@ def print_table(rep: dict, pt: dict) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from gpuloom.bench.e2e import build_models, run_point
+    from gpuloom.bench.e2e import build_models, resolve_device_and_profiles, run_point
     from gpuloom.bench.workload import WorkloadError, arrival_times, load_workload
     from gpuloom.runtime.service import InferenceService
     from gpuloom.serve.core import ServeCore
@@ -347,21 +347,14 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, WorkloadError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        print("error: --device cuda was asked for but CUDA is not available; use --device cpu", file=sys.stderr)
+    try:
+        device, profiles, warns = resolve_device_and_profiles(workload, device=args.device,
+                                                              profiles_dir=args.profiles, tiny=args.tiny)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
-    profiles = None
-    if args.profiles:
-        from gpuloom.profile.store import ProfileStore
-
-        profiles = ProfileStore(args.profiles)
-    elif device.startswith("cuda") and not args.tiny:
-        from gpuloom.bench.workload import resolve_profiles
-
-        profiles, warns = resolve_profiles(workload)
-        for w in warns:
-            say(f"warning: {w}")
+    for w in warns:
+        say(f"warning: {w}")
     clients = args.clients or min(len(workload.models), max(1, (os.cpu_count() or 2) // 2))
 
     models = build_models(workload, tiny=args.tiny, device=device, max_batch=args.max_batch, progress=say)

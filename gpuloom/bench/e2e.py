@@ -96,6 +96,29 @@ def tiny_module(name: str, dim: int = TINY_DIM) -> Any:
     return m.eval()
 
 
+def resolve_device_and_profiles(workload: Workload, *, device: str | None, profiles_dir: str | None,
+                                tiny: bool) -> tuple[str, Any, list[str]]:
+    """``(device, profiles, warnings)`` for a benchmark of ``workload``: the device asked for (default
+    cuda when available), the profiles in ``profiles_dir`` or, on CUDA with real models, the shipped
+    ones for the workload's GPU (``None``: the service's default). ValueError when cuda is asked for
+    without CUDA."""
+    import torch
+
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if dev.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for but CUDA is not available; use --device cpu")
+    if profiles_dir:
+        from gpuloom.profile.store import ProfileStore
+
+        return dev, ProfileStore(profiles_dir), []
+    if dev.startswith("cuda") and not tiny:
+        from .workload import resolve_profiles
+
+        profiles, warns = resolve_profiles(workload)
+        return dev, profiles, list(warns)
+    return dev, None, []
+
+
 def build_models(workload: Workload, *, tiny: bool, device: str, max_batch: int = 32,
                  progress: Callable[[str], None] | None = None) -> dict[str, tuple[Any, Any]]:
     """``{name: (ModelConfig, CompiledModel)}`` for the workload's models, compiled once."""

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from gpuloom.bench.e2e import bench_policy, build_models, to_json
+    from gpuloom.bench.e2e import bench_policy, build_models, resolve_device_and_profiles, to_json
     from gpuloom.bench.workload import WorkloadError, load_workload
     from gpuloom.policy import policy_names
 
@@ -64,21 +64,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     import torch
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        console.print("[red]error:[/red] --device cuda was asked for but CUDA is not available; use --device cpu")
+    try:
+        device, profiles, warns = resolve_device_and_profiles(workload, device=args.device,
+                                                              profiles_dir=args.profiles, tiny=args.tiny)
+    except ValueError as e:
+        console.print(f"[red]error:[/red] {e}")
         return 2
-    profiles = None
-    if args.profiles:
-        from gpuloom.profile.store import ProfileStore
-
-        profiles = ProfileStore(args.profiles)
-    elif device.startswith("cuda") and not args.tiny:
-        from gpuloom.bench.workload import resolve_profiles
-
-        profiles, warns = resolve_profiles(workload)
-        for w in warns:
-            console.print(f"[yellow]warning:[/yellow] {w}")
+    for w in warns:
+        console.print(f"[yellow]warning:[/yellow] {w}")
     t0 = time.monotonic()
     models = build_models(workload, tiny=args.tiny, device=device, max_batch=args.max_batch,
                           progress=lambda s: console.print(s))
