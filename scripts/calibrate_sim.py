@@ -63,12 +63,12 @@ def main() -> int:
     a = ap.parse_args()
 
     points = []
+    store = ProfileStore.builtin("h200")
     for path in a.bench:
         d = json.loads(Path(path).read_text())
         wl = workload_from_dict(d["workload"])
         max_batch = int(d["meta"]["max_batch"])
         duration = float(d["meta"]["duration_s"])
-        store = ProfileStore.builtin("h200")
         profs = {m.name: trim_profile(store.get(m.name), max_batch) for m in wl.models}
         for pol, res in d["policies"].items():
             for p in res["points"]:
@@ -80,26 +80,25 @@ def main() -> int:
               for df in a.demand_fractions.split(",") for it in a.interference.split(",")]
     for ov, df, it in combos:
         cm = ContentionModel(batch_overhead_ms=ov, demand_fraction=df, interference=it)
-        if True:  # one parameter triple
-            rows = []
-            for pt in points:
-                wl = dataclasses.replace(pt["wl"].scaled(pt["scale"]), duration_s=pt["duration"])
-                m = simulate(wl, pt["profs"], pt["policy"], contention=cm).metrics
-                g = pt["measured_goodput"]
-                rows.append({"file": pt["file"], "policy": pt["policy"], "scale": pt["scale"],
-                             "measured_goodput": round(g, 1), "simulated_goodput": round(m.goodput_rps, 1),
-                             "goodput_error": round((m.goodput_rps - g) / g, 4) if g else None,
-                             "measured_attainment": round(pt["measured_attainment"], 4),
-                             "simulated_attainment": round(m.slo_attainment, 4),
-                             "measured_p99_ms": round(pt["measured_p99_ms"], 2), "simulated_p99_ms": round(m.p99_ms, 2),
-                             "fitted": pt["measured_attainment"] >= a.min_attainment})
-            fitted = [abs(r["goodput_error"]) for r in rows if r["fitted"] and r["goodput_error"] is not None]
-            grid.append({"batch_overhead_ms": ov, "demand_fraction": df, "interference": it,
-                         "worst_abs_error_fitted": round(max(fitted), 4) if fitted else None,
-                         "mean_abs_error_fitted": round(sum(fitted) / len(fitted), 4) if fitted else None,
-                         "points": rows})
-            print(f"overhead {ov:.2f} ms, demand_fraction {df:.2f}, interference {it:.3f}: worst |error| {max(fitted):.3f}, "
-                  f"mean {sum(fitted) / len(fitted):.3f} over {len(fitted)} fitted points", flush=True)
+        rows = []
+        for pt in points:
+            wl = dataclasses.replace(pt["wl"].scaled(pt["scale"]), duration_s=pt["duration"])
+            m = simulate(wl, pt["profs"], pt["policy"], contention=cm).metrics
+            g = pt["measured_goodput"]
+            rows.append({"file": pt["file"], "policy": pt["policy"], "scale": pt["scale"],
+                         "measured_goodput": round(g, 1), "simulated_goodput": round(m.goodput_rps, 1),
+                         "goodput_error": round((m.goodput_rps - g) / g, 4) if g else None,
+                         "measured_attainment": round(pt["measured_attainment"], 4),
+                         "simulated_attainment": round(m.slo_attainment, 4),
+                         "measured_p99_ms": round(pt["measured_p99_ms"], 2), "simulated_p99_ms": round(m.p99_ms, 2),
+                         "fitted": pt["measured_attainment"] >= a.min_attainment})
+        fitted = [abs(r["goodput_error"]) for r in rows if r["fitted"] and r["goodput_error"] is not None]
+        grid.append({"batch_overhead_ms": ov, "demand_fraction": df, "interference": it,
+                     "worst_abs_error_fitted": round(max(fitted), 4) if fitted else None,
+                     "mean_abs_error_fitted": round(sum(fitted) / len(fitted), 4) if fitted else None,
+                     "points": rows})
+        print(f"overhead {ov:.2f} ms, demand_fraction {df:.2f}, interference {it:.3f}: worst |error| {max(fitted):.3f}, "
+              f"mean {sum(fitted) / len(fitted):.3f} over {len(fitted)} fitted points", flush=True)
     best = min(grid, key=lambda g: (g["worst_abs_error_fitted"], g["mean_abs_error_fitted"]))
     print(f"best: batch_overhead_ms={best['batch_overhead_ms']}, demand_fraction={best['demand_fraction']}, "
           f"interference={best['interference']}")
