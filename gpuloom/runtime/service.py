@@ -357,47 +357,31 @@ class InferenceService:
         """
         if not isinstance(config, ModelConfig):
             raise TypeError(f"load expects a ModelConfig, got {type(config).__name__}")
-        if not self._started or self._closed:
-            raise ModelNotReady("the service is not running: call start() first")
-        with self._admin:
-            if config.name in self._models:
-                raise ValueError(f"model {config.name!r} is already loaded; unload it first")
-            with self.device.exclusive():  # no graph capture of a re-plan may run meanwhile
-                runner, config = self._compile(config, module)
-                profile = self._profile_for(config, runner)
-            entry = _Model(config, profile, runner)
-            self.device.add_model(config.name, runner)
-            with self._lock:
-                self._models[config.name] = entry
-            err = self._replan()
-            if err is not None:
-                with self._lock:
-                    self._models.pop(config.name, None)
-                self.device.remove_model(config.name)
-                self._replan()
-                raise ModelNotReady(f"model {config.name!r} could not be set up: {type(err).__name__}: {err}") from err
-            entry.state = "ready"
-            entry.loaded_at = time.monotonic()
+        self.load_many([(config, module)])
 
     def load_many(self, models: Sequence[tuple[ModelConfig, Any]]) -> None:
         """Load several models with one plan and one layout build (``load`` once per model would
         re-plan and capture every loaded model again after each one). All or nothing: when the
         layout cannot be set up, none of them stays loaded (ModelNotReady says why)."""
         models = list(models)
+        bad = [type(c).__name__ for c, _ in models if not isinstance(c, ModelConfig)]
+        if bad:
+            raise TypeError(f"load_many expects (ModelConfig, module) pairs, got {bad[0]}")
         names = [c.name for c, _ in models]
         if len(set(names)) != len(names):
             raise ValueError(f"load_many: duplicate model names in {names}")
+        what = f"model {names[0]!r}" if len(names) == 1 else f"models {names}"
         if not self._started or self._closed:
             raise ModelNotReady("the service is not running: call start() first")
         with self._admin:
             taken = [n for n in names if n in self._models]
+            if len(taken) == 1:
+                raise ValueError(f"model {taken[0]!r} is already loaded; unload it first")
             if taken:
                 raise ValueError(f"models {taken} are already loaded; unload them first")
             entries = []
             for config, module in models:
-                if not isinstance(config, ModelConfig):
-                    raise TypeError(f"load_many expects (ModelConfig, module) pairs, got {type(config).__name__}")
-                with self.device.exclusive():
+                with self.device.exclusive():  # no graph capture of a re-plan may run meanwhile
                     runner, config = self._compile(config, module)
                     profile = self._profile_for(config, runner)
                 entries.append(_Model(config, profile, runner))
@@ -413,7 +397,7 @@ class InferenceService:
                 for e in entries:
                     self.device.remove_model(e.config.name)
                 self._replan()
-                raise ModelNotReady(f"models {names} could not be set up: {type(err).__name__}: {err}") from err
+                raise ModelNotReady(f"{what} could not be set up: {type(err).__name__}: {err}") from err
             now = time.monotonic()
             for e in entries:
                 e.state = "ready"
