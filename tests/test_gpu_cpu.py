@@ -166,3 +166,42 @@ def test_mps_worker_process_sees_its_percentage(tmp_path):
     w.start()
     assert w.join(60) == 0
     assert out.read_text() == "25"
+
+
+class _FakeSplitDriver:
+    """Records every split: (SMs available, groups, SMs each, flags). Resources are SM counts."""
+
+    IGNORE_COSCHEDULING = 1
+
+    def __init__(self, sms: int) -> None:
+        self.sms, self.splits = sms, []
+
+    def device_resource(self):
+        return _Res(self.sms)
+
+    def split(self, res, k, s, flags=0):
+        self.splits.append((res.sm.smCount, k, s, flags))
+        return [_Res(s) for _ in range(k)], _Res(res.sm.smCount - k * s)
+
+    def create(self, res):
+        return res
+
+    def resource_of(self, ctx):
+        return ctx
+
+
+class _Res:
+    def __init__(self, n: int) -> None:
+        self.sm = type("SM", (), {"smCount": n})()
+
+
+def test_only_the_split_of_the_whole_device_keeps_co_scheduling():
+    # H200: the default split of a small remainder gave short groups (6 SMs for 8) and 8-SM partitions
+    # where cuDNN could not run; the remainder is split ignoring co-scheduling instead.
+    p = object.__new__(Partitioner)
+    p._drv, p.sizes, p._holders, made = _FakeSplitDriver(132), (48, 24, 24, 16, 8, 8), [], []
+    p._add = lambda ctx, requested: made.append((ctx.sm.smCount, requested))
+    p._carve()
+    assert made == [(s, s) for s in p.sizes]
+    assert [f for *_, f in p._drv.splits] == [0, 1, 1, 1]
+    assert [(avail, k, s) for avail, k, s, _ in p._drv.splits] == [(132, 1, 48), (84, 2, 24), (36, 1, 16), (20, 2, 8)]

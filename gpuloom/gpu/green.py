@@ -10,6 +10,11 @@ Facts this relies on (measured on an H200, driver 580, see ``docs/architecture.m
 * A split's outputs cannot be split again directly; make a green context from the remainder, read
   its resource back (``cuGreenCtxGetDevResource``) and split that.
 * Streams from ``cuGreenCtxStreamCreate`` run their kernels on the green context's SMs only.
+* A remainder is "unstructured" (no co-scheduling guarantee). Splitting a small one with the default
+  flags gave groups short of the count asked (6 SMs for 8, 14 for 16), or 8-SM groups where cuDNN
+  convolutions fail with ``CUDNN_STATUS_EXECUTION_FAILED_CUDART``; with
+  ``CU_DEV_SM_RESOURCE_SPLIT_IGNORE_SM_COSCHEDULING`` every group had its count and every model ran
+  (``scripts/diag_partition_cudnn.py``, ``docs/results/runtime/diag_partition_h200.json``).
 """
 
 from __future__ import annotations
@@ -64,6 +69,9 @@ class GreenDriver:
         _call(cu, "cuInit", 0)
         self.dev = _call(cu, "cuDeviceGet", device)
         self.SM = cu.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM
+        flags = cu.CUdevSmResourceSplitByCount_flags
+        #: split flag for a remainder: treat its SMs one by one (see the module docstring)
+        self.IGNORE_COSCHEDULING = int(flags.CU_DEV_SM_RESOURCE_SPLIT_IGNORE_SM_COSCHEDULING)
 
     def device_resource(self) -> Any:
         """The SM resource of the whole device."""

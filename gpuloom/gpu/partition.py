@@ -8,7 +8,10 @@ without. For process isolation use ``gpuloom.gpu.mps`` instead.
 Why not ``torch.cuda.green_contexts.GreenContext.create(n)``: it splits the *whole* device on every
 call, so two of its contexts overlap. Here the device is split once into groups + remainder, and an
 uneven layout is carved by making a green context from the remainder, reading its resource back and
-splitting again (a split's outputs cannot be recombined into one descriptor on driver 580).
+splitting again (a split's outputs cannot be recombined into one descriptor on driver 580). The
+first split, off the whole device, uses the driver's default (co-scheduled) grouping, as the profiler
+does; splits of a remainder ignore co-scheduling, because a remainder has none to keep and the default
+split of a small one gave short groups and partitions where cuDNN could not run (see ``green.py``).
 
 Confinement follows the *capture* stream: a CUDA graph captured on a partition's stream runs its
 kernels on that partition's SMs wherever it is replayed; captured on a normal stream it uses every
@@ -272,6 +275,7 @@ class Partitioner:
     def _carve(self) -> None:
         drv, sizes = self._drv, self.sizes
         res = drv.device_resource()
+        flags = 0  # the whole device: default, co-scheduled groups
         i = 0
         while i < len(sizes):
             s = sizes[i]
@@ -284,7 +288,7 @@ class Partitioner:
             k = 1
             while i + k < len(sizes) and sizes[i + k] == s:
                 k += 1
-            groups, rem = drv.split(res, k, s)
+            groups, rem = drv.split(res, k, s, flags)
             if not groups:
                 raise PartitionError(f"the driver could not split {s} SMs off {avail} (layout {list(sizes)})")
             for g in groups:
@@ -294,6 +298,7 @@ class Partitioner:
                 holder = drv.create(rem)
                 self._holders.append(holder)
                 res = drv.resource_of(holder)
+                flags = drv.IGNORE_COSCHEDULING  # a remainder: unstructured
 
     def _add(self, ctx: Any, requested: int) -> None:
         sms = self._drv.sm_count_of(ctx)
