@@ -195,13 +195,26 @@ class _Res:
         self.sm = type("SM", (), {"smCount": n})()
 
 
-def test_only_the_split_of_the_whole_device_keeps_co_scheduling():
-    # H200: the default split of a small remainder gave short groups (6 SMs for 8) and 8-SM partitions
-    # where cuDNN could not run; the remainder is split ignoring co-scheduling instead.
+def _carve_with(split: str, sizes):
     p = object.__new__(Partitioner)
-    p._drv, p.sizes, p._holders, made = _FakeSplitDriver(132), (48, 24, 24, 16, 8, 8), [], []
+    p._drv, p.sizes, p._holders, p.remainder_split, made = _FakeSplitDriver(132), tuple(sizes), [], split, []
     p._add = lambda ctx, requested: made.append((ctx.sm.smCount, requested))
     p._carve()
-    assert made == [(s, s) for s in p.sizes]
-    assert [f for *_, f in p._drv.splits] == [0, 1, 1, 1]
-    assert [(avail, k, s) for avail, k, s, _ in p._drv.splits] == [(132, 1, 48), (84, 2, 24), (36, 1, 16), (20, 2, 8)]
+    return p._drv.splits, made
+
+
+def test_independent_carving_ignores_co_scheduling_on_remainders_only():
+    # H200: the default split of a small remainder gave short groups (6 SMs for 8) and 8-SM partitions
+    # where cuDNN could not run; the independent carving splits remainders ignoring co-scheduling.
+    sizes = (48, 24, 24, 16, 8, 8)
+    splits, made = _carve_with("independent", sizes)
+    assert made == [(s, s) for s in sizes]
+    assert [f for *_, f in splits] == [0, 1, 1, 1]
+    assert [(avail, k, s) for avail, k, s, _ in splits] == [(132, 1, 48), (84, 2, 24), (36, 1, 16), (20, 2, 8)]
+    splits, made = _carve_with("cosched", sizes)
+    assert made == [(s, s) for s in sizes] and [f for *_, f in splits] == [0, 0, 0, 0]
+
+
+def test_unknown_remainder_split_lists_the_known_ones():
+    with pytest.raises(ValueError, match="cosched"):
+        Partitioner([8], mode="none", remainder_split="loose")

@@ -14,7 +14,9 @@ Facts this relies on (measured on an H200, driver 580, see ``docs/architecture.m
   flags gave groups short of the count asked (6 SMs for 8, 14 for 16), or 8-SM groups where cuDNN
   convolutions fail with ``CUDNN_STATUS_EXECUTION_FAILED_CUDART``; with
   ``CU_DEV_SM_RESOURCE_SPLIT_IGNORE_SM_COSCHEDULING`` every group had its count and every model ran
-  (``scripts/diag_partition_cudnn.py``, ``docs/results/runtime/diag_partition_h200.json``).
+  (``scripts/diag_partition_cudnn.py``, ``docs/results/runtime/diag_partition_h200.json``). But the
+  same flag on every remainder of another layout made a 24-SM partition where cuDNN failed while
+  capturing, which the default flags had run: no one flag is safe, so the runtime tries both.
 """
 
 from __future__ import annotations

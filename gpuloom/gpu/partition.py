@@ -10,8 +10,11 @@ call, so two of its contexts overlap. Here the device is split once into groups 
 uneven layout is carved by making a green context from the remainder, reading its resource back and
 splitting again (a split's outputs cannot be recombined into one descriptor on driver 580). The
 first split, off the whole device, uses the driver's default (co-scheduled) grouping, as the profiler
-does; splits of a remainder ignore co-scheduling, because a remainder has none to keep and the default
-split of a small one gave short groups and partitions where cuDNN could not run (see ``green.py``).
+does. Splits of a remainder follow ``remainder_split``: ``"cosched"`` (the default grouping) or
+``"independent"`` (ignore co-scheduling). Neither works for every layout on the H200: cuDNN failed on
+the 8-SM partitions of (48, 24, 24, 16, 8, 8) carved co-scheduled, and on a 24-SM partition of
+(32, 24, 24, 16, 16, 20) carved independent, while the other carving of each ran (see ``green.py``).
+The runtime tries one, then the other.
 
 Confinement follows the *capture* stream: a CUDA graph captured on a partition's stream runs its
 kernels on that partition's SMs wherever it is replayed; captured on a normal stream it uses every
@@ -231,11 +234,17 @@ class Partitioner:
     """
 
     MODES = ("auto", "green", "none")
+    REMAINDER_SPLITS = ("cosched", "independent")
 
     def __init__(self, sizes: Sequence[int], *, mode: str = "auto", device: int = 0,
-                 sm_count: int | None = None, granularity: int | None = None) -> None:
+                 sm_count: int | None = None, granularity: int | None = None,
+                 remainder_split: str = "cosched") -> None:
         if mode not in self.MODES:
             raise ValueError(f"Partitioner mode: expected one of {self.MODES}, got {mode!r}")
+        if remainder_split not in self.REMAINDER_SPLITS:
+            raise ValueError(f"Partitioner remainder_split: expected one of {self.REMAINDER_SPLITS}, "
+                             f"got {remainder_split!r}")
+        self.remainder_split = remainder_split
         self.device = device
         self._drv = None
         self._holders: list[Any] = []  # remainder green contexts kept to split further
@@ -298,7 +307,8 @@ class Partitioner:
                 holder = drv.create(rem)
                 self._holders.append(holder)
                 res = drv.resource_of(holder)
-                flags = drv.IGNORE_COSCHEDULING  # a remainder: unstructured
+                if self.remainder_split == "independent":
+                    flags = drv.IGNORE_COSCHEDULING
 
     def _add(self, ctx: Any, requested: int) -> None:
         sms = self._drv.sm_count_of(ctx)

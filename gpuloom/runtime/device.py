@@ -468,6 +468,7 @@ class CudaDeviceLayer(DeviceLayer):
         self.eager_batches = 0  # batches run without a graph (a model on a lane it was not captured on)
         self.heuristic_captures = 0  # (model, lane) captures retried without cuDNN autotuning
         self.skipped_captures = 0  # filler models left uncaptured on another model's lane (capture failed)
+        self.independent_layouts = 0  # layouts that ran only with remainders carved ignoring co-scheduling
         self.launch_ms = {"inputs": 0.0, "replay": 0.0, "outputs": 0.0, "launches": 0}  # host ms per phase
         import torch
 
@@ -500,6 +501,27 @@ class CudaDeviceLayer(DeviceLayer):
         return self.capture_mode == "all" or allowed(p, model)
 
     def _build(self, lanes: Lanes) -> None:
+        """Carve the layout and capture its graphs; if a capture fails, carve once more the other way.
+
+        On the H200 cuDNN failed on some partitions carved from a remainder with the driver's
+        co-scheduled grouping, and on others carved ignoring co-scheduling, each layout running with
+        the other carving (``gpu/partition.py``): a layout is tried co-scheduled, then independent.
+        """
+        torch = self._torch
+        try:
+            self._build_carved(lanes, "cosched")
+        except RuntimeError as first:
+            if isinstance(first, torch.cuda.OutOfMemoryError) or not any(not p.shared for p in lanes.layout.partitions):
+                raise
+            log.warning("layout %r failed to capture with co-scheduled partitions (%s); carving its "
+                        "remainders independently", lanes.layout, first)
+            try:
+                self._build_carved(lanes, "independent")
+            except RuntimeError as second:
+                raise second from first
+            self.independent_layouts += 1
+
+    def _build_carved(self, lanes: Lanes, remainder_split: str) -> None:
         from ..gpu import Partitioner
 
         torch = self._torch
@@ -509,7 +531,8 @@ class CudaDeviceLayer(DeviceLayer):
         sizes = [p.sms for p in excl]
         if shared and excl:
             sizes.append(self.gpu_sms - sum(sizes))
-        partitioner = Partitioner(sizes, mode="green", device=self.device) if excl else None
+        partitioner = (Partitioner(sizes, mode="green", device=self.device, remainder_split=remainder_split)
+                       if excl else None)
         state = {"partitioner": partitioner, "lanes": []}
         lanes.state = state
         dev = torch.device("cuda", self.device)
