@@ -173,15 +173,18 @@ class _FakeSplitDriver:
 
     IGNORE_COSCHEDULING = 1
 
-    def __init__(self, sms: int) -> None:
-        self.sms, self.splits = sms, []
+    def __init__(self, sms: int, short_below: int = 0) -> None:
+        # short_below: a co-scheduled split of fewer SMs than this gives groups 2 SMs short (as the
+        # H200 gave 6-SM groups for 8 from a 20-SM remainder)
+        self.sms, self.splits, self.short_below = sms, [], short_below
 
     def device_resource(self):
         return _Res(self.sms)
 
     def split(self, res, k, s, flags=0):
         self.splits.append((res.sm.smCount, k, s, flags))
-        return [_Res(s) for _ in range(k)], _Res(res.sm.smCount - k * s)
+        got = s - 2 if flags == 0 and res.sm.smCount < self.short_below else s
+        return [_Res(got) for _ in range(k)], _Res(res.sm.smCount - k * got)
 
     def create(self, res):
         return res
@@ -195,9 +198,9 @@ class _Res:
         self.sm = type("SM", (), {"smCount": n})()
 
 
-def _carve_with(split: str, sizes):
+def _carve_with(split: str, sizes, short_below: int = 0):
     p = object.__new__(Partitioner)
-    p._drv, p.sizes, p._holders, p.remainder_split, made = _FakeSplitDriver(132), tuple(sizes), [], split, []
+    p._drv, p.sizes, p._holders, p.remainder_split, made = _FakeSplitDriver(132, short_below), tuple(sizes), [], split, []
     p._add = lambda ctx, requested: made.append((ctx.sm.smCount, requested))
     p._carve()
     return p._drv.splits, made
@@ -218,3 +221,10 @@ def test_independent_carving_ignores_co_scheduling_on_remainders_only():
 def test_unknown_remainder_split_lists_the_known_ones():
     with pytest.raises(ValueError, match="cosched"):
         Partitioner([8], mode="none", remainder_split="loose")
+
+
+def test_a_co_scheduled_split_that_comes_short_is_redone_ignoring_co_scheduling():
+    sizes = (48, 24, 24, 16, 8, 8)
+    splits, made = _carve_with("cosched", sizes, short_below=30)
+    assert made == [(s, s) for s in sizes]
+    assert [(avail, s, f) for avail, _, s, f in splits] == [(132, 48, 0), (84, 24, 0), (36, 16, 0), (20, 8, 0), (20, 8, 1)]

@@ -10,7 +10,8 @@ call, so two of its contexts overlap. Here the device is split once into groups 
 uneven layout is carved by making a green context from the remainder, reading its resource back and
 splitting again (a split's outputs cannot be recombined into one descriptor on driver 580). The
 first split, off the whole device, uses the driver's default (co-scheduled) grouping, as the profiler
-does. Splits of a remainder follow ``remainder_split``: ``"cosched"`` (the default grouping) or
+does. Splits of a remainder follow ``remainder_split``: ``"cosched"`` (the default grouping, except
+that a split whose groups come back short of the count asked is redone ignoring co-scheduling) or
 ``"independent"`` (ignore co-scheduling). Neither works for every layout on the H200: cuDNN failed on
 the 8-SM partitions of (48, 24, 24, 16, 8, 8) carved co-scheduled, and on a 24-SM partition of
 (32, 24, 24, 16, 16, 20) carved independent, while the other carving of each ran (see ``green.py``).
@@ -298,6 +299,10 @@ class Partitioner:
             while i + k < len(sizes) and sizes[i + k] == s:
                 k += 1
             groups, rem = drv.split(res, k, s, flags)
+            if flags == 0 and any(int(g.sm.smCount) < s for g in groups):
+                # the co-scheduled grouping of a small remainder came short (6 SMs for 8 on the H200,
+                # where cuDNN then failed): ask for exactly s SMs, ignoring co-scheduling
+                groups, rem = drv.split(res, k, s, drv.IGNORE_COSCHEDULING)
             if not groups:
                 raise PartitionError(f"the driver could not split {s} SMs off {avail} (layout {list(sizes)})")
             for g in groups:
