@@ -166,3 +166,37 @@ def test_dispatch_overhead_and_partition_busy_time_are_measured():
     assert sum(p["batches"] for p in st["partitions"]) == st["batches"]
     assert all(0 <= p["busy_ratio"] <= 1 for p in st["partitions"])
     assert rt.idle["total_ms"] > 0
+
+
+def _cuda_layer_with_carvings(fail_first: int):
+    """A CudaDeviceLayer shell (no GPU) whose carve-and-capture fails for its first ``fail_first`` tries."""
+    import types
+
+    import torch
+
+    from gpuloom.runtime.device import CudaDeviceLayer
+
+    layer = object.__new__(CudaDeviceLayer)
+    layer._torch, layer.recarved_layouts, tried = torch, 0, []
+
+    def build_carved(lanes, order, split):
+        tried.append((order, split))
+        if len(tried) <= fail_first:
+            raise RuntimeError("cuDNN error: CUDNN_STATUS_EXECUTION_FAILED_CUDART")
+
+    layer._build_carved = build_carved
+    lanes = types.SimpleNamespace(layout=types.SimpleNamespace(partitions=[types.SimpleNamespace(shared=False)]))
+    return layer, lanes, tried
+
+
+def test_a_layout_whose_capture_fails_is_carved_another_way():
+    layer, lanes, tried = _cuda_layer_with_carvings(fail_first=1)
+    layer._build(lanes)
+    assert tried == [("given", "cosched"), ("ascending", "cosched")] and layer.recarved_layouts == 1
+
+
+def test_a_layout_no_carving_can_capture_fails_with_the_last_error():
+    layer, lanes, tried = _cuda_layer_with_carvings(fail_first=99)
+    with pytest.raises(RuntimeError, match="CUDNN"):
+        layer._build(lanes)
+    assert len(tried) == len(layer.CARVINGS) and layer.recarved_layouts == 0

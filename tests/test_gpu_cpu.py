@@ -173,18 +173,15 @@ class _FakeSplitDriver:
 
     IGNORE_COSCHEDULING = 1
 
-    def __init__(self, sms: int, short_below: int = 0) -> None:
-        # short_below: a co-scheduled split of fewer SMs than this gives groups 2 SMs short (as the
-        # H200 gave 6-SM groups for 8 from a 20-SM remainder)
-        self.sms, self.splits, self.short_below = sms, [], short_below
+    def __init__(self, sms: int) -> None:
+        self.sms, self.splits, self.whole = sms, [], []
 
     def device_resource(self):
         return _Res(self.sms)
 
     def split(self, res, k, s, flags=0):
         self.splits.append((res.sm.smCount, k, s, flags))
-        got = s - 2 if flags == 0 and res.sm.smCount < self.short_below else s
-        return [_Res(got) for _ in range(k)], _Res(res.sm.smCount - k * got)
+        return [_Res(s) for _ in range(k)], _Res(res.sm.smCount - k * s)
 
     def create(self, res):
         return res
@@ -198,9 +195,10 @@ class _Res:
         self.sm = type("SM", (), {"smCount": n})()
 
 
-def _carve_with(split: str, sizes, short_below: int = 0):
+def _carve_with(sizes, split: str = "cosched", order: str = "given"):
     p = object.__new__(Partitioner)
-    p._drv, p.sizes, p._holders, p.remainder_split, made = _FakeSplitDriver(132, short_below), tuple(sizes), [], split, []
+    p._drv, p.sizes, p._holders, made = _FakeSplitDriver(132), tuple(sizes), [], []
+    p.remainder_split, p.order, p.granularity = split, order, 8
     p._add = lambda ctx, requested: made.append((ctx.sm.smCount, requested))
     p._carve()
     return p._drv.splits, made
@@ -210,21 +208,30 @@ def test_independent_carving_ignores_co_scheduling_on_remainders_only():
     # H200: the default split of a small remainder gave short groups (6 SMs for 8) and 8-SM partitions
     # where cuDNN could not run; the independent carving splits remainders ignoring co-scheduling.
     sizes = (48, 24, 24, 16, 8, 8)
-    splits, made = _carve_with("independent", sizes)
+    splits, made = _carve_with(sizes, "independent")
     assert made == [(s, s) for s in sizes]
     assert [f for *_, f in splits] == [0, 1, 1, 1]
     assert [(avail, k, s) for avail, k, s, _ in splits] == [(132, 1, 48), (84, 2, 24), (36, 1, 16), (20, 2, 8)]
-    splits, made = _carve_with("cosched", sizes)
+    splits, made = _carve_with(sizes, "cosched")
     assert made == [(s, s) for s in sizes] and [f for *_, f in splits] == [0, 0, 0, 0]
 
 
-def test_unknown_remainder_split_lists_the_known_ones():
+def test_ascending_carving_splits_small_partitions_off_large_remainders_in_layout_order():
+    # the failing H200 layout: its 8-SM partitions were split off a 20-SM remainder; ascending splits
+    # them off the whole device, and the largest partition takes what is left (52 SMs for 48)
+    splits, made = _carve_with((48, 24, 24, 16, 8, 8), order="ascending")
+    assert [(avail, k, s) for avail, k, s, _ in splits] == [(132, 2, 8), (116, 1, 16), (100, 2, 24)]
+    assert made == [(52, 48), (24, 24), (24, 24), (16, 16), (8, 8), (8, 8)]  # (SMs given, asked), layout order
+
+
+def test_ascending_carving_keeps_a_remainder_sized_last_partition_last():
+    splits, made = _carve_with((64, 68), order="ascending")  # 68 is "the rest", off the 8-SM granularity
+    assert [(avail, s) for avail, _, s, _ in splits] == [(132, 64)]
+    assert made == [(64, 64), (68, 68)]
+
+
+def test_unknown_carving_options_list_the_known_ones():
     with pytest.raises(ValueError, match="cosched"):
         Partitioner([8], mode="none", remainder_split="loose")
-
-
-def test_a_co_scheduled_split_that_comes_short_is_redone_ignoring_co_scheduling():
-    sizes = (48, 24, 24, 16, 8, 8)
-    splits, made = _carve_with("cosched", sizes, short_below=30)
-    assert made == [(s, s) for s in sizes]
-    assert [(avail, s, f) for avail, _, s, f in splits] == [(132, 48, 0), (84, 24, 0), (36, 16, 0), (20, 8, 0), (20, 8, 1)]
+    with pytest.raises(ValueError, match="ascending"):
+        Partitioner([8], mode="none", order="random")

@@ -10,12 +10,13 @@ call, so two of its contexts overlap. Here the device is split once into groups 
 uneven layout is carved by making a green context from the remainder, reading its resource back and
 splitting again (a split's outputs cannot be recombined into one descriptor on driver 580). The
 first split, off the whole device, uses the driver's default (co-scheduled) grouping, as the profiler
-does. Splits of a remainder follow ``remainder_split``: ``"cosched"`` (the default grouping, except
-that a split whose groups come back short of the count asked is redone ignoring co-scheduling) or
-``"independent"`` (ignore co-scheduling). Neither works for every layout on the H200: cuDNN failed on
-the 8-SM partitions of (48, 24, 24, 16, 8, 8) carved co-scheduled, and on a 24-SM partition of
-(32, 24, 24, 16, 16, 20) carved independent, while the other carving of each ran (see ``green.py``).
-The runtime tries one, then the other.
+does. Splits of a remainder follow ``remainder_split``: ``"cosched"`` (the default grouping) or
+``"independent"`` (ignore co-scheduling); ``order="ascending"`` carves the smallest partitions first.
+On the H200 cuDNN failed on partitions split off a small remainder (8 SMs off 20 or 12, co-scheduled:
+short groups of 6 SMs, or 8 SMs that fail; a remainder split independently ran eagerly but failed
+while capturing) and on a 24-SM partition split independently off 84, while every partition split
+co-scheduled off 36 SMs or more ran (see ``green.py`` and ``docs/reports/runtime.md``). The runtime
+tries the layout as given, then ascending (small partitions off large remainders), then independent.
 
 Confinement follows the *capture* stream: a CUDA graph captured on a partition's stream runs its
 kernels on that partition's SMs wherever it is replayed; captured on a normal stream it uses every
@@ -236,12 +237,16 @@ class Partitioner:
 
     MODES = ("auto", "green", "none")
     REMAINDER_SPLITS = ("cosched", "independent")
+    ORDERS = ("given", "ascending")
 
     def __init__(self, sizes: Sequence[int], *, mode: str = "auto", device: int = 0,
                  sm_count: int | None = None, granularity: int | None = None,
-                 remainder_split: str = "cosched") -> None:
+                 remainder_split: str = "cosched", order: str = "given") -> None:
         if mode not in self.MODES:
             raise ValueError(f"Partitioner mode: expected one of {self.MODES}, got {mode!r}")
+        if order not in self.ORDERS:
+            raise ValueError(f"Partitioner order: expected one of {self.ORDERS}, got {order!r}")
+        self.order = order
         if remainder_split not in self.REMAINDER_SPLITS:
             raise ValueError(f"Partitioner remainder_split: expected one of {self.REMAINDER_SPLITS}, "
                              f"got {remainder_split!r}")
@@ -257,6 +262,7 @@ class Partitioner:
             n = sm_count or NOMINAL_SM_COUNT
             g = granularity or NOMINAL_GRANULARITY
             self.sizes = validate_layout(sizes, n, g)
+            self.granularity = g
             self.sm_count = n
             self.partitions = [Partition(i, s, s, "none", device) for i, s in enumerate(self.sizes)]
             return
@@ -268,7 +274,8 @@ class Partitioner:
         facts: DeviceFacts = device_facts(device)
         self.facts = facts
         self.sm_count = facts.sm_count
-        self.sizes = validate_layout(sizes, facts.sm_count, granularity or facts.sm_granularity)
+        self.granularity = granularity or facts.sm_granularity
+        self.sizes = validate_layout(sizes, facts.sm_count, self.granularity)
         import torch
 
         torch.cuda.init()
@@ -284,36 +291,43 @@ class Partitioner:
 
     def _carve(self) -> None:
         drv, sizes = self._drv, self.sizes
+        order = list(range(len(sizes)))
+        if self.order == "ascending":
+            # small partitions first, off the whole device or a large remainder; the largest last, from
+            # what is left (a size off the granularity can only be the remainder: it stays last)
+            g = self.granularity
+            body = [i for i in order if sizes[i] % g == 0] if sizes[-1] % g else order
+            order = sorted(body, key=lambda i: sizes[i]) + [i for i in order if i not in body]
         res = drv.device_resource()
         flags = 0  # the whole device: default, co-scheduled groups
-        i = 0
-        while i < len(sizes):
-            s = sizes[i]
+        made: dict[int, Any] = {}
+        j = 0
+        while j < len(order):
+            s = sizes[order[j]]
             avail = int(res.sm.smCount)
-            if s == avail:  # the whole of what is left: no split needed
-                ctx = drv.create(res)
-                self._add(ctx, s)
-                i += 1
+            last = j == len(order) - 1
+            if s == avail or (last and self.order == "ascending" and avail - s < self.granularity):
+                # the whole of what is left (ascending: the largest takes the few SMs a split would leave)
+                made[order[j]] = drv.create(res)
+                j += 1
                 continue
             k = 1
-            while i + k < len(sizes) and sizes[i + k] == s:
+            while j + k < len(order) and sizes[order[j + k]] == s:
                 k += 1
             groups, rem = drv.split(res, k, s, flags)
-            if flags == 0 and any(int(g.sm.smCount) < s for g in groups):
-                # the co-scheduled grouping of a small remainder came short (6 SMs for 8 on the H200,
-                # where cuDNN then failed): ask for exactly s SMs, ignoring co-scheduling
-                groups, rem = drv.split(res, k, s, drv.IGNORE_COSCHEDULING)
             if not groups:
                 raise PartitionError(f"the driver could not split {s} SMs off {avail} (layout {list(sizes)})")
             for g in groups:
-                self._add(drv.create(g), s)
-            i += len(groups)
-            if i < len(sizes):
+                made[order[j]] = drv.create(g)
+                j += 1
+            if j < len(order):
                 holder = drv.create(rem)
                 self._holders.append(holder)
                 res = drv.resource_of(holder)
                 if self.remainder_split == "independent":
                     flags = drv.IGNORE_COSCHEDULING
+        for i in range(len(sizes)):
+            self._add(made[i], sizes[i])
 
     def _add(self, ctx: Any, requested: int) -> None:
         sms = self._drv.sm_count_of(ctx)

@@ -468,7 +468,7 @@ class CudaDeviceLayer(DeviceLayer):
         self.eager_batches = 0  # batches run without a graph (a model on a lane it was not captured on)
         self.heuristic_captures = 0  # (model, lane) captures retried without cuDNN autotuning
         self.skipped_captures = 0  # filler models left uncaptured on another model's lane (capture failed)
-        self.independent_layouts = 0  # layouts that ran only with remainders carved ignoring co-scheduling
+        self.recarved_layouts = 0  # layouts that ran only carved another way than as given (see _build)
         self.launch_ms = {"inputs": 0.0, "replay": 0.0, "outputs": 0.0, "launches": 0}  # host ms per phase
         import torch
 
@@ -500,28 +500,36 @@ class CudaDeviceLayer(DeviceLayer):
     def _wanted(self, p: Partition, model: str) -> bool:
         return self.capture_mode == "all" or allowed(p, model)
 
-    def _build(self, lanes: Lanes) -> None:
-        """Carve the layout and capture its graphs; if a capture fails, carve once more the other way.
+    # how a layout's partitions are carved, tried in turn until every capture succeeds (see _build)
+    CARVINGS = (("given", "cosched"), ("ascending", "cosched"), ("given", "independent"))
 
-        On the H200 cuDNN failed on some partitions carved from a remainder with the driver's
-        co-scheduled grouping, and on others carved ignoring co-scheduling, each layout running with
-        the other carving (``gpu/partition.py``): a layout is tried co-scheduled, then independent.
+    def _build(self, lanes: Lanes) -> None:
+        """Carve the layout and capture its graphs; if a capture fails, carve it another way.
+
+        On the H200 cuDNN failed on partitions split off a small remainder, and on a partition split
+        ignoring co-scheduling, while other carvings of the same sizes ran (``gpu/partition.py``):
+        each layout is tried as given, then smallest partitions first, then ignoring co-scheduling.
         """
         torch = self._torch
-        try:
-            self._build_carved(lanes, "cosched")
-        except RuntimeError as first:
-            if isinstance(first, torch.cuda.OutOfMemoryError) or not any(not p.shared for p in lanes.layout.partitions):
-                raise
-            log.warning("layout %r failed to capture with co-scheduled partitions (%s); carving its "
-                        "remainders independently", lanes.layout, first)
+        if not any(not p.shared for p in lanes.layout.partitions):
+            return self._build_carved(lanes, *self.CARVINGS[0])
+        errors: list[BaseException] = []
+        for n, (order, split) in enumerate(self.CARVINGS):
             try:
-                self._build_carved(lanes, "independent")
-            except RuntimeError as second:
-                raise second from first
-            self.independent_layouts += 1
+                self._build_carved(lanes, order, split)
+            except RuntimeError as e:
+                if isinstance(e, torch.cuda.OutOfMemoryError):
+                    raise
+                errors.append(e)
+                log.warning("layout %r failed to capture carved %s/%s (%s)%s", lanes.layout, order, split, e,
+                            "; carving it another way" if n + 1 < len(self.CARVINGS) else "")
+                continue
+            if n:
+                self.recarved_layouts += 1
+            return
+        raise errors[-1] from errors[0]
 
-    def _build_carved(self, lanes: Lanes, remainder_split: str) -> None:
+    def _build_carved(self, lanes: Lanes, order: str, remainder_split: str) -> None:
         from ..gpu import Partitioner
 
         torch = self._torch
@@ -531,8 +539,8 @@ class CudaDeviceLayer(DeviceLayer):
         sizes = [p.sms for p in excl]
         if shared and excl:
             sizes.append(self.gpu_sms - sum(sizes))
-        partitioner = (Partitioner(sizes, mode="green", device=self.device, remainder_split=remainder_split)
-                       if excl else None)
+        partitioner = (Partitioner(sizes, mode="green", device=self.device, remainder_split=remainder_split,
+                                   order=order) if excl else None)
         state = {"partitioner": partitioner, "lanes": []}
         lanes.state = state
         dev = torch.device("cuda", self.device)

@@ -266,7 +266,7 @@ class ExecBackend(Backend):
                 "eager_batches": getattr(self.device, "eager_batches", 0),  # CUDA: batches run without a graph
                 "heuristic_captures": getattr(self.device, "heuristic_captures", 0),  # CUDA: cuDNN autotune failed
                 "skipped_captures": getattr(self.device, "skipped_captures", 0),  # CUDA: filler left uncaptured
-                "independent_layouts": getattr(self.device, "independent_layouts", 0),  # CUDA: 2nd carving used
+                "recarved_layouts": getattr(self.device, "recarved_layouts", 0),  # CUDA: another carving used
                 "launch_ms": dict(getattr(self.device, "launch_ms", {})),  # CUDA: host ms per launch phase
             }
 
