@@ -14,7 +14,6 @@ import asyncio
 import errno
 import logging
 import signal
-import sys
 import threading
 from dataclasses import dataclass
 from .core import ServeCore
@@ -57,18 +56,12 @@ class Server:
     """HTTP (+ optional gRPC) over ``core``. Ports 0 pick free ports (see :attr:`address` after start)."""
 
     def __init__(self, core: ServeCore, *, host: str = "127.0.0.1", http_port: int = 8000, grpc_port: int | None = 8001,
-                 drain_timeout_s: float = 30.0, gil_switch_interval_s: float | None = 0.0005,
-                 listen_backlog: int = 2048):
+                 drain_timeout_s: float = 30.0, listen_backlog: int = 2048):
         self.core = core
         # Connections waiting to be accepted. aiohttp's default (128) overflowed under bursts of large
         # requests: the kernel dropped the handshake and the client's sends were reset (ECONNRESET
         # on 1/3 of 1,200 req/s of 600 KB tensors on CPU). The kernel caps it at net.core.somaxconn.
         self.listen_backlog = listen_backlog
-        # The event loop shares the GIL with the runtime's dispatch and watcher threads. Each socket
-        # call releases the GIL, and taking it back can wait a whole switch interval (5 ms by default)
-        # while a runtime thread computes: at 1,000 req/s over HTTP on the H200 that starved the loop
-        # (p50 200 ms, in-process 5 ms). start() lowers the interval (process-wide); None leaves it.
-        self.gil_switch_interval_s = gil_switch_interval_s
         self.host = host
         self.http_port = http_port
         self.grpc_port = grpc_port
@@ -174,8 +167,6 @@ class Server:
         """Start on a daemon thread; returns the bound address. Raises ServeError (e.g. port taken)."""
         started = threading.Event()
         box: list = []
-        if self.gil_switch_interval_s is not None and self.gil_switch_interval_s < sys.getswitchinterval():
-            sys.setswitchinterval(self.gil_switch_interval_s)
 
         def run():
             loop = _new_loop()
