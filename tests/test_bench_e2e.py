@@ -52,6 +52,11 @@ def test_bench_serves_tiny_models_on_cpu_and_reports_every_metric(tmp_path):
         assert all(r["batches"] >= 1 and r["measured_ms"] > 0 and r["profile_ms"] > 0 for r in checked)
         served_rows = sum(m["served"] for m in pt["models"])
         assert sum(r["batches"] * r["batch"] for r in checked) >= served_rows  # every served row ran in one
+        # the launching thread's load: batches started per second agree with the batches checked
+        host = pt["host"]
+        n_batches = sum(r["batches"] for r in checked)
+        assert host["batches_per_s"] > 0 and 0 <= host["launch_ms_per_s"] <= 1000.0
+        assert host["batches_per_s"] * pt["duration_s"] >= 0.5 * n_batches  # wall time includes the drain
     assert rep["dstack_vs_best_baseline"]["baseline"] == "triton"
 
 

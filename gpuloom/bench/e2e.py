@@ -78,6 +78,7 @@ class Point:
     layouts: list = field(default_factory=list)  # partitions at the end: label, sms, busy ratio
     sim: dict = field(default_factory=dict)  # the same arrivals through the simulator (simulate_point)
     profile_check: list = field(default_factory=list)  # measured vs profiled ms per (model, SMs, batch)
+    host: dict = field(default_factory=dict)  # the launching thread: batches/s, busy ms/s, ms per launch phase
 
     def ok(self, target: float) -> bool:
         return self.slo_attainment >= target
@@ -157,6 +158,7 @@ def _snapshot(svc) -> dict:
     return {"t": time.monotonic(), "busy_sm_ms": be.get("busy_sm_ms", 0.0), "device_ms": be.get("device_ms", 0.0),
             "host_ms": be.get("host_dispatch_ms", 0.0), **{f"rt_{k}": v for k, v in st["runtime"].items()},
             "partitions": st["partitions"], "gpu_sms": svc.device.gpu_sms,
+            "launch_ms": dict(be.get("launch_ms", {})), "batches": sum(be.get("model_batches", {}).values()),
             "exec_ms": {(e["model"], e["sms"], e["batch"]): (e["device_ms_sum"], e["batches"])
                         for e in be.get("exec_ms", [])}}
 
@@ -273,7 +275,21 @@ def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s:
         models=tuple(models),
         layouts=[{k: p[k] for k in ("label", "sms", "shared", "busy_ratio")} for p in after["partitions"]],
         profile_check=profile_check(svc, before, after),
+        host=host_split(before, after, wall_ms),
     )
+
+
+def host_split(before: dict, after: dict, wall_ms: float) -> dict:
+    """Where the runtime thread's launch time went during a point: batches started per second, ms
+    of that thread per second spent launching (1000 = saturated), and ms per launch by phase (CUDA:
+    inputs, replay, outputs; ``launch_ms`` of the backend stats)."""
+    a, b = after.get("launch_ms", {}), before.get("launch_ms", {})
+    n = a.get("launches", 0) - b.get("launches", 0)  # graph launches (CUDA layer only)
+    out = {"batches_per_s": (after.get("batches", 0) - before.get("batches", 0)) / wall_ms * 1000.0,
+           "launch_ms_per_s": (after["host_ms"] - before["host_ms"]) / wall_ms * 1000.0}
+    if n > 0:
+        out["ms_per_launch"] = {k: (a[k] - b.get(k, 0.0)) / n for k in a if k != "launches"}
+    return out
 
 
 def simulate_point(svc, workload: Workload, policy: str, *, scale: float, duration_s: float,
