@@ -267,3 +267,54 @@ def test_retune_replans_for_the_given_rates_and_rejects_unknown_models():
             svc.retune({"plus": -1.0})
     finally:
         svc.close()
+
+
+class _SmallPartitionsFail(FakeDeviceLayer):
+    """A device where a layout with an exclusive partition under ``min_sms`` SMs fails to build, as
+    some 8-SM partitions failed cuDNN on the H200."""
+
+    def __init__(self, min_sms: int) -> None:
+        super().__init__()
+        self.min_sms, self.failed = min_sms, []
+
+    def _build(self, lanes):
+        small = [p.sms for p in lanes.layout.partitions if not p.shared and p.sms < self.min_sms]
+        if small:
+            self.failed.append(small)
+            raise RuntimeError(f"cuDNN error: CUDNN_STATUS_EXECUTION_FAILED_CUDART (partitions of {small} SMs)")
+        super()._build(lanes)
+
+
+def _load_six(svc):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # crude profiles
+        svc.load_many([(ModelConfig(f"m{i}", X4, Y4, max_batch=8, slo_ms=50, rate_hint=r),
+                        FakeModel(lambda xs: [xs[0] * 2], 2.0)) for i, r in enumerate([10, 20, 400, 800, 50, 5])])
+
+
+def test_a_layout_that_fails_on_small_partitions_is_planned_again_in_larger_steps():
+    layer = _SmallPartitionsFail(min_sms=16)
+    svc = InferenceService(policy="dstack", device_layer=layer)
+    svc.start()
+    try:
+        _load_six(svc)
+        assert layer.failed  # the first plan had a partition under 16 SMs, and it failed
+        assert svc.granularity_factor == 2
+        parts = [p for p in svc.stats()["partitions"] if not p["shared"]]
+        assert parts and all(p["sms"] >= 16 and p["sms"] % 16 in (0, 4) for p in parts)
+        x = np.ones((1, 4), np.float32)
+        np.testing.assert_array_equal(svc.submit("m3", {"x": x}).result(timeout=10)["y"], x * 2)
+    finally:
+        svc.close()
+
+
+def test_coarser_plans_stop_at_the_largest_step_and_the_load_fails_with_the_error():
+    layer = _SmallPartitionsFail(min_sms=10_000)  # nothing builds
+    svc = InferenceService(policy="dstack", device_layer=layer)
+    svc.start()
+    try:
+        with pytest.raises(ModelNotReady, match="CUDNN"):
+            _load_six(svc)
+        assert len(layer.failed) == 3 and svc.granularity_factor == 4  # steps of 8, 16, 32 SMs tried
+    finally:
+        svc.close()

@@ -53,6 +53,9 @@ from .exec_backend import ExecBackend, ExecOutput
 
 log = logging.getLogger(__name__)
 
+#: the coarsest step a failed layout makes the service plan partitions in (SMs; see _replan)
+MAX_PARTITION_STEP_SMS = 32
+
 _DTYPES = ("float32", "float16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
 #: upper bounds (ms) of the latency histogram buckets; the last bucket is +inf
 LATENCY_BUCKETS_MS = (0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
@@ -284,6 +287,11 @@ class InferenceService:
         self._runtime: Runtime | None = None
         self._backend: ExecBackend | None = None
         self._layout_seen: dict[int, BaseException | None] = {}  # id(policy) -> first layout outcome
+        self._layout_failed: dict[int, Layout] = {}  # id(policy) -> its first layout, when that failed
+        # Partition sizes are planned in multiples of the device's granularity times this. It doubles
+        # (up to MAX_PARTITION_STEP_SMS) when a layout with partitions under the new step fails to
+        # build: on the H200 cuDNN could not run on some 8-SM partitions (docs/reports/runtime.md).
+        self.granularity_factor = 1
         self._rid: dict[int, tuple[_Call, int]] = {}  # runtime request id -> (call, row)
         self._started = False
         self._closed = False
@@ -644,6 +652,8 @@ class InferenceService:
         rt = self._runtime
         if rt is not None:
             with self._lock:
+                if id(rt.policy) not in self._layout_seen and error is not None:
+                    self._layout_failed[id(rt.policy)] = layout
                 self._layout_seen.setdefault(id(rt.policy), error)
                 self._cv.notify_all()
 
@@ -655,11 +665,31 @@ class InferenceService:
             infos[name] = ModelInfo(name, m.profile, float(m.config.slo_ms), float(m.config.weight),
                                     float(rate if rate is not None else m.config.rate_hint))
         dev = self.device
-        return PolicyContext(infos, dev.gpu_sms, dev.granularity, simulated=False)
+        return PolicyContext(infos, dev.gpu_sms, dev.granularity * self.granularity_factor, simulated=False)
 
     def _replan(self) -> BaseException | None:
+        """Serve the current model set with a fresh policy; if its first layout fails to build and has
+        exclusive partitions smaller than twice the planning step, plan again with partitions in steps
+        twice as large (up to ``MAX_PARTITION_STEP_SMS``). Returns the last layout error, if any.
+        Called with ``_admin`` held."""
+        policy_id: list[int] = []
+        err = self._replan_once(policy_id)
+        while err is not None and isinstance(err, RuntimeError) and policy_id:
+            failed = self._layout_failed.pop(policy_id[-1], None)
+            step = self.device.granularity * self.granularity_factor
+            small = [p.sms for p in (failed.partitions if failed is not None else ()) if not p.shared and p.sms < 2 * step]
+            rt = self._runtime
+            if not small or 2 * step > MAX_PARTITION_STEP_SMS or rt is None or not rt.running:
+                break
+            self.granularity_factor *= 2
+            log.warning("layout %r failed to build (%s: %s); planning partitions in steps of %d SMs instead of %d",
+                        failed, type(err).__name__, err, 2 * step, step)
+            err = self._replan_once(policy_id)
+        return err
+
+    def _replan_once(self, policy_id: list[int]) -> BaseException | None:
         """Serve the current model set with a fresh policy object; wait until its first layout is up.
-        Returns the layout's error, if any. Called with ``_admin`` held."""
+        Returns the layout's error, if any (``policy_id`` gets the policy's id)."""
         with self._lock:
             if not self._models:
                 rt, self._runtime = self._runtime, None
@@ -676,6 +706,7 @@ class InferenceService:
                     be.close(keep_device=True)
             return None
         policy = make_policy(self.policy_name, **self.policy_options)
+        policy_id.append(id(policy))
         if self._runtime is None:
             self._backend = ExecBackend(self.device, knee=self._knee)
             self._runtime = Runtime(policy, self._backend, ctx)
