@@ -66,6 +66,13 @@ def _wait_ready(port: int, timeout_s: float = 120.0) -> None:
     raise RuntimeError(f"server on port {port} not ready after {timeout_s} s")
 
 
+def _cpu_ms(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far, ms (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000.0 / os.sysconf("SC_CLK_TCK")
+
+
 def measure(tree: Path, repo: Path, rates: list[float], duration: float, policy: str) -> list[dict]:
     port = _free_port()
     env = dict(os.environ, PYTHONPATH=str(tree))
@@ -76,14 +83,18 @@ def measure(tree: Path, repo: Path, rates: list[float], duration: float, policy:
         _wait_ready(port)
         out = []
         for r in rates:
+            cpu0 = _cpu_ms(srv.pid)
             p = subprocess.run([sys.executable, "-m", "gpuloom.cli", "load", f"127.0.0.1:{port}", "--model", "big",
                                 "--rate", str(r), "--duration", str(duration), "--json"],
                                env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
             res = json.loads(p.stdout.strip().splitlines()[-1])
             res.pop("latencies_ms", None)
+            # the server's CPU per answered request: its cost, whatever the client machine does
+            res["server_cpu_ms_per_request"] = (_cpu_ms(srv.pid) - cpu0) / max(1, res["ok"])
             out.append(res)
             print(f"  {tree}: {r:g} req/s -> {res['throughput']:.0f} req/s, SLO {res['slo_attainment']:.3f}, "
-                  f"p50 {res['p50_ms']:.1f} ms, p99 {res['p99_ms']:.1f} ms, errors {res['errors']}", flush=True)
+                  f"p50 {res['p50_ms']:.1f} ms, p99 {res['p99_ms']:.1f} ms, errors {res['errors']}, "
+                  f"server CPU {res['server_cpu_ms_per_request']:.3f} ms/request", flush=True)
         return out
     finally:
         srv.terminate()

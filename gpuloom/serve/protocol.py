@@ -132,7 +132,7 @@ def _json_tensor(t: Mapping[str, Any], dtype: np.dtype, shape: tuple[int, ...], 
 def from_raw(raw: bytes | memoryview, dtype: np.dtype, shape: tuple[int, ...], where: str) -> np.ndarray:
     """Raw little-endian row-major bytes -> array; ProtocolError on a size mismatch.
 
-    A read-only view of ``raw`` on a little-endian host (no copy: the runtime copies each row when it
+    A view of ``raw`` on a little-endian host (no copy: the runtime copies each row when it
     stages it, and a 600 KB image tensor copied once more per request cost the event loop), else a
     byte-swapped copy."""
     need = math.prod(shape) * dtype.itemsize
@@ -146,7 +146,7 @@ def from_raw(raw: bytes | memoryview, dtype: np.dtype, shape: tuple[int, ...], w
     return arr.reshape(shape)
 
 
-def parse_infer_body(body: bytes, header_length: str | None) -> InferRequest:
+def parse_infer_body(body: bytes | bytearray, header_length: str | None) -> InferRequest:
     """Parse an HTTP ``/infer`` body; ``header_length`` is the ``Inference-Header-Content-Length`` header.
 
     With the header, the first ``header_length`` bytes are the JSON request and the rest are the inputs'
