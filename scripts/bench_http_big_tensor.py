@@ -73,28 +73,38 @@ def _cpu_ms(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) * 1000.0 / os.sysconf("SC_CLK_TCK")
 
 
-def measure(tree: Path, repo: Path, rates: list[float], duration: float, policy: str) -> list[dict]:
+def _children(pid: int) -> list[int]:
+    p = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+    return [int(x) for x in p.stdout.split()]
+
+
+def measure(tree: Path, repo: Path, rates: list[float], duration: float, policy: str, workers: int = 0) -> list[dict]:
     port = _free_port()
     env = dict(os.environ, PYTHONPATH=str(tree))
+    extra = ["--http-workers", str(workers)] if workers else []
     srv = subprocess.Popen([sys.executable, "-m", "gpuloom.cli", "serve", str(repo), "--http-port", str(port),
-                            "--no-grpc", "--policy", policy], env=env, cwd=str(tree),
+                            "--no-grpc", "--policy", policy, *extra], env=env, cwd=str(tree),
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_ready(port)
         out = []
         for r in rates:
             cpu0 = _cpu_ms(srv.pid)
+            kids = _children(srv.pid)  # front-end workers, if any
+            kid0 = sum(_cpu_ms(k) for k in kids)
             p = subprocess.run([sys.executable, "-m", "gpuloom.cli", "load", f"127.0.0.1:{port}", "--model", "big",
                                 "--rate", str(r), "--duration", str(duration), "--json"],
                                env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
             res = json.loads(p.stdout.strip().splitlines()[-1])
             res.pop("latencies_ms", None)
             # the server's CPU per answered request: its cost, whatever the client machine does
-            res["server_cpu_ms_per_request"] = (_cpu_ms(srv.pid) - cpu0) / max(1, res["ok"])
+            res["server_cpu_ms_per_request"] = (_cpu_ms(srv.pid) - cpu0) / max(1, res["ok"])  # the runtime's process
+            res["worker_cpu_ms_per_request"] = (sum(_cpu_ms(k) for k in kids) - kid0) / max(1, res["ok"])
             out.append(res)
             print(f"  {tree}: {r:g} req/s -> {res['throughput']:.0f} req/s, SLO {res['slo_attainment']:.3f}, "
                   f"p50 {res['p50_ms']:.1f} ms, p99 {res['p99_ms']:.1f} ms, errors {res['errors']}, "
-                  f"server CPU {res['server_cpu_ms_per_request']:.3f} ms/request", flush=True)
+                  f"CPU ms/request: runtime process {res['server_cpu_ms_per_request']:.3f}, "
+                  f"workers {res['worker_cpu_ms_per_request']:.3f}", flush=True)
         return out
     finally:
         srv.terminate()
@@ -108,6 +118,7 @@ def main() -> int:
     ap.add_argument("--policy", default="dstack")
     ap.add_argument("--tree", action="append", default=None, metavar="LABEL=DIR",
                     help="a gpuloom source tree to serve from (default: this one, labelled 'current')")
+    ap.add_argument("--http-workers", default="0", help="comma-separated --http-workers settings to compare (default 0)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     rates = [float(x) for x in args.rates.split(",")]
@@ -116,7 +127,11 @@ def main() -> int:
         repo = Path(d)
         (repo / "bignets.py").write_text(NETS)
         (repo / "big.yaml").write_text(MODEL)
-        results = {label: measure(Path(path).resolve(), repo, rates, args.duration, args.policy) for label, path in trees}
+        results = {}
+        for label, path in trees:
+            for w in (int(x) for x in args.http_workers.split(",")):
+                key = label if w == 0 and args.http_workers == "0" else f"{label}, {w} http workers"
+                results[key] = measure(Path(path).resolve(), repo, rates, args.duration, args.policy, w)
     doc = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
            "model": "mean pool + nn.Linear(3, 10), input 3x224x224 float32 (602 KB binary request body)",
            "policy": args.policy, "duration_s": args.duration, "client": "gpuloom load (open loop, Poisson)",

@@ -27,14 +27,16 @@ from gpuloom.serve.server import ServeError, Server  # noqa: E402
 REPO = Path(__file__).resolve().parents[1] / "examples" / "repository"
 
 
-@pytest.fixture(scope="module")
-def served():
+@pytest.fixture(scope="module", params=[0, 2], ids=["in-process-http", "2-http-workers"])
+def served(request):
+    """A server on loopback; every test using it runs twice: HTTP parsed in the runtime's process, and
+    by two front-end worker processes that pass tensors over a Unix socket (``--http-workers 2``)."""
     repo = load_repository(REPO)
     service = serve_fake.make_service()
     core = ServeCore(service, repo, max_body_bytes=1 << 20)
     for name in repo.names():
         core.load(name)
-    server = Server(core, http_port=0, grpc_port=0)
+    server = Server(core, http_port=0, grpc_port=0, http_workers=request.param)
     addr = server.start()
     eager = {name: repo.models[name].build()[1] for name in repo.names()}
     yield addr, core, eager
@@ -185,6 +187,7 @@ BAD = [
 def test_bad_requests_get_a_4xx_that_says_what_was_expected(served, case):
     addr, _, _ = served
     _, path, body, headers, status, needle = case
+    headers = dict(headers)  # the case is shared by both servers' runs
     if "binary" in headers:  # binary framing: claim `binary` bytes of a 64-byte tensor
         size = headers.pop("binary")
         head = _infer_json([{"name": "x", "shape": [1, 16], "datatype": "FP32", "parameters": {"binary_data_size": size}}])
@@ -357,12 +360,13 @@ def test_overload_answers_429_with_retry_after_and_every_request_is_answered(run
     assert b.balanced() and b.rejected["overloaded"] == codes.count(429)
 
 
-def test_graceful_stop_answers_every_queued_request():
+@pytest.mark.parametrize("workers", [0, 2], ids=["in-process-http", "2-http-workers"])
+def test_graceful_stop_answers_every_queued_request(workers):
     service = serve_fake.make_service()
     core = ServeCore(service)
     cfg, module = serve_fake.slow_net(0.03)
     service.load(cfg, module)
-    server = Server(core, http_port=0, grpc_port=0)
+    server = Server(core, http_port=0, grpc_port=0, http_workers=workers)
     addr = server.start()
     results = []
     body = _infer_json([{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0] * 4}])
@@ -387,10 +391,13 @@ def test_graceful_stop_answers_every_queued_request():
     assert all(r in (200, 503, 504) for r in answered), results
 
 
-def test_taken_port_gives_a_clear_error(served):
+@pytest.mark.parametrize("workers", [0, 2], ids=["in-process-http", "2-http-workers"])
+def test_taken_port_gives_a_clear_error(served, workers):
+    # with workers the port is shared through SO_REUSEPORT: a second server must still be refused,
+    # not join the first one's port
     addr, core, _ = served
     with pytest.raises(ServeError, match=f"port {addr.http_port} on 127.0.0.1 is already in use"):
-        Server(core, http_port=addr.http_port, grpc_port=None).start()
+        Server(core, http_port=addr.http_port, grpc_port=None, http_workers=workers).start()
 
 
 def test_deadline_header_and_timeout_parameter_reach_the_runtime(served, monkeypatch):

@@ -21,6 +21,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body, MiB (default 64)")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to drain queued requests on SIGTERM (default 30)")
     p.add_argument("--models", default=None, help="comma-separated subset of the repository to load at start")
+    p.add_argument("--http-workers", type=int, default=0, metavar="N",
+                   help="HTTP front-end processes that parse requests outside the runtime's process and share "
+                        "the port (default 0: this process parses them; try 2-8 for large tensors at high rates)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,11 +67,12 @@ def run(args: argparse.Namespace) -> int:
             service.close(drain=False)
             return 1
     server = Server(core, host=args.host, http_port=args.http_port, grpc_port=None if args.no_grpc else args.grpc_port,
-                    drain_timeout_s=args.drain_timeout)
+                    drain_timeout_s=args.drain_timeout, http_workers=args.http_workers)
 
     def started(addr):
         grpc = f", gRPC on {addr.grpc_url}" if addr.grpc_port else ""
-        print(f"gpuloom serving {len(names)} models ({', '.join(names)}) with policy {args.policy}: HTTP on http://{addr.http_url}{grpc}", file=sys.stderr, flush=True)
+        workers = f" ({args.http_workers} front-end workers)" if args.http_workers else ""
+        print(f"gpuloom serving {len(names)} models ({', '.join(names)}) with policy {args.policy}: HTTP on http://{addr.http_url}{workers}{grpc}", file=sys.stderr, flush=True)
 
     try:
         server.serve_forever(on_started=started)

@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
 import signal
 import threading
 from dataclasses import dataclass
+from . import frontend
 from .core import ServeCore
 
 log = logging.getLogger("gpuloom.serve")
@@ -56,8 +58,17 @@ class Server:
     """HTTP (+ optional gRPC) over ``core``. Ports 0 pick free ports (see :attr:`address` after start)."""
 
     def __init__(self, core: ServeCore, *, host: str = "127.0.0.1", http_port: int = 8000, grpc_port: int | None = 8001,
-                 drain_timeout_s: float = 30.0, listen_backlog: int = 2048):
+                 drain_timeout_s: float = 30.0, listen_backlog: int = 2048, http_workers: int = 0):
         self.core = core
+        if not isinstance(http_workers, int) or http_workers < 0:
+            raise ValueError(f"http_workers: expected a non-negative int, got {http_workers!r}")
+        # 0: this process serves HTTP. N > 0: N front-end processes parse HTTP on the public port and
+        # pass tensors over a Unix socket (frontend.py); this process serves HTTP on a loopback port
+        # for the routes they forward.
+        self.http_workers = http_workers
+        self._workers: list = []
+        self._bridge = None
+        self._reserved = None
         # Connections waiting to be accepted. aiohttp's default (128) overflowed under bursts of large
         # requests: the kernel dropped the handshake and the client's sends were reset (ECONNRESET
         # on 1/3 of 1,200 req/s of 600 KB tensors on CPU). The kernel caps it at net.core.somaxconn.
@@ -84,13 +95,29 @@ class Server:
         app = build_app(self.core)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=self.drain_timeout_s)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.http_port, reuse_address=True, backlog=self.listen_backlog)
+        if self.http_workers:
+            try:
+                self._reserved = frontend.reserve_port(self.host, self.http_port)
+            except OSError as e:
+                await self._runner.cleanup()
+                raise _bind_error("HTTP", self.host, self.http_port, "--http-port", e) from None
+            site = web.TCPSite(self._runner, "127.0.0.1", 0, backlog=self.listen_backlog)
+        else:
+            site = web.TCPSite(self._runner, self.host, self.http_port, reuse_address=True, backlog=self.listen_backlog)
         try:
             await site.start()
         except OSError as e:
             await self._runner.cleanup()
             raise _bind_error("HTTP", self.host, self.http_port, "--http-port", e) from None
         http_port = site._server.sockets[0].getsockname()[1]
+        if self.http_workers:
+            internal, http_port = http_port, self._reserved.getsockname()[1]
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, self._start_workers, http_port, internal)
+            except BaseException:
+                self._stop_workers()
+                await self._runner.cleanup()
+                raise
         grpc_port = None
         if self.grpc_port is not None:
             import grpc
@@ -111,10 +138,50 @@ class Server:
             await self._grpc.start()
         self.address = ServerAddress(self.host, http_port, grpc_port)
 
+    def _start_workers(self, port: int, internal: int) -> None:
+        """Start the front-end workers on ``port``; wait until each listens (ServeError if one fails)."""
+        import subprocess
+        import sys
+        import tempfile
+
+        self._sockdir = tempfile.mkdtemp(prefix="gpuloom-")
+        path = os.path.join(self._sockdir, "bridge.sock")
+        self._bridge = frontend.InferBridge(self.core, path)
+        cmd = [sys.executable, "-m", "gpuloom.serve.frontend", "--socket", path, "--host", self.host,
+               "--port", str(port), "--upstream", f"http://127.0.0.1:{internal}",
+               "--max-body", str(int(self.core.max_body_bytes)), "--backlog", str(self.listen_backlog),
+               "--drain-timeout", str(self.drain_timeout_s)]
+        for _ in range(self.http_workers):
+            self._workers.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
+        for w in self._workers:
+            line = w.stdout.readline()  # "READY" once it listens; "" if it died
+            if line.strip() != "READY":
+                raise ServeError(f"an HTTP front-end worker did not start (exit status {w.poll()}); see its error above")
+
+    def _stop_workers(self) -> None:
+        """SIGTERM every worker (each stops accepting and finishes its requests), wait, then close."""
+        for w in self._workers:
+            if w.poll() is None:
+                w.terminate()
+        for w in self._workers:
+            try:
+                w.wait(self.drain_timeout_s + 5)
+            except Exception:  # noqa: BLE001 - stuck: kill, never hang shutdown
+                w.kill()
+        self._workers = []
+        if self._bridge is not None:
+            self._bridge.close()
+            self._bridge = None
+        if self._reserved is not None:
+            self._reserved.close()
+            self._reserved = None
+
     async def _shutdown(self) -> None:
         core = self.core
-        core.closing = True
         loop = asyncio.get_running_loop()
+        if self._workers:  # they forward to this process: stop them first, while it still answers
+            await loop.run_in_executor(None, self._stop_workers)
+        core.closing = True
         # drain: the runtime serves or answers every queued request; handlers awaiting them then reply
         await loop.run_in_executor(None, lambda: core.service.close(drain=True, timeout_s=self.drain_timeout_s))
         deadline = loop.time() + 5.0

@@ -1,0 +1,319 @@
+"""HTTP front-end worker processes: parse requests outside the runtime's process (``--http-workers``).
+
+Why: on the H200 the one event loop of the runtime's process read, parsed and answered every request
+while sharing the interpreter with the runtime's threads; with mix6's 600 KB image tensors HTTP kept
+about 1% of the in-process goodput, and on CPU that loop spent about 1 ms per such request
+(``docs/reports/serving.md``). With ``N`` workers, each worker process binds the public port
+(``SO_REUSEPORT``: the kernel spreads connections over them), parses the KServe v2 HTTP request
+itself, and passes only the tensors to the runtime's process over a Unix socket; the runtime's
+process books the request (the same ``ServeCore.submit``/``outcome`` as in-process HTTP and gRPC, so
+metrics and statistics are unchanged) and sends the outputs back. Every other route (health,
+metadata, repository, statistics, metrics) is forwarded unchanged to the runtime process's own HTTP
+server on an internal loopback port.
+
+Frame on the socket, both ways: ``!IQ`` (JSON length, payload length), the JSON, then the payload
+(the tensors' raw little-endian bytes, back to back, in the order the JSON lists them).
+
+    python -m gpuloom.serve.frontend --socket PATH --host H --port P --upstream http://127.0.0.1:Q
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from .protocol import ProtocolError, numpy_dtype, v2_dtype
+
+log = logging.getLogger(__name__)
+
+FRAME = struct.Struct("!IQ")
+_HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
+
+
+def pack(meta: dict, arrays: list[np.ndarray]) -> list[Any]:
+    """A frame as a list of buffers (header, JSON, each tensor's bytes) for ``writelines``/``sendall``."""
+    bufs = [memoryview(np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))).cast("B") for a in arrays]
+    meta = dict(meta, tensors=[{"name": n, "datatype": v2_dtype(a.dtype.name), "shape": list(a.shape),
+                                "nbytes": b.nbytes} for n, a, b in zip(meta.pop("names"), arrays, bufs)])
+    js = json.dumps(meta).encode()
+    return [FRAME.pack(len(js), sum(b.nbytes for b in bufs)), js, *bufs]
+
+
+def unpack_tensors(meta: dict, payload: memoryview) -> dict[str, np.ndarray]:
+    """The frame's tensors as arrays viewing ``payload`` (no copy)."""
+    out, off = {}, 0
+    for t in meta["tensors"]:
+        dt = numpy_dtype(t["datatype"])
+        n = int(t["nbytes"])
+        out[t["name"]] = np.frombuffer(payload[off:off + n], dtype=dt.newbyteorder("<")).reshape(t["shape"])
+        off += n
+    return out
+
+
+# -- the runtime's process ----------------------------------------------------------------------
+class InferBridge:
+    """Runtime-process end: a Unix socket where workers send parsed infer requests.
+
+    One thread per worker connection reads frames (``recv_into`` releases the GIL) and submits each
+    request through ``core``; the future's callback books the outcome and sends the reply frame.
+    """
+
+    def __init__(self, core: Any, path: str) -> None:
+        self.core, self.path = core, path
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.bind(path)
+        self._sock.listen(64)
+        self._conns: list[socket.socket] = []
+        self._closed = False
+        threading.Thread(target=self._accept, name="gpuloom-bridge-accept", daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            self._conns.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), name="gpuloom-bridge", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        lock = threading.Lock()
+        try:
+            while True:
+                head = _recv_exact(conn, FRAME.size)
+                if head is None:
+                    return
+                jlen, plen = FRAME.unpack(head)
+                meta = json.loads(bytes(_recv_exact(conn, jlen) or b"{}"))
+                payload = _recv_exact(conn, plen) if plen else bytearray()
+                if payload is None:
+                    return
+                self._submit(conn, lock, meta, memoryview(payload))
+        except OSError:
+            return
+        finally:
+            conn.close()
+
+    def _submit(self, conn: socket.socket, lock: threading.Lock, meta: dict, payload: memoryview) -> None:
+        rid, name, version = meta["id"], meta["model"], meta.get("version")
+        t0 = time.perf_counter()
+        try:
+            inputs = unpack_tensors(meta, payload)
+            wanted = meta.get("outputs")
+            if wanted is not None:  # check requested names before spending compute (as in-process HTTP)
+                have = {t.name for t in self.core.config(name, version).outputs}
+                unknown = [n for n in wanted if n not in have]
+                if unknown:
+                    raise ProtocolError(f"model {name!r} has no outputs {unknown}; it has {sorted(have)}", 400)
+            fut, _ = self.core.submit(name, version, inputs, meta.get("deadline_ms"))
+        except ProtocolError as e:
+            self._send(conn, lock, _error_frame(rid, e))
+            return
+        except Exception as e:  # noqa: BLE001 - a malformed frame: answered, never a dead worker
+            self._send(conn, lock, _error_frame(rid, ProtocolError(f"internal error: {type(e).__name__}: {e}", 500)))
+            return
+        rows = next(iter(inputs.values())).shape[0]
+
+        def done(f: Any) -> None:
+            try:
+                outs = self.core.outcome(name, f, t0, rows)
+                frame = pack({"id": rid, "status": 200, "names": list(outs)}, [np.asarray(outs[k]) for k in outs])
+            except ProtocolError as e:
+                frame = _error_frame(rid, e)
+            self._send(conn, lock, frame)
+
+        fut.add_done_callback(done)
+
+    @staticmethod
+    def _send(conn: socket.socket, lock: threading.Lock, frame: list[Any]) -> None:
+        try:
+            with lock:
+                for b in frame:
+                    conn.sendall(b)
+        except OSError:  # the worker is gone; its client's connection went with it
+            pass
+
+    def close(self) -> None:
+        self._closed = True
+        for s in [self._sock, *self._conns]:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+
+def _error_frame(rid: int, e: ProtocolError) -> list[Any]:
+    return pack({"id": rid, "status": e.status, "error": str(e), "retry_after_s": e.retry_after_s, "names": []}, [])
+
+
+def _recv_exact(conn: socket.socket, n: int) -> bytearray | None:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = conn.recv_into(view[got:])
+        if k == 0:
+            return None
+        got += k
+    return buf
+
+
+def reserve_port(host: str, port: int) -> socket.socket:
+    """Bind (without listening) ``host:port`` with SO_REUSEPORT so the workers can share it; port 0
+    picks a free one. Raises OSError when another program holds the port: a first bind without
+    SO_REUSEPORT fails when anything listens there, even another gpuloom's workers (which a
+    SO_REUSEPORT bind alone would silently join)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
+        port = probe.getsockname()[1]
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    s.bind((host, port))
+    return s
+
+
+# -- a worker process ---------------------------------------------------------------------------
+def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int):
+    """The worker's aiohttp app: infer over the bridge, everything else forwarded to ``upstream``."""
+    import aiohttp
+    from aiohttp import web
+
+    from .http_server import DEADLINE_HEADER, HEADER_LEN, _error, _errors
+    from .protocol import deadline_ms_from_parameters, encode_infer_response, parse_infer_body
+
+    state: dict[str, Any] = {"pending": {}, "next": 0}
+
+    async def on_startup(app):
+        reader, writer = await asyncio.open_unix_connection(sock_path)
+        state["writer"], state["lock"] = writer, asyncio.Lock()
+        state["reader_task"] = asyncio.create_task(read_replies(reader))
+        state["session"] = aiohttp.ClientSession(auto_decompress=False)
+
+    async def on_cleanup(app):
+        state["reader_task"].cancel()
+        state["writer"].close()
+        await state["session"].close()
+
+    async def read_replies(reader):
+        try:
+            while True:
+                jlen, plen = FRAME.unpack(await reader.readexactly(FRAME.size))
+                meta = json.loads(await reader.readexactly(jlen))
+                payload = memoryview(await reader.readexactly(plen)) if plen else memoryview(b"")
+                fut = state["pending"].pop(meta["id"], None)
+                if fut is not None and not fut.done():
+                    fut.set_result((meta, payload))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            for fut in state["pending"].values():
+                if not fut.done():
+                    fut.set_exception(ProtocolError("the runtime process closed the connection", 503, retry_after_s=1.0))
+
+    async def infer(request: web.Request):
+        name, version = request.match_info["model"], request.match_info.get("version")
+        body = await request.read()
+        req = parse_infer_body(body, request.headers.get(HEADER_LEN))
+        deadline = deadline_ms_from_parameters(req.parameters, request.headers.get(DEADLINE_HEADER))
+        state["next"] += 1
+        rid = state["next"]
+        fut = asyncio.get_running_loop().create_future()
+        state["pending"][rid] = fut
+        meta = {"id": rid, "model": name, "version": version, "deadline_ms": deadline,
+                "outputs": list(req.outputs) if req.outputs is not None else None, "names": list(req.inputs)}
+        frame = pack(meta, list(req.inputs.values()))
+        async with state["lock"]:
+            state["writer"].writelines(frame)
+            await state["writer"].drain()
+        meta, payload = await fut
+        if meta["status"] != 200:
+            return _error(meta["error"], meta["status"], meta.get("retry_after_s"))
+        outputs = unpack_tensors(meta, payload)
+        out, hlen = encode_infer_response(name, "1", outputs, request=req)
+        headers = {"Content-Type": "application/octet-stream" if hlen is not None else "application/json"}
+        if hlen is not None:
+            headers[HEADER_LEN] = str(hlen)
+        return web.Response(body=out, headers=headers)
+
+    async def forward(request: web.Request):
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
+        data = await request.read()
+        async with state["session"].request(request.method, upstream + request.path_qs, headers=headers,
+                                            data=data) as r:
+            body = await r.read()
+            out = {k: v for k, v in r.headers.items() if k.lower() not in _HOP_HEADERS}
+            return web.Response(status=r.status, body=body, headers=out)
+
+    app = web.Application(middlewares=[_errors], client_max_size=max_body_bytes)
+    app[_core_key()] = _Limits(max_body_bytes)
+    app.router.add_post("/v2/models/{model}/infer", infer)
+    app.router.add_post("/v2/models/{model}/versions/{version}/infer", infer)
+    app.router.add_route("*", "/{tail:.*}", forward)
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    return app
+
+
+class _Limits:
+    """What the shared error middleware reads from the app (the body limit, for 413 messages)."""
+
+    def __init__(self, max_body_bytes: int) -> None:
+        self.max_body_bytes = max_body_bytes
+
+
+def _core_key():
+    from .http_server import CORE_KEY
+
+    return CORE_KEY
+
+
+def main(argv: list[str] | None = None) -> int:
+    from aiohttp import web
+
+    ap = argparse.ArgumentParser(description="gpuloom HTTP front-end worker (started by gpuloom serve --http-workers)")
+    ap.add_argument("--socket", required=True)
+    ap.add_argument("--host", required=True)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--upstream", required=True)
+    ap.add_argument("--max-body", type=int, required=True)
+    ap.add_argument("--backlog", type=int, default=2048)
+    ap.add_argument("--drain-timeout", type=float, default=30.0)
+    args = ap.parse_args(argv)
+
+    async def run() -> None:
+        app = build_worker_app(args.socket, args.upstream, args.max_body)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=args.drain_timeout)
+        await runner.setup()
+        site = web.TCPSite(runner, args.host, args.port, reuse_port=True, backlog=args.backlog)
+        await site.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        print("READY", flush=True)
+        await stop.wait()
+        await runner.cleanup()  # stops accepting; in-flight requests finish within the drain timeout
+
+    asyncio.run(run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
