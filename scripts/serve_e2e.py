@@ -66,6 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profiles", metavar="DIR", default=None,
                    help="profile directory (default: shipped H200 profiles on CUDA; crude ones with --tiny)")
     p.add_argument("--queue-limit", type=int, default=1024, help="per-model queue bound (default 1024)")
+    p.add_argument("--http-workers", type=int, default=0,
+                   help="HTTP front-end worker processes of the server (gpuloom serve --http-workers; default 0)")
     p.add_argument("--clients", type=int, default=0,
                    help="client processes driving HTTP (default: min(models, CPUs // 2), at least 1)")
     p.add_argument("--timeout", type=float, default=30.0, help="HTTP client timeout per request, s (default 30)")
@@ -376,7 +378,7 @@ def run(args: argparse.Namespace) -> int:
             svc.submit(cfg.name, {t.name: np.zeros((1, *t.shape), t.dtype) for t in cfg.inputs},
                        deadline_ms=60_000).result(60)
         core = ServeCore(svc, None)
-        server = Server(core, host="127.0.0.1", http_port=0, grpc_port=None)
+        server = Server(core, host="127.0.0.1", http_port=0, grpc_port=None, http_workers=args.http_workers)
         addr = server.start()
         http_warmup(addr.http_url, svc.models())
         say(f"HTTP server on http://{addr.http_url} (the gpuloom serve code, in this process)")
@@ -424,7 +426,7 @@ def run(args: argparse.Namespace) -> int:
     report = _clean({
         "schema": SCHEMA, "workload": args.workload, "policy": args.policy, "scales": args.scales,
         "duration_s": args.duration, "device": device, "tiny": args.tiny, "max_batch": args.max_batch,
-        "clients": clients, "target": TARGET, "ok": ok, "error": error,
+        "clients": clients, "http_workers": args.http_workers, "target": TARGET, "ok": ok, "error": error,
         "summary": [{"scale": p["scale"], "offered_rps": p["offered_rps"],
                      "inprocess_goodput_rps": p["inprocess"]["goodput_rps"],
                      "http_goodput_rps": p["http"]["goodput_rps"], "ratio": p["ratio"]["goodput"],
