@@ -5,7 +5,7 @@
 
 Every measured point (policy, load factor) is simulated again with the same arrivals and the
 profiles the service planned with (shipped H200 profiles, trimmed to the run's max batch), for a
-grid of ``ContentionModel(batch_overhead_ms=..., demand_fraction=...)``. For each parameter pair it
+grid of ``ContentionModel(batch_overhead_ms=..., demand_fraction=..., interference=..., host_launch_ms=...)``. For each parameter pair it
 reports the relative goodput error (simulated - measured) / measured of every point, and picks the
 pair with the smallest worst error over the points that are not in collapse (measured attainment
 >= ``--min-attainment``: past the point where the Python runtime falls over, no queueing model of
@@ -57,6 +57,7 @@ def main() -> int:
     ap.add_argument("--overheads", default="0,0.2,0.4,0.6,0.8,1.0", help="batch_overhead_ms grid")
     ap.add_argument("--demand-fractions", default="0.89,1.0", help="demand_fraction grid")
     ap.add_argument("--interference", default="0", help="interference grid (slowdown per co-running batch)")
+    ap.add_argument("--host-launch", default="0", help="host_launch_ms grid (the one launching thread, per batch)")
     ap.add_argument("--min-attainment", type=float, default=0.9,
                     help="points measured below this attainment are reported but not fitted")
     ap.add_argument("--out", default=None)
@@ -76,10 +77,11 @@ def main() -> int:
                                "measured_goodput": p["goodput_rps"], "measured_attainment": p["slo_attainment"],
                                "measured_p99_ms": p["p99_ms"], "wl": wl, "duration": duration, "profs": profs})
     grid = []
-    combos = [(float(ov), float(df), float(it)) for ov in a.overheads.split(",")
-              for df in a.demand_fractions.split(",") for it in a.interference.split(",")]
-    for ov, df, it in combos:
-        cm = ContentionModel(batch_overhead_ms=ov, demand_fraction=df, interference=it)
+    combos = [(float(ov), float(df), float(it), float(hl)) for ov in a.overheads.split(",")
+              for df in a.demand_fractions.split(",") for it in a.interference.split(",")
+              for hl in a.host_launch.split(",")]
+    for ov, df, it, hl in combos:
+        cm = ContentionModel(batch_overhead_ms=ov, demand_fraction=df, interference=it, host_launch_ms=hl)
         rows = []
         for pt in points:
             wl = dataclasses.replace(pt["wl"].scaled(pt["scale"]), duration_s=pt["duration"])
@@ -93,15 +95,19 @@ def main() -> int:
                          "measured_p99_ms": round(pt["measured_p99_ms"], 2), "simulated_p99_ms": round(m.p99_ms, 2),
                          "fitted": pt["measured_attainment"] >= a.min_attainment})
         fitted = [abs(r["goodput_error"]) for r in rows if r["fitted"] and r["goodput_error"] is not None]
-        grid.append({"batch_overhead_ms": ov, "demand_fraction": df, "interference": it,
+        over = [abs(r["goodput_error"]) for r in rows if not r["fitted"] and r["goodput_error"] is not None]
+        grid.append({"batch_overhead_ms": ov, "demand_fraction": df, "interference": it, "host_launch_ms": hl,
                      "worst_abs_error_fitted": round(max(fitted), 4) if fitted else None,
                      "mean_abs_error_fitted": round(sum(fitted) / len(fitted), 4) if fitted else None,
+                     "median_abs_error_unfitted": round(sorted(over)[len(over) // 2], 4) if over else None,
                      "points": rows})
-        print(f"overhead {ov:.2f} ms, demand_fraction {df:.2f}, interference {it:.3f}: worst |error| {max(fitted):.3f}, "
-              f"mean {sum(fitted) / len(fitted):.3f} over {len(fitted)} fitted points", flush=True)
+        print(f"overhead {ov:.2f} ms, demand_fraction {df:.2f}, interference {it:.3f}, host launch {hl:.2f} ms: "
+              f"worst |error| {max(fitted):.3f}, mean {sum(fitted) / len(fitted):.3f} over {len(fitted)} fitted "
+              f"points; median |error| {grid[-1]['median_abs_error_unfitted']} over {len(over)} points in collapse",
+              flush=True)
     best = min(grid, key=lambda g: (g["worst_abs_error_fitted"], g["mean_abs_error_fitted"]))
     print(f"best: batch_overhead_ms={best['batch_overhead_ms']}, demand_fraction={best['demand_fraction']}, "
-          f"interference={best['interference']}")
+          f"interference={best['interference']}, host_launch_ms={best['host_launch_ms']}")
     for r in best["points"]:
         print(f"  {r['policy']:9s} x{r['scale']:<6.3g} measured {r['measured_goodput']:7.0f}/s "
               f"simulated {r['simulated_goodput']:7.0f}/s error {r['goodput_error']:+.3f}"

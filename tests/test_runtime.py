@@ -102,6 +102,27 @@ def test_shared_batches_slow_down_in_proportion_to_their_knees():
     assert rec.busy_sm_ms == pytest.approx(16 * 2.0)
 
 
+class _TwoPartitions(_TwoLanes):
+    """Test policy: two exclusive 8-SM partitions, every request alone on the first free one."""
+
+    name = "two-partitions-test"
+
+    def layout(self, ctx):
+        return Layout.exclusive(ctx.gpu_sms, [(8, None), (8, None)])
+
+
+def test_one_host_thread_launches_batches_one_after_another():
+    # batch 1 takes 2 ms on 8 SMs; two arrive together on two partitions
+    reqs = [Request(0, "toy", 0.0, 10.0), Request(1, "toy", 0.0, 10.0)]
+    free = toy_run(_TwoPartitions(), reqs, until_ms=1.0)
+    assert [r.finish_ms for r in free.results] == [pytest.approx(2.0)] * 2  # in parallel, launches cost nothing
+    rec = toy_run(_TwoPartitions(), reqs, until_ms=1.0, contention=ContentionModel(host_launch_ms=0.5))
+    # the first launches from 0 to 0.5; the second waits for the launcher, launches from 0.5 to 1.0
+    assert sorted(r.finish_ms for r in rec.results) == [pytest.approx(2.5), pytest.approx(3.0)]
+    with pytest.raises(ValueError, match="host_launch_ms"):
+        ContentionModel(host_launch_ms=-1.0)
+
+
 def test_no_slowdown_while_the_knees_fit_and_efficiency_scales_oversubscription():
     reqs = [Request(0, "toy", 0.0, 10.0), Request(1, "toy", 0.0, 10.0)]
     rec = toy_run(_TwoLanes(), reqs, until_ms=1.0, contention=ContentionModel(efficiency=0.8))

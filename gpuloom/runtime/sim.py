@@ -28,6 +28,12 @@ against the GPU, issue 5). Its parameters live in :class:`ContentionModel`.
   takes no new batch. Measured on the H200 from ``busy_ms - device_ms`` per batch (0.4-0.9 ms with the
   Python runtime; ``docs/reports/runtime.md``). Simplification: the overhead is modelled as part of
   the batch (it counts in the batch's demand on shared lanes and in its utilization).
+* **Host launch** (``host_launch_ms``): one host thread launches every batch, one after another
+  (the Python runtime's loop thread). A batch waits for the launcher to be free, then occupies it
+  this long; its lane is busy from the decision on, so queueing on the launcher delays it. Unlike
+  ``batch_overhead_ms`` (parallel, per lane), this caps the whole GPU at ``1 / host_launch_ms``
+  batches per ms: what the H200 runs showed at overload (1,200-1,700 batches/s, the launching
+  thread busy most of the time). Same simplification as the batch overhead.
 
 Utilization: a batch *uses* ``min(partition SMs, knee)`` SMs on an exclusive partition (SMs past the
 knee do not make it faster); shared batches together use ``min(A, K)``. ``busy_sm_ms`` integrates
@@ -60,16 +66,18 @@ class ContentionModel:
     interference: float = 0.0  # slowdown per other co-running batch (any partition), >= 0
     switch_ms: float = 0.0  # time until a new layout's partitions accept work, ms
     batch_overhead_ms: float = 0.0  # per batch, a lane's time not on the GPU: host launch + completion turnaround
+    host_launch_ms: float = 0.0  # per batch, time of the ONE host thread that launches every batch (serialized)
 
     def __post_init__(self) -> None:
         if not (0.0 < self.efficiency <= 1.0):
             raise ValueError(f"ContentionModel.efficiency must be in (0, 1], found {self.efficiency}")
         if not (0.0 < self.demand_fraction <= 1.0):
             raise ValueError(f"ContentionModel.demand_fraction must be in (0, 1], found {self.demand_fraction}")
-        if self.interference < 0 or self.knee_eps < 0 or self.switch_ms < 0 or self.batch_overhead_ms < 0:
+        if min(self.interference, self.knee_eps, self.switch_ms, self.batch_overhead_ms, self.host_launch_ms) < 0:
             raise ValueError(
-                "ContentionModel: knee_eps, interference, switch_ms and batch_overhead_ms must be >= 0, found "
-                f"{self.knee_eps}, {self.interference}, {self.switch_ms}, {self.batch_overhead_ms}"
+                "ContentionModel: knee_eps, interference, switch_ms, batch_overhead_ms and host_launch_ms must be "
+                f">= 0, found {self.knee_eps}, {self.interference}, {self.switch_ms}, {self.batch_overhead_ms}, "
+                f"{self.host_launch_ms}"
             )
 
     @classmethod
@@ -143,6 +151,7 @@ class SimBackend(Backend):
         self._lat: dict[tuple[str, int, float], float] = {}
         self._seq = 0
         self._dependent = 0  # runs whose speed depends on the others (shared lanes, or interference)
+        self._launcher_free = 0.0  # when the one host launching thread is next free (host_launch_ms)
 
     # -- Backend ------------------------------------------------------------------------------
     def start(self, on_completion: Callable[[Completion], None]) -> None:
@@ -179,6 +188,11 @@ class SimBackend(Backend):
             demand = 0.0
             useful = float(min(part.sms, knee))
         base += self.contention.batch_overhead_ms  # the lane is busy, the GPU is not (useful SMs as measured)
+        h = self.contention.host_launch_ms
+        if h > 0.0:  # FIFO on the one launching thread: wait for it, then launch
+            start = max(self.loop.now, self._launcher_free)
+            self._launcher_free = start + h
+            base += self._launcher_free - self.loop.now
         self._settle()
         run = _Run(decision, part, self.loop.now, base, demand, useful)
         self._seq += 1
