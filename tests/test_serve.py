@@ -482,3 +482,29 @@ def test_compressed_requests_from_tritonclient_are_accepted(served, algorithm):
     np.testing.assert_allclose(res.as_numpy("y"), _eager(eager["tiny_mlp"], x).numpy(), rtol=1e-5, atol=1e-6)
     status, _, data = _post(addr, "/v2/models/tiny_mlp/infer", b"not gzip", {"Content-Encoding": "gzip"})
     assert 400 <= status < 500, data
+
+
+def test_a_front_end_worker_that_dies_is_replaced_and_requests_keep_being_answered():
+    import os
+    import signal
+
+    service = serve_fake.make_service()
+    core = ServeCore(service)
+    cfg, module = serve_fake.slow_net(0.001)
+    service.load(cfg, module)
+    server = Server(core, http_port=0, grpc_port=None, http_workers=2)
+    addr = server.start()
+    body = _infer_json([{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0] * 4}])
+    try:
+        victim = server._workers[0]
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait(10)
+        deadline = time.monotonic() + 20
+        while server.workers_restarted < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert server.workers_restarted == 1 and server._workers[0].pid != victim.pid
+        assert all(w.poll() is None for w in server._workers)
+        codes = [_post(addr, "/v2/models/slow/infer", body)[0] for _ in range(20)]
+        assert codes == [200] * 20
+    finally:
+        server.stop()

@@ -239,9 +239,13 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int):
         meta = {"id": rid, "model": name, "version": version, "deadline_ms": deadline,
                 "outputs": list(req.outputs) if req.outputs is not None else None, "names": list(req.inputs)}
         frame = pack(meta, list(req.inputs.values()))
-        async with state["lock"]:
-            state["writer"].writelines(frame)
-            await state["writer"].drain()
+        try:
+            async with state["lock"]:
+                state["writer"].writelines(frame)
+                await state["writer"].drain()
+        except (ConnectionError, RuntimeError) as e:  # the runtime's process is gone or stopping
+            state["pending"].pop(rid, None)
+            raise ProtocolError(f"the runtime process is not reachable: {e}", 503, retry_after_s=1.0) from None
         meta, payload = await fut
         if meta["status"] != 200:
             return _error(meta["error"], meta["status"], meta.get("retry_after_s"))

@@ -67,6 +67,7 @@ class Server:
         # for the routes they forward.
         self.http_workers = http_workers
         self._workers: list = []
+        self.workers_restarted = 0  # front-end workers started again after they exited
         self._bridge = None
         self._reserved = None
         # Connections waiting to be accepted. aiohttp's default (128) overflowed under bursts of large
@@ -151,15 +152,36 @@ class Server:
                "--port", str(port), "--upstream", f"http://127.0.0.1:{internal}",
                "--max-body", str(int(self.core.max_body_bytes)), "--backlog", str(self.listen_backlog),
                "--drain-timeout", str(self.drain_timeout_s)]
+        self._worker_cmd = cmd
         for _ in range(self.http_workers):
             self._workers.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
         for w in self._workers:
-            line = w.stdout.readline()  # "READY" once it listens; "" if it died
-            if line.strip() != "READY":
-                raise ServeError(f"an HTTP front-end worker did not start (exit status {w.poll()}); see its error above")
+            _wait_ready(w)
+        self._watch_stop = threading.Event()
+        threading.Thread(target=self._watch_workers, name="gpuloom-workers", daemon=True).start()
+
+    def _watch_workers(self, period_s: float = 0.5) -> None:
+        """Restart a worker that exits while the server runs (the others keep the port meanwhile)."""
+        import subprocess
+
+        while not self._watch_stop.wait(period_s):
+            for i, w in enumerate(list(self._workers)):
+                if w.poll() is None or self._watch_stop.is_set():
+                    continue
+                log.error("HTTP front-end worker %d exited with status %s; starting another", w.pid, w.returncode)
+                try:
+                    nw = subprocess.Popen(self._worker_cmd, stdout=subprocess.PIPE, text=True)
+                    _wait_ready(nw)
+                except Exception as e:  # noqa: BLE001 - keep watching; the other workers still serve
+                    log.error("could not restart the worker: %s", e)
+                    continue
+                self.workers_restarted += 1
+                self._workers[i] = nw
 
     def _stop_workers(self) -> None:
         """SIGTERM every worker (each stops accepting and finishes its requests), wait, then close."""
+        if getattr(self, "_watch_stop", None) is not None:
+            self._watch_stop.set()
         for w in self._workers:
             if w.poll() is None:
                 w.terminate()
@@ -259,6 +281,13 @@ class Server:
         self._stopped.wait(timeout_s)
         if self._thread is not None:
             self._thread.join(timeout_s)
+
+
+def _wait_ready(worker) -> None:
+    """Block until a front-end worker prints READY (it listens); ServeError if it exits first."""
+    line = worker.stdout.readline()  # "" if it died
+    if line.strip() != "READY":
+        raise ServeError(f"an HTTP front-end worker did not start (exit status {worker.poll()}); see its error above")
 
 
 def _bind_error(what: str, host: str, port: int, flag: str, e: OSError) -> ServeError:
