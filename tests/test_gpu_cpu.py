@@ -235,3 +235,22 @@ def test_unknown_carving_options_list_the_known_ones():
         Partitioner([8], mode="none", remainder_split="loose")
     with pytest.raises(ValueError, match="ascending"):
         Partitioner([8], mode="none", order="random")
+
+
+def test_contexts_made_before_a_failing_split_are_destroyed():
+    class Failing(_FakeSplitDriver):
+        def split(self, res, k, s, flags=0):
+            if res.sm.smCount < 100:
+                return [], res  # the driver gives no group
+            return super().split(res, k, s, flags)
+
+        def destroy(self, ctx):
+            self.destroyed.append(ctx.sm.smCount)
+
+    p = object.__new__(Partitioner)
+    p._drv, p.sizes, p._holders = Failing(132), (48, 24, 24), []
+    p._drv.destroyed = []
+    p.remainder_split, p.order, p.granularity, p.partitions = "cosched", "given", 8, []
+    with pytest.raises(PartitionError, match="could not split 24 SMs off 84"):
+        p._carve()
+    assert p._drv.destroyed == [48] and p.partitions == []  # the 48-SM context was not left behind

@@ -298,9 +298,23 @@ class Partitioner:
             g = self.granularity
             body = [i for i in order if sizes[i] % g == 0] if sizes[-1] % g else order
             order = sorted(body, key=lambda i: sizes[i]) + [i for i in order if i not in body]
+        made: dict[int, Any] = {}  # layout index -> green context, made into partitions in layout order
+        try:
+            self._carve_into(made, order)
+            for i in range(len(sizes)):
+                self._add(made.pop(i), sizes[i])
+        except BaseException:
+            for ctx in made.values():  # not partitions yet: close() would not see them
+                try:
+                    drv.destroy(ctx)
+                except Exception:  # noqa: BLE001 - the first error is the one to report
+                    pass
+            raise
+
+    def _carve_into(self, made: dict[int, Any], order: list[int]) -> None:
+        drv, sizes = self._drv, self.sizes
         res = drv.device_resource()
         flags = 0  # the whole device: default, co-scheduled groups
-        made: dict[int, Any] = {}
         j = 0
         while j < len(order):
             s = sizes[order[j]]
@@ -326,8 +340,6 @@ class Partitioner:
                 res = drv.resource_of(holder)
                 if self.remainder_split == "independent":
                     flags = drv.IGNORE_COSCHEDULING
-        for i in range(len(sizes)):
-            self._add(made[i], sizes[i])
 
     def _add(self, ctx: Any, requested: int) -> None:
         sms = self._drv.sm_count_of(ctx)
