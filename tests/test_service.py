@@ -299,7 +299,7 @@ def test_a_layout_that_fails_on_small_partitions_is_planned_again_in_larger_step
     try:
         _load_six(svc)
         assert layer.failed  # the first plan had a partition under 16 SMs, and it failed
-        assert svc.granularity_factor == 2
+        assert svc.granularity_factor == 2 and svc.stats()["partition_step_sms"] == 16
         parts = [p for p in svc.stats()["partitions"] if not p["shared"]]
         assert parts and all(p["sms"] >= 16 and p["sms"] % 16 in (0, 4) for p in parts)
         x = np.ones((1, 4), np.float32)

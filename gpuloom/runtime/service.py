@@ -538,6 +538,8 @@ class InferenceService:
             "uptime_s": now - self._t_start,
             "models": per,
             "partitions": be.get("partitions", []),
+            # the SM step partitions are planned in (coarser after a layout failed to build; see _replan)
+            "partition_step_sms": (self._layer.granularity * self.granularity_factor) if self._layer is not None else None,
             "backend": be,
             "runtime": idle,
             "totals": dict(tot),
