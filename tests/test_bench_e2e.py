@@ -69,3 +69,23 @@ def test_bench_sweep_finds_a_load_factor_and_rejects_unknown_policies(tmp_path):
     p = argparse.ArgumentParser()
     bench.add_arguments(p)
     assert bench.run(p.parse_args([str(tmp_path / "two.yaml"), "--policy", "ideal", "--tiny"])) == 2
+
+
+def test_a_sweep_cut_short_keeps_what_it_measured_and_says_it_is_a_lower_bound(tmp_path, monkeypatch):
+    from gpuloom.runtime import service as service_mod
+
+    real, calls = service_mod.InferenceService.retune, []
+
+    def retune(self, rates):  # dstack's second point cannot be set up (as on the H200 at x0.5)
+        calls.append(self.policy_name)
+        if self.policy_name == "dstack" and calls.count("dstack") == 2:
+            raise service_mod.ModelNotReady("re-planning failed: RuntimeError: cuDNN error")
+        return real(self, rates)
+
+    monkeypatch.setattr(service_mod.InferenceService, "retune", retune)
+    rc, rep = run_bench(tmp_path, "--policy", "dstack,triton", "--sweep", "--steps", "2", "--target", "0.5")
+    assert rc == 1  # a policy failed
+    ds = rep["policies"]["dstack"]
+    assert "cuDNN" in ds["error"] and len(ds["points"]) == 1
+    assert ds["max_scale"] == 1.0  # x1 was measured at >= 50% before the failure: it still counts
+    assert rep["dstack_vs_best_baseline"]["dstack_complete"] is False

@@ -395,7 +395,9 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
         return PolicyResult(policy, points, best, best * workload.total_rate())
     except Exception as e:  # noqa: BLE001 - one policy's failure must not lose the others' results
         say(f"{policy}: FAILED: {type(e).__name__}: {e}")
-        return PolicyResult(policy, points, 0.0, 0.0, error=f"{type(e).__name__}: {e}")
+        # what was measured before the failure still counts (a sweep cut short is a lower bound)
+        best = max((p.scale for p in points if p.ok(target)), default=0.0)
+        return PolicyResult(policy, points, best, best * workload.total_rate(), error=f"{type(e).__name__}: {e}")
     finally:
         svc.close(drain=False, timeout_s=10)
 
@@ -419,6 +421,8 @@ def to_json(workload: Workload, results: Sequence[PolicyResult], *, device: str,
         out["dstack_vs_best_baseline"] = {
             "baseline": best.policy,
             "load_ratio": ds.max_scale / best.max_scale if best.max_scale > 0 else math.inf,
+            # a dstack sweep cut short by an error gives a lower bound, not its highest load
+            "dstack_complete": not ds.error,
         }
     return _clean(out)
 

@@ -106,13 +106,18 @@ def run(args: argparse.Namespace) -> int:
         if last is None:
             table.add_row(r.policy, "-", "-", "-", "-", "-", "-", "-", "-", r.error[:30])
             continue
-        table.add_row(r.policy, f"{r.max_scale:.3g}", f"{r.max_load_rps:.0f}", f"{last.goodput_rps:.0f}",
+        name = f"{r.policy} (cut short)" if r.error else r.policy  # its max load is a lower bound
+        table.add_row(name, f"{r.max_scale:.3g}", f"{r.max_load_rps:.0f}", f"{last.goodput_rps:.0f}",
                       f"{last.slo_attainment:.3f}", f"{last.p50_ms:.1f}", f"{last.p99_ms:.1f}",
                       f"{last.sm_utilization:.2f}", f"{last.gpu_idle_ratio:.2f}", f"{last.dispatch_overhead:.3f}")
     Console().print(table)
+    for r in results:
+        if r.error:
+            console.print(f"[red]{r.policy} stopped:[/red] {r.error}")
     if "dstack_vs_best_baseline" in report:
         r = report["dstack_vs_best_baseline"]
-        Console().print(f"dstack / best baseline ({r['baseline']}): {r['load_ratio']}")
+        bound = "" if r["dstack_complete"] else " (at least: dstack's sweep was cut short)"
+        Console().print(f"dstack / best baseline ({r['baseline']}): {r['load_ratio']}{bound}")
     if args.out:
         console.print(f"wrote {args.out}")
     return 0 if not any(r.error for r in results) else 1
