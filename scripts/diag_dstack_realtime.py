@@ -1,0 +1,102 @@
+#!/usr/bin/env python
+"""Is dstack's gap to the simulator in the real-time runtime, or on the GPU? (issue 5 diagnosis)
+
+On the H200 at mix6 x1, dstack's batches ran within 7-9% (median) of their profiles on their
+partitions, yet its p50 was 11-12 ms against the simulator's 2.7 ms and it kept 80-86% of requests
+against the simulator's 100%. This runs the *real-time* runtime (the service, its loop thread, the
+policy, the execution backend and its watcher threads) on a fake device that sleeps each batch for
+exactly its profiled latency on its partition's SMs, with the workload's arrival times, and puts the
+same point through the simulator. If the two agree, the gap is on the GPU or in the CUDA layer; if
+the fake is already far from the simulator, it is in the runtime or the policy in real time.
+
+    .venv/bin/python scripts/diag_dstack_realtime.py --scales 0.1,0.25 --policy dstack,triton --out F.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gpuloom.bench.e2e import run_point, simulate_point  # noqa: E402
+from gpuloom.bench.workload import load_workload  # noqa: E402
+from gpuloom.profile.store import ProfileStore  # noqa: E402
+from gpuloom.runtime.device import FakeDeviceLayer, FakeModel  # noqa: E402
+from gpuloom.runtime.service import InferenceService, ModelConfig, TensorSpec  # noqa: E402
+
+
+class ProfiledFakeLayer(FakeDeviceLayer):
+    """A batch of ``n`` on a partition of ``s`` SMs sleeps ``L(bucket(n), s)`` from the profile (shared
+    lanes: the SMs they share, no contention): a GPU that runs exactly as profiled."""
+
+    def __init__(self, store: ProfileStore) -> None:
+        super().__init__()
+        self.store = store
+
+    def _launch(self, lanes, index, model, rows):
+        fm, batch, n, name = super()._launch(lanes, index, model, rows)
+        part = lanes.layout.partitions[index]
+        sms = lanes.layout.shared_sms if part.shared else part.sms
+        prof = self.store.get(model)
+        b = next((x for x in prof.batches if x >= n), prof.batches[-1])
+        ms = prof.latency(b, sms)
+        return FakeModel(fm.fn, ms), batch, n, name
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", default="examples/mix6.yaml")
+    ap.add_argument("--policy", default="dstack,triton")
+    ap.add_argument("--scales", default="0.1,0.25")
+    ap.add_argument("--duration", type=float, default=3.0)
+    ap.add_argument("--max-batch", type=int, default=16)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    wl = load_workload(a.workload)
+    store = ProfileStore.builtin("h200")
+    rows = []
+    for pol in a.policy.split(","):
+        for s in (float(x) for x in a.scales.split(",")):
+            svc = InferenceService(policy=pol, device_layer=ProfiledFakeLayer(store), profiles=store)
+            svc.start()
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    svc.load_many([(ModelConfig(m.name, tuple(TensorSpec(f"x{i}", tuple(sh), "float32") for i, sh in
+                                                            enumerate(store.get(m.name).input_shapes)),
+                                                (TensorSpec("y", (4,), "float32"),), max_batch=a.max_batch,
+                                                slo_ms=float(m.slo_ms), weight=float(m.weight),
+                                                rate_hint=wl.mean_rate(m) * s),
+                                    FakeModel(lambda xs: [xs[0].reshape(len(xs[0]), -1)[:, :4]], 0.0))
+                                   for m in wl.models])
+                t0 = time.process_time()
+                p = run_point(svc, wl, pol, scale=s, duration_s=a.duration)
+                cpu_s = time.process_time() - t0
+                sim = simulate_point(svc, wl, pol, scale=s, duration_s=a.duration)
+            finally:
+                svc.close(drain=False, timeout_s=10)
+            row = {"policy": pol, "scale": s, "offered_rps": p.offered_rps,
+                   "realtime_fake": {"goodput_rps": p.goodput_rps, "slo_attainment": p.slo_attainment,
+                                     "p50_ms": p.p50_ms, "p99_ms": p.p99_ms, "host": p.host,
+                                     "models": {mp.model: {"slo_attainment": mp.slo_attainment, "p50_ms": mp.p50_ms}
+                                                for mp in p.models}},
+                   "simulated": {k: sim[k] for k in ("goodput_rps", "slo_attainment", "p50_ms", "p99_ms")},
+                   "process_cpu_s": cpu_s, "wall_s": a.duration}
+            rows.append(row)
+            print(f"{pol:7s} x{s:<5g} offered {p.offered_rps:6.0f}/s | real-time fake: attainment "
+                  f"{p.slo_attainment:.3f} p50 {p.p50_ms:5.1f} p99 {p.p99_ms:6.1f} ms | simulated: "
+                  f"{sim['slo_attainment']:.3f} p50 {sim['p50_ms']:5.1f} p99 {sim['p99_ms']:6.1f} ms | "
+                  f"CPU {cpu_s / a.duration:.2f} of a core-s per s", flush=True)
+    if a.out:
+        Path(a.out).write_text(json.dumps({"workload": a.workload, "duration_s": a.duration, "rows": rows}, indent=1))
+        print("wrote", a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
