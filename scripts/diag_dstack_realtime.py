@@ -55,14 +55,22 @@ def main() -> int:
     ap.add_argument("--scales", default="0.1,0.25")
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--max-batch", type=int, default=16)
+    ap.add_argument("--no-replan", action="store_true", help="dstack keeps its first plan (no re-planning)")
+    ap.add_argument("--small-tensors", action="store_true",
+                    help="4-float inputs (same profiled latencies): the runtime's own cost without tensor copies")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     wl = load_workload(a.workload)
     store = ProfileStore.builtin("h200")
+    if a.small_tensors:  # the same latencies for 4-float inputs: what the runtime costs without big copies
+        import dataclasses
+
+        store = ProfileStore(profiles=[dataclasses.replace(store.get(m.name), input_shapes=((4,),)) for m in wl.models])
     rows = []
     for pol in a.policy.split(","):
         for s in (float(x) for x in a.scales.split(",")):
-            svc = InferenceService(policy=pol, device_layer=ProfiledFakeLayer(store), profiles=store)
+            opts = {"replan": False} if (a.no_replan and pol == "dstack") else None
+            svc = InferenceService(policy=pol, device_layer=ProfiledFakeLayer(store), profiles=store, policy_options=opts)
             svc.start()
             try:
                 with warnings.catch_warnings():
@@ -77,10 +85,15 @@ def main() -> int:
                 t0 = time.process_time()
                 p = run_point(svc, wl, pol, scale=s, duration_s=a.duration)
                 cpu_s = time.process_time() - t0
+                be = svc.stats()["backend"]
+                layouts = be.get("layouts_built")
+                # per batch, how long a partition was held beyond its (fake) device time: launch,
+                # completion's way back, the loop's turnaround
+                lane_gap = [round((q["busy_ms"] - q["device_ms"]) / q["batches"], 3) for q in be["partitions"] if q.get("batches")]
                 sim = simulate_point(svc, wl, pol, scale=s, duration_s=a.duration)
             finally:
                 svc.close(drain=False, timeout_s=10)
-            row = {"policy": pol, "scale": s, "offered_rps": p.offered_rps,
+            row = {"policy": pol, "scale": s, "offered_rps": p.offered_rps, "layouts_built": layouts, "lane_ms_per_batch_off_device": lane_gap,
                    "realtime_fake": {"goodput_rps": p.goodput_rps, "slo_attainment": p.slo_attainment,
                                      "p50_ms": p.p50_ms, "p99_ms": p.p99_ms, "host": p.host,
                                      "models": {mp.model: {"slo_attainment": mp.slo_attainment, "p50_ms": mp.p50_ms}
@@ -91,7 +104,8 @@ def main() -> int:
             print(f"{pol:7s} x{s:<5g} offered {p.offered_rps:6.0f}/s | real-time fake: attainment "
                   f"{p.slo_attainment:.3f} p50 {p.p50_ms:5.1f} p99 {p.p99_ms:6.1f} ms | simulated: "
                   f"{sim['slo_attainment']:.3f} p50 {sim['p50_ms']:5.1f} p99 {sim['p99_ms']:6.1f} ms | "
-                  f"CPU {cpu_s / a.duration:.2f} of a core-s per s", flush=True)
+                  f"CPU {cpu_s / a.duration:.2f} of a core-s per s, layouts built {layouts}; lane ms/batch off the "
+                  f"device {lane_gap}", flush=True)
     if a.out:
         Path(a.out).write_text(json.dumps({"workload": a.workload, "duration_s": a.duration, "rows": rows}, indent=1))
         print("wrote", a.out)
