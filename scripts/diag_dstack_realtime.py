@@ -69,8 +69,11 @@ def main() -> int:
     rows = []
     for pol in a.policy.split(","):
         for s in (float(x) for x in a.scales.split(",")):
-            opts = {"replan": False} if (a.no_replan and pol == "dstack") else None
-            svc = InferenceService(policy=pol, device_layer=ProfiledFakeLayer(store), profiles=store, policy_options=opts)
+            opts = {}
+            if pol == "dstack":
+                if a.no_replan:
+                    opts["replan"] = False
+            svc = InferenceService(policy=pol, device_layer=ProfiledFakeLayer(store), profiles=store, policy_options=opts or None)
             svc.start()
             try:
                 with warnings.catch_warnings():
