@@ -56,16 +56,24 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--no-replan", action="store_true", help="dstack keeps its first plan (no re-planning)")
+    ap.add_argument("--slowdown", type=float, default=1.0,
+                    help="K: profiled latencies and SLOs x K, rates / K (host costs weigh K times less)")
     ap.add_argument("--small-tensors", action="store_true",
                     help="4-float inputs (same profiled latencies): the runtime's own cost without tensor copies")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     wl = load_workload(a.workload)
     store = ProfileStore.builtin("h200")
-    if a.small_tensors:  # the same latencies for 4-float inputs: what the runtime costs without big copies
-        import dataclasses
+    import dataclasses
 
+    if a.small_tensors:  # the same latencies for 4-float inputs: what the runtime costs without big copies
         store = ProfileStore(profiles=[dataclasses.replace(store.get(m.name), input_shapes=((4,),)) for m in wl.models])
+    if a.slowdown != 1.0:  # a GPU K times slower, SLOs K times looser, rates K times lower: the same
+        k = a.slowdown     # schedule in slow motion, where the host's fixed costs weigh K times less
+        store = ProfileStore(profiles=[dataclasses.replace(
+            p, latency_ms=tuple(tuple(x * k for x in row) for row in p.latency_ms)) for p in store])
+        wl = dataclasses.replace(wl, models=tuple(dataclasses.replace(m, slo_ms=m.slo_ms * k) for m in wl.models))
+        wl = wl.scaled(1.0 / k)
     rows = []
     for pol in a.policy.split(","):
         for s in (float(x) for x in a.scales.split(",")):
