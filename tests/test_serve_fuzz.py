@@ -28,13 +28,14 @@ REPO = Path(__file__).resolve().parents[1] / "examples" / "repository"
 schema = schemathesis.openapi.from_dict(openapi_document())
 
 
-@pytest.fixture(scope="module")
-def base_url():
+@pytest.fixture(scope="module", params=[0, 2], ids=["in-process-http", "2-http-workers"])
+def base_url(request):
+    """The fuzzed server: HTTP parsed in the runtime's process, and by two front-end workers."""
     repo = load_repository(REPO / "tiny_mlp.yaml")
     service = serve_fake.make_service()
     core = ServeCore(service, repo, max_body_bytes=1 << 20)
     core.load("tiny_mlp")
-    server = Server(core, http_port=0, grpc_port=None)
+    server = Server(core, http_port=0, grpc_port=None, http_workers=request.param)
     addr = server.start()
     yield f"http://{addr.http_url}"
     server.stop()
