@@ -70,9 +70,12 @@ class Server:
         self.workers_restarted = 0  # front-end workers started again after they exited
         self._bridge = None
         self._reserved = None
+        self._sockdir: str | None = None  # holds the bridge's Unix socket while workers run
+        self._watch_stop = threading.Event()  # set: the worker watcher stops
         # Connections waiting to be accepted. aiohttp's default (128) overflowed under bursts of large
         # requests: the kernel dropped the handshake and the client's sends were reset (ECONNRESET
-        # on 1/3 of 1,200 req/s of 600 KB tensors on CPU). The kernel caps it at net.core.somaxconn.
+        # on 238-311 of 4,000 requests at 1,000 req/s of 600 KB tensors on CPU,
+        # docs/results/serve/http_big_tensor_cpu.json). The kernel caps it at net.core.somaxconn.
         self.listen_backlog = listen_backlog
         self.host = host
         self.http_port = http_port
@@ -153,35 +156,42 @@ class Server:
                "--max-body", str(int(self.core.max_body_bytes)), "--backlog", str(self.listen_backlog),
                "--drain-timeout", str(self.drain_timeout_s)]
         self._worker_cmd = cmd
-        for _ in range(self.http_workers):
-            self._workers.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
-        for w in self._workers:
+        started = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(self.http_workers)]
+        self._workers.extend(started)  # all start together; _stop_workers reaps them if one fails
+        for w in started:
             _wait_ready(w)
-        self._watch_stop = threading.Event()
         threading.Thread(target=self._watch_workers, name="gpuloom-workers", daemon=True).start()
+
+    def _spawn_worker(self):
+        """One more front-end worker, listening when this returns (ServeError, and no process left, if not)."""
+        import subprocess
+
+        w = subprocess.Popen(self._worker_cmd, stdout=subprocess.PIPE, text=True)
+        try:
+            _wait_ready(w)
+        except BaseException:
+            w.kill()
+            w.wait()
+            raise
+        return w
 
     def _watch_workers(self, period_s: float = 0.5) -> None:
         """Restart a worker that exits while the server runs (the others keep the port meanwhile)."""
-        import subprocess
-
         while not self._watch_stop.wait(period_s):
             for i, w in enumerate(list(self._workers)):
                 if w.poll() is None or self._watch_stop.is_set():
                     continue
                 log.error("HTTP front-end worker %d exited with status %s; starting another", w.pid, w.returncode)
                 try:
-                    nw = subprocess.Popen(self._worker_cmd, stdout=subprocess.PIPE, text=True)
-                    _wait_ready(nw)
+                    self._workers[i] = self._spawn_worker()
                 except Exception as e:  # noqa: BLE001 - keep watching; the other workers still serve
                     log.error("could not restart the worker: %s", e)
                     continue
                 self.workers_restarted += 1
-                self._workers[i] = nw
 
     def _stop_workers(self) -> None:
         """SIGTERM every worker (each stops accepting and finishes its requests), wait, then close."""
-        if getattr(self, "_watch_stop", None) is not None:
-            self._watch_stop.set()
+        self._watch_stop.set()
         for w in self._workers:
             if w.poll() is None:
                 w.terminate()
@@ -197,6 +207,11 @@ class Server:
         if self._reserved is not None:
             self._reserved.close()
             self._reserved = None
+        if self._sockdir is not None:
+            import shutil
+
+            shutil.rmtree(self._sockdir, ignore_errors=True)
+            self._sockdir = None
 
     async def _shutdown(self) -> None:
         core = self.core
