@@ -69,6 +69,16 @@ def _get(addr, path):
     return r.status, data
 
 
+def _slow_server(service, delay_s: float, **server_kw):
+    """``service`` serving ``serve_fake.slow_net(delay_s)`` ("slow") behind a started server on loopback:
+    (core, server, address)."""
+    core = ServeCore(service)
+    cfg, module = serve_fake.slow_net(delay_s)
+    service.load(cfg, module)
+    server = Server(core, http_port=0, **{"grpc_port": None, **server_kw})
+    return core, server, server.start()
+
+
 def _metrics(addr) -> dict[tuple[str, str], float]:
     """/metrics -> {(metric name, label text): value}."""
     status, text = _get(addr, "/metrics")
@@ -325,11 +335,7 @@ def test_overload_answers_429_with_retry_after_and_every_request_is_answered(run
     else:
         service = serve_fake.FakeService(queue_limit=2)
         service.start()
-    core = ServeCore(service)
-    cfg, module = serve_fake.slow_net(0.05)
-    service.load(cfg, module)
-    server = Server(core, http_port=0, grpc_port=None)
-    addr = server.start()
+    core, server, addr = _slow_server(service, 0.05)
     try:
         results = []
         body = _infer_json([{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0] * 4}])
@@ -363,11 +369,7 @@ def test_overload_answers_429_with_retry_after_and_every_request_is_answered(run
 @pytest.mark.parametrize("workers", [0, 2], ids=["in-process-http", "2-http-workers"])
 def test_graceful_stop_answers_every_queued_request(workers):
     service = serve_fake.make_service()
-    core = ServeCore(service)
-    cfg, module = serve_fake.slow_net(0.03)
-    service.load(cfg, module)
-    server = Server(core, http_port=0, grpc_port=0, http_workers=workers)
-    addr = server.start()
+    core, server, addr = _slow_server(service, 0.03, grpc_port=0, http_workers=workers)
     results = []
     body = _infer_json([{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0] * 4}])
 
@@ -442,11 +444,7 @@ def test_missed_deadlines_are_answered_and_booked_as_dropped(runtime):
     service = serve_fake.make_service() if runtime == "real" else serve_fake.FakeService()
     if runtime == "fake":
         service.start()
-    core = ServeCore(service)
-    cfg, module = serve_fake.slow_net(0.04)
-    service.load(cfg, module)
-    server = Server(core, http_port=0, grpc_port=None)
-    addr = server.start()
+    core, server, addr = _slow_server(service, 0.04)
     try:
         codes = []
         body = _infer_json([{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0] * 4}])
@@ -489,11 +487,7 @@ def test_a_front_end_worker_that_dies_is_replaced_and_requests_keep_being_answer
     import signal
 
     service = serve_fake.make_service()
-    core = ServeCore(service)
-    cfg, module = serve_fake.slow_net(0.001)
-    service.load(cfg, module)
-    server = Server(core, http_port=0, grpc_port=None, http_workers=2)
-    addr = server.start()
+    _, server, addr = _slow_server(service, 0.001, http_workers=2)
     body = _infer_json([{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0] * 4}])
     try:
         victim = server._workers[0]

@@ -337,6 +337,11 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
     svc = InferenceService(policy=policy, device=device, profiles=profiles, policy_options=policy_options,
                            queue_limit=queue_limit)
     points: list[Point] = []
+
+    def best_scale() -> float:
+        """The highest load factor measured at the target so far (0 if none)."""
+        return max((p.scale for p in points if p.ok(target)), default=0.0)
+
     try:
         svc.start()
         with warnings.catch_warnings():
@@ -391,12 +396,12 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
                     hi = mid
             best = lo
         else:
-            best = max((p.scale for p in points if p.ok(target)), default=0.0)
+            best = best_scale()
         return PolicyResult(policy, points, best, best * workload.total_rate())
     except Exception as e:  # noqa: BLE001 - one policy's failure must not lose the others' results
         say(f"{policy}: FAILED: {type(e).__name__}: {e}")
         # what was measured before the failure still counts (a sweep cut short is a lower bound)
-        best = max((p.scale for p in points if p.ok(target)), default=0.0)
+        best = best_scale()
         return PolicyResult(policy, points, best, best * workload.total_rate(), error=f"{type(e).__name__}: {e}")
     finally:
         svc.close(drain=False, timeout_s=10)

@@ -123,6 +123,16 @@ class ServeCore:
         known = sorted(c.name for c in self.service.models())
         raise ProtocolError(f"unknown model {name!r}; loaded models: {known}", 404)
 
+    def check_outputs(self, name: str, version: str | None, wanted) -> None:
+        """ProtocolError (400) unless every requested output name is one of the model's; checked
+        before spending compute. ``wanted``: output names, or None for all."""
+        if wanted is None:
+            return
+        have = {t.name for t in self.config(name, version).outputs}
+        unknown = [n for n in wanted if n not in have]
+        if unknown:
+            raise ProtocolError(f"model {name!r} has no outputs {unknown}; it has {sorted(have)}", 400)
+
     def ready(self, name: str, version: str | None = None) -> bool:
         if version not in (None, "", VERSION):
             return False

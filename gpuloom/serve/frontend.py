@@ -96,10 +96,11 @@ class InferBridge:
                 if head is None:
                     return
                 jlen, plen = FRAME.unpack(head)
-                meta = json.loads(bytes(_recv_exact(conn, jlen) or b"{}"))
+                js = _recv_exact(conn, jlen)
                 payload = _recv_exact(conn, plen) if plen else bytearray()
-                if payload is None:
+                if js is None or payload is None:  # the worker went away mid-frame
                     return
+                meta = json.loads(bytes(js))
                 self._submit(conn, lock, meta, memoryview(payload))
         except OSError:
             return
@@ -111,12 +112,7 @@ class InferBridge:
         t0 = time.perf_counter()
         try:
             inputs = unpack_tensors(meta, payload)
-            wanted = meta.get("outputs")
-            if wanted is not None:  # check requested names before spending compute (as in-process HTTP)
-                have = {t.name for t in self.core.config(name, version).outputs}
-                unknown = [n for n in wanted if n not in have]
-                if unknown:
-                    raise ProtocolError(f"model {name!r} has no outputs {unknown}; it has {sorted(have)}", 400)
+            self.core.check_outputs(name, version, meta.get("outputs"))
             fut, _ = self.core.submit(name, version, inputs, meta.get("deadline_ms"))
         except ProtocolError as e:
             self._send(conn, lock, _error_frame(rid, e))
@@ -197,8 +193,8 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int):
     import aiohttp
     from aiohttp import web
 
-    from .http_server import DEADLINE_HEADER, HEADER_LEN, _error, _errors
-    from .protocol import deadline_ms_from_parameters, encode_infer_response, parse_infer_body
+    from .http_server import CORE_KEY, DEADLINE_HEADER, HEADER_LEN, _error, _errors, infer_response
+    from .protocol import deadline_ms_from_parameters, parse_infer_body
 
     state: dict[str, Any] = {"pending": {}, "next": 0}
 
@@ -249,12 +245,7 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int):
         meta, payload = await fut
         if meta["status"] != 200:
             return _error(meta["error"], meta["status"], meta.get("retry_after_s"))
-        outputs = unpack_tensors(meta, payload)
-        out, hlen = encode_infer_response(name, "1", outputs, request=req)
-        headers = {"Content-Type": "application/octet-stream" if hlen is not None else "application/json"}
-        if hlen is not None:
-            headers[HEADER_LEN] = str(hlen)
-        return web.Response(body=out, headers=headers)
+        return infer_response(name, unpack_tensors(meta, payload), req)
 
     async def forward(request: web.Request):
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
@@ -266,7 +257,7 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int):
             return web.Response(status=r.status, body=body, headers=out)
 
     app = web.Application(middlewares=[_errors], client_max_size=max_body_bytes)
-    app[_core_key()] = _Limits(max_body_bytes)
+    app[CORE_KEY] = _Limits(max_body_bytes)
     app.router.add_post("/v2/models/{model}/infer", infer)
     app.router.add_post("/v2/models/{model}/versions/{version}/infer", infer)
     app.router.add_route("*", "/{tail:.*}", forward)
@@ -280,12 +271,6 @@ class _Limits:
 
     def __init__(self, max_body_bytes: int) -> None:
         self.max_body_bytes = max_body_bytes
-
-
-def _core_key():
-    from .http_server import CORE_KEY
-
-    return CORE_KEY
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -131,11 +131,8 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
             remaining = context.time_remaining()
             if remaining is not None:  # the client's gRPC deadline, seconds
                 deadline = min(deadline or float("inf"), remaining * 1000.0)
-            if request.outputs:
-                have = {t.name for t in self.core.config(request.model_name, request.model_version).outputs}
-                unknown = [o.name for o in request.outputs if o.name not in have]
-                if unknown:
-                    raise ProtocolError(f"model {request.model_name!r} has no outputs {unknown}; it has {sorted(have)}")
+            self.core.check_outputs(request.model_name, request.model_version,
+                                    [o.name for o in request.outputs] or None)
             outputs = await self.core.infer(request.model_name, request.model_version, inputs, deadline)
         except ProtocolError as e:
             await _abort(context, e)

@@ -62,6 +62,15 @@ async def _errors(request: web.Request, handler):
         return _error(f"internal error: {type(e).__name__}: {e}", 500)
 
 
+def infer_response(name: str, outputs, req) -> web.Response:
+    """The HTTP answer to an infer request: JSON, or JSON + binary tensor data as ``req`` asked."""
+    payload, hlen = encode_infer_response(name, "1", outputs, request=req)
+    headers = {"Content-Type": "application/octet-stream" if hlen is not None else "application/json"}
+    if hlen is not None:
+        headers[HEADER_LEN] = str(hlen)
+    return web.Response(body=payload, headers=headers)
+
+
 def _version(request: web.Request) -> str | None:
     return request.match_info.get("version")
 
@@ -121,18 +130,9 @@ def build_app(core: ServeCore) -> web.Application:
             body = await request.read()  # aiohttp undoes gzip/deflate Content-Encoding, within client_max_size
             req = parse_infer_body(body, request.headers.get(HEADER_LEN))
             deadline = deadline_ms_from_parameters(req.parameters, request.headers.get(DEADLINE_HEADER))
-            if req.outputs is not None:  # check requested names before spending compute
-                config = core.config(name, version)
-                have = {t.name for t in config.outputs}
-                unknown = [n for n in req.outputs if n not in have]
-                if unknown:
-                    raise ProtocolError(f"model {name!r} has no outputs {unknown}; it has {sorted(have)}", 400)
+            core.check_outputs(name, version, req.outputs)
             outputs = await core.infer(name, version, req.inputs, deadline)
-            payload, hlen = encode_infer_response(name, "1", outputs, request=req)
-            headers = {"Content-Type": "application/octet-stream" if hlen is not None else "application/json"}
-            if hlen is not None:
-                headers[HEADER_LEN] = str(hlen)
-            return web.Response(body=payload, headers=headers)
+            return infer_response(name, outputs, req)
 
     @r.post("/v2/repository/index")
     async def repo_index(request):
