@@ -32,8 +32,10 @@ against the GPU, issue 5). Its parameters live in :class:`ContentionModel`.
   (the Python runtime's loop thread). A batch waits for the launcher to be free, then occupies it
   this long; its lane is busy from the decision on, so queueing on the launcher delays it. Unlike
   ``batch_overhead_ms`` (parallel, per lane), this caps the whole GPU at ``1 / host_launch_ms``
-  batches per ms: what the H200 runs showed at overload (1,200-1,700 batches/s, the launching
-  thread busy most of the time). Same simplification as the batch overhead.
+  batches per ms. Tried because the H200 runs started 1,200-1,700 batches/s at overload; fitted
+  against them it is best at 0 (``docs/results/runtime/sim_calibration_host.json``), and a fake-GPU
+  run found the runtime thread mostly idle, so it stays off by default. Same simplification as the
+  batch overhead.
 
 Utilization: a batch *uses* ``min(partition SMs, knee)`` SMs on an exclusive partition (SMs past the
 knee do not make it faster); shared batches together use ``min(A, K)``. ``busy_sm_ms`` integrates
