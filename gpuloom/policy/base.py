@@ -54,6 +54,8 @@ class Policy(ABC):
     * :meth:`setup` once before the first event; returns the partition layout the policy wants.
     * :meth:`on_arrival` after each request is appended to its model's queue.
     * :meth:`on_completion` after a batch finished and its requests were recorded.
+    * :meth:`on_free` when a partition running a batch takes the next one early (launch-ahead:
+      ``Runtime.lookahead_ms``); a completion frees a partition without it.
     * :meth:`decide` after all events of one instant were handled, when at least one partition is
       free and at least one request is queued (and before the run's dispatch horizon). Returns decisions (each on a distinct free
       partition, requests taken from the head region of their queue) and drops.
@@ -86,6 +88,10 @@ class Policy(ABC):
 
     def on_completion(self, completion: Completion, now_ms: float) -> None:
         """A batch finished. Default: nothing."""
+
+    def on_free(self, partition: int, now_ms: float) -> None:
+        """``partition`` takes a batch again although its running batch has not finished: the
+        runtime's launch-ahead (the next batch queues behind it on the device). Default: nothing."""
 
     @abstractmethod
     def decide(self, now_ms: float, queues: Queues, free: Sequence[Partition]) -> list[Action]:

@@ -174,6 +174,9 @@ class DStackPolicy(Policy):
     def on_completion(self, completion, now_ms: float) -> None:
         self._fresh_parts.add(completion.decision.partition)  # this partition came free
 
+    def on_free(self, partition: int, now_ms: float) -> None:
+        self._fresh_parts.add(partition)  # it takes its next batch ahead of its running one's end
+
     # -- deciding ---------------------------------------------------------------------------
     def decide(self, now_ms: float, queues: Queues, free: Sequence[Partition]) -> list[Action]:
         self._now = now_ms

@@ -25,8 +25,14 @@ class Backend(ABC):
        completion time (a GPU backend posts it from its completion watcher);
     4. :meth:`close` at the end.
 
-    A backend never queues work: the runtime submits to a partition only when it is free.
+    A backend queues at most one batch per partition: the runtime submits to a partition when it is
+    free, or -- with :attr:`lookahead_ms` > 0, on an exclusive partition -- when its one running
+    batch is about to end; the backend then runs the two in submission order.
     """
+
+    #: launch-ahead the runtime may use (ms); 0 = submit only to idle partitions (simulated backends:
+    #: their host costs nothing, so there is nothing to hide)
+    lookahead_ms: float = 0.0
 
     #: the clock and event heap; simulated backends jump it, GPU backends follow the wall clock
     loop: EventLoop

@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 #: output for it (None unless SERVED by a backend that produces data).
 ResultCallback = Callable[[Result, Any], None]
 
+_INF = float("inf")
+
 
 @dataclass
 class RunRecord:
@@ -73,7 +75,13 @@ class Runtime:
         self.trace: list[TraceEntry] = []
         self._results: dict[int, Result] = {}
         self._pending: dict[int, Request] = {}  # queued, not yet dispatched or dropped
-        self._inflight: dict[int, tuple[Decision, list[Request], Policy]] = {}  # partition -> batch, its policy
+        # partition -> its batches (decision, requests, policy), the running one first; a second one
+        # only with launch-ahead (see _open_lane)
+        self._inflight: dict[int, list[tuple[Decision, list[Request], Policy]]] = {}
+        self._open_at: dict[int, float] = {}  # partition running one batch -> when it takes the next
+        #: launch-ahead (ms): an exclusive partition takes its next batch this long before its running
+        #: batch is predicted to end, so the device runs them back to back while the host turns round
+        self.lookahead_ms = float(getattr(backend, "lookahead_ms", 0.0))
         self._parts: Sequence[Partition] = ()
         self._ready_ms = 0.0  # the current layout accepts work from here (and once old batches drain)
         self._orphans = 0  # batches of a previous layout still running
@@ -196,6 +204,11 @@ class Runtime:
         return not self._thread.is_alive()
 
     @property
+    def layout_swaps(self) -> int:
+        """Layouts switched to so far, the first included (each switch drains the running batches)."""
+        return len(self._layouts)
+
+    @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
@@ -218,9 +231,10 @@ class Runtime:
             self.error = e
             msg = f"runtime loop crashed: {type(e).__name__}: {e}"
             self._fail_pending(msg)
-            for d, reqs, _ in list(self._inflight.values()):
-                for r in reqs:
-                    self._finish(Result(r, Status.FAILED, loop.now, msg))
+            for lane in list(self._inflight.values()):
+                for d, reqs, _ in lane:
+                    for r in reqs:
+                        self._finish(Result(r, Status.FAILED, loop.now, msg))
             self._inflight = {}
             for reqs, _ in list(self._orphan_reqs.values()):
                 for r in reqs:
@@ -309,13 +323,18 @@ class Runtime:
 
     def _on_completion(self, c: Completion) -> None:
         d = c.decision
-        entry = self._inflight.get(d.partition)
-        if entry is None or entry[0] is not d:  # a batch of a replaced layout
+        lane = self._inflight.get(d.partition)
+        k = next((i for i, e in enumerate(lane) if e[0] is d), -1) if lane else -1
+        if k < 0:  # a batch of a replaced layout
             self._orphans -= 1
             reqs, pol = self._orphan_reqs.pop(id(d))
         else:
-            del self._inflight[d.partition]
-            _, reqs, pol = entry
+            _, reqs, pol = lane.pop(k)
+            if lane:  # the batch launched ahead runs now
+                self._open_lane(d.partition, self.loop.now)
+            else:
+                del self._inflight[d.partition]
+                self._open_at.pop(d.partition, None)
             self._free = None
         status = Status.FAILED if c.error else Status.SERVED
         for r in reqs:
@@ -348,9 +367,10 @@ class Runtime:
         now = self.loop.now
         free = self._free_partitions(now) if self._pending else None
         if free:
+            taken: set[int] = set()
             for action in self.policy.decide(now, self.queues, free):
                 if type(action) is Decision:
-                    self._dispatch(action, free)
+                    self._dispatch(action, free, taken)
                 elif isinstance(action, Drop):
                     self._drop(action)
                 else:
@@ -370,22 +390,58 @@ class Runtime:
         if now < self._ready_ms or self._orphans or self._preparing or self._broken:
             return []
         if self._free is None:
-            busy = self._inflight
-            self._free = [p for p in self._parts if p.index not in busy]
+            busy, open_at = self._inflight, self._open_at
+            self._free = [p for p in self._parts
+                          if p.index not in busy or (len(busy[p.index]) == 1 and open_at.get(p.index, _INF) <= now)]
         return self._free
 
-    def _dispatch(self, d: Decision, free: list[Partition]) -> None:
-        if d.partition in self._inflight or not any(p.index == d.partition for p in free):
+    def _dispatch(self, d: Decision, free: list[Partition], taken: set[int]) -> None:
+        if d.partition in taken or not any(p.index == d.partition for p in free):
             raise PolicyError(f"{self.policy.name}: decision on partition {d.partition}, which is not free: {d}")
         if not d.request_ids or d.batch < len(d.request_ids):
             raise PolicyError(f"{self.policy.name}: a decision needs 1..batch requests, got {d}")
         reqs = self._take(d.model, d.request_ids)
-        self._inflight[d.partition] = (d, reqs, self.policy)
+        taken.add(d.partition)
+        lane = self._inflight.setdefault(d.partition, [])
+        lane.append((d, reqs, self.policy))
+        if self.lookahead_ms > 0:
+            self._open_lane(d.partition, self.loop.now)
         self._free = None
         self._dispatches += 1
         if self._trace_on:
             self._log("dispatch", d.model, d.partition, d.request_ids)
         self.backend.submit(d, reqs)
+
+    def _open_lane(self, index: int, start_ms: float) -> None:
+        """Launch-ahead: a partition running one batch takes the next ``lookahead_ms`` before that
+        batch is predicted to end (its profiled latency from ``start_ms``).
+
+        The next batch then waits on the device, not on the host: the completion's way back through
+        the watcher and the loop, and the next launch, overlap the running batch. A policy's batch
+        starts at most ``lookahead_ms`` (plus the profile's error) later than it assumed. Only
+        exclusive partitions, whose latency the profile predicts; shared lanes' batches slow each
+        other down by amounts no profile knows.
+        """
+        lane = self._inflight[index]
+        part = self._parts[index] if index < len(self._parts) else None
+        if len(lane) != 1 or self.lookahead_ms <= 0 or part is None or part.shared:
+            self._open_at.pop(index, None)
+            return
+        d = lane[0][0]
+        info = self.ctx.models.get(d.model)
+        if info is None:
+            return
+        t = max(self.loop.now, start_ms + info.profile.latency(d.batch, part.sms) - self.lookahead_ms)
+        self._open_at[index] = t
+        self.loop.schedule(t, WAKEUP, self._on_lane_open, index, d)
+
+    def _on_lane_open(self, index: int, d: Decision) -> None:
+        lane = self._inflight.get(index)
+        if lane is None or len(lane) != 1 or lane[0][0] is not d:
+            return  # it finished, or another batch was launched ahead already
+        self._free = None
+        if lane[0][2] is self.policy:
+            self.policy.on_free(index, self.loop.now)
 
     def _drop(self, drop: Drop) -> None:
         now = self.loop.now
@@ -456,10 +512,12 @@ class Runtime:
                 self._on_layout(layout, e)
             return
         self._broken = ""
-        for d, reqs, pol in self._inflight.values():
-            self._orphan_reqs[id(d)] = (reqs, pol)
-            self._orphans += 1
+        for lane in self._inflight.values():
+            for d, reqs, pol in lane:
+                self._orphan_reqs[id(d)] = (reqs, pol)
+                self._orphans += 1
         self._inflight = {}
+        self._open_at = {}
         self._free = None
         self._ready_ms = ready_ms
         self._parts = tuple(self.backend.partitions())
@@ -488,7 +546,7 @@ class Runtime:
     def _record(self, requests: Sequence[Request], until_ms: float) -> RunRecord:
         results = [self._results.get(r.id) or Result(r, Status.QUEUED) for r in requests]
         n_queued = sum(1 for r in results if r.status == Status.QUEUED)
-        assert n_queued == len(self._pending) + sum(len(v[1]) for v in self._inflight.values()), "lost requests"
+        assert n_queued == len(self._pending) + sum(len(e[1]) for lane in self._inflight.values() for e in lane), "lost requests"
         assert len(results) == len(self._results) + n_queued, "a request was recorded twice or lost"
         return RunRecord(
             policy=self.policy.name,

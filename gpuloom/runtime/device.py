@@ -397,18 +397,27 @@ class _StreamList:
         return next_stream
 
 
+#: batches a lane may hold at once: the running one and one launched ahead
+LANE_SLOTS = 2
+
+
 @dataclass
 class _CudaLane:
     part: Partition
     streams: _StreamList
     confined: bool  # kernels captured here run on this lane's SMs only
     graphs: dict[str, dict[int, Any]] = field(default_factory=dict)  # model -> bucket -> GraphSet
-    pinned_in: dict[str, list[Any]] = field(default_factory=dict)  # model -> pinned host tensors (max_batch, ...)
-    pinned_out: dict[str, list[Any]] = field(default_factory=dict)
-    np_in: dict[str, list[Any]] = field(default_factory=dict)  # numpy views of pinned_in
-    np_out: dict[str, list[Any]] = field(default_factory=dict)
+    # Host buffers and events come in LANE_SLOTS sets, used in turn: a lane holds its running batch and
+    # at most one launched ahead (Runtime.lookahead_ms), and batch k reuses the set of batch
+    # k - LANE_SLOTS, whose outputs its watcher copied out before the runtime could launch batch k.
+    pinned_in: dict[tuple[str, int], list[Any]] = field(default_factory=dict)  # (model, slot) -> pinned (max_batch, ...)
+    pinned_out: dict[tuple[str, int], list[Any]] = field(default_factory=dict)
+    np_in: dict[tuple[str, int], list[Any]] = field(default_factory=dict)  # numpy views of pinned_in
+    np_out: dict[tuple[str, int], list[Any]] = field(default_factory=dict)
     static_out: dict[tuple[str, int], list[Any]] = field(default_factory=dict)  # (model, bucket) -> flat outputs
-    events: tuple | None = None  # (t0, t1, done): reused, a lane runs one batch at a time
+    events: list[tuple] = field(default_factory=list)  # per slot: (t0, t1, done)
+    in_shapes: dict[str, list[tuple]] = field(default_factory=dict)  # model -> (shape, dtype) per input, max_batch rows
+    launches: int = 0  # batches launched on the lane (slot = launches % LANE_SLOTS)
 
     def graph_sets(self) -> list[Any]:
         """Each GraphSet once (a model's buckets share one per single/multi-stream group)."""
@@ -625,16 +634,16 @@ class CudaDeviceLayer(DeviceLayer):
         from ..engine.dag import flat_tensors
 
         outs = flat_tensors(sets[top].outputs(top))
-        lane.pinned_in[model] = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in ins]
-        lane.pinned_out[model] = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in outs]
-        lane.np_in[model] = [t.numpy() for t in lane.pinned_in[model]]
-        lane.np_out[model] = [t.numpy() for t in lane.pinned_out[model]]
+        lane.in_shapes[model] = [(t.shape, t.dtype) for t in ins]  # pinned input buffers: on first use
+        for slot in range(LANE_SLOTS):
+            pin = lane.pinned_out[(model, slot)] = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in outs]
+            lane.np_out[(model, slot)] = [t.numpy() for t in pin]
 
     def _launch(self, lanes: Lanes, index: int, model: str, rows: Rows) -> Any:
         """Runtime thread. Rows -> pinned buffers (host), then on the lane's main stream: async H2D
         into the bucket's static inputs, replay, async D2H into pinned outputs, a blocking-sync
-        event. Returns at once; the pinned buffers are reused only after :meth:`finish` (the runtime
-        never submits to a busy lane)."""
+        event. Returns at once. A lane holds at most ``LANE_SLOTS`` batches (the runtime's launch-ahead),
+        each with its own slot of pinned buffers and events, reused only after its :meth:`finish`."""
         import numpy as np
 
         torch = self._torch
@@ -647,8 +656,14 @@ class CudaDeviceLayer(DeviceLayer):
         b = self.models[model].bucket_for(n)
         gs = sets[b]
         staged = not isinstance(rows[0][0], np.ndarray)  # pinned torch tensors from stage()
+        slot = lane.launches % LANE_SLOTS
+        lane.launches += 1
         if not staged:
-            for j, buf in enumerate(lane.np_in[model]):
+            key = (model, slot)
+            if key not in lane.np_in:  # callers that did not stage() their rows: once per (model, slot)
+                pin = lane.pinned_in[key] = [torch.empty(sh, dtype=dt, pin_memory=True) for sh, dt in lane.in_shapes[model]]
+                lane.np_in[key] = [t.numpy() for t in pin]
+            for j, buf in enumerate(lane.np_in[key]):
                 np.stack([r[j] for r in rows], out=buf[:n])
         st = gs.stream
         entry = gs.buckets[b]
@@ -657,10 +672,10 @@ class CudaDeviceLayer(DeviceLayer):
             from ..engine.dag import flat_tensors
 
             static_out = lane.static_out[(model, b)] = flat_tensors(entry.outputs)
-        if lane.events is None:
-            lane.events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True),
-                           torch.cuda.Event(blocking=self.blocking_sync))
-        t0, t1, done = lane.events
+        while len(lane.events) <= slot:
+            lane.events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True),
+                                torch.cuda.Event(blocking=self.blocking_sync)))
+        t0, t1, done = lane.events[slot]
         clock = time.perf_counter
         c0 = clock()
         with torch.cuda.stream(st):
@@ -669,14 +684,14 @@ class CudaDeviceLayer(DeviceLayer):
                     for dst, src in zip(entry.inputs, r):
                         dst[i].copy_(src, non_blocking=True)
             else:
-                for dst, src in zip(entry.inputs, lane.pinned_in[model]):
+                for dst, src in zip(entry.inputs, lane.pinned_in[(model, slot)]):
                     dst[:n].copy_(src[:n], non_blocking=True)
             c1 = clock()
             t0.record(st)
             entry.graph.replay()
             t1.record(st)
             c2 = clock()
-            for dst, src in zip(lane.pinned_out[model], static_out):
+            for dst, src in zip(lane.pinned_out[(model, slot)], static_out):
                 dst[:n].copy_(src[:n], non_blocking=True)
             done.record(st)
         c3 = clock()
@@ -685,7 +700,7 @@ class CudaDeviceLayer(DeviceLayer):
         ph["replay"] += (c2 - c1) * 1e3
         ph["outputs"] += (c3 - c2) * 1e3
         ph["launches"] += 1
-        return _CudaTicket(n, done, t0, t1, lane.np_out[model])
+        return _CudaTicket(n, done, t0, t1, lane.np_out[(model, slot)])
 
     def finish(self, ticket: Any) -> tuple[list[Any], float]:
         """Watcher thread: sleep until the batch's event fires; copy its rows out of the pinned buffers."""
@@ -747,9 +762,9 @@ class CudaDeviceLayer(DeviceLayer):
             for gs in lane.graph_sets():
                 gs.release()
             lane.graphs.clear()
-            for d in (lane.pinned_in, lane.pinned_out, lane.np_in, lane.np_out, lane.static_out):
+            for d in (lane.pinned_in, lane.pinned_out, lane.np_in, lane.np_out, lane.static_out, lane.in_shapes):
                 d.clear()
-            lane.events = None
+            lane.events.clear()
         part = state.get("partitioner")
         state["lanes"].clear()
         del state

@@ -71,6 +71,7 @@ class _Watcher:
 
     def __init__(self, backend: "ExecBackend", lanes: Lanes, index: int) -> None:
         self.q: queue.SimpleQueue = queue.SimpleQueue()
+        self.last_end = 0.0  # when the lane's previous batch was done (a batch launched ahead starts then)
         self.thread = threading.Thread(target=self._run, args=(backend,), daemon=True,
                                        name=f"gpuloom-watch-{lanes.layout.partitions[index].label or index}")
         self.thread.start()
@@ -80,18 +81,26 @@ class _Watcher:
             item = self.q.get()
             if item is None:
                 return
-            backend._complete(*item)
+            backend._complete(self, *item)
 
 
 class ExecBackend(Backend):
     """A :class:`Backend` that executes batches on ``device`` (a :class:`DeviceLayer`).
 
     ``knee(model, batch)`` (SMs a batch can use) feeds the utilization figure; without it a batch is
-    counted as using its whole partition.
+    counted as using its whole partition. ``lookahead_ms``: the runtime's launch-ahead on exclusive
+    partitions (:attr:`Backend.lookahead_ms`; 0 turns it off).
     """
 
+    #: default launch-ahead: above the 0.1-0.3 ms a batch's completion and the next launch took on the
+    #: host (scripts/diag_dstack_realtime.py), small against the profiled batch latencies (1-20 ms)
+    DEFAULT_LOOKAHEAD_MS = 0.5
+
     def __init__(self, device: DeviceLayer, *, knee: Callable[[str, int], int] | None = None,
-                 quiet_timeout_s: float = 60.0) -> None:
+                 quiet_timeout_s: float = 60.0, lookahead_ms: float = DEFAULT_LOOKAHEAD_MS) -> None:
+        if not lookahead_ms >= 0:
+            raise ValueError(f"lookahead_ms must be >= 0 (0 turns launch-ahead off), got {lookahead_ms!r}")
+        self.lookahead_ms = float(lookahead_ms)
         self.device = device
         self.loop = RealtimeLoop()
         self.gpu_sms = device.gpu_sms
@@ -279,8 +288,11 @@ class ExecBackend(Backend):
         log.warning("batch of %s on partition %d failed: %s", d.model, d.partition, error)
         self.loop.post(COMPLETION, self._on_completion, Completion(d, start, self.loop.wall_ms(), error))
 
-    def _complete(self, lanes: Lanes, d: Decision, requests: list[Request], ticket: Any, start: float) -> None:
+    def _complete(self, watcher: _Watcher, lanes: Lanes, d: Decision, requests: list[Request], ticket: Any,
+                  start: float) -> None:
         """Watcher thread: wait for the batch, hand out outputs, post the completion."""
+        # a batch launched ahead (runtime.lookahead_ms) starts when the lane's previous one is done
+        start = max(start, watcher.last_end)
         err, dev_ms = "", 0.0
         try:
             outs, dev_ms = self.device.finish(ticket)
@@ -292,7 +304,7 @@ class ExecBackend(Backend):
             err = f"{type(e).__name__}: {e}"
             log.warning("batch of %s on partition %d failed: %s", d.model, d.partition, err)
             outs = []
-        end = self.loop.wall_ms()
+        end = watcher.last_end = self.loop.wall_ms()
         if not err:
             for i, r in enumerate(requests):
                 self._outputs[r.id] = ExecOutput([o[i] for o in outs], start, end, dev_ms, len(requests))

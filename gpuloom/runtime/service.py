@@ -255,6 +255,9 @@ class InferenceService:
         queue_limit: accepted-but-unanswered requests per model before :class:`Overloaded`.
         policy_options: keyword options of the policy's constructor.
         device_layer: a ready :class:`DeviceLayer` instead of ``device`` (tests: ``FakeDeviceLayer``).
+        lookahead_ms: launch-ahead on exclusive partitions (a partition takes its next batch this
+            long before its running one is predicted to end; 0 = only when idle). See
+            :meth:`gpuloom.runtime.core.Runtime._open_lane`.
     """
 
     def __init__(
@@ -267,7 +270,11 @@ class InferenceService:
         policy_options: dict | None = None,
         device_layer: DeviceLayer | None = None,
         load_timeout_s: float = 600.0,
+        lookahead_ms: float = ExecBackend.DEFAULT_LOOKAHEAD_MS,
     ) -> None:
+        if not lookahead_ms >= 0:
+            raise ValueError(f"lookahead_ms must be >= 0 (0 turns launch-ahead off), got {lookahead_ms!r}")
+        self.lookahead_ms = float(lookahead_ms)
         self.policy_name = policy
         self.policy_options = dict(policy_options or {})
         probe = make_policy(policy, **self.policy_options)  # unknown names / bad options fail here, not at load
@@ -532,6 +539,7 @@ class InferenceService:
                     per[name]["exec_count"] = mb  # batches of this model run by the current backend
             rt = self._runtime
             idle = dict(rt.idle) if rt is not None else {}
+            swaps = rt.layout_swaps if rt is not None else 0
         return {
             "policy": self.policy_name,
             "device": self._layer.kind if self._layer is not None else None,
@@ -542,6 +550,7 @@ class InferenceService:
             "partition_step_sms": (self._layer.granularity * self.granularity_factor) if self._layer is not None else None,
             "backend": be,
             "runtime": idle,
+            "layout_swaps": swaps,  # layouts the current runtime switched to (re-plans, loads), the first included
             "totals": dict(tot),
         }
 
@@ -710,7 +719,7 @@ class InferenceService:
         policy = make_policy(self.policy_name, **self.policy_options)
         policy_id.append(id(policy))
         if self._runtime is None:
-            self._backend = ExecBackend(self.device, knee=self._knee)
+            self._backend = ExecBackend(self.device, knee=self._knee, lookahead_ms=self.lookahead_ms)
             self._runtime = Runtime(policy, self._backend, ctx)
             self._runtime.start(self._on_result, on_layout=self._on_layout)
         else:
