@@ -89,3 +89,32 @@ def test_a_sweep_cut_short_keeps_what_it_measured_and_says_it_is_a_lower_bound(t
     assert "cuDNN" in ds["error"] and len(ds["points"]) == 1
     assert ds["max_scale"] == 1.0  # x1 was measured at >= 50% before the failure: it still counts
     assert rep["dstack_vs_best_baseline"]["dstack_complete"] is False
+
+
+def test_policy_variants_run_side_by_side_under_their_own_names_and_are_not_baselines(tmp_path, monkeypatch):
+    from gpuloom.runtime import service as service_mod
+
+    seen = []
+    real_init = service_mod.InferenceService.__init__
+
+    def spy(self, *a, **kw):
+        real_init(self, *a, **kw)
+        seen.append((self.policy_name, self.lookahead_ms, dict(self.policy_options)))
+
+    monkeypatch.setattr(service_mod.InferenceService, "__init__", spy)
+    rc, rep = run_bench(tmp_path, "--policy", "dstack,dstack:lookahead_ms=0:replan=false,triton")
+    assert rc == 0
+    assert set(rep["policies"]) == {"dstack", "dstack:lookahead_ms=0:replan=false", "triton"}
+    assert seen[1] == ("dstack", 0.0, {"replan": False})  # service option and policy option, each to its place
+    assert seen[0][1] > 0  # the plain policy keeps the default launch-ahead
+    assert rep["dstack_vs_best_baseline"]["baseline"] == "triton"  # a dstack variant is no baseline
+
+
+def test_a_malformed_or_unknown_policy_variant_is_refused_with_the_expected_spelling(tmp_path, capsys):
+    (tmp_path / "two.yaml").write_text(WORKLOAD)
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    assert bench.run(p.parse_args([str(tmp_path / "two.yaml"), "--tiny", "--policy", "dstack:lookahead_ms"])) == 2
+    assert "NAME:KEY=VALUE" in capsys.readouterr().err
+    assert bench.run(p.parse_args([str(tmp_path / "two.yaml"), "--tiny", "--policy", "dstack:no_such_option=1"])) == 2
+    assert "no_such_option" in capsys.readouterr().err

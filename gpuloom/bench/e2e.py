@@ -76,6 +76,8 @@ class Point:
     dispatch_overhead: float  # host dispatch ms / device ms
     models: tuple[ModelPoint, ...]
     layouts: list = field(default_factory=list)  # partitions at the end: label, sms, busy ratio
+    layout_changes: int = 0  # layouts switched to during the point (re-plans: each drains the partitions)
+    layouts_built: int = 0  # of which built (captured) during the point rather than taken from the cache
     sim: dict = field(default_factory=dict)  # the same arrivals through the simulator (simulate_point)
     profile_check: list = field(default_factory=list)  # measured vs profiled ms per (model, SMs, batch)
     host: dict = field(default_factory=dict)  # the launching thread: batches/s, busy ms/s, ms per launch phase
@@ -158,6 +160,7 @@ def _snapshot(svc) -> dict:
     return {"t": time.monotonic(), "busy_sm_ms": be.get("busy_sm_ms", 0.0), "device_ms": be.get("device_ms", 0.0),
             "host_ms": be.get("host_dispatch_ms", 0.0), **{f"rt_{k}": v for k, v in st["runtime"].items()},
             "partitions": st["partitions"], "gpu_sms": svc.device.gpu_sms,
+            "layout_swaps": st.get("layout_swaps", 0), "layouts_built": be.get("layouts_built", 0),
             "launch_ms": dict(be.get("launch_ms", {})), "batches": sum(be.get("model_batches", {}).values()),
             "exec_ms": {(e["model"], e["sms"], e["batch"]): (e["device_ms_sum"], e["batches"])
                         for e in be.get("exec_ms", [])}}
@@ -276,6 +279,8 @@ def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s:
         layouts=[{k: p[k] for k in ("label", "sms", "shared", "busy_ratio")} for p in after["partitions"]],
         profile_check=profile_check(svc, before, after),
         host=host_split(before, after, wall_ms),
+        layout_changes=after["layout_swaps"] - before["layout_swaps"],
+        layouts_built=after["layouts_built"] - before["layouts_built"],
     )
 
 
@@ -325,8 +330,12 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
                  profiles: Any = None, duration_s: float = 5.0, scales: Sequence[float] | None = None,
                  sweep: bool = False, target: float = 0.99, steps: int = 5, max_scale: float = 64.0,
                  policy_options: dict | None = None, queue_limit: int = 1024, simulate: bool = True,
-                 retune: bool = True, progress: Callable[[str], None] | None = None) -> PolicyResult:
+                 retune: bool = True, progress: Callable[[str], None] | None = None,
+                 lookahead_ms: float | None = None, label: str | None = None) -> PolicyResult:
     """Serve ``workload`` under ``policy``: the given ``scales``, and/or a rate sweep.
+
+    ``lookahead_ms``: the service's launch-ahead (None: its default). ``label``: the result's name
+    (default ``policy``), so that one run can hold variants of a policy side by side.
 
     ``retune``: before each point, tell the service the point's offered rates and wait for its new
     layout (the same information for every policy; the time to re-plan and capture is not part of
@@ -334,8 +343,10 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
     from gpuloom.runtime.service import InferenceService
 
     say = progress or (lambda s: None)
+    extra = {} if lookahead_ms is None else {"lookahead_ms": lookahead_ms}
     svc = InferenceService(policy=policy, device=device, profiles=profiles, policy_options=policy_options,
-                           queue_limit=queue_limit)
+                           queue_limit=queue_limit, **extra)
+    name = label or policy
     points: list[Point] = []
 
     def best_scale() -> float:
@@ -352,12 +363,12 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
                 svc.submit(cfg.name, {t.name: np.zeros((1, *t.shape), t.dtype) for t in cfg.inputs},
                            deadline_ms=60_000).result(60)
             except Exception as e:  # noqa: BLE001
-                say(f"{policy}: warm-up of {cfg.name} failed: {e}")
+                say(f"{name}: warm-up of {cfg.name} failed: {e}")
 
         def measure(s: float) -> Point:
             if retune:  # every policy plans for the offered rates of this point, not the last point's
                 svc.retune({m.name: workload.mean_rate(m) * s for m in workload.models})
-            p = run_point(svc, workload, policy, scale=s, duration_s=duration_s)
+            p = run_point(svc, workload, name, scale=s, duration_s=duration_s)
             if simulate:
                 try:
                     sim = simulate_point(svc, workload, policy, scale=s, duration_s=duration_s)
@@ -366,7 +377,7 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
                     p = dataclasses.replace(p, sim=sim)
                 except Exception as e:  # noqa: BLE001 - the measurement stands without it
                     p = dataclasses.replace(p, sim={"error": f"{type(e).__name__}: {e}"})
-            say(f"{policy}: x{s:.3g} offered {p.offered_rps:.0f}/s goodput {p.goodput_rps:.0f}/s "
+            say(f"{name}: x{s:.3g} offered {p.offered_rps:.0f}/s goodput {p.goodput_rps:.0f}/s "
                 f"attainment {p.slo_attainment:.3f} p99 {p.p99_ms:.1f} ms")
             points.append(p)
             return p
@@ -397,12 +408,12 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
             best = lo
         else:
             best = best_scale()
-        return PolicyResult(policy, points, best, best * workload.total_rate())
+        return PolicyResult(name, points, best, best * workload.total_rate())
     except Exception as e:  # noqa: BLE001 - one policy's failure must not lose the others' results
-        say(f"{policy}: FAILED: {type(e).__name__}: {e}")
+        say(f"{name}: FAILED: {type(e).__name__}: {e}")
         # what was measured before the failure still counts (a sweep cut short is a lower bound)
         best = best_scale()
-        return PolicyResult(policy, points, best, best * workload.total_rate(), error=f"{type(e).__name__}: {e}")
+        return PolicyResult(name, points, best, best * workload.total_rate(), error=f"{type(e).__name__}: {e}")
     finally:
         svc.close(drain=False, timeout_s=10)
 
@@ -419,7 +430,8 @@ def to_json(workload: Workload, results: Sequence[PolicyResult], *, device: str,
         "policies": {r.policy: {"max_scale": r.max_scale, "max_load_rps": r.max_load_rps, "error": r.error,
                                 "points": [_clean(dataclasses.asdict(p)) for p in r.points]} for r in results},
     }
-    base = [r for r in results if r.policy != "dstack" and not r.error]
+    # variants of a policy ("dstack:lookahead_ms=0") are not baselines
+    base = [r for r in results if r.policy.split(":")[0] != "dstack" and not r.error]
     ds = next((r for r in results if r.policy == "dstack"), None)
     if ds is not None and base:
         best = max(base, key=lambda r: r.max_scale)

@@ -12,7 +12,10 @@ DEFAULT_POLICIES = "dstack,triton,clipper,nexus,gslice,temporal"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("workload", help="workload file (.yaml/.json), e.g. examples/mix6.yaml")
-    p.add_argument("--policy", default=DEFAULT_POLICIES, help=f"comma-separated policies (default {DEFAULT_POLICIES})")
+    p.add_argument("--policy", default=DEFAULT_POLICIES,
+                   help=f"comma-separated policies (default {DEFAULT_POLICIES}); a variant is NAME:KEY=VALUE[:...], "
+                        f"e.g. dstack:lookahead_ms=0 (the service's launch-ahead) or dstack:replan=false (a policy "
+                        f"option), reported under that spelling next to the plain policy")
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if available)")
     p.add_argument("--tiny", action="store_true",
                    help="serve small MLPs named like the workload's models (CPU smoke runs, CI)")
@@ -32,6 +35,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="FILE", default=None, help="write the JSON report here")
 
 
+SERVICE_KEYS = ("lookahead_ms",)  # variant keys that configure the service; the rest are policy options
+
+
+def parse_policy_spec(spec: str) -> tuple[str, dict, dict]:
+    """``"dstack:lookahead_ms=0:replan=false"`` -> ``("dstack", {"replan": False}, {"lookahead_ms": 0.0})``.
+
+    Values are read as JSON where they parse (numbers, true/false), else kept as strings.
+    """
+    import json
+
+    name, *pairs = spec.split(":")
+    policy_options: dict = {}
+    service_options: dict = {}
+    for pair in pairs:
+        key, eq, raw = pair.partition("=")
+        if not eq or not key:
+            raise ValueError(f"policy variant {spec!r}: expected NAME:KEY=VALUE[:KEY=VALUE...], got {pair!r}")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        (service_options if key in SERVICE_KEYS else policy_options)[key] = value
+    return name, policy_options, service_options
+
+
 def run(args: argparse.Namespace) -> int:
     import json
     import sys
@@ -43,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
 
     from gpuloom.bench.e2e import bench_policy, build_models, resolve_device_and_profiles, to_json
     from gpuloom.bench.workload import WorkloadError, load_workload
-    from gpuloom.policy import policy_names
+    from gpuloom.policy import make_policy, policy_names
 
     console = Console(stderr=True)
     try:
@@ -52,11 +80,22 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[red]error:[/red] {e}")
         return 2
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
-    bad = [p for p in policies if p not in policy_names() or p == "ideal"]
+    try:
+        specs = {p: parse_policy_spec(p) for p in policies}
+    except ValueError as e:
+        console.print(f"[red]error:[/red] {e}")
+        return 2
+    bad = [p for p, (name, _, _) in specs.items() if name not in policy_names() or name == "ideal"]
     if bad:
         console.print(f"[red]error:[/red] unknown or simulation-only policies {bad}; "
                       f"known: {[p for p in policy_names() if p != 'ideal']}")
         return 2
+    for p, (name, opts, _) in specs.items():
+        try:
+            make_policy(name, **opts)
+        except (TypeError, ValueError) as e:
+            console.print(f"[red]error:[/red] policy variant {p!r}: {e}")
+            return 2
     try:
         scales = [float(s) for s in args.scale.split(",")] if args.scale else None
     except ValueError:
@@ -89,10 +128,12 @@ def run(args: argparse.Namespace) -> int:
         return rep
 
     for pol in policies:
-        results.append(bench_policy(workload, pol, models, device=device, profiles=profiles,
+        name, opts, service_opts = specs[pol]
+        results.append(bench_policy(workload, name, models, device=device, profiles=profiles,
                                     duration_s=args.duration, scales=scales, sweep=args.sweep, target=args.target,
                                     steps=args.steps, queue_limit=args.queue_limit, simulate=not args.no_simulate,
-                                    progress=lambda s: console.print(s)))
+                                    progress=lambda s: console.print(s), policy_options=opts or None,
+                                    label=pol, **service_opts))
         write_report()
     report = write_report()
 
