@@ -24,6 +24,7 @@ import asyncio
 import json
 import logging
 import os
+import queue
 import signal
 import socket
 import struct
@@ -67,7 +68,9 @@ class InferBridge:
     """Runtime-process end: a Unix socket where workers send parsed infer requests.
 
     One thread per worker connection reads frames (``recv_into`` releases the GIL) and submits each
-    request through ``core``; the future's callback books the outcome and sends the reply frame.
+    request through ``core``; the future's callback (on the runtime's thread) books the outcome and
+    queues the reply frame for the connection's writer thread: socket writes, which block while the
+    worker is slow to read, never hold up the runtime.
     """
 
     def __init__(self, core: Any, path: str) -> None:
@@ -89,7 +92,9 @@ class InferBridge:
             threading.Thread(target=self._serve, args=(conn,), name="gpuloom-bridge", daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
-        lock = threading.Lock()
+        out: queue.SimpleQueue = queue.SimpleQueue()  # reply frames; None stops the writer
+        writer = threading.Thread(target=self._write, args=(conn, out), name="gpuloom-bridge-write", daemon=True)
+        writer.start()
         try:
             while True:
                 head = _recv_exact(conn, FRAME.size)
@@ -101,13 +106,24 @@ class InferBridge:
                 if js is None or payload is None:  # the worker went away mid-frame
                     return
                 meta = json.loads(bytes(js))
-                self._submit(conn, lock, meta, memoryview(payload))
+                self._submit(out, meta, memoryview(payload))
         except OSError:
             return
         finally:
+            out.put(None)  # the writer sends what is queued, then closes the connection
+
+    @staticmethod
+    def _write(conn: socket.socket, out: queue.SimpleQueue) -> None:
+        try:
+            while (frame := out.get()) is not None:
+                for b in frame:
+                    conn.sendall(b)
+        except OSError:  # the worker is gone; its client's connection went with it
+            pass
+        finally:
             conn.close()
 
-    def _submit(self, conn: socket.socket, lock: threading.Lock, meta: dict, payload: memoryview) -> None:
+    def _submit(self, out: queue.SimpleQueue, meta: dict, payload: memoryview) -> None:
         rid, name, version = meta["id"], meta["model"], meta.get("version")
         t0 = time.perf_counter()
         try:
@@ -115,10 +131,10 @@ class InferBridge:
             self.core.check_outputs(name, version, meta.get("outputs"))
             fut, _ = self.core.submit(name, version, inputs, meta.get("deadline_ms"))
         except ProtocolError as e:
-            self._send(conn, lock, _error_frame(rid, e))
+            out.put(_error_frame(rid, e))
             return
         except Exception as e:  # noqa: BLE001 - a malformed frame: answered, never a dead worker
-            self._send(conn, lock, _error_frame(rid, ProtocolError(f"internal error: {type(e).__name__}: {e}", 500)))
+            out.put(_error_frame(rid, ProtocolError(f"internal error: {type(e).__name__}: {e}", 500)))
             return
         rows = next(iter(inputs.values())).shape[0]
 
@@ -128,18 +144,11 @@ class InferBridge:
                 frame = pack({"id": rid, "status": 200, "names": list(outs)}, [np.asarray(outs[k]) for k in outs])
             except ProtocolError as e:
                 frame = _error_frame(rid, e)
-            self._send(conn, lock, frame)
+            except Exception as e:  # noqa: BLE001 - e.g. outputs that cannot be framed: still answered
+                frame = _error_frame(rid, ProtocolError(f"internal error: {type(e).__name__}: {e}", 500))
+            out.put(frame)
 
         fut.add_done_callback(done)
-
-    @staticmethod
-    def _send(conn: socket.socket, lock: threading.Lock, frame: list[Any]) -> None:
-        try:
-            with lock:
-                for b in frame:
-                    conn.sendall(b)
-        except OSError:  # the worker is gone; its client's connection went with it
-            pass
 
     def close(self) -> None:
         self._closed = True
