@@ -261,7 +261,7 @@ def inproc_summary(pt: Any) -> dict[str, Any]:
             "on_time": sum(v["on_time"] for v in models.values()),
             "answered": sum(v["answered"] for v in models.values()),
             "sm_utilization": num(pt.sm_utilization), "dispatch_overhead": num(pt.dispatch_overhead),
-            "models": models}
+            "layout_changes": pt.layout_changes, "layouts_built": pt.layouts_built, "models": models}
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -397,12 +397,16 @@ def run(args: argparse.Namespace) -> int:
                 svc.retune(rates)
             _settle(core)
             books0 = core.books.snapshot()
+            st0 = svc.stats()
             say(f"x{scale:g} HTTP: {clients} client process(es)")
             with tempfile.TemporaryDirectory(prefix="serve_e2e.") as tmp:
                 res, used = drive_http(addr.http_url, times, slos, clients=clients, timeout_s=args.timeout,
                                        workdir=Path(tmp))
             _settle(core, 10.0)
             http = http_summary(res, slos, args.duration)
+            st1 = svc.stats()  # re-plans during the leg (each drains the partitions; a new layout is captured)
+            http["layout_changes"] = st1.get("layout_swaps", 0) - st0.get("layout_swaps", 0)
+            http["layouts_built"] = st1["backend"].get("layouts_built", 0) - st0["backend"].get("layouts_built", 0)
             points.append(make_point(scale, args.duration, inproc, http, books_delta(books0, core.books.snapshot()), times, used))
             say(f"x{scale:g}: goodput in-process {inproc['goodput_rps']:.1f}/s, HTTP {http['goodput_rps']:.1f}/s, "
                 f"ratio {points[-1]['ratio']['goodput']}")
