@@ -8,6 +8,7 @@ import json
 import pytest
 
 from gpuloom.commands import bench
+from gpuloom.runtime.exec_backend import ExecBackend
 
 WORKLOAD = """
 duration_s: 1
@@ -102,11 +103,11 @@ def test_policy_variants_run_side_by_side_under_their_own_names_and_are_not_base
         seen.append((self.policy_name, self.lookahead_ms, dict(self.policy_options)))
 
     monkeypatch.setattr(service_mod.InferenceService, "__init__", spy)
-    rc, rep = run_bench(tmp_path, "--policy", "dstack,dstack:lookahead_ms=0:replan=false,triton")
+    rc, rep = run_bench(tmp_path, "--policy", "dstack,dstack:lookahead_ms=0.5:replan=false,triton")
     assert rc == 0
-    assert set(rep["policies"]) == {"dstack", "dstack:lookahead_ms=0:replan=false", "triton"}
-    assert seen[1] == ("dstack", 0.0, {"replan": False})  # service option and policy option, each to its place
-    assert seen[0][1] > 0  # the plain policy keeps the default launch-ahead
+    assert set(rep["policies"]) == {"dstack", "dstack:lookahead_ms=0.5:replan=false", "triton"}
+    assert seen[1] == ("dstack", 0.5, {"replan": False})  # service option and policy option, each to its place
+    assert seen[0][1] == ExecBackend.DEFAULT_LOOKAHEAD_MS  # the plain policy keeps the default
     assert rep["dstack_vs_best_baseline"]["baseline"] == "triton"  # a dstack variant is no baseline
 
 

@@ -92,9 +92,12 @@ class ExecBackend(Backend):
     partitions (:attr:`Backend.lookahead_ms`; 0 turns it off).
     """
 
-    #: default launch-ahead: above the 0.1-0.3 ms a batch's completion and the next launch took on the
-    #: host (scripts/diag_dstack_realtime.py), small against the profiled batch latencies (1-20 ms)
-    DEFAULT_LOOKAHEAD_MS = 0.5
+    #: default launch-ahead: off. On a fake device that runs batches exactly as profiled, 0.5 ms hid the
+    #: 0.1-0.3 ms host turnaround per batch (mix6 x1 attainment 0.953 -> 0.974-0.980); on the H200,
+    #: same run, dstack's highest load at 99% was the same with and without it (x0.1875) and worse above
+    #: it (x0.5: 0.860 vs 0.958; x1: 0.722 vs 0.803): a batch launched ahead is composed earlier, from
+    #: fewer queued requests (docs/reports/runtime.md, bench_mix6_h200_run7_lookahead.json)
+    DEFAULT_LOOKAHEAD_MS = 0.0
 
     def __init__(self, device: DeviceLayer, *, knee: Callable[[str, int], int] | None = None,
                  quiet_timeout_s: float = 60.0, lookahead_ms: float = DEFAULT_LOOKAHEAD_MS) -> None:
