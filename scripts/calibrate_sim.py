@@ -85,7 +85,7 @@ def main() -> int:
         rows = []
         for pt in points:
             wl = dataclasses.replace(pt["wl"].scaled(pt["scale"]), duration_s=pt["duration"])
-            m = simulate(wl, pt["profs"], pt["policy"], contention=cm).metrics
+            m = simulate(wl, pt["profs"], pt["policy"].split(":")[0], contention=cm).metrics
             g = pt["measured_goodput"]
             rows.append({"file": pt["file"], "policy": pt["policy"], "scale": pt["scale"],
                          "measured_goodput": round(g, 1), "simulated_goodput": round(m.goodput_rps, 1),
