@@ -32,6 +32,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..runtime.gcpause import GcMonitor
 from .metrics import jain, percentile
 from .workload import Workload, arrival_times
 
@@ -78,6 +79,7 @@ class Point:
     layouts: list = field(default_factory=list)  # partitions at the end: label, sms, busy ratio
     layout_changes: int = 0  # layouts switched to during the point (re-plans: each drains the partitions)
     layouts_built: int = 0  # of which built (captured) during the point rather than taken from the cache
+    gc: dict = field(default_factory=dict)  # garbage-collector pauses during the point: per generation, total, longest ms
     sim: dict = field(default_factory=dict)  # the same arrivals through the simulator (simulate_point)
     profile_check: list = field(default_factory=list)  # measured vs profiled ms per (model, SMs, batch)
     host: dict = field(default_factory=dict)  # the launching thread: batches/s, busy ms/s, ms per launch phase
@@ -279,6 +281,7 @@ def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s:
         layouts=[{k: p[k] for k in ("label", "sms", "shared", "busy_ratio")} for p in after["partitions"]],
         profile_check=profile_check(svc, before, after),
         host=host_split(before, after, wall_ms),
+        gc=GcMonitor.installed().since(before["t"]),
         layout_changes=after["layout_swaps"] - before["layout_swaps"],
         layouts_built=after["layouts_built"] - before["layouts_built"],
     )
@@ -331,11 +334,12 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
                  sweep: bool = False, target: float = 0.99, steps: int = 5, max_scale: float = 64.0,
                  policy_options: dict | None = None, queue_limit: int = 1024, simulate: bool = True,
                  retune: bool = True, progress: Callable[[str], None] | None = None,
-                 lookahead_ms: float | None = None, label: str | None = None) -> PolicyResult:
+                 service_options: dict | None = None, label: str | None = None) -> PolicyResult:
     """Serve ``workload`` under ``policy``: the given ``scales``, and/or a rate sweep.
 
-    ``lookahead_ms``: the service's launch-ahead (None: its default). ``label``: the result's name
-    (default ``policy``), so that one run can hold variants of a policy side by side.
+    ``service_options``: keyword options of the :class:`InferenceService` (``lookahead_ms``,
+    ``freeze_gc``). ``label``: the result's name (default ``policy``), so that one run can hold
+    variants of a policy side by side.
 
     ``retune``: before each point, tell the service the point's offered rates and wait for its new
     layout (the same information for every policy; the time to re-plan and capture is not part of
@@ -343,7 +347,7 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
     from gpuloom.runtime.service import InferenceService
 
     say = progress or (lambda s: None)
-    extra = {} if lookahead_ms is None else {"lookahead_ms": lookahead_ms}
+    extra = dict(service_options or {})
     svc = InferenceService(policy=policy, device=device, profiles=profiles, policy_options=policy_options,
                            queue_limit=queue_limit, **extra)
     name = label or policy

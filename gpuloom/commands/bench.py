@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="FILE", default=None, help="write the JSON report here")
 
 
-SERVICE_KEYS = ("lookahead_ms",)  # variant keys that configure the service; the rest are policy options
+SERVICE_KEYS = ("lookahead_ms", "freeze_gc")  # variant keys that configure the service; the rest are policy options
 
 
 def parse_policy_spec(spec: str) -> tuple[str, dict, dict]:
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
                                     duration_s=args.duration, scales=scales, sweep=args.sweep, target=args.target,
                                     steps=args.steps, queue_limit=args.queue_limit, simulate=not args.no_simulate,
                                     progress=lambda s: console.print(s), policy_options=opts or None,
-                                    label=pol, **service_opts))
+                                    label=pol, service_options=service_opts))
         write_report()
     report = write_report()
 

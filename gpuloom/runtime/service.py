@@ -50,6 +50,7 @@ from ..profile.store import GpuInfo, Profile, ProfileStore
 from .core import Runtime
 from .device import DeviceLayer, FakeModel, make_device_layer
 from .exec_backend import ExecBackend, ExecOutput
+from .gcpause import GcMonitor, freeze_loaded, thaw
 
 log = logging.getLogger(__name__)
 
@@ -259,6 +260,10 @@ class InferenceService:
             long before its running one is predicted to end; default 0 = only when idle, see
             ExecBackend.DEFAULT_LOOKAHEAD_MS for why). See
             :meth:`gpuloom.runtime.core.Runtime._open_lane`.
+        freeze_gc: after each load, freeze what is alive out of the garbage collector's reach
+            (:func:`gpuloom.runtime.gcpause.freeze_loaded`): compiled models are hundreds of
+            thousands of objects, and a full collection scanning them stops every thread for
+            hundreds of ms. Thawed again before an unload and at close.
     """
 
     def __init__(
@@ -272,10 +277,13 @@ class InferenceService:
         device_layer: DeviceLayer | None = None,
         load_timeout_s: float = 600.0,
         lookahead_ms: float = ExecBackend.DEFAULT_LOOKAHEAD_MS,
+        freeze_gc: bool = True,
     ) -> None:
         if not lookahead_ms >= 0:
             raise ValueError(f"lookahead_ms must be >= 0 (0 turns launch-ahead off), got {lookahead_ms!r}")
         self.lookahead_ms = float(lookahead_ms)
+        self.freeze_gc = bool(freeze_gc)
+        self._gc = GcMonitor.installed()
         self.policy_name = policy
         self.policy_options = dict(policy_options or {})
         probe = make_policy(policy, **self.policy_options)  # unknown names / bad options fail here, not at load
@@ -342,6 +350,8 @@ class InferenceService:
         elif self._layer is not None:
             self._layer.close()
         self._started = False
+        if self.freeze_gc:
+            thaw()  # what this service froze can be collected again
 
     def is_live(self) -> bool:
         """The service runs and its runtime loop is healthy."""
@@ -418,6 +428,8 @@ class InferenceService:
             for e in entries:
                 e.state = "ready"
                 e.loaded_at = now
+            if self.freeze_gc:
+                freeze_loaded()
 
     def retune(self, rates: Mapping[str, float]) -> None:
         """Re-plan for known request rates (req/s per model; others keep theirs), forgetting the
@@ -448,8 +460,14 @@ class InferenceService:
                 m.state = "unloading"
                 self._cv.wait_for(lambda: m.in_flight == 0, timeout=timeout_s)
                 del self._models[name]
-            self._replan()
+                m = None  # nothing here may keep the model alive past the collection below
+            # off the device first, so the re-plan's build leaves it out (a build made while it was
+            # still there kept its graphs and weights alive until the next layout change)
             self.device.remove_model(name)
+            self._replan()
+            if self.freeze_gc:  # the model's frozen objects (FX graphs are cyclic; they hold its weights)
+                thaw()          # must be collectable: one full collection now, at the unload, then
+                freeze_loaded()  # freeze what is still alive again
 
     # -- requests -----------------------------------------------------------------------------
     def submit(self, name: str, inputs: Mapping[str, np.ndarray], *, deadline_ms: float | None = None
@@ -551,7 +569,8 @@ class InferenceService:
             "partition_step_sms": (self._layer.granularity * self.granularity_factor) if self._layer is not None else None,
             "backend": be,
             "runtime": idle,
-            "layout_swaps": swaps,  # layouts the current runtime switched to (re-plans, loads), the first included
+            "layout_swaps": swaps,
+            "gc": self._gc.snapshot(),  # the process's garbage-collector pauses (gcpause.GcMonitor)  # layouts the current runtime switched to (re-plans, loads), the first included
             "totals": dict(tot),
         }
 

@@ -1,0 +1,112 @@
+"""Garbage-collector pauses: the monitor times them, and the service keeps loaded models out of them
+without keeping an unloaded model alive. CPU only, about a second."""
+
+from __future__ import annotations
+
+import gc
+import time
+import warnings
+import weakref
+
+import numpy as np
+import pytest
+
+from gpuloom.runtime.device import FakeDeviceLayer, FakeModel
+from gpuloom.runtime.gcpause import GcMonitor, freeze_loaded, thaw
+from gpuloom.runtime.service import InferenceService, ModelConfig, TensorSpec
+
+X4 = (TensorSpec("x", (4,), "float32"),)
+Y4 = (TensorSpec("y", (4,), "float32"),)
+
+
+@pytest.fixture(autouse=True)
+def _thawed():
+    thaw()
+    yield
+    thaw()
+
+
+def test_the_monitor_times_every_collection_and_reports_those_of_a_window():
+    mon = GcMonitor.installed()
+    assert GcMonitor.installed() is mon  # one per process
+    before = mon.snapshot()
+    t = time.monotonic()
+    gc.collect()
+    after = mon.snapshot()
+    assert after["collections"][2] == before["collections"][2] + 1
+    assert after["total_ms"] > before["total_ms"] and after["max_ms"] > 0
+    window = mon.since(t)
+    assert window["collections"][2] >= 1 and window["max_ms"] > 0
+    assert mon.since(time.monotonic())["collections"] == [0, 0, 0]
+
+
+def test_freezing_takes_what_is_alive_out_of_full_collections():
+    keep = [[i] for i in range(200_000)]  # many tracked objects, like a compiled model's graph
+    t0 = time.perf_counter()
+    gc.collect()
+    unfrozen_ms = (time.perf_counter() - t0) * 1000
+    assert freeze_loaded() >= len(keep)
+    t0 = time.perf_counter()
+    gc.collect()
+    frozen_ms = (time.perf_counter() - t0) * 1000
+    assert frozen_ms < unfrozen_ms / 2, (frozen_ms, unfrozen_ms)
+    thaw()
+    assert gc.get_freeze_count() == 0
+
+
+class CyclicModel(FakeModel):
+    """A model whose objects form a reference cycle, as an FX graph's nodes and graph do."""
+
+
+def _service(**kw) -> InferenceService:
+    svc = InferenceService(policy="triton", device_layer=FakeDeviceLayer(), **kw)
+    svc.start()
+    return svc
+
+
+def _load(svc: InferenceService, name: str) -> weakref.ref:
+    m = CyclicModel(lambda xs: [xs[0] * 2], 0.5)
+    m.me = m  # the cycle
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no profile: a crude one
+        svc.load(ModelConfig(name, X4, Y4, max_batch=4, slo_ms=500), m)
+    return weakref.ref(m)
+
+
+def test_a_loaded_service_is_frozen_and_an_unloaded_models_cycles_are_still_collected():
+    svc = _service()
+    try:
+        gone = _load(svc, "a")
+        _load(svc, "b")
+        assert gc.get_freeze_count() > 0
+        out = svc.infer("b", {"x": np.ones((1, 4), np.float32)}, timeout_s=10)
+        np.testing.assert_array_equal(out["y"], np.full((1, 4), 2.0, np.float32))
+        svc.unload("a")
+        assert gone() is None  # frozen while loaded, collected after the unload
+        assert gc.get_freeze_count() > 0  # what is still loaded is frozen again
+    finally:
+        svc.close()
+    assert gc.get_freeze_count() == 0  # close hands everything back to the collector
+
+
+def test_freezing_can_be_turned_off():
+    svc = _service(freeze_gc=False)
+    try:
+        _load(svc, "a")
+        assert gc.get_freeze_count() == 0
+    finally:
+        svc.close()
+
+
+def test_an_unloaded_model_is_not_kept_alive_by_the_layout_built_without_it():
+    # the re-plan after an unload used to build while the model was still on the device, so the
+    # serving build kept its graphs and weights until the next layout change
+    svc = _service(freeze_gc=False)
+    try:
+        gone = _load(svc, "a")
+        _load(svc, "b")
+        svc.unload("a")
+        gc.collect()
+        assert gone() is None
+    finally:
+        svc.close()
