@@ -212,6 +212,35 @@ def summarize(results: list[dict]) -> dict:
     return s
 
 
+def run_child(name: str, dtype_name: str, args: argparse.Namespace) -> dict:
+    """One (model, dtype) in a child process; its result, or an error entry with the child's last words.
+
+    On the H200 a CUDA error in one model (bert_base, run 8: ``unspecified launch failure``) left the
+    process's context unusable and the remaining models unmeasured.
+    """
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="bench_engine.") as tmp:
+        child_out = Path(tmp) / "one.json"
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--no-isolate", "--models", name, "--dtypes", dtype_name,
+               "--batches", args.batches, "--variants", ",".join(sorted(args.variants)),
+               "--torch-compile-batches", ",".join(str(b) for b in sorted(args.torch_compile_batches)),
+               "--warmup", str(args.warmup), "--iters", str(args.iters), "--rounds", str(args.rounds),
+               "--out", str(child_out)] + ([] if args.lower_bound else ["--no-lower-bound"])
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.model_timeout)
+            tail, rc = (proc.stdout + proc.stderr)[-3000:], proc.returncode
+        except subprocess.TimeoutExpired as e:
+            tail, rc = f"timed out after {args.model_timeout:.0f} s: {str(e.stdout or '')[-2000:]}", None
+        print(tail if rc else "\n".join(l for l in tail.splitlines() if l.startswith("  ")), flush=True)
+        try:
+            (res,) = json.loads(child_out.read_text())["results"]
+        except (OSError, ValueError):
+            res = {"model": name, "dtype": dtype_name, "error": f"child exited with {rc}: {tail[-1500:]}"}
+        return res
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="resnet50,resnet101,inception_v3,googlenet,mobilenet_v2,efficientnet_b0,"
@@ -228,6 +257,10 @@ def main() -> int:
                    help="the variants take turns this many times, each timing iters/rounds calls a turn")
     p.add_argument("--no-lower-bound", dest="lower_bound", action="store_false")
     p.add_argument("--out", default="docs/results/engine_h200.json")
+    p.add_argument("--no-isolate", dest="isolate", action="store_false",
+                   help="run every (model, dtype) in this process (default: each in a child process, so a CUDA "
+                        "error -- which poisons the process's context -- loses only that model)")
+    p.add_argument("--model-timeout", type=float, default=900.0, help="seconds per (model, dtype) child (default 900)")
     args = p.parse_args()
     args.variants = set(args.variants.split(","))
     batches = [int(b) for b in args.batches.split(",")]
@@ -254,6 +287,11 @@ def main() -> int:
         dtype = getattr(torch, dtype_name)
         for name in args.models.split(","):
             print(f"{name} {dtype_name}", flush=True)
+            if args.isolate:
+                out["results"].append(run_child(name, dtype_name, args))
+                out["summary"] = summarize(out["results"])
+                Path(args.out).write_text(json.dumps(out, indent=1))
+                continue
             try:
                 out["results"].append(bench_model(name, dtype, batches, args))
             except Exception as e:  # keep going: one model's failure is a result too
