@@ -208,3 +208,36 @@ def test_dstack_keeps_full_batches_under_a_backlog(store):
     assert planned > 1
     assert run.metrics.model("resnet50").mean_batch >= 0.8 * planned
     assert run.metrics.arrived == run.metrics.served + run.metrics.dropped + run.metrics.queued
+
+
+@pytest.mark.parametrize("seed", [16, 288])  # the two of 300 random cases that stranded requests before the fix
+def test_dstack_answers_every_request_by_its_deadline_even_when_passed_over_at_the_end_of_a_burst(seed):
+    # Under a backlog dstack passes the oldest requests over for a fuller batch of younger ones. With
+    # no arrival after the burst those requests used to stay queued forever: nothing re-examined them.
+    import random
+
+    from gpuloom.policy.base import ModelInfo
+    from gpuloom.policy.types import Status
+    from gpuloom.profile.synthetic import synthetic_profile
+    from gpuloom.runtime import Runtime, SimBackend
+
+    rnd = random.Random(seed)  # the same generator as the random search that found these seeds
+    per = rnd.choice([20.0, 40.0, 80.0, 160.0])
+    slo = rnd.choice([5.0, 8.0, 12.0, 20.0])
+    prof = synthetic_profile("m", per_item_sm_ms=per)
+    ctx = PolicyContext({"m": ModelInfo("m", prof, slo, 1.0, rnd.choice([200.0, 1000.0, 4000.0]))}, 132, 8)
+    arrivals, t = [], 0.0
+    for _ in range(rnd.randint(20, 400)):
+        t += rnd.expovariate(1.0 / rnd.choice([0.05, 0.2, 1.0]))
+        arrivals.append(t)
+    arrivals += [t + 0.001 * j for j in range(rnd.randint(5, 60))]
+    reqs = [Request(i, "m", a, a + slo) for i, a in enumerate(arrivals)]
+    rec = Runtime(make_policy("dstack", replan=False), SimBackend({"m": prof}), ctx).run(
+        reqs, until_ms=reqs[-1].arrival_ms, drain_ms=10 * slo)
+    assert not [r for r in rec.results if r.status == Status.QUEUED]
+    # dropped soon after the deadline: the policy decides when a partition is free, so a drop may
+    # wait for the longest batch that can be running (the slowest batch on the smallest partition)
+    longest = max(prof.latency(b, 8) for b in prof.batches)
+    for r in rec.results:
+        if r.status == Status.DROPPED:
+            assert r.finish_ms <= r.request.deadline_ms + longest + 1e-6

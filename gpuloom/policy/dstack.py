@@ -235,6 +235,7 @@ class DStackPolicy(Policy):
         for m in (sorted(pos, key=head.__getitem__) if len(pos) > 1 else list(pos)):  # earliest deadline first
             q = queues[m]
             l1s = self._l1[m]
+            first_left = pos[m]  # the oldest request of m this decision leaves queued
             # m's home partitions first (static order), then the others; a partition whose current
             # slot belongs to another model with queued requests is that model's
             for idx in self.pref[m]:
@@ -260,13 +261,22 @@ class DStackPolicy(Policy):
                 if k:
                     out.append(Decision(m, tuple(q[j + t].id for t in range(k)), k, idx))
                     free_idx.discard(idx)
+                    if first_left == i and j == i:  # nothing passed over: the oldest left moves on
+                        first_left = j + k
                     if j + k < len(q):
                         pos[m] = j + k
                     else:
                         del pos[m]
                         break
-            if m in pos:
+            if first_left < len(q):
+                # m keeps queued requests (not placed, or passed over for a fuller batch of younger
+                # ones): re-examine it when a partition comes free, and at the latest when its oldest
+                # can no longer make its deadline, so that it is dropped then even if nothing else
+                # happens (without this, requests passed over at the end of a burst stayed queued)
                 waiting.add(m)
+                t = q[first_left].deadline_ms - self.fastest[m] + 1e-3
+                if wake is None or t < wake:
+                    wake = t
             else:
                 waiting.discard(m)
         if pos and free_idx:
