@@ -318,3 +318,41 @@ def test_coarser_plans_stop_at_the_largest_step_and_the_load_fails_with_the_erro
         assert len(layer.failed) == 3 and svc.granularity_factor == 4  # steps of 8, 16, 32 SMs tried
     finally:
         svc.close()
+
+
+def test_a_request_the_runtime_never_answers_is_answered_as_expired_after_the_grace():
+    # a safety net under the runtime: whatever loses a request there, the client gets an answer
+    from gpuloom.runtime.service import Expired
+
+    svc = InferenceService(policy="dstack", device_layer=FakeDeviceLayer(), expiry_grace_s=0.2)
+    real = svc._on_result
+    lost = []
+
+    def lose_the_first(result, out):
+        if not lost:
+            lost.append(result.request.id)  # as if the runtime never answered it
+            return
+        real(result, out)
+
+    svc._on_result = lose_the_first
+    svc.start()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            svc.load(ModelConfig("twice", X4, Y4, max_batch=8, slo_ms=50), FakeModel(lambda xs: [xs[0] * 2], 1.0))
+        t0 = time.monotonic()
+        first = svc.submit("twice", {"x": np.ones((1, 4), np.float32)})
+        second = svc.submit("twice", {"x": np.ones((1, 4), np.float32)})
+        np.testing.assert_array_equal(second.result(5)["y"], np.full((1, 4), 2.0, np.float32))
+        with pytest.raises(Expired, match="not answered within 0.2 s of its deadline"):
+            first.result(5)
+        assert 0.05 + 0.2 <= time.monotonic() - t0 < 2.0  # after deadline + grace, not much later
+        st = assert_books(svc)
+        assert st["models"]["twice"]["dropped"] == {"expired": 1} and st["models"]["twice"]["in_flight"] == 0
+    finally:
+        svc.close()
+
+
+def test_expiry_grace_must_be_positive():
+    with pytest.raises(ValueError, match="expiry_grace_s must be > 0"):
+        InferenceService(policy="dstack", device_layer=FakeDeviceLayer(), expiry_grace_s=0)

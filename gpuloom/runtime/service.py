@@ -148,6 +148,11 @@ class DeadlineExceeded(ServiceError):
     """The request could not be answered by its deadline."""
 
 
+class Expired(DeadlineExceeded):
+    """The runtime had not answered the request ``expiry_grace_s`` after its deadline: the service
+    answered it instead (a safety net; each one is logged as an error, it means a runtime bug)."""
+
+
 class Dropped(ServiceError):
     """The scheduler dropped the request; ``reason`` says why (e.g. "shutdown", "model unloaded")."""
 
@@ -264,6 +269,9 @@ class InferenceService:
             (:func:`gpuloom.runtime.gcpause.freeze_loaded`): compiled models are hundreds of
             thousands of objects, and a full collection scanning them stops every thread for
             hundreds of ms. Thawed again before an unload and at close.
+        expiry_grace_s: a request the runtime has not answered this long after its deadline is
+            answered by the service with :class:`Expired` (counted as dropped "expired", logged as an
+            error): whatever goes wrong below, every accepted request gets an answer.
     """
 
     def __init__(
@@ -278,11 +286,16 @@ class InferenceService:
         load_timeout_s: float = 600.0,
         lookahead_ms: float = ExecBackend.DEFAULT_LOOKAHEAD_MS,
         freeze_gc: bool = True,
+        expiry_grace_s: float = 5.0,
     ) -> None:
         if not lookahead_ms >= 0:
             raise ValueError(f"lookahead_ms must be >= 0 (0 turns launch-ahead off), got {lookahead_ms!r}")
         self.lookahead_ms = float(lookahead_ms)
         self.freeze_gc = bool(freeze_gc)
+        if not expiry_grace_s > 0:
+            raise ValueError(f"expiry_grace_s must be > 0 s, got {expiry_grace_s!r}")
+        self.expiry_grace_s = float(expiry_grace_s)
+        self._expiry_stop = threading.Event()
         self._gc = GcMonitor.installed()
         self.policy_name = policy
         self.policy_options = dict(policy_options or {})
@@ -333,6 +346,7 @@ class InferenceService:
         _ = self.device
         self._started = True
         self._t_start = time.monotonic()
+        threading.Thread(target=self._expire_loop, name="gpuloom-expiry", daemon=True).start()
 
     def close(self, *, drain: bool = True, timeout_s: float = 30) -> None:
         """Stop taking requests and answer every accepted one: served (``drain``, within
@@ -345,6 +359,7 @@ class InferenceService:
         if rt is not None:
             rt.stop(drain=drain, timeout_s=timeout_s)
         self._fail_outstanding("shutdown")
+        self._expiry_stop.set()
         if self._backend is not None:
             self._backend.close()
         elif self._layer is not None:
@@ -661,6 +676,8 @@ class InferenceService:
         else:
             if isinstance(call.error, ModelFailed):
                 m.failure += 1
+            elif isinstance(call.error, Expired):
+                m.dropped["expired"] += 1
             elif isinstance(call.error, Dropped):
                 m.dropped[call.error.reason] += 1
             else:
@@ -668,6 +685,31 @@ class InferenceService:
             call.future.set_exception(call.error)
         if m.in_flight == 0:
             self._cv.notify_all()
+
+    def _expire_loop(self) -> None:
+        """Every quarter second (at most), answer the requests left unanswered past deadline + grace."""
+        period = min(0.25, self.expiry_grace_s / 4)
+        while not self._expiry_stop.wait(period):
+            self.expire_overdue(time.monotonic())
+
+    def expire_overdue(self, now: float) -> int:
+        """Answer with :class:`Expired` every request unanswered ``expiry_grace_s`` after its deadline
+        (monotonic ``now``, s); returns how many. Their late results from the runtime are ignored."""
+        limit = now - self.expiry_grace_s
+        with self._lock:
+            overdue = {id(c): c for c, _ in self._rid.values() if c.deadline_s < limit and not c.future.done()}
+            if not overdue:
+                return 0
+            for rid in [rid for rid, (c, _) in self._rid.items() if id(c) in overdue]:
+                del self._rid[rid]
+            for call in overdue.values():
+                log.error("model %s: a request was not answered by the runtime %.1f s after its deadline; "
+                          "answering it as expired (a runtime bug: please report it)",
+                          call.model.config.name, now - call.deadline_s)
+                call.error = Expired(f"request for {call.model.config.name!r} was not answered within "
+                                     f"{self.expiry_grace_s:g} s of its deadline")
+                self._settle(call)
+        return len(overdue)
 
     def _fail_outstanding(self, reason: str) -> None:
         """Answer every request still unanswered (after the runtime stopped) with Dropped(reason)."""
@@ -900,6 +942,6 @@ def crude_profile(config: ModelConfig, runner: Any, device: DeviceLayer, reps: i
 
 
 __all__ = [
-    "DeadlineExceeded", "Dropped", "Histogram", "InferenceService", "InvalidInput", "ModelConfig", "ModelFailed",
+    "DeadlineExceeded", "Dropped", "Expired", "Histogram", "InferenceService", "InvalidInput", "ModelConfig", "ModelFailed",
     "ModelNotReady", "Overloaded", "ServiceError", "TensorSpec", "UnknownModel", "crude_profile", "trim_profile",
 ]
