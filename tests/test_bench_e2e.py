@@ -58,6 +58,11 @@ def test_bench_serves_tiny_models_on_cpu_and_reports_every_metric(tmp_path):
         n_batches = sum(r["batches"] for r in checked)
         assert host["batches_per_s"] > 0 and 0 <= host["launch_ms_per_s"] <= 1000.0
         assert host["batches_per_s"] * pt["duration_s"] >= 0.5 * n_batches  # wall time includes the drain
+        # what could stall the runtime during the point, recorded for the diagnosis of latency tails
+        assert set(pt["loop_lag"]) == {"over_1ms", "over_5ms", "over_20ms", "max_ms"}
+        assert pt["loop_lag"]["over_1ms"] >= pt["loop_lag"]["over_5ms"] >= pt["loop_lag"]["over_20ms"] >= 0
+        assert len(pt["gc"]["collections"]) == 3 and pt["gc"]["total_ms"] >= 0
+        assert pt["layout_changes"] >= 0 and pt["layouts_built"] >= 0
     assert rep["dstack_vs_best_baseline"]["baseline"] == "triton"
 
 

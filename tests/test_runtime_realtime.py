@@ -78,3 +78,23 @@ def test_a_failing_model_fails_only_its_own_requests_and_the_books_balance():
     assert all(by[i].status == Status.FAILED and "crashed" in by[i].reason for i in range(0, 10, 2))
     assert all(by[i].status == Status.SERVED for i in range(1, 10, 2))
     assert rec.count(Status.SERVED) + rec.count(Status.FAILED) == len(reqs)
+
+
+def test_the_realtime_loop_measures_how_long_posts_waited_for_a_stalled_loop():
+    loop = RealtimeLoop()
+    loop.open()
+    t0 = time.monotonic()
+    ran = []
+
+    def stall():
+        time.sleep(0.03)  # a long handler (or a garbage-collector pause) holds the loop's thread
+
+    loop.post(0, stall)
+    threading.Timer(0.005, lambda: loop.post(0, ran.append, 1)).start()  # arrives while the loop stalls
+    threading.Timer(0.08, loop.shut).start()
+    while loop.step():
+        pass
+    lag = loop.lag_since(t0)
+    assert ran == [1]
+    assert lag["over_20ms"] == 1 and 20 <= lag["max_ms"] < 200
+    assert loop.lag_since(time.monotonic())["over_1ms"] == 0

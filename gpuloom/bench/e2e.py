@@ -80,6 +80,7 @@ class Point:
     layout_changes: int = 0  # layouts switched to during the point (re-plans: each drains the partitions)
     layouts_built: int = 0  # of which built (captured) during the point rather than taken from the cache
     gc: dict = field(default_factory=dict)  # garbage-collector pauses during the point: per generation, total, longest ms
+    loop_lag: dict = field(default_factory=dict)  # posts the runtime's loop took > 1/5/20 ms late, and the longest
     sim: dict = field(default_factory=dict)  # the same arrivals through the simulator (simulate_point)
     profile_check: list = field(default_factory=list)  # measured vs profiled ms per (model, SMs, batch)
     host: dict = field(default_factory=dict)  # the launching thread: batches/s, busy ms/s, ms per launch phase
@@ -282,6 +283,7 @@ def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s:
         profile_check=profile_check(svc, before, after),
         host=host_split(before, after, wall_ms),
         gc=GcMonitor.installed().since(before["t"]),
+        loop_lag=svc.loop_lag(before["t"]),
         layout_changes=after["layout_swaps"] - before["layout_swaps"],
         layouts_built=after["layouts_built"] - before["layouts_built"],
     )

@@ -79,6 +79,13 @@ class RealtimeLoop(EventLoop):
         self._posted: list[tuple[int, Callable[..., Any], tuple]] = []
         self._expected = 0  # posts announced with expect() and not yet arrived
         self._open = False  # online serving: keep waiting for posts even with nothing expected
+        # how long posts waited for the loop's thread to take them (a stalled loop -- a long handler,
+        # a garbage-collector pause, the GIL -- delays every arrival and completion alike)
+        from collections import deque
+
+        self.posts = 0
+        self.lag_max_ms = 0.0
+        self.slow_posts: deque = deque(maxlen=4096)  # (monotonic s, lag ms) of posts that waited > 1 ms
 
     def open(self) -> None:
         """Online mode: :meth:`step` waits for posts (submissions from other threads) instead of
@@ -104,16 +111,33 @@ class RealtimeLoop(EventLoop):
     def post(self, priority: int, callback: Callable[..., Any], *args: Any) -> None:
         """Thread-safe: run ``callback(*args)`` on the loop's thread as soon as possible."""
         with self._cv:
-            self._posted.append((priority, callback, args))
+            self._posted.append((priority, callback, args, self._time.monotonic()))
             self._expected = max(0, self._expected - 1)
             self._cv.notify()
 
     def _drain_posted(self) -> None:
         with self._cv:
             posted, self._posted = self._posted, []
-        for priority, cb, args in posted:
-            heapq.heappush(self._heap, (max(self.now, self.wall_ms()), priority, self._seq, cb, args))
+        if not posted:
+            return
+        mono = self._time.monotonic()
+        now = max(self.now, (mono - self._t0) * 1000.0)
+        for priority, cb, args, t_post in posted:
+            heapq.heappush(self._heap, (now, priority, self._seq, cb, args))
             self._seq += 1
+            lag = (mono - t_post) * 1000.0
+            if lag > 1.0:
+                self.slow_posts.append((mono, lag))
+                if lag > self.lag_max_ms:
+                    self.lag_max_ms = lag
+        self.posts += len(posted)
+
+    def lag_since(self, t: float) -> dict:
+        """Posts taken by the loop more than 1 / 5 / 20 ms after they were made, and the longest wait
+        (ms), since monotonic time ``t`` (s)."""
+        lags = [ms for end, ms in list(self.slow_posts) if end > t]
+        return {"over_1ms": len(lags), "over_5ms": sum(1 for x in lags if x > 5), "over_20ms": sum(1 for x in lags if x > 20),
+                "max_ms": max(lags, default=0.0)}
 
     def peek(self) -> float:
         self._drain_posted()

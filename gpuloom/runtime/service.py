@@ -692,6 +692,13 @@ class InferenceService:
         while not self._expiry_stop.wait(period):
             self.expire_overdue(time.monotonic())
 
+    def loop_lag(self, since: float) -> dict:
+        """How late the runtime's loop took submissions and completions since monotonic ``since`` (s):
+        counts over 1 / 5 / 20 ms and the longest (ms); see ``RealtimeLoop.lag_since``."""
+        rt = self._runtime
+        loop = rt.loop if rt is not None else None
+        return loop.lag_since(since) if hasattr(loop, "lag_since") else {}
+
     def expire_overdue(self, now: float) -> int:
         """Answer with :class:`Expired` every request unanswered ``expiry_grace_s`` after its deadline
         (monotonic ``now``, s); returns how many. Their late results from the runtime are ignored."""
