@@ -60,6 +60,9 @@ def main() -> int:
                     help="K: profiled latencies and SLOs x K, rates / K (host costs weigh K times less)")
     ap.add_argument("--small-tensors", action="store_true",
                     help="4-float inputs (same profiled latencies): the runtime's own cost without tensor copies")
+    ap.add_argument("--tune-gc", default="on", help="on, off, or on,off (both, alternating per point: an A/B "
+                    "of InferenceService(tune_gc=...)); default on")
+    ap.add_argument("--repeat", type=int, default=1, help="measure every (policy, scale, tune-gc) this many times")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     wl = load_workload(a.workload)
@@ -75,48 +78,54 @@ def main() -> int:
         wl = dataclasses.replace(wl, models=tuple(dataclasses.replace(m, slo_ms=m.slo_ms * k) for m in wl.models))
         wl = wl.scaled(1.0 / k)
     rows = []
-    for pol in a.policy.split(","):
-        for s in (float(x) for x in a.scales.split(",")):
-            opts = {}
-            if pol == "dstack":
-                if a.no_replan:
-                    opts["replan"] = False
-            svc = InferenceService(policy=pol, device_layer=ProfiledFakeLayer(store), profiles=store, policy_options=opts or None)
-            svc.start()
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    svc.load_many([(ModelConfig(m.name, tuple(TensorSpec(f"x{i}", tuple(sh), "float32") for i, sh in
-                                                            enumerate(store.get(m.name).input_shapes)),
-                                                (TensorSpec("y", (4,), "float32"),), max_batch=a.max_batch,
-                                                slo_ms=float(m.slo_ms), weight=float(m.weight),
-                                                rate_hint=wl.mean_rate(m) * s),
-                                    FakeModel(lambda xs: [xs[0].reshape(len(xs[0]), -1)[:, :4]], 0.0))
-                                   for m in wl.models])
-                t0 = time.process_time()
-                p = run_point(svc, wl, pol, scale=s, duration_s=a.duration)
-                cpu_s = time.process_time() - t0
-                be = svc.stats()["backend"]
-                layouts = be.get("layouts_built")
-                # per batch, how long a partition was held beyond its (fake) device time: launch,
-                # completion's way back, the loop's turnaround
-                lane_gap = [round((q["busy_ms"] - q["device_ms"]) / q["batches"], 3) for q in be["partitions"] if q.get("batches")]
-                sim = simulate_point(svc, wl, pol, scale=s, duration_s=a.duration)
-            finally:
-                svc.close(drain=False, timeout_s=10)
-            row = {"policy": pol, "scale": s, "offered_rps": p.offered_rps, "layouts_built": layouts, "lane_ms_per_batch_off_device": lane_gap,
-                   "realtime_fake": {"goodput_rps": p.goodput_rps, "slo_attainment": p.slo_attainment,
-                                     "p50_ms": p.p50_ms, "p99_ms": p.p99_ms, "host": p.host,
-                                     "models": {mp.model: {"slo_attainment": mp.slo_attainment, "p50_ms": mp.p50_ms}
-                                                for mp in p.models}},
-                   "simulated": {k: sim[k] for k in ("goodput_rps", "slo_attainment", "p50_ms", "p99_ms")},
-                   "process_cpu_s": cpu_s, "wall_s": a.duration}
-            rows.append(row)
-            print(f"{pol:7s} x{s:<5g} offered {p.offered_rps:6.0f}/s | real-time fake: attainment "
-                  f"{p.slo_attainment:.3f} p50 {p.p50_ms:5.1f} p99 {p.p99_ms:6.1f} ms | simulated: "
-                  f"{sim['slo_attainment']:.3f} p50 {sim['p50_ms']:5.1f} p99 {sim['p99_ms']:6.1f} ms | "
-                  f"CPU {cpu_s / a.duration:.2f} of a core-s per s, layouts built {layouts}; lane ms/batch off the "
-                  f"device {lane_gap}", flush=True)
+    tunes = [t.strip() == "on" for t in a.tune_gc.split(",")]
+    cases = [(pol, s, tune) for pol in a.policy.split(",") for s in (float(x) for x in a.scales.split(","))
+             for _ in range(a.repeat) for tune in tunes]
+    for pol, s, tune in cases:
+        opts = {}
+        if pol == "dstack":
+            if a.no_replan:
+                opts["replan"] = False
+        svc = InferenceService(policy=pol, device_layer=ProfiledFakeLayer(store), profiles=store,
+                               policy_options=opts or None, tune_gc=tune)
+        svc.start()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                svc.load_many([(ModelConfig(m.name, tuple(TensorSpec(f"x{i}", tuple(sh), "float32") for i, sh in
+                                                        enumerate(store.get(m.name).input_shapes)),
+                                            (TensorSpec("y", (4,), "float32"),), max_batch=a.max_batch,
+                                            slo_ms=float(m.slo_ms), weight=float(m.weight),
+                                            rate_hint=wl.mean_rate(m) * s),
+                                FakeModel(lambda xs: [xs[0].reshape(len(xs[0]), -1)[:, :4]], 0.0))
+                               for m in wl.models])
+            t0 = time.process_time()
+            p = run_point(svc, wl, pol, scale=s, duration_s=a.duration)
+            cpu_s = time.process_time() - t0
+            be = svc.stats()["backend"]
+            layouts = be.get("layouts_built")
+            # per batch, how long a partition was held beyond its (fake) device time: launch,
+            # completion's way back, the loop's turnaround
+            lane_gap = [round((q["busy_ms"] - q["device_ms"]) / q["batches"], 3) for q in be["partitions"] if q.get("batches")]
+            sim = simulate_point(svc, wl, pol, scale=s, duration_s=a.duration)
+        finally:
+            svc.close(drain=False, timeout_s=10)
+        row = {"policy": pol, "scale": s, "tune_gc": tune, "gc": p.gc, "loop_lag": p.loop_lag,
+               "offered_rps": p.offered_rps, "layouts_built": layouts, "lane_ms_per_batch_off_device": lane_gap,
+               "realtime_fake": {"goodput_rps": p.goodput_rps, "slo_attainment": p.slo_attainment,
+                                 "p50_ms": p.p50_ms, "p99_ms": p.p99_ms, "host": p.host,
+                                 "models": {mp.model: {"slo_attainment": mp.slo_attainment, "p50_ms": mp.p50_ms}
+                                            for mp in p.models}},
+               "simulated": {k: sim[k] for k in ("goodput_rps", "slo_attainment", "p50_ms", "p99_ms")},
+               "process_cpu_s": cpu_s, "wall_s": a.duration}
+        rows.append(row)
+        print(f"{pol:7s} x{s:<5g} tune_gc {'on ' if tune else 'off'} full GCs {p.gc['collections'][2]} "
+              f"(longest {p.gc['max_ms']:.0f} ms), loop lag > 5 ms: {p.loop_lag.get('over_5ms')} "
+              f"(longest {p.loop_lag.get('max_ms', 0):.0f} ms) | offered {p.offered_rps:6.0f}/s | real-time fake: attainment "
+              f"{p.slo_attainment:.3f} p50 {p.p50_ms:5.1f} p99 {p.p99_ms:6.1f} ms | simulated: "
+              f"{sim['slo_attainment']:.3f} p50 {sim['p50_ms']:5.1f} p99 {sim['p99_ms']:6.1f} ms | "
+              f"CPU {cpu_s / a.duration:.2f} of a core-s per s, layouts built {layouts}; lane ms/batch off the "
+              f"device {lane_gap}", flush=True)
     if a.out:
         Path(a.out).write_text(json.dumps({"workload": a.workload, "duration_s": a.duration, "rows": rows}, indent=1))
         print("wrote", a.out)

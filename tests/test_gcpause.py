@@ -90,7 +90,7 @@ def test_a_loaded_service_is_frozen_and_an_unloaded_models_cycles_are_still_coll
 
 
 def test_freezing_can_be_turned_off():
-    svc = _service(freeze_gc=False)
+    svc = _service(tune_gc=False)
     try:
         _load(svc, "a")
         assert gc.get_freeze_count() == 0
@@ -101,7 +101,7 @@ def test_freezing_can_be_turned_off():
 def test_an_unloaded_model_is_not_kept_alive_by_the_layout_built_without_it():
     # the re-plan after an unload used to build while the model was still on the device, so the
     # serving build kept its graphs and weights until the next layout change
-    svc = _service(freeze_gc=False)
+    svc = _service(tune_gc=False)
     try:
         gone = _load(svc, "a")
         _load(svc, "b")
@@ -110,3 +110,21 @@ def test_an_unloaded_model_is_not_kept_alive_by_the_layout_built_without_it():
         assert gone() is None
     finally:
         svc.close()
+
+
+def test_full_collections_are_rarer_while_a_service_runs_and_the_thresholds_come_back_after():
+    before = gc.get_threshold()
+    a, b = _service(), _service()
+    try:
+        assert gc.get_threshold()[2] == before[2] * 100 and gc.get_threshold()[:2] == before[:2]
+        a.close()
+        assert gc.get_threshold()[2] == before[2] * 100  # the other service still runs
+    finally:
+        a.close()
+        b.close()
+    assert gc.get_threshold() == before
+    off = _service(tune_gc=False)
+    try:
+        assert gc.get_threshold() == before
+    finally:
+        off.close()

@@ -340,7 +340,7 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
     """Serve ``workload`` under ``policy``: the given ``scales``, and/or a rate sweep.
 
     ``service_options``: keyword options of the :class:`InferenceService` (``lookahead_ms``,
-    ``freeze_gc``). ``label``: the result's name (default ``policy``), so that one run can hold
+    ``tune_gc``). ``label``: the result's name (default ``policy``), so that one run can hold
     variants of a policy side by side.
 
     ``retune``: before each point, tell the service the point's offered rates and wait for its new
