@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from ..runtime.gcpause import RareFullCollections, freeze_loaded
 from .protocol import ProtocolError, numpy_dtype, v2_dtype
 
 log = logging.getLogger(__name__)
@@ -301,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
         await runner.setup()
         site = web.TCPSite(runner, args.host, args.port, reuse_port=True, backlog=args.backlog)
         await site.start()
+        # the worker allocates per request too: keep its start-up heap out of collections and its
+        # full collections rare (gpuloom.runtime.gcpause; 35-53 ms pauses measured in the runtime)
+        freeze_loaded()
+        RareFullCollections.enter()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
