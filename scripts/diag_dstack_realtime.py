@@ -62,6 +62,7 @@ def main() -> int:
                     help="4-float inputs (same profiled latencies): the runtime's own cost without tensor copies")
     ap.add_argument("--tune-gc", default="on", help="on, off, or on,off (both, alternating per point: an A/B "
                     "of InferenceService(tune_gc=...)); default on")
+    ap.add_argument("--lookahead-ms", default="0", help="launch-ahead value(s), comma-separated (an A/B like --tune-gc)")
     ap.add_argument("--repeat", type=int, default=1, help="measure every (policy, scale, tune-gc) this many times")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
@@ -79,15 +80,16 @@ def main() -> int:
         wl = wl.scaled(1.0 / k)
     rows = []
     tunes = [t.strip() == "on" for t in a.tune_gc.split(",")]
-    cases = [(pol, s, tune) for pol in a.policy.split(",") for s in (float(x) for x in a.scales.split(","))
-             for _ in range(a.repeat) for tune in tunes]
-    for pol, s, tune in cases:
+    aheads = [float(x) for x in a.lookahead_ms.split(",")]
+    cases = [(pol, s, tune, ahead) for pol in a.policy.split(",") for s in (float(x) for x in a.scales.split(","))
+             for _ in range(a.repeat) for tune in tunes for ahead in aheads]
+    for pol, s, tune, ahead in cases:
         opts = {}
         if pol == "dstack":
             if a.no_replan:
                 opts["replan"] = False
         svc = InferenceService(policy=pol, device_layer=ProfiledFakeLayer(store), profiles=store,
-                               policy_options=opts or None, tune_gc=tune)
+                               policy_options=opts or None, tune_gc=tune, lookahead_ms=ahead)
         svc.start()
         try:
             with warnings.catch_warnings():
@@ -110,7 +112,7 @@ def main() -> int:
             sim = simulate_point(svc, wl, pol, scale=s, duration_s=a.duration)
         finally:
             svc.close(drain=False, timeout_s=10)
-        row = {"policy": pol, "scale": s, "tune_gc": tune, "gc": p.gc, "loop_lag": p.loop_lag,
+        row = {"policy": pol, "scale": s, "tune_gc": tune, "lookahead_ms": ahead, "gc": p.gc, "loop_lag": p.loop_lag,
                "offered_rps": p.offered_rps, "layouts_built": layouts, "lane_ms_per_batch_off_device": lane_gap,
                "realtime_fake": {"goodput_rps": p.goodput_rps, "slo_attainment": p.slo_attainment,
                                  "p50_ms": p.p50_ms, "p99_ms": p.p99_ms, "host": p.host,
@@ -119,7 +121,7 @@ def main() -> int:
                "simulated": {k: sim[k] for k in ("goodput_rps", "slo_attainment", "p50_ms", "p99_ms")},
                "process_cpu_s": cpu_s, "wall_s": a.duration}
         rows.append(row)
-        print(f"{pol:7s} x{s:<5g} tune_gc {'on ' if tune else 'off'} full GCs {p.gc['collections'][2]} "
+        print(f"{pol:7s} x{s:<5g} tune_gc {'on ' if tune else 'off'} lookahead {ahead:g} ms, full GCs {p.gc['collections'][2]} "
               f"(longest {p.gc['max_ms']:.0f} ms), loop lag > 5 ms: {p.loop_lag.get('over_5ms')} "
               f"(longest {p.loop_lag.get('max_ms', 0):.0f} ms) | offered {p.offered_rps:6.0f}/s | real-time fake: attainment "
               f"{p.slo_attainment:.3f} p50 {p.p50_ms:5.1f} p99 {p.p99_ms:6.1f} ms | simulated: "
