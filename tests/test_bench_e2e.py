@@ -63,6 +63,11 @@ def test_bench_serves_tiny_models_on_cpu_and_reports_every_metric(tmp_path):
         assert pt["loop_lag"]["over_1ms"] >= pt["loop_lag"]["over_5ms"] >= pt["loop_lag"]["over_20ms"] >= 0
         assert len(pt["gc"]["collections"]) == 3 and pt["gc"]["total_ms"] >= 0
         assert pt["layout_changes"] >= 0 and pt["layouts_built"] >= 0
+        for m in pt["models"]:  # the service's own split of each served request's time
+            if m["served"]:
+                assert m["queue_ms"]["n"] == m["compute_ms"]["n"] >= 1
+                assert m["queue_ms"]["mean"] >= 0 and m["compute_ms"]["mean"] > 0
+                assert m["compute_ms"]["p99_bucket"] is None or m["compute_ms"]["p99_bucket"] > 0  # None: over the top bound
     assert rep["dstack_vs_best_baseline"]["baseline"] == "triton"
 
 

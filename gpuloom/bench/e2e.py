@@ -56,6 +56,10 @@ class ModelPoint:
     p50_ms: float
     p99_ms: float
     errors: dict[str, int] = field(default_factory=dict)
+    # where the service says its served requests' time went during the point (its histograms):
+    # waiting to be dispatched vs dispatch to outputs on the host; mean and the p99's bucket bound, ms
+    queue_ms: dict = field(default_factory=dict)
+    compute_ms: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -165,8 +169,28 @@ def _snapshot(svc) -> dict:
             "partitions": st["partitions"], "gpu_sms": svc.device.gpu_sms,
             "layout_swaps": st.get("layout_swaps", 0), "layouts_built": be.get("layouts_built", 0),
             "launch_ms": dict(be.get("launch_ms", {})), "batches": sum(be.get("model_batches", {}).values()),
+            "hist": {(m, k): v[k] for m, v in st["models"].items() for k in ("queue_ms", "compute_ms") if k in v},
             "exec_ms": {(e["model"], e["sms"], e["batch"]): (e["device_ms_sum"], e["batches"])
                         for e in be.get("exec_ms", [])}}
+
+
+def _hist_delta(before: dict, after: dict, model: str, key: str) -> dict:
+    """Mean and p99 (upper bound of its bucket) of a service histogram over the point, ms."""
+    a, b = after["hist"].get((model, key)), before["hist"].get((model, key))
+    if not a:
+        return {}
+    counts = [x - (b["counts"][i] if b else 0) for i, x in enumerate(a["counts"])]
+    n = sum(counts)
+    if n <= 0:
+        return {}
+    total = a["sum"] - (b["sum"] if b else 0.0)
+    acc, p99 = 0, float("inf")
+    for i, c in enumerate(counts):
+        acc += c
+        if acc >= 0.99 * n:
+            p99 = a["bounds"][i] if i < len(a["bounds"]) else float("inf")
+            break
+    return {"mean": total / n, "p99_bucket": p99, "n": n}
 
 
 def profile_check(svc, before: dict, after: dict) -> list[dict]:
@@ -261,7 +285,8 @@ def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s:
             failed=errors.get("ModelFailed", 0), offered_rps=submitted / duration_s,
             goodput_rps=on_time / duration_s, slo_attainment=on_time / submitted if submitted else 1.0,
             p50_ms=percentile(served, 50) if served else float("nan"),
-            p99_ms=percentile(served, 99) if served else float("nan"), errors=errors))
+            p99_ms=percentile(served, 99) if served else float("nan"), errors=errors,
+            queue_ms=_hist_delta(before, after, m, "queue_ms"), compute_ms=_hist_delta(before, after, m, "compute_ms")))
     all_ok_ms.sort()
     wall_ms = max(1e-9, (after["t"] - before["t"]) * 1000.0)
     d = {k: after[k] - before[k] for k in after if isinstance(after[k], float) and k != "t"}
