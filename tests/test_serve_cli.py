@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import http.client
 import json
 import os
@@ -13,6 +14,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,3 +113,14 @@ def test_serve_rejects_a_bad_repository(tmp_path):
     proc = _spawn(str(tmp_path / "bad.yaml"))
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "'source'" in err
+
+
+def test_http_workers_default_to_four_on_a_host_with_cpus_to_spare_and_none_on_a_small_one():
+    from gpuloom.commands.serve import default_http_workers, http_workers_arg
+
+    assert default_http_workers(16) == 4 and default_http_workers(8) == 4
+    assert default_http_workers(2) == 0 and default_http_workers(None) == 0
+    assert http_workers_arg("3") == 3 and http_workers_arg("0") == 0
+    for bad in ("-1", "many"):
+        with pytest.raises(argparse.ArgumentTypeError, match="'auto' or a non-negative number"):
+            http_workers_arg(bad)
