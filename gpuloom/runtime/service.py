@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import bisect
 import concurrent.futures
+import heapq
 import dataclasses
 import logging
 import math
@@ -298,6 +299,7 @@ class InferenceService:
             raise ValueError(f"expiry_grace_s must be > 0 s, got {expiry_grace_s!r}")
         self.expiry_grace_s = float(expiry_grace_s)
         self._expiry_stop = threading.Event()
+        self._by_deadline: list = []  # heap of (deadline, runtime ids) of accepted calls (expire_overdue)
         self._gc_held = False  # this service holds RareFullCollections (between start and close)
         self._gc = GcMonitor.installed()
         self.policy_name = policy
@@ -538,6 +540,7 @@ class InferenceService:
                 raise ModelNotReady(f"model {name!r}: {e}") from e
             for i, r in enumerate(reqs):
                 self._rid[r.id] = (call, i)
+            heapq.heappush(self._by_deadline, (call.deadline_s, tuple(r.id for r in reqs)))
         return call.future
 
     def infer(self, name: str, inputs: Mapping[str, np.ndarray], *, deadline_ms: float | None = None,
@@ -713,13 +716,15 @@ class InferenceService:
         """Answer with :class:`Expired` every request unanswered ``expiry_grace_s`` after its deadline
         (monotonic ``now``, s); returns how many. Their late results from the runtime are ignored."""
         limit = now - self.expiry_grace_s
+        overdue = []
         with self._lock:
-            overdue = {id(c): c for c, _ in self._rid.values() if c.deadline_s < limit and not c.future.done()}
-            if not overdue:
-                return 0
-            for rid in [rid for rid, (c, _) in self._rid.items() if id(c) in overdue]:
-                del self._rid[rid]
-            for call in overdue.values():
+            heap = self._by_deadline  # (deadline, the call's runtime ids), earliest first
+            while heap and heap[0][0] < limit:
+                _, rids = heapq.heappop(heap)
+                calls = [e[0] for e in (self._rid.pop(rid, None) for rid in rids) if e is not None]
+                if calls and not calls[0].future.done():  # else answered in time, the usual case
+                    overdue.append(calls[0])
+            for call in overdue:
                 log.error("model %s: a request was not answered by the runtime %.1f s after its deadline; "
                           "answering it as expired (a runtime bug: please report it)",
                           call.model.config.name, now - call.deadline_s)
