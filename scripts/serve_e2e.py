@@ -261,7 +261,8 @@ def inproc_summary(pt: Any) -> dict[str, Any]:
             "on_time": sum(v["on_time"] for v in models.values()),
             "answered": sum(v["answered"] for v in models.values()),
             "sm_utilization": num(pt.sm_utilization), "dispatch_overhead": num(pt.dispatch_overhead),
-            "layout_changes": pt.layout_changes, "layouts_built": pt.layouts_built, "models": models}
+            "layout_changes": pt.layout_changes, "layouts_built": pt.layouts_built, "gc": pt.gc,
+            "loop_lag": pt.loop_lag, "models": models}
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -337,6 +338,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuloom.bench.e2e import build_models, resolve_device_and_profiles, run_point
     from gpuloom.bench.workload import WorkloadError, arrival_times, load_workload
     from gpuloom.runtime.service import InferenceService
+    from gpuloom.runtime.gcpause import GcMonitor
     from gpuloom.serve.core import ServeCore
     from gpuloom.serve.server import Server
 
@@ -398,6 +400,7 @@ def run(args: argparse.Namespace) -> int:
             _settle(core)
             books0 = core.books.snapshot()
             st0 = svc.stats()
+            t_leg = time.monotonic()
             say(f"x{scale:g} HTTP: {clients} client process(es)")
             with tempfile.TemporaryDirectory(prefix="serve_e2e.") as tmp:
                 res, used = drive_http(addr.http_url, times, slos, clients=clients, timeout_s=args.timeout,
@@ -407,6 +410,8 @@ def run(args: argparse.Namespace) -> int:
             st1 = svc.stats()  # re-plans during the leg (each drains the partitions; a new layout is captured)
             http["layout_changes"] = st1.get("layout_swaps", 0) - st0.get("layout_swaps", 0)
             http["layouts_built"] = st1["backend"].get("layouts_built", 0) - st0["backend"].get("layouts_built", 0)
+            http["gc"] = GcMonitor.installed().since(t_leg)  # collector pauses in this (the server's) process
+            http["loop_lag"] = svc.loop_lag(t_leg)
             points.append(make_point(scale, args.duration, inproc, http, books_delta(books0, core.books.snapshot()), times, used))
             say(f"x{scale:g}: goodput in-process {inproc['goodput_rps']:.1f}/s, HTTP {http['goodput_rps']:.1f}/s, "
                 f"ratio {points[-1]['ratio']['goodput']}")
