@@ -12,11 +12,12 @@ took 320-340 ms on the project's build machine, against 4-6 ms before loading th
   cyclic garbage among frozen objects waits for :func:`thaw` (called before an unload).
 * :class:`RareFullCollections` makes automatic full collections 100x rarer while a service runs.
   Under load the requests alive at any moment (queues, payloads, futures) are tens of thousands of
-  objects, and each full collection of them stopped the process for 35-53 ms on the build machine:
-  on a fake device at mix6 x1 (``scripts/diag_dstack_realtime.py`` conditions), two such pauses per
-  3 s point, posts waiting up to 50 ms for the runtime's loop, and dstack's attainment 0.958-0.977;
-  without full collections 0.991-0.992. Young garbage is still collected as before (generations 0
-  and 1); only cycles that survive both wait longer.
+  objects, and each full collection of them stopped the process for 53-75 ms on the build machine.
+  On a fake device at mix6 x1 (``scripts/diag_dstack_realtime.py --small-tensors --tune-gc on,off``,
+  ``docs/results/runtime/diag_gc_fake_small_cpu.json``) there were two such pauses per 3 s point,
+  and dstack kept 0.957-0.966 of its requests within SLO; with this and the freeze, 0.996-0.999.
+  Young garbage is still collected as before (generations 0 and 1); only cycles that survive both
+  wait longer.
 * :class:`GcMonitor` times every collection (``gc.callbacks``): count per generation, total and
   longest pause, so a benchmark point can say whether a pause hit it.
 """
