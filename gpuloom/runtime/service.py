@@ -270,7 +270,7 @@ class InferenceService:
             (:mod:`gpuloom.runtime.gcpause`): after each load, freeze what is alive (compiled
             models are hundreds of thousands of objects; a full collection scanning them stopped
             every thread for 320-340 ms), and while the service runs make automatic full
-            collections 100x rarer (those of the requests alive under load took 35-53 ms). Thawed
+            collections 100x rarer (those of the requests alive under load took 53-75 ms). Thawed
             before an unload and at close, when the thresholds are restored too.
         expiry_grace_s: a request the runtime has not answered this long after its deadline is
             answered by the service with :class:`Expired` (counted as dropped "expired", logged as an

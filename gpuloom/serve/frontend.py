@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         site = web.TCPSite(runner, args.host, args.port, reuse_port=True, backlog=args.backlog)
         await site.start()
         # the worker allocates per request too: keep its start-up heap out of collections and its
-        # full collections rare (gpuloom.runtime.gcpause; 35-53 ms pauses measured in the runtime)
+        # full collections rare (gpuloom.runtime.gcpause; 53-75 ms pauses measured in the runtime)
         freeze_loaded()
         RareFullCollections.enter()
         stop = asyncio.Event()
