@@ -298,3 +298,43 @@ def test_design_h200_contention_reproduces_the_measured_streams_to_partitions_ra
 
     assert streams(ContentionModel.design_h200()) / partitions == pytest.approx(277 / 251, rel=0.02)
     assert streams(ContentionModel()) / partitions > 1.15  # the plain knee model is harsher on streams
+
+
+class _SlotAndCheckPolicy(Policy):
+    """Waits for a slot at 10 ms before running anything, and has a periodic check (at 5, 105, ...)
+    that ``layout_change`` advances -- the shape of dstack's slot wake-ups and re-plan checks."""
+
+    name = "slot-and-check"
+
+    def layout(self, ctx):
+        self.slot, self.next_check, self.now = 10.0, 5.0, 0.0
+        return Layout((Partition(0, 0, 132),), 132)
+
+    def decide(self, now_ms, queues, free):
+        self.now = now_ms
+        if now_ms < self.slot:
+            return []
+        return [Decision(m, tuple(r.id for r in q), len(q), free[0].index) for m, q in queues.items() if q][:1]
+
+    def next_wakeup(self, now_ms):
+        t = self.slot if self.slot > now_ms else None
+        return self.next_check if t is None else min(t, self.next_check)
+
+    def layout_change(self):
+        if self.now >= self.next_check:
+            self.next_check += 100.0
+        return None
+
+
+def test_a_wake_up_the_policy_asks_for_after_moving_its_own_timer_is_not_lost():
+    # Found as a rare hang in the service: at the instant of its check the policy's next_wakeup still
+    # named the check itself (not in the future, so not scheduled); layout_change then moved the check
+    # on, and nothing was left to wake the loop for the slot. The request stayed queued.
+    store = ProfileStore(profiles=zoo())
+    wl = Workload(models=(ModelSpec("resnet50", 50.0, arrival=Arrival("poisson", 1.0)),), duration_s=0.01, seed=0)
+    ctx = make_context(wl, {"resnet50": store.get("resnet50")})
+    req = Request(0, "resnet50", 4.0, 54.0)  # arrives before the check at 5, can run from the slot at 10
+    rec = Runtime(_SlotAndCheckPolicy(), SimBackend({"resnet50": store.get("resnet50")}), ctx).run(
+        [req], until_ms=4.0, drain_ms=50.0)
+    assert rec.results[0].status == Status.SERVED
+    assert rec.results[0].finish_ms < 54.0

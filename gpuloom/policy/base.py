@@ -59,10 +59,10 @@ class Policy(ABC):
     * :meth:`decide` after all events of one instant were handled, when at least one partition is
       free and at least one request is queued (and before the run's dispatch horizon). Returns decisions (each on a distinct free
       partition, requests taken from the head region of their queue) and drops.
-    * :meth:`next_wakeup` right after :meth:`decide` (or after an event when no partition was free):
+    * :meth:`layout_change` right after :meth:`decide`: a new layout to switch to, or ``None``.
+    * :meth:`next_wakeup` after that (or after an event when no partition was free):
       the time at which :meth:`decide` must be called again even if nothing else happens (a
       batcher's timeout, the start of a slot). ``None`` = only on events.
-    * :meth:`layout_change` after :meth:`decide`: a new layout to switch to, or ``None``.
 
     Policies must not mutate the queues; the runtime removes what decisions and drops name.
     """

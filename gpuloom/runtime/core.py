@@ -378,11 +378,14 @@ class Runtime:
         elif not self._woke:
             return  # nothing the policy could act on, and no timer of its own fired
         self._woke = False
+        # layout_change before next_wakeup: it may move the policy's own timers (dstack's next
+        # re-plan check), and a wake-up asked for with the old ones was lost -- a request stayed
+        # queued with nothing left to wake the loop (the service's expiry answered it 5 s late)
+        layout = self.policy.layout_change()
         wake = self.policy.next_wakeup(now)
         if wake is not None and now < wake < self._wake_ms:
             self._wake_ms = wake
             self.loop.schedule(wake, WAKEUP, self._on_wakeup, wake)
-        layout = self.policy.layout_change()
         if layout is not None:
             self._set_layout(layout)
 
