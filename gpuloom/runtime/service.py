@@ -270,8 +270,10 @@ class InferenceService:
             (:mod:`gpuloom.runtime.gcpause`): after each load, freeze what is alive (compiled
             models are hundreds of thousands of objects; a full collection scanning them stopped
             every thread for 320-340 ms), and while the service runs make automatic full
-            collections 100x rarer (those of the requests alive under load took 53-75 ms). Thawed
-            before an unload and at close, when the thresholds are restored too.
+            collections 100x rarer (those of the requests alive under load took 53-75 ms). Only the
+            first load collects before freezing; an unload thaws (the unloaded model is freed by
+            the next full collection, not by a pause now), and so does close, which also restores
+            the thresholds.
         expiry_grace_s: a request the runtime has not answered this long after its deadline is
             answered by the service with :class:`Expired` (counted as dropped "expired", logged as an
             error): whatever goes wrong below, every accepted request gets an answer.
@@ -456,7 +458,10 @@ class InferenceService:
                 e.state = "ready"
                 e.loaded_at = now
             if self.tune_gc:
-                freeze_loaded()
+                # the first load collects, then freezes (nothing is served yet); a later one only
+                # freezes: a full collection now would stop the models being served (a 50 ms-SLO
+                # model's requests timed out during a load in the test suite's large heap)
+                freeze_loaded(collect=len(self._models) == len(entries))
 
     def retune(self, rates: Mapping[str, float]) -> None:
         """Re-plan for known request rates (req/s per model; others keep theirs), forgetting the
@@ -492,9 +497,11 @@ class InferenceService:
             # still there kept its graphs and weights alive until the next layout change)
             self.device.remove_model(name)
             self._replan()
-            if self.tune_gc:  # the model's frozen objects (FX graphs are cyclic; they hold its weights)
-                thaw()          # must be collectable: one full collection now, at the unload, then
-                freeze_loaded()  # freeze what is still alive again
+            if self.tune_gc:
+                # the model's objects (FX graphs are cyclic; they hold its weights) must become
+                # collectable: thaw, and let the next full collection free them rather than stop the
+                # models still served for one now (the next load freezes what is alive again)
+                thaw()
 
     # -- requests -----------------------------------------------------------------------------
     def submit(self, name: str, inputs: Mapping[str, np.ndarray], *, deadline_ms: float | None = None

@@ -301,11 +301,12 @@ def main(argv: list[str] | None = None) -> int:
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=args.drain_timeout)
         await runner.setup()
         site = web.TCPSite(runner, args.host, args.port, reuse_port=True, backlog=args.backlog)
-        await site.start()
         # the worker allocates per request too: keep its start-up heap out of collections and its
-        # full collections rare (gpuloom.runtime.gcpause; 53-75 ms pauses measured in the runtime)
+        # full collections rare (gpuloom.runtime.gcpause; 53-75 ms pauses measured in the runtime),
+        # collecting once before it takes connections
         freeze_loaded()
         RareFullCollections.enter()
+        await site.start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
