@@ -176,21 +176,15 @@ def _snapshot(svc) -> dict:
 
 def _hist_delta(before: dict, after: dict, model: str, key: str) -> dict:
     """Mean and p99 (upper bound of its bucket) of a service histogram over the point, ms."""
-    a, b = after["hist"].get((model, key)), before["hist"].get((model, key))
+    from gpuloom.runtime.service import Histogram
+
+    a = after["hist"].get((model, key))
     if not a:
         return {}
-    counts = [x - (b["counts"][i] if b else 0) for i, x in enumerate(a["counts"])]
-    n = sum(counts)
-    if n <= 0:
+    h = Histogram.delta(a, before["hist"].get((model, key)))
+    if h.n <= 0:
         return {}
-    total = a["sum"] - (b["sum"] if b else 0.0)
-    acc, p99 = 0, float("inf")
-    for i, c in enumerate(counts):
-        acc += c
-        if acc >= 0.99 * n:
-            p99 = a["bounds"][i] if i < len(a["bounds"]) else float("inf")
-            break
-    return {"mean": total / n, "p99_bucket": p99, "n": n}
+    return {"mean": h.sum / h.n, "p99_bucket": h.quantile(0.99), "n": h.n}
 
 
 def profile_check(svc, before: dict, after: dict) -> list[dict]:
@@ -374,9 +368,8 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
     from gpuloom.runtime.service import InferenceService
 
     say = progress or (lambda s: None)
-    extra = dict(service_options or {})
     svc = InferenceService(policy=policy, device=device, profiles=profiles, policy_options=policy_options,
-                           queue_limit=queue_limit, **extra)
+                           queue_limit=queue_limit, **(service_options or {}))
     name = label or policy
     points: list[Point] = []
 

@@ -427,13 +427,11 @@ class Runtime:
         """
         lane = self._inflight[index]
         part = self._parts[index] if index < len(self._parts) else None
-        if len(lane) != 1 or self.lookahead_ms <= 0 or part is None or part.shared:
-            self._open_at.pop(index, None)
+        info = self.ctx.models.get(lane[0][0].model)
+        if len(lane) != 1 or self.lookahead_ms <= 0 or part is None or part.shared or info is None:
+            self._open_at.pop(index, None)  # no launch-ahead (and no stale time of an earlier batch)
             return
         d = lane[0][0]
-        info = self.ctx.models.get(d.model)
-        if info is None:
-            return
         t = max(self.loop.now, start_ms + info.profile.latency(d.batch, part.sms) - self.lookahead_ms)
         self._open_at[index] = t
         self.loop.schedule(t, WAKEUP, self._on_lane_open, index, d)

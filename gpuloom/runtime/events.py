@@ -83,8 +83,6 @@ class RealtimeLoop(EventLoop):
         # a garbage-collector pause, the GIL -- delays every arrival and completion alike)
         from collections import deque
 
-        self.posts = 0
-        self.lag_max_ms = 0.0
         self.slow_posts: deque = deque(maxlen=4096)  # (monotonic s, lag ms) of posts that waited > 1 ms
 
     def open(self) -> None:
@@ -128,9 +126,6 @@ class RealtimeLoop(EventLoop):
             lag = (mono - t_post) * 1000.0
             if lag > 1.0:
                 self.slow_posts.append((mono, lag))
-                if lag > self.lag_max_ms:
-                    self.lag_max_ms = lag
-        self.posts += len(posted)
 
     def lag_since(self, t: float) -> dict:
         """Posts taken by the loop more than 1 / 5 / 20 ms after they were made, and the longest wait

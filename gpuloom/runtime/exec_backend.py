@@ -84,6 +84,13 @@ class _Watcher:
             backend._complete(self, *item)
 
 
+def check_lookahead(lookahead_ms: float) -> float:
+    """``lookahead_ms`` as a float, or ValueError unless it is >= 0."""
+    if not lookahead_ms >= 0:
+        raise ValueError(f"lookahead_ms must be >= 0 (0 turns launch-ahead off), got {lookahead_ms!r}")
+    return float(lookahead_ms)
+
+
 class ExecBackend(Backend):
     """A :class:`Backend` that executes batches on ``device`` (a :class:`DeviceLayer`).
 
@@ -101,9 +108,7 @@ class ExecBackend(Backend):
 
     def __init__(self, device: DeviceLayer, *, knee: Callable[[str, int], int] | None = None,
                  quiet_timeout_s: float = 60.0, lookahead_ms: float = DEFAULT_LOOKAHEAD_MS) -> None:
-        if not lookahead_ms >= 0:
-            raise ValueError(f"lookahead_ms must be >= 0 (0 turns launch-ahead off), got {lookahead_ms!r}")
-        self.lookahead_ms = float(lookahead_ms)
+        self.lookahead_ms = check_lookahead(lookahead_ms)
         self.device = device
         self.loop = RealtimeLoop()
         self.gpu_sms = device.gpu_sms

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import bisect
 import concurrent.futures
-import heapq
 import dataclasses
+import heapq
 import logging
 import math
 import threading
@@ -50,7 +50,7 @@ from ..policy.types import Layout, Result, Status
 from ..profile.store import GpuInfo, Profile, ProfileStore
 from .core import Runtime
 from .device import DeviceLayer, FakeModel, make_device_layer
-from .exec_backend import ExecBackend, ExecOutput
+from .exec_backend import ExecBackend, ExecOutput, check_lookahead
 from .gcpause import GcMonitor, RareFullCollections, freeze_loaded, thaw
 
 log = logging.getLogger(__name__)
@@ -195,6 +195,15 @@ class Histogram:
     def to_json(self) -> dict:
         return {"bounds": list(self.bounds), "counts": list(self.counts), "sum": self.sum, "count": self.n}
 
+    @classmethod
+    def delta(cls, after: dict, before: dict | None) -> "Histogram":
+        """What was added between two :meth:`to_json` snapshots of one histogram (``before`` None: all)."""
+        h = cls(after["bounds"])
+        h.counts = [x - (before["counts"][i] if before else 0) for i, x in enumerate(after["counts"])]
+        h.sum = after["sum"] - (before["sum"] if before else 0.0)
+        h.n = sum(h.counts)
+        return h
+
 
 @dataclass
 class _Model:
@@ -293,9 +302,7 @@ class InferenceService:
         tune_gc: bool = True,
         expiry_grace_s: float = 5.0,
     ) -> None:
-        if not lookahead_ms >= 0:
-            raise ValueError(f"lookahead_ms must be >= 0 (0 turns launch-ahead off), got {lookahead_ms!r}")
-        self.lookahead_ms = float(lookahead_ms)
+        self.lookahead_ms = check_lookahead(lookahead_ms)  # here, not at the first load
         self.tune_gc = bool(tune_gc)
         if not expiry_grace_s > 0:
             raise ValueError(f"expiry_grace_s must be > 0 s, got {expiry_grace_s!r}")
@@ -604,8 +611,8 @@ class InferenceService:
             "partition_step_sms": (self._layer.granularity * self.granularity_factor) if self._layer is not None else None,
             "backend": be,
             "runtime": idle,
-            "layout_swaps": swaps,
-            "gc": self._gc.snapshot(),  # the process's garbage-collector pauses (gcpause.GcMonitor)  # layouts the current runtime switched to (re-plans, loads), the first included
+            "layout_swaps": swaps,  # layouts the current runtime switched to (re-plans, loads), the first included
+            "gc": self._gc.snapshot(),  # the process's garbage-collector pauses (gcpause.GcMonitor)
             "totals": dict(tot),
         }
 

@@ -135,7 +135,7 @@ class InferBridge:
             out.put(_error_frame(rid, e))
             return
         except Exception as e:  # noqa: BLE001 - a malformed frame: answered, never a dead worker
-            out.put(_error_frame(rid, ProtocolError(f"internal error: {type(e).__name__}: {e}", 500)))
+            out.put(_internal_error_frame(rid, e))
             return
         rows = next(iter(inputs.values())).shape[0]
 
@@ -146,7 +146,7 @@ class InferBridge:
             except ProtocolError as e:
                 frame = _error_frame(rid, e)
             except Exception as e:  # noqa: BLE001 - e.g. outputs that cannot be framed: still answered
-                frame = _error_frame(rid, ProtocolError(f"internal error: {type(e).__name__}: {e}", 500))
+                frame = _internal_error_frame(rid, e)
             out.put(frame)
 
         fut.add_done_callback(done)
@@ -167,6 +167,11 @@ class InferBridge:
 
 def _error_frame(rid: int, e: ProtocolError) -> list[Any]:
     return pack({"id": rid, "status": e.status, "error": str(e), "retry_after_s": e.retry_after_s, "names": []}, [])
+
+
+def _internal_error_frame(rid: int, e: Exception) -> list[Any]:
+    """A 500 for what the bridge did not expect: the worker's client is still answered."""
+    return _error_frame(rid, ProtocolError(f"internal error: {type(e).__name__}: {e}", 500))
 
 
 def _recv_exact(conn: socket.socket, n: int) -> bytearray | None:
