@@ -227,6 +227,7 @@ def http_summary(res: dict[str, dict], slos: dict[str, float], duration_s: float
             "slo_attainment": on_time / sent if sent else 1.0,
             "p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99), "client_wall_s": r.get("duration_s"),
             "send_lag_p99_ms": r.get("send_lag_p99_ms"), "send_lag_max_ms": r.get("send_lag_max_ms"),
+            "server_timing_ms": r.get("server_timing_ms") or {},
         }
     all_ms.sort()
     sub = sum(v["submitted"] for v in models.values())
@@ -253,6 +254,7 @@ def inproc_summary(pt: Any) -> dict[str, Any]:
             "other": mp.submitted - mp.rejected - answered, "errors": dict(mp.errors),
             "offered_rps": mp.offered_rps, "goodput_rps": mp.goodput_rps, "slo_attainment": mp.slo_attainment,
             "p50_ms": num(mp.p50_ms), "p99_ms": num(mp.p99_ms),
+            "queue_ms": mp.queue_ms, "compute_ms": mp.compute_ms,  # the service's split (mean, p99 bucket)
         }
     return {"offered_rps": pt.offered_rps, "goodput_rps": pt.goodput_rps, "slo_attainment": pt.slo_attainment,
             "p50_ms": num(pt.p50_ms), "p99_ms": num(pt.p99_ms),
@@ -326,6 +328,16 @@ def print_table(rep: dict, pt: dict) -> None:
               f"{f(_ratio(b['goodput_rps'], a['goodput_rps']), '.3f'):>7}{f(a['slo_attainment'], '.3f'):>10}"
               f"{f(b['slo_attainment'], '.3f'):>12}{f(a['p50_ms'], '.2f'):>8}{f(b['p50_ms'], '.2f'):>9}"
               f"{f(a['p99_ms'], '.2f'):>8}{f(b['p99_ms'], '.2f'):>9}")
+    print("where an HTTP request's time went, p50 ms (client total; the server's Server-Timing: worker process,"
+          " bridge to the runtime's process, service; the service's own queue and compute means, in / http):")
+    for m, b in ht["models"].items():
+        st = b.get("server_timing_ms") or {}
+        a = ip["models"].get(m, {})
+        mean = lambda h: (h or {}).get("mean")  # noqa: E731
+        print(f"  {m:<16} client {f(b['p50_ms'], '.2f'):>6}" + "".join(
+            f"  {k} {f(st[k]['p50'], '.2f'):>6}" for k in ("worker", "bridge", "service") if k in st)
+            + f"  queue {f(mean(a.get('queue_ms')), '.2f')} / {f(mean(b.get('queue_ms')), '.2f')}"
+            + f"  compute {f(mean(a.get('compute_ms')), '.2f')} / {f(mean(b.get('compute_ms')), '.2f')}")
     r = pt["ratio"]["goodput"]
     print(f"HTTP clients' worst send lag behind schedule: {f(ht.get('send_lag_max_ms'), '.1f')} ms")
     print(f"HTTP / in-process goodput: {f(r, '.3f')} (target >= {TARGET}: {'met' if pt['meets_target'] else 'NOT met'});"
@@ -335,7 +347,7 @@ def print_table(rep: dict, pt: dict) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from gpuloom.bench.e2e import build_models, resolve_device_and_profiles, run_point
+    from gpuloom.bench.e2e import build_models, hist_delta, resolve_device_and_profiles, run_point, service_snapshot
     from gpuloom.bench.workload import WorkloadError, arrival_times, load_workload
     from gpuloom.runtime.service import InferenceService
     from gpuloom.runtime.gcpause import GcMonitor
@@ -399,7 +411,7 @@ def run(args: argparse.Namespace) -> int:
                 svc.retune(rates)
             _settle(core)
             books0 = core.books.snapshot()
-            st0 = svc.stats()
+            snap0 = service_snapshot(svc)
             t_leg = time.monotonic()
             say(f"x{scale:g} HTTP: {clients} client process(es)")
             with tempfile.TemporaryDirectory(prefix="serve_e2e.") as tmp:
@@ -407,9 +419,12 @@ def run(args: argparse.Namespace) -> int:
                                        workdir=Path(tmp))
             _settle(core, 10.0)
             http = http_summary(res, slos, args.duration)
-            st1 = svc.stats()  # re-plans during the leg (each drains the partitions; a new layout is captured)
-            http["layout_changes"] = st1.get("layout_swaps", 0) - st0.get("layout_swaps", 0)
-            http["layouts_built"] = st1["backend"].get("layouts_built", 0) - st0["backend"].get("layouts_built", 0)
+            snap1 = service_snapshot(svc)  # re-plans during the leg (each drains the partitions; a new layout is captured)
+            http["layout_changes"] = snap1["layout_swaps"] - snap0["layout_swaps"]
+            http["layouts_built"] = snap1["layouts_built"] - snap0["layouts_built"]
+            for m, v in http["models"].items():  # the service's split, as the in-process leg reports it
+                v["queue_ms"] = hist_delta(snap0, snap1, m, "queue_ms")
+                v["compute_ms"] = hist_delta(snap0, snap1, m, "compute_ms")
             http["gc"] = GcMonitor.installed().since(t_leg)  # collector pauses in this (the server's) process
             http["loop_lag"] = svc.loop_lag(t_leg)
             points.append(make_point(scale, args.duration, inproc, http, books_delta(books0, core.books.snapshot()), times, used))

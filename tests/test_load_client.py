@@ -62,6 +62,8 @@ def test_load_client_reports_throughput_attainment_and_percentiles(server, capsy
     assert 0.0 <= res["slo_attainment"] <= 1.0 and res["p50_ms"] <= res["p99_ms"]
     assert 20 < res["throughput"] < 80
     assert core.books.snapshot()["tiny_mlp"].success - ok_before == res["ok"]  # the server saw exactly these
+    st = res["server_timing_ms"]["service"]  # the server's Server-Timing, summarized over the answers
+    assert st["n"] == res["ok"] and 0 < st["p50"] <= st["p99"] and st["p50"] <= res["p99_ms"]
 
 
 def test_load_client_human_output_and_json_tensors(server, capsys):
@@ -86,3 +88,13 @@ def test_closed_loop_concurrency_mode_measures_saturation(server, capsys):
     assert rc == 0 and res["ok"] == res["sent"] > 4 and res["throughput"] > 0
     assert load_cmd.run(_args(addr.http_url, "--model", "tiny_mlp")) == 2  # neither --rate nor --concurrency
     assert "--concurrency" in capsys.readouterr().err
+
+
+def test_server_timing_header_round_trips_and_tolerates_junk():
+    from gpuloom.serve.protocol import parse_server_timing, server_timing
+
+    value = server_timing({"service": 3.25, "bridge": 4.0})
+    assert value == "service;dur=3.250, bridge;dur=4.000"
+    assert parse_server_timing(value) == {"service": 3.25, "bridge": 4.0}
+    assert parse_server_timing('cache;desc="hit", db;dur=x, app;desc=a;dur="1.5", ;dur=2') == {"app": 1.5}
+    assert parse_server_timing(None) == {} and parse_server_timing("") == {}

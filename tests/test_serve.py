@@ -21,6 +21,7 @@ tritongrpc = pytest.importorskip("tritonclient.grpc")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from gpuloom.serve.core import ServeCore  # noqa: E402
+from gpuloom.serve.protocol import parse_server_timing  # noqa: E402
 from gpuloom.serve.repository import load_repository  # noqa: E402
 from gpuloom.serve.server import ServeError, Server  # noqa: E402
 
@@ -119,6 +120,24 @@ def test_http_outputs_match_eager_for_two_models(served, binary):
     want = _eager(eager["tiny_cnn"], img)
     for name in ("logits", "embedding"):
         np.testing.assert_allclose(res.as_numpy(name), want[name].numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_infer_answers_say_where_the_server_spent_the_time(served, request):
+    """Server-Timing: the service's time, and behind workers also the bridge and the worker's, nested."""
+    addr, _, _ = served
+    workers = request.node.callspec.params["served"]
+    x = np.zeros((1, 16), np.float32)
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": x.ravel().tolist()}]})
+    t0 = time.perf_counter()
+    status, headers, _ = _post(addr, "/v2/models/tiny_mlp/infer", body.encode())
+    client_ms = (time.perf_counter() - t0) * 1e3
+    assert status == 200, headers
+    timing = parse_server_timing(headers.get("Server-Timing"))
+    assert 0 < timing["service"] <= client_ms
+    if workers:  # each layer contains the one inside it
+        assert timing["service"] <= timing["bridge"] <= timing["worker"] <= client_ms
+    else:
+        assert set(timing) == {"service"}
 
 
 def test_grpc_outputs_match_eager_including_a_torchvision_model(served):

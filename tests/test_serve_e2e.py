@@ -81,6 +81,21 @@ def test_ratio_is_http_goodput_over_in_process_goodput(report):
     assert "HTTP / in-process goodput" in stdout and "TOTAL" in stdout
 
 
+def test_http_time_is_split_into_network_worker_bridge_and_service(report):
+    """Where the network layer's cost goes: the clients' Server-Timing summaries and the service's own
+    queue/compute split for both legs (worker and bridge only behind --http-workers)."""
+    _, rep, stdout = report
+    for pt in rep["points"]:
+        for m, h in pt["http"]["models"].items():
+            st = h["server_timing_ms"]
+            assert st["service"]["n"] == h["served"] and st["service"]["p50"] <= h["p50_ms"]
+            assert ("worker" in st) == bool(rep["http_workers"])
+            for leg in (pt["inprocess"], pt["http"]):
+                q, c = leg["models"][m]["queue_ms"], leg["models"][m]["compute_ms"]
+                assert q["n"] == c["n"] == leg["models"][m]["served"] and q["mean"] >= 0 and c["mean"] > 0
+    assert "where an HTTP request's time went" in stdout
+
+
 def test_bad_scale_is_a_usage_error():
     p = subprocess.run([sys.executable, str(SCRIPT), "examples/mix6.yaml", "--tiny", "--scale", "0,x"],
                        capture_output=True, text=True, timeout=60, cwd=ROOT)

@@ -161,7 +161,8 @@ def build_models(workload: Workload, *, tiny: bool, device: str, max_batch: int 
     return out
 
 
-def _snapshot(svc) -> dict:
+def service_snapshot(svc) -> dict:
+    """The service's counters and histograms now; two of them bracket a measurement (see hist_delta)."""
     st = svc.stats()
     be = st["backend"]
     return {"t": time.monotonic(), "busy_sm_ms": be.get("busy_sm_ms", 0.0), "device_ms": be.get("device_ms", 0.0),
@@ -174,7 +175,7 @@ def _snapshot(svc) -> dict:
                         for e in be.get("exec_ms", [])}}
 
 
-def _hist_delta(before: dict, after: dict, model: str, key: str) -> dict:
+def hist_delta(before: dict, after: dict, model: str, key: str) -> dict:
     """Mean and p99 (upper bound of its bucket) of a service histogram over the point, ms."""
     from gpuloom.runtime.service import Histogram
 
@@ -224,7 +225,7 @@ def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s:
     lock = threading.Lock()
     lat: dict[str, list[tuple[bool, float, str]]] = {m: [] for m in times}  # (ok, ms, error kind)
     rejected = {m: 0 for m in times}
-    before = _snapshot(svc)
+    before = service_snapshot(svc)
     t0 = time.monotonic()
 
     def record(m: str, sent: float):
@@ -257,7 +258,7 @@ def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s:
             f.exception(timeout=max(0.0, end - time.monotonic()))
         except Exception:  # noqa: BLE001 - still pending: counted as a miss below
             pass
-    after = _snapshot(svc)
+    after = service_snapshot(svc)
     models = []
     all_ok_ms = []
     for m, rows in lat.items():
@@ -280,7 +281,7 @@ def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s:
             goodput_rps=on_time / duration_s, slo_attainment=on_time / submitted if submitted else 1.0,
             p50_ms=percentile(served, 50) if served else float("nan"),
             p99_ms=percentile(served, 99) if served else float("nan"), errors=errors,
-            queue_ms=_hist_delta(before, after, m, "queue_ms"), compute_ms=_hist_delta(before, after, m, "compute_ms")))
+            queue_ms=hist_delta(before, after, m, "queue_ms"), compute_ms=hist_delta(before, after, m, "compute_ms")))
     all_ok_ms.sort()
     wall_ms = max(1e-9, (after["t"] - before["t"]) * 1000.0)
     d = {k: after[k] - before[k] for k in after if isinstance(after[k], float) and k != "t"}

@@ -73,4 +73,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"  throughput     {res.throughput:.1f} req/s")
     print(f"  SLO attainment {res.slo_attainment * 100:.1f}% within {res.slo_ms:g} ms")
     print(f"  latency ms     p50 {res.p50_ms:.2f}  p90 {res.p90_ms:.2f}  p99 {res.p99_ms:.2f}  mean {res.mean_ms:.2f}")
+    for k, v in res.server_timing_ms.items():  # the server's own Server-Timing, when it sends one
+        print(f"  server {k:<7} p50 {v['p50']:.2f}  p99 {v['p99']:.2f}  mean {v['mean']:.2f}")
     return 0

@@ -142,7 +142,8 @@ class InferBridge:
         def done(f: Any) -> None:
             try:
                 outs = self.core.outcome(name, f, t0, rows)
-                frame = pack({"id": rid, "status": 200, "names": list(outs)}, [np.asarray(outs[k]) for k in outs])
+                frame = pack({"id": rid, "status": 200, "names": list(outs),
+                              "service_ms": (time.perf_counter() - t0) * 1e3}, [np.asarray(outs[k]) for k in outs])
             except ProtocolError as e:
                 frame = _error_frame(rid, e)
             except Exception as e:  # noqa: BLE001 - e.g. outputs that cannot be framed: still answered
@@ -239,6 +240,7 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int):
                     fut.set_exception(ProtocolError("the runtime process closed the connection", 503, retry_after_s=1.0))
 
     async def infer(request: web.Request):
+        t_in = time.perf_counter()  # headers read; the body may still be arriving
         name, version = request.match_info["model"], request.match_info.get("version")
         body = await request.read()
         req = parse_infer_body(body, request.headers.get(HEADER_LEN))
@@ -250,6 +252,7 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int):
         meta = {"id": rid, "model": name, "version": version, "deadline_ms": deadline,
                 "outputs": list(req.outputs) if req.outputs is not None else None, "names": list(req.inputs)}
         frame = pack(meta, list(req.inputs.values()))
+        t_bridge = time.perf_counter()
         try:
             async with state["lock"]:
                 state["writer"].writelines(frame)
@@ -260,7 +263,11 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int):
         meta, payload = await fut
         if meta["status"] != 200:
             return _error(meta["error"], meta["status"], meta.get("retry_after_s"))
-        return infer_response(name, unpack_tensors(meta, payload), req)
+        outputs = unpack_tensors(meta, payload)
+        t_out = time.perf_counter()
+        timing = {"service": float(meta.get("service_ms", 0.0)), "bridge": (t_out - t_bridge) * 1e3,
+                  "worker": (t_out - t_in) * 1e3}
+        return infer_response(name, outputs, req, timing)
 
     async def forward(request: web.Request):
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}

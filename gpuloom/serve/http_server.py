@@ -10,7 +10,10 @@ Routes (``{v}`` part optional: ``/v2/models/{m}/versions/{v}/...``)::
     GET  /metrics  (Prometheus text)        GET /openapi.json  (this API, OpenAPI 3.0)
 
 Errors are ``{"error": message}`` with a 4xx for anything the client got wrong, 429/503 with
-``Retry-After`` under overload or shutdown, 504 when the deadline passed in the queue.
+``Retry-After`` under overload or shutdown, 504 when the deadline passed in the queue. A successful
+infer answer carries ``Server-Timing: service;dur=MS`` (submit to outcome, in the runtime; behind
+``--http-workers`` also ``bridge`` and ``worker``), so a client can tell the server's time from the
+network's.
 """
 
 from __future__ import annotations
@@ -18,12 +21,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
 from .core import EXTENSIONS, SERVER_NAME, ServeCore, model_config_json, model_metadata
-from .protocol import ProtocolError, deadline_ms_from_parameters, encode_infer_response, parse_infer_body
+from .protocol import ProtocolError, deadline_ms_from_parameters, encode_infer_response, parse_infer_body, server_timing
 
 log = logging.getLogger("gpuloom.serve.http")
 
@@ -62,12 +66,14 @@ async def _errors(request: web.Request, handler):
         return _error(f"internal error: {type(e).__name__}: {e}", 500)
 
 
-def infer_response(name: str, outputs, req) -> web.Response:
+def infer_response(name: str, outputs, req, timing_ms: dict[str, float] | None = None) -> web.Response:
     """The HTTP answer to an infer request: JSON, or JSON + binary tensor data as ``req`` asked."""
     payload, hlen = encode_infer_response(name, "1", outputs, request=req)
     headers = {"Content-Type": "application/octet-stream" if hlen is not None else "application/json"}
     if hlen is not None:
         headers[HEADER_LEN] = str(hlen)
+    if timing_ms:
+        headers["Server-Timing"] = server_timing(timing_ms)
     return web.Response(body=payload, headers=headers)
 
 
@@ -131,8 +137,9 @@ def build_app(core: ServeCore) -> web.Application:
             req = parse_infer_body(body, request.headers.get(HEADER_LEN))
             deadline = deadline_ms_from_parameters(req.parameters, request.headers.get(DEADLINE_HEADER))
             core.check_outputs(name, version, req.outputs)
+            t0 = time.perf_counter()
             outputs = await core.infer(name, version, req.inputs, deadline)
-            return infer_response(name, outputs, req)
+            return infer_response(name, outputs, req, {"service": (time.perf_counter() - t0) * 1e3})
 
     @r.post("/v2/repository/index")
     async def repo_index(request):

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .protocol import V2_TO_NUMPY
+from .protocol import V2_TO_NUMPY, parse_server_timing
 
 __all__ = ["LoadResult", "run_load", "run_closed", "arrival_times"]
 
@@ -40,6 +40,9 @@ class LoadResult:
     # open loop: how late sends left after their scheduled time, ms (a client falling behind shows here)
     send_lag_p99_ms: float = 0.0
     send_lag_max_ms: float = 0.0
+    # the server's own account of answered requests (``Server-Timing``, when it sends one), ms:
+    # {"service": {"mean": .., "p50": .., "p99": .., "n": ..}, ...}; latency minus it is the network's
+    server_timing_ms: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -133,6 +136,7 @@ async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: b
                 async with s.post(infer_url, data=body, headers=headers) as r:
                     await r.read()
                     code = r.status
+                    st = r.headers.get("Server-Timing")
             except Exception as e:  # connection refused, timeout: counted, never raised
                 status[type(e).__name__] += 1
                 return
@@ -141,9 +145,12 @@ async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: b
                 lat.append(ms)
                 if ms <= slo_ms:
                     ok_in_slo += 1
+                for k, v in parse_server_timing(st).items():
+                    server_ms.setdefault(k, []).append(v)
             else:
                 status[str(code)] += 1
 
+        server_ms: dict[str, list[float]] = {}
         start = time.perf_counter()
         tasks = []
         for i, t in enumerate(times):
@@ -163,7 +170,14 @@ async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: b
         p50_ms=float(np.percentile(arr, 50)), p90_ms=float(np.percentile(arr, 90)), p99_ms=float(np.percentile(arr, 99)),
         mean_ms=float(arr.mean()), latencies_ms=lat,
         send_lag_p99_ms=float(np.percentile(lags, 99)), send_lag_max_ms=float(lags.max()),
+        server_timing_ms=summarize_timing(server_ms),
     )
+
+
+def summarize_timing(samples: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """Per Server-Timing metric: mean, p50, p99 and count of its durations, ms."""
+    return {k: {"mean": float(np.mean(v)), "p50": float(np.percentile(v, 50)), "p99": float(np.percentile(v, 99)),
+                "n": len(v)} for k, v in samples.items() if v}
 
 
 def run_load(url: str, model: str, *, rate: float, duration_s: float, poisson: bool = True, batch: int = 1,

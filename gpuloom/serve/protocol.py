@@ -29,6 +29,8 @@ __all__ = [
     "from_raw",
     "encode_infer_response",
     "deadline_ms_from_parameters",
+    "server_timing",
+    "parse_server_timing",
 ]
 
 # KServe v2 datatype names <-> numpy dtype names. BYTES (variable-length strings) is not served:
@@ -313,3 +315,32 @@ def encode_infer_response(
     if not blobs:
         return head, None
     return b"".join([head, *blobs]), len(head)
+
+
+def server_timing(durations_ms: Mapping[str, float]) -> str:
+    """A W3C ``Server-Timing`` header value: where a request's time went inside the server.
+
+    ``{"service": 3.1, "bridge": 3.6}`` -> ``"service;dur=3.100, bridge;dur=3.600"`` (milliseconds, as
+    the standard says; browsers' dev tools and ``gpuloom load`` read it). A client's latency minus the
+    outermost duration is what the network and the client itself took.
+    """
+    return ", ".join(f"{name};dur={ms:.3f}" for name, ms in durations_ms.items())
+
+
+def parse_server_timing(value: str | None) -> dict[str, float]:
+    """``"service;dur=3.1, bridge;dur=3.6"`` -> ``{"service": 3.1, "bridge": 3.6}``; entries without a
+    readable ``dur`` are skipped (the header is advisory: a malformed one never fails a request)."""
+    out: dict[str, float] = {}
+    for entry in (value or "").split(","):
+        name, *params = (p.strip() for p in entry.split(";"))
+        for p in params:
+            key, _, raw = p.partition("=")
+            if key.strip().lower() == "dur" and name:
+                try:
+                    ms = float(raw.strip().strip('"'))
+                except ValueError:
+                    break
+                if math.isfinite(ms):
+                    out[name] = ms
+                break
+    return out
