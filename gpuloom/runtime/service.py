@@ -52,6 +52,8 @@ from .core import Runtime
 from .device import DeviceLayer, FakeModel, make_device_layer
 from .exec_backend import ExecBackend, ExecOutput, check_lookahead
 from .gcpause import GcMonitor, RareFullCollections, freeze_loaded, thaw
+from .gilswitch import DEFAULT_MS as DEFAULT_SWITCH_INTERVAL_MS
+from .gilswitch import ShortSwitchInterval
 
 log = logging.getLogger(__name__)
 
@@ -283,6 +285,10 @@ class InferenceService:
             first load collects before freezing; an unload thaws (the unloaded model is freed by
             the next full collection, not by a pause now), and so does close, which also restores
             the thresholds.
+        switch_interval_ms: the interpreter's GIL switch interval while the service runs (process-
+            wide, restored at close; None leaves it alone). Python's default of 5 ms lets any busy
+            thread hold the runtime's loop thread off for up to 5 ms at each of its torch calls
+            (:mod:`gpuloom.runtime.gilswitch`).
         expiry_grace_s: a request the runtime has not answered this long after its deadline is
             answered by the service with :class:`Expired` (counted as dropped "expired", logged as an
             error): whatever goes wrong below, every accepted request gets an answer.
@@ -300,10 +306,16 @@ class InferenceService:
         load_timeout_s: float = 600.0,
         lookahead_ms: float = ExecBackend.DEFAULT_LOOKAHEAD_MS,
         tune_gc: bool = True,
+        switch_interval_ms: float | None = DEFAULT_SWITCH_INTERVAL_MS,
         expiry_grace_s: float = 5.0,
     ) -> None:
         self.lookahead_ms = check_lookahead(lookahead_ms)  # here, not at the first load
         self.tune_gc = bool(tune_gc)
+        if switch_interval_ms is not None and not (isinstance(switch_interval_ms, (int, float))
+                                                   and 0 < switch_interval_ms <= 100):
+            raise ValueError(f"switch_interval_ms must be None or a number in (0, 100] ms, got {switch_interval_ms!r}")
+        self.switch_interval_ms = switch_interval_ms
+        self._switch_held = False
         if not expiry_grace_s > 0:
             raise ValueError(f"expiry_grace_s must be > 0 s, got {expiry_grace_s!r}")
         self.expiry_grace_s = float(expiry_grace_s)
@@ -366,6 +378,9 @@ class InferenceService:
         if self.tune_gc:
             RareFullCollections.enter()
             self._gc_held = True
+        if self.switch_interval_ms is not None:
+            ShortSwitchInterval.enter(self.switch_interval_ms)
+            self._switch_held = True
 
     def close(self, *, drain: bool = True, timeout_s: float = 30) -> None:
         """Stop taking requests and answer every accepted one: served (``drain``, within
@@ -388,6 +403,9 @@ class InferenceService:
             thaw()  # what this service froze can be collected again
             RareFullCollections.leave()
             self._gc_held = False
+        if self._switch_held:
+            ShortSwitchInterval.leave(self.switch_interval_ms)
+            self._switch_held = False
 
     def is_live(self) -> bool:
         """The service runs and its runtime loop is healthy."""
