@@ -63,6 +63,14 @@ def test_bench_serves_tiny_models_on_cpu_and_reports_every_metric(tmp_path):
         assert pt["loop_lag"]["over_1ms"] >= pt["loop_lag"]["over_5ms"] >= pt["loop_lag"]["over_20ms"] >= 0
         assert len(pt["gc"]["collections"]) == 3 and pt["gc"]["total_ms"] >= 0
         assert pt["layout_changes"] >= 0 and pt["layouts_built"] >= 0
+        # each partition's work in the point: its batches are the point's, each held it at least as
+        # long as it ran on the device
+        lanes = pt["layouts"]
+        assert sum(q["batches"] for q in lanes) >= n_batches
+        for q in lanes:
+            assert q["busy_ms"] >= q["device_ms"] >= 0
+            assert (q["gap_ms"] is None) == (q["batches"] == 0)
+            assert q["gap_ms"] is None or q["gap_ms"] == pytest.approx((q["busy_ms"] - q["device_ms"]) / q["batches"])
         for m in pt["models"]:  # the service's own split of each served request's time
             if m["served"]:
                 assert m["queue_ms"]["n"] == m["compute_ms"]["n"] >= 1

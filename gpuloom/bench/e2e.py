@@ -80,7 +80,7 @@ class Point:
     idle_ratio: float  # no batch running at all
     dispatch_overhead: float  # host dispatch ms / device ms
     models: tuple[ModelPoint, ...]
-    layouts: list = field(default_factory=list)  # partitions at the end: label, sms, busy ratio
+    layouts: list = field(default_factory=list)  # partitions at the end and their work in the point (lane_deltas)
     layout_changes: int = 0  # layouts switched to during the point (re-plans: each drains the partitions)
     layouts_built: int = 0  # of which built (captured) during the point rather than taken from the cache
     gc: dict = field(default_factory=dict)  # garbage-collector pauses during the point: per generation, total, longest ms
@@ -299,7 +299,7 @@ def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s:
         idle_ratio=d.get("rt_idle_ms", 0.0) / rt_total,
         dispatch_overhead=d.get("host_ms", 0.0) / d["device_ms"] if d.get("device_ms", 0.0) > 0 else 0.0,
         models=tuple(models),
-        layouts=[{k: p[k] for k in ("label", "sms", "shared", "busy_ratio")} for p in after["partitions"]],
+        layouts=lane_deltas(before["partitions"], after["partitions"]),
         profile_check=profile_check(svc, before, after),
         host=host_split(before, after, wall_ms),
         gc=GcMonitor.installed().since(before["t"]),
@@ -307,6 +307,24 @@ def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s:
         layout_changes=after["layout_swaps"] - before["layout_swaps"],
         layouts_built=after["layouts_built"] - before["layouts_built"],
     )
+
+
+def lane_deltas(before: list[dict], after: list[dict]) -> list[dict]:
+    """Each partition at the end of a point, with what it did during the point: batches, ms busy
+    (a batch launched until its completion reached the runtime), ms on the device, and ``gap_ms``
+    per batch = (busy - device) / batches: the launch, the completion's way back and the loop's
+    turnaround, during which an exclusive partition idles (counted since the layout started when
+    the point changed layouts)."""
+    prior = {(p["index"], p["label"]): p for p in before}
+    out = []
+    for p in after:
+        b = prior.get((p["index"], p["label"]), {})
+        n = p.get("batches", 0) - b.get("batches", 0)
+        busy = p.get("busy_ms", 0.0) - b.get("busy_ms", 0.0)
+        dev = p.get("device_ms", 0.0) - b.get("device_ms", 0.0)
+        out.append({"label": p["label"], "sms": p["sms"], "shared": p["shared"], "busy_ratio": p["busy_ratio"],
+                    "batches": n, "busy_ms": busy, "device_ms": dev, "gap_ms": (busy - dev) / n if n > 0 else None})
+    return out
 
 
 def host_split(before: dict, after: dict, wall_ms: float) -> dict:
