@@ -99,12 +99,13 @@ class ExecBackend(Backend):
     partitions (:attr:`Backend.lookahead_ms`; 0 turns it off).
     """
 
-    #: default launch-ahead: off. On a fake device that runs batches exactly as profiled, 0.5 ms hid the
-    #: 0.1-0.3 ms host turnaround per batch (mix6 x1 attainment 0.953 -> 0.974-0.980); on the H200,
-    #: same run, dstack's highest load at 99% was the same with and without it (x0.1875) and worse above
-    #: it (x0.5: 0.860 vs 0.958; x1: 0.722 vs 0.803): a batch launched ahead is composed earlier, from
-    #: fewer queued requests (docs/reports/runtime.md, bench_mix6_h200_run7_lookahead.json)
-    DEFAULT_LOOKAHEAD_MS = 0.0
+    #: default launch-ahead: 1 ms. On the H200 with the collector tamed (run 9,
+    #: bench_mix6_h200_run9_switch.json, same run) dstack's partitions idled 0.34-0.71 ms per batch
+    #: with it against 0.73-1.19 ms without, its p99 at x0.625 was 25 ms against 47-51 ms, and its
+    #: attainment at x0.75 0.972 against 0.953-0.956 (x0.625: 0.994 against 0.984-0.994; x0.5: 0.963
+    #: against 0.969-0.972). Run 7, with the collector untamed, had found 0.5 ms worse above the
+    #: threshold (docs/reports/runtime.md).
+    DEFAULT_LOOKAHEAD_MS = 1.0
 
     def __init__(self, device: DeviceLayer, *, knee: Callable[[str, int], int] | None = None,
                  quiet_timeout_s: float = 60.0, lookahead_ms: float = DEFAULT_LOOKAHEAD_MS) -> None:

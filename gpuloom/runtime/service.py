@@ -274,8 +274,8 @@ class InferenceService:
         policy_options: keyword options of the policy's constructor.
         device_layer: a ready :class:`DeviceLayer` instead of ``device`` (tests: ``FakeDeviceLayer``).
         lookahead_ms: launch-ahead on exclusive partitions (a partition takes its next batch this
-            long before its running one is predicted to end; default 0 = only when idle, see
-            ExecBackend.DEFAULT_LOOKAHEAD_MS for why). See
+            long before its running one is predicted to end; 0 = only when idle; see
+            ExecBackend.DEFAULT_LOOKAHEAD_MS for the default and why). See
             :meth:`gpuloom.runtime.core.Runtime._open_lane`.
         tune_gc: keep the garbage collector's full collections out of serving
             (:mod:`gpuloom.runtime.gcpause`): after each load, freeze what is alive (compiled
