@@ -10,6 +10,13 @@ with the default interval, and 3-60 us with 0.2-1 ms (``scripts/diag_gil_convoy.
 (``docs/reports/runtime.md``) dstack's partitions idled 0.4-1.0 ms between batches, growing with load,
 and the loop thread fell more than 1 ms behind 600-800 times in each 5 s point.
 
+**Off by default** (``InferenceService(switch_interval_ms=None)``). On the H200's host the effect is
+far worse than on the build machine -- 9-14 ms per call at 5 ms, still 0.8-1.0 ms at 0.5 ms
+(``docs/results/runtime/diag_gil_convoy_h200.json``) -- and a short interval did not help there:
+dstack's bench A/B (run 9) was unchanged, and behind ``--http-workers 4`` the 6-model mix over HTTP
+kept 0.66 of its in-process goodput at x0.1 with 0.5 ms against 0.997 without it, because every
+forced hand-off between the runtime's threads and the four bridge threads costs a wake-up.
+
 The interval is process-wide: the first holder sets it, the last one to leave restores it.
 """
 
@@ -18,7 +25,7 @@ from __future__ import annotations
 import sys
 import threading
 
-DEFAULT_MS = 0.5  # InferenceService's default
+DEFAULT_MS: float | None = None  # InferenceService's default: leave the interpreter alone (see above)
 
 
 class ShortSwitchInterval:

@@ -286,9 +286,9 @@ class InferenceService:
             the next full collection, not by a pause now), and so does close, which also restores
             the thresholds.
         switch_interval_ms: the interpreter's GIL switch interval while the service runs (process-
-            wide, restored at close; None leaves it alone). Python's default of 5 ms lets any busy
-            thread hold the runtime's loop thread off for up to 5 ms at each of its torch calls
-            (:mod:`gpuloom.runtime.gilswitch`).
+            wide, restored at close; None, the default, leaves it alone). Python's 5 ms lets any
+            busy thread hold the runtime's loop thread off for up to 5 ms at each of its torch
+            calls; a shorter one measured worse on the H200 (:mod:`gpuloom.runtime.gilswitch`).
         expiry_grace_s: a request the runtime has not answered this long after its deadline is
             answered by the service with :class:`Expired` (counted as dropped "expired", logged as an
             error): whatever goes wrong below, every accepted request gets an answer.
