@@ -12,7 +12,9 @@ metadata, repository, statistics, metrics) is forwarded unchanged to the runtime
 server on an internal loopback port.
 
 Frame on the socket, both ways: ``!IQ`` (JSON length, payload length), the JSON, then the payload
-(the tensors' raw little-endian bytes, back to back, in the order the JSON lists them).
+(the tensors' raw little-endian bytes, back to back, in the order the JSON lists them). A worker's
+first frame is a hello carrying its shared-memory arena (``gpuloom.serve.arena``) as a descriptor;
+a request whose tensors it wrote there says ``"arena": offset`` and has an empty payload.
 
     python -m gpuloom.serve.frontend --socket PATH --host H --port P --upstream http://127.0.0.1:Q
 """
@@ -44,13 +46,26 @@ FRAME = struct.Struct("!IQ")
 _HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
 
 
-def pack(meta: dict, arrays: list[np.ndarray]) -> list[Any]:
-    """A frame as a list of buffers (header, JSON, each tensor's bytes) for ``writelines``/``sendall``."""
+def pack(meta: dict, arrays: list[np.ndarray], into: memoryview | None = None) -> list[Any]:
+    """A frame as a list of buffers (header, JSON, each tensor's bytes) for ``writelines``/``sendall``.
+
+    ``into``: a block of the shared arena (``meta["arena"]`` says where) that takes the tensors'
+    bytes instead; the frame then has an empty payload."""
     bufs = [memoryview(np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))).cast("B") for a in arrays]
     meta = dict(meta, tensors=[{"name": n, "datatype": v2_dtype(a.dtype.name), "shape": list(a.shape),
                                 "nbytes": b.nbytes} for n, a, b in zip(meta.pop("names"), arrays, bufs)])
     js = json.dumps(meta).encode()
+    if into is not None:
+        off = 0
+        for b in bufs:
+            into[off:off + b.nbytes] = b
+            off += b.nbytes
+        return [FRAME.pack(len(js), 0), js]
     return [FRAME.pack(len(js), sum(b.nbytes for b in bufs)), js, *bufs]
+
+
+def payload_bytes(meta: dict) -> int:
+    return sum(int(t["nbytes"]) for t in meta["tensors"])
 
 
 def unpack_tensors(meta: dict, payload: memoryview) -> dict[str, np.ndarray]:
@@ -81,6 +96,8 @@ class InferBridge:
         self._sock.listen(64)
         self._conns: list[socket.socket] = []
         self._closed = False
+        self.arena_requests = 0  # requests whose tensors came through a worker's shared memory
+        self.inline_requests = 0  # ... and over the socket
         threading.Thread(target=self._accept, name="gpuloom-bridge-accept", daemon=True).start()
 
     def _accept(self) -> None:
@@ -97,6 +114,9 @@ class InferBridge:
         writer = threading.Thread(target=self._write, args=(conn, out), name="gpuloom-bridge-write", daemon=True)
         writer.start()
         try:
+            shared = _recv_hello(conn)  # the worker's arena (a memoryview), or None
+            if shared is False:
+                return
             while True:
                 head = _recv_exact(conn, FRAME.size)
                 if head is None:
@@ -107,7 +127,17 @@ class InferBridge:
                 if js is None or payload is None:  # the worker went away mid-frame
                     return
                 meta = json.loads(bytes(js))
-                self._submit(out, meta, memoryview(payload))
+                off = meta.get("arena")
+                if off is None:
+                    self.inline_requests += 1
+                    self._submit(out, meta, memoryview(payload))
+                    continue
+                self.arena_requests += 1
+                n = payload_bytes(meta)
+                if shared is None or not (isinstance(off, int) and 0 <= off and off + n <= len(shared)):
+                    out.put(_internal_error_frame(meta["id"], ValueError(f"bad arena block {off!r} (+{n} bytes)")))
+                    continue
+                self._submit(out, meta, shared[off:off + n])  # the tensors in place: no copy here
         except OSError:
             return
         finally:
@@ -175,6 +205,35 @@ def _internal_error_frame(rid: int, e: Exception) -> list[Any]:
     return _error_frame(rid, ProtocolError(f"internal error: {type(e).__name__}: {e}", 500))
 
 
+def _recv_hello(conn: socket.socket) -> memoryview | None | bool:
+    """A worker's first frame: its arena (mapped here, as a memoryview), None when it has none, or
+    False when the connection closed or the frame is not a hello."""
+    from . import arena
+
+    data, fds, _, _ = socket.recv_fds(conn, FRAME.size, 1)
+    try:
+        if len(data) < FRAME.size:
+            rest = _recv_exact(conn, FRAME.size - len(data))
+            if rest is None:
+                return False
+            data += bytes(rest)
+        jlen, plen = FRAME.unpack(data)
+        js = _recv_exact(conn, jlen)
+        if js is None or plen:
+            return False
+        hello = json.loads(bytes(js))
+        size = int(hello.get("arena_bytes", 0))
+        if "hello" not in hello:
+            return False
+        if not size or not fds:
+            return None
+        fd, fds = fds[0], fds[1:]
+        return memoryview(arena.attach(fd, size))
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def _recv_exact(conn: socket.socket, n: int) -> bytearray | None:
     buf = bytearray(n)
     view, got = memoryview(buf), 0
@@ -204,18 +263,26 @@ def reserve_port(host: str, port: int) -> socket.socket:
 
 
 # -- a worker process ---------------------------------------------------------------------------
-def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int):
-    """The worker's aiohttp app: infer over the bridge, everything else forwarded to ``upstream``."""
+def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_bytes: int = 0):
+    """The worker's aiohttp app: infer over the bridge, everything else forwarded to ``upstream``.
+    ``arena_bytes``: size of the shared memory the tensors go through (0: inline on the socket)."""
     import aiohttp
     from aiohttp import web
 
+    from . import arena as arena_mod
     from .http_server import CORE_KEY, DEADLINE_HEADER, HEADER_LEN, _error, _errors, infer_response
     from .protocol import deadline_ms_from_parameters, parse_infer_body
 
-    state: dict[str, Any] = {"pending": {}, "next": 0}
+    state: dict[str, Any] = {"pending": {}, "next": 0, "blocks": {}, "arena": None}
 
     async def on_startup(app):
-        reader, writer = await asyncio.open_unix_connection(sock_path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(sock_path)
+        shared = arena_mod.Arena(arena_bytes) if arena_bytes > 0 and arena_mod.supported() else None
+        js = json.dumps({"hello": 1, "arena_bytes": shared.size if shared else 0}).encode()
+        socket.send_fds(sock, [FRAME.pack(len(js), 0) + js], [shared.fd] if shared else [])
+        state["arena"] = shared
+        reader, writer = await asyncio.open_unix_connection(sock=sock)
         state["writer"], state["lock"] = writer, asyncio.Lock()
         state["reader_task"] = asyncio.create_task(read_replies(reader))
         state["session"] = aiohttp.ClientSession(auto_decompress=False)
@@ -224,6 +291,8 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int):
         state["reader_task"].cancel()
         state["writer"].close()
         await state["session"].close()
+        if state["arena"] is not None:
+            state["arena"].close()
 
     async def read_replies(reader):
         try:
@@ -231,6 +300,9 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int):
                 jlen, plen = FRAME.unpack(await reader.readexactly(FRAME.size))
                 meta = json.loads(await reader.readexactly(jlen))
                 payload = memoryview(await reader.readexactly(plen)) if plen else memoryview(b"")
+                block = state["blocks"].pop(meta["id"], None)
+                if block is not None:  # the runtime is done with the request's inputs
+                    state["arena"].free(block)
                 fut = state["pending"].pop(meta["id"], None)
                 if fut is not None and not fut.done():
                     fut.set_result((meta, payload))
@@ -251,7 +323,15 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int):
         state["pending"][rid] = fut
         meta = {"id": rid, "model": name, "version": version, "deadline_ms": deadline,
                 "outputs": list(req.outputs) if req.outputs is not None else None, "names": list(req.inputs)}
-        frame = pack(meta, list(req.inputs.values()))
+        arrays = list(req.inputs.values())
+        shared, block = state["arena"], None
+        if shared is not None:
+            block = shared.alloc(sum(a.nbytes for a in arrays))
+        if block is None:  # no arena, or full: inline on the socket
+            frame = pack(meta, arrays)
+        else:
+            state["blocks"][rid] = block  # freed when the reply comes back (read_replies)
+            frame = pack(dict(meta, arena=block), arrays, into=shared.view(block, sum(a.nbytes for a in arrays)))
         t_bridge = time.perf_counter()
         try:
             async with state["lock"]:
@@ -259,6 +339,8 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int):
                 await state["writer"].drain()
         except (ConnectionError, RuntimeError) as e:  # the runtime's process is gone or stopping
             state["pending"].pop(rid, None)
+            if state["blocks"].pop(rid, None) is not None:
+                shared.free(block)
             raise ProtocolError(f"the runtime process is not reachable: {e}", 503, retry_after_s=1.0) from None
         meta, payload = await fut
         if meta["status"] != 200:
@@ -295,6 +377,12 @@ class _Limits:
         self.max_body_bytes = max_body_bytes
 
 
+def arena_mb_default() -> int:
+    """``GPULOOM_WORKER_ARENA_MB`` (0 turns the arena off), else 256 MiB per worker: memory is
+    taken only as requests touch it, and a request that does not fit goes inline."""
+    return int(os.environ.get("GPULOOM_WORKER_ARENA_MB", "256"))
+
+
 def main(argv: list[str] | None = None) -> int:
     from aiohttp import web
 
@@ -306,10 +394,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-body", type=int, required=True)
     ap.add_argument("--backlog", type=int, default=2048)
     ap.add_argument("--drain-timeout", type=float, default=30.0)
+    ap.add_argument("--arena-mb", type=int, default=arena_mb_default(),
+                    help="shared memory for request tensors, MiB (0: send them over the socket)")
     args = ap.parse_args(argv)
 
     async def run() -> None:
-        app = build_worker_app(args.socket, args.upstream, args.max_body)
+        app = build_worker_app(args.socket, args.upstream, args.max_body, args.arena_mb << 20)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=args.drain_timeout)
         await runner.setup()
         site = web.TCPSite(runner, args.host, args.port, reuse_port=True, backlog=args.backlog)

@@ -1,0 +1,124 @@
+"""The shared-memory arena between HTTP front-end workers and the runtime's process. CPU only."""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import serve_fake  # noqa: E402
+
+from gpuloom.serve import arena  # noqa: E402
+from gpuloom.serve.core import ServeCore  # noqa: E402
+from gpuloom.serve.repository import load_repository  # noqa: E402
+from gpuloom.serve.server import Server  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not arena.supported(), reason="no memfd_create on this platform")
+REPO = Path(__file__).resolve().parents[1] / "examples" / "repository"
+
+
+def test_first_fit_allocation_reuses_and_coalesces_freed_blocks():
+    a = arena.Arena(1 << 12)  # 4096 bytes = 64 blocks of 64
+    try:
+        x = a.alloc(100)  # rounds up to 128
+        y = a.alloc(1000)  # 1024
+        z = a.alloc(64)
+        assert (x, y, z) == (0, 128, 1152) and a.in_use == 128 + 1024 + 64
+        assert a.alloc(4096) is None  # bigger than what is free: the caller sends inline
+        a.free(y)
+        assert a.alloc(900) == 128  # first fit takes the freed block's start
+        a.free(128)
+        a.free(x)
+        a.free(z)  # everything free again merges into one range
+        assert a.in_use == 0 and a.alloc(4096) == 0
+        with pytest.raises(KeyError):
+            a.free(64)  # never allocated
+    finally:
+        a.close()
+
+
+def test_the_runtime_side_sees_what_the_worker_wrote():
+    import os
+
+    a = arena.Arena(1 << 16)
+    try:
+        off = a.alloc(12)
+        a.view(off, 12)[:] = np.arange(3, dtype="<f4").tobytes()
+        mapped = arena.attach(os.dup(a.fd), a.size)
+        got = np.frombuffer(memoryview(mapped)[off:off + 12], dtype="<f4")
+        np.testing.assert_array_equal(got, [0, 1, 2])
+        with pytest.raises(ValueError, match="bytes"):
+            arena.attach(os.dup(a.fd), a.size * 2)  # the worker claimed more than there is
+    finally:
+        a.close()
+
+
+def _infer(url: str, x: np.ndarray) -> np.ndarray:
+    body = json.dumps({"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32",
+                                   "data": x.ravel().tolist()}]}).encode()
+    req = urllib.request.Request(f"http://{url}/v2/models/tiny_mlp/infer", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        out = json.loads(r.read())["outputs"][0]
+    return np.asarray(out["data"], np.float32).reshape(out["shape"])
+
+
+@pytest.mark.parametrize("arena_mb", ["16", "0"], ids=["arena", "inline"])
+def test_requests_through_the_arena_or_inline_give_eager_outputs(monkeypatch, arena_mb):
+    import torch
+
+    monkeypatch.setenv("GPULOOM_WORKER_ARENA_MB", arena_mb)  # the worker processes read it at start
+    repo = load_repository(REPO / "tiny_mlp.yaml")
+    service = serve_fake.make_service()
+    core = ServeCore(service, repo)
+    core.load("tiny_mlp")
+    server = Server(core, http_port=0, grpc_port=None, http_workers=1)
+    addr = server.start()
+    try:
+        module = repo.models["tiny_mlp"].build()[1]
+        rng = np.random.default_rng(1)
+        for n in (1, 3, 16, 2, 7) * 4:  # blocks of different sizes, freed and reused
+            x = rng.standard_normal((n, 16)).astype(np.float32)
+            with torch.no_grad():
+                want = module(torch.from_numpy(x)).numpy()
+            np.testing.assert_allclose(_infer(addr.http_url, x), want, rtol=1e-5, atol=1e-6)
+        bridge = server._bridge
+        if arena_mb == "0":
+            assert bridge.arena_requests == 0 and bridge.inline_requests == 20
+        else:
+            assert bridge.arena_requests == 20 and bridge.inline_requests == 0
+    finally:
+        server.stop()
+
+
+def test_concurrent_requests_each_get_the_output_of_their_own_input(monkeypatch):
+    """Blocks are reused only after their request's reply: 200 overlapping requests with distinct
+    inputs through one worker's arena each get their own eager output back."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    monkeypatch.setenv("GPULOOM_WORKER_ARENA_MB", "1")  # small: blocks are reused many times over
+    repo = load_repository(REPO / "tiny_mlp.yaml")
+    service = serve_fake.make_service()
+    core = ServeCore(service, repo)
+    core.load("tiny_mlp")
+    server = Server(core, http_port=0, grpc_port=None, http_workers=1)
+    addr = server.start()
+    try:
+        module = repo.models["tiny_mlp"].build()[1]
+        xs = [np.full((1 + i % 16, 16), i, np.float32) for i in range(200)]
+        with ThreadPoolExecutor(16) as pool:
+            outs = list(pool.map(lambda x: _infer(addr.http_url, x), xs))
+        for x, got in zip(xs, outs):
+            with torch.no_grad():
+                want = module(torch.from_numpy(x)).numpy()
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        assert server._bridge.arena_requests == 200
+    finally:
+        server.stop()
