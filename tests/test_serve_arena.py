@@ -69,15 +69,14 @@ def _infer(url: str, x: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("arena_mb", ["16", "0"], ids=["arena", "inline"])
-def test_requests_through_the_arena_or_inline_give_eager_outputs(monkeypatch, arena_mb):
+def test_requests_through_the_arena_or_inline_give_eager_outputs(arena_mb):
     import torch
 
-    monkeypatch.setenv("GPULOOM_WORKER_ARENA_MB", arena_mb)  # the worker processes read it at start
     repo = load_repository(REPO / "tiny_mlp.yaml")
     service = serve_fake.make_service()
     core = ServeCore(service, repo)
     core.load("tiny_mlp")
-    server = Server(core, http_port=0, grpc_port=None, http_workers=1)
+    server = Server(core, http_port=0, grpc_port=None, http_workers=1, worker_arena_mb=int(arena_mb))
     addr = server.start()
     try:
         module = repo.models["tiny_mlp"].build()[1]
@@ -103,7 +102,8 @@ def test_concurrent_requests_each_get_the_output_of_their_own_input(monkeypatch)
 
     import torch
 
-    monkeypatch.setenv("GPULOOM_WORKER_ARENA_MB", "1")  # small: blocks are reused many times over
+    monkeypatch.setenv("GPULOOM_WORKER_ARENA_MB", "1")  # small, so blocks are reused many times over (the
+    # workers read the variable at start: the default when Server(worker_arena_mb=...) is not given)
     repo = load_repository(REPO / "tiny_mlp.yaml")
     service = serve_fake.make_service()
     core = ServeCore(service, repo)

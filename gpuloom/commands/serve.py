@@ -25,6 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="HTTP front-end processes that parse requests outside the runtime's process and share "
                         "the port; 0: this process parses them; auto (default): 4 on a host with 8 or more CPUs, "
                         "else 0")
+    p.add_argument("--http-worker-arena-mb", type=arena_mb_arg, default=None, metavar="MIB",
+                   help="shared memory per front-end worker that request tensors pass through to the runtime's "
+                        "process (default 256; 0: over the socket; a request that does not fit goes over the socket)")
 
 
 def default_http_workers(cpus: int | None) -> int:
@@ -32,6 +35,17 @@ def default_http_workers(cpus: int | None) -> int:
     0.80 of the in-process goodput with 4 workers and 0.02 without; on a 2-CPU machine the workers
     cost more than they saved (docs/reports/serving.md)."""
     return 4 if (cpus or 1) >= 8 else 0
+
+
+def arena_mb_arg(text: str) -> int:
+    """A non-negative integer of MiB (argparse type)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer of MiB (0: no arena), got {text!r}")
+    return n
 
 
 def http_workers_arg(text: str) -> int:
@@ -90,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
             service.close(drain=False)
             return 1
     server = Server(core, host=args.host, http_port=args.http_port, grpc_port=None if args.no_grpc else args.grpc_port,
-                    drain_timeout_s=args.drain_timeout, http_workers=args.http_workers)
+                    drain_timeout_s=args.drain_timeout, http_workers=args.http_workers,
+                    worker_arena_mb=args.http_worker_arena_mb)
 
     def started(addr):
         grpc = f", gRPC on {addr.grpc_url}" if addr.grpc_port else ""

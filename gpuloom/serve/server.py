@@ -58,10 +58,16 @@ class Server:
     """HTTP (+ optional gRPC) over ``core``. Ports 0 pick free ports (see :attr:`address` after start)."""
 
     def __init__(self, core: ServeCore, *, host: str = "127.0.0.1", http_port: int = 8000, grpc_port: int | None = 8001,
-                 drain_timeout_s: float = 30.0, listen_backlog: int = 2048, http_workers: int = 0):
+                 drain_timeout_s: float = 30.0, listen_backlog: int = 2048, http_workers: int = 0,
+                 worker_arena_mb: int | None = None):
         self.core = core
         if not isinstance(http_workers, int) or http_workers < 0:
             raise ValueError(f"http_workers: expected a non-negative int, got {http_workers!r}")
+        if worker_arena_mb is not None and (not isinstance(worker_arena_mb, int) or worker_arena_mb < 0):
+            raise ValueError(f"worker_arena_mb: expected a non-negative int (MiB; 0 = no arena), got {worker_arena_mb!r}")
+        # shared memory each worker passes request tensors through (frontend.py, arena.py); None:
+        # the worker's default (GPULOOM_WORKER_ARENA_MB, else 256)
+        self.worker_arena_mb = worker_arena_mb
         # 0: this process serves HTTP. N > 0: N front-end processes parse HTTP on the public port and
         # pass tensors over a Unix socket (frontend.py); this process serves HTTP on a loopback port
         # for the routes they forward.
@@ -155,6 +161,8 @@ class Server:
                "--port", str(port), "--upstream", f"http://127.0.0.1:{internal}",
                "--max-body", str(int(self.core.max_body_bytes)), "--backlog", str(self.listen_backlog),
                "--drain-timeout", str(self.drain_timeout_s)]
+        if self.worker_arena_mb is not None:
+            cmd += ["--arena-mb", str(self.worker_arena_mb)]
         self._worker_cmd = cmd
         started = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(self.http_workers)]
         self._workers.extend(started)  # all start together; _stop_workers reaps them if one fails
