@@ -34,11 +34,17 @@ class ProfiledFakeLayer(FakeDeviceLayer):
     """A batch of ``n`` on a partition of ``s`` SMs sleeps ``L(bucket(n), s)`` from the profile (shared
     lanes: the SMs they share, no contention): a GPU that runs exactly as profiled."""
 
-    def __init__(self, store: ProfileStore) -> None:
+    def __init__(self, store: ProfileStore, host_ms: float = 0.0) -> None:
         super().__init__()
         self.store = store
+        self.host_ms = host_ms  # host time per launch on the launching thread (the CUDA layer's ~0.3 ms)
 
     def _launch(self, lanes, index, model, rows):
+        if self.host_ms > 0:  # half in Python (holding the GIL), half in calls that release it
+            end = time.perf_counter() + self.host_ms / 2000.0
+            while time.perf_counter() < end:
+                pass
+            time.sleep(self.host_ms / 2000.0)
         fm, batch, n, name = super()._launch(lanes, index, model, rows)
         part = lanes.layout.partitions[index]
         sms = lanes.layout.shared_sms if part.shared else part.sms
@@ -63,6 +69,8 @@ def main() -> int:
     ap.add_argument("--tune-gc", default="on", help="on, off, or on,off (both, alternating per point: an A/B "
                     "of InferenceService(tune_gc=...)); default on")
     ap.add_argument("--lookahead-ms", default="0", help="launch-ahead value(s), comma-separated (an A/B like --tune-gc)")
+    ap.add_argument("--host-ms", type=float, default=0.0,
+                    help="host time per launch on the runtime's thread, ms (H200 CUDA layer: 0.25-0.4; default 0)")
     ap.add_argument("--repeat", type=int, default=1, help="measure every (policy, scale, tune-gc) this many times")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
@@ -88,7 +96,7 @@ def main() -> int:
         if pol == "dstack":
             if a.no_replan:
                 opts["replan"] = False
-        svc = InferenceService(policy=pol, device_layer=ProfiledFakeLayer(store), profiles=store,
+        svc = InferenceService(policy=pol, device_layer=ProfiledFakeLayer(store, a.host_ms), profiles=store,
                                policy_options=opts or None, tune_gc=tune, lookahead_ms=ahead)
         svc.start()
         try:
@@ -112,7 +120,8 @@ def main() -> int:
             sim = simulate_point(svc, wl, pol, scale=s, duration_s=a.duration)
         finally:
             svc.close(drain=False, timeout_s=10)
-        row = {"policy": pol, "scale": s, "tune_gc": tune, "lookahead_ms": ahead, "gc": p.gc, "loop_lag": p.loop_lag,
+        row = {"policy": pol, "scale": s, "tune_gc": tune, "lookahead_ms": ahead, "host_ms": a.host_ms, "gc": p.gc,
+               "loop_lag": p.loop_lag,
                "offered_rps": p.offered_rps, "layouts_built": layouts, "lane_ms_per_batch_off_device": lane_gap,
                "realtime_fake": {"goodput_rps": p.goodput_rps, "slo_attainment": p.slo_attainment,
                                  "p50_ms": p.p50_ms, "p99_ms": p.p99_ms, "host": p.host,
