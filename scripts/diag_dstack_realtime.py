@@ -123,6 +123,7 @@ def main() -> int:
         row = {"policy": pol, "scale": s, "tune_gc": tune, "lookahead_ms": ahead, "host_ms": a.host_ms, "gc": p.gc,
                "loop_lag": p.loop_lag,
                "offered_rps": p.offered_rps, "layouts_built": layouts, "lane_ms_per_batch_off_device": lane_gap,
+               "lanes": p.layouts,
                "realtime_fake": {"goodput_rps": p.goodput_rps, "slo_attainment": p.slo_attainment,
                                  "p50_ms": p.p50_ms, "p99_ms": p.p99_ms, "host": p.host,
                                  "models": {mp.model: {"slo_attainment": mp.slo_attainment, "p50_ms": mp.p50_ms}

@@ -71,6 +71,12 @@ def test_bench_serves_tiny_models_on_cpu_and_reports_every_metric(tmp_path):
             assert q["busy_ms"] >= q["device_ms"] >= 0
             assert (q["gap_ms"] is None) == (q["batches"] == 0)
             assert q["gap_ms"] is None or q["gap_ms"] == pytest.approx((q["busy_ms"] - q["device_ms"]) / q["batches"])
+            assert 0 <= q["ahead"] <= q["batches"]  # launched ahead: their gap is the completion's way back only
+            assert (q["gap_ahead_ms"] is None) == (q["ahead"] == 0)
+            assert (q["gap_idle_ms"] is None) == (q["batches"] - q["ahead"] == 0)
+            if q["gap_ahead_ms"] is not None and q["gap_idle_ms"] is not None:  # the two parts make the whole
+                whole = (q["gap_ahead_ms"] * q["ahead"] + q["gap_idle_ms"] * (q["batches"] - q["ahead"])) / q["batches"]
+                assert whole == pytest.approx(q["gap_ms"])
         for m in pt["models"]:  # the service's own split of each served request's time
             if m["served"]:
                 assert m["queue_ms"]["n"] == m["compute_ms"]["n"] >= 1

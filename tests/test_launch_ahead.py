@@ -87,6 +87,22 @@ def test_without_lookahead_a_partition_holds_one_batch():
     assert max(dev.most_held.values()) == 1
 
 
+@pytest.mark.parametrize("lookahead_ms", [0.0, 1000.0])
+def test_the_backend_counts_which_batches_were_launched_ahead(lookahead_ms):
+    # what the bench splits a partition's gap by: batches launched ahead did not leave it idle
+    _, be, _, results = serve("dstack", lookahead_ms=lookahead_ms)
+    parts = be.stats()["partitions"]
+    batches = sum(p["batches"] for p in parts)
+    ahead = sum(p["ahead"] for p in parts)
+    assert batches >= 1 and len(results) == 120
+    if lookahead_ms == 0:
+        assert ahead == 0 and all(p["ahead_busy_ms"] == p["ahead_device_ms"] == 0 for p in parts)
+    else:  # requests arrive faster than one 4 ms batch: most batches queue behind the running one
+        assert ahead >= batches // 2, (ahead, batches)
+    for p in parts:
+        assert p["busy_ms"] >= p["ahead_busy_ms"] >= p["ahead_device_ms"] >= 0
+
+
 @pytest.mark.parametrize("policy", ["triton", "clipper", "temporal"])
 def test_shared_lanes_never_launch_ahead(policy):
     # their batches slow each other down by amounts no profile predicts: no early launch there

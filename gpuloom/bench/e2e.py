@@ -310,20 +310,29 @@ def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s:
 
 
 def lane_deltas(before: list[dict], after: list[dict]) -> list[dict]:
-    """Each partition at the end of a point, with what it did during the point: batches, ms busy
-    (a batch launched until its completion reached the runtime), ms on the device, and ``gap_ms``
-    per batch = (busy - device) / batches: the launch, the completion's way back and the loop's
-    turnaround, during which an exclusive partition idles (counted since the layout started when
-    the point changed layouts)."""
+    """Each partition at the end of a point, with what it did during the point (counted since the
+    layout started when the point changed layouts): batches, ms busy (a batch launched until its
+    completion reached the runtime; one launched ahead counts from when the previous one was done),
+    ms on the device, and ``gap_ms`` per batch = (busy - device) / batches.
+
+    Split by launch-ahead: ``ahead`` batches were launched while the previous one ran, so on a GPU
+    the partition did not idle before them and their ``gap_ahead_ms`` is only the completion's way
+    back; ``gap_idle_ms`` is the gap of the others: the launch, the completion's way back and the
+    loop's turnaround, during which an exclusive partition idles."""
+    def per(num: float, n: int) -> float | None:
+        return num / n if n > 0 else None
+
     prior = {(p["index"], p["label"]): p for p in before}
     out = []
     for p in after:
         b = prior.get((p["index"], p["label"]), {})
-        n = p.get("batches", 0) - b.get("batches", 0)
-        busy = p.get("busy_ms", 0.0) - b.get("busy_ms", 0.0)
-        dev = p.get("device_ms", 0.0) - b.get("device_ms", 0.0)
+        d = {k: p.get(k, 0) - b.get(k, 0) for k in ("batches", "busy_ms", "device_ms", "ahead", "ahead_busy_ms",
+                                                    "ahead_device_ms")}
+        n, busy, dev, na = d["batches"], d["busy_ms"], d["device_ms"], d["ahead"]
         out.append({"label": p["label"], "sms": p["sms"], "shared": p["shared"], "busy_ratio": p["busy_ratio"],
-                    "batches": n, "busy_ms": busy, "device_ms": dev, "gap_ms": (busy - dev) / n if n > 0 else None})
+                    "batches": n, "busy_ms": busy, "device_ms": dev, "gap_ms": per(busy - dev, n), "ahead": na,
+                    "gap_ahead_ms": per(d["ahead_busy_ms"] - d["ahead_device_ms"], na),
+                    "gap_idle_ms": per((busy - d["ahead_busy_ms"]) - (dev - d["ahead_device_ms"]), n - na)})
     return out
 
 

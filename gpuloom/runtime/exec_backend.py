@@ -64,6 +64,12 @@ class PartitionStats:
     failures: int = 0
     device_ms: float = 0.0  # summed device time of its batches
     busy_ms: float = 0.0  # summed wall time from dispatch to outputs on the host
+    # batches launched while the lane's previous one still ran (launch-ahead): on a GPU the next
+    # batch is queued on the stream, so the lane does not idle between them, and busy - device is
+    # only the completion's way back; for the others busy - device is the lane's idle turnaround
+    ahead: int = 0
+    ahead_busy_ms: float = 0.0
+    ahead_device_ms: float = 0.0
 
 
 class _Watcher:
@@ -262,7 +268,8 @@ class ExecBackend(Backend):
             elapsed = max(1e-9, self.loop.wall_ms() - self._layout_t0)
             parts = [
                 {"index": p.index, "label": p.label, "sms": p.sms, "shared": p.shared, "batches": p.batches,
-                 "failures": p.failures, "device_ms": p.device_ms, "busy_ms": p.busy_ms,
+                 "failures": p.failures, "device_ms": p.device_ms, "busy_ms": p.busy_ms, "ahead": p.ahead,
+                 "ahead_busy_ms": p.ahead_busy_ms, "ahead_device_ms": p.ahead_device_ms,
                  "busy_ratio": min(1.0, p.busy_ms / elapsed), "device_busy_ratio": min(1.0, p.device_ms / elapsed)}
                 for p in self.parts
             ]
@@ -301,6 +308,7 @@ class ExecBackend(Backend):
                   start: float) -> None:
         """Watcher thread: wait for the batch, hand out outputs, post the completion."""
         # a batch launched ahead (runtime.lookahead_ms) starts when the lane's previous one is done
+        ahead = start < watcher.last_end
         start = max(start, watcher.last_end)
         err, dev_ms = "", 0.0
         try:
@@ -325,6 +333,10 @@ class ExecBackend(Backend):
                 ps.failures += bool(err)
                 ps.device_ms += dev_ms
                 ps.busy_ms += end - start
+                if ahead:
+                    ps.ahead += 1
+                    ps.ahead_busy_ms += end - start
+                    ps.ahead_device_ms += dev_ms
             self.batches += 1
             self.model_batches[d.model] += 1
             self.failures += bool(err)
