@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpuloom.bench.e2e import run_point, simulate_point  # noqa: E402
 from gpuloom.bench.workload import load_workload  # noqa: E402
+from gpuloom.commands.bench import parse_policy_spec  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
 from gpuloom.runtime.device import FakeDeviceLayer, FakeModel  # noqa: E402
 from gpuloom.runtime.service import InferenceService, ModelConfig, TensorSpec  # noqa: E402
@@ -57,7 +58,8 @@ class ProfiledFakeLayer(FakeDeviceLayer):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", default="examples/mix6.yaml")
-    ap.add_argument("--policy", default="dstack,triton")
+    ap.add_argument("--policy", default="dstack,triton",
+                    help="comma-separated policies; NAME:KEY=VALUE sets a policy option (e.g. dstack:batch_overhead_ms=1)")
     ap.add_argument("--scales", default="0.1,0.25")
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--max-batch", type=int, default=16)
@@ -89,14 +91,14 @@ def main() -> int:
     rows = []
     tunes = [t.strip() == "on" for t in a.tune_gc.split(",")]
     aheads = [float(x) for x in a.lookahead_ms.split(",")]
-    cases = [(pol, s, tune, ahead) for pol in a.policy.split(",") for s in (float(x) for x in a.scales.split(","))
-             for _ in range(a.repeat) for tune in tunes for ahead in aheads]
+    # policies and settings alternate within each (scale, repetition), so an A/B shares the machine's moods
+    cases = [(pol, s, tune, ahead) for s in (float(x) for x in a.scales.split(",")) for _ in range(a.repeat)
+             for pol in a.policy.split(",") for tune in tunes for ahead in aheads]
     for pol, s, tune, ahead in cases:
-        opts = {}
-        if pol == "dstack":
-            if a.no_replan:
-                opts["replan"] = False
-        svc = InferenceService(policy=pol, device_layer=ProfiledFakeLayer(store, a.host_ms), profiles=store,
+        name, opts, _ = parse_policy_spec(pol)  # e.g. dstack:batch_overhead_ms=1
+        if name == "dstack" and a.no_replan:
+            opts["replan"] = False
+        svc = InferenceService(policy=name, device_layer=ProfiledFakeLayer(store, a.host_ms), profiles=store,
                                policy_options=opts or None, tune_gc=tune, lookahead_ms=ahead)
         svc.start()
         try:
@@ -117,7 +119,7 @@ def main() -> int:
             # per batch, how long a partition was held beyond its (fake) device time: launch,
             # completion's way back, the loop's turnaround
             lane_gap = [round((q["busy_ms"] - q["device_ms"]) / q["batches"], 3) for q in be["partitions"] if q.get("batches")]
-            sim = simulate_point(svc, wl, pol, scale=s, duration_s=a.duration)
+            sim = simulate_point(svc, wl, name, scale=s, duration_s=a.duration)
         finally:
             svc.close(drain=False, timeout_s=10)
         row = {"policy": pol, "scale": s, "tune_gc": tune, "lookahead_ms": ahead, "host_ms": a.host_ms, "gc": p.gc,

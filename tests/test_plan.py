@@ -205,6 +205,35 @@ def test_headroom_plans_extra_capacity() -> None:
     assert plan(d, ZOO, headroom=0.3).model("resnet50").planned_rps >= 650.0
 
 
+def test_batch_overhead_is_planned_into_every_slot() -> None:
+    """A batch holds its partition for L(b, s) + overhead; the plan stays valid with it and serves the
+    same demand with at least as much partition time."""
+    demands = load_workload(EXAMPLES / "mix6.yaml").scaled(ZOO_SCALE["mix6"] * 0.5).demands()
+    plain, padded = plan(demands, ZOO), plan(demands, ZOO, batch_overhead_ms=1.0)
+    check_schedule(padded)
+    assert padded.feasible
+    for mp in padded.models:
+        prof = ZOO.get(mp.model)
+        assert mp.latency_ms == pytest.approx(prof.latency(mp.batch, mp.sms) + 1.0)
+        assert mp.worst_ms <= mp.slo_ms + 1e-6  # the SLO bound holds with the overhead in it
+    for part in padded.partitions:
+        for slot in part.slots:
+            assert slot.duration_ms == pytest.approx(ZOO.get(slot.model).latency(slot.batch, part.sms) + 1.0)
+
+    def busy(s: Schedule) -> float:  # SM-ms per cycle the slots take
+        return sum(p.sms * sl.duration_ms for p in s.partitions for sl in p.slots) / s.cycle_ms
+
+    assert busy(padded) >= busy(plain) - 1e-6
+
+
+def test_a_large_batch_overhead_can_make_a_demand_infeasible() -> None:
+    d = [Demand("mobilenet_v2", 3000.0, 10.0)]
+    assert fits(d, ZOO)
+    assert not fits(d, ZOO, batch_overhead_ms=9.0)  # no batch can run within the SLO any more
+    with pytest.raises(PlanError, match="batch_overhead_ms"):
+        plan(d, ZOO, batch_overhead_ms=-1.0)
+
+
 # -- overload and fairness ---------------------------------------------------------------------------
 def _overload(factor: float = 2.5, weights=None) -> list[Demand]:
     base = load_workload(EXAMPLES / "mix6.yaml").scaled(ZOO_SCALE["mix6"]).demands()

@@ -14,6 +14,10 @@ a request
   the same wait twice), then
 * runs: at most ``k * L(b, s)`` (it may ride in the model's last slot of the period).
 
+With ``batch_overhead_ms`` = ``h`` every slot lasts ``L(b, s) + h`` instead: on the H200 a batch held its
+partition 0.4-1.2 ms beyond its device time (launch, completion, the runtime's turnaround;
+``docs/reports/runtime.md``), and a plan that ignores it can fill a partition past what it delivers.
+
 ``worst = c + k * L(b, s) <= SLO`` is the constraint, with ``k * L(b, s) <= c`` (the model's slots
 fit in the period). The bound holds for arrivals at the planned rate; Poisson bursts beyond
 ``k * b`` in one period wait a period more, which is what ``headroom`` (plan
@@ -155,9 +159,11 @@ class _Part:
 class _Planner:
     """Packing state shared by the cycle search and the fairness search (caches options)."""
 
-    def __init__(self, demands: Sequence[Demand], profiles: ProfileStore, gpu_sms: int, g: int, headroom: float):
+    def __init__(self, demands: Sequence[Demand], profiles: ProfileStore, gpu_sms: int, g: int, headroom: float,
+                 batch_overhead_ms: float = 0.0):
         self.g = g
         self.headroom = headroom
+        self.overhead = batch_overhead_ms  # added to every slot: the partition is held that much longer
         self.gpu_sms = gpu_sms
         self.U = gpu_sms // g
         self.rem = gpu_sms - self.U * g
@@ -169,7 +175,7 @@ class _Planner:
                 row: list[float | None] = [None]
                 for u in range(1, self.U + 1):
                     s = self.size(u)
-                    row.append(prof.latency(b, s) if s >= prof.sms[0] else None)
+                    row.append(prof.latency(b, s) + batch_overhead_ms if s >= prof.sms[0] else None)
                 lat[b] = row
             self.models[d.model] = _Model(d, prof, d.rate * (1.0 + headroom), lat)
         self._opt_cache: dict[tuple[str, float, float], dict[int, _Opt]] = {}
@@ -180,7 +186,8 @@ class _Planner:
         return u * self.g if u < self.U else self.gpu_sms
 
     def latency(self, name: str, b: int, sms: int) -> float:
-        return self.models[name].profile.latency(b, sms)
+        """How long one slot of batch ``b`` holds a partition of ``sms``: the profile plus the overhead."""
+        return self.models[name].profile.latency(b, sms) + self.overhead
 
     def periods(self, name: str, f: float, ladder: Sequence[float]) -> list[float]:
         """Periods a model may run at, all dividing the cycle ``ladder[0]``, shorter than its SLO
@@ -402,6 +409,7 @@ def _setup(
     granularity: int | None,
     cycle_ms: float | None,
     headroom: float,
+    batch_overhead_ms: float = 0.0,
 ) -> tuple[_Planner, list[Demand], list[list[float]]]:
     """Check the inputs once; the packing state, the models with demand, the candidate ladders."""
     demands = list(demands)
@@ -414,6 +422,8 @@ def _setup(
         raise PlanError(f"each model may appear once in a plan; repeated: {sorted({n for n in names if names.count(n) > 1})}")
     if headroom < 0:
         raise PlanError(f"headroom must be >= 0, found {headroom}")
+    if not batch_overhead_ms >= 0:
+        raise PlanError(f"batch_overhead_ms must be >= 0, found {batch_overhead_ms}")
     profs = []
     for d in demands:
         try:
@@ -424,7 +434,7 @@ def _setup(
     g = int(granularity if granularity is not None else max(p.gpu.sm_granularity for p in profs))
     if gpu_sms < 1 or g < 1 or g > gpu_sms:
         raise PlanError(f"need 1 <= granularity <= gpu_sms, found granularity={g}, gpu_sms={gpu_sms}")
-    pl = _Planner(demands, profiles, gpu_sms, g, headroom)
+    pl = _Planner(demands, profiles, gpu_sms, g, headroom, batch_overhead_ms)
     active = [d for d in demands if d.rate > 0]
     s_min = min(d.slo_ms for d in (active or demands))
     s_max = max(d.slo_ms for d in (active or demands))
@@ -445,6 +455,7 @@ def fits(
     granularity: int | None = None,
     cycle_ms: float | None = None,
     headroom: float = 0.0,
+    batch_overhead_ms: float = 0.0,
 ) -> bool:
     """True when the planner's packing search places every demand in full (admission control).
 
@@ -452,7 +463,7 @@ def fits(
     also the yardstick its fairness claims are checked against. (``plan`` can occasionally serve a
     demand that ``fits`` rejects: rounding batches up to buckets may leave enough capacity.)
     """
-    pl, active, ladders = _setup(demands, profiles, gpu_sms, granularity, cycle_ms, headroom)
+    pl, active, ladders = _setup(demands, profiles, gpu_sms, granularity, cycle_ms, headroom, batch_overhead_ms)
     return not active or pl.feasible({d.model: 1.0 for d in active}, ladders)
 
 
@@ -466,13 +477,15 @@ def plan(
     cycle_ms: float | None = None,
     headroom: float = 0.0,
     fair_step: float = 0.02,
+    batch_overhead_ms: float = 0.0,
 ) -> Schedule:
     """Plan one GPU for ``demands``: disjoint SM partitions, each a repeating cycle of slots.
 
     See the module docstring for the latency model and the algorithm. ``gpu_sms`` and
     ``granularity`` default to the profiles' GPU. ``cycle_ms`` fixes the cycle (partition periods
     are then ``cycle_ms / 2**i``) instead of searching for it. ``headroom`` plans capacity for
-    ``rate * (1 + headroom)``. Under overload, served fractions are weighted max-min fair to within
+    ``rate * (1 + headroom)``. ``batch_overhead_ms`` is added to every slot: the time a batch holds
+    its partition beyond its device time (the runtime's launch and turnaround). Under overload, served fractions are weighted max-min fair to within
     ``fair_step`` (a fraction of demand). ``eps`` is the knee tolerance recorded with the schedule
     (the planner minimizes SM-time, which stops paying past a model's knee by construction).
 
@@ -481,7 +494,7 @@ def plan(
     t0 = time.perf_counter()
     if not 0 < fair_step <= 0.5:
         raise PlanError(f"fair_step must be in (0, 0.5], found {fair_step}")
-    pl, active, ladders = _setup(demands, profiles, gpu_sms, granularity, cycle_ms, headroom)
+    pl, active, ladders = _setup(demands, profiles, gpu_sms, granularity, cycle_ms, headroom, batch_overhead_ms)
     if not active:
         return _build(pl, [], {}, ladders[0][0], eps, t0, {})
 

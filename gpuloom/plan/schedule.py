@@ -100,7 +100,7 @@ class ModelPlan:
     batch: int  # batch of each of its slots
     sms: int  # SMs of its partition (0 when the model got nothing)
     partition: int  # index of its partition (-1 when the model got nothing)
-    latency_ms: float  # L(batch, sms): execution time of one slot, ms
+    latency_ms: float  # L(batch, sms) (+ the planned batch overhead): how long one slot holds the partition, ms
     demand_rps: float  # requests/s asked for
     planned_rps: float  # requests/s the slots can serve: slots_per_cycle * batch / cycle
     slo_ms: float

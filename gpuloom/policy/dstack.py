@@ -99,10 +99,13 @@ class DStackPolicy(Policy):
         hold_s: float = 2.0,
         switch_cost_s: float = 0.5,
         schedule: Schedule | None = None,
+        batch_overhead_ms: float = 0.0,
     ) -> None:
-        if headroom < 0 or check_ms <= 0:
-            raise ValueError(f"dstack: need headroom >= 0 and check_ms > 0, found {headroom}, {check_ms}")
+        if headroom < 0 or check_ms <= 0 or not batch_overhead_ms >= 0:
+            raise ValueError(f"dstack: need headroom >= 0, check_ms > 0 and batch_overhead_ms >= 0, found {headroom}, "
+                             f"{check_ms}, {batch_overhead_ms}")
         self.headroom = float(headroom)
+        self.batch_overhead_ms = float(batch_overhead_ms)  # planned into every slot (planner.plan)
         self.replan = bool(replan)
         self.check_ms = float(check_ms)
         self.window_s, self.band, self.hold_s, self.switch_cost_s = window_s, band, hold_s, switch_cost_s
@@ -120,7 +123,8 @@ class DStackPolicy(Policy):
     def layout(self, ctx: PolicyContext) -> Layout:
         self.store = ProfileStore(profiles=[i.profile for i in ctx.models.values()])
         demands = [Demand(m, i.rate, i.slo_ms, i.weight) for m, i in ctx.models.items()]
-        kwargs = {"gpu_sms": ctx.gpu_sms, "granularity": ctx.granularity, "eps": ctx.knee_eps, "headroom": self.headroom}
+        kwargs = {"gpu_sms": ctx.gpu_sms, "granularity": ctx.granularity, "eps": ctx.knee_eps, "headroom": self.headroom,
+                  "batch_overhead_ms": self.batch_overhead_ms}
         sched = self._given or plan(demands, self.store, **kwargs)
         self.replanner = Replanner(
             demands, self.store, schedule=sched, band=self.band, hold_s=self.hold_s,
@@ -147,7 +151,8 @@ class DStackPolicy(Policy):
         self.parts = [_PartPlan(p, models) for p in sched.partitions]
         self._rows: dict[tuple[str, int], list[tuple[int, float]]] = {}
         self._l1 = {
-            m: [i.profile.latency(i.profile.batches[0], p.sms) for p in sched.partitions] for m, i in self.ctx.models.items()
+            m: [i.profile.latency(i.profile.batches[0], p.sms) + self.batch_overhead_ms for p in sched.partitions]
+            for m, i in self.ctx.models.items()
         }
         home = {m: [p.index for p in sched.partitions if m in p.models] for m in models}
         self.pref = {m: home[m] + [p.index for p in sched.partitions if p.index not in home[m]] for m in models}
@@ -157,7 +162,8 @@ class DStackPolicy(Policy):
             mp = planned.get(m)
             self.cap[m] = mp.batch if mp is not None and mp.batch >= 1 else info.profile.batches[0]
         biggest = max(p.sms for p in sched.partitions)
-        self.fastest = {m: i.profile.latency(i.profile.batches[0], biggest) for m, i in self.ctx.models.items()}
+        self.fastest = {m: i.profile.latency(i.profile.batches[0], biggest) + self.batch_overhead_ms
+                        for m, i in self.ctx.models.items()}
         layout_parts = []
         for p in sched.partitions:
             owner = p.models[0] if len(p.models) == 1 else None
@@ -313,12 +319,12 @@ class DStackPolicy(Policy):
         return best_k, best_j
 
     def _lat_row(self, m: str, sms: int) -> list[tuple[int, float]]:
-        """(bucket, L(bucket, sms)) for ``m``, cached."""
+        """(bucket, L(bucket, sms) + batch overhead) for ``m``, cached: how long a batch holds a partition."""
         key = (m, sms)
         row = self._rows.get(key)
         if row is None:
             prof = self.ctx.models[m].profile
-            row = self._rows[key] = [(b, prof.latency(b, sms)) for b in prof.batches]
+            row = self._rows[key] = [(b, prof.latency(b, sms) + self.batch_overhead_ms) for b in prof.batches]
         return row
 
     def next_wakeup(self, now_ms: float) -> float | None:
