@@ -241,3 +241,15 @@ def test_dstack_answers_every_request_by_its_deadline_even_when_passed_over_at_t
     for r in rec.results:
         if r.status == Status.DROPPED:
             assert r.finish_ms <= r.request.deadline_ms + longest + 1e-6
+
+
+@pytest.mark.parametrize("margin", [0.0, 0.25])
+def test_dstack_plans_within_the_slo_less_its_margin(margin):
+    """``slo_margin`` leaves part of every SLO to what the plan does not model; deadlines stay the SLO."""
+    ctx = ctx_for({"resnet50": (25.0, 300.0), "mobilenet_v2": (10.0, 600.0), "vgg16": (100.0, 50.0)})
+    pol = make_policy("dstack", slo_margin=margin)
+    pol.setup(ctx)
+    for mp in pol.schedule.models:
+        assert mp.worst_ms <= ctx.models[mp.model].slo_ms * (1 - margin) + 1e-6
+    with pytest.raises(ValueError, match="slo_margin"):
+        make_policy("dstack", slo_margin=1.0)

@@ -100,12 +100,16 @@ class DStackPolicy(Policy):
         switch_cost_s: float = 0.5,
         schedule: Schedule | None = None,
         batch_overhead_ms: float = 0.0,
+        slo_margin: float = 0.0,
     ) -> None:
-        if headroom < 0 or check_ms <= 0 or not batch_overhead_ms >= 0:
-            raise ValueError(f"dstack: need headroom >= 0, check_ms > 0 and batch_overhead_ms >= 0, found {headroom}, "
-                             f"{check_ms}, {batch_overhead_ms}")
+        if headroom < 0 or check_ms <= 0 or not batch_overhead_ms >= 0 or not 0 <= slo_margin < 1:
+            raise ValueError(f"dstack: need headroom >= 0, check_ms > 0, batch_overhead_ms >= 0 and 0 <= slo_margin < 1, "
+                             f"found {headroom}, {check_ms}, {batch_overhead_ms}, {slo_margin}")
         self.headroom = float(headroom)
         self.batch_overhead_ms = float(batch_overhead_ms)  # planned into every slot (planner.plan)
+        # plan each model for SLO x (1 - slo_margin): the planner's worst case then leaves that much of
+        # the SLO to what it does not model (host turnaround, arrival bursts); deadlines stay the SLO
+        self.slo_margin = float(slo_margin)
         self.replan = bool(replan)
         self.check_ms = float(check_ms)
         self.window_s, self.band, self.hold_s, self.switch_cost_s = window_s, band, hold_s, switch_cost_s
@@ -122,7 +126,7 @@ class DStackPolicy(Policy):
     # -- setup ------------------------------------------------------------------------------
     def layout(self, ctx: PolicyContext) -> Layout:
         self.store = ProfileStore(profiles=[i.profile for i in ctx.models.values()])
-        demands = [Demand(m, i.rate, i.slo_ms, i.weight) for m, i in ctx.models.items()]
+        demands = [Demand(m, i.rate, i.slo_ms * (1.0 - self.slo_margin), i.weight) for m, i in ctx.models.items()]
         kwargs = {"gpu_sms": ctx.gpu_sms, "granularity": ctx.granularity, "eps": ctx.knee_eps, "headroom": self.headroom,
                   "batch_overhead_ms": self.batch_overhead_ms}
         sched = self._given or plan(demands, self.store, **kwargs)
