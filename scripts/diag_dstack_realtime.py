@@ -32,13 +32,21 @@ from gpuloom.runtime.service import InferenceService, ModelConfig, TensorSpec  #
 
 
 class ProfiledFakeLayer(FakeDeviceLayer):
-    """A batch of ``n`` on a partition of ``s`` SMs sleeps ``L(bucket(n), s)`` from the profile (shared
-    lanes: the SMs they share, no contention): a GPU that runs exactly as profiled."""
+    """A batch of ``n`` on a partition of ``s`` SMs takes ``L(bucket(n), s)`` from the profile (shared
+    lanes: the SMs they share, no contention): a GPU that runs exactly as profiled.
+
+    Like a stream, an exclusive partition runs its batches one after another on a device timeline of
+    its own: a batch starts when it is launched or when the partition's previous batch ends, whichever
+    is later, and its watcher sleeps until it ends. (Before this, the watcher slept each batch's
+    latency from when it got to it, so its own hand-back of the previous batch delayed the next one,
+    which no GPU does: ``diag_realtime_fake_*_cpu.json`` up to the fifth session's
+    ``..._margin_cpu.json`` were made that way.)"""
 
     def __init__(self, store: ProfileStore, host_ms: float = 0.0) -> None:
         super().__init__()
         self.store = store
         self.host_ms = host_ms  # host time per launch on the launching thread (the CUDA layer's ~0.3 ms)
+        self._free_at: dict[tuple[int, int], float] = {}  # (lanes, partition) -> when its last batch ends
 
     def _launch(self, lanes, index, model, rows):
         if self.host_ms > 0:  # half in Python (holding the GIL), half in calls that release it
@@ -52,7 +60,19 @@ class ProfiledFakeLayer(FakeDeviceLayer):
         prof = self.store.get(model)
         b = next((x for x in prof.batches if x >= n), prof.batches[-1])
         ms = prof.latency(b, sms)
-        return FakeModel(fm.fn, ms), batch, n, name
+        now = time.perf_counter()
+        start = now if part.shared else max(now, self._free_at.get((id(lanes), index), 0.0))
+        end = start + ms / 1000.0
+        if not part.shared:
+            self._free_at[(id(lanes), index)] = end
+        return FakeModel(fm.fn, ms), batch, n, name, end
+
+    def finish(self, ticket):
+        fm, batch, n, name, end = ticket
+        delay = end - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        return list(fm.fn(batch)), float(fm.latency_ms)
 
 
 def main() -> int:

@@ -105,13 +105,19 @@ class ExecBackend(Backend):
     partitions (:attr:`Backend.lookahead_ms`; 0 turns it off).
     """
 
-    #: default launch-ahead: 1 ms. On the H200 with the collector tamed (run 9,
-    #: bench_mix6_h200_run9_switch.json, same run) dstack's partitions idled 0.34-0.71 ms per batch
-    #: with it against 0.73-1.19 ms without, its p99 at x0.625 was 25 ms against 47-51 ms, and its
-    #: attainment at x0.75 0.972 against 0.953-0.956 (x0.625: 0.994 against 0.984-0.994; x0.5: 0.963
-    #: against 0.969-0.972). Run 7, with the collector untamed, had found 0.5 ms worse above the
-    #: threshold (docs/reports/runtime.md).
-    DEFAULT_LOOKAHEAD_MS = 1.0
+    #: default launch-ahead: off. A batch launched ahead is composed earlier, from fewer queued
+    #: requests, so there are more, smaller batches, and each costs the runtime's thread its launch.
+    #: - H200, in-process bench, same run (run 9): 1 ms halved dstack's idle time per batch and lowered
+    #:   its p99 at every point; attainment +0.016 at x0.75, -0.006 at x0.5, even at x0.625.
+    #: - CPU testbed with the CUDA layer's 0.3 ms host time per launch (scripts/diag_dstack_realtime.py
+    #:   --host-ms 0.3), two repetitions: 1 ms cut x1 from 0.958-0.973 to 0.861-0.905 and x0.75 from
+    #:   0.988-0.991 to 0.962-0.981, with 20-30% more batches. Without the host time: 0.996 vs 0.995.
+    #: - H200 over HTTP behind 4 workers, whose bridge threads contend for the runtime's GIL: 0.51 of
+    #:   in-process goodput at x0.25 with 1 ms, against 0.80 a session earlier without it (not a
+    #:   same-run A/B).
+    #: So it helps while the runtime's thread has time to spare and hurts when that thread is the
+    #: bottleneck, as it is when serving over HTTP (docs/reports/runtime.md).
+    DEFAULT_LOOKAHEAD_MS = 0.0
 
     def __init__(self, device: DeviceLayer, *, knee: Callable[[str, int], int] | None = None,
                  quiet_timeout_s: float = 60.0, lookahead_ms: float = DEFAULT_LOOKAHEAD_MS) -> None:
