@@ -79,7 +79,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", default="examples/mix6.yaml")
     ap.add_argument("--policy", default="dstack,triton",
-                    help="comma-separated policies; NAME:KEY=VALUE sets a policy option (e.g. dstack:batch_overhead_ms=1)")
+                    help="comma-separated policies; NAME:KEY=VALUE sets a policy option (dstack:batch_overhead_ms=1) "
+                         "or a service one (dstack:launch_on=lane)")
     ap.add_argument("--scales", default="0.1,0.25")
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--max-batch", type=int, default=16)
@@ -115,11 +116,11 @@ def main() -> int:
     cases = [(pol, s, tune, ahead) for s in (float(x) for x in a.scales.split(",")) for _ in range(a.repeat)
              for pol in a.policy.split(",") for tune in tunes for ahead in aheads]
     for pol, s, tune, ahead in cases:
-        name, opts, _ = parse_policy_spec(pol)  # e.g. dstack:batch_overhead_ms=1
+        name, opts, service_opts = parse_policy_spec(pol)  # e.g. dstack:batch_overhead_ms=1, dstack:launch_on=lane
         if name == "dstack" and a.no_replan:
             opts["replan"] = False
         svc = InferenceService(policy=name, device_layer=ProfiledFakeLayer(store, a.host_ms), profiles=store,
-                               policy_options=opts or None, tune_gc=tune, lookahead_ms=ahead)
+                               policy_options=opts or None, **{"tune_gc": tune, "lookahead_ms": ahead, **service_opts})
         svc.start()
         try:
             with warnings.catch_warnings():

@@ -32,8 +32,8 @@ def fake(latency_ms=1.0, **kw) -> FakeDeviceLayer:
     return dev
 
 
-def serve(policy: str, dev: FakeDeviceLayer, n: int = 40, c: PolicyContext | None = None):
-    be = ExecBackend(dev)
+def serve(policy: str, dev: FakeDeviceLayer, n: int = 40, c: PolicyContext | None = None, launch_on: str = "loop"):
+    be = ExecBackend(dev, launch_on=launch_on)
     rt = Runtime(make_policy(policy), be, c or ctx())
     results = []
     rt.start(lambda r, o: results.append((r, o)))
@@ -45,11 +45,12 @@ def serve(policy: str, dev: FakeDeviceLayer, n: int = 40, c: PolicyContext | Non
     return rt, be, results
 
 
+@pytest.mark.parametrize("launch_on", ExecBackend.LAUNCH_ON)
 @pytest.mark.parametrize("policy", POLICIES)
-def test_a_model_failing_at_launch_fails_only_its_own_requests_under_every_policy(policy):
+def test_a_model_failing_at_launch_fails_only_its_own_requests_under_every_policy(policy, launch_on):
     dev = fake()
     dev.inject_fault("bad", "bad model exploded")
-    rt, be, results = serve(policy, dev)
+    rt, be, results = serve(policy, dev, launch_on=launch_on)
     by = Counter((r.request.model, r.status) for r, _ in results)
     assert by == {("bad", Status.FAILED): 20, ("good", Status.SERVED): 20}
     assert all("exploded" in r.reason for r, _ in results if r.status == Status.FAILED)
@@ -58,18 +59,20 @@ def test_a_model_failing_at_launch_fails_only_its_own_requests_under_every_polic
             assert np.allclose(out.outputs[0], 2.0 * r.request.id)
 
 
-def test_a_model_failing_while_running_fails_only_its_batches():
+@pytest.mark.parametrize("launch_on", ExecBackend.LAUNCH_ON)
+def test_a_model_failing_while_running_fails_only_its_batches(launch_on):
     dev = fake()
     dev.fail_in_finish["bad"] = "kernel fault"
-    rt, be, results = serve("triton", dev)
+    rt, be, results = serve("triton", dev, launch_on=launch_on)
     assert all(r.status == (Status.FAILED if r.request.model == "bad" else Status.SERVED) for r, _ in results)
     assert be.stats()["failures"] >= 1
 
 
-def test_books_balance_under_concurrent_submitters_and_shutdown_without_drain():
+@pytest.mark.parametrize("launch_on", ExecBackend.LAUNCH_ON)
+def test_books_balance_under_concurrent_submitters_and_shutdown_without_drain(launch_on):
     dev = fake(latency_ms=3.0)
     dev.inject_fault("bad", "boom")
-    be = ExecBackend(dev)
+    be = ExecBackend(dev, launch_on=launch_on)
     rt = Runtime(make_policy("dstack"), be, ctx())
     answered: list = []
     lock = threading.Lock()
@@ -158,8 +161,9 @@ def test_a_layout_that_cannot_be_built_fails_requests_with_the_reason_instead_of
     assert results[0].status == Status.FAILED and "graph memory" in results[0].reason
 
 
-def test_dispatch_overhead_and_partition_busy_time_are_measured():
-    rt, be, results = serve("gslice", fake(latency_ms=2.0))
+@pytest.mark.parametrize("launch_on", ExecBackend.LAUNCH_ON)
+def test_dispatch_overhead_and_partition_busy_time_are_measured(launch_on):
+    rt, be, results = serve("gslice", fake(latency_ms=2.0), launch_on=launch_on)
     st = be.stats()
     assert st["batches"] >= 1 and st["device_ms"] >= 2.0 * st["batches"] * 0.9
     assert 0 < st["dispatch_overhead"] < 1
@@ -200,3 +204,35 @@ def test_a_layout_no_carving_can_capture_fails_with_the_last_error():
     with pytest.raises(RuntimeError, match="CUDNN"):
         layer._build(lanes)
     assert len(tried) == len(layer.CARVINGS) and layer.recarved_layouts == 0
+
+
+def test_lane_launches_happen_on_the_watcher_threads_and_the_loop_keeps_none():
+    """``launch_on="lane"``: the runtime's thread only hands decisions over; with launch-ahead on the
+    loop launches as before (a watcher waiting for its running batch could not)."""
+    class Where(FakeDeviceLayer):
+        def __init__(self):
+            super().__init__()
+            self.threads: Counter = Counter()
+
+        def _launch(self, lanes, index, model, rows):
+            self.threads[threading.current_thread().name.split("-")[1]] += 1
+            return super()._launch(lanes, index, model, rows)
+
+    for launch_on, lookahead, expect in [("lane", 0.0, "watch"), ("loop", 0.0, "runtime"), ("lane", 5.0, "runtime")]:
+        dev = Where()
+        dev.add_model("good", FakeModel(lambda xs: [xs[0] * 2.0], 1.0))
+        dev.add_model("bad", FakeModel(lambda xs: [xs[0] + 1.0], 1.0))
+        be = ExecBackend(dev, launch_on=launch_on, lookahead_ms=lookahead)
+        rt = Runtime(make_policy("dstack"), be, ctx())
+        results = []
+        rt.start(lambda r, o: results.append((r, o)))
+        for i in range(30):
+            rt.submit("good", [[np.full(3, float(i), np.float32)]], timeout_ms=500.0)
+            time.sleep(0.0005)
+        assert rt.stop(drain=True, timeout_s=10)
+        be.close()
+        assert len(results) == 30 and all(r.status == Status.SERVED for r, _ in results)
+        assert all(np.allclose(o.outputs[0], 2.0 * r.request.id) for r, o in results)
+        assert set(dev.threads) == {expect}, (launch_on, lookahead, dev.threads)
+    with pytest.raises(ValueError, match="launch_on"):
+        ExecBackend(fake(), launch_on="gpu")

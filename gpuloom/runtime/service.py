@@ -289,6 +289,8 @@ class InferenceService:
             wide, restored at close; None, the default, leaves it alone). Python's 5 ms lets any
             busy thread hold the runtime's loop thread off for up to 5 ms at each of its torch
             calls; a shorter one measured worse on the H200 (:mod:`gpuloom.runtime.gilswitch`).
+        launch_on: ``"loop"`` (default) or ``"lane"``: which thread launches a batch
+            (:class:`ExecBackend`; ``"lane"`` takes the launch off the runtime's thread).
         expiry_grace_s: a request the runtime has not answered this long after its deadline is
             answered by the service with :class:`Expired` (counted as dropped "expired", logged as an
             error): whatever goes wrong below, every accepted request gets an answer.
@@ -307,6 +309,7 @@ class InferenceService:
         lookahead_ms: float = ExecBackend.DEFAULT_LOOKAHEAD_MS,
         tune_gc: bool = True,
         switch_interval_ms: float | None = DEFAULT_SWITCH_INTERVAL_MS,
+        launch_on: str = "loop",
         expiry_grace_s: float = 5.0,
     ) -> None:
         self.lookahead_ms = check_lookahead(lookahead_ms)  # here, not at the first load
@@ -316,6 +319,9 @@ class InferenceService:
             raise ValueError(f"switch_interval_ms must be None or a number in (0, 100] ms, got {switch_interval_ms!r}")
         self.switch_interval_ms = switch_interval_ms
         self._switch_held = False
+        if launch_on not in ExecBackend.LAUNCH_ON:
+            raise ValueError(f"launch_on must be one of {ExecBackend.LAUNCH_ON}, got {launch_on!r}")
+        self.launch_on = launch_on
         if not expiry_grace_s > 0:
             raise ValueError(f"expiry_grace_s must be > 0 s, got {expiry_grace_s!r}")
         self.expiry_grace_s = float(expiry_grace_s)
@@ -835,7 +841,8 @@ class InferenceService:
         policy = make_policy(self.policy_name, **self.policy_options)
         policy_id.append(id(policy))
         if self._runtime is None:
-            self._backend = ExecBackend(self.device, knee=self._knee, lookahead_ms=self.lookahead_ms)
+            self._backend = ExecBackend(self.device, knee=self._knee, lookahead_ms=self.lookahead_ms,
+                                        launch_on=self.launch_on)
             self._runtime = Runtime(policy, self._backend, ctx)
             self._runtime.start(self._on_result, on_layout=self._on_layout)
         else:
