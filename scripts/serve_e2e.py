@@ -71,6 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--clients", type=int, default=0,
                    help="client processes driving HTTP (default: min(models, CPUs // 2), at least 1)")
     p.add_argument("--timeout", type=float, default=30.0, help="HTTP client timeout per request, s (default 30)")
+    p.add_argument("--lookahead-ms", type=float, default=None,
+                   help="the runtime's launch-ahead, ms (InferenceService(lookahead_ms=...); default: the service's)")
     p.add_argument("--retune", action="store_true",
                    help="re-plan for each scale's offered rates before each leg (InferenceService.retune); default: "
                         "keep the plan made at load for the workload's own rates")
@@ -90,6 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--duration and --timeout must be positive, --max-batch >= 1 and --clients >= 0; found "
                     f"duration={args.duration}, timeout={args.timeout}, max_batch={args.max_batch}, "
                     f"clients={args.clients}")
+        if args.lookahead_ms is not None and not args.lookahead_ms >= 0:
+            p.error(f"--lookahead-ms must be >= 0 ms (0: off), found {args.lookahead_ms}")
     return args
 
 
@@ -376,7 +380,8 @@ def run(args: argparse.Namespace) -> int:
     models = build_models(workload, tiny=args.tiny, device=device, max_batch=args.max_batch, progress=say)
     t_built = time.monotonic()
     slos = {m.name: float(m.slo_ms) for m in workload.models}
-    svc = InferenceService(policy=args.policy, device=device, profiles=profiles, queue_limit=args.queue_limit)
+    extra = {} if args.lookahead_ms is None else {"lookahead_ms": args.lookahead_ms}
+    svc = InferenceService(policy=args.policy, device=device, profiles=profiles, queue_limit=args.queue_limit, **extra)
     server = None
     points: list[dict] = []
     error = ""
@@ -450,7 +455,8 @@ def run(args: argparse.Namespace) -> int:
     report = _clean({
         "schema": SCHEMA, "workload": args.workload, "policy": args.policy, "scales": args.scales,
         "duration_s": args.duration, "device": device, "tiny": args.tiny, "max_batch": args.max_batch,
-        "clients": clients, "http_workers": args.http_workers, "target": TARGET, "ok": ok, "error": error,
+        "clients": clients, "http_workers": args.http_workers, "lookahead_ms": svc.lookahead_ms, "target": TARGET,
+        "ok": ok, "error": error,
         "summary": [{"scale": p["scale"], "offered_rps": p["offered_rps"],
                      "inprocess_goodput_rps": p["inprocess"]["goodput_rps"],
                      "http_goodput_rps": p["http"]["goodput_rps"], "ratio": p["ratio"]["goodput"],
