@@ -356,3 +356,29 @@ def test_a_request_the_runtime_never_answers_is_answered_as_expired_after_the_gr
 def test_expiry_grace_must_be_positive():
     with pytest.raises(ValueError, match="expiry_grace_s must be > 0"):
         InferenceService(policy="dstack", device_layer=FakeDeviceLayer(), expiry_grace_s=0)
+
+
+@pytest.mark.parametrize("policy", ["dstack", "triton"])
+def test_early_answers_come_from_the_watcher_once_each_and_the_books_still_balance(policy):
+    """``early_answer``: a served request's future resolves on the partition's watcher thread; the
+    runtime's own later callback for it must not answer (or count) it a second time. Unloading a model
+    right after its last answer still works."""
+    svc = fake_service(policy=policy, early_answer=True)
+    answered_on: set = set()
+    futs = []
+    for i in range(40):
+        name = "twice" if i % 2 else "plus"
+        f = svc.submit(name, {"x": np.full((1 + i % 3, 4), i, np.float32)})
+        f.add_done_callback(lambda _f: answered_on.add(threading.current_thread().name.split("-")[1]))
+        futs.append((name, i, f))
+    for name, i, f in futs:
+        y = f.result(timeout=10)["y"]
+        assert y.shape == (1 + i % 3, 4)
+        assert np.all(y == (2.0 * i if name == "twice" else i + 1.0))
+    st = assert_books(svc)
+    assert st["totals"]["success"] == 40 and st["totals"]["in_flight"] == 0
+    svc.unload("twice")
+    assert assert_books(svc)["totals"]["success"] == 20  # "plus" alone, still counted once each
+    assert "watch" in answered_on  # resolved on a watcher, not the runtime's thread
+    assert svc.submit("plus", {"x": np.ones((1, 4), np.float32)}).result(5)["y"][0, 0] == 2.0
+    svc.close()

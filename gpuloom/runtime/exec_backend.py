@@ -33,7 +33,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..policy.types import Completion, Decision, Layout, Partition, Request
+from ..policy.types import Completion, Decision, Layout, Partition, Request, Result, Status
 from .backend import Backend
 from .device import DeviceLayer, Lanes
 from .events import COMPLETION, RealtimeLoop
@@ -136,6 +136,10 @@ class ExecBackend(Backend):
         if launch_on not in self.LAUNCH_ON:
             raise ValueError(f"launch_on must be one of {self.LAUNCH_ON}, got {launch_on!r}")
         self.launch_on = launch_on
+        # answer early: called on the watcher thread with each served request's Result and output as
+        # soon as its batch is done, before the runtime's thread books the completion (it later calls
+        # its result callback for the same request too; the receiver answers once)
+        self.on_served: Callable[[Result, "ExecOutput"], None] | None = None
         self.device = device
         self.loop = RealtimeLoop()
         self.gpu_sms = device.gpu_sms
@@ -371,8 +375,14 @@ class ExecBackend(Backend):
             outs = []
         end = watcher.last_end = self.loop.wall_ms()
         if not err:
+            early = self.on_served
             for i, r in enumerate(requests):
-                self._outputs[r.id] = ExecOutput([o[i] for o in outs], start, end, dev_ms, len(requests))
+                out = self._outputs[r.id] = ExecOutput([o[i] for o in outs], start, end, dev_ms, len(requests))
+                if early is not None:
+                    try:
+                        early(Result(r, Status.SERVED, end, "", d.batch), out)
+                    except Exception:  # noqa: BLE001 - the runtime still books and answers it
+                        log.exception("early answer of request %d failed", r.id)
         with self._lock:
             part = lanes.layout.partitions[d.partition]
             if lanes is self._lanes:
