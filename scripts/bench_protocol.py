@@ -107,6 +107,8 @@ def main() -> int:
     ap.add_argument("--json-tensors", dest="binary", action="store_false", help="JSON tensors instead of binary data")
     ap.add_argument("--kserve-python", default=os.environ.get("KSERVE_PYTHON", "/tmp/ksv/bin/python"))
     ap.add_argument("--policy", default="dstack")
+    ap.add_argument("--gpuloom-variant", action="append", default=[], metavar='LABEL="ARGS"',
+                    help='also measure gpuloom serve with these extra arguments, e.g. early="--early-answer"')
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
 
@@ -131,8 +133,12 @@ def main() -> int:
                      "model": "nn.Linear(16, 4), batch 1 per request", "duration_s": args.duration,
                      "binary_tensors": args.binary, "servers": {}}
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    servers = [("gpuloom", [sys.executable, "-c", GPULOOM_SERVER, str(tmp / "linear.yaml"), "--no-grpc", "--policy", args.policy,
-                             "--http-port", "{port}", "--device", "cpu"])]
+    base = [sys.executable, "-c", GPULOOM_SERVER, str(tmp / "linear.yaml"), "--no-grpc", "--policy", args.policy,
+            "--http-port", "{port}", "--device", "cpu"]
+    servers = [("gpuloom", base)]
+    for v in args.gpuloom_variant:  # e.g. early="--early-answer": the same server with more options
+        label, _, extra = v.partition("=")
+        servers.append((f"gpuloom:{label}", base + extra.split()))
     if Path(args.kserve_python).exists():
         servers.append(("kserve", [args.kserve_python, "-c", KSERVE_SERVER, "{port}", str(w), str(b)]))
     else:

@@ -25,6 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="HTTP front-end processes that parse requests outside the runtime's process and share "
                         "the port; 0: this process parses them; auto (default): 4 on a host with 8 or more CPUs, "
                         "else 0")
+    p.add_argument("--early-answer", action="store_true",
+                   help="answer each request from its batch's completion thread, before the runtime's thread has "
+                        "booked it (one thread hand-off less per answer)")
     p.add_argument("--http-worker-arena-mb", type=arena_mb_arg, default=None, metavar="MIB",
                    help="shared memory per front-end worker that request tensors pass through to the runtime's "
                         "process (default 256; 0: over the socket; a request that does not fit goes over the socket)")
@@ -89,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         profiles = ProfileStore(args.profiles) if args.profiles else None
-        service = InferenceService(policy=args.policy, device=args.device, profiles=profiles, queue_limit=args.queue_limit)
+        service = InferenceService(policy=args.policy, device=args.device, profiles=profiles, queue_limit=args.queue_limit,
+                                   early_answer=args.early_answer)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
