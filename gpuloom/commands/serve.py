@@ -40,15 +40,19 @@ def default_http_workers(cpus: int | None) -> int:
     return 4 if (cpus or 1) >= 8 else 0
 
 
-def arena_mb_arg(text: str) -> int:
-    """A non-negative integer of MiB (argparse type)."""
+def _non_negative(text: str, expected: str) -> int:
     try:
         n = int(text)
     except ValueError:
         n = -1
     if n < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer of MiB (0: no arena), got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return n
+
+
+def arena_mb_arg(text: str) -> int:
+    """A non-negative integer of MiB (argparse type)."""
+    return _non_negative(text, "a non-negative integer of MiB (0: no arena)")
 
 
 def http_workers_arg(text: str) -> int:
@@ -57,13 +61,7 @@ def http_workers_arg(text: str) -> int:
 
     if text == "auto":
         return default_http_workers(os.cpu_count())
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a non-negative number of workers, got {text!r}")
-    return n
+    return _non_negative(text, "'auto' or a non-negative number of workers")
 
 
 def run(args: argparse.Namespace) -> int:
