@@ -727,7 +727,10 @@ class InferenceService:
             m.total_ms.add((now - call.t0) * 1000.0)
             m.batch[call.batch] += 1
             names = [t.name for t in m.config.outputs]
-            result = {nm: np.stack([row[j] for row in call.outputs]) for j, nm in enumerate(names)}
+            if len(call.outputs) == 1:  # one row: a view of its batch's fresh output, no copy (the common case)
+                result = {nm: call.outputs[0][j][None] for j, nm in enumerate(names)}
+            else:
+                result = {nm: np.stack([row[j] for row in call.outputs]) for j, nm in enumerate(names)}
             call.future.set_result(result)
         else:
             if isinstance(call.error, ModelFailed):
