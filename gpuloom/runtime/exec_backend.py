@@ -119,9 +119,10 @@ class ExecBackend(Backend):
     #: requests, so there are more, smaller batches, and each costs the runtime's thread its launch.
     #: - H200, in-process bench, same run (run 9): 1 ms halved dstack's idle time per batch and lowered
     #:   its p99 at every point; attainment +0.016 at x0.75, -0.006 at x0.5, even at x0.625.
-    #: - CPU testbed with the CUDA layer's 0.3 ms host time per launch (scripts/diag_dstack_realtime.py
-    #:   --host-ms 0.3), two repetitions: 1 ms cut x1 from 0.958-0.973 to 0.861-0.905 and x0.75 from
-    #:   0.988-0.991 to 0.962-0.981, with 20-30% more batches. Without the host time: 0.996 vs 0.995.
+    #: - CPU testbed charging each launch host time on the runtime's thread (scripts/diag_dstack_realtime.py
+    #:   --host-ms 0.3, about 0.64 ms on the build VM: harsher than the H200's 0.25-0.4), two
+    #:   repetitions: 1 ms cut x1 from 0.958-0.973 to 0.861-0.905 and x0.75 from 0.988-0.991 to
+    #:   0.962-0.981, with 20-30% more batches. Without the host time: 0.996 vs 0.995.
     #: - H200 over HTTP behind 4 workers, whose bridge threads contend for the runtime's GIL: 0.51 of
     #:   in-process goodput at x0.25 with 1 ms, against 0.80 a session earlier without it (not a
     #:   same-run A/B).
