@@ -138,8 +138,8 @@ def main() -> int:
             be = svc.stats()["backend"]
             layouts = be.get("layouts_built")
             # per batch, how long a partition was held beyond its (fake) device time: launch,
-            # completion's way back, the loop's turnaround
-            lane_gap = [round((q["busy_ms"] - q["device_ms"]) / q["batches"], 3) for q in be["partitions"] if q.get("batches")]
+            # completion's way back, the loop's turnaround (the point's lane_deltas)
+            lane_gap = [round(q["gap_ms"], 3) for q in p.layouts if q["gap_ms"] is not None]
             sim = simulate_point(svc, wl, name, scale=s, duration_s=a.duration)
         finally:
             svc.close(drain=False, timeout_s=10)

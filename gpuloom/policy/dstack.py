@@ -155,7 +155,7 @@ class DStackPolicy(Policy):
         self.parts = [_PartPlan(p, models) for p in sched.partitions]
         self._rows: dict[tuple[str, int], list[tuple[int, float]]] = {}
         self._l1 = {
-            m: [i.profile.latency(i.profile.batches[0], p.sms) + self.batch_overhead_ms for p in sched.partitions]
+            m: [self._hold_ms(i.profile, i.profile.batches[0], p.sms) for p in sched.partitions]
             for m, i in self.ctx.models.items()
         }
         home = {m: [p.index for p in sched.partitions if m in p.models] for m in models}
@@ -166,8 +166,7 @@ class DStackPolicy(Policy):
             mp = planned.get(m)
             self.cap[m] = mp.batch if mp is not None and mp.batch >= 1 else info.profile.batches[0]
         biggest = max(p.sms for p in sched.partitions)
-        self.fastest = {m: i.profile.latency(i.profile.batches[0], biggest) + self.batch_overhead_ms
-                        for m, i in self.ctx.models.items()}
+        self.fastest = {m: self._hold_ms(i.profile, i.profile.batches[0], biggest) for m, i in self.ctx.models.items()}
         layout_parts = []
         for p in sched.partitions:
             owner = p.models[0] if len(p.models) == 1 else None
@@ -328,8 +327,13 @@ class DStackPolicy(Policy):
         row = self._rows.get(key)
         if row is None:
             prof = self.ctx.models[m].profile
-            row = self._rows[key] = [(b, prof.latency(b, sms) + self.batch_overhead_ms) for b in prof.batches]
+            row = self._rows[key] = [(b, self._hold_ms(prof, b, sms)) for b in prof.batches]
         return row
+
+    def _hold_ms(self, profile, b: int, sms: int) -> float:
+        """How long a batch of ``b`` holds a partition of ``sms``: its profiled latency plus the
+        planned batch overhead (what the planner puts in every slot)."""
+        return profile.latency(b, sms) + self.batch_overhead_ms
 
     def next_wakeup(self, now_ms: float) -> float | None:
         self._now = now_ms

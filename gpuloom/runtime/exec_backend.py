@@ -91,6 +91,13 @@ class _Watcher:
             work(self, *args)
 
 
+def check_launch_on(launch_on: str) -> str:
+    """``launch_on`` unchanged, or ValueError unless it is one of :attr:`ExecBackend.LAUNCH_ON`."""
+    if launch_on not in ExecBackend.LAUNCH_ON:
+        raise ValueError(f"launch_on must be one of {ExecBackend.LAUNCH_ON}, got {launch_on!r}")
+    return launch_on
+
+
 def check_lookahead(lookahead_ms: float) -> float:
     """``lookahead_ms`` as a float, or ValueError unless it is >= 0."""
     if not lookahead_ms >= 0:
@@ -134,9 +141,7 @@ class ExecBackend(Backend):
                  quiet_timeout_s: float = 60.0, lookahead_ms: float = DEFAULT_LOOKAHEAD_MS,
                  launch_on: str = "loop") -> None:
         self.lookahead_ms = check_lookahead(lookahead_ms)
-        if launch_on not in self.LAUNCH_ON:
-            raise ValueError(f"launch_on must be one of {self.LAUNCH_ON}, got {launch_on!r}")
-        self.launch_on = launch_on
+        self.launch_on = check_launch_on(launch_on)
         # answer early: called on the watcher thread with each served request's Result and output as
         # soon as its batch is done, before the runtime's thread books the completion (it later calls
         # its result callback for the same request too; the receiver answers once)
@@ -282,11 +287,7 @@ class ExecBackend(Backend):
         except Exception as e:  # noqa: BLE001 - fails this batch only
             with self._lock:
                 self.host_ms += (time.perf_counter() - t0) * 1000.0
-                self._inflight -= 1
-                self._running[id(lanes)] -= 1
-                if id(lanes) in self._retired:
-                    self._maybe_retire(lanes)
-                self._lock.notify_all()
+            self._batch_gone(lanes)
             self._fail_now(d, start, f"{type(e).__name__}: {e}")
             return
         with self._lock:
@@ -408,6 +409,11 @@ class ExecBackend(Backend):
             use = min(sms, self.knee(d.model, d.batch)) if self.knee else sms
             self._busy_sm_ms += use * dev_ms
         self.loop.post(COMPLETION, self._on_completion, Completion(d, start, end, err))
+        self._batch_gone(lanes)
+
+    def _batch_gone(self, lanes: Lanes) -> None:
+        """A batch counted in flight on ``lanes`` is over (done or failed): uncount it, free a replaced
+        build it was the last to hold, and wake whoever waits for quiet."""
         with self._lock:
             self._inflight -= 1
             self._running[id(lanes)] -= 1

@@ -28,6 +28,13 @@ import threading
 DEFAULT_MS: float | None = None  # InferenceService's default: leave the interpreter alone (see above)
 
 
+def check_interval_ms(ms: float) -> float:
+    """``ms`` unchanged, or ValueError unless it is a number in (0, 100]."""
+    if not (isinstance(ms, (int, float)) and 0 < ms <= 100):
+        raise ValueError(f"switch_interval_ms must be a number in (0, 100] ms, got {ms!r}")
+    return ms
+
+
 class ShortSwitchInterval:
     """While at least one holder is active, the interpreter's switch interval is at most the shortest
     one asked for; the previous value comes back when the last holder leaves. Thread-safe."""
@@ -38,8 +45,7 @@ class ShortSwitchInterval:
 
     @classmethod
     def enter(cls, ms: float) -> None:
-        if not (isinstance(ms, (int, float)) and 0 < ms <= 100):
-            raise ValueError(f"switch_interval_ms must be a number in (0, 100] ms, got {ms!r}")
+        check_interval_ms(ms)
         with cls._lock:
             if not cls._held:
                 cls._saved = sys.getswitchinterval()
@@ -60,4 +66,4 @@ class ShortSwitchInterval:
                 cls._saved = None
 
 
-__all__ = ["DEFAULT_MS", "ShortSwitchInterval"]
+__all__ = ["DEFAULT_MS", "ShortSwitchInterval", "check_interval_ms"]

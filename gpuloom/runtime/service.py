@@ -50,10 +50,10 @@ from ..policy.types import Layout, Result, Status
 from ..profile.store import GpuInfo, Profile, ProfileStore
 from .core import Runtime
 from .device import DeviceLayer, FakeModel, make_device_layer
-from .exec_backend import ExecBackend, ExecOutput, check_lookahead
+from .exec_backend import ExecBackend, ExecOutput, check_launch_on, check_lookahead
 from .gcpause import GcMonitor, RareFullCollections, freeze_loaded, thaw
 from .gilswitch import DEFAULT_MS as DEFAULT_SWITCH_INTERVAL_MS
-from .gilswitch import ShortSwitchInterval
+from .gilswitch import ShortSwitchInterval, check_interval_ms
 
 log = logging.getLogger(__name__)
 
@@ -318,14 +318,9 @@ class InferenceService:
     ) -> None:
         self.lookahead_ms = check_lookahead(lookahead_ms)  # here, not at the first load
         self.tune_gc = bool(tune_gc)
-        if switch_interval_ms is not None and not (isinstance(switch_interval_ms, (int, float))
-                                                   and 0 < switch_interval_ms <= 100):
-            raise ValueError(f"switch_interval_ms must be None or a number in (0, 100] ms, got {switch_interval_ms!r}")
-        self.switch_interval_ms = switch_interval_ms
+        self.switch_interval_ms = None if switch_interval_ms is None else check_interval_ms(switch_interval_ms)
         self._switch_held = False
-        if launch_on not in ExecBackend.LAUNCH_ON:
-            raise ValueError(f"launch_on must be one of {ExecBackend.LAUNCH_ON}, got {launch_on!r}")
-        self.launch_on = launch_on
+        self.launch_on = check_launch_on(launch_on)
         self.early_answer = bool(early_answer)
         if not expiry_grace_s > 0:
             raise ValueError(f"expiry_grace_s must be > 0 s, got {expiry_grace_s!r}")

@@ -324,14 +324,14 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_b
         meta = {"id": rid, "model": name, "version": version, "deadline_ms": deadline,
                 "outputs": list(req.outputs) if req.outputs is not None else None, "names": list(req.inputs)}
         arrays = list(req.inputs.values())
-        shared, block = state["arena"], None
-        if shared is not None:
-            block = shared.alloc(sum(a.nbytes for a in arrays))
+        nbytes = sum(a.nbytes for a in arrays)
+        shared = state["arena"]
+        block = shared.alloc(nbytes) if shared is not None else None
         if block is None:  # no arena, or full: inline on the socket
             frame = pack(meta, arrays)
         else:
             state["blocks"][rid] = block  # freed when the reply comes back (read_replies)
-            frame = pack(dict(meta, arena=block), arrays, into=shared.view(block, sum(a.nbytes for a in arrays)))
+            frame = pack(dict(meta, arena=block), arrays, into=shared.view(block, nbytes))
         t_bridge = time.perf_counter()
         try:
             async with state["lock"]:
