@@ -71,6 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--clients", type=int, default=0,
                    help="client processes driving HTTP (default: min(models, CPUs // 2), at least 1)")
     p.add_argument("--timeout", type=float, default=30.0, help="HTTP client timeout per request, s (default 30)")
+    p.add_argument("--torch-launch", action="store_true",
+                   help="launch batches through torch calls instead of raw driver calls (InferenceService(raw_launch=False))")
     p.add_argument("--lookahead-ms", type=float, default=None,
                    help="the runtime's launch-ahead, ms (InferenceService(lookahead_ms=...); default: the service's)")
     p.add_argument("--retune", action="store_true",
@@ -381,6 +383,8 @@ def run(args: argparse.Namespace) -> int:
     t_built = time.monotonic()
     slos = {m.name: float(m.slo_ms) for m in workload.models}
     extra = {} if args.lookahead_ms is None else {"lookahead_ms": args.lookahead_ms}
+    if args.torch_launch:
+        extra["raw_launch"] = False
     svc = InferenceService(policy=args.policy, device=device, profiles=profiles, queue_limit=args.queue_limit, **extra)
     server = None
     points: list[dict] = []
@@ -455,7 +459,7 @@ def run(args: argparse.Namespace) -> int:
     report = _clean({
         "schema": SCHEMA, "workload": args.workload, "policy": args.policy, "scales": args.scales,
         "duration_s": args.duration, "device": device, "tiny": args.tiny, "max_batch": args.max_batch,
-        "clients": clients, "http_workers": args.http_workers, "lookahead_ms": svc.lookahead_ms, "target": TARGET,
+        "clients": clients, "http_workers": args.http_workers, "lookahead_ms": svc.lookahead_ms, "raw_launch": bool(getattr(svc.device, "raw_launch", False)), "target": TARGET,
         "ok": ok, "error": error,
         "summary": [{"scale": p["scale"], "offered_rps": p["offered_rps"],
                      "inprocess_goodput_rps": p["inprocess"]["goodput_rps"],

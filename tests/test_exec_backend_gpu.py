@@ -116,3 +116,27 @@ def test_dispatch_is_cheap_against_device_time(models):
         assert be["host_dispatch_ms"] / be["batches"] < 1.0, be
     finally:
         svc.close()
+
+
+def test_raw_launches_match_eager_and_cost_less_host_time_than_torch_launches(models):
+    """gpu/launch.py: the same batches through raw driver calls and through torch calls."""
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal((1 + i % 4, 3, 32, 32)).astype(np.float32) for i in range(60)]
+    per_launch = {}
+    for raw in (True, False):
+        svc = serve("dstack", models, raw_launch=raw)
+        try:
+            assert svc.device.raw_launch is raw
+            for i, x in enumerate(xs):
+                name = "small" if i % 2 else "wide"
+                y = svc.submit(name, {"x": x}).result(30)["output0"]
+                with svc.device.exclusive(), torch.inference_mode():
+                    ref = models[name][2](torch.from_numpy(x).cuda()).cpu().numpy()
+                assert np.abs(y - ref).max() <= 1e-2 * max(1e-6, np.abs(ref).max()), (raw, i)
+            be = svc.stats()["backend"]
+            assert be["raw_launch"] is raw and be["torch_launch_plans"] == 0 and be["eager_batches"] == 0
+            ph = be["launch_ms"]
+            per_launch[raw] = (ph["inputs"] + ph["replay"] + ph["outputs"]) / ph["launches"]
+        finally:
+            svc.close()
+    assert per_launch[True] < per_launch[False], per_launch

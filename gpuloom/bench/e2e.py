@@ -170,6 +170,7 @@ def service_snapshot(svc) -> dict:
             "partitions": st["partitions"], "gpu_sms": svc.device.gpu_sms,
             "layout_swaps": st.get("layout_swaps", 0), "layouts_built": be.get("layouts_built", 0),
             "launch_ms": dict(be.get("launch_ms", {})), "batches": sum(be.get("model_batches", {}).values()),
+            "raw_launch": bool(be.get("raw_launch", False)),
             "hist": {(m, k): v[k] for m, v in st["models"].items() for k in ("queue_ms", "compute_ms") if k in v},
             "exec_ms": {(e["model"], e["sms"], e["batch"]): (e["device_ms_sum"], e["batches"])
                         for e in be.get("exec_ms", [])}}
@@ -346,6 +347,7 @@ def host_split(before: dict, after: dict, wall_ms: float) -> dict:
            "launch_ms_per_s": (after["host_ms"] - before["host_ms"]) / wall_ms * 1000.0}
     if n > 0:
         out["ms_per_launch"] = {k: (a[k] - b.get(k, 0.0)) / n for k in a if k != "launches"}
+        out["raw_launch"] = bool(after.get("raw_launch", False))  # driver calls (gpu/launch.py), not torch
     return out
 
 

@@ -28,6 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--early-answer", action="store_true",
                    help="answer each request from its batch's completion thread, before the runtime's thread has "
                         "booked it (one thread hand-off less per answer)")
+    p.add_argument("--torch-launch", action="store_true",
+                   help="launch batches through torch calls instead of raw CUDA driver calls (slower on the host; "
+                        "for comparison or if a driver call misbehaves)")
     p.add_argument("--http-worker-arena-mb", type=arena_mb_arg, default=None, metavar="MIB",
                    help="shared memory per front-end worker that request tensors pass through to the runtime's "
                         "process (default 256; 0: over the socket; a request that does not fit goes over the socket)")
@@ -91,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         profiles = ProfileStore(args.profiles) if args.profiles else None
         service = InferenceService(policy=args.policy, device=args.device, profiles=profiles, queue_limit=args.queue_limit,
-                                   early_answer=args.early_answer)
+                                   early_answer=args.early_answer, raw_launch=not args.torch_launch)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -415,6 +415,9 @@ class _CudaLane:
     np_in: dict[tuple[str, int], list[Any]] = field(default_factory=dict)  # numpy views of pinned_in
     np_out: dict[tuple[str, int], list[Any]] = field(default_factory=dict)
     static_out: dict[tuple[str, int], list[Any]] = field(default_factory=dict)  # (model, bucket) -> flat outputs
+    ptr_in: dict[tuple[str, int], list[int]] = field(default_factory=dict)  # (model, slot) -> pinned_in addresses
+    ptr_out: dict[tuple[str, int], list[int]] = field(default_factory=dict)  # (model, slot) -> pinned_out addresses
+    plans: dict[tuple[str, int], Any] = field(default_factory=dict)  # (model, bucket) -> LaunchPlan, or None: torch path
     events: list[tuple] = field(default_factory=list)  # per slot: (t0, t1, done)
     in_shapes: dict[str, list[tuple]] = field(default_factory=dict)  # model -> (shape, dtype) per input, max_batch rows
     launches: int = 0  # batches launched on the lane (slot = launches % LANE_SLOTS)
@@ -440,6 +443,7 @@ class _CudaTicket:
     t0: Any  # timing events around the replay
     t1: Any
     out: list[Any]  # numpy views of the pinned output buffers
+    rows: Any = None  # the batch's staged rows, alive until finish()
 
 
 class CudaDeviceLayer(DeviceLayer):
@@ -463,13 +467,18 @@ class CudaDeviceLayer(DeviceLayer):
 
     ``blocking_sync=True`` makes the watcher sleep in ``event.synchronize()`` (cudaEventBlockingSync)
     instead of spinning a core.
+
+    ``raw_launch=True`` (default) issues a launch's copies, graph launch and event records as raw
+    driver calls (:mod:`gpuloom.gpu.launch`) instead of torch calls; it falls back to torch when the
+    driver library does not load, or per bucket where a buffer is not contiguous.
     """
 
     kind = "cuda"
     stages = True
 
     def __init__(self, device: int = 0, *, memory_limit_bytes: float | None = None, memory_fraction: float = 0.6,
-                 warmup: int = 1, blocking_sync: bool = True, cache_layouts: int = 4, capture: str = "all") -> None:
+                 warmup: int = 1, blocking_sync: bool = True, cache_layouts: int = 4, capture: str = "all",
+                 raw_launch: bool = True) -> None:
         if capture not in ("owner", "all"):
             raise ValueError(f"capture must be 'owner' (graphs where a partition's owner hint expects a model) or "
                              f"'all' (every model on every lane), got {capture!r}")
@@ -479,6 +488,7 @@ class CudaDeviceLayer(DeviceLayer):
         self.skipped_captures = 0  # filler models left uncaptured on another model's lane (capture failed)
         self.recarved_layouts = 0  # layouts that ran only carved another way than as given (see _build)
         self.launch_ms = {"inputs": 0.0, "replay": 0.0, "outputs": 0.0, "launches": 0}  # host ms per phase
+        self.torch_launch_plans = 0  # (lane, model, bucket)s launched through torch although raw_launch is on
         import torch
 
         from ..gpu import device_facts
@@ -501,6 +511,16 @@ class CudaDeviceLayer(DeviceLayer):
         self.blocking_sync = blocking_sync
         torch.cuda.init()
         torch.cuda.current_stream(device)  # primary context (and torch's stream pool) first
+        self._driver = None
+        if raw_launch:
+            from ..gpu.errors import DriverError
+            from ..gpu.launch import Driver
+
+            try:
+                self._driver = Driver(device)
+            except (OSError, AttributeError, DriverError) as e:
+                log.warning("raw launches off, launching through torch: the CUDA driver library did not load (%s)", e)
+        self.raw_launch = self._driver is not None
 
     def _estimate(self, layout: Layout, models: Sequence[str]) -> float:
         per = {m: max(int(getattr(self.models[m], "memory_bytes", 0) or 0), 1 << 20) for m in models}
@@ -638,6 +658,7 @@ class CudaDeviceLayer(DeviceLayer):
         for slot in range(LANE_SLOTS):
             pin = lane.pinned_out[(model, slot)] = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in outs]
             lane.np_out[(model, slot)] = [t.numpy() for t in pin]
+            lane.ptr_out[(model, slot)] = [t.data_ptr() for t in pin]
 
     def _launch(self, lanes: Lanes, index: int, model: str, rows: Rows) -> Any:
         """Runtime thread. Rows -> pinned buffers (host), then on the lane's main stream: async H2D
@@ -663,6 +684,7 @@ class CudaDeviceLayer(DeviceLayer):
             if key not in lane.np_in:  # callers that did not stage() their rows: once per (model, slot)
                 pin = lane.pinned_in[key] = [torch.empty(sh, dtype=dt, pin_memory=True) for sh, dt in lane.in_shapes[model]]
                 lane.np_in[key] = [t.numpy() for t in pin]
+                lane.ptr_in[key] = [t.data_ptr() for t in pin]
             for j, buf in enumerate(lane.np_in[key]):
                 np.stack([r[j] for r in rows], out=buf[:n])
         st = gs.stream
@@ -673,34 +695,82 @@ class CudaDeviceLayer(DeviceLayer):
 
             static_out = lane.static_out[(model, b)] = flat_tensors(entry.outputs)
         while len(lane.events) <= slot:
-            lane.events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True),
-                                torch.cuda.Event(blocking=self.blocking_sync)))
+            evs = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True),
+                   torch.cuda.Event(blocking=self.blocking_sync))
+            for e in evs:  # created (and marked recorded, for elapsed_time) before their raw handles are read
+                e.record(st)
+            lane.events.append(evs)
         t0, t1, done = lane.events[slot]
+        plan = self._raw_plan(lane, model, b, entry, static_out, st) if self._driver is not None else None
         clock = time.perf_counter
         c0 = clock()
-        with torch.cuda.stream(st):
-            if staged:  # one async copy per row and input, straight from the request's pinned row
-                for i, r in enumerate(rows):
-                    for dst, src in zip(entry.inputs, r):
-                        dst[i].copy_(src, non_blocking=True)
+        if plan is not None:  # the same steps as below, in raw driver calls (gpu/launch.py: why)
+            drv = self._driver
+            drv.ensure_context()
+            if staged:
+                plan.copy_inputs(drv, n, rows_in=[[(t.data_ptr(), t.nbytes) for t in r] for r in rows])
             else:
-                for dst, src in zip(entry.inputs, lane.pinned_in[(model, slot)]):
-                    dst[:n].copy_(src[:n], non_blocking=True)
+                plan.copy_inputs(drv, n, batch_in=lane.ptr_in[(model, slot)])
             c1 = clock()
-            t0.record(st)
-            entry.graph.replay()
-            t1.record(st)
+            plan.replay(drv, t0.cuda_event, t1.cuda_event)
             c2 = clock()
-            for dst, src in zip(lane.pinned_out[(model, slot)], static_out):
-                dst[:n].copy_(src[:n], non_blocking=True)
-            done.record(st)
+            plan.copy_outputs(drv, n, lane.ptr_out[(model, slot)], done.cuda_event)
+        else:
+            with torch.cuda.stream(st):
+                if staged:  # one async copy per row and input, straight from the request's pinned row
+                    for i, r in enumerate(rows):
+                        for dst, src in zip(entry.inputs, r):
+                            dst[i].copy_(src, non_blocking=True)
+                else:
+                    for dst, src in zip(entry.inputs, lane.pinned_in[(model, slot)]):
+                        dst[:n].copy_(src[:n], non_blocking=True)
+                c1 = clock()
+                t0.record(st)
+                entry.graph.replay()
+                t1.record(st)
+                c2 = clock()
+                for dst, src in zip(lane.pinned_out[(model, slot)], static_out):
+                    dst[:n].copy_(src[:n], non_blocking=True)
+                done.record(st)
         c3 = clock()
         ph = self.launch_ms  # where a launch's host time goes (issue 5: dispatch overhead)
         ph["inputs"] += (c1 - c0) * 1e3
         ph["replay"] += (c2 - c1) * 1e3
         ph["outputs"] += (c3 - c2) * 1e3
         ph["launches"] += 1
-        return _CudaTicket(n, done, t0, t1, lane.np_out[(model, slot)])
+        # the ticket holds the rows: raw copies read their pinned memory without torch knowing, so it
+        # must not be freed (and reused) before the batch's event has fired
+        return _CudaTicket(n, done, t0, t1, lane.np_out[(model, slot)], rows)
+
+    def close(self) -> None:
+        super().close()
+        if self._driver is not None:
+            self._driver.close()
+            self._driver = None
+
+    def _raw_plan(self, lane: _CudaLane, model: str, bucket: int, entry: Any, static_out: list[Any], stream: Any) -> Any:
+        """The bucket's :class:`~gpuloom.gpu.launch.LaunchPlan` (made once), or None where a raw launch
+        cannot do what the torch path does: a buffer that is not contiguous, or a torch without
+        ``CUDAGraph.raw_cuda_graph_exec``."""
+        key = (model, bucket)
+        if key in lane.plans:
+            return lane.plans[key]
+        from ..gpu.launch import LaunchPlan, row_bytes
+
+        plan = None
+        exec_handle = getattr(entry.graph, "raw_cuda_graph_exec", None)
+        bufs = list(entry.inputs) + list(static_out)
+        if exec_handle is not None and all(t.is_contiguous() and t.dim() >= 1 for t in bufs):
+            plan = LaunchPlan(
+                stream=int(stream.cuda_stream),
+                graph_exec=int(exec_handle()),
+                inputs=tuple((t.data_ptr(), row_bytes(t.shape, t.element_size())) for t in entry.inputs),
+                outputs=tuple((t.data_ptr(), row_bytes(t.shape, t.element_size())) for t in static_out),
+            )
+        else:
+            self.torch_launch_plans += 1
+        lane.plans[key] = plan
+        return plan
 
     def finish(self, ticket: Any) -> tuple[list[Any], float]:
         """Watcher thread: sleep until the batch's event fires; copy its rows out of the pinned buffers."""
@@ -762,7 +832,8 @@ class CudaDeviceLayer(DeviceLayer):
             for gs in lane.graph_sets():
                 gs.release()
             lane.graphs.clear()
-            for d in (lane.pinned_in, lane.pinned_out, lane.np_in, lane.np_out, lane.static_out, lane.in_shapes):
+            for d in (lane.pinned_in, lane.pinned_out, lane.np_in, lane.np_out, lane.static_out, lane.in_shapes,
+                      lane.ptr_in, lane.ptr_out, lane.plans):
                 d.clear()
             lane.events.clear()
         part = state.get("partitioner")
@@ -799,8 +870,9 @@ def _init_dtypes() -> None:
         _TORCH_DTYPES[name] = getattr(torch, name)
 
 
-def make_device_layer(device: str | None = None, **options: Any) -> DeviceLayer:
-    """``"cuda"``/``"cuda:N"``, ``"cpu"`` or ``None`` (cuda when available, else cpu)."""
+def make_device_layer(device: str | None = None, *, raw_launch: bool = True, **options: Any) -> DeviceLayer:
+    """``"cuda"``/``"cuda:N"``, ``"cpu"`` or ``None`` (cuda when available, else cpu). ``raw_launch``
+    applies to CUDA only (:class:`CudaDeviceLayer`)."""
     if device is None:
         try:
             import torch
@@ -812,7 +884,7 @@ def make_device_layer(device: str | None = None, **options: Any) -> DeviceLayer:
         return CpuDeviceLayer(**options)
     if device.startswith("cuda"):
         idx = int(device.split(":", 1)[1]) if ":" in device else 0
-        return CudaDeviceLayer(idx, **options)
+        return CudaDeviceLayer(idx, raw_launch=raw_launch, **options)
     raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
 
 

@@ -294,6 +294,9 @@ class InferenceService:
         early_answer: resolve a served request's future on the partition's watcher thread as soon as
             its batch is done, instead of after the runtime's thread has booked the completion (one
             thread hand-off less on every answer; :attr:`ExecBackend.on_served`).
+        raw_launch: on CUDA, issue each launch's copies, graph launch and events as raw driver calls
+            (:mod:`gpuloom.gpu.launch`) instead of torch calls (the device layer made here; a
+            ``device_layer`` passed in keeps its own setting).
         expiry_grace_s: a request the runtime has not answered this long after its deadline is
             answered by the service with :class:`Expired` (counted as dropped "expired", logged as an
             error): whatever goes wrong below, every accepted request gets an answer.
@@ -314,6 +317,7 @@ class InferenceService:
         switch_interval_ms: float | None = DEFAULT_SWITCH_INTERVAL_MS,
         launch_on: str = "loop",
         early_answer: bool = False,
+        raw_launch: bool = True,
         expiry_grace_s: float = 5.0,
     ) -> None:
         self.lookahead_ms = check_lookahead(lookahead_ms)  # here, not at the first load
@@ -322,6 +326,7 @@ class InferenceService:
         self._switch_held = False
         self.launch_on = check_launch_on(launch_on)
         self.early_answer = bool(early_answer)
+        self.raw_launch = bool(raw_launch)
         if not expiry_grace_s > 0:
             raise ValueError(f"expiry_grace_s must be > 0 s, got {expiry_grace_s!r}")
         self.expiry_grace_s = float(expiry_grace_s)
@@ -363,7 +368,7 @@ class InferenceService:
     @property
     def device(self) -> DeviceLayer:
         if self._layer is None:
-            self._layer = make_device_layer(self._device_arg)
+            self._layer = make_device_layer(self._device_arg, raw_launch=self.raw_launch)
             if self.profiles is None and self._layer.kind == "cuda":
                 try:
                     self.profiles = ProfileStore.builtin("h200")

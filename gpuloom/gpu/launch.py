@@ -1,0 +1,161 @@
+"""A batch's launch in raw CUDA driver calls: the runtime's hot path without torch's per-call cost.
+
+Why: on the H200 a launch through torch (row copies, ``graph.replay()``, output copy, events) cost the
+runtime's thread 0.25-0.4 ms of host time per batch, measured by phase (inputs 0.16-0.39 ms, replay
+0.06-0.1, outputs 0.07-0.24; ``docs/reports/runtime.md``). That is 10-50% of a small batch's device
+time, paid on the one thread that launches every batch, and each torch call releases the GIL, which
+invites the convoy measured there (a busy thread can hold the GIL for the switch interval). Here
+each step is one ``ctypes`` call into ``libcuda`` (about 1 us) that keeps the GIL: an async copy,
+a graph launch or an event record does not wait, so releasing the GIL around it buys nothing.
+
+:class:`Driver` wraps the few entry points; :class:`LaunchPlan` holds, per (lane, model, bucket),
+the handles and byte sizes a launch needs, all read once when the plan is made. Nothing here
+imports torch: the device layer passes plain integers (pointers, handles). Any failing call raises
+:class:`~gpuloom.gpu.errors.DriverError` naming the call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from .errors import DriverError
+
+_VP, _U64, _SIZE, _INT = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int
+
+
+class Driver:
+    """The driver calls of a launch, bound once from ``libcuda.so.1`` (``OSError`` if it is absent).
+
+    Calls that only enqueue work hold the GIL (``ctypes.PyDLL``). Driver calls need a current
+    context on the calling thread: :meth:`ensure_context` makes the device's primary context (the
+    one torch uses) current on a thread that has none, once per thread.
+    """
+
+    def __init__(self, device: int = 0, library: str = "libcuda.so.1") -> None:
+        lib = ctypes.PyDLL(library)
+        self._names: dict[int, str] = {}
+
+        def bind(name: str, *argtypes: Any) -> Any:
+            f = getattr(lib, name)
+            f.argtypes, f.restype = list(argtypes), _INT
+            return f
+
+        self._htod = bind("cuMemcpyHtoDAsync_v2", _U64, _VP, _SIZE, _VP)
+        self._dtoh = bind("cuMemcpyDtoHAsync_v2", _VP, _U64, _SIZE, _VP)
+        self._graph_launch = bind("cuGraphLaunch", _VP, _VP)
+        self._record = bind("cuEventRecord", _VP, _VP)
+        self._ctx_get = bind("cuCtxGetCurrent", ctypes.POINTER(_VP))
+        self._ctx_set = bind("cuCtxSetCurrent", _VP)
+        self._device_get = bind("cuDeviceGet", ctypes.POINTER(_INT), _INT)
+        self._retain = bind("cuDevicePrimaryCtxRetain", ctypes.POINTER(_VP), _INT)
+        self._release = bind("cuDevicePrimaryCtxRelease_v2", _INT)
+        self._error_name = bind("cuGetErrorName", _INT, ctypes.POINTER(ctypes.c_char_p))
+        dev, ctx = _INT(), _VP()
+        self.check(self._device_get(ctypes.byref(dev), int(device)), "cuDeviceGet", device)
+        self.check(self._retain(ctypes.byref(ctx), dev.value), "cuDevicePrimaryCtxRetain", device)
+        self.device, self.context = dev.value, ctx.value
+        self._local = threading.local()
+
+    def check(self, err: int, call: str, *args: Any) -> None:
+        if err:
+            name = ctypes.c_char_p()
+            self._error_name(err, ctypes.byref(name))
+            shown = ", ".join(hex(a) if isinstance(a, int) and a > 4096 else repr(a) for a in args)
+            raise DriverError(f"{call}({shown}) failed with {(name.value or b'error %d' % err).decode()}")
+
+    def ensure_context(self) -> None:
+        """Make the primary context current on this thread unless a context already is."""
+        if getattr(self._local, "ready", False):
+            return
+        cur = _VP()
+        self.check(self._ctx_get(ctypes.byref(cur)), "cuCtxGetCurrent")
+        if not cur.value:
+            self.check(self._ctx_set(self.context), "cuCtxSetCurrent", self.context)
+        self._local.ready = True
+
+    def copy_in(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        err = self._htod(dst, src, nbytes, stream)
+        if err:
+            self.check(err, "cuMemcpyHtoDAsync", dst, src, nbytes, stream)
+
+    def copy_out(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        err = self._dtoh(dst, src, nbytes, stream)
+        if err:
+            self.check(err, "cuMemcpyDtoHAsync", dst, src, nbytes, stream)
+
+    def launch_graph(self, graph_exec: int, stream: int) -> None:
+        err = self._graph_launch(graph_exec, stream)
+        if err:
+            self.check(err, "cuGraphLaunch", graph_exec, stream)
+
+    def record(self, event: int, stream: int) -> None:
+        err = self._record(event, stream)
+        if err:
+            self.check(err, "cuEventRecord", event, stream)
+
+    def close(self) -> None:
+        """Release the primary context this object retained (torch keeps its own reference)."""
+        if self.context:
+            self.context = None
+            self._release(self.device)
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything one (lane, model, bucket) launch needs, as integers read once.
+
+    ``inputs``: per model input, the static device buffer and the bytes of one row; ``outputs``: per
+    output, the static device buffer and the bytes of one row; ``graph_exec`` and ``stream`` are the
+    driver handles of the bucket's graph and of the lane stream it is launched on.
+    """
+
+    stream: int
+    graph_exec: int
+    inputs: tuple[tuple[int, int], ...]  # (device ptr, row bytes)
+    outputs: tuple[tuple[int, int], ...]  # (device ptr, row bytes)
+
+    def copy_inputs(self, drv: Driver, n: int, rows_in: Sequence[Sequence[tuple[int, int]]] | None = None,
+                    batch_in: Sequence[int] | None = None) -> None:
+        """Enqueue the batch's ``n`` rows into the static inputs: ``rows_in`` gives per row, per input,
+        a pinned host row as ``(address, bytes)`` (one copy each; a size that is not the input's row
+        size raises ``ValueError`` before anything is copied); ``batch_in`` gives per input one pinned
+        host address of ``n`` contiguous rows (one copy per input)."""
+        st = self.stream
+        if batch_in is not None:
+            for (dst, row), src in zip(self.inputs, batch_in):
+                drv.copy_in(dst, src, n * row, st)
+            return
+        rows_in = rows_in or ()
+        for ptrs in rows_in:
+            if len(ptrs) != len(self.inputs) or any(nb != row for (_, nb), (_, row) in zip(ptrs, self.inputs)):
+                raise ValueError(f"a row of {[nb for _, nb in ptrs]} bytes per input does not fit this graph's "
+                                 f"inputs of {[row for _, row in self.inputs]} bytes per row")
+        for i, ptrs in enumerate(rows_in):
+            for (dst, row), (src, _) in zip(self.inputs, ptrs):
+                drv.copy_in(dst + i * row, src, row, st)
+
+    def replay(self, drv: Driver, t0: int, t1: int) -> None:
+        """Enqueue the graph between two timing events."""
+        drv.record(t0, self.stream)
+        drv.launch_graph(self.graph_exec, self.stream)
+        drv.record(t1, self.stream)
+
+    def copy_outputs(self, drv: Driver, n: int, out_hosts: Sequence[int], done: int) -> None:
+        """Enqueue each output's first ``n`` rows into its pinned host buffer, then the ``done`` event."""
+        for (src, row), dst in zip(self.outputs, out_hosts):
+            drv.copy_out(dst, src, n * row, self.stream)
+        drv.record(done, self.stream)
+
+
+def row_bytes(shape: Sequence[int], itemsize: int) -> int:
+    """Bytes of one row of a contiguous ``(batch, *row)`` buffer."""
+    n = itemsize
+    for d in shape[1:]:
+        n *= int(d)
+    return n
+
+
+__all__ = ["Driver", "LaunchPlan", "row_bytes"]
