@@ -170,7 +170,7 @@ def service_snapshot(svc) -> dict:
             "partitions": st["partitions"], "gpu_sms": svc.device.gpu_sms,
             "layout_swaps": st.get("layout_swaps", 0), "layouts_built": be.get("layouts_built", 0),
             "launch_ms": dict(be.get("launch_ms", {})), "batches": sum(be.get("model_batches", {}).values()),
-            "raw_launch": bool(be.get("raw_launch", False)),
+            "raw_launch": bool(be.get("raw_launch", False)), "copy_ms": dict(be.get("copy_ms", {})),
             "hist": {(m, k): v[k] for m, v in st["models"].items() for k in ("queue_ms", "compute_ms") if k in v},
             "exec_ms": {(e["model"], e["sms"], e["batch"]): (e["device_ms_sum"], e["batches"])
                         for e in be.get("exec_ms", [])}}
@@ -340,7 +340,9 @@ def lane_deltas(before: list[dict], after: list[dict]) -> list[dict]:
 def host_split(before: dict, after: dict, wall_ms: float) -> dict:
     """Where the runtime thread's launch time went during a point: batches started per second, ms
     of that thread per second spent launching (1000 = saturated), and ms per launch by phase (CUDA:
-    inputs, replay, outputs; ``launch_ms`` of the backend stats)."""
+    inputs, replay, outputs; ``launch_ms`` of the backend stats), and per batch the device ms of its
+    input and output copies and the watcher's host ms copying outputs (CUDA: ``copy_ms``), the parts
+    of a lane's gap that are not the launch."""
     a, b = after.get("launch_ms", {}), before.get("launch_ms", {})
     n = a.get("launches", 0) - b.get("launches", 0)  # graph launches (CUDA layer only)
     out = {"batches_per_s": (after.get("batches", 0) - before.get("batches", 0)) / wall_ms * 1000.0,
@@ -348,6 +350,10 @@ def host_split(before: dict, after: dict, wall_ms: float) -> dict:
     if n > 0:
         out["ms_per_launch"] = {k: (a[k] - b.get(k, 0.0)) / n for k in a if k != "launches"}
         out["raw_launch"] = bool(after.get("raw_launch", False))  # driver calls (gpu/launch.py), not torch
+    a, b = after.get("copy_ms", {}), before.get("copy_ms", {})
+    n = a.get("batches", 0) - b.get("batches", 0)
+    if n > 0:  # per batch: device ms of the input and output copies, watcher host ms copying outputs
+        out["copy_ms_per_batch"] = {k: (a[k] - b.get(k, 0.0)) / n for k in a if k != "batches"}
     return out
 
 

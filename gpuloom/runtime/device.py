@@ -418,7 +418,7 @@ class _CudaLane:
     ptr_in: dict[tuple[str, int], list[int]] = field(default_factory=dict)  # (model, slot) -> pinned_in addresses
     ptr_out: dict[tuple[str, int], list[int]] = field(default_factory=dict)  # (model, slot) -> pinned_out addresses
     plans: dict[tuple[str, int], Any] = field(default_factory=dict)  # (model, bucket) -> LaunchPlan, or None: torch path
-    events: list[tuple] = field(default_factory=list)  # per slot: (t0, t1, done)
+    events: list[tuple] = field(default_factory=list)  # per slot: (t_in, t0, t1, done)
     in_shapes: dict[str, list[tuple]] = field(default_factory=dict)  # model -> (shape, dtype) per input, max_batch rows
     launches: int = 0  # batches launched on the lane (slot = launches % LANE_SLOTS)
 
@@ -439,9 +439,10 @@ class _EagerTicket:
 @dataclass
 class _CudaTicket:
     n: int
-    done: Any  # torch.cuda.Event(blocking=True)
+    done: Any  # torch.cuda.Event(blocking=True), after the outputs' copy
     t0: Any  # timing events around the replay
     t1: Any
+    t_in: Any  # before the inputs' copy
     out: list[Any]  # numpy views of the pinned output buffers
     rows: Any = None  # the batch's staged rows, alive until finish()
 
@@ -488,6 +489,10 @@ class CudaDeviceLayer(DeviceLayer):
         self.skipped_captures = 0  # filler models left uncaptured on another model's lane (capture failed)
         self.recarved_layouts = 0  # layouts that ran only carved another way than as given (see _build)
         self.launch_ms = {"inputs": 0.0, "replay": 0.0, "outputs": 0.0, "launches": 0}  # host ms per phase
+        # where a batch's time outside its graph goes: device ms copying inputs in and outputs out, host
+        # ms copying outputs off the pinned buffers (watcher), summed over batches (issue 5: the gap)
+        self.copy_ms = {"h2d": 0.0, "d2h": 0.0, "host_out": 0.0, "batches": 0}
+        self._copy_lock = threading.Lock()
         self.torch_launch_plans = 0  # (lane, model, bucket)s launched through torch although raw_launch is on
         import torch
 
@@ -696,17 +701,18 @@ class CudaDeviceLayer(DeviceLayer):
             static_out = lane.static_out[(model, b)] = flat_tensors(entry.outputs)
         while len(lane.events) <= slot:
             evs = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True),
-                   torch.cuda.Event(blocking=self.blocking_sync))
+                   torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True, blocking=self.blocking_sync))
             for e in evs:  # created (and marked recorded, for elapsed_time) before their raw handles are read
                 e.record(st)
             lane.events.append(evs)
-        t0, t1, done = lane.events[slot]
+        t_in, t0, t1, done = lane.events[slot]
         plan = self._raw_plan(lane, model, b, entry, static_out, st) if self._driver is not None else None
         clock = time.perf_counter
         c0 = clock()
         if plan is not None:  # the same steps as below, in raw driver calls (gpu/launch.py: why)
             drv = self._driver
             drv.ensure_context()
+            drv.record(t_in.cuda_event, plan.stream)
             if staged:
                 plan.copy_inputs(drv, n, rows_in=[[(t.data_ptr(), t.nbytes) for t in r] for r in rows])
             else:
@@ -717,6 +723,7 @@ class CudaDeviceLayer(DeviceLayer):
             plan.copy_outputs(drv, n, lane.ptr_out[(model, slot)], done.cuda_event)
         else:
             with torch.cuda.stream(st):
+                t_in.record(st)
                 if staged:  # one async copy per row and input, straight from the request's pinned row
                     for i, r in enumerate(rows):
                         for dst, src in zip(entry.inputs, r):
@@ -740,7 +747,7 @@ class CudaDeviceLayer(DeviceLayer):
         ph["launches"] += 1
         # the ticket holds the rows: raw copies read their pinned memory without torch knowing, so it
         # must not be freed (and reused) before the batch's event has fired
-        return _CudaTicket(n, done, t0, t1, lane.np_out[(model, slot)], rows)
+        return _CudaTicket(n, done, t0, t1, t_in, lane.np_out[(model, slot)], rows)
 
     def close(self) -> None:
         super().close()
@@ -778,7 +785,17 @@ class CudaDeviceLayer(DeviceLayer):
             return self._run_eager(ticket)
         ticket.done.synchronize()
         ms = ticket.t0.elapsed_time(ticket.t1)
-        return [o[: ticket.n].copy() for o in ticket.out], float(ms)
+        h2d, d2h = ticket.t_in.elapsed_time(ticket.t0), ticket.t1.elapsed_time(ticket.done)
+        c0 = time.perf_counter()
+        outs = [o[: ticket.n].copy() for o in ticket.out]
+        host = (time.perf_counter() - c0) * 1e3
+        with self._copy_lock:  # watchers of several lanes
+            cm = self.copy_ms
+            cm["h2d"] += h2d
+            cm["d2h"] += d2h
+            cm["host_out"] += host
+            cm["batches"] += 1
+        return outs, float(ms)
 
     def stage(self, row: Sequence[Any]) -> Sequence[Any]:
         """Submitting thread: the row in pinned host memory (torch's caching host allocator reuses

@@ -347,6 +347,7 @@ class ExecBackend(Backend):
                 "skipped_captures": getattr(self.device, "skipped_captures", 0),  # CUDA: filler left uncaptured
                 "recarved_layouts": getattr(self.device, "recarved_layouts", 0),  # CUDA: another carving used
                 "launch_ms": dict(getattr(self.device, "launch_ms", {})),  # CUDA: host ms per launch phase
+                "copy_ms": dict(getattr(self.device, "copy_ms", {})),  # CUDA: device copy ms, watcher host ms
                 "raw_launch": bool(getattr(self.device, "raw_launch", False)),  # CUDA: driver calls, not torch
                 "torch_launch_plans": getattr(self.device, "torch_launch_plans", 0),  # CUDA: buckets torch launched
             }
