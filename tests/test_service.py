@@ -39,13 +39,14 @@ def assert_books(svc: InferenceService) -> dict:
     return st
 
 
-def test_cpu_end_to_end_two_tiny_models_match_eager_for_every_request():
+@pytest.mark.parametrize("launch_on", ["loop", "inline"])
+def test_cpu_end_to_end_two_tiny_models_match_eager_for_every_request(launch_on):
     import torch
 
     torch.manual_seed(0)
     mlp = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
     tanh = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()).eval()
-    svc = InferenceService(policy="dstack", device="cpu")
+    svc = InferenceService(policy="dstack", device="cpu", launch_on=launch_on)
     svc.start()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -289,8 +289,9 @@ class InferenceService:
             wide, restored at close; None, the default, leaves it alone). Python's 5 ms lets any
             busy thread hold the runtime's loop thread off for up to 5 ms at each of its torch
             calls; a shorter one measured worse on the H200 (:mod:`gpuloom.runtime.gilswitch`).
-        launch_on: ``"loop"`` (default) or ``"lane"``: which thread launches a batch
-            (:class:`ExecBackend`; ``"lane"`` takes the launch off the runtime's thread).
+        launch_on: ``"loop"`` (default), ``"lane"`` or ``"inline"``: which thread launches a batch
+            (:class:`ExecBackend`; ``"lane"`` takes the launch off the runtime's thread, ``"inline"``
+            runs the whole batch on it: no hand-off to a watcher thread, for the CPU path).
         early_answer: resolve a served request's future on the partition's watcher thread as soon as
             its batch is done, instead of after the runtime's thread has booked the completion (one
             thread hand-off less on every answer; :attr:`ExecBackend.on_served`).
