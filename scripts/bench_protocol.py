@@ -32,7 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 KSERVE_SERVER = r'''
-import logging, sys, numpy as np
+import logging, os, sys, numpy as np
+if len(sys.argv) > 4:  # a CPU list: run on those CPUs only, as gpuloom serve --cpus does
+    os.sched_setaffinity(0, {int(c) for c in sys.argv[4].split(",")})
 import kserve.logging, kserve.model_server
 kserve.logging.configure_logging = kserve.model_server.configure_logging = lambda *a, **k: None
 logging.disable(logging.WARNING)  # no per-request access/latency logs (gpuloom logs none either)
@@ -114,6 +116,9 @@ def main() -> int:
                     help='also measure gpuloom serve with these extra arguments, e.g. early="--early-answer"; '
                          'an argument PYTHONPATH=DIR runs that server from the checkout at DIR instead (e.g. '
                          'the code before a change: git archive BASE | tar -x -C DIR)')
+    ap.add_argument("--kserve-cpus", default=None, metavar="LIST",
+                    help="also measure KServe run on these CPUs only (e.g. 1), beside the unpinned one: the fair "
+                         "match for a gpuloom variant with --cpus")
     ap.add_argument("--repeat", type=int, default=1,
                     help="measure every server this many times, in turn (A, B, KServe, A, B, KServe, ...), and "
                          "print each figure's range (default 1; the JSON keeps every run under 'runs')")
@@ -155,6 +160,9 @@ def main() -> int:
         servers.append((f"gpuloom:{label}", base + [w for w in words if not w.startswith("PYTHONPATH=")]))
     if Path(args.kserve_python).exists():
         servers.append(("kserve", [args.kserve_python, "-c", KSERVE_SERVER, "{port}", str(w), str(b)]))
+        if args.kserve_cpus:
+            servers.append((f"kserve:cpus{args.kserve_cpus}",
+                            [args.kserve_python, "-c", KSERVE_SERVER, "{port}", str(w), str(b), args.kserve_cpus]))
     else:
         print(f"kserve not found at {args.kserve_python}: measuring gpuloom only", file=sys.stderr)
         results["kserve"] = "not installed"
