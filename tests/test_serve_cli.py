@@ -127,8 +127,8 @@ def test_http_workers_default_to_four_on_a_host_with_cpus_to_spare_and_none_on_a
 
 
 def test_launch_on_and_switch_interval_reach_the_service(tmp_path, monkeypatch):
-    """``--launch-on`` and ``--switch-interval-ms`` configure the InferenceService; their defaults
-    leave it as it was (launch on the loop, the interpreter's switch interval)."""
+    """``--launch-on`` and ``--switch-interval-ms`` configure the InferenceService; by default the
+    service picks the launch thread for its device, and the interpreter's switch interval stays."""
     import gpuloom.runtime.service as service_mod
     from gpuloom.commands import serve
 
@@ -148,7 +148,7 @@ def test_launch_on_and_switch_interval_reach_the_service(tmp_path, monkeypatch):
     assert serve.run(p.parse_args([str(tmp_path / "m.yaml"), "--launch-on", "inline", "--switch-interval-ms", "0.5"])) == 2
     assert serve.run(p.parse_args([str(tmp_path / "m.yaml")])) == 2
     assert seen[0]["launch_on"] == "inline" and seen[0]["switch_interval_ms"] == 0.5
-    assert seen[1]["launch_on"] == "loop" and seen[1]["switch_interval_ms"] is None
+    assert seen[1]["launch_on"] == "auto" and seen[1]["switch_interval_ms"] is None
     with pytest.raises(SystemExit):
         p.parse_args([str(tmp_path / "m.yaml"), "--launch-on", "gpu"])
 

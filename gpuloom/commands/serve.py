@@ -28,10 +28,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--early-answer", action="store_true",
                    help="answer each request from its batch's completion thread, before the runtime's thread has "
                         "booked it (one thread hand-off less per answer)")
-    p.add_argument("--launch-on", choices=("loop", "lane", "inline"), default="loop",
-                   help="which thread runs a batch: loop (default: the runtime's thread launches it, a watcher "
-                        "thread waits for it), lane (the watcher launches it too), inline (the runtime's thread "
-                        "launches and waits for it: no thread hand-off per batch; for --device cpu)")
+    p.add_argument("--launch-on", choices=("auto", "loop", "lane", "inline"), default="auto",
+                   help="which thread runs a batch: loop (the runtime's thread launches it, a watcher thread "
+                        "waits for it), lane (the watcher launches it too), inline (the runtime's thread launches "
+                        "and waits for it: no thread hand-off per batch), auto (default: inline on --device cpu, "
+                        "loop on a GPU)")
     p.add_argument("--switch-interval-ms", type=float, default=None, metavar="MS",
                    help="the interpreter's GIL switch interval while serving (default: Python's, 5 ms): how long "
                         "a thread woken for a request may wait for another busy thread to hand over the GIL")
