@@ -32,7 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 KSERVE_SERVER = r'''
-import logging, sys, numpy as np
+import logging, os, sys, numpy as np
+if len(sys.argv) > 4:  # a CPU list: run on those CPUs only, as gpuloom serve --cpus does
+    os.sched_setaffinity(0, {int(c) for c in sys.argv[4].split(",")})
 import kserve.logging, kserve.model_server
 kserve.logging.configure_logging = kserve.model_server.configure_logging = lambda *a, **k: None
 logging.disable(logging.WARNING)  # no per-request access/latency logs (gpuloom logs none either)
@@ -88,7 +90,7 @@ def measure(port: int, args) -> dict:
     url = f"127.0.0.1:{port}"
     kw = dict(binary=args.binary, slo_ms=100.0, inputs=[{"name": "x", "shape": [-1, 16], "datatype": "FP32"}], timeout_s=60.0)
     run_load(url, "linear", rate=50, duration_s=1.0, **kw)  # warm up
-    fixed = run_load(url, "linear", rate=args.rate, duration_s=args.duration, seed=2, **kw)
+    fixed = run_load(url, "linear", rate=args.rate, duration_s=args.rate_duration or args.duration, seed=2, **kw)
     out = {"fixed_rate": fixed.as_dict()}
     for c in args.concurrency:
         out[f"closed_c{c}"] = run_closed(url, "linear", concurrency=c, duration_s=args.duration, seed=3, **kw).as_dict()
@@ -101,6 +103,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=float, default=5.0, help="seconds per measurement (default 5)")
     ap.add_argument("--rate", type=float, default=100.0, help="fixed rate for the latency point, req/s (default 100)")
+    ap.add_argument("--rate-duration", type=float, default=None,
+                    help="seconds of the fixed-rate point (default --duration): its p99 is the 1%% tail, so "
+                         "at 100 req/s 5 s give it 5 requests and 20 s 20")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32],
                     help="closed-loop client counts for the saturation points (default 1 8 32)")
     ap.add_argument("--sat-rate", type=float, default=0.0, help="also offer this open-loop overload rate, req/s (default off)")
@@ -108,7 +113,15 @@ def main() -> int:
     ap.add_argument("--kserve-python", default=os.environ.get("KSERVE_PYTHON", "/tmp/ksv/bin/python"))
     ap.add_argument("--policy", default="dstack")
     ap.add_argument("--gpuloom-variant", action="append", default=[], metavar='LABEL="ARGS"',
-                    help='also measure gpuloom serve with these extra arguments, e.g. early="--early-answer"')
+                    help='also measure gpuloom serve with these extra arguments, e.g. early="--early-answer"; '
+                         'an argument PYTHONPATH=DIR runs that server from the checkout at DIR instead (e.g. '
+                         'the code before a change: git archive BASE | tar -x -C DIR)')
+    ap.add_argument("--kserve-cpus", default=None, metavar="LIST",
+                    help="also measure KServe run on these CPUs only (e.g. 1), beside the unpinned one: the fair "
+                         "match for a gpuloom variant with --cpus")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="measure every server this many times, in turn (A, B, KServe, A, B, KServe, ...), and "
+                         "print each figure's range (default 1; the JSON keeps every run under 'runs')")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
 
@@ -131,39 +144,66 @@ def main() -> int:
     results: dict = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0],
                                  "torch": torch.__version__},
                      "model": "nn.Linear(16, 4), batch 1 per request", "duration_s": args.duration,
+                     "rate_duration_s": args.rate_duration or args.duration,
                      "binary_tensors": args.binary, "servers": {}}
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     base = [sys.executable, "-c", GPULOOM_SERVER, str(tmp / "linear.yaml"), "--no-grpc", "--policy", args.policy,
             "--http-port", "{port}", "--device", "cpu"]
     servers = [("gpuloom", base)]
+    envs: dict[str, dict] = {}
     for v in args.gpuloom_variant:  # e.g. early="--early-answer": the same server with more options
         label, _, extra = v.partition("=")
-        servers.append((f"gpuloom:{label}", base + extra.split()))
+        words = extra.split()
+        paths = [w.partition("=")[2] for w in words if w.startswith("PYTHONPATH=")]
+        if paths:  # another checkout's server (same options otherwise)
+            envs[f"gpuloom:{label}"] = dict(env, PYTHONPATH=str(Path(paths[-1]).resolve()))
+        servers.append((f"gpuloom:{label}", base + [w for w in words if not w.startswith("PYTHONPATH=")]))
     if Path(args.kserve_python).exists():
         servers.append(("kserve", [args.kserve_python, "-c", KSERVE_SERVER, "{port}", str(w), str(b)]))
+        if args.kserve_cpus:
+            servers.append((f"kserve:cpus{args.kserve_cpus}",
+                            [args.kserve_python, "-c", KSERVE_SERVER, "{port}", str(w), str(b), args.kserve_cpus]))
     else:
         print(f"kserve not found at {args.kserve_python}: measuring gpuloom only", file=sys.stderr)
         results["kserve"] = "not installed"
-    for name, cmd in servers:
-        port = _free_port()
-        cmd = [c.replace("{port}", str(port)) for c in cmd]
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp)
-        try:
-            _wait_ready(port, "linear", proc)
-            print(f"measuring {name} on port {port} ...", file=sys.stderr, flush=True)
-            results["servers"][name] = measure(port, args)
-        finally:
-            proc.terminate()
+    runs: list[dict] = []
+    for rep in range(max(1, args.repeat)):
+        run: dict = {}
+        for name, cmd in servers:
+            port = _free_port()
+            cmd = [c.replace("{port}", str(port)) for c in cmd]
+            proc = subprocess.Popen(cmd, env=envs.get(name, env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                    text=True, cwd=tmp)
             try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-    cols = "".join(f"{'req/s c' + str(c):>12}" for c in args.concurrency)
-    print(f"{'server':<10}{cols} {'p50 ms':>8} {'p99 ms':>8}  (p50/p99 at a fixed {args.rate:g} req/s)")
-    for name, r in results["servers"].items():
-        f = r["fixed_rate"]
-        vals = "".join(f"{r[f'closed_c{c}']['throughput']:>12.1f}" for c in args.concurrency)
-        print(f"{name:<10}{vals} {f['p50_ms']:>8.2f} {f['p99_ms']:>8.2f}")
+                _wait_ready(port, "linear", proc)
+                print(f"[{rep}] measuring {name} on port {port} ...", file=sys.stderr, flush=True)
+                run[name] = measure(port, args)
+            finally:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        runs.append(run)
+    results["servers"] = runs[0]
+    if args.repeat > 1:
+        results["runs"] = runs
+        results["servers_in_turn"] = [name for name, _ in servers]
+    results["server_code"] = {name: envs[name]["PYTHONPATH"] for name in envs}
+    w = max(10, *(len(n) + 2 for n, _ in servers))
+    cols = "".join(f"{'req/s c' + str(c):>14}" for c in args.concurrency)
+    print(f"{'server':<{w}}{cols} {'p50 ms':>12} {'p99 ms':>12}  (p50/p99 at a fixed {args.rate:g} req/s; "
+          f"{'min-max of ' + str(len(runs)) + ' runs' if len(runs) > 1 else 'one run'})")
+
+    def span(vals: list[float], fmt: str) -> str:
+        lo, hi = min(vals), max(vals)
+        return format(lo, fmt) if len(vals) == 1 else f"{lo:{fmt}}-{hi:{fmt}}"
+
+    for name, _ in servers:
+        rs = [r[name] for r in runs if name in r]
+        vals = "".join(f"{span([r[f'closed_c{c}']['throughput'] for r in rs], '.0f'):>14}" for c in args.concurrency)
+        print(f"{name:<{w}}{vals} {span([r['fixed_rate']['p50_ms'] for r in rs], '.2f'):>12} "
+              f"{span([r['fixed_rate']['p99_ms'] for r in rs], '.2f'):>12}")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(results, indent=2) + "\n")

@@ -208,17 +208,25 @@ def test_a_layout_no_carving_can_capture_fails_with_the_last_error():
 
 def test_lane_launches_happen_on_the_watcher_threads_and_the_loop_keeps_none():
     """``launch_on="lane"``: the runtime's thread only hands decisions over; with launch-ahead on the
-    loop launches as before (a watcher waiting for its running batch could not)."""
+    loop launches as before (a watcher waiting for its running batch could not). ``"inline"``: the
+    runtime's thread launches every batch and also waits for it (no watcher touches it)."""
     class Where(FakeDeviceLayer):
         def __init__(self):
             super().__init__()
             self.threads: Counter = Counter()
+            self.finished_on: Counter = Counter()
 
         def _launch(self, lanes, index, model, rows):
             self.threads[threading.current_thread().name.split("-")[1]] += 1
             return super()._launch(lanes, index, model, rows)
 
-    for launch_on, lookahead, expect in [("lane", 0.0, "watch"), ("loop", 0.0, "runtime"), ("lane", 5.0, "runtime")]:
+        def finish(self, ticket):
+            self.finished_on[threading.current_thread().name.split("-")[1]] += 1
+            return super().finish(ticket)
+
+    for launch_on, lookahead, expect, waits in [("lane", 0.0, "watch", "watch"), ("loop", 0.0, "runtime", "watch"),
+                                                ("lane", 5.0, "runtime", "watch"), ("inline", 0.0, "runtime", "runtime"),
+                                                ("inline", 5.0, "runtime", "runtime")]:
         dev = Where()
         dev.add_model("good", FakeModel(lambda xs: [xs[0] * 2.0], 1.0))
         dev.add_model("bad", FakeModel(lambda xs: [xs[0] + 1.0], 1.0))
@@ -234,5 +242,6 @@ def test_lane_launches_happen_on_the_watcher_threads_and_the_loop_keeps_none():
         assert len(results) == 30 and all(r.status == Status.SERVED for r, _ in results)
         assert all(np.allclose(o.outputs[0], 2.0 * r.request.id) for r, o in results)
         assert set(dev.threads) == {expect}, (launch_on, lookahead, dev.threads)
+        assert set(dev.finished_on) == {waits}, (launch_on, lookahead, dev.finished_on)
     with pytest.raises(ValueError, match="launch_on"):
         ExecBackend(fake(), launch_on="gpu")

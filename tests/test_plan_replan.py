@@ -79,7 +79,32 @@ def test_falling_rates_never_pay_for_a_switch() -> None:
     models[0] = ModelSpec("resnet50", 25.0, arrival=Arrival("piecewise", segments=((0, 600), (20, 150))))
     rp = Replanner(BASE, ZOO)
     assert drive(Workload(tuple(models), duration_s=40.0), rp) == []
-    assert rp.evaluations >= 1  # it did look, and found no gain
+    # it did look, and found the current plan serving every rate: no candidate plan computed
+    assert rp.skipped >= 1 and rp.evaluations == 0
+
+
+def test_rates_the_current_plan_serves_cost_no_candidate_plan(monkeypatch) -> None:
+    """A drift below the planned rates is answered without computing a plan (the planner took 4-5 ms
+    of the runtime's thread per check when serving), with the decision a full evaluation gives;
+    a rate above what the plan serves is still evaluated."""
+    import gpuloom.plan.replan as replan_mod
+
+    calls = []
+    real_plan = replan_mod.plan
+    monkeypatch.setattr(replan_mod, "plan", lambda *a, **k: calls.append(1) or real_plan(*a, **k))
+    low = {"resnet50": 150.0, "mobilenet_v2": 20.0, "vgg16": 100.0}
+    rp = Replanner(BASE, ZOO, hold_s=0.0)
+    calls.clear()
+    d = rp.check(10.0, low)
+    assert not d.replan and "serves every rate" in d.reason
+    assert calls == [] and rp.skipped == 1 and rp.evaluations == 0
+    # the full evaluation of the same rates (what check did before) rejects it too
+    cand = real_plan([Demand(x.model, low[x.model], x.slo_ms) for x in BASE], ZOO)
+    assert rp.served(cand, low) <= rp.served(rp.schedule, low)
+    high = {"resnet50": 1500.0, "mobilenet_v2": 20.0, "vgg16": 100.0}
+    assert rp.schedule.model("resnet50").planned_rps < 1500.0
+    rp.check(11.0, high)
+    assert len(calls) == 1 and rp.evaluations == 1
 
 
 def test_a_huge_switch_cost_keeps_the_old_plan() -> None:

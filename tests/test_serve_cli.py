@@ -124,3 +124,62 @@ def test_http_workers_default_to_four_on_a_host_with_cpus_to_spare_and_none_on_a
     for bad in ("-1", "many"):
         with pytest.raises(argparse.ArgumentTypeError, match="'auto' or a non-negative number"):
             http_workers_arg(bad)
+
+
+def test_launch_on_and_switch_interval_reach_the_service(tmp_path, monkeypatch):
+    """``--launch-on`` and ``--switch-interval-ms`` configure the InferenceService; by default the
+    service picks the launch thread for its device, and the interpreter's switch interval stays."""
+    import gpuloom.runtime.service as service_mod
+    from gpuloom.commands import serve
+
+    seen = []
+
+    class Stop(ValueError):
+        pass
+
+    def record(**kw):
+        seen.append(kw)
+        raise Stop("recorded")
+
+    monkeypatch.setattr(service_mod, "InferenceService", record)
+    (tmp_path / "m.yaml").write_text("name: m\nsource: 'x.py:f'\ninputs: [{name: x, shape: [4], dtype: float32}]\n")
+    p = argparse.ArgumentParser()
+    serve.add_arguments(p)
+    assert serve.run(p.parse_args([str(tmp_path / "m.yaml"), "--launch-on", "inline", "--switch-interval-ms", "0.5"])) == 2
+    assert serve.run(p.parse_args([str(tmp_path / "m.yaml")])) == 2
+    assert seen[0]["launch_on"] == "inline" and seen[0]["switch_interval_ms"] == 0.5
+    assert seen[1]["launch_on"] == "auto" and seen[1]["switch_interval_ms"] is None
+    with pytest.raises(SystemExit):
+        p.parse_args([str(tmp_path / "m.yaml"), "--launch-on", "gpu"])
+
+
+def test_cpus_lists_parse_like_taskset_and_bad_ones_are_refused():
+    from gpuloom.commands.serve import cpus_arg
+
+    assert cpus_arg("1") == {1} and cpus_arg("0,2-3") == {0, 2, 3} and cpus_arg(" 4 - 5 ") == {4, 5}
+    for bad in ("", "a", "3-1", "-1", "1,,2"):
+        with pytest.raises(argparse.ArgumentTypeError, match="CPU list"):
+            cpus_arg(bad)
+
+
+def test_cpus_pins_every_thread_of_the_server(tmp_path):
+    """``--cpus``: every thread of the server runs on those CPUs, those started at import included."""
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    (tmp_path / "slow.py").write_text(SLOW)
+    (tmp_path / "slow.yaml").write_text("name: slow\nsource: slow.py:slow\ninputs: [{name: x, shape: [2]}]\nmax_batch: 4\n")
+    proc = _spawn(str(tmp_path), "--http-port", "0", "--no-grpc", "--cpus", str(cpu), "--launch-on", "inline")
+    try:
+        port, _ = _wait_port(proc)
+        body = json.dumps({"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1.0, 2.0]}]})
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        c.request("POST", "/v2/models/slow/infer", body=body, headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        assert r.status == 200 and json.loads(r.read())["outputs"][0]["data"] == [2.0, 3.0]
+        tids = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task")]
+        names = {open(f"/proc/{proc.pid}/task/{t}/comm").read().strip() for t in tids}
+        assert len(tids) >= 3, names  # the HTTP loop, the runtime's loop, its watcher, ...
+        got = {(t, open(f"/proc/{proc.pid}/task/{t}/comm").read().strip()): os.sched_getaffinity(t) for t in tids}
+        assert all(v == {cpu} for v in got.values()), got
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)

@@ -39,13 +39,14 @@ def assert_books(svc: InferenceService) -> dict:
     return st
 
 
-def test_cpu_end_to_end_two_tiny_models_match_eager_for_every_request():
+@pytest.mark.parametrize("launch_on", ["loop", "inline"])
+def test_cpu_end_to_end_two_tiny_models_match_eager_for_every_request(launch_on):
     import torch
 
     torch.manual_seed(0)
     mlp = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
     tanh = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()).eval()
-    svc = InferenceService(policy="dstack", device="cpu")
+    svc = InferenceService(policy="dstack", device="cpu", launch_on=launch_on)
     svc.start()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -67,6 +68,38 @@ def test_cpu_end_to_end_two_tiny_models_match_eager_for_every_request():
     assert st["totals"]["success"] == 30
     assert sum(int(k) * v for k, v in st["models"]["mlp"]["batch_size"].items()) >= 15
     svc.close()
+
+
+def test_launch_on_auto_runs_batches_inline_on_the_cpu_and_on_the_loop_elsewhere():
+    """The default (``"auto"``): on the CPU device the runtime's thread runs each batch itself (no
+    watcher hand-off); on any other device (here the fake) the watcher waits for it as before."""
+    import torch
+
+    cpu = InferenceService(policy="dstack", device="cpu")
+    cpu.start()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cpu.load(ModelConfig("lin", (TensorSpec("x", (4,), "float32"),), max_batch=4, slo_ms=500),
+                     torch.nn.Linear(4, 2))
+        assert cpu.launch_on == "auto" and cpu.resolved_launch_on() == "inline"
+        assert cpu._backend.launch_on == "inline"
+        finished_on = []
+        layer = cpu.device
+        real_finish = layer.finish
+        layer.finish = lambda ticket: finished_on.append(threading.current_thread().name) or real_finish(ticket)
+        assert cpu.submit("lin", {"x": np.ones((2, 4), np.float32)}).result(10)["output0"].shape == (2, 2)
+        assert finished_on and all(n.startswith("gpuloom-runtime") for n in finished_on), finished_on
+    finally:
+        cpu.close()
+    fake = fake_service()
+    try:
+        assert fake.resolved_launch_on() == "loop" and fake._backend.launch_on == "loop"
+    finally:
+        fake.close()
+    assert InferenceService(policy="dstack", device="cpu", launch_on="loop").resolved_launch_on() == "loop"
+    with pytest.raises(ValueError, match="launch_on"):
+        InferenceService(policy="dstack", device="cpu", launch_on="gpu")
 
 
 def test_inputs_are_checked_with_messages_that_say_what_was_expected():

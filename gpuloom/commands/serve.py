@@ -31,6 +31,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--torch-launch", action="store_true",
                    help="launch batches through torch calls instead of raw CUDA driver calls (slower on the host; "
                         "for comparison or if a driver call misbehaves)")
+    p.add_argument("--launch-on", choices=("auto", "loop", "lane", "inline"), default="auto",
+                   help="which thread runs a batch: loop (the runtime's thread launches it, a watcher thread "
+                        "waits for it), lane (the watcher launches it too), inline (the runtime's thread launches "
+                        "and waits for it: no thread hand-off per batch), auto (default: inline on --device cpu, "
+                        "loop on a GPU)")
+    p.add_argument("--switch-interval-ms", type=float, default=None, metavar="MS",
+                   help="the interpreter's GIL switch interval while serving (default: Python's, 5 ms): how long "
+                        "a thread woken for a request may wait for another busy thread to hand over the GIL")
+    p.add_argument("--cpus", type=cpus_arg, default=None, metavar="LIST",
+                   help="run this process (the HTTP loop, the runtime's threads, torch's) on these CPUs only, e.g. "
+                        "'1' or '0,2-3' (default: all)")
     p.add_argument("--http-worker-arena-mb", type=arena_mb_arg, default=None, metavar="MIB",
                    help="shared memory per front-end worker that request tensors pass through to the runtime's "
                         "process (default 256; 0: over the socket; a request that does not fit goes over the socket)")
@@ -51,6 +62,40 @@ def _non_negative(text: str, expected: str) -> int:
     if n < 0:
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return n
+
+
+def cpus_arg(text: str) -> set[int]:
+    """A CPU list like ``taskset -c`` takes (``1``, ``0,2-3``) as a set of CPU numbers (argparse type)."""
+    cpus: set[int] = set()
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            a, b = int(lo), int(hi) if hi else int(lo)
+            if a < 0 or b < a:
+                raise ValueError
+            cpus.update(range(a, b + 1))
+    except ValueError:
+        cpus = set()
+    if not cpus:
+        raise argparse.ArgumentTypeError(f"expected a CPU list like '1' or '0,2-3', got {text!r}")
+    return cpus
+
+
+def pin_process(cpus: set[int]) -> None:
+    """Run every thread of this process on ``cpus``: those alive now (e.g. a BLAS pool started at
+    import) and, as threads inherit it, those started later."""
+    import os
+
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = []
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except ProcessLookupError:  # it ended meanwhile
+            pass
+    os.sched_setaffinity(0, cpus)
 
 
 def arena_mb_arg(text: str) -> int:
@@ -77,6 +122,14 @@ def run(args: argparse.Namespace) -> int:
     from gpuloom.serve.server import ServeError, Server
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if getattr(args, "cpus", None):
+        import os
+
+        try:
+            pin_process(args.cpus)
+        except (OSError, ValueError, AttributeError) as e:
+            print(f"error: --cpus {sorted(args.cpus)}: {e}", file=sys.stderr)
+            return 2
     try:
         repo = load_repository(args.repository)
     except RepositoryError as e:
@@ -94,7 +147,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         profiles = ProfileStore(args.profiles) if args.profiles else None
         service = InferenceService(policy=args.policy, device=args.device, profiles=profiles, queue_limit=args.queue_limit,
-                                   early_answer=args.early_answer, raw_launch=not args.torch_launch)
+                                   early_answer=args.early_answer, launch_on=args.launch_on,
+                                   switch_interval_ms=args.switch_interval_ms, raw_launch=not args.torch_launch)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

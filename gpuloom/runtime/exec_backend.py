@@ -117,10 +117,15 @@ class ExecBackend(Backend):
     without launch-ahead a partition holds one batch at a time. The runtime's thread only hands the
     decision over, so the launch's host time (0.25-0.4 ms on the H200) no longer queues behind
     every other partition's. With launch-ahead on, launches stay on the loop (a watcher is busy
-    waiting for its running batch).
+    waiting for its running batch). ``"inline"``: the runtime's thread launches the batch *and waits
+    for it* (``device.finish``), then books the completion as the watcher would; no thread hand-off
+    per batch. Meant for the CPU path, where "waiting" is running the model, one batch at a time
+    anyway on a small host: at a low rate each hand-off is a thread wake-up on the request's path
+    (docs/reports/serving.md). The loop takes no arrival while a batch runs, so it suits a device
+    whose batches are short; on CUDA it would block the loop on the GPU.
     """
 
-    LAUNCH_ON = ("loop", "lane")
+    LAUNCH_ON = ("loop", "lane", "inline")
 
     #: default launch-ahead: off. A batch launched ahead is composed earlier, from fewer queued
     #: requests, so there are more, smaller batches, and each costs the runtime's thread its launch.
@@ -275,8 +280,11 @@ class ExecBackend(Backend):
         with self._lock:
             self._inflight += 1
             self._running[id(lanes)] += 1
-        self._watchers[id(lanes)][decision.partition].q.put((self._complete, (lanes, decision, list(requests), ticket,
-                                                                              start)))
+        watcher = self._watchers[id(lanes)][decision.partition]
+        if self.launch_on == "inline":  # run it here; the completion is posted to this same loop
+            self._complete(watcher, lanes, decision, list(requests), ticket, start)
+            return
+        watcher.q.put((self._complete, (lanes, decision, list(requests), ticket, start)))
 
     def _launch_on_lane(self, watcher: _Watcher, lanes: Lanes, d: Decision, requests: list[Request], rows: list,
                         start: float) -> None:
@@ -363,7 +371,8 @@ class ExecBackend(Backend):
 
     def _complete(self, watcher: _Watcher, lanes: Lanes, d: Decision, requests: list[Request], ticket: Any,
                   start: float) -> None:
-        """Watcher thread: wait for the batch, hand out outputs, post the completion."""
+        """Watcher thread (the runtime's with ``launch_on="inline"``): wait for the batch, hand out
+        outputs, post the completion."""
         # a batch launched ahead (runtime.lookahead_ms) starts when the lane's previous one is done
         ahead = start < watcher.last_end
         start = max(start, watcher.last_end)

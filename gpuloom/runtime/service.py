@@ -289,8 +289,13 @@ class InferenceService:
             wide, restored at close; None, the default, leaves it alone). Python's 5 ms lets any
             busy thread hold the runtime's loop thread off for up to 5 ms at each of its torch
             calls; a shorter one measured worse on the H200 (:mod:`gpuloom.runtime.gilswitch`).
-        launch_on: ``"loop"`` (default) or ``"lane"``: which thread launches a batch
-            (:class:`ExecBackend`; ``"lane"`` takes the launch off the runtime's thread).
+        launch_on: ``"auto"`` (default), ``"loop"``, ``"lane"`` or ``"inline"``: which thread launches a
+            batch (:class:`ExecBackend`; ``"lane"`` takes the launch off the runtime's thread,
+            ``"inline"`` runs the whole batch on it: no hand-off to a watcher thread). ``"auto"``:
+            ``"inline"`` on the CPU device, ``"loop"`` on any other. On CPU over HTTP at 100 req/s
+            inline had the lower p99 in 7 of 8 side-by-side runs and more requests/s at 8 and 32
+            clients in all (one model; docs/reports/serving.md); several CPU models' batches then
+            run one after another on the runtime's thread (not measured).
         early_answer: resolve a served request's future on the partition's watcher thread as soon as
             its batch is done, instead of after the runtime's thread has booked the completion (one
             thread hand-off less on every answer; :attr:`ExecBackend.on_served`).
@@ -315,7 +320,7 @@ class InferenceService:
         lookahead_ms: float = ExecBackend.DEFAULT_LOOKAHEAD_MS,
         tune_gc: bool = True,
         switch_interval_ms: float | None = DEFAULT_SWITCH_INTERVAL_MS,
-        launch_on: str = "loop",
+        launch_on: str = "auto",
         early_answer: bool = False,
         raw_launch: bool = True,
         expiry_grace_s: float = 5.0,
@@ -324,7 +329,7 @@ class InferenceService:
         self.tune_gc = bool(tune_gc)
         self.switch_interval_ms = None if switch_interval_ms is None else check_interval_ms(switch_interval_ms)
         self._switch_held = False
-        self.launch_on = check_launch_on(launch_on)
+        self.launch_on = launch_on if launch_on == "auto" else check_launch_on(launch_on)
         self.early_answer = bool(early_answer)
         self.raw_launch = bool(raw_launch)
         if not expiry_grace_s > 0:
@@ -417,6 +422,13 @@ class InferenceService:
         if self._switch_held:
             ShortSwitchInterval.leave(self.switch_interval_ms)
             self._switch_held = False
+
+    def resolved_launch_on(self) -> str:
+        """``launch_on`` with ``"auto"`` resolved for this service's device: ``"inline"`` on the CPU
+        (no watcher hand-off per batch), ``"loop"`` elsewhere (CUDA, fake devices)."""
+        if self.launch_on != "auto":
+            return self.launch_on
+        return "inline" if self.device.kind == "cpu" else "loop"
 
     def is_live(self) -> bool:
         """The service runs and its runtime loop is healthy."""
@@ -850,7 +862,7 @@ class InferenceService:
         policy_id.append(id(policy))
         if self._runtime is None:
             self._backend = ExecBackend(self.device, knee=self._knee, lookahead_ms=self.lookahead_ms,
-                                        launch_on=self.launch_on)
+                                        launch_on=self.resolved_launch_on())
             if self.early_answer:
                 self._backend.on_served = self._on_result  # answers once: the runtime's later call finds it done
             self._runtime = Runtime(policy, self._backend, ctx)
