@@ -352,7 +352,7 @@ def host_split(before: dict, after: dict, wall_ms: float) -> dict:
         out["raw_launch"] = bool(after.get("raw_launch", False))  # driver calls (gpu/launch.py), not torch
     a, b = after.get("copy_ms", {}), before.get("copy_ms", {})
     n = a.get("batches", 0) - b.get("batches", 0)
-    if n > 0:  # per batch: device ms of the input and output copies, watcher host ms copying outputs
+    if n > 0:  # per batch: device ms of the input and output copies, watcher host ms copying outputs, wake-up
         out["copy_ms_per_batch"] = {k: (a[k] - b.get(k, 0.0)) / n for k in a if k != "batches"}
     return out
 

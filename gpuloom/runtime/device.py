@@ -445,6 +445,7 @@ class _CudaTicket:
     t_in: Any  # before the inputs' copy
     out: list[Any]  # numpy views of the pinned output buffers
     rows: Any = None  # the batch's staged rows, alive until finish()
+    launched: float = 0.0  # perf_counter when the launch returned (the wake-up's reference)
 
 
 class CudaDeviceLayer(DeviceLayer):
@@ -490,8 +491,9 @@ class CudaDeviceLayer(DeviceLayer):
         self.recarved_layouts = 0  # layouts that ran only carved another way than as given (see _build)
         self.launch_ms = {"inputs": 0.0, "replay": 0.0, "outputs": 0.0, "launches": 0}  # host ms per phase
         # where a batch's time outside its graph goes: device ms copying inputs in and outputs out, host
-        # ms copying outputs off the pinned buffers (watcher), summed over batches (issue 5: the gap)
-        self.copy_ms = {"h2d": 0.0, "d2h": 0.0, "host_out": 0.0, "batches": 0}
+        # ms copying outputs off the pinned buffers (watcher), host ms from launch to the watcher
+        # awake beyond the device's copies and graph (wake), summed over batches (issue 5: the gap)
+        self.copy_ms = {"h2d": 0.0, "d2h": 0.0, "host_out": 0.0, "wake": 0.0, "batches": 0}
         self._copy_lock = threading.Lock()
         self.torch_launch_plans = 0  # (lane, model, bucket)s launched through torch although raw_launch is on
         import torch
@@ -747,7 +749,7 @@ class CudaDeviceLayer(DeviceLayer):
         ph["launches"] += 1
         # the ticket holds the rows: raw copies read their pinned memory without torch knowing, so it
         # must not be freed (and reused) before the batch's event has fired
-        return _CudaTicket(n, done, t0, t1, t_in, lane.np_out[(model, slot)], rows)
+        return _CudaTicket(n, done, t0, t1, t_in, lane.np_out[(model, slot)], rows, c3)
 
     def close(self) -> None:
         super().close()
@@ -784,9 +786,13 @@ class CudaDeviceLayer(DeviceLayer):
         if isinstance(ticket, _EagerTicket):
             return self._run_eager(ticket)
         ticket.done.synchronize()
+        c0 = time.perf_counter()
         ms = ticket.t0.elapsed_time(ticket.t1)
         h2d, d2h = ticket.t_in.elapsed_time(ticket.t0), ticket.t1.elapsed_time(ticket.done)
-        c0 = time.perf_counter()
+        # host time from the launch's return to this thread running again, less the batch's device
+        # time: the completion's wake-up (event fired -> watcher holds the GIL), plus the device's
+        # start latency, and the wait for a batch launched ahead (lookahead) to get the stream
+        wake = (c0 - ticket.launched) * 1e3 - ticket.t_in.elapsed_time(ticket.done)
         outs = [o[: ticket.n].copy() for o in ticket.out]
         host = (time.perf_counter() - c0) * 1e3
         with self._copy_lock:  # watchers of several lanes
@@ -794,6 +800,7 @@ class CudaDeviceLayer(DeviceLayer):
             cm["h2d"] += h2d
             cm["d2h"] += d2h
             cm["host_out"] += host
+            cm["wake"] += wake
             cm["batches"] += 1
         return outs, float(ms)
 
