@@ -136,7 +136,7 @@ def test_raw_launches_match_eager_and_cost_less_host_time_than_torch_launches(mo
             be = svc.stats()["backend"]
             assert be["raw_launch"] is raw and be["torch_launch_plans"] == 0 and be["eager_batches"] == 0
             ph, cp = be["launch_ms"], be["copy_ms"]
-            assert cp["batches"] == ph["launches"] and cp["h2d"] > 0 and cp["d2h"] > 0 and cp["wake"] > 0, cp
+            assert cp["batches"] == ph["launches"] and cp["h2d"] > 0 and cp["d2h"] > 0, cp
             per_launch[raw] = (ph["inputs"] + ph["replay"] + ph["outputs"]) / ph["launches"]
         finally:
             svc.close()

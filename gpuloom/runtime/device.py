@@ -791,7 +791,9 @@ class CudaDeviceLayer(DeviceLayer):
         h2d, d2h = ticket.t_in.elapsed_time(ticket.t0), ticket.t1.elapsed_time(ticket.done)
         # host time from the launch's return to this thread running again, less the batch's device
         # time: the completion's wake-up (event fired -> watcher holds the GIL), plus the device's
-        # start latency, and the wait for a batch launched ahead (lookahead) to get the stream
+        # start latency, and the wait for a batch launched ahead (lookahead) to get the stream. Biased
+        # low by however much device work ran while the launch was still being enqueued (with torch
+        # launches, 0.3 ms of enqueueing, a tiny model's batch can give a negative figure)
         wake = (c0 - ticket.launched) * 1e3 - ticket.t_in.elapsed_time(ticket.done)
         outs = [o[: ticket.n].copy() for o in ticket.out]
         host = (time.perf_counter() - c0) * 1e3
