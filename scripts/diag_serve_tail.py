@@ -169,7 +169,7 @@ LEGS = [  # (label, from, to): consecutive marks; "in" = 0 (handler called infer
 async def _drive(url: str, rate: float, duration_s: float, seed: int) -> list[dict]:
     import aiohttp
 
-    from gpuloom.serve.loadgen import _body, arrival_times
+    from gpuloom.serve.loadgen import _body, arrival_times, fire_open_loop
     from gpuloom.serve.protocol import parse_server_timing
 
     times = arrival_times(rate, duration_s, seed=seed)
@@ -193,14 +193,7 @@ async def _drive(url: str, rate: float, duration_s: float, seed: int) -> list[di
                 code = r.status
             rows.append({"ms": (time.perf_counter() - t0) * 1e3, "lag_ms": (t0 - t_sched) * 1e3, "code": code, **st})
 
-        start = time.perf_counter()
-        tasks = []
-        for i, t in enumerate(times):
-            delay = start + float(t) - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(i, start + float(t))))
-        await asyncio.gather(*tasks)
+        await fire_open_loop(times, time.perf_counter(), one)
     return rows
 
 

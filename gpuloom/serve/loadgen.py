@@ -91,6 +91,18 @@ def _body(meta: dict, batch: int, binary: bool, rng: np.random.Generator) -> tup
     return head + b"".join(blobs), headers
 
 
+async def fire_open_loop(times: np.ndarray, start: float, one) -> None:
+    """Open loop: start ``one(i, scheduled perf_counter)`` at ``start + times[i]`` whatever the
+    answers do, then wait for every request."""
+    tasks = []
+    for i, t in enumerate(times):
+        delay = start + float(t) - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(i, start + float(t))))
+    await asyncio.gather(*tasks)
+
+
 async def _metadata(session, base: str, model: str, inputs: list[dict] | None) -> dict:
     """The model's KServe v2 metadata, with ``inputs`` (when given) in place of the server's."""
     async with session.get(f"{base}/v2/models/{model}") as r:
@@ -152,13 +164,7 @@ async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: b
 
         server_ms: dict[str, list[float]] = {}
         start = time.perf_counter()
-        tasks = []
-        for i, t in enumerate(times):
-            delay = start + float(t) - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(i)))
-        await asyncio.gather(*tasks)
+        await fire_open_loop(times, start, lambda i, _t: one(i))
         wall = max(time.perf_counter() - start, float(times[-1]) if len(times) else 0.0, 1e-9)
     arr = np.asarray(lat) if lat else np.asarray([float("nan")])
     lags = np.maximum(np.asarray(lag), 0.0) if lag else np.zeros(1)
