@@ -65,7 +65,7 @@ def test_rows_in_land_at_their_rows_and_only_n_rows_come_out(two_input_graph):
     rng = np.random.default_rng(1)
     rows = [(rng.standard_normal(3).astype(np.float32), np.array(i + 2, np.int64)) for i in range(3)]
     out_y, out_s = np.full((4, 3), -1, np.float32), np.full(4, -1, np.float32)
-    plan.copy_inputs(drv, 3, rows_in=[[(addr(a), a.nbytes) for a in r] for r in rows])
+    plan.copy_inputs(drv, 3, 0, rows_in=[[(addr(a), a.nbytes) for a in r] for r in rows])
     plan.replay(drv, 1, 2)
     plan.copy_outputs(drv, 3, [addr(out_y), addr(out_s)], 3)
     xs = np.stack([r[0] for r in rows])
@@ -73,9 +73,9 @@ def test_rows_in_land_at_their_rows_and_only_n_rows_come_out(two_input_graph):
     np.testing.assert_array_equal(out_y[:3], (xs * ks[:, None]).astype(np.float32))
     np.testing.assert_array_equal(out_s[:3], xs.sum(1))
     assert (out_y[3] == -1).all() and out_s[3] == -1  # row n is not copied
-    # order on the stream: inputs, t0, graph, t1, outputs, done
-    assert [c[0] for c in drv.calls] == ["in"] * 6 + ["event", "graph", "event", "out", "out", "event"]
-    assert [c[1] for c in drv.calls if c[0] == "event"] == [1, 2, 3]
+    # order on the stream: t_in, inputs, t0, graph, t1, outputs, done
+    assert [c[0] for c in drv.calls] == ["event"] + ["in"] * 6 + ["event", "graph", "event", "out", "out", "event"]
+    assert [c[1] for c in drv.calls if c[0] == "event"] == [0, 1, 2, 3]
 
 
 def test_batch_in_copies_n_contiguous_rows_per_input(two_input_graph):
@@ -83,11 +83,11 @@ def test_batch_in_copies_n_contiguous_rows_per_input(two_input_graph):
     xs = np.arange(6, dtype=np.float32).reshape(2, 3)
     ks = np.array([3, 5], np.int64)
     out_y, out_s = np.zeros((4, 3), np.float32), np.zeros(4, np.float32)
-    plan.copy_inputs(drv, 2, batch_in=[addr(xs), addr(ks)])
+    plan.copy_inputs(drv, 2, 0, batch_in=[addr(xs), addr(ks)])
     plan.replay(drv, 1, 2)
     plan.copy_outputs(drv, 2, [addr(out_y), addr(out_s)], 3)
     np.testing.assert_array_equal(out_y[:2], (xs * ks[:, None]).astype(np.float32))
-    assert drv.calls[:2] == [("in", 24), ("in", 16)]
+    assert drv.calls[:3] == [("event", 0), ("in", 24), ("in", 16)]
 
 
 def test_a_row_of_the_wrong_size_is_refused_before_anything_is_copied(two_input_graph):
@@ -95,9 +95,9 @@ def test_a_row_of_the_wrong_size_is_refused_before_anything_is_copied(two_input_
     good = (np.zeros(3, np.float32), np.array(1, np.int64))
     bad = (np.zeros(4, np.float32), np.array(1, np.int64))
     with pytest.raises(ValueError, match="does not fit"):
-        plan.copy_inputs(drv, 2, rows_in=[[(addr(a), a.nbytes) for a in r] for r in (good, bad)])
+        plan.copy_inputs(drv, 2, 0, rows_in=[[(addr(a), a.nbytes) for a in r] for r in (good, bad)])
     with pytest.raises(ValueError, match="does not fit"):
-        plan.copy_inputs(drv, 1, rows_in=[[(addr(good[0]), 12)]])  # an input missing
+        plan.copy_inputs(drv, 1, 0, rows_in=[[(addr(good[0]), 12)]])  # an input missing
     assert drv.calls == []
 
 

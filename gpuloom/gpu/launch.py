@@ -36,7 +36,6 @@ class Driver:
 
     def __init__(self, device: int = 0, library: str = "libcuda.so.1") -> None:
         lib = ctypes.PyDLL(library)
-        self._names: dict[int, str] = {}
 
         def bind(name: str, *argtypes: Any) -> Any:
             f = getattr(lib, name)
@@ -117,22 +116,25 @@ class LaunchPlan:
     inputs: tuple[tuple[int, int], ...]  # (device ptr, row bytes)
     outputs: tuple[tuple[int, int], ...]  # (device ptr, row bytes)
 
-    def copy_inputs(self, drv: Driver, n: int, rows_in: Sequence[Sequence[tuple[int, int]]] | None = None,
+    def copy_inputs(self, drv: Driver, n: int, t_in: int, rows_in: Sequence[Sequence[tuple[int, int]]] | None = None,
                     batch_in: Sequence[int] | None = None) -> None:
-        """Enqueue the batch's ``n`` rows into the static inputs: ``rows_in`` gives per row, per input,
-        a pinned host row as ``(address, bytes)`` (one copy each; a size that is not the input's row
-        size raises ``ValueError`` before anything is copied); ``batch_in`` gives per input one pinned
-        host address of ``n`` contiguous rows (one copy per input)."""
+        """Enqueue the event ``t_in``, then the batch's ``n`` rows into the static inputs: ``rows_in``
+        gives per row, per input, a pinned host row as ``(address, bytes)`` (one copy each; a size
+        that is not the input's row size raises ``ValueError`` before anything is enqueued);
+        ``batch_in`` gives per input one pinned host address of ``n`` contiguous rows (one copy per
+        input)."""
         st = self.stream
+        rows_in = rows_in or ()
+        if batch_in is None:
+            for ptrs in rows_in:
+                if len(ptrs) != len(self.inputs) or any(nb != row for (_, nb), (_, row) in zip(ptrs, self.inputs)):
+                    raise ValueError(f"a row of {[nb for _, nb in ptrs]} bytes per input does not fit this graph's "
+                                     f"inputs of {[row for _, row in self.inputs]} bytes per row")
+        drv.record(t_in, st)
         if batch_in is not None:
             for (dst, row), src in zip(self.inputs, batch_in):
                 drv.copy_in(dst, src, n * row, st)
             return
-        rows_in = rows_in or ()
-        for ptrs in rows_in:
-            if len(ptrs) != len(self.inputs) or any(nb != row for (_, nb), (_, row) in zip(ptrs, self.inputs)):
-                raise ValueError(f"a row of {[nb for _, nb in ptrs]} bytes per input does not fit this graph's "
-                                 f"inputs of {[row for _, row in self.inputs]} bytes per row")
         for i, ptrs in enumerate(rows_in):
             for (dst, row), (src, _) in zip(self.inputs, ptrs):
                 drv.copy_in(dst + i * row, src, row, st)

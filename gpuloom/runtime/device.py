@@ -714,11 +714,10 @@ class CudaDeviceLayer(DeviceLayer):
         if plan is not None:  # the same steps as below, in raw driver calls (gpu/launch.py: why)
             drv = self._driver
             drv.ensure_context()
-            drv.record(t_in.cuda_event, plan.stream)
             if staged:
-                plan.copy_inputs(drv, n, rows_in=[[(t.data_ptr(), t.nbytes) for t in r] for r in rows])
+                plan.copy_inputs(drv, n, t_in.cuda_event, rows_in=[[(t.data_ptr(), t.nbytes) for t in r] for r in rows])
             else:
-                plan.copy_inputs(drv, n, batch_in=lane.ptr_in[(model, slot)])
+                plan.copy_inputs(drv, n, t_in.cuda_event, batch_in=lane.ptr_in[(model, slot)])
             c1 = clock()
             plan.replay(drv, t0.cuda_event, t1.cuda_event)
             c2 = clock()
@@ -794,7 +793,7 @@ class CudaDeviceLayer(DeviceLayer):
         # start latency, and the wait for a batch launched ahead (lookahead) to get the stream. Biased
         # low by however much device work ran while the launch was still being enqueued (with torch
         # launches, 0.3 ms of enqueueing, a tiny model's batch can give a negative figure)
-        wake = (c0 - ticket.launched) * 1e3 - ticket.t_in.elapsed_time(ticket.done)
+        wake = (c0 - ticket.launched) * 1e3 - (h2d + ms + d2h)  # t_in -> done, in its three parts
         outs = [o[: ticket.n].copy() for o in ticket.out]
         host = (time.perf_counter() - c0) * 1e3
         with self._copy_lock:  # watchers of several lanes
