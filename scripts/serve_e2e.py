@@ -459,8 +459,8 @@ def run(args: argparse.Namespace) -> int:
     report = _clean({
         "schema": SCHEMA, "workload": args.workload, "policy": args.policy, "scales": args.scales,
         "duration_s": args.duration, "device": device, "tiny": args.tiny, "max_batch": args.max_batch,
-        "clients": clients, "http_workers": args.http_workers, "lookahead_ms": svc.lookahead_ms, "raw_launch": bool(getattr(svc.device, "raw_launch", False)), "target": TARGET,
-        "ok": ok, "error": error,
+        "clients": clients, "http_workers": args.http_workers, "lookahead_ms": svc.lookahead_ms,
+        "raw_launch": bool(getattr(svc.device, "raw_launch", False)), "target": TARGET, "ok": ok, "error": error,
         "summary": [{"scale": p["scale"], "offered_rps": p["offered_rps"],
                      "inprocess_goodput_rps": p["inprocess"]["goodput_rps"],
                      "http_goodput_rps": p["http"]["goodput_rps"], "ratio": p["ratio"]["goodput"],

@@ -343,17 +343,21 @@ def host_split(before: dict, after: dict, wall_ms: float) -> dict:
     inputs, replay, outputs; ``launch_ms`` of the backend stats), and per batch the device ms of its
     input and output copies and the watcher's host ms copying outputs (CUDA: ``copy_ms``), the parts
     of a lane's gap that are not the launch."""
-    a, b = after.get("launch_ms", {}), before.get("launch_ms", {})
-    n = a.get("launches", 0) - b.get("launches", 0)  # graph launches (CUDA layer only)
+    def per_count(key: str, count: str) -> dict | None:
+        """The point's increase of each sum in ``after[key]``, divided by that of its ``count``."""
+        a, b = after.get(key, {}), before.get(key, {})
+        n = a.get(count, 0) - b.get(count, 0)
+        return {k: (a[k] - b.get(k, 0.0)) / n for k in a if k != count} if n > 0 else None
+
     out = {"batches_per_s": (after.get("batches", 0) - before.get("batches", 0)) / wall_ms * 1000.0,
            "launch_ms_per_s": (after["host_ms"] - before["host_ms"]) / wall_ms * 1000.0}
-    if n > 0:
-        out["ms_per_launch"] = {k: (a[k] - b.get(k, 0.0)) / n for k in a if k != "launches"}
+    launch = per_count("launch_ms", "launches")  # graph launches (CUDA layer only)
+    if launch is not None:
+        out["ms_per_launch"] = launch
         out["raw_launch"] = bool(after.get("raw_launch", False))  # driver calls (gpu/launch.py), not torch
-    a, b = after.get("copy_ms", {}), before.get("copy_ms", {})
-    n = a.get("batches", 0) - b.get("batches", 0)
-    if n > 0:  # per batch: device ms of the input and output copies, watcher host ms copying outputs, wake-up
-        out["copy_ms_per_batch"] = {k: (a[k] - b.get(k, 0.0)) / n for k in a if k != "batches"}
+    copies = per_count("copy_ms", "batches")  # device ms of the input/output copies, watcher host ms, wake-up
+    if copies is not None:
+        out["copy_ms_per_batch"] = copies
     return out
 
 

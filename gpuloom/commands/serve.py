@@ -123,8 +123,6 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if getattr(args, "cpus", None):
-        import os
-
         try:
             pin_process(args.cpus)
         except (OSError, ValueError, AttributeError) as e:

@@ -293,13 +293,13 @@ class ExecBackend(Backend):
         try:
             ticket = self.device.launch(lanes, d.partition, d.model, rows)
         except Exception as e:  # noqa: BLE001 - fails this batch only
-            with self._lock:
-                self.host_ms += (time.perf_counter() - t0) * 1000.0
-            self._batch_gone(lanes)
-            self._fail_now(d, start, f"{type(e).__name__}: {e}")
-            return
+            ticket, error = None, f"{type(e).__name__}: {e}"
         with self._lock:
             self.host_ms += (time.perf_counter() - t0) * 1000.0
+        if ticket is None:
+            self._batch_gone(lanes)
+            self._fail_now(d, start, error)
+            return
         self._complete(watcher, lanes, d, requests, ticket, start)
 
     def busy_sm_ms(self) -> float:
