@@ -3,6 +3,7 @@
 #   STEPS="tests check overhead bench" BENCH="examples/light3.yaml" bash scripts/gpu_runtime_session.sh
 #   STEPS="bench engine serve" ENGINE_CMD="python3 scripts/bench_engine.py ... --out \$OUT/engine/x.json" \
 #     SERVE_CMD="python3 scripts/serve_e2e.py ..." bash scripts/gpu_runtime_session.sh
+#   STEPS="tests diag bench" TESTS="tests/test_exec_backend_gpu.py" DIAG_CMD="python3 scripts/diag_wake.py --out \$OUT/diag/w.json" ...
 # Every step has its own time limit and log; results land under $OUT (one tarball of the
 # small files plus the JSONs), so a step that fails or runs out of time leaves the others.
 set -uo pipefail
@@ -11,15 +12,16 @@ OUT=${OUT:-out}; mkdir -p "$OUT/logs"
 STEPS=${STEPS:-"tests check overhead"}
 T_TESTS=${T_TESTS:-150} T_CHECK=${T_CHECK:-240} T_OVERHEAD=${T_OVERHEAD:-120} T_BENCH=${T_BENCH:-300}
 BENCH=${BENCH:-examples/light3.yaml}
+TESTS=${TESTS:-"tests/test_exec_backend_gpu.py tests/test_gpu_partition.py tests/test_engine_gpu.py"}
 BENCH_ARGS=${BENCH_ARGS:-"--sweep --duration 3 --steps 4"}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv | tee "$OUT/logs/gpu.txt"
 python3 -c "import torch; print(torch.__version__, torch.version.cuda)" | tee -a "$OUT/logs/gpu.txt"
 for s in $STEPS; do
   echo "=== $s $(date +%T)"
   case $s in
-    tests) timeout "$T_TESTS" python3 -m pytest -q -p no:cacheprovider -m gpu --timeout 120 \
-             tests/test_exec_backend_gpu.py tests/test_gpu_partition.py tests/test_engine_gpu.py 2>&1 \
+    tests) timeout "$T_TESTS" python3 -m pytest -q -p no:cacheprovider -m gpu --timeout 120 $TESTS 2>&1 \
              | tail -60 > "$OUT/logs/gpu_tests.txt"; tail -15 "$OUT/logs/gpu_tests.txt" ;;
+    diag) timeout "${T_DIAG:-60}" bash -c "$DIAG_CMD" > "$OUT/logs/diag.txt" 2>&1; tail -20 "$OUT/logs/diag.txt" ;;
     check) timeout "$T_CHECK" python3 scripts/gpu_runtime_check.py --out "$OUT/check" \
              --only serve,disjoint,failure,memory,loadwhile > "$OUT/logs/check.txt" 2>&1
            tail -c 3000 "$OUT/logs/check.txt" ;;
@@ -33,5 +35,5 @@ for s in $STEPS; do
     *) echo "unknown step $s" ;;
   esac
 done
-tar czf "$OUT/session.tgz" -C "$OUT" logs $(cd "$OUT" && ls -d check overhead bench engine serve 2>/dev/null)
+tar czf "$OUT/session.tgz" -C "$OUT" logs $(cd "$OUT" && ls -d check overhead bench engine serve diag 2>/dev/null)
 echo "=== done $(date +%T)"

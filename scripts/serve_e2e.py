@@ -73,6 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=30.0, help="HTTP client timeout per request, s (default 30)")
     p.add_argument("--torch-launch", action="store_true",
                    help="launch batches through torch calls instead of raw driver calls (InferenceService(raw_launch=False))")
+    p.add_argument("--complete-on", choices=("watcher", "loop"), default=None,
+                   help="who learns that a batch is done (InferenceService(complete_on=...); default: the service's)")
     p.add_argument("--lookahead-ms", type=float, default=None,
                    help="the runtime's launch-ahead, ms (InferenceService(lookahead_ms=...); default: the service's)")
     p.add_argument("--retune", action="store_true",
@@ -385,6 +387,8 @@ def run(args: argparse.Namespace) -> int:
     extra = {} if args.lookahead_ms is None else {"lookahead_ms": args.lookahead_ms}
     if args.torch_launch:
         extra["raw_launch"] = False
+    if args.complete_on:
+        extra["complete_on"] = args.complete_on
     svc = InferenceService(policy=args.policy, device=device, profiles=profiles, queue_limit=args.queue_limit, **extra)
     server = None
     points: list[dict] = []
@@ -460,7 +464,8 @@ def run(args: argparse.Namespace) -> int:
         "schema": SCHEMA, "workload": args.workload, "policy": args.policy, "scales": args.scales,
         "duration_s": args.duration, "device": device, "tiny": args.tiny, "max_batch": args.max_batch,
         "clients": clients, "http_workers": args.http_workers, "lookahead_ms": svc.lookahead_ms,
-        "raw_launch": bool(getattr(svc.device, "raw_launch", False)), "target": TARGET, "ok": ok, "error": error,
+        "raw_launch": bool(getattr(svc.device, "raw_launch", False)), "complete_on": svc.complete_on,
+        "target": TARGET, "ok": ok, "error": error,
         "summary": [{"scale": p["scale"], "offered_rps": p["offered_rps"],
                      "inprocess_goodput_rps": p["inprocess"]["goodput_rps"],
                      "http_goodput_rps": p["http"]["goodput_rps"], "ratio": p["ratio"]["goodput"],

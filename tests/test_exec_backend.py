@@ -18,6 +18,9 @@ from gpuloom.runtime.device import FakeDeviceLayer, FakeModel, GraphMemoryError
 from gpuloom.runtime.exec_backend import ExecBackend
 
 POLICIES = ["dstack", "triton", "clipper", "nexus", "gslice", "temporal"]
+# (launch_on, complete_on): every way a batch is launched and booked
+MODES = [(launch_on, "watcher") for launch_on in ExecBackend.LAUNCH_ON] + [("loop", "loop")]
+MODE_IDS = [f"{a}-{b}" for a, b in MODES]
 
 
 def ctx(models=("good", "bad"), slo=200.0) -> PolicyContext:
@@ -32,8 +35,9 @@ def fake(latency_ms=1.0, **kw) -> FakeDeviceLayer:
     return dev
 
 
-def serve(policy: str, dev: FakeDeviceLayer, n: int = 40, c: PolicyContext | None = None, launch_on: str = "loop"):
-    be = ExecBackend(dev, launch_on=launch_on)
+def serve(policy: str, dev: FakeDeviceLayer, n: int = 40, c: PolicyContext | None = None,
+          mode: tuple[str, str] = ("loop", "watcher")):
+    be = ExecBackend(dev, launch_on=mode[0], complete_on=mode[1])
     rt = Runtime(make_policy(policy), be, c or ctx())
     results = []
     rt.start(lambda r, o: results.append((r, o)))
@@ -45,12 +49,12 @@ def serve(policy: str, dev: FakeDeviceLayer, n: int = 40, c: PolicyContext | Non
     return rt, be, results
 
 
-@pytest.mark.parametrize("launch_on", ExecBackend.LAUNCH_ON)
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
 @pytest.mark.parametrize("policy", POLICIES)
-def test_a_model_failing_at_launch_fails_only_its_own_requests_under_every_policy(policy, launch_on):
+def test_a_model_failing_at_launch_fails_only_its_own_requests_under_every_policy(policy, mode):
     dev = fake()
     dev.inject_fault("bad", "bad model exploded")
-    rt, be, results = serve(policy, dev, launch_on=launch_on)
+    rt, be, results = serve(policy, dev, mode=mode)
     by = Counter((r.request.model, r.status) for r, _ in results)
     assert by == {("bad", Status.FAILED): 20, ("good", Status.SERVED): 20}
     assert all("exploded" in r.reason for r, _ in results if r.status == Status.FAILED)
@@ -59,20 +63,20 @@ def test_a_model_failing_at_launch_fails_only_its_own_requests_under_every_polic
             assert np.allclose(out.outputs[0], 2.0 * r.request.id)
 
 
-@pytest.mark.parametrize("launch_on", ExecBackend.LAUNCH_ON)
-def test_a_model_failing_while_running_fails_only_its_batches(launch_on):
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_a_model_failing_while_running_fails_only_its_batches(mode):
     dev = fake()
     dev.fail_in_finish["bad"] = "kernel fault"
-    rt, be, results = serve("triton", dev, launch_on=launch_on)
+    rt, be, results = serve("triton", dev, mode=mode)
     assert all(r.status == (Status.FAILED if r.request.model == "bad" else Status.SERVED) for r, _ in results)
     assert be.stats()["failures"] >= 1
 
 
-@pytest.mark.parametrize("launch_on", ExecBackend.LAUNCH_ON)
-def test_books_balance_under_concurrent_submitters_and_shutdown_without_drain(launch_on):
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_books_balance_under_concurrent_submitters_and_shutdown_without_drain(mode):
     dev = fake(latency_ms=3.0)
     dev.inject_fault("bad", "boom")
-    be = ExecBackend(dev, launch_on=launch_on)
+    be = ExecBackend(dev, launch_on=mode[0], complete_on=mode[1])
     rt = Runtime(make_policy("dstack"), be, ctx())
     answered: list = []
     lock = threading.Lock()
@@ -161,9 +165,9 @@ def test_a_layout_that_cannot_be_built_fails_requests_with_the_reason_instead_of
     assert results[0].status == Status.FAILED and "graph memory" in results[0].reason
 
 
-@pytest.mark.parametrize("launch_on", ExecBackend.LAUNCH_ON)
-def test_dispatch_overhead_and_partition_busy_time_are_measured(launch_on):
-    rt, be, results = serve("gslice", fake(latency_ms=2.0), launch_on=launch_on)
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_dispatch_overhead_and_partition_busy_time_are_measured(mode):
+    rt, be, results = serve("gslice", fake(latency_ms=2.0), mode=mode)
     st = be.stats()
     assert st["batches"] >= 1 and st["device_ms"] >= 2.0 * st["batches"] * 0.9
     assert 0 < st["dispatch_overhead"] < 1
@@ -209,7 +213,9 @@ def test_a_layout_no_carving_can_capture_fails_with_the_last_error():
 def test_lane_launches_happen_on_the_watcher_threads_and_the_loop_keeps_none():
     """``launch_on="lane"``: the runtime's thread only hands decisions over; with launch-ahead on the
     loop launches as before (a watcher waiting for its running batch could not). ``"inline"``: the
-    runtime's thread launches every batch and also waits for it (no watcher touches it)."""
+    runtime's thread launches every batch and also waits for it (no watcher touches it).
+    ``complete_on="loop"``: the runtime's thread launches and books every batch, with and without
+    launch-ahead, and no watcher touches one."""
     class Where(FakeDeviceLayer):
         def __init__(self):
             super().__init__()
@@ -224,13 +230,15 @@ def test_lane_launches_happen_on_the_watcher_threads_and_the_loop_keeps_none():
             self.finished_on[threading.current_thread().name.split("-")[1]] += 1
             return super().finish(ticket)
 
-    for launch_on, lookahead, expect, waits in [("lane", 0.0, "watch", "watch"), ("loop", 0.0, "runtime", "watch"),
-                                                ("lane", 5.0, "runtime", "watch"), ("inline", 0.0, "runtime", "runtime"),
-                                                ("inline", 5.0, "runtime", "runtime")]:
+    for launch_on, lookahead, expect, waits, complete_on in [
+            ("lane", 0.0, "watch", "watch", "watcher"), ("loop", 0.0, "runtime", "watch", "watcher"),
+            ("lane", 5.0, "runtime", "watch", "watcher"), ("inline", 0.0, "runtime", "runtime", "watcher"),
+            ("inline", 5.0, "runtime", "runtime", "watcher"), ("loop", 0.0, "runtime", "runtime", "loop"),
+            ("loop", 5.0, "runtime", "runtime", "loop")]:
         dev = Where()
         dev.add_model("good", FakeModel(lambda xs: [xs[0] * 2.0], 1.0))
         dev.add_model("bad", FakeModel(lambda xs: [xs[0] + 1.0], 1.0))
-        be = ExecBackend(dev, launch_on=launch_on, lookahead_ms=lookahead)
+        be = ExecBackend(dev, launch_on=launch_on, lookahead_ms=lookahead, complete_on=complete_on)
         rt = Runtime(make_policy("dstack"), be, ctx())
         results = []
         rt.start(lambda r, o: results.append((r, o)))
@@ -243,5 +251,8 @@ def test_lane_launches_happen_on_the_watcher_threads_and_the_loop_keeps_none():
         assert all(np.allclose(o.outputs[0], 2.0 * r.request.id) for r, o in results)
         assert set(dev.threads) == {expect}, (launch_on, lookahead, dev.threads)
         assert set(dev.finished_on) == {waits}, (launch_on, lookahead, dev.finished_on)
+        assert (be.stats()["loop_completions"] == sum(dev.finished_on.values())) == (complete_on == "loop")
     with pytest.raises(ValueError, match="launch_on"):
         ExecBackend(fake(), launch_on="gpu")
+    with pytest.raises(ValueError, match="complete_on"):
+        ExecBackend(fake(), complete_on="gpu")

@@ -141,3 +141,24 @@ def test_raw_launches_match_eager_and_cost_less_host_time_than_torch_launches(mo
         finally:
             svc.close()
     assert per_launch[True] < per_launch[False], per_launch
+
+
+@pytest.mark.parametrize("policy", ["dstack", "triton"])
+def test_loop_completions_match_eager_and_every_batch_is_booked_by_the_loop(policy, models):
+    """complete_on="loop": a host function behind each batch posts the runtime loop's semaphore,
+    and the loop's thread books the batch (no watcher wakes up)."""
+    rng = np.random.default_rng(5)
+    xs = [rng.standard_normal((1 + i % 4, 3, 32, 32)).astype(np.float32) for i in range(60)]
+    svc = serve(policy, models, complete_on="loop")
+    try:
+        futs = [(i, svc.submit("small" if i % 2 else "wide", {"x": x})) for i, x in enumerate(xs)]
+        for i, f in futs:
+            y = f.result(30)["output0"]
+            with svc.device.exclusive(), torch.inference_mode():
+                ref = models["small" if i % 2 else "wide"][2](torch.from_numpy(xs[i]).cuda()).cpu().numpy()
+            assert np.abs(y - ref).max() <= 1e-2 * max(1e-6, np.abs(ref).max()), i
+        be = svc.stats()["backend"]
+        assert be["complete_on"] == "loop" and be["raw_launch"]
+        assert be["loop_completions"] == be["batches"] > 0, be
+    finally:
+        svc.close()

@@ -171,6 +171,7 @@ def service_snapshot(svc) -> dict:
             "layout_swaps": st.get("layout_swaps", 0), "layouts_built": be.get("layouts_built", 0),
             "launch_ms": dict(be.get("launch_ms", {})), "batches": sum(be.get("model_batches", {}).values()),
             "raw_launch": bool(be.get("raw_launch", False)), "copy_ms": dict(be.get("copy_ms", {})),
+            "complete_on": be.get("complete_on", "watcher"), "loop_completions": be.get("loop_completions", 0),
             "hist": {(m, k): v[k] for m, v in st["models"].items() for k in ("queue_ms", "compute_ms") if k in v},
             "exec_ms": {(e["model"], e["sms"], e["batch"]): (e["device_ms_sum"], e["batches"])
                         for e in be.get("exec_ms", [])}}
@@ -358,6 +359,9 @@ def host_split(before: dict, after: dict, wall_ms: float) -> dict:
     copies = per_count("copy_ms", "batches")  # device ms of the input/output copies, watcher host ms, wake-up
     if copies is not None:
         out["copy_ms_per_batch"] = copies
+    out["complete_on"] = after.get("complete_on", "watcher")
+    if out["complete_on"] == "loop":  # batches the GPU woke the runtime's thread for (the rest: watchers)
+        out["loop_completions"] = after.get("loop_completions", 0) - before.get("loop_completions", 0)
     return out
 
 

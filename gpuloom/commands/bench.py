@@ -35,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="FILE", default=None, help="write the JSON report here")
 
 
-SERVICE_KEYS = ("lookahead_ms", "tune_gc", "switch_interval_ms", "launch_on", "early_answer", "raw_launch")  # variant keys that configure the service; the rest are policy options
+SERVICE_KEYS = ("lookahead_ms", "tune_gc", "switch_interval_ms", "launch_on", "early_answer", "raw_launch",
+                "complete_on")  # variant keys that configure the service; the rest are policy options
 
 
 def parse_policy_spec(spec: str) -> tuple[str, dict, dict]:

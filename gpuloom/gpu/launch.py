@@ -24,6 +24,7 @@ from typing import Any, Sequence
 from .errors import DriverError
 
 _VP, _U64, _SIZE, _INT = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int
+_NOT_READY = 600  # CUDA_ERROR_NOT_READY: cuEventQuery's "not yet"
 
 
 class Driver:
@@ -46,6 +47,9 @@ class Driver:
         self._dtoh = bind("cuMemcpyDtoHAsync_v2", _VP, _U64, _SIZE, _VP)
         self._graph_launch = bind("cuGraphLaunch", _VP, _VP)
         self._record = bind("cuEventRecord", _VP, _VP)
+        self._query = bind("cuEventQuery", _VP)
+        self._elapsed = bind("cuEventElapsedTime", ctypes.POINTER(ctypes.c_float), _VP, _VP)
+        self._host_func = bind("cuLaunchHostFunc", _VP, _VP, _VP)
         self._ctx_get = bind("cuCtxGetCurrent", ctypes.POINTER(_VP))
         self._ctx_set = bind("cuCtxSetCurrent", _VP)
         self._device_get = bind("cuDeviceGet", ctypes.POINTER(_INT), _INT)
@@ -94,6 +98,31 @@ class Driver:
         err = self._record(event, stream)
         if err:
             self.check(err, "cuEventRecord", event, stream)
+
+    def done(self, event: int) -> bool:
+        """Whether the work before ``event``'s record has finished (``cuEventQuery``; never blocks)."""
+        err = self._query(event)
+        if err == _NOT_READY:
+            return False
+        if err:
+            self.check(err, "cuEventQuery", event)
+        return True
+
+    def elapsed_ms(self, start: int, end: int) -> float:
+        """Device time between two finished events, ms (``cuEventElapsedTime``, keeps the GIL)."""
+        ms = ctypes.c_float()
+        err = self._elapsed(ctypes.byref(ms), start, end)
+        if err:
+            self.check(err, "cuEventElapsedTime", start, end)
+        return float(ms.value)
+
+    def host_func(self, stream: int, fn: int, data: int) -> None:
+        """Enqueue the C function ``fn(data)`` on ``stream``: the driver calls it once the work
+        enqueued before it is done. ``fn`` must not call CUDA and must return at once (it holds the
+        stream): gpuloom passes ``sem_post`` on the runtime loop's semaphore (runtime/waker.py)."""
+        err = self._host_func(stream, fn, data)
+        if err:
+            self.check(err, "cuLaunchHostFunc", stream, fn, data)
 
     def close(self) -> None:
         """Release the primary context this object retained (torch keeps its own reference)."""

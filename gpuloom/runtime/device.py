@@ -237,6 +237,16 @@ class DeviceLayer(ABC):
         """Block until the batch of ``ticket`` is done; its outputs (numpy, ``n`` rows each, in the
         model's flattened output order) and the device time in ms. Raises if the batch failed."""
 
+    def notify(self, ticket: Any, waker: Any) -> bool:
+        """Runtime's thread, right after :meth:`launch`: arrange for ``waker.post()`` once the batch
+        of ``ticket`` is done, so the runtime's loop books it itself (no watcher thread wakes up).
+        False where this device cannot (the batch then goes to its lane's watcher)."""
+        return False
+
+    def is_done(self, ticket: Any) -> bool:
+        """Runtime's thread: whether :meth:`finish` would return at once. Never blocks."""
+        return True
+
     def close(self) -> None:
         """Free every build (call after all batches finished)."""
         with self._lock:
@@ -269,10 +279,23 @@ class FakeModel:
     graph_bytes: int = 0  # graph memory one capture of it takes (for the memory-budget tests)
 
 
+@dataclass
+class _FakeTicket:
+    model: FakeModel
+    batch: list[Any]
+    n: int
+    name: str
+    lane: tuple[int, int]  # (id(lanes), lane index)
+    due: float | None = None  # perf_counter when the batch is done (set by notify)
+
+
 class FakeDeviceLayer(DeviceLayer):
     """Batches "run" by sleeping in the watcher thread, then applying the model's numpy function.
 
-    ``build_delay_s`` makes builds slow (background-build tests); ``inject_fault`` fails a model.
+    With :meth:`notify` (the runtime's loop books completions) a batch is instead done ``latency``
+    after its lane's previous one, and a timer thread posts the waker then, through its C entry
+    point where it has one (as a CUDA stream would). ``build_delay_s`` makes builds slow
+    (background-build tests); ``inject_fault`` fails a model.
     """
 
     kind = "fake"
@@ -284,6 +307,8 @@ class FakeDeviceLayer(DeviceLayer):
         self.build_delay_s = build_delay_s
         self.builds = 0
         self.fail_in_finish: dict[str, str] = {}  # model -> error raised while "running" (not at launch)
+        self.can_notify = True
+        self._lane_due: dict[tuple[int, int], float] = {}  # (id(lanes), lane) -> when its last batch is done
 
     def _estimate(self, layout: Layout, models: Sequence[str]) -> float:
         return float(sum(self.models[m].graph_bytes for p in layout.partitions for m in models if allowed(p, m)))
@@ -300,18 +325,45 @@ class FakeDeviceLayer(DeviceLayer):
 
         fm: FakeModel = lanes.state[model]
         batch = [np.stack([r[j] for r in rows]) for j in range(len(rows[0]))]
-        return (fm, batch, len(rows), model)
+        return _FakeTicket(fm, batch, len(rows), model, (id(lanes), index))
+
+    def _latency_ms(self, t: _FakeTicket) -> float:
+        return t.model.latency_ms(t.n) if callable(t.model.latency_ms) else float(t.model.latency_ms)
+
+    def notify(self, ticket: Any, waker: Any) -> bool:
+        if not self.can_notify:
+            return False
+        now = time.perf_counter()
+        ms = self._latency_ms(ticket)
+        ticket.due = max(now, self._lane_due.get(ticket.lane, 0.0)) + ms / 1000.0
+        self._lane_due[ticket.lane] = ticket.due
+        if waker.c_post is not None:  # what cuLaunchHostFunc does: call the C function from another thread
+            import ctypes
+
+            fn, arg = waker.c_post
+            post = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(fn)
+            timer = threading.Timer(ticket.due - now, post, (arg,))
+        else:
+            timer = threading.Timer(ticket.due - now, waker.post)
+        timer.daemon = True
+        timer.start()
+        return True
+
+    def is_done(self, ticket: Any) -> bool:
+        return ticket.due is None or time.perf_counter() >= ticket.due
 
     def finish(self, ticket: Any) -> tuple[list[Any], float]:
-        fm, batch, n, model = ticket
-        ms = fm.latency_ms(n) if callable(fm.latency_ms) else float(fm.latency_ms)
+        ms = self._latency_ms(ticket)
         t0 = time.perf_counter()
-        time.sleep(ms / 1000.0)
-        err = self.fail_in_finish.get(model)
+        if ticket.due is None:
+            time.sleep(ms / 1000.0)
+        elif t0 < ticket.due:
+            time.sleep(ticket.due - t0)
+        err = self.fail_in_finish.get(ticket.name)
         if err:
             raise RuntimeError(err)
-        out = fm.fn(batch)
-        return list(out), (time.perf_counter() - t0) * 1000.0
+        out = ticket.model.fn(ticket.batch)
+        return list(out), (time.perf_counter() - t0) * 1000.0 if ticket.due is None else ms
 
 
 # ------------------------------------------------------------------------------------------------
@@ -446,6 +498,7 @@ class _CudaTicket:
     out: list[Any]  # numpy views of the pinned output buffers
     rows: Any = None  # the batch's staged rows, alive until finish()
     launched: float = 0.0  # perf_counter when the launch returned (the wake-up's reference)
+    stream: int = 0  # the lane stream's driver handle, where launched by raw driver calls (else 0)
 
 
 class CudaDeviceLayer(DeviceLayer):
@@ -748,7 +801,7 @@ class CudaDeviceLayer(DeviceLayer):
         ph["launches"] += 1
         # the ticket holds the rows: raw copies read their pinned memory without torch knowing, so it
         # must not be freed (and reused) before the batch's event has fired
-        return _CudaTicket(n, done, t0, t1, t_in, lane.np_out[(model, slot)], rows, c3)
+        return _CudaTicket(n, done, t0, t1, t_in, lane.np_out[(model, slot)], rows, c3, plan.stream if plan else 0)
 
     def close(self) -> None:
         super().close()
@@ -780,19 +833,45 @@ class CudaDeviceLayer(DeviceLayer):
         lane.plans[key] = plan
         return plan
 
+    def notify(self, ticket: Any, waker: Any) -> bool:
+        """After a raw launch: ``cuLaunchHostFunc(stream, sem_post, &loop semaphore)`` behind the
+        batch's last copy, so the finished batch wakes the runtime's loop itself."""
+        if self._driver is None or not isinstance(ticket, _CudaTicket) or not ticket.stream or waker.c_post is None:
+            return False
+        fn, arg = waker.c_post
+        self._driver.host_func(ticket.stream, fn, arg)  # same thread as the launch: its context is current
+        return True
+
+    def is_done(self, ticket: Any) -> bool:
+        if self._driver is None or not isinstance(ticket, _CudaTicket):
+            return True  # finish() blocks as before
+        self._driver.ensure_context()
+        return self._driver.done(ticket.done.cuda_event)
+
     def finish(self, ticket: Any) -> tuple[list[Any], float]:
-        """Watcher thread: sleep until the batch's event fires; copy its rows out of the pinned buffers."""
+        """Watcher thread (or the runtime's, once :meth:`is_done`): sleep until the batch's event
+        fires; copy its rows out of the pinned buffers."""
         if isinstance(ticket, _EagerTicket):
             return self._run_eager(ticket)
-        ticket.done.synchronize()
+        drv = self._driver
+        if drv is not None:
+            drv.ensure_context()
+        if drv is None or not drv.done(ticket.done.cuda_event):
+            ticket.done.synchronize()  # sleeps (blocking-sync event), GIL released
         c0 = time.perf_counter()
-        ms = ticket.t0.elapsed_time(ticket.t1)
-        h2d, d2h = ticket.t_in.elapsed_time(ticket.t0), ticket.t1.elapsed_time(ticket.done)
+        if drv is not None:  # raw cuEventElapsedTime keeps the GIL; torch's releases it three times
+            ms = drv.elapsed_ms(ticket.t0.cuda_event, ticket.t1.cuda_event)
+            h2d = drv.elapsed_ms(ticket.t_in.cuda_event, ticket.t0.cuda_event)
+            d2h = drv.elapsed_ms(ticket.t1.cuda_event, ticket.done.cuda_event)
+        else:
+            ms = ticket.t0.elapsed_time(ticket.t1)
+            h2d, d2h = ticket.t_in.elapsed_time(ticket.t0), ticket.t1.elapsed_time(ticket.done)
         # host time from the launch's return to this thread running again, less the batch's device
-        # time: the completion's wake-up (event fired -> watcher holds the GIL), plus the device's
-        # start latency, and the wait for a batch launched ahead (lookahead) to get the stream. Biased
-        # low by however much device work ran while the launch was still being enqueued (with torch
-        # launches, 0.3 ms of enqueueing, a tiny model's batch can give a negative figure)
+        # time: the completion's wake-up (event fired -> watcher, or the loop, holds the GIL), plus
+        # the device's start latency, and the wait for a batch launched ahead (lookahead) to get the
+        # stream. Biased low by however much device work ran while the launch was still being
+        # enqueued (with torch launches, 0.3 ms of enqueueing, a tiny model's batch can give a
+        # negative figure)
         wake = (c0 - ticket.launched) * 1e3 - (h2d + ms + d2h)  # t_in -> done, in its three parts
         outs = [o[: ticket.n].copy() for o in ticket.out]
         host = (time.perf_counter() - c0) * 1e3

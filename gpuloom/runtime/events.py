@@ -63,22 +63,31 @@ class EventLoop:
 class RealtimeLoop(EventLoop):
     """Wall-clock event loop for a GPU backend: ``now`` follows ``time.monotonic()`` (ms since start).
 
-    :meth:`_advance` sleeps until the next event is due, waking early when another thread
-    :meth:`post`\\ s one (a completion watcher). Events scheduled in the past run at once, in heap
-    order. Like SimPy's ``RealtimeEnvironment``, only the clock differs from :class:`EventLoop`.
+    :meth:`step` sleeps until the next event is due, waking early when another thread
+    :meth:`post`\\ s one (a completion watcher) or the GPU posts :attr:`waker`. Events scheduled in
+    the past run at once, in heap order. Like SimPy's ``RealtimeEnvironment``, only the clock differs
+    from :class:`EventLoop`.
     """
 
     def __init__(self, start_ms: float = 0.0) -> None:
         import threading
         import time
 
+        from .waker import make_waker
+
         super().__init__(start_ms)
         self._time = time
         self._t0 = time.monotonic() - start_ms / 1000.0
-        self._cv = threading.Condition()
+        self._mu = threading.Lock()  # guards _posted, _expected, _open
+        #: what the loop's thread sleeps on; other threads (and, through ``waker.c_post``, a CUDA
+        #: stream) post it (gpuloom/runtime/waker.py)
+        self.waker = make_waker()
+        self._owner = 0  # thread id of the loop's thread (posts from it need no wake-up)
+        self._pollers: list[Callable[[], float]] = []
         self._posted: list[tuple[int, Callable[..., Any], tuple]] = []
         self._expected = 0  # posts announced with expect() and not yet arrived
         self._open = False  # online serving: keep waiting for posts even with nothing expected
+        self._get_ident = threading.get_ident
         # how long posts waited for the loop's thread to take them (a stalled loop -- a long handler,
         # a garbage-collector pause, the GIL -- delays every arrival and completion alike)
         from collections import deque
@@ -88,33 +97,45 @@ class RealtimeLoop(EventLoop):
     def open(self) -> None:
         """Online mode: :meth:`step` waits for posts (submissions from other threads) instead of
         returning False when its heap runs empty. Undo with :meth:`shut`."""
-        with self._cv:
+        with self._mu:
             self._open = True
 
     def shut(self) -> None:
         """Leave online mode: :meth:`step` returns False again once nothing is left or expected."""
-        with self._cv:
+        with self._mu:
             self._open = False
-            self._cv.notify_all()
+        self.waker.post()
 
     def expect(self) -> None:
         """Announce one future :meth:`post` (e.g. on submitting a batch): until it arrives the loop
         waits for it instead of ending when its heap runs empty."""
-        with self._cv:
+        with self._mu:
             self._expected += 1
+
+    def on_loop_thread(self) -> bool:
+        """Whether the caller is the thread that last ran :meth:`step`."""
+        return self._get_ident() == self._owner
+
+    def add_poller(self, poll: Callable[[], float]) -> None:
+        """Call ``poll()`` on the loop's thread each time it wakes, before it takes posts. ``poll``
+        may :meth:`post`; it returns the wall time (ms) by which it wants to be called again, or
+        ``inf``. (The execution backend books completions this way when the GPU posts the
+        :attr:`waker` itself.)"""
+        self._pollers.append(poll)
 
     def wall_ms(self) -> float:
         return (self._time.monotonic() - self._t0) * 1000.0
 
     def post(self, priority: int, callback: Callable[..., Any], *args: Any) -> None:
         """Thread-safe: run ``callback(*args)`` on the loop's thread as soon as possible."""
-        with self._cv:
+        with self._mu:
             self._posted.append((priority, callback, args, self._time.monotonic()))
             self._expected = max(0, self._expected - 1)
-            self._cv.notify()
+        if self._get_ident() != self._owner:  # the loop's own thread takes its posts before it sleeps
+            self.waker.post()
 
     def _drain_posted(self) -> None:
-        with self._cv:
+        with self._mu:
             posted, self._posted = self._posted, []
         if not posted:
             return
@@ -141,19 +162,26 @@ class RealtimeLoop(EventLoop):
     def step(self) -> bool:
         """Wait for the next event (timer or posted), run it. False when no timer is left, no
         announced post is outstanding and the loop is not :meth:`open`."""
-        self._drain_posted()
-        with self._cv:
-            while not self._posted:
-                if self._heap:
-                    delay = self._heap[0][0] - self.wall_ms()
-                    if delay <= 0:
-                        break
-                    self._cv.wait(timeout=delay / 1000.0)
-                elif self._expected or self._open:
-                    self._cv.wait()
-                else:
+        self._owner = self._get_ident()
+        inf = float("inf")
+        while True:
+            due = inf
+            for poll in self._pollers:
+                due = min(due, poll())
+            self._drain_posted()
+            now = self.wall_ms()
+            nxt = min(self._heap[0][0] if self._heap else inf, due)
+            if self._heap and self._heap[0][0] <= now:
+                break
+            if nxt < inf:
+                self.waker.wait(max(0.0, nxt - now) / 1000.0)
+                continue
+            with self._mu:
+                if self._posted:
+                    continue
+                if not (self._expected or self._open):
                     return False
-        self._drain_posted()
+            self.waker.wait(None)
         return super().step()
 
     def _advance(self, time_ms: float) -> None:

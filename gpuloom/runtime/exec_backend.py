@@ -98,6 +98,13 @@ def check_launch_on(launch_on: str) -> str:
     return launch_on
 
 
+def check_complete_on(complete_on: str) -> str:
+    """``complete_on`` unchanged, or ValueError unless it is one of :attr:`ExecBackend.COMPLETE_ON`."""
+    if complete_on not in ExecBackend.COMPLETE_ON:
+        raise ValueError(f"complete_on must be one of {', '.join(ExecBackend.COMPLETE_ON)}, got {complete_on!r}")
+    return complete_on
+
+
 def check_lookahead(lookahead_ms: float) -> float:
     """``lookahead_ms`` as a float, or ValueError unless it is >= 0."""
     if not lookahead_ms >= 0:
@@ -126,6 +133,16 @@ class ExecBackend(Backend):
     """
 
     LAUNCH_ON = ("loop", "lane", "inline")
+    #: ``complete_on``: who learns that a batch launched on the runtime's thread is done.
+    #: ``"watcher"``: the lane's watcher thread sleeps on the batch's event, books it and posts the
+    #: completion to the loop (two thread wake-ups per batch, each waiting for the GIL). ``"loop"``:
+    #: the device posts the loop's waker itself when the batch is done (CUDA: a host function behind
+    #: the batch, :meth:`DeviceLayer.notify`), and the runtime's thread books it; the watcher stays
+    #: for devices and batches that cannot notify (eager batches, torch launches).
+    COMPLETE_ON = ("watcher", "loop")
+    #: with ``complete_on="loop"``, how often the loop looks at batches in flight even without a
+    #: post (a safety net: a device's post is not expected to go missing)
+    POLL_SAFETY_MS = 2.0
 
     #: default launch-ahead: off. A batch launched ahead is composed earlier, from fewer queued
     #: requests, so there are more, smaller batches, and each costs the runtime's thread its launch.
@@ -144,9 +161,10 @@ class ExecBackend(Backend):
 
     def __init__(self, device: DeviceLayer, *, knee: Callable[[str, int], int] | None = None,
                  quiet_timeout_s: float = 60.0, lookahead_ms: float = DEFAULT_LOOKAHEAD_MS,
-                 launch_on: str = "loop") -> None:
+                 launch_on: str = "loop", complete_on: str = "watcher") -> None:
         self.lookahead_ms = check_lookahead(lookahead_ms)
         self.launch_on = check_launch_on(launch_on)
+        self.complete_on = check_complete_on(complete_on)
         # answer early: called on the watcher thread with each served request's Result and output as
         # soon as its batch is done, before the runtime's thread books the completion (it later calls
         # its result callback for the same request too; the receiver answers once)
@@ -182,6 +200,11 @@ class ExecBackend(Backend):
         self.exec_ms: dict[tuple[str, int, int], list[float]] = {}
         self.failures = 0
         self.layouts_built = 0
+        # complete_on="loop": batches the device will post the loop for, in launch order
+        self._pending: list[tuple[_Watcher, Lanes, Decision, list[Request], Any, float]] = []
+        self.loop_completions = 0  # batches booked by the loop's thread (the rest: by watchers or inline)
+        if self.complete_on == "loop":
+            self.loop.add_poller(self._poll_pending)
 
     # -- Backend --------------------------------------------------------------------------------
     def start(self, on_completion: Callable[[Completion], None]) -> None:
@@ -284,6 +307,15 @@ class ExecBackend(Backend):
         if self.launch_on == "inline":  # run it here; the completion is posted to this same loop
             self._complete(watcher, lanes, decision, list(requests), ticket, start)
             return
+        if self.complete_on == "loop":
+            try:
+                notified = self.device.notify(ticket, self.loop.waker)
+            except Exception:  # noqa: BLE001 - the watcher books it instead
+                log.exception("device.notify failed; the lane's watcher books this batch")
+                notified = False
+            if notified:
+                self._pending.append((watcher, lanes, decision, list(requests), ticket, start))
+                return
         watcher.q.put((self._complete, (lanes, decision, list(requests), ticket, start)))
 
     def _launch_on_lane(self, watcher: _Watcher, lanes: Lanes, d: Decision, requests: list[Request], rows: list,
@@ -301,6 +333,32 @@ class ExecBackend(Backend):
             self._fail_now(d, start, error)
             return
         self._complete(watcher, lanes, d, requests, ticket, start)
+
+    def _poll_pending(self) -> float:
+        """Runtime's thread, each time its loop wakes (``complete_on="loop"``): book every batch in
+        flight that is done, in launch order. Returns when to look again without a post."""
+        if not self._pending:
+            return float("inf")
+        waiting = []
+        for item in self._pending:
+            try:
+                done = self.device.is_done(item[4])
+            except Exception:  # noqa: BLE001 - finish() raises it again and fails the batch
+                done = True
+            if done:
+                self.loop_completions += 1
+                self._complete(*item)
+            else:
+                waiting.append(item)
+        self._pending = waiting
+        return self.loop.wall_ms() + self.POLL_SAFETY_MS if waiting else float("inf")
+
+    def _finish_pending(self) -> None:
+        """Runtime's thread, about to wait for quiet: book the batches only it would book (blocking)."""
+        pending, self._pending = self._pending, []
+        for item in pending:
+            self.loop_completions += 1
+            self._complete(*item)
 
     def busy_sm_ms(self) -> float:
         return self._busy_sm_ms
@@ -357,6 +415,8 @@ class ExecBackend(Backend):
                 "launch_ms": dict(getattr(self.device, "launch_ms", {})),  # CUDA: host ms per launch phase
                 "copy_ms": dict(getattr(self.device, "copy_ms", {})),  # CUDA: device copy ms, watcher host ms
                 "raw_launch": bool(getattr(self.device, "raw_launch", False)),  # CUDA: driver calls, not torch
+                "complete_on": self.complete_on,
+                "loop_completions": self.loop_completions,  # batches the device posted the loop for
                 "torch_launch_plans": getattr(self.device, "torch_launch_plans", 0),  # CUDA: buckets torch launched
             }
 
@@ -371,8 +431,8 @@ class ExecBackend(Backend):
 
     def _complete(self, watcher: _Watcher, lanes: Lanes, d: Decision, requests: list[Request], ticket: Any,
                   start: float) -> None:
-        """Watcher thread (the runtime's with ``launch_on="inline"``): wait for the batch, hand out
-        outputs, post the completion."""
+        """Watcher thread (the runtime's with ``launch_on="inline"`` or ``complete_on="loop"``): wait
+        for the batch, hand out outputs, post the completion."""
         # a batch launched ahead (runtime.lookahead_ms) starts when the lane's previous one is done
         ahead = start < watcher.last_end
         start = max(start, watcher.last_end)
@@ -443,6 +503,8 @@ class ExecBackend(Backend):
             self.device.release(lanes)
 
     def _wait_quiet(self) -> None:
+        if self._pending and self.loop.on_loop_thread():
+            self._finish_pending()  # no one else books these: waiting for them here would never end
         with self._lock:
             if not self._lock.wait_for(lambda: self._inflight == 0, timeout=self.quiet_timeout_s):
                 log.warning("%d batches still in flight after %.0f s; going on", self._inflight, self.quiet_timeout_s)

@@ -50,7 +50,7 @@ from ..policy.types import Layout, Result, Status
 from ..profile.store import GpuInfo, Profile, ProfileStore
 from .core import Runtime
 from .device import DeviceLayer, FakeModel, make_device_layer
-from .exec_backend import ExecBackend, ExecOutput, check_launch_on, check_lookahead
+from .exec_backend import ExecBackend, ExecOutput, check_complete_on, check_launch_on, check_lookahead
 from .gcpause import GcMonitor, RareFullCollections, freeze_loaded, thaw
 from .gilswitch import DEFAULT_MS as DEFAULT_SWITCH_INTERVAL_MS
 from .gilswitch import ShortSwitchInterval, check_interval_ms
@@ -302,6 +302,10 @@ class InferenceService:
         raw_launch: on CUDA, issue each launch's copies, graph launch and events as raw driver calls
             (:mod:`gpuloom.gpu.launch`) instead of torch calls (the device layer made here; a
             ``device_layer`` passed in keeps its own setting).
+        complete_on: ``"watcher"`` (default) or ``"loop"``: who learns that a batch is done
+            (:attr:`ExecBackend.COMPLETE_ON`). ``"loop"``: the GPU wakes the runtime's thread itself
+            (a host function posting its semaphore; raw launches only), which books the batch, where
+            ``"watcher"`` wakes a watcher thread that then posts the runtime's.
         expiry_grace_s: a request the runtime has not answered this long after its deadline is
             answered by the service with :class:`Expired` (counted as dropped "expired", logged as an
             error): whatever goes wrong below, every accepted request gets an answer.
@@ -323,6 +327,7 @@ class InferenceService:
         launch_on: str = "auto",
         early_answer: bool = False,
         raw_launch: bool = True,
+        complete_on: str = "watcher",
         expiry_grace_s: float = 5.0,
     ) -> None:
         self.lookahead_ms = check_lookahead(lookahead_ms)  # here, not at the first load
@@ -332,6 +337,7 @@ class InferenceService:
         self.launch_on = launch_on if launch_on == "auto" else check_launch_on(launch_on)
         self.early_answer = bool(early_answer)
         self.raw_launch = bool(raw_launch)
+        self.complete_on = check_complete_on(complete_on)
         if not expiry_grace_s > 0:
             raise ValueError(f"expiry_grace_s must be > 0 s, got {expiry_grace_s!r}")
         self.expiry_grace_s = float(expiry_grace_s)
@@ -862,7 +868,7 @@ class InferenceService:
         policy_id.append(id(policy))
         if self._runtime is None:
             self._backend = ExecBackend(self.device, knee=self._knee, lookahead_ms=self.lookahead_ms,
-                                        launch_on=self.resolved_launch_on())
+                                        launch_on=self.resolved_launch_on(), complete_on=self.complete_on)
             if self.early_answer:
                 self._backend.on_served = self._on_result  # answers once: the runtime's later call finds it done
             self._runtime = Runtime(policy, self._backend, ctx)

@@ -1,0 +1,106 @@
+"""How the runtime's loop thread sleeps and is woken: by other threads, or by the GPU itself.
+
+Why: a batch's completion used to reach the loop through a watcher thread per partition: the
+blocking-sync event wakes the watcher, the watcher waits for the GIL, books the batch and posts it,
+and the loop thread wakes and waits for the GIL in turn. On the H200 that way back cost 0.6-0.8 ms
+per batch (run 13, ``docs/reports/runtime.md``), as much as a small batch's device time. A
+:class:`SemaphoreWaker` is a POSIX semaphore the loop sleeps on; besides Python threads, a CUDA
+stream can post it with ``cuLaunchHostFunc(stream, sem_post, &sem)`` (:attr:`SemaphoreWaker.c_post`),
+so a finished batch wakes the loop directly, with no Python thread in between.
+
+:class:`EventWaker` (a ``threading.Event``) is the fallback where libc has no ``sem_clockwait``; it
+has no C entry point, so completions then go through the watchers. Neither imports torch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import threading
+import time
+
+_CLOCK_MONOTONIC = 1  # Linux; time.monotonic() reads the same clock
+
+
+class EventWaker:
+    """``post`` from any thread; ``wait`` on one thread (the loop's). No C entry point."""
+
+    c_post: tuple[int, int] | None = None
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def post(self) -> None:
+        self._event.set()
+
+    def wait(self, timeout_s: float | None) -> None:
+        """Return after a post (also one made before this call) or after ``timeout_s``."""
+        self._event.wait(timeout_s)
+        self._event.clear()  # posts made after this are seen by the caller's next look, or wake the next wait
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+class SemaphoreWaker:
+    """A POSIX semaphore the loop sleeps on (``sem_clockwait`` on the monotonic clock, GIL released).
+
+    ``c_post`` is ``(address of sem_post, address of the semaphore)``: a C caller (a CUDA host
+    function) posts it without Python. The semaphore's memory is never freed: a host function
+    enqueued on a stream may still run after its loop is gone, and must not post freed memory.
+    """
+
+    _keep: list = []  # every semaphore ever made (a few dozen bytes each), see above
+
+    def __init__(self) -> None:
+        name = ctypes.util.find_library("c") or "libc.so.6"
+        self._fast = ctypes.PyDLL(name, use_errno=True)  # sem_post / sem_trywait never block: keep the GIL
+        slow = ctypes.CDLL(name, use_errno=True)  # the waits release the GIL
+        self._sem = (ctypes.c_uint64 * 8)()  # sem_t is 32 bytes on 64-bit glibc; 64, aligned, to be safe
+        SemaphoreWaker._keep.append(self._sem)
+        ptr = ctypes.c_void_p
+        self._post_fn = self._fast.sem_post
+        self._post_fn.argtypes, self._post_fn.restype = [ptr], ctypes.c_int
+        self._trywait = self._fast.sem_trywait
+        self._trywait.argtypes, self._trywait.restype = [ptr], ctypes.c_int
+        self._wait = slow.sem_wait
+        self._wait.argtypes, self._wait.restype = [ptr], ctypes.c_int
+        self._clockwait = slow.sem_clockwait  # glibc >= 2.30; AttributeError otherwise (make_waker falls back)
+        self._clockwait.argtypes = [ptr, ctypes.c_int, ctypes.POINTER(_Timespec)]
+        self._clockwait.restype = ctypes.c_int
+        init = self._fast.sem_init
+        init.argtypes, init.restype = [ptr, ctypes.c_int, ctypes.c_uint], ctypes.c_int
+        if init(ctypes.addressof(self._sem), 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "sem_init failed")
+        self._addr = ctypes.addressof(self._sem)
+        self.c_post = (ctypes.cast(self._post_fn, ctypes.c_void_p).value, self._addr)
+        self._ts = _Timespec()
+
+    def post(self) -> None:
+        self._post_fn(self._addr)
+
+    def wait(self, timeout_s: float | None) -> None:
+        """Return after a post (also one made before this call) or after ``timeout_s``; then take
+        every further post already made, so a burst of posts wakes the loop once."""
+        if timeout_s is None:
+            self._wait(self._addr)
+        elif timeout_s > 0:
+            deadline = time.monotonic() + timeout_s
+            ts = self._ts
+            ts.tv_sec = int(deadline)
+            ts.tv_nsec = int((deadline - ts.tv_sec) * 1e9)
+            self._clockwait(self._addr, _CLOCK_MONOTONIC, ctypes.byref(ts))
+        while self._trywait(self._addr) == 0:
+            pass
+
+
+def make_waker() -> SemaphoreWaker | EventWaker:
+    """A :class:`SemaphoreWaker` where libc has one, else an :class:`EventWaker`."""
+    try:
+        return SemaphoreWaker()
+    except (OSError, AttributeError):
+        return EventWaker()
+
+
+__all__ = ["EventWaker", "SemaphoreWaker", "make_waker"]
