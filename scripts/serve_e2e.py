@@ -359,6 +359,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuloom.bench.workload import WorkloadError, arrival_times, load_workload
     from gpuloom.runtime.service import InferenceService
     from gpuloom.runtime.gcpause import GcMonitor
+    from gpuloom.runtime.threadcpu import cpu_share
     from gpuloom.serve.core import ServeCore
     from gpuloom.serve.server import Server
 
@@ -440,6 +441,11 @@ def run(args: argparse.Namespace) -> int:
                 v["compute_ms"] = hist_delta(snap0, snap1, m, "compute_ms")
             http["gc"] = GcMonitor.installed().since(t_leg)  # collector pauses in this (the server's) process
             http["loop_lag"] = svc.loop_lag(t_leg)
+            http["thread_cpu"] = cpu_share(snap0["threads"], snap1["threads"], snap1["t"] - snap0["t"])  # this process
+            bridge = getattr(server, "_bridge", None)
+            if bridge is not None:  # requests through a worker's arena, page-locked or not, or inline
+                http["bridge"] = {"arena_requests": bridge.arena_requests, "inline_requests": bridge.inline_requests,
+                                  "pinned_arenas": bridge.pinned_arenas}
             points.append(make_point(scale, args.duration, inproc, http, books_delta(books0, core.books.snapshot()), times, used))
             say(f"x{scale:g}: goodput in-process {inproc['goodput_rps']:.1f}/s, HTTP {http['goodput_rps']:.1f}/s, "
                 f"ratio {points[-1]['ratio']['goodput']}")

@@ -162,3 +162,36 @@ def test_loop_completions_match_eager_and_every_batch_is_booked_by_the_loop(poli
         assert be["loop_completions"] == be["batches"] > 0, be
     finally:
         svc.close()
+
+
+def test_inputs_in_page_locked_memory_are_launched_in_place_with_eager_outputs(models):
+    """device.pinned_empty / register_host: a request whose inputs lie there is not staged at
+    submit; its rows are copied to the device from where they are."""
+    import ctypes
+
+    rng = np.random.default_rng(7)
+    svc = serve("dstack", models)
+    try:
+        dev = svc.device
+        xs = []
+        for i in range(20):
+            x = dev.pinned_empty((1 + i % 4, 3, 32, 32), np.float32)
+            x[...] = rng.standard_normal(x.shape)
+            xs.append(x)
+        arena = (ctypes.c_char * (1 << 20))()  # plain host memory, page-locked in place (a worker's arena)
+        a = np.frombuffer(arena, np.float32)[: 2 * 3 * 32 * 32].reshape(2, 3, 32, 32)
+        a[...] = rng.standard_normal(a.shape)
+        assert dev.register_host(ctypes.addressof(arena), len(arena))
+        xs.append(a)
+        futs = [(x, svc.submit("wide", {"x": x})) for x in xs]
+        for x, f in futs:
+            y = f.result(30)["output0"]
+            with dev.exclusive(), torch.inference_mode():
+                ref = models["wide"][2](torch.from_numpy(np.array(x)).cuda()).cpu().numpy()
+            assert np.abs(y - ref).max() <= 1e-2 * max(1e-6, np.abs(ref).max())
+        be = svc.stats()["backend"]
+        assert be["inplace_batches"] >= 1 and be["inplace_batches"] <= be["batches"], be
+        dev.unregister_host(ctypes.addressof(arena))
+        assert not dev.is_pinned([a])
+    finally:
+        svc.close()

@@ -122,3 +122,84 @@ def test_concurrent_requests_each_get_the_output_of_their_own_input(monkeypatch)
         assert server._bridge.arena_requests == 200
     finally:
         server.stop()
+
+
+class _PinningCpuLayer:
+    """A CPU device layer that stages rows (as CUDA does) and can "page-lock" host memory: shows
+    which requests were copied at submit and which were launched from the worker's arena."""
+
+    @staticmethod
+    def make():
+        from gpuloom.runtime.device import CpuDeviceLayer
+
+        class Layer(CpuDeviceLayer):
+            stages = True
+
+            def __init__(self):
+                super().__init__()
+                self.staged_rows = 0
+                self.registered: list[int] = []
+                self.unregistered: list[int] = []
+
+            def stage(self, row):
+                self.staged_rows += 1
+                return [np.array(a, copy=True) for a in row]
+
+            def register_host(self, address, nbytes):
+                self.registered.append(address)
+                self._add_pinned(address, nbytes)
+                return True
+
+            def unregister_host(self, address):
+                self.unregistered.append(address)
+                self._drop_pinned(address)
+
+        return Layer()
+
+
+def test_a_page_locked_arena_sends_rows_to_the_device_without_a_copy_and_is_unlocked_at_the_end():
+    import torch
+
+    from gpuloom.runtime.service import InferenceService
+
+    repo = load_repository(REPO / "tiny_mlp.yaml")
+    layer = _PinningCpuLayer.make()
+    service = InferenceService(policy="dstack", device_layer=layer)
+    service.start()
+    core = ServeCore(service, repo)
+    core.load("tiny_mlp")
+    server = Server(core, http_port=0, grpc_port=None, http_workers=1, worker_arena_mb=16)
+    addr = server.start()
+    try:
+        module = repo.models["tiny_mlp"].build()[1]
+        rng = np.random.default_rng(2)
+        for n in (1, 4, 2, 7):
+            x = rng.standard_normal((n, 16)).astype(np.float32)
+            with torch.no_grad():
+                want = module(torch.from_numpy(x)).numpy()
+            np.testing.assert_allclose(_infer(addr.http_url, x), want, rtol=1e-5, atol=1e-6)
+        assert len(layer.registered) == 1 and server._bridge.pinned_arenas == 1
+        assert layer.staged_rows == 0  # every row went to the device from the arena itself
+        x = rng.standard_normal((3, 16)).astype(np.float32)  # a request from elsewhere is still copied
+        service.infer("tiny_mlp", {"x": x}, timeout_s=30)
+        assert layer.staged_rows == 3
+    finally:
+        server.stop()
+        service.close()
+    assert layer.unregistered == layer.registered and not layer._pinned
+
+
+def test_is_pinned_needs_every_array_wholly_inside_one_registered_span():
+    from gpuloom.runtime.device import FakeDeviceLayer
+
+    layer = FakeDeviceLayer()
+    buf = np.zeros(1024, np.uint8)
+    base = buf.__array_interface__["data"][0]
+    assert not layer.is_pinned([buf[:10]])
+    layer._add_pinned(base + 64, 512)
+    assert layer.is_pinned([buf[64:576], buf[100:200]])
+    assert not layer.is_pinned([buf[64:577]])  # runs past the end
+    assert not layer.is_pinned([buf[63:100]])  # starts before
+    assert not layer.is_pinned([buf[100:200], buf[600:700]])  # one in, one out
+    layer._drop_pinned(base + 64)
+    assert not layer.is_pinned([buf[100:200]])

@@ -33,6 +33,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..runtime.gcpause import GcMonitor
+from ..runtime.threadcpu import cpu_share, thread_cpu
 from .metrics import jain, percentile
 from .workload import Workload, arrival_times
 
@@ -172,6 +173,7 @@ def service_snapshot(svc) -> dict:
             "launch_ms": dict(be.get("launch_ms", {})), "batches": sum(be.get("model_batches", {}).values()),
             "raw_launch": bool(be.get("raw_launch", False)), "copy_ms": dict(be.get("copy_ms", {})),
             "complete_on": be.get("complete_on", "watcher"), "loop_completions": be.get("loop_completions", 0),
+            "threads": thread_cpu(),
             "hist": {(m, k): v[k] for m, v in st["models"].items() for k in ("queue_ms", "compute_ms") if k in v},
             "exec_ms": {(e["model"], e["sms"], e["batch"]): (e["device_ms_sum"], e["batches"])
                         for e in be.get("exec_ms", [])}}
@@ -213,16 +215,29 @@ def profile_check(svc, before: dict, after: dict) -> list[dict]:
 
 
 def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s: float, seed_inputs: int = 4,
-              drain_s: float | None = None) -> Point:
-    """Replay ``workload`` x ``scale`` for ``duration_s`` against the running service ``svc``."""
+              drain_s: float | None = None, pinned_inputs: bool = False) -> Point:
+    """Replay ``workload`` x ``scale`` for ``duration_s`` against the running service ``svc``.
+
+    ``pinned_inputs``: the requests' inputs lie in memory the device reads in place
+    (``svc.device.pinned_empty``), as a front-end worker's page-locked arena does for the server,
+    so the service launches them without copying them first; else plain arrays, copied at submit."""
     wl = dataclasses.replace(workload.scaled(scale), duration_s=duration_s)
     times = arrival_times(wl)
     cfgs = {c.name: c for c in svc.models()}
     rng = np.random.default_rng(0)
+
+    def tensor(shape: tuple[int, ...], dtype: str) -> np.ndarray:
+        a = _random(rng, shape, dtype)
+        if pinned_inputs:
+            pinned = svc.device.pinned_empty(shape, dtype)
+            pinned[...] = a
+            return pinned
+        return a
+
     pools = {}
     for m in times:
         c = cfgs[m]
-        pools[m] = [{t.name: _random(rng, (1, *t.shape), t.dtype) for t in c.inputs} for _ in range(seed_inputs)]
+        pools[m] = [{t.name: tensor((1, *t.shape), t.dtype) for t in c.inputs} for _ in range(seed_inputs)]
     events = sorted((t, m) for m, ts in times.items() for t in ts)
     lock = threading.Lock()
     lat: dict[str, list[tuple[bool, float, str]]] = {m: [] for m in times}  # (ok, ms, error kind)
@@ -359,6 +374,8 @@ def host_split(before: dict, after: dict, wall_ms: float) -> dict:
     copies = per_count("copy_ms", "batches")  # device ms of the input/output copies, watcher host ms, wake-up
     if copies is not None:
         out["copy_ms_per_batch"] = copies
+    if "threads" in before and "threads" in after:  # CPU s per s of each thread role (1 = a core)
+        out["thread_cpu"] = cpu_share(before["threads"], after["threads"], wall_ms / 1000.0)
     out["complete_on"] = after.get("complete_on", "watcher")
     if out["complete_on"] == "loop":  # batches the GPU woke the runtime's thread for (the rest: watchers)
         out["loop_completions"] = after.get("loop_completions", 0) - before.get("loop_completions", 0)
@@ -412,8 +429,10 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
     from gpuloom.runtime.service import InferenceService
 
     say = progress or (lambda s: None)
+    service_options = dict(service_options or {})
+    pinned_inputs = bool(service_options.pop("pinned_inputs", False))  # the load generator's, not the service's
     svc = InferenceService(policy=policy, device=device, profiles=profiles, policy_options=policy_options,
-                           queue_limit=queue_limit, **(service_options or {}))
+                           queue_limit=queue_limit, **service_options)
     name = label or policy
     points: list[Point] = []
 
@@ -436,7 +455,7 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
         def measure(s: float) -> Point:
             if retune:  # every policy plans for the offered rates of this point, not the last point's
                 svc.retune({m.name: workload.mean_rate(m) * s for m in workload.models})
-            p = run_point(svc, workload, name, scale=s, duration_s=duration_s)
+            p = run_point(svc, workload, name, scale=s, duration_s=duration_s, pinned_inputs=pinned_inputs)
             if simulate:
                 try:
                     sim = simulate_point(svc, workload, policy, scale=s, duration_s=duration_s)

@@ -50,6 +50,11 @@ class Driver:
         self._query = bind("cuEventQuery", _VP)
         self._elapsed = bind("cuEventElapsedTime", ctypes.POINTER(ctypes.c_float), _VP, _VP)
         self._host_func = bind("cuLaunchHostFunc", _VP, _VP, _VP)
+        slow = ctypes.CDLL(library)  # page-locking memory takes a while: release the GIL meanwhile
+        self._host_register = slow.cuMemHostRegister_v2
+        self._host_register.argtypes, self._host_register.restype = [_VP, _SIZE, ctypes.c_uint], _INT
+        self._host_unregister = slow.cuMemHostUnregister
+        self._host_unregister.argtypes, self._host_unregister.restype = [_VP], _INT
         self._ctx_get = bind("cuCtxGetCurrent", ctypes.POINTER(_VP))
         self._ctx_set = bind("cuCtxSetCurrent", _VP)
         self._device_get = bind("cuDeviceGet", ctypes.POINTER(_INT), _INT)
@@ -123,6 +128,20 @@ class Driver:
         err = self._host_func(stream, fn, data)
         if err:
             self.check(err, "cuLaunchHostFunc", stream, fn, data)
+
+    def host_register(self, address: int, nbytes: int) -> None:
+        """Page-lock ``nbytes`` of existing host memory at ``address`` (``cuMemHostRegister``), so async
+        copies read it in place."""
+        self.ensure_context()
+        err = self._host_register(address, nbytes, 0)
+        if err:
+            self.check(err, "cuMemHostRegister", address, nbytes)
+
+    def host_unregister(self, address: int) -> None:
+        self.ensure_context()
+        err = self._host_unregister(address)
+        if err:
+            self.check(err, "cuMemHostUnregister", address)
 
     def close(self) -> None:
         """Release the primary context this object retained (torch keeps its own reference)."""

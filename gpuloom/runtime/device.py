@@ -103,6 +103,10 @@ class DeviceLayer(ABC):
         return row
 
     def __init__(self, *, memory_limit_bytes: float = float("inf"), cache_layouts: int = 4) -> None:
+        # host memory the device copies from directly (start, end), sorted: rows that lie in it are
+        # launched from where they are, without stage()'s copy (see is_pinned)
+        self._pinned: list[tuple[int, int]] = []
+        self._pinned_lock = threading.Lock()
         self.models: dict[str, Any] = {}
         self._gen: dict[str, int] = {}  # model -> version, so a reloaded model is never served stale graphs
         self.memory_limit_bytes = memory_limit_bytes
@@ -119,6 +123,51 @@ class DeviceLayer(ABC):
     def exclusive(self) -> "threading.RLock":
         """A context manager: no capture or build runs while it is held."""
         return self._device_lock
+
+    # -- host memory the device reads in place ----------------------------------------------------
+    def pinned_empty(self, shape: Sequence[int], dtype: Any) -> Any:
+        """A numpy array in host memory this device copies from directly (CUDA: page-locked).
+        A request whose inputs lie in such memory is not copied at submit (:meth:`is_pinned`): its
+        caller must leave the arrays alone until the request is answered. Plain memory here."""
+        import numpy as np
+
+        return np.empty(tuple(shape), dtype=dtype)
+
+    def register_host(self, address: int, nbytes: int) -> bool:
+        """Make ``nbytes`` of host memory at ``address`` readable in place (CUDA: page-lock it), e.g.
+        a front-end worker's shared arena. False where this device does not. Undo with
+        :meth:`unregister_host` before the memory goes away."""
+        return False
+
+    def unregister_host(self, address: int) -> None:
+        """Undo :meth:`register_host`."""
+
+    def is_pinned(self, arrays: Sequence[Any]) -> bool:
+        """Whether every numpy array of ``arrays`` lies in memory from :meth:`pinned_empty` or
+        :meth:`register_host`."""
+        import bisect
+
+        spans = self._pinned
+        if not spans:
+            return False
+        for a in arrays:
+            start = a.__array_interface__["data"][0]
+            i = bisect.bisect_right(spans, (start, float("inf"))) - 1
+            if i < 0 or start + a.nbytes > spans[i][1]:
+                return False
+        return True
+
+    def _add_pinned(self, address: int, nbytes: int) -> None:
+        import bisect
+
+        with self._pinned_lock:
+            spans = list(self._pinned)
+            bisect.insort(spans, (address, address + nbytes))
+            self._pinned = spans  # readers see the old or the new list, never a half-made one
+
+    def _drop_pinned(self, address: int) -> None:
+        with self._pinned_lock:
+            self._pinned = [sp for sp in self._pinned if sp[0] != address]
 
     # -- models ---------------------------------------------------------------------------------
     def add_model(self, name: str, model: Any) -> None:
@@ -267,6 +316,13 @@ class DeviceLayer(ABC):
 
     def _free(self, lanes: Lanes) -> None:
         lanes.state = None
+
+
+class PinnedRow(list):
+    """A request's row (one array per input) that lies in memory the device reads in place
+    (:meth:`DeviceLayer.is_pinned`): launched from there, without a staging copy."""
+
+    __slots__ = ()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -547,6 +603,7 @@ class CudaDeviceLayer(DeviceLayer):
         # ms copying outputs off the pinned buffers (watcher), host ms from launch to the watcher
         # awake beyond the device's copies and graph (wake), summed over batches (issue 5: the gap)
         self.copy_ms = {"h2d": 0.0, "d2h": 0.0, "host_out": 0.0, "wake": 0.0, "batches": 0}
+        self.inplace_batches = 0  # batches launched from their requests' own page-locked memory (PinnedRow)
         self._copy_lock = threading.Lock()
         self.torch_launch_plans = 0  # (lane, model, bucket)s launched through torch although raw_launch is on
         import torch
@@ -736,7 +793,12 @@ class CudaDeviceLayer(DeviceLayer):
         n = len(rows)
         b = self.models[model].bucket_for(n)
         gs = sets[b]
-        staged = not isinstance(rows[0][0], np.ndarray)  # pinned torch tensors from stage()
+        # rows already in page-locked memory: pinned torch tensors from stage(), or PinnedRows (numpy
+        # views of memory from pinned_empty/register_host) on the raw path
+        staged = all(not isinstance(r[0], np.ndarray) or (type(r) is PinnedRow and self._driver is not None)
+                     for r in rows)
+        if staged and type(rows[0]) is PinnedRow:
+            self.inplace_batches += 1
         slot = lane.launches % LANE_SLOTS
         lane.launches += 1
         if not staged:
@@ -768,7 +830,7 @@ class CudaDeviceLayer(DeviceLayer):
             drv = self._driver
             drv.ensure_context()
             if staged:
-                plan.copy_inputs(drv, n, t_in.cuda_event, rows_in=[[(t.data_ptr(), t.nbytes) for t in r] for r in rows])
+                plan.copy_inputs(drv, n, t_in.cuda_event, rows_in=[[_host_span(t) for t in r] for r in rows])
             else:
                 plan.copy_inputs(drv, n, t_in.cuda_event, batch_in=lane.ptr_in[(model, slot)])
             c1 = clock()
@@ -781,7 +843,7 @@ class CudaDeviceLayer(DeviceLayer):
                 if staged:  # one async copy per row and input, straight from the request's pinned row
                     for i, r in enumerate(rows):
                         for dst, src in zip(entry.inputs, r):
-                            dst[i].copy_(src, non_blocking=True)
+                            dst[i].copy_(torch.from_numpy(src) if isinstance(src, np.ndarray) else src, non_blocking=True)
                 else:
                     for dst, src in zip(entry.inputs, lane.pinned_in[(model, slot)]):
                         dst[:n].copy_(src[:n], non_blocking=True)
@@ -884,6 +946,42 @@ class CudaDeviceLayer(DeviceLayer):
             cm["batches"] += 1
         return outs, float(ms)
 
+    def pinned_empty(self, shape: Sequence[int], dtype: Any) -> Any:
+        """A numpy view of a page-locked torch tensor (alive as long as the view); its span is
+        forgotten when the tensor is freed."""
+        import weakref
+
+        import numpy as np
+
+        t = self._torch.empty(tuple(shape), dtype=_TORCH_DTYPES[str(np.dtype(dtype))], pin_memory=True)
+        a = t.numpy()
+        if a.nbytes:
+            addr = a.__array_interface__["data"][0]
+            self._add_pinned(addr, a.nbytes)
+            weakref.finalize(t, self._drop_pinned, addr)
+        return a
+
+    def register_host(self, address: int, nbytes: int) -> bool:
+        if self._driver is None or nbytes <= 0:
+            return False
+        with self.exclusive():  # page-locking while a graph is being captured would break the capture
+            try:
+                self._driver.host_register(address, nbytes)
+            except Exception as e:  # noqa: BLE001 - the memory is then copied as before
+                log.warning("could not page-lock %d MiB of host memory: %s", nbytes >> 20, e)
+                return False
+        self._add_pinned(address, nbytes)
+        return True
+
+    def unregister_host(self, address: int) -> None:
+        self._drop_pinned(address)
+        if self._driver is not None:
+            with self.exclusive():
+                try:
+                    self._driver.host_unregister(address)
+                except Exception as e:  # noqa: BLE001
+                    log.warning("could not unregister host memory at %#x: %s", address, e)
+
     def stage(self, row: Sequence[Any]) -> Sequence[Any]:
         """Submitting thread: the row in pinned host memory (torch's caching host allocator reuses
         freed pinned blocks, and keeps a block until the async copies reading it are done)."""
@@ -965,6 +1063,14 @@ class CudaDeviceLayer(DeviceLayer):
 
 
 _TORCH_DTYPES: dict[str, Any] = {}
+
+
+def _host_span(t: Any) -> tuple[int, int]:
+    """(address, bytes) of a host row: a torch tensor or a numpy array."""
+    ai = getattr(t, "__array_interface__", None)
+    if ai is not None:
+        return ai["data"][0], t.nbytes
+    return t.data_ptr(), t.nbytes
 
 
 def _init_dtypes() -> None:

@@ -418,6 +418,7 @@ class ExecBackend(Backend):
                 "complete_on": self.complete_on,
                 "loop_completions": self.loop_completions,  # batches the device posted the loop for
                 "torch_launch_plans": getattr(self.device, "torch_launch_plans", 0),  # CUDA: buckets torch launched
+                "inplace_batches": getattr(self.device, "inplace_batches", 0),  # CUDA: launched from pinned inputs
             }
 
     # -- internals ------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ from ..policy.base import ModelInfo, PolicyContext
 from ..policy.types import Layout, Result, Status
 from ..profile.store import GpuInfo, Profile, ProfileStore
 from .core import Runtime
-from .device import DeviceLayer, FakeModel, make_device_layer
+from .device import DeviceLayer, FakeModel, PinnedRow, make_device_layer
 from .exec_backend import ExecBackend, ExecOutput, check_complete_on, check_launch_on, check_lookahead
 from .gcpause import GcMonitor, RareFullCollections, freeze_loaded, thaw
 from .gilswitch import DEFAULT_MS as DEFAULT_SWITCH_INTERVAL_MS
@@ -565,6 +565,10 @@ class InferenceService:
         ``deadline_ms``: answer within this many ms from now (default: the model's SLO); a request
         the scheduler cannot serve in time fails with :class:`DeadlineExceeded`.
 
+        The inputs are copied before this returns, unless they lie in memory the device reads in
+        place (``device.pinned_empty`` or ``device.register_host``: a worker's shared arena, a load
+        generator's pinned pool); those must stay unchanged until the request is answered.
+
         Raises (at once) UnknownModel, ModelNotReady, InvalidInput, Overloaded. The future fails with
         DeadlineExceeded, Dropped or ModelFailed.
         """
@@ -584,7 +588,10 @@ class InferenceService:
                              retry_after_s=self._retry_after(m))
         layer = self.device
         if layer.stages:  # CUDA: rows into pinned memory on this (the client's) thread, outside any lock
-            rows = [layer.stage(r) for r in rows]
+            if layer.is_pinned(rows[0] + rows[-1]):  # already there (a worker's arena): launched in place
+                rows = [PinnedRow(r) for r in rows]
+            else:
+                rows = [layer.stage(r) for r in rows]
         rt = self._runtime
         with self._lock:
             if m.in_flight >= self.queue_limit:

@@ -95,9 +95,11 @@ class InferBridge:
         self._sock.bind(path)
         self._sock.listen(64)
         self._conns: list[socket.socket] = []
+        self._threads: list[threading.Thread] = []  # one per worker connection
         self._closed = False
         self.arena_requests = 0  # requests whose tensors came through a worker's shared memory
         self.inline_requests = 0  # ... and over the socket
+        self.pinned_arenas = 0  # worker arenas page-locked now (launched from in place)
         threading.Thread(target=self._accept, name="gpuloom-bridge-accept", daemon=True).start()
 
     def _accept(self) -> None:
@@ -107,16 +109,21 @@ class InferBridge:
             except OSError:
                 return
             self._conns.append(conn)
-            threading.Thread(target=self._serve, args=(conn,), name="gpuloom-bridge", daemon=True).start()
+            t = threading.Thread(target=self._serve, args=(conn,), name="gpuloom-bridge", daemon=True)
+            self._threads.append(t)
+            t.start()
 
     def _serve(self, conn: socket.socket) -> None:
         out: queue.SimpleQueue = queue.SimpleQueue()  # reply frames; None stops the writer
+        pinned = None
+        in_arena = _Outstanding()  # requests whose rows the device may still read from the arena
         writer = threading.Thread(target=self._write, args=(conn, out), name="gpuloom-bridge-write", daemon=True)
         writer.start()
         try:
             shared = _recv_hello(conn)  # the worker's arena (a memoryview), or None
             if shared is False:
                 return
+            pinned = self._pin(shared) if shared is not None else None
             while True:
                 head = _recv_exact(conn, FRAME.size)
                 if head is None:
@@ -137,11 +144,37 @@ class InferBridge:
                 if shared is None or not (isinstance(off, int) and 0 <= off and off + n <= len(shared)):
                     out.put(_internal_error_frame(meta["id"], ValueError(f"bad arena block {off!r} (+{n} bytes)")))
                     continue
-                self._submit(out, meta, shared[off:off + n])  # the tensors in place: no copy here
+                self._submit(out, meta, shared[off:off + n], in_arena)  # the tensors in place: no copy here
         except OSError:
             return
         finally:
             out.put(None)  # the writer sends what is queued, then closes the connection
+            if pinned is not None:
+                self._unpin(pinned, in_arena)
+
+    def _pin(self, shared: memoryview) -> int | None:
+        """Page-lock the worker's arena where the device can (CUDA): its requests' rows are then
+        launched from the arena itself, with no staging copy on this thread (``service.submit``).
+        Returns the arena's address, or None."""
+        device = getattr(self.core.service, "device", None)
+        if device is None or not getattr(device, "stages", False):  # nothing to save: rows are not staged
+            return None
+        addr = np.frombuffer(shared, np.uint8).__array_interface__["data"][0]
+        try:
+            ok = device.register_host(addr, len(shared))
+        except Exception:  # noqa: BLE001 - the arena still works, with copies
+            log.exception("page-locking a worker's arena failed")
+            ok = False
+        if ok:
+            self.pinned_arenas += 1
+        return addr if ok else None
+
+    def _unpin(self, addr: int, in_arena: "_Outstanding") -> None:
+        """Unlock an arena once the device can no longer read a request's rows from it."""
+        if not in_arena.wait_none(timeout_s=60):
+            log.error("requests from a closed worker's arena still unanswered after 60 s; unlocking it anyway")
+        self.core.service.device.unregister_host(addr)
+        self.pinned_arenas -= 1
 
     @staticmethod
     def _write(conn: socket.socket, out: queue.SimpleQueue) -> None:
@@ -154,7 +187,8 @@ class InferBridge:
         finally:
             conn.close()
 
-    def _submit(self, out: queue.SimpleQueue, meta: dict, payload: memoryview) -> None:
+    def _submit(self, out: queue.SimpleQueue, meta: dict, payload: memoryview,
+                in_arena: "_Outstanding | None" = None) -> None:
         rid, name, version = meta["id"], meta["model"], meta.get("version")
         t0 = time.perf_counter()
         try:
@@ -180,6 +214,9 @@ class InferBridge:
                 frame = _internal_error_frame(rid, e)
             out.put(frame)
 
+        if in_arena is not None:
+            in_arena.add()
+            fut.add_done_callback(lambda f: in_arena.remove())
         fut.add_done_callback(done)
 
     def close(self) -> None:
@@ -194,6 +231,31 @@ class InferBridge:
             os.unlink(self.path)
         except OSError:
             pass
+        deadline = time.monotonic() + 10.0  # let each connection unlock its arena (bounded)
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+
+
+class _Outstanding:
+    """A count of requests in flight, and a wait for it to reach zero."""
+
+    def __init__(self) -> None:
+        self._n = 0
+        self._cv = threading.Condition()
+
+    def add(self) -> None:
+        with self._cv:
+            self._n += 1
+
+    def remove(self) -> None:
+        with self._cv:
+            self._n -= 1
+            if self._n == 0:
+                self._cv.notify_all()
+
+    def wait_none(self, timeout_s: float) -> bool:
+        with self._cv:
+            return self._cv.wait_for(lambda: self._n == 0, timeout=timeout_s)
 
 
 def _error_frame(rid: int, e: ProtocolError) -> list[Any]:

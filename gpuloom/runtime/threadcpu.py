@@ -1,0 +1,56 @@
+"""CPU time of this process's threads, by role: where the host's time goes under load.
+
+Why: on the H200 the runtime's completions wait 0.6-0.9 ms per batch for the GIL (run 14,
+``docs/reports/runtime.md``) while the CUDA wake-up itself takes 10-35 us
+(``scripts/diag_wake.py``). Which threads keep the interpreter busy decides what to make cheaper.
+Linux only (``/proc/self/task``); elsewhere :func:`thread_cpu` returns only the process total.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def role(name: str) -> str:
+    """A thread's role from its name: ``gpuloom-watch-p0`` -> ``gpuloom-watch``, ``Thread-3 (run)``
+    -> ``Thread``; names without a counter or label stay as they are."""
+    if name.startswith("gpuloom-"):
+        return "-".join(name.split("-")[:2])
+    return re.split(r"[- ]", name, maxsplit=1)[0]
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds (user + system) used so far by the live Python threads of this process, summed
+    by :func:`role`, plus ``"process"``: the whole process, its threads outside Python (CUDA's,
+    torch's) and those that already ended included."""
+    t = os.times()
+    out: dict[str, float] = {"process": t.user + t.system}
+    for th in threading.enumerate():
+        tid = th.native_id
+        if tid is None:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat.rsplit(b")", 1)[1].split()  # after "pid (comm)": state is fields[0]
+        secs = (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
+        key = role(th.name)
+        out[key] = out.get(key, 0.0) + secs
+    return out
+
+
+def cpu_share(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict[str, float]:
+    """CPU seconds per second of wall time of each role between two :func:`thread_cpu` readings
+    (1.0 = one core busy all the time); roles that appear in ``after`` only count from zero."""
+    if wall_s <= 0:
+        return {}
+    return {k: round((v - before.get(k, 0.0)) / wall_s, 4) for k, v in sorted(after.items())}
+
+
+__all__ = ["cpu_share", "role", "thread_cpu"]
