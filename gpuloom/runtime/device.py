@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..policy.types import Layout, Partition
-from .hostcopy import copy_head
 
 log = logging.getLogger(__name__)
 
@@ -590,7 +589,7 @@ class CudaDeviceLayer(DeviceLayer):
 
     def __init__(self, device: int = 0, *, memory_limit_bytes: float | None = None, memory_fraction: float = 0.6,
                  warmup: int = 1, blocking_sync: bool = True, cache_layouts: int = 4, capture: str = "all",
-                 raw_launch: bool = True, gil_copies: bool = True) -> None:
+                 raw_launch: bool = True) -> None:
         if capture not in ("owner", "all"):
             raise ValueError(f"capture must be 'owner' (graphs where a partition's owner hint expects a model) or "
                              f"'all' (every model on every lane), got {capture!r}")
@@ -605,7 +604,6 @@ class CudaDeviceLayer(DeviceLayer):
         # awake beyond the device's copies and graph (wake), summed over batches (issue 5: the gap)
         self.copy_ms = {"h2d": 0.0, "d2h": 0.0, "host_out": 0.0, "wake": 0.0, "batches": 0}
         self.inplace_batches = 0  # batches launched from their requests' own page-locked memory (PinnedRow)
-        self.gil_copies = bool(gil_copies)  # the watcher copies outputs without releasing the GIL
         self._copy_lock = threading.Lock()
         self.torch_launch_plans = 0  # (lane, model, bucket)s launched through torch although raw_launch is on
         import torch
@@ -937,10 +935,7 @@ class CudaDeviceLayer(DeviceLayer):
         # enqueued (with torch launches, 0.3 ms of enqueueing, a tiny model's batch can give a
         # negative figure)
         wake = (c0 - ticket.launched) * 1e3 - (h2d + ms + d2h)  # t_in -> done, in its three parts
-        if self.gil_copies:  # keep the GIL for these few-KB copies (runtime/hostcopy.py: why)
-            outs = [copy_head(o, ticket.n) for o in ticket.out]
-        else:
-            outs = [o[: ticket.n].copy() for o in ticket.out]
+        outs = [o[: ticket.n].copy() for o in ticket.out]
         host = (time.perf_counter() - c0) * 1e3
         with self._copy_lock:  # watchers of several lanes
             cm = self.copy_ms
@@ -1085,10 +1080,9 @@ def _init_dtypes() -> None:
         _TORCH_DTYPES[name] = getattr(torch, name)
 
 
-def make_device_layer(device: str | None = None, *, raw_launch: bool = True, gil_copies: bool = True,
-                      **options: Any) -> DeviceLayer:
+def make_device_layer(device: str | None = None, *, raw_launch: bool = True, **options: Any) -> DeviceLayer:
     """``"cuda"``/``"cuda:N"``, ``"cpu"`` or ``None`` (cuda when available, else cpu). ``raw_launch``
-    and ``gil_copies`` apply to CUDA only (:class:`CudaDeviceLayer`)."""
+    applies to CUDA only (:class:`CudaDeviceLayer`)."""
     if device is None:
         try:
             import torch
@@ -1100,11 +1094,11 @@ def make_device_layer(device: str | None = None, *, raw_launch: bool = True, gil
         return CpuDeviceLayer(**options)
     if device.startswith("cuda"):
         idx = int(device.split(":", 1)[1]) if ":" in device else 0
-        return CudaDeviceLayer(idx, raw_launch=raw_launch, gil_copies=gil_copies, **options)
+        return CudaDeviceLayer(idx, raw_launch=raw_launch, **options)
     raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
 
 
 __all__ = [
     "CpuDeviceLayer", "CudaDeviceLayer", "DeviceFault", "DeviceLayer", "FakeDeviceLayer", "FakeModel",
-    "GraphMemoryError", "Lanes", "PinnedRow", "Rows", "allowed", "layout_key", "make_device_layer",
+    "GraphMemoryError", "Lanes", "Rows", "allowed", "layout_key", "make_device_layer",
 ]

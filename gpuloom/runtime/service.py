@@ -302,8 +302,6 @@ class InferenceService:
         raw_launch: on CUDA, issue each launch's copies, graph launch and events as raw driver calls
             (:mod:`gpuloom.gpu.launch`) instead of torch calls (the device layer made here; a
             ``device_layer`` passed in keeps its own setting).
-        gil_copies: on CUDA, the watcher copies a batch's outputs off its pinned buffers without
-            releasing the GIL (:mod:`gpuloom.runtime.hostcopy`; the device layer made here).
         complete_on: ``"watcher"`` (default) or ``"loop"``: who learns that a batch is done
             (:attr:`ExecBackend.COMPLETE_ON`). ``"loop"``: the GPU wakes the runtime's thread itself
             (a host function posting its semaphore; raw launches only), which books the batch, where
@@ -329,7 +327,6 @@ class InferenceService:
         launch_on: str = "auto",
         early_answer: bool = False,
         raw_launch: bool = True,
-        gil_copies: bool = True,
         complete_on: str = "watcher",
         expiry_grace_s: float = 5.0,
     ) -> None:
@@ -340,7 +337,6 @@ class InferenceService:
         self.launch_on = launch_on if launch_on == "auto" else check_launch_on(launch_on)
         self.early_answer = bool(early_answer)
         self.raw_launch = bool(raw_launch)
-        self.gil_copies = bool(gil_copies)
         self.complete_on = check_complete_on(complete_on)
         if not expiry_grace_s > 0:
             raise ValueError(f"expiry_grace_s must be > 0 s, got {expiry_grace_s!r}")
@@ -383,7 +379,7 @@ class InferenceService:
     @property
     def device(self) -> DeviceLayer:
         if self._layer is None:
-            self._layer = make_device_layer(self._device_arg, raw_launch=self.raw_launch, gil_copies=self.gil_copies)
+            self._layer = make_device_layer(self._device_arg, raw_launch=self.raw_launch)
             if self.profiles is None and self._layer.kind == "cuda":
                 try:
                     self.profiles = ProfileStore.builtin("h200")
