@@ -5,7 +5,8 @@
 
 Every measured point (policy, load factor) is simulated again with the same arrivals and the
 profiles the service planned with (shipped H200 profiles, trimmed to the run's max batch), for a
-grid of ``ContentionModel(batch_overhead_ms=..., demand_fraction=..., interference=..., host_launch_ms=...)``. For each parameter pair it
+grid of ``ContentionModel(batch_overhead_ms=..., demand_fraction=..., interference=..., host_launch_ms=...,
+host_request_ms=...)``. For each parameter pair it
 reports the relative goodput error (simulated - measured) / measured of every point, and picks the
 pair with the smallest worst error over the points that are not in collapse (measured attainment
 >= ``--min-attainment``: past the point where the Python runtime falls over, no queueing model of
@@ -58,6 +59,10 @@ def main() -> int:
     ap.add_argument("--demand-fractions", default="0.89,1.0", help="demand_fraction grid")
     ap.add_argument("--interference", default="0", help="interference grid (slowdown per co-running batch)")
     ap.add_argument("--host-launch", default="0", help="host_launch_ms grid (the one launching thread, per batch)")
+    ap.add_argument("--host-request", default="0", help="host_request_ms grid (that same host, per request)")
+    ap.add_argument("--variants", default="",
+                    help="comma-separated variant keys whose points are kept (e.g. pinned_inputs,complete_on); points "
+                         "of any other variant (policy:key=value) are left out, as the simulator would not know them")
     ap.add_argument("--min-attainment", type=float, default=0.9,
                     help="points measured below this attainment are reported but not fitted")
     ap.add_argument("--out", default=None)
@@ -71,17 +76,22 @@ def main() -> int:
         max_batch = int(d["meta"]["max_batch"])
         duration = float(d["meta"]["duration_s"])
         profs = {m.name: trim_profile(store.get(m.name), max_batch) for m in wl.models}
+        allowed = {k for k in a.variants.split(",") if k}
         for pol, res in d["policies"].items():
+            keys = {kv.split("=")[0] for kv in pol.split(":")[1:]}
+            if not keys <= allowed:
+                continue
             for p in res["points"]:
                 points.append({"file": Path(path).name, "policy": pol, "scale": p["scale"],
                                "measured_goodput": p["goodput_rps"], "measured_attainment": p["slo_attainment"],
                                "measured_p99_ms": p["p99_ms"], "wl": wl, "duration": duration, "profs": profs})
     grid = []
-    combos = [(float(ov), float(df), float(it), float(hl)) for ov in a.overheads.split(",")
+    combos = [(float(ov), float(df), float(it), float(hl), float(hr)) for ov in a.overheads.split(",")
               for df in a.demand_fractions.split(",") for it in a.interference.split(",")
-              for hl in a.host_launch.split(",")]
-    for ov, df, it, hl in combos:
-        cm = ContentionModel(batch_overhead_ms=ov, demand_fraction=df, interference=it, host_launch_ms=hl)
+              for hl in a.host_launch.split(",") for hr in a.host_request.split(",")]
+    for ov, df, it, hl, hr in combos:
+        cm = ContentionModel(batch_overhead_ms=ov, demand_fraction=df, interference=it, host_launch_ms=hl,
+                             host_request_ms=hr)
         rows = []
         for pt in points:
             wl = dataclasses.replace(pt["wl"].scaled(pt["scale"]), duration_s=pt["duration"])
@@ -97,17 +107,20 @@ def main() -> int:
         fitted = [abs(r["goodput_error"]) for r in rows if r["fitted"] and r["goodput_error"] is not None]
         over = [abs(r["goodput_error"]) for r in rows if not r["fitted"] and r["goodput_error"] is not None]
         grid.append({"batch_overhead_ms": ov, "demand_fraction": df, "interference": it, "host_launch_ms": hl,
+                     "host_request_ms": hr,
                      "worst_abs_error_fitted": round(max(fitted), 4) if fitted else None,
                      "mean_abs_error_fitted": round(sum(fitted) / len(fitted), 4) if fitted else None,
                      "median_abs_error_unfitted": round(sorted(over)[len(over) // 2], 4) if over else None,
                      "points": rows})
-        print(f"overhead {ov:.2f} ms, demand_fraction {df:.2f}, interference {it:.3f}, host launch {hl:.2f} ms: "
+        print(f"overhead {ov:.2f} ms, demand_fraction {df:.2f}, interference {it:.3f}, host launch {hl:.2f} ms, "
+              f"host per request {hr:.3f} ms: "
               f"worst |error| {max(fitted):.3f}, mean {sum(fitted) / len(fitted):.3f} over {len(fitted)} fitted "
               f"points; median |error| {grid[-1]['median_abs_error_unfitted']} over {len(over)} points in collapse",
               flush=True)
     best = min(grid, key=lambda g: (g["worst_abs_error_fitted"], g["mean_abs_error_fitted"]))
     print(f"best: batch_overhead_ms={best['batch_overhead_ms']}, demand_fraction={best['demand_fraction']}, "
-          f"interference={best['interference']}, host_launch_ms={best['host_launch_ms']}")
+          f"interference={best['interference']}, host_launch_ms={best['host_launch_ms']}, "
+          f"host_request_ms={best['host_request_ms']}")
     for r in best["points"]:
         print(f"  {r['policy']:9s} x{r['scale']:<6.3g} measured {r['measured_goodput']:7.0f}/s "
               f"simulated {r['simulated_goodput']:7.0f}/s error {r['goodput_error']:+.3f}"

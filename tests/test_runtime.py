@@ -123,6 +123,16 @@ def test_one_host_thread_launches_batches_one_after_another():
         ContentionModel(host_launch_ms=-1.0)
 
 
+def test_a_requests_host_time_delays_only_the_launches_queued_behind_it():
+    # host_request_ms: the first batch's request keeps the host busy 1 ms, but its own batch is
+    # launched at once (that work happens at arrival, on other threads); the second batch waits
+    reqs = [Request(0, "toy", 0.0, 10.0), Request(1, "toy", 0.0, 10.0)]
+    rec = toy_run(_TwoPartitions(), reqs, until_ms=1.0, contention=ContentionModel(host_request_ms=1.0))
+    assert sorted(r.finish_ms for r in rec.results) == [pytest.approx(2.0), pytest.approx(3.0)]
+    with pytest.raises(ValueError, match="host_request_ms"):
+        ContentionModel(host_request_ms=-0.1)
+
+
 def test_no_slowdown_while_the_knees_fit_and_efficiency_scales_oversubscription():
     reqs = [Request(0, "toy", 0.0, 10.0), Request(1, "toy", 0.0, 10.0)]
     rec = toy_run(_TwoLanes(), reqs, until_ms=1.0, contention=ContentionModel(efficiency=0.8))

@@ -36,6 +36,18 @@ against the GPU, issue 5). Its parameters live in :class:`ContentionModel`.
   against them it is best at 0 (``docs/results/runtime/sim_calibration_host.json``), and a fake-GPU
   run found the runtime thread mostly idle, so it stays off by default. Same simplification as the
   batch overhead.
+* **Host per request** (``host_request_ms``): the same one host, also busy this long for each
+  request of a batch. It stands for the Python interpreter that every request crosses (``submit``,
+  the loop's arrival and answer, the bridge over HTTP) and that the GIL serializes: on the H200 the
+  runtime's process used 1.1-1.3 CPU-s per s at mix6 x0.75 (``host.thread_cpu`` in runs 15-16,
+  ``docs/reports/runtime.md``), and past that load the real runtime collapses where the plain
+  model serves everything. The requests' share is added to the host's backlog when their batch is
+  launched; it holds the lane only by delaying later launches (that work really happens on other
+  threads, at arrival and answer: what matters is the host's total load). Fitted against the 33
+  raw-launch mix6 points of runs 11-16, collapses included, it is best at 0 as well: mean |goodput
+  error| 0.114 at 0, 0.125 at 0.1 ms, 0.164 at 0.12, 0.233 at 0.15
+  (``docs/results/runtime/sim_calibration_host_request.json``). The measured collapse is not a
+  fixed capacity: the same point swings by 0.1-0.2 of attainment between runs. Off by default.
 
 Utilization: a batch *uses* ``min(partition SMs, knee)`` SMs on an exclusive partition (SMs past the
 knee do not make it faster); shared batches together use ``min(A, K)``. ``busy_sm_ms`` integrates
@@ -69,17 +81,19 @@ class ContentionModel:
     switch_ms: float = 0.0  # time until a new layout's partitions accept work, ms
     batch_overhead_ms: float = 0.0  # per batch, a lane's time not on the GPU: host launch + completion turnaround
     host_launch_ms: float = 0.0  # per batch, time of the ONE host thread that launches every batch (serialized)
+    host_request_ms: float = 0.0  # per request of a batch, time of that same host (the interpreter, serialized)
 
     def __post_init__(self) -> None:
         if not (0.0 < self.efficiency <= 1.0):
             raise ValueError(f"ContentionModel.efficiency must be in (0, 1], found {self.efficiency}")
         if not (0.0 < self.demand_fraction <= 1.0):
             raise ValueError(f"ContentionModel.demand_fraction must be in (0, 1], found {self.demand_fraction}")
-        if min(self.interference, self.knee_eps, self.switch_ms, self.batch_overhead_ms, self.host_launch_ms) < 0:
+        if min(self.interference, self.knee_eps, self.switch_ms, self.batch_overhead_ms, self.host_launch_ms,
+               self.host_request_ms) < 0:
             raise ValueError(
-                "ContentionModel: knee_eps, interference, switch_ms, batch_overhead_ms and host_launch_ms must be "
-                f">= 0, found {self.knee_eps}, {self.interference}, {self.switch_ms}, {self.batch_overhead_ms}, "
-                f"{self.host_launch_ms}"
+                "ContentionModel: knee_eps, interference, switch_ms, batch_overhead_ms, host_launch_ms and "
+                f"host_request_ms must be >= 0, found {self.knee_eps}, {self.interference}, {self.switch_ms}, "
+                f"{self.batch_overhead_ms}, {self.host_launch_ms}, {self.host_request_ms}"
             )
 
     @classmethod
@@ -191,10 +205,11 @@ class SimBackend(Backend):
             useful = float(min(part.sms, knee))
         base += self.contention.batch_overhead_ms  # the lane is busy, the GPU is not (useful SMs as measured)
         h = self.contention.host_launch_ms
-        if h > 0.0:  # FIFO on the one launching thread: wait for it, then launch
+        h_req = self.contention.host_request_ms * len(requests)
+        if h > 0.0 or h_req > 0.0:  # FIFO on the one host thread: wait for its backlog, then launch
             start = max(self.loop.now, self._launcher_free)
-            self._launcher_free = start + h
-            base += self._launcher_free - self.loop.now
+            self._launcher_free = start + h + h_req  # the requests' share adds to the backlog ...
+            base += start - self.loop.now + h  # ... but holds the lane only through what it delays
         self._settle()
         run = _Run(decision, part, self.loop.now, base, demand, useful)
         self._seq += 1
