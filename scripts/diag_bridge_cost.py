@@ -13,8 +13,9 @@ paced to ``--rate`` requests/s. ``--busy-us`` adds a thread spinning in pure Pyt
 microseconds out of every millisecond: GIL contention like the runtime's threads make.
 
 For each run it reports requests/s and CPU microseconds per request of the bridge's threads
-(``gpuloom-bridge*``, from ``gpuloom.runtime.threadcpu``), of the stand-in runtime thread (which
-runs the futures' callbacks: the reply's ``pack``), and of the whole process; then the median and
+(``gpuloom-bridge*``, from ``gpuloom.runtime.threadcpu``; also reader and writer apart), of the stand-in runtime thread (which
+runs the futures' callbacks: the reply's ``pack``), of the whole process, and of the client (when
+it nears one core, the client is the limit, not the bridge); then the median and
 spread (min, max) over ``--repeat`` runs, each with a fresh bridge and client.
 
     .venv/bin/python scripts/diag_bridge_cost.py --repeat 5 --out /tmp/bridge.json
@@ -145,6 +146,28 @@ def client(path: str, window: int, rate: float, in_bytes: int, inline: bool) -> 
         sock.close()
 
 
+def _named_cpu() -> dict[str, float]:
+    """CPU seconds of this process's bridge threads by full name (reader ``gpuloom-bridge``, writer
+    ``gpuloom-bridge-write``), which ``thread_cpu`` sums under one role."""
+    out: dict[str, float] = {}
+    for th in threading.enumerate():
+        if th.name.startswith("gpuloom-bridge") and th.native_id is not None:
+            try:
+                with open(f"/proc/self/task/{th.native_id}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            out[th.name] = out.get(th.name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
+def _proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process ``pid`` (the client: is it the limit?)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 # -- one measured run ----------------------------------------------------------------------------
 def run_once(args) -> dict:
     core = StandInCore(args.out_bytes)
@@ -163,9 +186,9 @@ def run_once(args) -> dict:
         time.sleep(args.warmup_s)
         if core.answered == 0:
             raise SystemExit("no request answered during the warm-up")
-        n0, c0, t0 = core.answered, thread_cpu(), time.perf_counter()
+        n0, c0, t0, k0, b0 = core.answered, thread_cpu(), time.perf_counter(), _proc_cpu(proc.pid), _named_cpu()
         time.sleep(args.seconds)
-        n1, c1, t1 = core.answered, thread_cpu(), time.perf_counter()
+        n1, c1, t1, k1, b1 = core.answered, thread_cpu(), time.perf_counter(), _proc_cpu(proc.pid), _named_cpu()
     finally:
         bridge.close()
         proc.wait(10)
@@ -177,8 +200,10 @@ def run_once(args) -> dict:
         return round((c1.get(role, 0.0) - c0.get(role, 0.0)) / n * 1e6, 2)
 
     return {"requests_per_s": round(n / wall, 1), "requests": n,
-            "bridge_us_per_req": us("gpuloom-bridge"), "runtime_standin_us_per_req": us("gpuloom-runtime"),
-            "process_us_per_req": us("process"),
+            "bridge_us_per_req": us("gpuloom-bridge"),
+            "reader_us_per_req": round((b1.get("gpuloom-bridge", 0) - b0.get("gpuloom-bridge", 0)) / n * 1e6, 2),
+            "writer_us_per_req": round((b1.get("gpuloom-bridge-write", 0) - b0.get("gpuloom-bridge-write", 0)) / n * 1e6, 2), "runtime_standin_us_per_req": us("gpuloom-runtime"),
+            "process_us_per_req": us("process"), "client_us_per_req": round((k1 - k0) / n * 1e6, 2),
             "bridge_cpu_s_per_s": round((c1.get("gpuloom-bridge", 0) - c0.get("gpuloom-bridge", 0)) / wall, 4)}
 
 
