@@ -452,8 +452,9 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_b
         try:
             while True:
                 jlen, plen = FRAME.unpack(await reader.readexactly(FRAME.size))
-                meta = json.loads(await reader.readexactly(jlen))
-                payload = memoryview(await reader.readexactly(plen)) if plen else memoryview(b"")
+                body = await reader.readexactly(jlen + plen)  # JSON and payload in one read
+                meta = json.loads(body[:jlen])
+                payload = memoryview(body)[jlen:]
                 block = state["blocks"].pop(meta["id"], None)
                 if block is not None:  # the runtime is done with the request's inputs
                     state["arena"].free(block)
