@@ -43,6 +43,8 @@ from .protocol import ProtocolError, numpy_dtype, v2_dtype
 log = logging.getLogger(__name__)
 
 FRAME = struct.Struct("!IQ")
+_READ_BUF = 1 << 16  # bytes the bridge's reader asks the socket for per call
+_JOIN_MAX = 1 << 16  # reply parts smaller than this are joined into one send; bigger go as they are
 _HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
 
 
@@ -52,7 +54,7 @@ def pack(meta: dict, arrays: list[np.ndarray], into: memoryview | None = None) -
     ``into``: a block of the shared arena (``meta["arena"]`` says where) that takes the tensors'
     bytes instead; the frame then has an empty payload."""
     bufs = [memoryview(np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))).cast("B") for a in arrays]
-    meta = dict(meta, tensors=[{"name": n, "datatype": v2_dtype(a.dtype.name), "shape": list(a.shape),
+    meta = dict(meta, tensors=[{"name": n, "datatype": _v2_name(a.dtype), "shape": list(a.shape),
                                 "nbytes": b.nbytes} for n, a, b in zip(meta.pop("names"), arrays, bufs)])
     js = json.dumps(meta).encode()
     if into is not None:
@@ -62,6 +64,18 @@ def pack(meta: dict, arrays: list[np.ndarray], into: memoryview | None = None) -
             off += b.nbytes
         return [FRAME.pack(len(js), 0), js]
     return [FRAME.pack(len(js), sum(b.nbytes for b in bufs)), js, *bufs]
+
+
+_V2_NAMES: dict[str, str] = {}  # numpy dtype name -> v2 name, as found
+
+
+def _v2_name(dtype: np.dtype) -> str:
+    """``v2_dtype(dtype.name)``, remembered: ``np.dtype(name)`` from a string takes ~3.5 us, per
+    tensor of every frame (replies are packed on the runtime's thread)."""
+    name = _V2_NAMES.get(dtype.name)
+    if name is None:
+        name = _V2_NAMES[dtype.name] = v2_dtype(dtype.name)  # ValueError for no v2 name: not remembered
+    return name
 
 
 def payload_bytes(meta: dict) -> int:
@@ -124,20 +138,17 @@ class InferBridge:
             if shared is False:
                 return
             pinned = self._pin(shared) if shared is not None else None
+            frames = _FrameReader(conn)
             while True:
-                head = _recv_exact(conn, FRAME.size)
-                if head is None:
+                frame = frames.next()
+                if frame is None:  # the worker went away (between frames or mid-frame)
                     return
-                jlen, plen = FRAME.unpack(head)
-                js = _recv_exact(conn, jlen)
-                payload = _recv_exact(conn, plen) if plen else bytearray()
-                if js is None or payload is None:  # the worker went away mid-frame
-                    return
-                meta = json.loads(bytes(js))
+                js, payload = frame
+                meta = json.loads(js)
                 off = meta.get("arena")
                 if off is None:
                     self.inline_requests += 1
-                    self._submit(out, meta, memoryview(payload))
+                    self._submit(out, meta, payload)
                     continue
                 self.arena_requests += 1
                 n = payload_bytes(meta)
@@ -178,10 +189,33 @@ class InferBridge:
 
     @staticmethod
     def _write(conn: socket.socket, out: queue.SimpleQueue) -> None:
+        """Send the queued reply frames: every frame already queued goes out with this one, their small
+        parts joined into one ``sendall`` (one GIL release, not one per part and frame); parts of
+        ``_JOIN_MAX`` bytes or more are sent as they are (no copy)."""
         try:
-            while (frame := out.get()) is not None:
-                for b in frame:
-                    conn.sendall(b)
+            stop = False
+            while not stop:
+                frame = out.get()
+                parts: list[Any] = []
+                size = 0
+                while True:
+                    if frame is None:  # the reader is done: send what is gathered, then close
+                        stop = True
+                        break
+                    for b in frame:  # bytes, or memoryviews cast to "B": len() is the byte count
+                        if len(b) >= _JOIN_MAX:
+                            if parts:
+                                conn.sendall(b"".join(parts))
+                                parts, size = [], 0
+                            conn.sendall(b)
+                        else:
+                            parts.append(b)
+                            size += len(b)
+                    if size >= _JOIN_MAX or out.empty():  # this thread alone takes from ``out``
+                        break
+                    frame = out.get_nowait()
+                if parts:
+                    conn.sendall(b"".join(parts))
         except OSError:  # the worker is gone; its client's connection went with it
             pass
         finally:
@@ -296,6 +330,64 @@ def _recv_hello(conn: socket.socket) -> memoryview | None | bool:
             os.close(fd)
 
 
+class _FrameReader:
+    """Frames off a worker's connection through one buffer: each ``recv_into`` asks for up to
+    ``_READ_BUF`` bytes, so a frame usually takes one call (not one each for its header, JSON and
+    payload) and frames already queued on the socket are parsed with no further call."""
+
+    def __init__(self, conn: socket.socket, size: int = _READ_BUF) -> None:
+        self.conn = conn
+        self.buf = bytearray(size)
+        self.start = self.end = 0  # the unread bytes are buf[start:end]
+
+    def _fill(self, need: int) -> bool:
+        """At least ``need`` unread bytes in the buffer (moved to its front, or into a bigger one,
+        when they would not fit after ``start``); False when the connection closes first."""
+        if self.end - self.start >= need:
+            return True
+        if self.start + need > len(self.buf):
+            rest = self.buf[self.start:self.end]
+            if need > len(self.buf):  # a frame head (header and JSON) bigger than the buffer
+                self.buf = bytearray(need)
+            self.buf[:len(rest)] = rest
+            self.start, self.end = 0, len(rest)
+        view = memoryview(self.buf)
+        while self.end - self.start < need:
+            k = self.conn.recv_into(view[self.end:])
+            if k == 0:
+                return False
+            self.end += k
+        return True
+
+    def next(self) -> tuple[bytearray, memoryview] | None:
+        """The next frame's JSON (bytes to decode) and payload (its own memory: the request's
+        arrays view it while the runtime works), or None when the connection closed, even mid-frame."""
+        if self.start == self.end:
+            self.start = self.end = 0
+        if not self._fill(FRAME.size):
+            return None
+        jlen, plen = FRAME.unpack_from(self.buf, self.start)
+        if not self._fill(FRAME.size + jlen):
+            return None
+        a = self.start + FRAME.size
+        js = self.buf[a:a + jlen]
+        self.start = a + jlen
+        if not plen:
+            return js, memoryview(b"")
+        payload = bytearray(plen)
+        have = min(plen, self.end - self.start)
+        payload[:have] = memoryview(self.buf)[self.start:self.start + have]
+        self.start += have
+        if have < plen:  # the rest straight into the payload's memory: no copy through the buffer
+            view, got = memoryview(payload), have
+            while got < plen:
+                k = self.conn.recv_into(view[got:])
+                if k == 0:
+                    return None
+                got += k
+        return js, memoryview(payload)
+
+
 def _recv_exact(conn: socket.socket, n: int) -> bytearray | None:
     buf = bytearray(n)
     view, got = memoryview(buf), 0
@@ -360,8 +452,9 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_b
         try:
             while True:
                 jlen, plen = FRAME.unpack(await reader.readexactly(FRAME.size))
-                meta = json.loads(await reader.readexactly(jlen))
-                payload = memoryview(await reader.readexactly(plen)) if plen else memoryview(b"")
+                body = await reader.readexactly(jlen + plen)  # JSON and payload in one read
+                meta = json.loads(body[:jlen])
+                payload = memoryview(body)[jlen:]
                 block = state["blocks"].pop(meta["id"], None)
                 if block is not None:  # the runtime is done with the request's inputs
                     state["arena"].free(block)

@@ -1,0 +1,173 @@
+"""The HTTP workers' bridge (``InferBridge``) on its own, over a raw Unix socket: frames that arrive
+several to a read, split over many reads, bigger than the reader's buffer, and a worker that goes
+away mid-frame. CPU only, no worker process."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import queue
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from gpuloom.serve import arena, frontend
+from gpuloom.serve.frontend import FRAME, InferBridge, pack, unpack_tensors
+
+
+class EchoCore:
+    """What the bridge calls on ``ServeCore``: a thread answers each request with ``y = 2 * x``."""
+
+    service = None
+
+    def __init__(self) -> None:
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while (item := self._q.get()) is not None:
+            fut, x = item
+            fut.set_result({"y": x * 2})
+
+    def check_outputs(self, name, version, wanted) -> None:
+        return None
+
+    def submit(self, name, version, inputs, deadline_ms):
+        fut: cf.Future = cf.Future()
+        self._q.put((fut, np.array(inputs["x"], copy=True)))
+        return fut, None
+
+    def outcome(self, name, fut, t0, rows):
+        return fut.result(timeout=0)
+
+    def close(self) -> None:
+        self._q.put(None)
+
+
+@pytest.fixture
+def bridge(tmp_path):
+    core = EchoCore()
+    b = InferBridge(core, str(tmp_path / "bridge.sock"))
+    yield b
+    b.close()
+    core.close()
+
+
+def _connect(b: InferBridge, shared: arena.Arena | None = None) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(30)
+    s.connect(b.path)
+    js = json.dumps({"hello": 1, "arena_bytes": shared.size if shared else 0}).encode()
+    socket.send_fds(s, [FRAME.pack(len(js), 0) + js], [shared.fd] if shared else [])
+    return s
+
+
+def _frame(rid: int, x: np.ndarray, **extra) -> bytes:
+    meta = {"id": rid, "model": "m", "version": None, "deadline_ms": None, "outputs": None, "names": ["x"], **extra}
+    return b"".join(bytes(p) for p in pack(meta, [x]))
+
+
+def _arena_frame(rid: int, x: np.ndarray, shared: arena.Arena) -> bytes:
+    off = shared.alloc(x.nbytes)
+    meta = {"id": rid, "model": "m", "version": None, "deadline_ms": None, "outputs": None, "names": ["x"],
+            "arena": off}
+    return b"".join(bytes(p) for p in pack(meta, [x], into=shared.view(off, x.nbytes)))
+
+
+def _recv_exact(s: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        assert chunk, "the bridge closed the connection"
+        buf += chunk
+    return bytes(buf)
+
+
+def _replies(s: socket.socket, n: int) -> dict[int, tuple[dict, dict]]:
+    out = {}
+    for _ in range(n):
+        jlen, plen = FRAME.unpack(_recv_exact(s, FRAME.size))
+        meta = json.loads(_recv_exact(s, jlen))
+        payload = memoryview(_recv_exact(s, plen))
+        out[meta["id"]] = (meta, unpack_tensors(meta, payload) if meta["status"] == 200 else {})
+    return out
+
+
+def test_several_frames_in_one_send_are_each_answered(bridge):
+    shared = arena.Arena(1 << 16) if arena.supported() else None
+    s = _connect(bridge, shared)
+    try:
+        xs = {i: np.full((1 + i % 3, 4), i, np.float32) for i in range(40)}
+        frames = [_arena_frame(i, x, shared) if shared is not None and i % 2 else _frame(i, x) for i, x in xs.items()]
+        s.sendall(b"".join(frames))  # 40 frames back to back: most arrive several to one read
+        got = _replies(s, len(xs))
+        assert sorted(got) == sorted(xs)
+        for i, x in xs.items():
+            meta, outs = got[i]
+            assert meta["status"] == 200
+            np.testing.assert_array_equal(outs["y"], x * 2)
+    finally:
+        s.close()
+        if shared is not None:
+            shared.close()
+
+
+def test_a_frame_split_over_many_sends_is_reassembled(bridge):
+    s = _connect(bridge)
+    try:
+        x = np.arange(12, dtype=np.float32).reshape(3, 4)
+        data = _frame(7, x) + _frame(8, x + 1)
+        for i in range(0, len(data), 5):  # 5 bytes at a time, header and JSON cut anywhere
+            s.sendall(data[i:i + 5])
+            time.sleep(0.001)
+        got = _replies(s, 2)
+        np.testing.assert_array_equal(got[7][1]["y"], x * 2)
+        np.testing.assert_array_equal(got[8][1]["y"], (x + 1) * 2)
+    finally:
+        s.close()
+
+
+def test_payloads_and_json_bigger_than_the_readers_buffer(bridge):
+    s = _connect(bridge)
+    try:
+        big = np.arange(3 * frontend._READ_BUF // 4, dtype=np.float32).reshape(3, -1)  # 3 buffers of payload
+        small = np.ones((1, 4), np.float32)
+        pad = "p" * (2 * frontend._READ_BUF)  # a JSON head twice the buffer (ignored by the bridge)
+        s.sendall(_frame(1, small) + _frame(2, big) + _frame(3, small, pad=pad) + _frame(4, small))
+        got = _replies(s, 4)
+        np.testing.assert_array_equal(got[2][1]["y"], big * 2)  # a reply bigger than _JOIN_MAX, too
+        for i in (1, 3, 4):
+            np.testing.assert_array_equal(got[i][1]["y"], small * 2)
+    finally:
+        s.close()
+
+
+def test_a_bad_arena_block_is_answered_with_an_error_frame_and_the_next_request_still_works(bridge):
+    s = _connect(bridge)  # no arena
+    try:
+        x = np.ones((1, 4), np.float32)
+        bad = b"".join(bytes(p) for p in pack({"id": 1, "model": "m", "names": ["x"], "arena": 0}, [x],
+                                                into=memoryview(bytearray(16))))
+        s.sendall(bad + _frame(2, x))
+        got = _replies(s, 2)
+        assert got[1][0]["status"] == 500 and "bad arena block" in got[1][0]["error"]
+        assert got[2][0]["status"] == 200
+    finally:
+        s.close()
+
+
+def test_a_worker_that_goes_away_mid_frame_ends_its_connection_threads(bridge):
+    s = _connect(bridge)
+    x = np.ones((2, 4), np.float32)
+    s.sendall(_frame(1, x))
+    assert _replies(s, 1)[1][0]["status"] == 200
+    s.sendall(_frame(2, x)[:-5])  # all but the last 5 bytes of the payload
+    s.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(t.is_alive() for t in bridge._threads):
+        time.sleep(0.01)
+    assert not any(t.is_alive() for t in bridge._threads)
