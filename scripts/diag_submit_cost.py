@@ -73,7 +73,8 @@ def main() -> int:
     p.add_argument("--pause-ms", type=float, default=2.0, help="pause after each burst, ms")
     p.add_argument("--rows", type=int, default=1, help="rows per request")
     p.add_argument("--launch-on", default="auto", help="InferenceService launch_on")
-    p.add_argument("--profile", action="store_true", help="also profile one repetition (cProfile, this thread)")
+    p.add_argument("--profile", action="store_true",
+                   help="also profile one repetition (cProfile timed by this thread's CPU time)")
     p.add_argument("--top", type=int, default=25, help="cProfile entries to print")
     p.add_argument("--out", default=None, help="write the figures here (JSON)")
     args = p.parse_args()
@@ -93,7 +94,7 @@ def main() -> int:
             import cProfile
             import pstats
 
-            prof = cProfile.Profile()
+            prof = cProfile.Profile(time.thread_time)  # CPU time of this thread, not wall (lock waits, sleeps)
             prof.enable()
             run_once(svc, x, args.requests, args.burst, args.pause_ms / 1000)
             prof.disable()
