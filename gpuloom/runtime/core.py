@@ -165,12 +165,14 @@ class Runtime:
             if self._closed:
                 raise RuntimeError("the runtime is stopped; it takes no more requests")
             now = self.loop.wall_ms()
+            deadline = now + float(timeout_ms)
+            attach = self.backend.attach
             reqs = []
             for p in payloads:
-                r = Request(self._next_id, model, now, now + float(timeout_ms))
+                r = Request(self._next_id, model, now, deadline)
                 self._next_id += 1
                 if p is not None:
-                    self.backend.attach(r.id, p)
+                    attach(r.id, p)
                 reqs.append(r)
             self.loop.post(ARRIVAL, self._on_online_arrivals, reqs)
         return reqs

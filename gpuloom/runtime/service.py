@@ -32,6 +32,7 @@ from __future__ import annotations
 import bisect
 import concurrent.futures
 import dataclasses
+import functools
 import heapq
 import logging
 import math
@@ -61,6 +62,10 @@ log = logging.getLogger(__name__)
 MAX_PARTITION_STEP_SMS = 32
 
 _DTYPES = ("float32", "float16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
+#: each of _DTYPES as a numpy dtype: submit compares ``x.dtype`` against these (~0.05 us) instead of
+#: ``str(x.dtype)`` against the name (~3.6 us: numpy builds a dtype's name in Python); the outcome is
+#: the same for every dtype (byte order, aliases such as "long", structured ones)
+_NP_DTYPES = {name: np.dtype(name) for name in _DTYPES}
 #: upper bounds (ms) of the latency histogram buckets; the last bucket is +inf
 LATENCY_BUCKETS_MS = (0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 
@@ -117,6 +122,11 @@ class ModelConfig:
                 raise ValueError(f"model {self.name!r}: {what} must be a positive number, got {v!r}")
         if not (isinstance(self.rate_hint, (int, float)) and self.rate_hint >= 0):
             raise ValueError(f"model {self.name!r}: rate_hint must be >= 0 requests/s, got {self.rate_hint!r}")
+
+    @functools.cached_property
+    def _input_names(self) -> frozenset[str]:
+        """The input names as a set, made once: every submit checks a request's names against it."""
+        return frozenset(t.name for t in self.inputs)
 
 
 # -- errors -------------------------------------------------------------------------------------
@@ -673,13 +683,15 @@ class InferenceService:
     # -- internals ----------------------------------------------------------------------------
     def _rows(self, cfg: ModelConfig, inputs: Mapping[str, np.ndarray]) -> list[list[np.ndarray]]:
         """Validate ``inputs`` and split them into per-row payloads (copied once: the caller may reuse
-        its arrays)."""
-        if not isinstance(inputs, Mapping):
+        its arrays). Runs on every request, on the client's thread: kept lean (see _NP_DTYPES)."""
+        if type(inputs) is not dict and not isinstance(inputs, Mapping):  # a dict skips the ABC check
             raise InvalidInput(f"inputs must be a dict of name -> numpy array; expected "
                                f"{', '.join(t.describe() for t in cfg.inputs)}")
-        want = [t.name for t in cfg.inputs]
-        if set(inputs) != set(want):
-            raise InvalidInput(f"model {cfg.name!r} expects inputs {want}, got {sorted(inputs)}")
+        if set(inputs) != cfg._input_names:
+            raise InvalidInput(f"model {cfg.name!r} expects inputs {[t.name for t in cfg.inputs]}, got {sorted(inputs)}")
+        # the device copies each row when it stages it (CUDA: into pinned memory); else copy here,
+        # as the caller may reuse its arrays once submit returns
+        copy = not self.device.stages
         n = None
         arrays = []
         for spec in cfg.inputs:
@@ -687,19 +699,17 @@ class InferenceService:
             if not isinstance(x, np.ndarray):
                 raise InvalidInput(f"input {spec.name!r} must be a numpy array, got {type(x).__name__}; "
                                    f"expected {spec.describe()}")
-            if str(x.dtype) != spec.dtype:
+            if x.dtype != _NP_DTYPES[spec.dtype]:
                 raise InvalidInput(f"input {spec.name!r} has dtype {x.dtype}; expected {spec.describe()}")
-            if x.ndim != len(spec.shape) + 1 or tuple(x.shape[1:]) != spec.shape:
+            if x.ndim != len(spec.shape) + 1 or x.shape[1:] != spec.shape:
                 raise InvalidInput(f"input {spec.name!r} has shape {tuple(x.shape)}; expected {spec.describe()} "
                                    f"(the first dimension is the rows of this request)")
             if n is None:
                 n = x.shape[0]
             elif x.shape[0] != n:
                 raise InvalidInput(f"inputs must have the same number of rows: {spec.name!r} has {x.shape[0]}, "
-                                   f"{want[0]!r} has {n}")
-            # the device copies each row when it stages it (CUDA: into pinned memory); else copy here,
-            # as the caller may reuse its arrays once submit returns
-            arrays.append(np.ascontiguousarray(x) if self.device.stages else np.array(x, copy=True, order="C"))
+                                   f"{cfg.inputs[0].name!r} has {n}")
+            arrays.append(np.array(x, copy=True, order="C") if copy else np.ascontiguousarray(x))
         if not 1 <= n <= cfg.max_batch:
             raise InvalidInput(f"model {cfg.name!r} takes 1..{cfg.max_batch} rows per request, got {n}")
         return [[a[i] for a in arrays] for i in range(n)]
