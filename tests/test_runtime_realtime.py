@@ -87,11 +87,12 @@ def test_the_realtime_loop_measures_how_long_posts_waited_for_a_stalled_loop():
     ran = []
 
     def stall():
-        time.sleep(0.03)  # a long handler (or a garbage-collector pause) holds the loop's thread
+        time.sleep(0.08)  # a long handler (or a garbage-collector pause) holds the loop's thread
 
     loop.post(0, stall)
-    threading.Timer(0.005, lambda: loop.post(0, ran.append, 1)).start()  # arrives while the loop stalls
-    threading.Timer(0.08, loop.shut).start()
+    # arrives while the loop stalls; waits ~75 ms, over 20 ms even if a loaded host starts the timer 50 ms late
+    threading.Timer(0.005, lambda: loop.post(0, ran.append, 1)).start()
+    threading.Timer(0.15, loop.shut).start()
     while loop.step():
         pass
     lag = loop.lag_since(t0)
