@@ -15,7 +15,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default=DEFAULT_POLICIES,
                    help=f"comma-separated policies (default {DEFAULT_POLICIES}); a variant is NAME:KEY=VALUE[:...], "
                         f"e.g. dstack:lookahead_ms=0 (the service's launch-ahead) or dstack:replan=false (a policy "
-                        f"option), reported under that spelling next to the plain policy")
+                        f"option), reported under that spelling next to the plain policy. Service keys: "
+                        f"{', '.join(SERVICE_KEYS)} (pinned_inputs=true: the load generator's inputs lie in "
+                        f"page-locked memory and are launched in place)")
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if available)")
     p.add_argument("--tiny", action="store_true",
                    help="serve small MLPs named like the workload's models (CPU smoke runs, CI)")
