@@ -378,25 +378,25 @@ class _FrameReader:
         have = min(plen, self.end - self.start)
         payload[:have] = memoryview(self.buf)[self.start:self.start + have]
         self.start += have
-        if have < plen:  # the rest straight into the payload's memory: no copy through the buffer
-            view, got = memoryview(payload), have
-            while got < plen:
-                k = self.conn.recv_into(view[got:])
-                if k == 0:
-                    return None
-                got += k
+        if have < plen and not _recv_into(self.conn, memoryview(payload)[have:]):
+            return None  # the rest goes straight into the payload's memory: no copy through the buffer
         return js, memoryview(payload)
+
+
+def _recv_into(conn: socket.socket, view: memoryview) -> bool:
+    """Fill ``view`` from ``conn``; False when the connection closes first."""
+    got, n = 0, len(view)
+    while got < n:
+        k = conn.recv_into(view[got:])
+        if k == 0:
+            return False
+        got += k
+    return True
 
 
 def _recv_exact(conn: socket.socket, n: int) -> bytearray | None:
     buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = conn.recv_into(view[got:])
-        if k == 0:
-            return None
-        got += k
-    return buf
+    return buf if _recv_into(conn, memoryview(buf)) else None
 
 
 def reserve_port(host: str, port: int) -> socket.socket:
