@@ -44,7 +44,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpuloom.runtime.threadcpu import thread_cpu  # noqa: E402
+from gpuloom.runtime.threadcpu import stat_cpu_s, thread_cpu  # noqa: E402
 from gpuloom.serve import arena as arena_mod  # noqa: E402
 from gpuloom.serve.frontend import FRAME, InferBridge, pack  # noqa: E402
 
@@ -148,24 +148,13 @@ def client(path: str, window: int, rate: float, in_bytes: int, inline: bool) -> 
 
 def _named_cpu() -> dict[str, float]:
     """CPU seconds of this process's bridge threads by full name (reader ``gpuloom-bridge``, writer
-    ``gpuloom-bridge-write``), which ``thread_cpu`` sums under one role."""
-    out: dict[str, float] = {}
-    for th in threading.enumerate():
-        if th.name.startswith("gpuloom-bridge") and th.native_id is not None:
-            try:
-                with open(f"/proc/self/task/{th.native_id}/stat", "rb") as f:
-                    fields = f.read().rsplit(b")", 1)[1].split()
-            except OSError:
-                continue
-            out[th.name] = out.get(th.name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return out
+    ``gpuloom-bridge-write``), which ``thread_cpu`` sums under one role by default."""
+    return {k: v for k, v in thread_cpu(key=lambda name: name).items() if k.startswith("gpuloom-bridge")}
 
 
 def _proc_cpu(pid: int) -> float:
     """CPU seconds (user + system) used so far by process ``pid`` (the client: is it the limit?)."""
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        fields = f.read().rsplit(b")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return stat_cpu_s(f"/proc/{pid}/stat") or 0.0
 
 
 # -- one measured run ----------------------------------------------------------------------------

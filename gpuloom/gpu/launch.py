@@ -37,9 +37,10 @@ class Driver:
 
     def __init__(self, device: int = 0, library: str = "libcuda.so.1") -> None:
         lib = ctypes.PyDLL(library)
+        slow = ctypes.CDLL(library)  # for calls that take a while (page-locking memory): the GIL is released
 
-        def bind(name: str, *argtypes: Any) -> Any:
-            f = getattr(lib, name)
+        def bind(name: str, *argtypes: Any, within: Any = lib) -> Any:
+            f = getattr(within, name)
             f.argtypes, f.restype = list(argtypes), _INT
             return f
 
@@ -50,11 +51,8 @@ class Driver:
         self._query = bind("cuEventQuery", _VP)
         self._elapsed = bind("cuEventElapsedTime", ctypes.POINTER(ctypes.c_float), _VP, _VP)
         self._host_func = bind("cuLaunchHostFunc", _VP, _VP, _VP)
-        slow = ctypes.CDLL(library)  # page-locking memory takes a while: release the GIL meanwhile
-        self._host_register = slow.cuMemHostRegister_v2
-        self._host_register.argtypes, self._host_register.restype = [_VP, _SIZE, ctypes.c_uint], _INT
-        self._host_unregister = slow.cuMemHostUnregister
-        self._host_unregister.argtypes, self._host_unregister.restype = [_VP], _INT
+        self._host_register = bind("cuMemHostRegister_v2", _VP, _SIZE, ctypes.c_uint, within=slow)
+        self._host_unregister = bind("cuMemHostUnregister", _VP, within=slow)
         self._ctx_get = bind("cuCtxGetCurrent", ctypes.POINTER(_VP))
         self._ctx_set = bind("cuCtxSetCurrent", _VP)
         self._device_get = bind("cuDeviceGet", ctypes.POINTER(_INT), _INT)

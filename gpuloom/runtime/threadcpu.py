@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+from typing import Callable
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -23,25 +24,31 @@ def role(name: str) -> str:
     return re.split(r"[- ]", name, maxsplit=1)[0]
 
 
-def thread_cpu() -> dict[str, float]:
+def stat_cpu_s(path: str) -> float | None:
+    """CPU seconds (user + system) from a ``/proc/<pid>/stat`` or ``/proc/self/task/<tid>/stat``
+    file, or None when it cannot be read (the thread or process is gone)."""
+    try:
+        with open(path, "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat.rsplit(b")", 1)[1].split()  # after "pid (comm)": state is fields[0]
+    return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
+
+
+def thread_cpu(key: Callable[[str], str] = role) -> dict[str, float]:
     """CPU seconds (user + system) used so far by the live Python threads of this process, summed
-    by :func:`role`, plus ``"process"``: the whole process, its threads outside Python (CUDA's,
-    torch's) and those that already ended included."""
+    by ``key(thread name)`` (default :func:`role`), plus ``"process"``: the whole process, its
+    threads outside Python (CUDA's, torch's) and those that already ended included."""
     t = os.times()
     out: dict[str, float] = {"process": t.user + t.system}
     for th in threading.enumerate():
-        tid = th.native_id
-        if tid is None:
+        if th.native_id is None:
             continue
-        try:
-            with open(f"/proc/self/task/{tid}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat.rsplit(b")", 1)[1].split()  # after "pid (comm)": state is fields[0]
-        secs = (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
-        key = role(th.name)
-        out[key] = out.get(key, 0.0) + secs
+        secs = stat_cpu_s(f"/proc/self/task/{th.native_id}/stat")
+        if secs is not None:
+            k = key(th.name)
+            out[k] = out.get(k, 0.0) + secs
     return out
 
 
@@ -53,4 +60,4 @@ def cpu_share(before: dict[str, float], after: dict[str, float], wall_s: float) 
     return {k: round((v - before.get(k, 0.0)) / wall_s, 4) for k, v in sorted(after.items())}
 
 
-__all__ = ["cpu_share", "role", "thread_cpu"]
+__all__ = ["cpu_share", "role", "stat_cpu_s", "thread_cpu"]
