@@ -47,6 +47,7 @@ class ProfiledFakeLayer(FakeDeviceLayer):
         self.store = store
         self.host_ms = host_ms  # host time per launch on the launching thread (the CUDA layer's ~0.3 ms)
         self._free_at: dict[tuple[int, int], float] = {}  # (lanes, partition) -> when its last batch ends
+        self.can_notify = False  # completions through the watchers (the default); notify() would not see `end`
 
     def _launch(self, lanes, index, model, rows):
         if self.host_ms > 0:  # half in Python (holding the GIL), half in calls that release it
@@ -54,25 +55,26 @@ class ProfiledFakeLayer(FakeDeviceLayer):
             while time.perf_counter() < end:
                 pass
             time.sleep(self.host_ms / 2000.0)
-        fm, batch, n, name = super()._launch(lanes, index, model, rows)
+        t = super()._launch(lanes, index, model, rows)
         part = lanes.layout.partitions[index]
         sms = lanes.layout.shared_sms if part.shared else part.sms
         prof = self.store.get(model)
-        b = next((x for x in prof.batches if x >= n), prof.batches[-1])
+        b = next((x for x in prof.batches if x >= t.n), prof.batches[-1])
         ms = prof.latency(b, sms)
         now = time.perf_counter()
         start = now if part.shared else max(now, self._free_at.get((id(lanes), index), 0.0))
         end = start + ms / 1000.0
         if not part.shared:
             self._free_at[(id(lanes), index)] = end
-        return FakeModel(fm.fn, ms), batch, n, name, end
+        t.model = FakeModel(t.model.fn, ms)
+        t.end = end
+        return t
 
     def finish(self, ticket):
-        fm, batch, n, name, end = ticket
-        delay = end - time.perf_counter()
+        delay = ticket.end - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
-        return list(fm.fn(batch)), float(fm.latency_ms)
+        return list(ticket.model.fn(ticket.batch)), float(ticket.model.latency_ms)
 
 
 def main() -> int:
@@ -117,6 +119,7 @@ def main() -> int:
              for pol in a.policy.split(",") for tune in tunes for ahead in aheads]
     for pol, s, tune, ahead in cases:
         name, opts, service_opts = parse_policy_spec(pol)  # e.g. dstack:batch_overhead_ms=1, dstack:launch_on=lane
+        arrivals = str(service_opts.pop("arrivals", "thread"))  # the load generator's (dstack:arrivals=loop)
         if name == "dstack" and a.no_replan:
             opts["replan"] = False
         svc = InferenceService(policy=name, device_layer=ProfiledFakeLayer(store, a.host_ms), profiles=store,
@@ -133,7 +136,7 @@ def main() -> int:
                                 FakeModel(lambda xs: [xs[0].reshape(len(xs[0]), -1)[:, :4]], 0.0))
                                for m in wl.models])
             t0 = time.process_time()
-            p = run_point(svc, wl, pol, scale=s, duration_s=a.duration)
+            p = run_point(svc, wl, pol, scale=s, duration_s=a.duration, arrivals=arrivals)
             cpu_s = time.process_time() - t0
             be = svc.stats()["backend"]
             layouts = be.get("layouts_built")

@@ -143,3 +143,33 @@ def test_a_malformed_or_unknown_policy_variant_is_refused_with_the_expected_spel
     assert "NAME:KEY=VALUE" in capsys.readouterr().err
     assert bench.run(p.parse_args([str(tmp_path / "two.yaml"), "--tiny", "--policy", "dstack:no_such_option=1"])) == 2
     assert "no_such_option" in capsys.readouterr().err
+
+
+def test_arrivals_on_the_runtime_loop_submit_every_request_from_the_loop_thread(tmp_path, monkeypatch):
+    import threading
+
+    from gpuloom.runtime import service as service_mod
+
+    threads = []
+    real_submit = service_mod.InferenceService.submit
+
+    def spy(self, name, inputs, **kw):
+        threads.append(threading.current_thread().name)
+        return real_submit(self, name, inputs, **kw)
+
+    monkeypatch.setattr(service_mod.InferenceService, "submit", spy)
+    rc, rep = run_bench(tmp_path, "--policy", "dstack:arrivals=loop,triton")
+    assert rc == 0
+    loop_pt = rep["policies"]["dstack:arrivals=loop"]["points"][0]
+    thread_pt = rep["policies"]["triton"]["points"][0]
+    assert loop_pt["arrivals"]["by"] == "loop" and thread_pt["arrivals"]["by"] == "thread"
+    for pt in (loop_pt, thread_pt):
+        late = pt["arrivals"]["late_ms"]
+        assert 0 <= late["p50"] <= late["p99"] <= late["max"] < 500  # submitted at (about) the arrival times
+        for m in pt["models"]:  # every request submitted was answered, none rejected
+            assert m["submitted"] > 0 and m["rejected"] == 0
+            assert m["served"] + m["dropped"] + m["failed"] == m["submitted"]
+    # the loop point's requests came from the runtime's thread; the others' from the calling thread
+    n_loop = sum(m["submitted"] for m in loop_pt["models"])
+    assert sum(1 for t in threads if t.startswith("gpuloom-runtime-dstack")) == n_loop
+    assert not any(t.startswith("gpuloom-runtime-triton") for t in threads)

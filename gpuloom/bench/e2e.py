@@ -89,6 +89,7 @@ class Point:
     sim: dict = field(default_factory=dict)  # the same arrivals through the simulator (simulate_point)
     profile_check: list = field(default_factory=list)  # measured vs profiled ms per (model, SMs, batch)
     host: dict = field(default_factory=dict)  # the launching thread: batches/s, busy ms/s, ms per launch phase
+    arrivals: dict = field(default_factory=dict)  # who submitted (run_point's ``arrivals``) and how late, ms
 
     def ok(self, target: float) -> bool:
         return self.slo_attainment >= target
@@ -215,12 +216,21 @@ def profile_check(svc, before: dict, after: dict) -> list[dict]:
 
 
 def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s: float, seed_inputs: int = 4,
-              drain_s: float | None = None, pinned_inputs: bool = False) -> Point:
+              drain_s: float | None = None, pinned_inputs: bool = False, arrivals: str = "thread") -> Point:
     """Replay ``workload`` x ``scale`` for ``duration_s`` against the running service ``svc``.
 
     ``pinned_inputs``: the requests' inputs lie in memory the device reads in place
     (``svc.device.pinned_empty``), as a front-end worker's page-locked arena does for the server,
-    so the service launches them without copying them first; else plain arrays, copied at submit."""
+    so the service launches them without copying them first; else plain arrays, copied at submit.
+
+    ``arrivals``: who submits the requests. ``"thread"``: this (the calling) thread, sleeping until
+    each arrival time, as a client thread in the runtime's process would. ``"loop"``: the runtime's
+    own loop thread, at each arrival time (``svc.call_on_loop_at``), so no second Python thread
+    competes with the runtime's for the interpreter: what the runtime sustains when its clients live
+    in other processes. Either way a request's latency counts from when it was submitted; how late
+    that was after its arrival time is reported (``arrival_late_ms``)."""
+    if arrivals not in ("thread", "loop"):
+        raise ValueError(f"arrivals must be 'thread' or 'loop', got {arrivals!r}")
     wl = dataclasses.replace(workload.scaled(scale), duration_s=duration_s)
     times = arrival_times(wl)
     cfgs = {c.name: c for c in svc.models()}
@@ -254,20 +264,46 @@ def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s:
         return cb
 
     futs = []
+    late_ms: list[float] = []  # per request: submitted this long after its arrival time
     from gpuloom.runtime.service import ServiceError
 
-    for i, (t, m) in enumerate(events):
-        delay = t0 + t - time.monotonic()
-        if delay > 0.0005:
-            time.sleep(delay)
+    def send(i: int, t: float, m: str) -> None:
         sent = time.monotonic()
+        late_ms.append((sent - t0 - t) * 1000.0)
         try:
             f = svc.submit(m, pools[m][i % seed_inputs])
         except ServiceError:
             rejected[m] += 1
-            continue
+            return
         f.add_done_callback(record(m, sent))
         futs.append(f)
+
+    if arrivals == "thread":
+        for i, (t, m) in enumerate(events):
+            delay = t0 + t - time.monotonic()
+            if delay > 0.0005:
+                time.sleep(delay)
+            send(i, t, m)
+    elif events:
+        next_i = [0]
+        all_sent = threading.Event()
+
+        def inject() -> None:  # on the runtime's loop thread: every arrival due by now, then the next
+            i = next_i[0]
+            now = time.monotonic()
+            while i < len(events) and t0 + events[i][0] <= now + 0.0002:
+                send(i, *events[i])
+                i += 1
+            next_i[0] = i
+            if i < len(events):
+                svc.call_on_loop_at(t0 + events[i][0], inject)
+            else:
+                all_sent.set()
+
+        svc.call_on_loop_at(t0 + events[0][0], inject)
+        if not all_sent.wait(duration_s + 30.0):
+            raise RuntimeError(f"the runtime's loop submitted {next_i[0]} of {len(events)} requests in "
+                               f"{duration_s + 30:.0f} s (arrivals=loop)")
     wait_s = drain_s if drain_s is not None else 2.0 + max(c.slo_ms for c in cfgs.values()) / 1000.0 * 4
     end = time.monotonic() + wait_s
     for f in futs:
@@ -323,7 +359,16 @@ def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s:
         loop_lag=svc.loop_lag(before["t"]),
         layout_changes=after["layout_swaps"] - before["layout_swaps"],
         layouts_built=after["layouts_built"] - before["layouts_built"],
+        arrivals={"by": arrivals, "late_ms": _late_summary(late_ms)},
     )
+
+
+def _late_summary(late_ms: list[float]) -> dict:
+    """p50 / p99 / max of how late requests were submitted after their arrival times (ms)."""
+    xs = sorted(late_ms)
+    if not xs:
+        return {}
+    return {"p50": percentile(xs, 50), "p99": percentile(xs, 99), "max": xs[-1]}
 
 
 def lane_deltas(before: list[dict], after: list[dict]) -> list[dict]:
@@ -431,6 +476,7 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
     say = progress or (lambda s: None)
     service_options = dict(service_options or {})
     pinned_inputs = bool(service_options.pop("pinned_inputs", False))  # the load generator's, not the service's
+    arrivals = str(service_options.pop("arrivals", "thread"))  # likewise
     svc = InferenceService(policy=policy, device=device, profiles=profiles, policy_options=policy_options,
                            queue_limit=queue_limit, **service_options)
     name = label or policy
@@ -455,7 +501,8 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
         def measure(s: float) -> Point:
             if retune:  # every policy plans for the offered rates of this point, not the last point's
                 svc.retune({m.name: workload.mean_rate(m) * s for m in workload.models})
-            p = run_point(svc, workload, name, scale=s, duration_s=duration_s, pinned_inputs=pinned_inputs)
+            p = run_point(svc, workload, name, scale=s, duration_s=duration_s, pinned_inputs=pinned_inputs,
+                          arrivals=arrivals)
             if simulate:
                 try:
                     sim = simulate_point(svc, workload, policy, scale=s, duration_s=duration_s)

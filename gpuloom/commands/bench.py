@@ -17,7 +17,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"e.g. dstack:lookahead_ms=0 (the service's launch-ahead) or dstack:replan=false (a policy "
                         f"option), reported under that spelling next to the plain policy. Service keys: "
                         f"{', '.join(SERVICE_KEYS)} (pinned_inputs=true: the load generator's inputs lie in "
-                        f"page-locked memory and are launched in place)")
+                        f"page-locked memory and are launched in place; arrivals=loop: the runtime's own thread "
+                        f"submits the requests, as if the clients ran in other processes)")
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if available)")
     p.add_argument("--tiny", action="store_true",
                    help="serve small MLPs named like the workload's models (CPU smoke runs, CI)")
@@ -39,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 # variant keys that configure the service (and pinned_inputs, the load generator); the rest are policy options
 SERVICE_KEYS = ("lookahead_ms", "tune_gc", "switch_interval_ms", "launch_on", "early_answer", "raw_launch",
-                "complete_on", "pinned_inputs")
+                "complete_on", "pinned_inputs", "arrivals")
 
 
 def parse_policy_spec(spec: str) -> tuple[str, dict, dict]:

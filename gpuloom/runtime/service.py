@@ -50,6 +50,7 @@ from ..policy.base import ModelInfo, PolicyContext
 from ..policy.types import Layout, Result, Status
 from ..profile.store import GpuInfo, Profile, ProfileStore
 from .core import Runtime
+from .events import ARRIVAL
 from .device import DeviceLayer, FakeModel, PinnedRow, make_device_layer
 from .exec_backend import ExecBackend, ExecOutput, check_complete_on, check_launch_on, check_lookahead
 from .gcpause import GcMonitor, RareFullCollections, freeze_loaded, thaw
@@ -785,6 +786,30 @@ class InferenceService:
         period = min(0.25, self.expiry_grace_s / 4)
         while not self._expiry_stop.wait(period):
             self.expire_overdue(time.monotonic())
+
+    def call_on_loop_at(self, when_s: float, fn: Any) -> None:
+        """Run ``fn()`` on the runtime's loop thread at monotonic time ``when_s`` (s), or at once if that
+        has passed. For a client that shares the loop's thread instead of a thread of its own (the
+        bench's ``arrivals=loop``: no other Python thread competes for the interpreter). ``fn`` must be
+        short; what it raises is logged, and does not stop the loop."""
+        rt = self._runtime
+        if rt is None or not self._started or self._closed:
+            raise ModelNotReady("the service is not running")
+        loop = rt.loop
+        if not hasattr(loop, "wall_ms"):
+            raise TypeError("call_on_loop_at needs a runtime on a real-time loop")
+
+        def guarded() -> None:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - a client's error must not stop the runtime
+                log.exception("a callback run on the runtime's loop failed")
+
+        def schedule() -> None:
+            ms = loop.wall_ms() + (when_s - time.monotonic()) * 1000.0
+            loop.schedule(max(ms, loop.now), ARRIVAL, guarded)
+
+        loop.post(ARRIVAL, schedule)
 
     def loop_lag(self, since: float) -> dict:
         """How late the runtime's loop took submissions and completions since monotonic ``since`` (s):
