@@ -415,3 +415,34 @@ def test_early_answers_come_from_the_watcher_once_each_and_the_books_still_balan
     assert "watch" in answered_on  # resolved on a watcher, not the runtime's thread
     assert svc.submit("plus", {"x": np.ones((1, 4), np.float32)}).result(5)["y"][0, 0] == 2.0
     svc.close()
+
+
+def test_a_client_on_the_loop_thread_that_falls_behind_does_not_keep_the_policy_from_dispatching():
+    """call_on_loop_at with times already past (a client behind its schedule): each callback submits
+    and takes a while; the runtime must still dispatch between them, not only after the client ends."""
+    svc = fake_service("dstack", latency_ms=1.0)
+    try:
+        futs, done_while_sending, left = [], [], [150]
+        t_start = time.monotonic()
+
+        def send() -> None:  # on the loop's thread: a request, 1 ms of client work, the next one "late"
+            futs.append(svc.submit("twice", {"x": np.ones((1, 4), np.float32)}))
+            end = time.perf_counter() + 0.001
+            while time.perf_counter() < end:
+                pass
+            done_while_sending.append(sum(f.done() for f in futs))
+            left[0] -= 1
+            if left[0]:
+                svc.call_on_loop_at(t_start - 1.0, send)  # due a second ago
+
+        svc.call_on_loop_at(t_start - 1.0, send)
+        deadline = time.monotonic() + 20
+        while left[0] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not left[0], "the client's callbacks stopped running on the loop"
+        assert done_while_sending[-1] >= 50  # answered while the client was still sending (0 when starved)
+        for f in futs:
+            np.testing.assert_array_equal(f.result(10)["y"], np.full((1, 4), 2.0, np.float32))
+        assert_books(svc)
+    finally:
+        svc.close()

@@ -788,10 +788,14 @@ class InferenceService:
             self.expire_overdue(time.monotonic())
 
     def call_on_loop_at(self, when_s: float, fn: Any) -> None:
-        """Run ``fn()`` on the runtime's loop thread at monotonic time ``when_s`` (s), or at once if that
-        has passed. For a client that shares the loop's thread instead of a thread of its own (the
-        bench's ``arrivals=loop``: no other Python thread competes for the interpreter). ``fn`` must be
-        short; what it raises is logged, and does not stop the loop."""
+        """Run ``fn()`` on the runtime's loop thread at monotonic time ``when_s`` (s), or as soon as it
+        can if that has passed. For a client that shares the loop's thread instead of a thread of its
+        own (the bench's ``arrivals=loop``: no other Python thread competes for the interpreter).
+
+        A call already due waits its turn behind the completions and submissions posted before it, so
+        a client that falls behind cannot starve the runtime's own work (a timer set in the past would
+        run before them, and a client that keeps catching up would keep the policy from dispatching).
+        ``fn`` must be short; what it raises is logged, and does not stop the loop."""
         rt = self._runtime
         if rt is None or not self._started or self._closed:
             raise ModelNotReady("the service is not running")
@@ -805,11 +809,17 @@ class InferenceService:
             except Exception:  # noqa: BLE001 - a client's error must not stop the runtime
                 log.exception("a callback run on the runtime's loop failed")
 
-        def schedule() -> None:
-            ms = loop.wall_ms() + (when_s - time.monotonic()) * 1000.0
-            loop.schedule(max(ms, loop.now), ARRIVAL, guarded)
+        def schedule() -> None:  # on the loop's thread
+            delay_ms = (when_s - time.monotonic()) * 1000.0
+            if delay_ms > 0:
+                loop.schedule(loop.wall_ms() + delay_ms, ARRIVAL, guarded)
+            else:
+                loop.post(ARRIVAL, guarded)
 
-        loop.post(ARRIVAL, schedule)
+        if when_s <= time.monotonic():
+            loop.post(ARRIVAL, guarded)
+        else:
+            loop.post(ARRIVAL, schedule)
 
     def loop_lag(self, since: float) -> dict:
         """How late the runtime's loop took submissions and completions since monotonic ``since`` (s):
