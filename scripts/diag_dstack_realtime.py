@@ -154,6 +154,7 @@ def main() -> int:
                                  "p50_ms": p.p50_ms, "p99_ms": p.p99_ms, "host": p.host,
                                  "models": {mp.model: {"slo_attainment": mp.slo_attainment, "p50_ms": mp.p50_ms}
                                             for mp in p.models}},
+               "arrivals": p.arrivals,
                "simulated": {k: sim[k] for k in ("goodput_rps", "slo_attainment", "p50_ms", "p99_ms")},
                "process_cpu_s": cpu_s, "wall_s": a.duration}
         rows.append(row)

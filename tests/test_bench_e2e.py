@@ -173,3 +173,18 @@ def test_arrivals_on_the_runtime_loop_submit_every_request_from_the_loop_thread(
     n_loop = sum(m["submitted"] for m in loop_pt["models"])
     assert sum(1 for t in threads if t.startswith("gpuloom-runtime-dstack")) == n_loop
     assert not any(t.startswith("gpuloom-runtime-triton") for t in threads)
+
+
+def test_a_point_whose_load_generator_fell_behind_does_not_count_at_its_load():
+    from gpuloom.bench.e2e import LATE_LIMIT_MS, Point
+
+    def point(p99_late):
+        return Point(policy="dstack", scale=1.0, duration_s=1, offered_rps=10, goodput_rps=10, slo_attainment=1.0,
+                     p50_ms=1, p99_ms=2, fairness=1, sm_utilization=0.5, gpu_idle_ratio=0, idle_ratio=0,
+                     dispatch_overhead=0, models=(),
+                     arrivals={"by": "thread", "late_ms": {"p50": 0.1, "p99": p99_late, "max": p99_late}})
+
+    assert point(1.0).ok(0.99) and point(1.0).offered_as_scheduled
+    behind = point(LATE_LIMIT_MS * 50)  # seconds behind, as the H200's load generator thread was
+    assert not behind.offered_as_scheduled and not behind.ok(0.99)
+    assert Point(**{**point(1.0).__dict__, "arrivals": {}}).ok(0.99)  # not measured (older callers): as before
