@@ -166,6 +166,7 @@ def test_arrivals_on_the_runtime_loop_submit_every_request_from_the_loop_thread(
     for pt in (loop_pt, thread_pt):
         late = pt["arrivals"]["late_ms"]
         assert 0 <= late["p50"] <= late["p99"] <= late["max"] < 500  # submitted at (about) the arrival times
+        assert len(late["by_tenth"]) == 10 and all(x is None or x <= late["max"] for x in late["by_tenth"])
         for m in pt["models"]:  # every request submitted was answered, none rejected
             assert m["submitted"] > 0 and m["rejected"] == 0
             assert m["served"] + m["dropped"] + m["failed"] == m["submitted"]

@@ -377,11 +377,16 @@ def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s:
 
 
 def _late_summary(late_ms: list[float]) -> dict:
-    """p50 / p99 / max of how late requests were submitted after their arrival times (ms)."""
+    """p50 / p99 / max of how late requests were submitted after their arrival times (ms), and the
+    median of each tenth of the requests in arrival order (``by_tenth``): a stall at the start that
+    the client then catches up on reads differently from a client that keeps falling behind."""
     xs = sorted(late_ms)
     if not xs:
         return {}
-    return {"p50": percentile(xs, 50), "p99": percentile(xs, 99), "max": xs[-1]}
+    n = len(late_ms)
+    tenths = [sorted(late_ms[k * n // 10:(k + 1) * n // 10]) for k in range(10)]
+    return {"p50": percentile(xs, 50), "p99": percentile(xs, 99), "max": xs[-1],
+            "by_tenth": [percentile(t, 50) if t else None for t in tenths]}
 
 
 def lane_deltas(before: list[dict], after: list[dict]) -> list[dict]:
