@@ -9,7 +9,7 @@
 # small files plus the JSONs), so a step that fails or runs out of time leaves the others.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=. PYTHONFAULTHANDLER=1
-OUT=${OUT:-out}; mkdir -p "$OUT/logs"
+OUT=${OUT:-out}; mkdir -p "$OUT/logs" "$OUT/diag" "$OUT/engine" "$OUT/serve"  # scripts may write straight into them
 STEPS=${STEPS:-"tests check overhead"}
 T_TESTS=${T_TESTS:-150} T_CHECK=${T_CHECK:-240} T_OVERHEAD=${T_OVERHEAD:-120} T_BENCH=${T_BENCH:-300}
 BENCH=${BENCH:-examples/light3.yaml}
