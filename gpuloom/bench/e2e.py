@@ -240,7 +240,7 @@ def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s:
     own loop thread, at each arrival time (``svc.call_on_loop_at``), so no second Python thread
     competes with the runtime's for the interpreter: what the runtime sustains when its clients live
     in other processes. Either way a request's latency counts from when it was submitted; how late
-    that was after its arrival time is reported (``arrival_late_ms``)."""
+    that was after its arrival time is reported (``Point.arrivals["late_ms"]``)."""
     if arrivals not in ("thread", "loop"):
         raise ValueError(f"arrivals must be 'thread' or 'loop', got {arrivals!r}")
     wl = dataclasses.replace(workload.scaled(scale), duration_s=duration_s)

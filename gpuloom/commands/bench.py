@@ -95,9 +95,11 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[red]error:[/red] unknown or simulation-only policies {bad}; "
                       f"known: {[p for p in policy_names() if p != 'ideal']}")
         return 2
-    for p, (name, opts, _) in specs.items():
+    for p, (name, opts, service_opts) in specs.items():
         try:
             make_policy(name, **opts)
+            if service_opts.get("arrivals", "thread") not in ("thread", "loop"):
+                raise ValueError(f"arrivals must be thread or loop, got {service_opts['arrivals']!r}")
         except (TypeError, ValueError) as e:
             console.print(f"[red]error:[/red] policy variant {p!r}: {e}")
             return 2
