@@ -191,3 +191,27 @@ def test_a_point_whose_load_generator_fell_behind_does_not_count_at_its_load():
     behind = point(LATE_LIMIT_MS * 50)  # seconds behind, as the H200's load generator thread was
     assert not behind.offered_as_scheduled and not behind.ok(0.99)
     assert Point(**{**point(1.0).__dict__, "arrivals": {}}).ok(0.99)  # not measured (older callers): as before
+
+
+def test_a_cpus_variant_runs_the_whole_process_on_those_cpus_and_gives_the_others_back(tmp_path, monkeypatch):
+    import os
+    import threading
+
+    from gpuloom.runtime import service as service_mod
+
+    before = os.sched_getaffinity(0)
+    cpu = min(before)
+    seen = []
+    real_init = service_mod.InferenceService.__init__
+
+    def spy(self, *a, **kw):
+        real_init(self, *a, **kw)
+        tids = [int(t) for t in os.listdir("/proc/self/task")]  # every thread, not only this one
+        seen.append((self.policy_name, os.sched_getaffinity(0), {frozenset(os.sched_getaffinity(t)) for t in tids}))
+
+    monkeypatch.setattr(service_mod.InferenceService, "__init__", spy)
+    rc, rep = run_bench(tmp_path, "--policy", f"dstack:cpus={cpu},triton")
+    assert rc == 0 and set(rep["policies"]) == {f"dstack:cpus={cpu}", "triton"}
+    assert seen[0][1] == {cpu} and seen[0][2] == {frozenset({cpu})}
+    assert seen[1][1] == before  # the next variant, and everything after, has the CPUs back
+    assert os.sched_getaffinity(0) == before and threading.current_thread() is threading.main_thread()

@@ -18,7 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"option), reported under that spelling next to the plain policy. Service keys: "
                         f"{', '.join(SERVICE_KEYS)} (pinned_inputs=true: the load generator's inputs lie in "
                         f"page-locked memory and are launched in place; arrivals=loop: the runtime's own thread "
-                        f"submits the requests, as if the clients ran in other processes)")
+                        f"submits the requests, as if the clients ran in other processes; cpus=0-1: the whole "
+                        f"process on those CPUs while the variant runs, '+' for ',' as in cpus=0+4)")
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if available)")
     p.add_argument("--tiny", action="store_true",
                    help="serve small MLPs named like the workload's models (CPU smoke runs, CI)")
@@ -40,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 # variant keys that configure the service (and pinned_inputs, the load generator); the rest are policy options
 SERVICE_KEYS = ("lookahead_ms", "tune_gc", "switch_interval_ms", "launch_on", "early_answer", "raw_launch",
-                "complete_on", "pinned_inputs", "arrivals")
+                "complete_on", "pinned_inputs", "arrivals", "cpus")
 
 
 def parse_policy_spec(spec: str) -> tuple[str, dict, dict]:
@@ -77,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuloom.bench.e2e import bench_policy, build_models, resolve_device_and_profiles, to_json
     from gpuloom.bench.workload import WorkloadError, load_workload
     from gpuloom.policy import make_policy, policy_names
+    from gpuloom.runtime.affinity import parse_cpus, pinned
 
     console = Console(stderr=True)
     try:
@@ -100,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
             make_policy(name, **opts)
             if service_opts.get("arrivals", "thread") not in ("thread", "loop"):
                 raise ValueError(f"arrivals must be thread or loop, got {service_opts['arrivals']!r}")
+            if "cpus" in service_opts:
+                parse_cpus(str(service_opts["cpus"]))
         except (TypeError, ValueError) as e:
             console.print(f"[red]error:[/red] policy variant {p!r}: {e}")
             return 2
@@ -136,11 +140,14 @@ def run(args: argparse.Namespace) -> int:
 
     for pol in policies:
         name, opts, service_opts = specs[pol]
-        results.append(bench_policy(workload, name, models, device=device, profiles=profiles,
-                                    duration_s=args.duration, scales=scales, sweep=args.sweep, target=args.target,
-                                    steps=args.steps, queue_limit=args.queue_limit, simulate=not args.no_simulate,
-                                    progress=lambda s: console.print(s), policy_options=opts or None,
-                                    label=pol, service_options=service_opts))
+        service_opts = dict(service_opts)
+        cpus = service_opts.pop("cpus", None)  # the whole process's CPUs while this variant runs
+        with pinned(parse_cpus(str(cpus)) if cpus is not None else None):
+            results.append(bench_policy(workload, name, models, device=device, profiles=profiles,
+                                        duration_s=args.duration, scales=scales, sweep=args.sweep,
+                                        target=args.target, steps=args.steps, queue_limit=args.queue_limit,
+                                        simulate=not args.no_simulate, progress=lambda s: console.print(s),
+                                        policy_options=opts or None, label=pol, service_options=service_opts))
         write_report()
     report = write_report()
 

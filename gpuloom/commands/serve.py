@@ -70,36 +70,12 @@ def _non_negative(text: str, expected: str) -> int:
 
 def cpus_arg(text: str) -> set[int]:
     """A CPU list like ``taskset -c`` takes (``1``, ``0,2-3``) as a set of CPU numbers (argparse type)."""
-    cpus: set[int] = set()
-    try:
-        for part in text.split(","):
-            lo, _, hi = part.strip().partition("-")
-            a, b = int(lo), int(hi) if hi else int(lo)
-            if a < 0 or b < a:
-                raise ValueError
-            cpus.update(range(a, b + 1))
-    except ValueError:
-        cpus = set()
-    if not cpus:
-        raise argparse.ArgumentTypeError(f"expected a CPU list like '1' or '0,2-3', got {text!r}")
-    return cpus
-
-
-def pin_process(cpus: set[int]) -> None:
-    """Run every thread of this process on ``cpus``: those alive now (e.g. a BLAS pool started at
-    import) and, as threads inherit it, those started later."""
-    import os
+    from gpuloom.runtime.affinity import parse_cpus
 
     try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:
-        tids = []
-    for tid in tids:
-        try:
-            os.sched_setaffinity(tid, cpus)
-        except ProcessLookupError:  # it ended meanwhile
-            pass
-    os.sched_setaffinity(0, cpus)
+        return parse_cpus(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def arena_mb_arg(text: str) -> int:
@@ -128,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if getattr(args, "cpus", None):
         try:
+            from gpuloom.runtime.affinity import pin_process
+
             pin_process(args.cpus)
         except (OSError, ValueError, AttributeError) as e:
             print(f"error: --cpus {sorted(args.cpus)}: {e}", file=sys.stderr)
