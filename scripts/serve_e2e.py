@@ -80,6 +80,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--retune", action="store_true",
                    help="re-plan for each scale's offered rates before each leg (InferenceService.retune); default: "
                         "keep the plan made at load for the workload's own rates")
+    p.add_argument("--cpus", default=None, metavar="LIST",
+                   help="run the service's process (both legs) on these CPUs, a taskset -c list; the front-end "
+                        "workers and the HTTP clients run on the others (default: no pinning)")
     p.add_argument("--out", metavar="FILE", default=None, help="write the JSON report here")
     p.add_argument("--client-spec", default=None, help=argparse.SUPPRESS)  # internal: run as a client process
     args = p.parse_args(argv)
@@ -113,6 +116,10 @@ def client_main(spec_path: str) -> int:
     from gpuloom.serve import loadgen
 
     spec = json.loads(Path(spec_path).read_text())
+    if spec.get("cpus"):  # not the server's CPUs (serve_e2e --cpus)
+        from gpuloom.runtime.affinity import pin_process
+
+        pin_process(set(spec["cpus"]))
     print("ready", flush=True)
     line = sys.stdin.readline().split()
     if len(line) != 2 or line[0] != "go":
@@ -156,13 +163,14 @@ def assign(rates: dict[str, float], k: int) -> list[list[str]]:
 
 
 def drive_http(url: str, times: dict[str, list[float]], slos: dict[str, float], *, clients: int,
-               timeout_s: float, workdir: Path) -> tuple[dict[str, dict], int]:
+               timeout_s: float, workdir: Path, cpus: set[int] | None = None) -> tuple[dict[str, dict], int]:
     """Run the client processes; returns ``({model: loadgen result dict}, processes used)``."""
     rates = {m: float(len(ts)) for m, ts in times.items()}
     groups = assign(rates, clients)
     procs = []
     for i, names in enumerate(groups):
         spec = {"url": url, "timeout_s": timeout_s, "out": str(workdir / f"client{i}.out.json"),
+                "cpus": sorted(cpus) if cpus else None,
                 "models": [{"model": m, "times": times[m], "slo_ms": slos[m], "seed": 1000 + j}
                            for j, m in enumerate(names)]}
         sp = workdir / f"client{i}.json"
@@ -386,6 +394,19 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for w in warns:
         say(f"warning: {w}")
+    other_cpus = None
+    if args.cpus:
+        from gpuloom.runtime.affinity import parse_cpus, pin_process
+
+        try:
+            cpus = parse_cpus(args.cpus)
+        except ValueError as e:
+            print(f"error: --cpus: {e}", file=sys.stderr)
+            return 2
+        everything = os.sched_getaffinity(0)
+        other_cpus = (everything - cpus) or everything  # the workers' and the HTTP clients'
+        pin_process(cpus)
+        say(f"the service's process on CPUs {sorted(cpus)}; workers and clients on {sorted(other_cpus)}")
     clients = args.clients or min(len(workload.models), max(1, (os.cpu_count() or 2) // 2))
 
     models = build_models(workload, tiny=args.tiny, device=device, max_batch=args.max_batch, progress=say)
@@ -412,7 +433,8 @@ def run(args: argparse.Namespace) -> int:
             svc.submit(cfg.name, {t.name: np.zeros((1, *t.shape), t.dtype) for t in cfg.inputs},
                        deadline_ms=60_000).result(60)
         core = ServeCore(svc, None)
-        server = Server(core, host="127.0.0.1", http_port=0, grpc_port=None, http_workers=args.http_workers)
+        server = Server(core, host="127.0.0.1", http_port=0, grpc_port=None, http_workers=args.http_workers,
+                        worker_cpus=other_cpus)
         addr = server.start()
         http_warmup(addr.http_url, svc.models())
         say(f"HTTP server on http://{addr.http_url} (the gpuloom serve code, in this process)")
@@ -436,7 +458,7 @@ def run(args: argparse.Namespace) -> int:
             say(f"x{scale:g} HTTP: {clients} client process(es)")
             with tempfile.TemporaryDirectory(prefix="serve_e2e.") as tmp:
                 res, used = drive_http(addr.http_url, times, slos, clients=clients, timeout_s=args.timeout,
-                                       workdir=Path(tmp))
+                                       workdir=Path(tmp), cpus=other_cpus)
             _settle(core, 10.0)
             http = http_summary(res, slos, args.duration)
             snap1 = service_snapshot(svc)  # re-plans during the leg (each drains the partitions; a new layout is captured)
@@ -467,7 +489,7 @@ def run(args: argparse.Namespace) -> int:
 
     meta = {"torch": torch.__version__, "python": sys.version.split()[0], "argv": sys.argv[1:],
             "build_s": round(t_built - t_start, 1), "seconds": round(time.monotonic() - t_start, 1),
-            "cpus": os.cpu_count()}
+            "cpus": os.cpu_count(), "service_cpus": args.cpus}
     if device.startswith("cuda"):
         meta["gpu"] = torch.cuda.get_device_name(0)
     ok = bool(points) and not error and all(p["books"]["all_answered"] and p["books"]["server_balanced"]

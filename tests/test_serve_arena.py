@@ -203,3 +203,23 @@ def test_is_pinned_needs_every_array_wholly_inside_one_registered_span():
     assert not layer.is_pinned([buf[100:200], buf[600:700]])  # one in, one out
     layer._drop_pinned(base + 64)
     assert not layer.is_pinned([buf[100:200]])
+
+
+def test_front_end_workers_run_on_the_cpus_they_are_given_and_still_serve():
+    """``Server(worker_cpus=...)`` (``gpuloom serve --cpus`` gives the workers the CPUs the runtime's
+    process does not use): the worker processes are pinned there, not on their parent's CPUs."""
+    import os
+
+    cpu = max(os.sched_getaffinity(0))
+    repo = load_repository(REPO / "tiny_mlp.yaml")
+    service = serve_fake.make_service()
+    core = ServeCore(service, repo)
+    core.load("tiny_mlp")
+    server = Server(core, http_port=0, grpc_port=None, http_workers=1, worker_cpus={cpu})
+    addr = server.start()
+    try:
+        (worker,) = server._workers
+        assert os.sched_getaffinity(worker.pid) == {cpu}
+        assert _infer(addr.http_url, np.ones((2, 16), np.float32)).shape == (2, 4)
+    finally:
+        server.stop()

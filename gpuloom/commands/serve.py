@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "a thread woken for a request may wait for another busy thread to hand over the GIL")
     p.add_argument("--cpus", type=cpus_arg, default=None, metavar="LIST",
                    help="run this process (the HTTP loop, the runtime's threads, torch's) on these CPUs only, e.g. "
-                        "'1' or '0,2-3' (default: all)")
+                        "'1' or '0,2-3' (default: all); the front-end workers run on the other CPUs")
     p.add_argument("--http-worker-arena-mb", type=arena_mb_arg, default=None, metavar="MIB",
                    help="shared memory per front-end worker that request tensors pass through to the runtime's "
                         "process (default 256; 0: over the socket; a request that does not fit goes over the socket)")
@@ -102,10 +102,15 @@ def run(args: argparse.Namespace) -> int:
     from gpuloom.serve.server import ServeError, Server
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    worker_cpus = None
     if getattr(args, "cpus", None):
         try:
+            import os
+
             from gpuloom.runtime.affinity import pin_process
 
+            everything = os.sched_getaffinity(0)
+            worker_cpus = (everything - args.cpus) or everything  # the front-end workers: the other CPUs
             pin_process(args.cpus)
         except (OSError, ValueError, AttributeError) as e:
             print(f"error: --cpus {sorted(args.cpus)}: {e}", file=sys.stderr)
@@ -145,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
             return 1
     server = Server(core, host=args.host, http_port=args.http_port, grpc_port=None if args.no_grpc else args.grpc_port,
                     drain_timeout_s=args.drain_timeout, http_workers=args.http_workers,
-                    worker_arena_mb=args.http_worker_arena_mb)
+                    worker_arena_mb=args.http_worker_arena_mb, worker_cpus=worker_cpus)
 
     def started(addr):
         grpc = f", gRPC on {addr.grpc_url}" if addr.grpc_port else ""

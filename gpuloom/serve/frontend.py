@@ -551,7 +551,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drain-timeout", type=float, default=30.0)
     ap.add_argument("--arena-mb", type=int, default=arena_mb_default(),
                     help="shared memory for request tensors, MiB (0: send them over the socket)")
+    ap.add_argument("--cpus", default=None, help="run on these CPUs (a taskset -c list; default: as started)")
     args = ap.parse_args(argv)
+    if args.cpus:  # not the runtime's: gpuloom serve --cpus pins the runtime's process, which started this one
+        from gpuloom.runtime.affinity import parse_cpus, pin_process
+
+        pin_process(parse_cpus(args.cpus))
 
     async def run() -> None:
         app = build_worker_app(args.socket, args.upstream, args.max_body, args.arena_mb << 20)

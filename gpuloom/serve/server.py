@@ -59,8 +59,10 @@ class Server:
 
     def __init__(self, core: ServeCore, *, host: str = "127.0.0.1", http_port: int = 8000, grpc_port: int | None = 8001,
                  drain_timeout_s: float = 30.0, listen_backlog: int = 2048, http_workers: int = 0,
-                 worker_arena_mb: int | None = None):
+                 worker_arena_mb: int | None = None, worker_cpus: set[int] | None = None):
         self.core = core
+        # the CPUs the front-end workers run on (None: those of this process when it starts them)
+        self.worker_cpus = worker_cpus
         if not isinstance(http_workers, int) or http_workers < 0:
             raise ValueError(f"http_workers: expected a non-negative int, got {http_workers!r}")
         if worker_arena_mb is not None and (not isinstance(worker_arena_mb, int) or worker_arena_mb < 0):
@@ -163,6 +165,8 @@ class Server:
                "--drain-timeout", str(self.drain_timeout_s)]
         if self.worker_arena_mb is not None:
             cmd += ["--arena-mb", str(self.worker_arena_mb)]
+        if self.worker_cpus:
+            cmd += ["--cpus", ",".join(str(c) for c in sorted(self.worker_cpus))]
         self._worker_cmd = cmd
         started = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(self.http_workers)]
         self._workers.extend(started)  # all start together; _stop_workers reaps them if one fails
