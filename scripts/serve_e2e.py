@@ -80,6 +80,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--retune", action="store_true",
                    help="re-plan for each scale's offered rates before each leg (InferenceService.retune); default: "
                         "keep the plan made at load for the workload's own rates")
+    p.add_argument("--inprocess-arrivals", choices=("thread", "loop"), default="thread",
+                   help="who submits the in-process leg's requests: a client thread (default) or the runtime's own "
+                        "loop thread (run_point's arrivals; the thread fell behind on the H200 from x0.5)")
     p.add_argument("--cpus", default=None, metavar="LIST",
                    help="run the service's process (both legs) on these CPUs, a taskset -c list; the front-end "
                         "workers and the HTTP clients run on the others (default: no pinning)")
@@ -447,7 +450,8 @@ def run(args: argparse.Namespace) -> int:
             if args.retune:
                 svc.retune(rates)
             say(f"x{scale:g} in-process: {n / args.duration:.0f} req/s for {args.duration:g} s")
-            inproc = inproc_summary(run_point(svc, workload, args.policy, scale=scale, duration_s=args.duration))
+            inproc = inproc_summary(run_point(svc, workload, args.policy, scale=scale, duration_s=args.duration,
+                                              arrivals=args.inprocess_arrivals))
 
             if args.retune:
                 svc.retune(rates)
@@ -489,7 +493,7 @@ def run(args: argparse.Namespace) -> int:
 
     meta = {"torch": torch.__version__, "python": sys.version.split()[0], "argv": sys.argv[1:],
             "build_s": round(t_built - t_start, 1), "seconds": round(time.monotonic() - t_start, 1),
-            "cpus": os.cpu_count(), "service_cpus": args.cpus}
+            "cpus": os.cpu_count(), "service_cpus": args.cpus, "inprocess_arrivals": args.inprocess_arrivals}
     if device.startswith("cuda"):
         meta["gpu"] = torch.cuda.get_device_name(0)
     ok = bool(points) and not error and all(p["books"]["all_answered"] and p["books"]["server_balanced"]
