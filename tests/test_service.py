@@ -446,3 +446,29 @@ def test_a_client_on_the_loop_thread_that_falls_behind_does_not_keep_the_policy_
         assert_books(svc)
     finally:
         svc.close()
+
+
+def test_call_on_loop_at_runs_on_the_loop_thread_at_its_time_and_survives_a_raising_callback():
+    with pytest.raises(ModelNotReady, match="not running"):
+        InferenceService(policy="triton", device_layer=FakeDeviceLayer()).call_on_loop_at(time.monotonic(), print)
+    svc = fake_service("triton")
+    try:
+        ran = []
+        done = threading.Event()
+
+        def boom():
+            raise RuntimeError("a client's bug")
+
+        def record():
+            ran.append((time.monotonic(), threading.current_thread().name))
+            done.set()
+
+        t0 = time.monotonic()
+        svc.call_on_loop_at(t0, boom)  # logged; the loop goes on
+        svc.call_on_loop_at(t0 + 0.05, record)
+        assert done.wait(5)
+        (at, thread), = ran
+        assert at >= t0 + 0.05 - 0.002 and thread.startswith("gpuloom-runtime")
+        assert svc.is_live()
+    finally:
+        svc.close()
