@@ -472,3 +472,32 @@ def test_call_on_loop_at_runs_on_the_loop_thread_at_its_time_and_survives_a_rais
         assert svc.is_live()
     finally:
         svc.close()
+
+
+def test_models_compile_with_a_short_gil_switch_interval_and_the_interpreter_gets_its_own_back(monkeypatch):
+    """While a model compiles next to models being served, the GIL changes hands every
+    LOAD_SWITCH_INTERVAL_MS (their requests are not held up for whole 5 ms slices); afterwards the
+    interpreter's interval is what it was, also when the compile fails."""
+    import sys
+
+    from gpuloom.runtime import service as service_mod
+
+    seen = []
+    real = service_mod.InferenceService._compile
+
+    def spy(self, config, module):
+        seen.append(sys.getswitchinterval())
+        if config.name == "broken":
+            raise RuntimeError("cannot compile")
+        return real(self, config, module)
+
+    monkeypatch.setattr(service_mod.InferenceService, "_compile", spy)
+    before = sys.getswitchinterval()
+    svc = fake_service("triton")  # loads two models
+    try:
+        with pytest.raises(RuntimeError, match="cannot compile"):
+            svc.load(ModelConfig("broken", X4, Y4, max_batch=8, slo_ms=500), FakeModel(lambda xs: xs, 1.0))
+    finally:
+        svc.close()
+    assert seen == [service_mod.LOAD_SWITCH_INTERVAL_MS / 1000.0] * 3
+    assert sys.getswitchinterval() == before
