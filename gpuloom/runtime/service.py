@@ -236,6 +236,9 @@ class _Model:
     total_ms: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_MS))
     batch: Counter = field(default_factory=Counter)  # rows of the batch a request ran in -> requests
     arrivals: deque = field(default_factory=lambda: deque(maxlen=4096))  # monotonic s, for the rate
+    #: batch rows -> the profile's knee (SMs) for them; the profile is fixed for this load, and the
+    #: backend asks once per batch (Profile.knee interpolates every measured SM count: ~30 us)
+    knee_by_batch: dict = field(default_factory=dict)
 
     @property
     def answered(self) -> int:
@@ -944,8 +947,11 @@ class InferenceService:
         m = self._models.get(model)
         if m is None:
             return self.device.gpu_sms
-        p = m.profile
-        return p.knee(p.bucket(min(batch, p.max_batch)))
+        knee = m.knee_by_batch.get(batch)
+        if knee is None:
+            p = m.profile
+            knee = m.knee_by_batch[batch] = p.knee(p.bucket(min(batch, p.max_batch)))
+        return knee
 
     def _compile(self, config: ModelConfig, module: Any) -> tuple[Any, ModelConfig]:
         if isinstance(module, FakeModel):
