@@ -358,16 +358,16 @@ def test_a_request_the_runtime_never_answers_is_answered_as_expired_after_the_gr
     from gpuloom.runtime.service import Expired
 
     svc = InferenceService(policy="dstack", device_layer=FakeDeviceLayer(), expiry_grace_s=0.2)
-    real = svc._on_result
+    real = svc._book_row  # where every answer from the runtime lands (one row, or a batch's rows in turn)
     lost = []
 
-    def lose_the_first(result, out):
+    def lose_the_first(result, out, now):
         if not lost:
             lost.append(result.request.id)  # as if the runtime never answered it
             return
-        real(result, out)
+        real(result, out, now)
 
-    svc._on_result = lose_the_first
+    svc._book_row = lose_the_first
     svc.start()
     try:
         with warnings.catch_warnings():
@@ -501,3 +501,51 @@ def test_models_compile_with_a_short_gil_switch_interval_and_the_interpreter_get
         svc.close()
     assert seen == [service_mod.LOAD_SWITCH_INTERVAL_MS / 1000.0] * 3
     assert sys.getswitchinterval() == before
+
+
+def test_a_batch_of_answers_is_booked_under_one_lock_acquisition_in_order_with_each_request_its_own_output():
+    """The runtime hands a completed batch's rows to the service at once (``Runtime.start``'s
+    ``on_results``): the service books them all under one acquisition of its lock, in the batch's
+    order, and every request still gets its own rows."""
+    svc = fake_service(latency_ms=30.0)
+
+    class CountingLock:
+        """The service's lock, counting how often the runtime's thread takes it."""
+
+        def __init__(self, lock):
+            self.lock = lock
+            self.runtime_acquisitions = 0
+
+        def __enter__(self):
+            self.lock.__enter__()
+            if threading.current_thread().name.startswith("gpuloom-runtime"):
+                self.runtime_acquisitions += 1
+            return self
+
+        def __exit__(self, *exc):
+            return self.lock.__exit__(*exc)
+
+    counting = CountingLock(svc._lock)
+    booked = []  # (runtime acquisitions so far, request id) per row the runtime answers
+    real = svc._book_row
+
+    def record(result, out, now):
+        booked.append((counting.runtime_acquisitions, result.request.id))
+        real(result, out, now)
+
+    svc._lock, svc._book_row = counting, record
+    try:
+        futures = [svc.submit("twice", {"x": np.full((1, 4), i, np.float32)}) for i in range(12)]
+        for i, fut in enumerate(futures):
+            np.testing.assert_array_equal(fut.result(5)["y"], np.full((1, 4), 2.0 * i, np.float32))
+        groups: dict[int, list[int]] = {}
+        for acquisition, rid in booked:
+            groups.setdefault(acquisition, []).append(rid)
+        assert sum(len(g) for g in groups.values()) == 12
+        assert max(len(g) for g in groups.values()) > 1  # some rows ran (and were booked) together
+        assert all(g == sorted(g) for g in groups.values())  # in the batch's (arrival) order
+        assert counting.runtime_acquisitions == len(groups) < 12  # one acquisition per batch, not per row
+        assert_books(svc)
+    finally:
+        svc._lock = counting.lock
+        svc.close()

@@ -37,8 +37,13 @@ log = logging.getLogger(__name__)
 #: Online mode: called on the runtime's thread with each request's final Result and the backend's
 #: output for it (None unless SERVED by a backend that produces data).
 ResultCallback = Callable[[Result, Any], None]
+#: Online mode, optional: called instead of ResultCallback where several requests are answered at
+#: once (a batch completes, a policy drops a block), with their (Result, output) pairs in order.
+ResultsCallback = Callable[[list], None]
 
 _INF = float("inf")
+# the statuses as module constants: the loop reads them per request (an Enum attribute costs more)
+_SERVED, _DROPPED, _FAILED = Status.SERVED, Status.DROPPED, Status.FAILED
 
 
 @dataclass
@@ -92,6 +97,7 @@ class Runtime:
         # online mode (start/submit/stop); unused by run()
         self._online = False
         self._on_result: ResultCallback | None = None
+        self._on_results: ResultsCallback | None = None
         self._on_layout: Callable[[Layout, BaseException | None], None] | None = None
         self._submit_lock = threading.Lock()
         self._next_id = 0
@@ -134,12 +140,16 @@ class Runtime:
         on_result: ResultCallback,
         *,
         on_layout: Callable[[Layout, BaseException | None], None] | None = None,
+        on_results: ResultsCallback | None = None,
     ) -> None:
         """Serve online: run the loop in a background thread until :meth:`stop`.
 
         Needs a backend on a :class:`RealtimeLoop`. ``on_result(result, output)`` is called on the
         loop's thread once per submitted request (SERVED, DROPPED or FAILED; never QUEUED) -- keep it
-        short (set a future). ``on_layout(layout, error)`` is called whenever a layout was set up (or
+        short (set a future). ``on_results(answers)``, when given, takes its place where several
+        requests are answered at once (a batch's completion, a drop): one call with their
+        ``(result, output)`` pairs, in order, so the receiver can book them in one go (one lock, not
+        one per request). ``on_layout(layout, error)`` is called whenever a layout was set up (or
         failed to be). The policy is set up from ``ctx`` on the loop's thread.
         """
         if not isinstance(self.loop, RealtimeLoop):
@@ -149,6 +159,7 @@ class Runtime:
             raise RuntimeError("Runtime.start was called twice")
         self._online = True
         self._on_result = on_result
+        self._on_results = on_results
         self._on_layout = on_layout
         self.loop.open()
         self._thread = threading.Thread(target=self._serve, name=f"gpuloom-runtime-{self.policy.name}", daemon=True)
@@ -338,9 +349,9 @@ class Runtime:
                 del self._inflight[d.partition]
                 self._open_at.pop(d.partition, None)
             self._free = None
-        status = Status.FAILED if c.error else Status.SERVED
-        for r in reqs:
-            self._finish(Result(r, status, c.end_ms, c.error, d.batch))
+        status = _FAILED if c.error else _SERVED
+        end_ms, error, batch = c.end_ms, c.error, d.batch
+        self._finish_all([Result(r, status, end_ms, error, batch) for r in reqs])
         if self._trace_on:
             self._log("complete", d.model, d.partition, d.request_ids)
         if pol is self.policy:  # a replaced policy's batch means nothing to its successor
@@ -358,6 +369,23 @@ class Runtime:
                 log.exception("result callback failed for request %d", result.request.id)
         else:
             self._results[result.request.id] = result
+
+    def _finish_all(self, results: list[Result]) -> None:
+        """:meth:`_finish` for requests answered together; online with ``on_results``, one call for all."""
+        answer_all = self._on_results
+        if not self._online or answer_all is None:
+            for result in results:
+                self._finish(result)
+            return
+        take_output = self.backend.take_output
+        answers = []
+        for result in results:
+            out = take_output(result.request.id)  # also frees the request's input data
+            answers.append((result, out if result.status is _SERVED else None))
+        try:
+            answer_all(answers)
+        except Exception:  # noqa: BLE001 - a caller's callback must not stop the loop
+            log.exception("result callback failed for requests %s", [r.request.id for r in results])
 
     def _on_wakeup(self, t: float) -> None:
         self._woke = True
@@ -447,9 +475,8 @@ class Runtime:
             self.policy.on_free(index, self.loop.now)
 
     def _drop(self, drop: Drop) -> None:
-        now = self.loop.now
-        for r in self._take(drop.model, drop.request_ids):
-            self._finish(Result(r, Status.DROPPED, now, drop.reason))
+        now, reason = self.loop.now, drop.reason
+        self._finish_all([Result(r, _DROPPED, now, reason) for r in self._take(drop.model, drop.request_ids)])
         if self._trace_on:
             self._log("drop", drop.model, drop.request_ids, drop.reason)
 

@@ -74,6 +74,7 @@ _DTYPES = ("float32", "float16", "float64", "int64", "int32", "int16", "int8", "
 #: ``str(x.dtype)`` against the name (~3.6 us: numpy builds a dtype's name in Python); the outcome is
 #: the same for every dtype (byte order, aliases such as "long", structured ones)
 _NP_DTYPES = {name: np.dtype(name) for name in _DTYPES}
+_SERVED = Status.SERVED  # read per row answered (an Enum attribute costs more than a module constant)
 #: upper bounds (ms) of the latency histogram buckets; the last bucket is +inf
 LATENCY_BUCKETS_MS = (0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 
@@ -135,6 +136,11 @@ class ModelConfig:
     def _input_names(self) -> frozenset[str]:
         """The input names as a set, made once: every submit checks a request's names against it."""
         return frozenset(t.name for t in self.inputs)
+
+    @functools.cached_property
+    def _output_names(self) -> tuple[str, ...]:
+        """The output names in order, made once: every answer is keyed by them."""
+        return tuple(t.name for t in self.outputs)
 
 
 # -- errors -------------------------------------------------------------------------------------
@@ -238,15 +244,19 @@ class _Model:
     on_time: int = 0
     rejected: int = 0
     dropped: Counter = field(default_factory=Counter)
+    n_dropped: int = 0  # sum(dropped.values()), kept as _settle counts: in_flight is read on every submit
     queue_ms: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_MS))
     compute_ms: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_MS))
     total_ms: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_MS))
     batch: Counter = field(default_factory=Counter)  # rows of the batch a request ran in -> requests
     arrivals: deque = field(default_factory=lambda: deque(maxlen=4096))  # monotonic s, for the rate
+    #: batch rows -> the profile's knee (SMs) for them; the profile is fixed for this load, and the
+    #: backend asks once per batch (Profile.knee interpolates every measured SM count: ~30 us)
+    knee_by_batch: dict = field(default_factory=dict)
 
     @property
     def answered(self) -> int:
-        return self.success + self.failure + sum(self.dropped.values())
+        return self.success + self.failure + self.n_dropped
 
     @property
     def in_flight(self) -> int:
@@ -736,21 +746,40 @@ class InferenceService:
     def _on_result(self, result: Result, out: ExecOutput | None) -> None:
         """Runtime thread: one row answered; resolve its request's future once every row is."""
         with self._lock:
-            entry = self._rid.pop(result.request.id, None)
-            if entry is None:
-                return
-            call, i = entry
-            if result.status == Status.SERVED and out is not None:
-                call.outputs[i] = out.outputs
-                call.queue_ms = max(call.queue_ms, out.start_ms - result.request.arrival_ms)
-                call.compute_ms = max(call.compute_ms, out.end_ms - out.start_ms)
-                call.batch = max(call.batch, out.batch)
-            elif call.error is None:
-                call.error = self._error_of(result, out)
-            call.left -= 1
-            if call.left:
-                return
-            self._settle(call)
+            self._book_row(result, out, time.monotonic())
+
+    def _on_results(self, answers: list[tuple[Result, ExecOutput | None]]) -> None:
+        """Runtime thread: the rows of a batch (or of a drop) answered together: booked in order as
+        :meth:`_on_result` books one, under one acquisition of the lock, with one clock reading."""
+        with self._lock:
+            now = time.monotonic()
+            for result, out in answers:
+                try:
+                    self._book_row(result, out, now)
+                except Exception:  # noqa: BLE001 - as the runtime does per row: the others still get theirs
+                    log.exception("booking the answer of request %d failed", result.request.id)
+
+    def _book_row(self, result: Result, out: ExecOutput | None, now: float) -> None:
+        """Under the lock: one row's answer into its request; settle the request once every row is in."""
+        entry = self._rid.pop(result.request.id, None)
+        if entry is None:
+            return
+        call, i = entry
+        if out is not None and result.status is _SERVED:
+            call.outputs[i] = out.outputs
+            queue_ms = out.start_ms - result.request.arrival_ms
+            if queue_ms > call.queue_ms:
+                call.queue_ms = queue_ms
+            compute_ms = out.end_ms - out.start_ms
+            if compute_ms > call.compute_ms:
+                call.compute_ms = compute_ms
+            if out.batch > call.batch:
+                call.batch = out.batch
+        elif call.error is None:
+            call.error = self._error_of(result, out)
+        call.left -= 1
+        if not call.left:
+            self._settle(call, now)
 
     def _error_of(self, result: Result, out: ExecOutput | None) -> ServiceError:
         if result.status == Status.SERVED:
@@ -762,10 +791,9 @@ class InferenceService:
                                     f"({result.request.deadline_ms - result.request.arrival_ms:.1f} ms)")
         return Dropped(result.reason or "unspecified")
 
-    def _settle(self, call: _Call) -> None:
-        """Under the lock: count the request's fate and resolve its future."""
+    def _settle(self, call: _Call, now: float) -> None:
+        """Under the lock: count the request's fate (at monotonic ``now``) and resolve its future."""
         m = call.model
-        now = time.monotonic()
         late = now > call.deadline_s + 1e-4
         if call.error is None and late and call.explicit:
             call.error = DeadlineExceeded(f"request for {m.config.name!r} finished after its deadline")
@@ -776,7 +804,7 @@ class InferenceService:
             m.compute_ms.add(call.compute_ms)
             m.total_ms.add((now - call.t0) * 1000.0)
             m.batch[call.batch] += 1
-            names = [t.name for t in m.config.outputs]
+            names = m.config._output_names
             if len(call.outputs) == 1:  # one row: a view of its batch's fresh output, no copy (the common case)
                 result = {nm: call.outputs[0][j][None] for j, nm in enumerate(names)}
             else:
@@ -785,12 +813,15 @@ class InferenceService:
         else:
             if isinstance(call.error, ModelFailed):
                 m.failure += 1
-            elif isinstance(call.error, Expired):
-                m.dropped["expired"] += 1
-            elif isinstance(call.error, Dropped):
-                m.dropped[call.error.reason] += 1
             else:
-                m.dropped["deadline"] += 1
+                if isinstance(call.error, Expired):
+                    reason = "expired"
+                elif isinstance(call.error, Dropped):
+                    reason = call.error.reason
+                else:
+                    reason = "deadline"
+                m.dropped[reason] += 1
+                m.n_dropped += 1
             call.future.set_exception(call.error)
         if m.in_flight == 0:
             self._cv.notify_all()
@@ -860,7 +891,7 @@ class InferenceService:
                           call.model.config.name, now - call.deadline_s)
                 call.error = Expired(f"request for {call.model.config.name!r} was not answered within "
                                      f"{self.expiry_grace_s:g} s of its deadline")
-                self._settle(call)
+                self._settle(call, time.monotonic())
         return len(overdue)
 
     def _fail_outstanding(self, reason: str) -> None:
@@ -871,7 +902,7 @@ class InferenceService:
             for call in calls.values():
                 if not call.future.done():
                     call.error = call.error or Dropped(reason)
-                    self._settle(call)
+                    self._settle(call, time.monotonic())
 
     def _on_layout(self, layout: Layout, error: BaseException | None) -> None:
         rt = self._runtime
@@ -938,7 +969,7 @@ class InferenceService:
             if self.early_answer:
                 self._backend.on_served = self._on_result  # answers once: the runtime's later call finds it done
             self._runtime = Runtime(policy, self._backend, ctx)
-            self._runtime.start(self._on_result, on_layout=self._on_layout)
+            self._runtime.start(self._on_result, on_layout=self._on_layout, on_results=self._on_results)
         else:
             self._runtime.reconfigure(policy, ctx)
         with self._lock:
@@ -958,8 +989,11 @@ class InferenceService:
         m = self._models.get(model)
         if m is None:
             return self.device.gpu_sms
-        p = m.profile
-        return p.knee(p.bucket(min(batch, p.max_batch)))
+        knee = m.knee_by_batch.get(batch)
+        if knee is None:
+            p = m.profile
+            knee = m.knee_by_batch[batch] = p.knee(p.bucket(min(batch, p.max_batch)))
+        return knee
 
     def _compile(self, config: ModelConfig, module: Any) -> tuple[Any, ModelConfig]:
         if isinstance(module, FakeModel):
