@@ -4,6 +4,7 @@ the others. Small conv nets keep it to seconds; skipped without CUDA."""
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 
@@ -193,5 +194,55 @@ def test_inputs_in_page_locked_memory_are_launched_in_place_with_eager_outputs(m
         assert be["inplace_batches"] >= 1 and be["inplace_batches"] <= be["batches"], be
         dev.unregister_host(ctypes.addressof(arena))
         assert not dev.is_pinned([a])
+    finally:
+        svc.close()
+
+
+def test_a_model_loads_while_another_is_served_on_the_gpu_when_builds_may_run_beside_replays(models, monkeypatch):
+    """The test that decides ``CudaDeviceLayer.builds_while_serving`` (False until it passes on the
+    H200): with it on, a load captures the new layout's graphs while the other model's graphs replay
+    on their streams; every request must still get its eager output, and none may fail."""
+    from gpuloom.runtime.device import CudaDeviceLayer
+    from gpuloom.runtime.service import InferenceService
+
+    monkeypatch.setattr(CudaDeviceLayer, "builds_while_serving", True)
+    (cfg_s, cm_s, m_s), (cfg_w, cm_w, m_w) = models["small"], models["wide"]
+    svc = InferenceService(policy="triton", device="cuda", profiles=None)
+    svc.start()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            svc.load(cfg_s, cm_s)
+        rng = np.random.default_rng(3)
+        sent, stop = [], threading.Event()
+
+        def serve_small():
+            while not stop.is_set():
+                x = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
+                sent.append((x, svc.submit("small", {"x": x}, deadline_ms=10_000)))
+                time.sleep(0.002)
+
+        th = threading.Thread(target=serve_small)
+        th.start()
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            svc.load(cfg_w, cm_w)  # captured while "small" keeps replaying
+        t1 = time.monotonic()
+        time.sleep(0.1)
+        stop.set()
+        th.join()
+        for x, f in sent:
+            out = f.result(30)
+            with torch.no_grad():
+                want = m_s(torch.from_numpy(x).cuda()).cpu().numpy()
+            np.testing.assert_allclose(next(iter(out.values())), want, rtol=1e-3, atol=1e-4)
+        assert len(sent) > 10 and t1 > t0
+        x = rng.standard_normal((2, 3, 32, 32)).astype(np.float32)
+        with torch.no_grad():
+            want = m_w(torch.from_numpy(x).cuda()).cpu().numpy()
+        np.testing.assert_allclose(next(iter(svc.infer("wide", {"x": x}, timeout_s=30).values())), want,
+                                   rtol=1e-3, atol=1e-4)
     finally:
         svc.close()

@@ -549,3 +549,51 @@ def test_a_batch_of_answers_is_booked_under_one_lock_acquisition_in_order_with_e
     finally:
         svc._lock = counting.lock
         svc.close()
+
+
+@pytest.mark.parametrize("policy", ["dstack", "triton"])
+def test_loading_and_unloading_a_model_does_not_stop_the_others_while_the_new_layout_builds(policy):
+    """Where layouts can be built while another runs (fake and CPU devices), a reconfigure keeps the
+    old policy serving on the old layout until the new one is built, then switches: a 0.4 s build
+    does not hold up the model already served."""
+    dev = FakeDeviceLayer(build_delay_s=0.4)
+    svc = InferenceService(policy=policy, device_layer=dev)
+    svc.start()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            svc.load(ModelConfig("twice", X4, Y4, max_batch=8, slo_ms=500), FakeModel(lambda xs: [xs[0] * 2], 1.0))
+        lat, stop = [], threading.Event()
+
+        def serve_twice():
+            while not stop.is_set():
+                t = time.monotonic()
+                out = svc.submit("twice", {"x": np.ones((1, 4), np.float32)}).result(5)
+                lat.append((t, time.monotonic() - t))
+                np.testing.assert_array_equal(out["y"], np.full((1, 4), 2.0, np.float32))
+                time.sleep(0.005)
+
+        th = threading.Thread(target=serve_twice)
+        th.start()
+        time.sleep(0.1)
+        builds = dev.builds
+        t0 = time.monotonic()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            svc.load(ModelConfig("plus", X4, Y4, max_batch=8, slo_ms=500), FakeModel(lambda xs: [xs[0] + 1], 1.0))
+        t1 = time.monotonic()
+        np.testing.assert_array_equal(svc.infer("plus", {"x": np.ones((1, 4), np.float32)}, timeout_s=5)["y"],
+                                      np.full((1, 4), 2.0, np.float32))
+        t2 = time.monotonic()
+        svc.unload("plus")
+        t3 = time.monotonic()
+        time.sleep(0.05)
+        stop.set()
+        th.join()
+        assert dev.builds >= builds + 1 and t1 - t0 >= 0.4  # the load built a layout (the unload's is cached)
+        during = [d for t, d in lat if t0 <= t <= t1 or t2 <= t <= t3]
+        assert sum(1 for t, d in lat if t0 <= t and t + d <= t1) >= 3  # answered during the build, not after
+        assert max(during) < 0.2, f"a request waited {max(during):.3f} s during a 0.4 s build"
+        assert_books(svc)
+    finally:
+        svc.close()

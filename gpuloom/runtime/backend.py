@@ -72,6 +72,12 @@ class Backend(ABC):
         """Release the device. Default: nothing to release."""
 
     # -- online serving (the real backends); simulated backends keep the defaults ----------------
+    #: whether the current layout may keep running work while :meth:`prepare` builds the next one.
+    #: Then a reconfigure (a model loaded or unloaded) keeps the old policy dispatching on the old
+    #: layout until the new one is built, and switches both at once; else nothing is dispatched
+    #: during the build (the CUDA layer's captures wait for the device to be quiet).
+    builds_while_serving: bool = False
+
     def prepare(self, layout: Layout, ready: Callable[[], None]) -> bool:
         """Start building what ``layout`` needs (partitions, captured graphs) in the background.
 

@@ -93,6 +93,7 @@ class Runtime:
         self._orphan_reqs: dict[int, tuple[list[Request], Policy]] = {}  # id(decision) -> its requests, policy
         self._layout_token = 0  # the latest layout asked for; a prepared older one is not swapped in
         self._preparing = False  # a backend is building the next layout (no dispatch meanwhile)
+        self._switch_pending = False  # a reconfigure's layout is being built while the old policy serves
         self._broken = ""  # online: why the last layout failed (requests fail at once until a new one works)
         # online mode (start/submit/stop); unused by run()
         self._online = False
@@ -290,6 +291,34 @@ class Runtime:
                 self.policy.on_arrival(r, self.loop.now)
 
     def _reconfigure(self, policy: Policy, ctx: PolicyContext) -> None:
+        """Serve ``ctx`` with ``policy``. Where the backend builds while serving and a layout is up,
+        the old policy keeps dispatching on the old layout until the new one is built, then both
+        switch at once (:meth:`_switch`): a model loaded or unloaded does not stop the others for
+        the build. Else the switch is immediate and nothing is dispatched until the build is done."""
+        if not (self.backend.builds_while_serving and self._parts and not self._preparing and not self._broken):
+            self._switch(policy, ctx, None, 0)
+            return
+        layout = policy.setup(ctx)
+        self._layout_token += 1
+        token = self._layout_token
+        loop = self.loop
+
+        def ready() -> None:
+            loop.post(WAKEUP, self._switch, policy, ctx, layout, token)
+
+        if self.backend.prepare(layout, ready):
+            self._switch_pending = True
+            if isinstance(loop, RealtimeLoop):
+                loop.expect()
+            return
+        self._switch(policy, ctx, layout, token)
+
+    def _switch(self, policy: Policy, ctx: PolicyContext, layout: Layout | None, token: int) -> None:
+        """Make ``policy`` and ``ctx`` current; then set up ``layout`` (already built under ``token``),
+        or the policy's first layout when None."""
+        if layout is not None and token != self._layout_token:
+            return  # a newer reconfigure or layout was asked for while this one was being built
+        self._switch_pending = False
         for m in list(self.queues):
             if m not in ctx.models:
                 q = self.queues.pop(m)
@@ -301,7 +330,10 @@ class Runtime:
         self.policy, self.ctx = policy, ctx
         self._parts, self._free = (), None  # the old layout's indices mean nothing to the new policy
         self._woke = True
-        self._set_layout(policy.setup(ctx))
+        if layout is None:
+            self._set_layout(policy.setup(ctx))
+        else:
+            self._swap_layout(layout, token)
 
     _drain = True
 
@@ -417,7 +449,13 @@ class Runtime:
             self._wake_ms = wake
             self.loop.schedule(wake, WAKEUP, self._on_wakeup, wake)
         if layout is not None:
-            self._set_layout(layout)
+            if self._switch_pending:
+                # the old policy, about to be replaced, re-planned: its decisions now name partitions
+                # of a layout that will never be set up, so it stops dispatching until the switch
+                self._preparing = True
+                self._free = None
+            else:
+                self._set_layout(layout)
 
     def _free_partitions(self, now: float) -> list[Partition]:
         if now < self._ready_ms or self._orphans or self._preparing or self._broken:

@@ -96,6 +96,10 @@ class DeviceLayer(ABC):
     #: True when :meth:`stage` copies a row (callers need not copy their arrays first)
     stages: bool = False
 
+    #: whether a layout can be built while another one runs batches (ExecBackend.builds_while_serving).
+    #: False for CUDA until a GPU test shows graph capture beside other streams' replays is safe.
+    builds_while_serving = False
+
     def stage(self, row: Sequence[Any]) -> Sequence[Any]:
         """Called on the *submitting* thread with one row (one array per input): make it ready to
         launch (CUDA: copy it into pinned host memory, so the runtime's thread only issues async
@@ -355,6 +359,7 @@ class FakeDeviceLayer(DeviceLayer):
     """
 
     kind = "fake"
+    builds_while_serving = True
 
     def __init__(self, *, gpu_sms: int = 132, granularity: int = 8, build_delay_s: float = 0.0,
                  memory_limit_bytes: float = float("inf"), cache_layouts: int = 4) -> None:
@@ -444,6 +449,7 @@ class CpuDeviceLayer(DeviceLayer):
     """
 
     kind = "cpu"
+    builds_while_serving = True  # a CPU "build" captures nothing
 
     def __init__(self, *, gpu_sms: int = 132, granularity: int = 8, threads: int | None = None) -> None:
         super().__init__()

@@ -210,14 +210,20 @@ class ExecBackend(Backend):
     def start(self, on_completion: Callable[[Completion], None]) -> None:
         self._on_completion = on_completion
 
+    @property
+    def builds_while_serving(self) -> bool:  # type: ignore[override]
+        return bool(getattr(self.device, "builds_while_serving", False))
+
     def prepare(self, layout: Layout, ready: Callable[[], None]) -> bool:
         self._wanted = layout
+        quiet_first = not self.builds_while_serving
 
         def build() -> None:
             with self._build_lock:
                 lanes, err = None, None
                 if self._wanted is layout:  # else superseded before we started: nothing to build
-                    self._wait_quiet()
+                    if quiet_first:
+                        self._wait_quiet()
                     try:
                         lanes = self.device.build(layout)
                         self.layouts_built += 1
