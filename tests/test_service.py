@@ -597,3 +597,43 @@ def test_loading_and_unloading_a_model_does_not_stop_the_others_while_the_new_la
         assert_books(svc)
     finally:
         svc.close()
+
+
+def test_a_load_whose_layout_cannot_be_built_leaves_the_served_model_serving_and_fails_none_of_its_requests():
+    """Where layouts build beside running work, a load whose new layout fails (graph memory here)
+    is refused with the reason, and the old policy and layout go on: no request of the model being
+    served fails (before, the broken layout failed everything queued)."""
+    dev = FakeDeviceLayer(build_delay_s=0.2, memory_limit_bytes=50)
+    svc = InferenceService(policy="triton", device_layer=dev)
+    svc.start()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            svc.load(ModelConfig("twice", X4, Y4, max_batch=8, slo_ms=2000),
+                     FakeModel(lambda xs: [xs[0] * 2], 1.0, graph_bytes=30))
+        futs, stop = [], threading.Event()
+
+        def serve_twice():
+            while not stop.is_set():
+                futs.append(svc.submit("twice", {"x": np.ones((1, 4), np.float32)}))
+                time.sleep(0.003)
+
+        th = threading.Thread(target=serve_twice)
+        th.start()
+        time.sleep(0.05)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises(ModelNotReady, match="graph memory"):
+                svc.load(ModelConfig("big", X4, Y4, max_batch=8, slo_ms=2000),
+                         FakeModel(lambda xs: [xs[0] + 1], 1.0, graph_bytes=40))
+        time.sleep(0.05)
+        stop.set()
+        th.join()
+        assert len(futs) >= 10
+        for f in futs:
+            np.testing.assert_array_equal(f.result(10)["y"], np.full((1, 4), 2.0, np.float32))
+        assert [c.name for c in svc.models()] == ["twice"]
+        assert svc.infer("twice", {"x": np.ones((1, 4), np.float32)}, timeout_s=5)["y"][0, 0] == 2.0
+        assert_books(svc)
+    finally:
+        svc.close()

@@ -94,6 +94,10 @@ class Runtime:
         self._layout_token = 0  # the latest layout asked for; a prepared older one is not swapped in
         self._preparing = False  # a backend is building the next layout (no dispatch meanwhile)
         self._switch_pending = False  # a reconfigure's layout is being built while the old policy serves
+        self._held_layout: Layout | None = None  # what the old policy re-planned to while a switch was pending
+        #: the policy whose layout the current ``on_layout`` call reports (the new one, when a
+        #: reconfigure's layout failed and the old policy goes on)
+        self.layout_policy: Policy = policy
         self._broken = ""  # online: why the last layout failed (requests fail at once until a new one works)
         # online mode (start/submit/stop); unused by run()
         self._online = False
@@ -316,9 +320,23 @@ class Runtime:
     def _switch(self, policy: Policy, ctx: PolicyContext, layout: Layout | None, token: int) -> None:
         """Make ``policy`` and ``ctx`` current; then set up ``layout`` (already built under ``token``),
         or the policy's first layout when None."""
-        if layout is not None and token != self._layout_token:
-            return  # a newer reconfigure or layout was asked for while this one was being built
-        self._switch_pending = False
+        ready_ms = None
+        if layout is not None:
+            if token != self._layout_token:
+                return  # a newer reconfigure or layout was asked for while this one was being built
+            self._switch_pending = False
+            held, self._held_layout = self._held_layout, None
+            try:
+                ready_ms = self.backend.configure(layout)
+            except Exception as e:  # noqa: BLE001 - the old policy and layout go on serving
+                log.error("layout %s could not be set up: %s; the current one goes on", layout, e)
+                self._woke = True
+                if held is not None:  # the old policy re-planned meanwhile: give it its layout now
+                    self._set_layout(held)
+                else:
+                    self._preparing = False
+                self._report_layout(policy, layout, e)
+                return
         for m in list(self.queues):
             if m not in ctx.models:
                 q = self.queues.pop(m)
@@ -333,7 +351,8 @@ class Runtime:
         if layout is None:
             self._set_layout(policy.setup(ctx))
         else:
-            self._swap_layout(layout, token)
+            self._preparing = False
+            self._adopt_layout(layout, ready_ms)
 
     _drain = True
 
@@ -451,9 +470,11 @@ class Runtime:
         if layout is not None:
             if self._switch_pending:
                 # the old policy, about to be replaced, re-planned: its decisions now name partitions
-                # of a layout that will never be set up, so it stops dispatching until the switch
+                # of a layout not set up, so it stops dispatching until the switch (or, should the
+                # switch fail, until its own layout is built)
                 self._preparing = True
                 self._free = None
+                self._held_layout = layout
             else:
                 self._set_layout(layout)
 
@@ -576,9 +597,17 @@ class Runtime:
             log.error("layout %s could not be set up: %s", layout, e)
             self._broken = f"layout could not be set up: {type(e).__name__}: {e}"
             self._fail_pending(self._broken)
-            if self._on_layout is not None:
-                self._on_layout(layout, e)
+            self._report_layout(self.policy, layout, e)
             return
+        self._adopt_layout(layout, ready_ms)
+
+    def _report_layout(self, policy: Policy, layout: Layout, error: BaseException | None) -> None:
+        self.layout_policy = policy
+        if self._on_layout is not None:
+            self._on_layout(layout, error)
+
+    def _adopt_layout(self, layout: Layout, ready_ms: float) -> None:
+        """``layout`` is configured (from ``ready_ms``): serve on it from now on."""
         self._broken = ""
         for lane in self._inflight.values():
             for d, reqs, pol in lane:
@@ -594,8 +623,7 @@ class Runtime:
             self._log("layout", tuple((p.sm_offset, p.sms, p.shared, p.owner) for p in layout.partitions))
         if self._ready_ms > self.loop.now:
             self.loop.schedule(self._ready_ms, WAKEUP, self._on_wakeup, self._ready_ms)
-        if self._on_layout is not None:
-            self._on_layout(layout, None)
+        self._report_layout(self.policy, layout, None)
 
     # -- books ------------------------------------------------------------------------------
     def _check_requests(self, requests: Sequence[Request], until_ms: float) -> None:

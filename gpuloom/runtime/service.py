@@ -907,10 +907,11 @@ class InferenceService:
     def _on_layout(self, layout: Layout, error: BaseException | None) -> None:
         rt = self._runtime
         if rt is not None:
+            policy = rt.layout_policy  # the policy this layout was for (a failed switch keeps the old one current)
             with self._lock:
-                if id(rt.policy) not in self._layout_seen and error is not None:
-                    self._layout_failed[id(rt.policy)] = layout
-                self._layout_seen.setdefault(id(rt.policy), error)
+                if id(policy) not in self._layout_seen and error is not None:
+                    self._layout_failed[id(policy)] = layout
+                self._layout_seen.setdefault(id(policy), error)
                 self._cv.notify_all()
 
     def _context(self) -> PolicyContext:
