@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpuloom.bench.e2e import LATE_LIMIT_MS  # noqa: E402
+from gpuloom.bench.e2e import offered_as_scheduled  # noqa: E402
 from gpuloom.bench.experiment import simulate  # noqa: E402
 from gpuloom.bench.workload import workload_from_dict  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
@@ -58,8 +58,7 @@ def client_late(point: dict) -> bool:
     before that field have the lateness alone; older runs have neither and count as on time)."""
     if "offered_as_scheduled" in point:
         return not point["offered_as_scheduled"]
-    p99 = ((point.get("arrivals") or {}).get("late_ms") or {}).get("p99")
-    return p99 is not None and p99 > LATE_LIMIT_MS
+    return not offered_as_scheduled(point.get("arrivals") or {})
 
 
 def main() -> int:

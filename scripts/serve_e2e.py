@@ -53,6 +53,8 @@ TARGET = 0.9  # issue 6: HTTP goodput >= 90% of in-process goodput
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from gpuloom.bench.e2e import ARRIVALS
+
     p = argparse.ArgumentParser(prog="serve_e2e.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("workload", nargs="?", help="workload file, e.g. examples/mix6.yaml")
@@ -80,7 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--retune", action="store_true",
                    help="re-plan for each scale's offered rates before each leg (InferenceService.retune); default: "
                         "keep the plan made at load for the workload's own rates")
-    p.add_argument("--inprocess-arrivals", choices=("thread", "loop"), default="thread",
+    p.add_argument("--inprocess-arrivals", choices=ARRIVALS, default="thread",
                    help="who submits the in-process leg's requests: a client thread (default) or the runtime's own "
                         "loop thread (run_point's arrivals; the thread fell behind on the H200 from x0.5)")
     p.add_argument("--cpus", default=None, metavar="LIST",

@@ -42,6 +42,21 @@ TINY_DIM = 32
 # arrival times: on the H200 the load generator thread, sharing the runtime's interpreter, fell
 # 0.9-1.9 s behind (p50) at x0.5-0.75 of mix6 (session 8), offering far less than the point said
 LATE_LIMIT_MS = 20.0
+ARRIVALS = ("thread", "loop")  # who submits a point's requests (run_point's ``arrivals``)
+
+
+def check_arrivals(arrivals: str) -> str:
+    """``arrivals`` unchanged, or ValueError unless it is one of :data:`ARRIVALS`."""
+    if arrivals not in ARRIVALS:
+        raise ValueError(f"arrivals must be thread or loop, got {arrivals!r}")
+    return arrivals
+
+
+def offered_as_scheduled(arrivals: dict) -> bool:
+    """Whether 99% of a point's requests were submitted within LATE_LIMIT_MS of their arrival times
+    (``arrivals``: a point's record of them; True where it has none, as before the check existed)."""
+    p99 = (arrivals.get("late_ms") or {}).get("p99")
+    return p99 is None or p99 <= LATE_LIMIT_MS
 
 
 @dataclass(frozen=True)
@@ -103,8 +118,7 @@ class Point:
     @property
     def offered_as_scheduled(self) -> bool:
         """Whether 99% of requests were submitted within LATE_LIMIT_MS of their arrival times."""
-        p99 = self.arrivals.get("late_ms", {}).get("p99")
-        return p99 is None or p99 <= LATE_LIMIT_MS
+        return offered_as_scheduled(self.arrivals)
 
 
 def tiny_module(name: str, dim: int = TINY_DIM) -> Any:
@@ -241,8 +255,7 @@ def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s:
     competes with the runtime's for the interpreter: what the runtime sustains when its clients live
     in other processes. Either way a request's latency counts from when it was submitted; how late
     that was after its arrival time is reported (``Point.arrivals["late_ms"]``)."""
-    if arrivals not in ("thread", "loop"):
-        raise ValueError(f"arrivals must be 'thread' or 'loop', got {arrivals!r}")
+    check_arrivals(arrivals)
     wl = dataclasses.replace(workload.scaled(scale), duration_s=duration_s)
     times = arrival_times(wl)
     cfgs = {c.name: c for c in svc.models()}

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from gpuloom.bench.e2e import bench_policy, build_models, resolve_device_and_profiles, to_json
+    from gpuloom.bench.e2e import bench_policy, build_models, check_arrivals, resolve_device_and_profiles, to_json
     from gpuloom.bench.workload import WorkloadError, load_workload
     from gpuloom.policy import make_policy, policy_names
     from gpuloom.runtime.affinity import parse_cpus, pinned
@@ -100,8 +100,7 @@ def run(args: argparse.Namespace) -> int:
     for p, (name, opts, service_opts) in specs.items():
         try:
             make_policy(name, **opts)
-            if service_opts.get("arrivals", "thread") not in ("thread", "loop"):
-                raise ValueError(f"arrivals must be thread or loop, got {service_opts['arrivals']!r}")
+            check_arrivals(service_opts.get("arrivals", "thread"))
             if "cpus" in service_opts:
                 parse_cpus(str(service_opts["cpus"]))
         except (TypeError, ValueError) as e:
