@@ -401,16 +401,14 @@ def run(args: argparse.Namespace) -> int:
         say(f"warning: {w}")
     other_cpus = None
     if args.cpus:
-        from gpuloom.runtime.affinity import parse_cpus, pin_process
+        from gpuloom.runtime.affinity import parse_cpus, pin_apart
 
         try:
             cpus = parse_cpus(args.cpus)
         except ValueError as e:
             print(f"error: --cpus: {e}", file=sys.stderr)
             return 2
-        everything = os.sched_getaffinity(0)
-        other_cpus = (everything - cpus) or everything  # the workers' and the HTTP clients'
-        pin_process(cpus)
+        other_cpus = pin_apart(cpus)  # the workers' and the HTTP clients'
         say(f"the service's process on CPUs {sorted(cpus)}; workers and clients on {sorted(other_cpus)}")
     clients = args.clients or min(len(workload.models), max(1, (os.cpu_count() or 2) // 2))
 

@@ -35,3 +35,16 @@ def test_pinned_moves_threads_alive_and_started_inside_then_gives_every_thread_i
     with pinned(None):  # nothing asked: nothing changes
         assert os.sched_getaffinity(0) == before
     stop.set()
+
+
+def test_pin_apart_pins_this_process_and_hands_back_the_other_cpus():
+    from gpuloom.runtime.affinity import pin_apart, pin_process
+
+    before = os.sched_getaffinity(0)
+    cpu = min(before)
+    try:
+        others = pin_apart({cpu})
+        assert os.sched_getaffinity(0) == {cpu}
+        assert others == ((before - {cpu}) or before)
+    finally:
+        pin_process(before)

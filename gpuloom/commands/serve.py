@@ -105,13 +105,9 @@ def run(args: argparse.Namespace) -> int:
     worker_cpus = None
     if getattr(args, "cpus", None):
         try:
-            import os
+            from gpuloom.runtime.affinity import pin_apart
 
-            from gpuloom.runtime.affinity import pin_process
-
-            everything = os.sched_getaffinity(0)
-            worker_cpus = (everything - args.cpus) or everything  # the front-end workers: the other CPUs
-            pin_process(args.cpus)
+            worker_cpus = pin_apart(args.cpus)  # the front-end workers run on the other CPUs
         except (OSError, ValueError, AttributeError) as e:
             print(f"error: --cpus {sorted(args.cpus)}: {e}", file=sys.stderr)
             return 2

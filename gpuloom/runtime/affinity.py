@@ -48,6 +48,15 @@ def pin_process(cpus: set[int]) -> None:
     os.sched_setaffinity(0, cpus)
 
 
+def pin_apart(cpus: set[int]) -> set[int]:
+    """Pin this process to ``cpus`` (:func:`pin_process`); returns the CPUs it could use before that
+    are not in ``cpus`` (all of them where none is left): where its helper processes (front-end
+    workers, load clients) should run rather than inherit the pin."""
+    everything = os.sched_getaffinity(0)
+    pin_process(cpus)
+    return (everything - cpus) or everything
+
+
 @contextlib.contextmanager
 def pinned(cpus: set[int] | None) -> Iterator[None]:
     """Every thread of the process on ``cpus`` inside the block (nothing changes for None); the CPUs
@@ -63,4 +72,4 @@ def pinned(cpus: set[int] | None) -> Iterator[None]:
         pin_process(before)
 
 
-__all__ = ["parse_cpus", "pin_process", "pinned"]
+__all__ = ["parse_cpus", "pin_apart", "pin_process", "pinned"]
