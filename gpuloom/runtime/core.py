@@ -411,15 +411,18 @@ class Runtime:
     def _finish(self, result: Result) -> None:
         """Record a request's final fate (online: hand it and its output to the result callback)."""
         if self._online:
-            out = self.backend.take_output(result.request.id)  # also frees the request's input data
-            if result.status != Status.SERVED:
-                out = None
+            answered = self._answer(result)
             try:
-                self._on_result(result, out)
+                self._on_result(*answered)
             except Exception:  # noqa: BLE001 - a caller's callback must not stop the loop
                 log.exception("result callback failed for request %d", result.request.id)
         else:
             self._results[result.request.id] = result
+
+    def _answer(self, result: Result) -> tuple[Result, Any]:
+        """Online: ``result`` with its output from the backend (None unless SERVED)."""
+        out = self.backend.take_output(result.request.id)  # also frees the request's input data
+        return result, (out if result.status is _SERVED else None)
 
     def _finish_all(self, results: list[Result]) -> None:
         """:meth:`_finish` for requests answered together; online with ``on_results``, one call for all."""
@@ -428,11 +431,8 @@ class Runtime:
             for result in results:
                 self._finish(result)
             return
-        take_output = self.backend.take_output
-        answers = []
-        for result in results:
-            out = take_output(result.request.id)  # also frees the request's input data
-            answers.append((result, out if result.status is _SERVED else None))
+        answer = self._answer
+        answers = [answer(result) for result in results]
         try:
             answer_all(answers)
         except Exception:  # noqa: BLE001 - a caller's callback must not stop the loop

@@ -212,7 +212,7 @@ class ExecBackend(Backend):
 
     @property
     def builds_while_serving(self) -> bool:  # type: ignore[override]
-        return bool(getattr(self.device, "builds_while_serving", False))
+        return self.device.builds_while_serving
 
     def prepare(self, layout: Layout, ready: Callable[[], None]) -> bool:
         self._wanted = layout
