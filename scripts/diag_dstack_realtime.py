@@ -15,10 +15,8 @@ the fake is already far from the simulator, it is in the runtime or the policy i
 from __future__ import annotations
 
 import argparse
-import heapq
 import json
 import sys
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -49,12 +47,6 @@ class ProfiledFakeLayer(FakeDeviceLayer):
         self.store = store
         self.host_ms = host_ms  # host time per launch on the launching thread (the CUDA layer's ~0.3 ms)
         self._free_at: dict[tuple[int, int], float] = {}  # (lanes, partition) -> when its last batch ends
-        # complete_on="loop": one timer thread posts the loop's waker when a batch ends (on the GPU a
-        # host function does, with no Python at all)
-        self._due: list[tuple[float, int, object]] = []  # heap of (end, seq, waker)
-        self._due_cv = threading.Condition()
-        self._seq = 0
-        threading.Thread(target=self._post_when_due, name="fake-device-timer", daemon=True).start()
 
     def _launch(self, lanes, index, model, rows):
         if self.host_ms > 0:  # half in Python (holding the GIL), half in calls that release it
@@ -77,26 +69,8 @@ class ProfiledFakeLayer(FakeDeviceLayer):
         t.end = end
         return t
 
-    def notify(self, ticket, waker):
-        with self._due_cv:
-            heapq.heappush(self._due, (ticket.end, self._seq, waker))
-            self._seq += 1
-            self._due_cv.notify()
-        return True
-
-    def is_done(self, ticket):
-        return time.perf_counter() >= ticket.end
-
-    def _post_when_due(self):
-        while True:
-            with self._due_cv:
-                while not self._due or self._due[0][0] > time.perf_counter():
-                    self._due_cv.wait(None if not self._due else self._due[0][0] - time.perf_counter())
-                wakers = []
-                while self._due and self._due[0][0] <= time.perf_counter():
-                    wakers.append(heapq.heappop(self._due)[2])
-            for w in {id(w): w for w in wakers}.values():
-                w.post()
+    def _due_at(self, ticket, now):
+        return ticket.end  # complete_on="loop": the waker is posted when the batch ends on its timeline
 
     def finish(self, ticket):
         delay = ticket.end - time.perf_counter()

@@ -27,6 +27,7 @@ constructed.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 import time
@@ -349,12 +350,57 @@ class _FakeTicket:
     due: float | None = None  # perf_counter when the batch is done (set by notify)
 
 
+class _PostTimer:
+    """One thread that posts wakers at given times, as a CUDA stream's host function would: through
+    the waker's C entry point where it has one, from a thread that is not the loop's. One for the
+    process (:meth:`shared`): fake devices come and go in the tests, the thread stays."""
+
+    _instance: "_PostTimer | None" = None
+    _instance_lock = threading.Lock()
+
+    @classmethod
+    def shared(cls) -> "_PostTimer":
+        with cls._instance_lock:
+            if cls._instance is None:
+                cls._instance = cls()
+            return cls._instance
+
+    def __init__(self) -> None:
+        self._due: list[tuple[float, int, Any]] = []  # heap of (perf_counter, seq, waker)
+        self._cv = threading.Condition()
+        self._seq = 0
+        threading.Thread(target=self._run, name="gpuloom-fake-device-timer", daemon=True).start()
+
+    def post_at(self, when: float, waker: Any) -> None:
+        with self._cv:
+            heapq.heappush(self._due, (when, self._seq, waker))
+            self._seq += 1
+            self._cv.notify()
+
+    def _run(self) -> None:
+        import ctypes
+
+        while True:
+            with self._cv:
+                while not self._due or self._due[0][0] > time.perf_counter():
+                    self._cv.wait(None if not self._due else self._due[0][0] - time.perf_counter())
+                wakers = []
+                while self._due and self._due[0][0] <= time.perf_counter():
+                    wakers.append(heapq.heappop(self._due)[2])
+            for w in {id(w): w for w in wakers}.values():  # one post per waker for batches due together
+                if w.c_post is not None:  # what cuLaunchHostFunc does: call the C function
+                    fn, arg = w.c_post
+                    ctypes.CFUNCTYPE(None, ctypes.c_void_p)(fn)(arg)
+                else:
+                    w.post()
+
+
 class FakeDeviceLayer(DeviceLayer):
     """Batches "run" by sleeping in the watcher thread, then applying the model's numpy function.
 
     With :meth:`notify` (the runtime's loop books completions) a batch is instead done ``latency``
-    after its lane's previous one, and a timer thread posts the waker then, through its C entry
-    point where it has one (as a CUDA stream would). ``build_delay_s`` makes builds slow
+    after its lane's previous one (:meth:`_due_at`), and one timer thread posts the waker then,
+    through its C entry point where it has one (as a CUDA stream would). ``build_delay_s`` makes builds slow
     (background-build tests); ``inject_fault`` fails a model.
     """
 
@@ -394,21 +440,16 @@ class FakeDeviceLayer(DeviceLayer):
     def notify(self, ticket: Any, waker: Any) -> bool:
         if not self.can_notify:
             return False
-        now = time.perf_counter()
-        ms = self._latency_ms(ticket)
-        ticket.due = max(now, self._lane_due.get(ticket.lane, 0.0)) + ms / 1000.0
-        self._lane_due[ticket.lane] = ticket.due
-        if waker.c_post is not None:  # what cuLaunchHostFunc does: call the C function from another thread
-            import ctypes
-
-            fn, arg = waker.c_post
-            post = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(fn)
-            timer = threading.Timer(ticket.due - now, post, (arg,))
-        else:
-            timer = threading.Timer(ticket.due - now, waker.post)
-        timer.daemon = True
-        timer.start()
+        ticket.due = self._due_at(ticket, time.perf_counter())
+        _PostTimer.shared().post_at(ticket.due, waker)
         return True
+
+    def _due_at(self, ticket: _FakeTicket, now: float) -> float:
+        """When (perf_counter) the batch of ``ticket``, launched ``now``, is done: its latency after
+        its lane's previous batch. A subclass with a device timeline of its own overrides this."""
+        due = max(now, self._lane_due.get(ticket.lane, 0.0)) + self._latency_ms(ticket) / 1000.0
+        self._lane_due[ticket.lane] = due
+        return due
 
     def is_done(self, ticket: Any) -> bool:
         return ticket.due is None or time.perf_counter() >= ticket.due
