@@ -40,8 +40,7 @@ def thread_cpu(key: Callable[[str], str] = role) -> dict[str, float]:
     """CPU seconds (user + system) used so far by the live Python threads of this process, summed
     by ``key(thread name)`` (default :func:`role`), plus ``"process"``: the whole process, its
     threads outside Python (CUDA's, torch's) and those that already ended included."""
-    t = os.times()
-    out: dict[str, float] = {"process": t.user + t.system}
+    out: dict[str, float] = {}
     for th in threading.enumerate():
         if th.native_id is None:
             continue
@@ -49,6 +48,11 @@ def thread_cpu(key: Callable[[str], str] = role) -> dict[str, float]:
         if secs is not None:
             k = key(th.name)
             out[k] = out.get(k, 0.0) + secs
+    # the process last: its total then covers every thread's reading above, so between two
+    # readings the process's share is never below a thread's (the threads keep running while
+    # /proc is read, the longer the more threads there are)
+    t = os.times()
+    out["process"] = t.user + t.system
     return out
 
 
