@@ -844,9 +844,7 @@ class InferenceService:
         rt = self._runtime
         if rt is None or not self._started or self._closed:
             raise ModelNotReady("the service is not running")
-        loop = rt.loop
-        if not hasattr(loop, "wall_ms"):
-            raise TypeError("call_on_loop_at needs a runtime on a real-time loop")
+        loop = rt.loop  # a RealtimeLoop: the service's runtime serves online (Runtime.start checks)
 
         def guarded() -> None:
             try:
