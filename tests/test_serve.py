@@ -334,8 +334,9 @@ def test_unload_and_load_while_serving_another_model(served):
         t.join()
     # Every request for the model being served is answered, and answered well: 200, or a 504 for the
     # few whose deadline (tiny_mlp's 50 ms SLO) passed while the other model was compiled and the
-    # policy re-planned (dstack restarts its time-slot cycle; on 2 busy cores one request in a reload
-    # took ~60 ms, about 1 run in 10). Never another error, never more than a few late ones.
+    # policy re-planned (dstack restarts its time-slot cycle; on 2 busy cores the request submitted
+    # during a re-plan took 39-68 ms, scripts/diag_load_while_serving.py, and about 1 run in 10 was
+    # late). Never another error, never more than a few late ones.
     assert statuses and set(statuses) <= {200, "504"}
     assert statuses.count("504") <= max(1, len(statuses) // 50), f"{statuses.count('504')} of {len(statuses)} late"
 

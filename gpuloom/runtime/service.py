@@ -61,9 +61,9 @@ log = logging.getLogger(__name__)
 
 # The GIL switch interval while a model is compiled next to models being served (load_many). On the
 # build VM, a 50 ms-SLO model served over HTTP (two workers) while another model loaded: its slowest
-# request during the 0.4 s compile took 51-74 ms at Python's 5 ms, 17-46 ms at 0.5 ms, and 3-4x more
-# of its requests were served meanwhile; the compile took about 30% longer. Only while compiling:
-# in steady serving a short interval did not help on the H200 (gilswitch.py).
+# request during the 0.4 s compile took 36-58 ms at Python's 5 ms and 19-37 ms at 0.5 ms, with about
+# twice as many of its requests served meanwhile (scripts/diag_load_while_serving.py). Only while
+# compiling: in steady serving a short interval did not help on the H200 (gilswitch.py).
 LOAD_SWITCH_INTERVAL_MS = 0.5
 
 #: the coarsest step a failed layout makes the service plan partitions in (SMs; see _replan)
