@@ -223,3 +223,27 @@ def test_front_end_workers_run_on_the_cpus_they_are_given_and_still_serve():
         assert _infer(addr.http_url, np.ones((2, 16), np.float32)).shape == (2, 4)
     finally:
         server.stop()
+
+
+def test_memory_from_pinned_empty_stays_known_while_any_array_onto_it_lives():
+    """The CUDA layer's ``pinned_empty`` returns ``tensor.numpy()``; the span must outlive the
+    tensor's Python object (the array keeps the memory through its own alias of the tensor) and
+    go once the array and its views are gone. Tied to the tensor, it went at once: the H200 run of
+    the ninth session staged (copied) every "pinned" bench input on the client's thread."""
+    import gc
+
+    import torch
+
+    from gpuloom.runtime.device import FakeDeviceLayer
+
+    layer = FakeDeviceLayer()
+    a = layer._track_pinned(torch.zeros(4, 8))
+    gc.collect()
+    assert layer.is_pinned([a]) and layer.is_pinned([a[1:3]])
+    view = a[2:]
+    del a
+    gc.collect()
+    assert layer.is_pinned([view])
+    del view
+    gc.collect()
+    assert not layer._pinned

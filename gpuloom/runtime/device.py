@@ -98,7 +98,7 @@ class DeviceLayer(ABC):
     stages: bool = False
 
     #: whether a layout can be built while another one runs batches (ExecBackend.builds_while_serving).
-    #: False for CUDA until a GPU test shows graph capture beside other streams' replays is safe.
+    #: CUDA sets it once its GPU test showed graph capture beside other streams' replays is safe.
     builds_while_serving = False
 
     def stage(self, row: Sequence[Any]) -> Sequence[Any]:
@@ -169,6 +169,21 @@ class DeviceLayer(ABC):
             spans = list(self._pinned)
             bisect.insort(spans, (address, address + nbytes))
             self._pinned = spans  # readers see the old or the new list, never a half-made one
+
+    def _track_pinned(self, tensor: Any) -> Any:
+        """A numpy view of ``tensor`` (host memory the device reads in place) whose span is known to
+        :meth:`is_pinned` for as long as any array onto that memory lives. The span's lifetime is
+        tied to the array's ``base``, not to ``tensor``: torch hands numpy its own alias of the
+        tensor, so ``tensor``'s Python object can die (and a finalizer on it fire) while the array
+        still reads the memory; the base lives exactly as long as the array and its views."""
+        import weakref
+
+        a = tensor.numpy()
+        if a.nbytes:
+            addr = a.__array_interface__["data"][0]
+            self._add_pinned(addr, a.nbytes)
+            weakref.finalize(a.base if a.base is not None else a, self._drop_pinned, addr)
+        return a
 
     def _drop_pinned(self, address: int) -> None:
         with self._pinned_lock:
@@ -633,6 +648,9 @@ class CudaDeviceLayer(DeviceLayer):
 
     kind = "cuda"
     stages = True
+    # graph capture (thread-local mode) beside other lanes' replays: decided by the GPU test
+    # test_a_model_loads_while_another_is_served_on_the_gpu_when_builds_may_run_beside_replays (H200, run 20)
+    builds_while_serving = True
 
     def __init__(self, device: int = 0, *, memory_limit_bytes: float | None = None, memory_fraction: float = 0.6,
                  warmup: int = 1, blocking_sync: bool = True, cache_layouts: int = 4, capture: str = "all",
@@ -995,18 +1013,11 @@ class CudaDeviceLayer(DeviceLayer):
 
     def pinned_empty(self, shape: Sequence[int], dtype: Any) -> Any:
         """A numpy view of a page-locked torch tensor (alive as long as the view); its span is
-        forgotten when the tensor is freed."""
-        import weakref
-
+        forgotten when the last array onto it is freed."""
         import numpy as np
 
-        t = self._torch.empty(tuple(shape), dtype=_TORCH_DTYPES[str(np.dtype(dtype))], pin_memory=True)
-        a = t.numpy()
-        if a.nbytes:
-            addr = a.__array_interface__["data"][0]
-            self._add_pinned(addr, a.nbytes)
-            weakref.finalize(t, self._drop_pinned, addr)
-        return a
+        return self._track_pinned(
+            self._torch.empty(tuple(shape), dtype=_TORCH_DTYPES[str(np.dtype(dtype))], pin_memory=True))
 
     def register_host(self, address: int, nbytes: int) -> bool:
         if self._driver is None or nbytes <= 0:
