@@ -98,6 +98,9 @@ def main() -> int:
                                # the client fell behind its arrival times (session 8's check; absent before):
                                # the point offered other arrivals than the ones simulated
                                "client_late": client_late(p)})
+    if not any(pt["measured_attainment"] >= a.min_attainment and not pt["client_late"] for pt in points):
+        sys.exit(f"calibrate_sim: none of the {len(points)} points read qualifies for the fit (attainment >= "
+                 f"{a.min_attainment}, client on schedule); points of variants are kept only with --variants KEY,...")
     grid = []
     combos = [(float(ov), float(df), float(it), float(hl), float(hr)) for ov in a.overheads.split(",")
               for df in a.demand_fractions.split(",") for it in a.interference.split(",")
