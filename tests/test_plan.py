@@ -193,6 +193,42 @@ def test_remainder_sms_never_make_a_partition_of_less_than_min_plus_remainder() 
     assert seen_small_last  # the rule was exercised: some plan ends with a small partition
 
 
+@pytest.mark.skipif(_shipped_h200() is None, reason="measured H200 profiles not shipped yet")
+def test_min_sms_keeps_small_partitions_out_and_the_plan_valid() -> None:
+    """mix6 x0.5 on the H200 profiles plans two 8-SM partitions (the layout that served worst on the
+    H200, runs 20-23); with ``min_sms=16`` no partition is smaller and the demand is still met."""
+    wl = load_workload(EXAMPLES / "mix6.yaml").scaled(0.5)
+    store = _shipped_h200()
+    plain = plan(wl.demands(), store, gpu_sms=132, granularity=8)
+    assert min(p.sms for p in plain.partitions) == 8  # the case the option exists for
+    big = plan(wl.demands(), store, gpu_sms=132, granularity=8, min_sms=16)
+    check_schedule(big)
+    check_feasible(big)
+    assert min(p.sms for p in big.partitions) >= 16
+    for name, spec in ZOO_SCALE.items():  # any workload: every partition at least min_sms
+        s = plan(load_workload(EXAMPLES / f"{name}.yaml").scaled(spec).demands(), ZOO, min_sms=24)
+        check_schedule(s)
+        assert all(p.sms >= 24 for p in s.partitions), (name, s.partitions)
+    with pytest.raises(PlanError, match="min_sms"):
+        plan(wl.demands(), store, min_sms=-8)
+
+
+@pytest.mark.skipif(_shipped_h200() is None, reason="measured H200 profiles not shipped yet")
+def test_dstack_lays_out_no_partition_under_min_sms_and_rejects_a_bad_value() -> None:
+    """``gpuloom bench --policy dstack:min_sms=16``: the option reaches the policy's plans."""
+    from gpuloom.bench.experiment import make_context
+    from gpuloom.policy.dstack import DStackPolicy
+
+    wl = load_workload(EXAMPLES / "mix6.yaml").scaled(0.5)
+    store = _shipped_h200()
+    profs = {m.name: store.get(m.name) for m in wl.models}
+    sizes = {ms: sorted(p.sms for p in DStackPolicy(min_sms=ms).setup(make_context(wl, profs)).partitions)
+             for ms in (0, 16)}
+    assert sizes[0][0] == 8 and sizes[16][0] >= 16, sizes
+    with pytest.raises(ValueError, match="min_sms"):
+        DStackPolicy(min_sms=8.5)
+
+
 def test_zero_rate_models_get_no_slots_and_count_as_served() -> None:
     s = plan([Demand("resnet50", 0.0, 25.0), Demand("vgg16", 50.0, 100.0)], ZOO)
     check_schedule(s)

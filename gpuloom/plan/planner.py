@@ -160,7 +160,7 @@ class _Planner:
     """Packing state shared by the cycle search and the fairness search (caches options)."""
 
     def __init__(self, demands: Sequence[Demand], profiles: ProfileStore, gpu_sms: int, g: int, headroom: float,
-                 batch_overhead_ms: float = 0.0):
+                 batch_overhead_ms: float = 0.0, min_sms: int = 0):
         self.g = g
         self.headroom = headroom
         self.overhead = batch_overhead_ms  # added to every slot: the partition is held that much longer
@@ -175,7 +175,7 @@ class _Planner:
                 row: list[float | None] = [None]
                 for u in range(1, self.U + 1):
                     s = self.size(u)
-                    row.append(prof.latency(b, s) + batch_overhead_ms if s >= prof.sms[0] else None)
+                    row.append(prof.latency(b, s) + batch_overhead_ms if s >= max(prof.sms[0], min_sms) else None)
                 lat[b] = row
             self.models[d.model] = _Model(d, prof, d.rate * (1.0 + headroom), lat)
         self._opt_cache: dict[tuple[str, float, float], dict[int, _Opt]] = {}
@@ -410,6 +410,7 @@ def _setup(
     cycle_ms: float | None,
     headroom: float,
     batch_overhead_ms: float = 0.0,
+    min_sms: int = 0,
 ) -> tuple[_Planner, list[Demand], list[list[float]]]:
     """Check the inputs once; the packing state, the models with demand, the candidate ladders."""
     demands = list(demands)
@@ -434,7 +435,9 @@ def _setup(
     g = int(granularity if granularity is not None else max(p.gpu.sm_granularity for p in profs))
     if gpu_sms < 1 or g < 1 or g > gpu_sms:
         raise PlanError(f"need 1 <= granularity <= gpu_sms, found granularity={g}, gpu_sms={gpu_sms}")
-    pl = _Planner(demands, profiles, gpu_sms, g, headroom, batch_overhead_ms)
+    if not (isinstance(min_sms, int) and 0 <= min_sms <= gpu_sms):
+        raise PlanError(f"min_sms must be an integer in [0, gpu_sms={gpu_sms}], found {min_sms!r}")
+    pl = _Planner(demands, profiles, gpu_sms, g, headroom, batch_overhead_ms, min_sms)
     active = [d for d in demands if d.rate > 0]
     s_min = min(d.slo_ms for d in (active or demands))
     s_max = max(d.slo_ms for d in (active or demands))
@@ -456,6 +459,7 @@ def fits(
     cycle_ms: float | None = None,
     headroom: float = 0.0,
     batch_overhead_ms: float = 0.0,
+    min_sms: int = 0,
 ) -> bool:
     """True when the planner's packing search places every demand in full (admission control).
 
@@ -463,7 +467,7 @@ def fits(
     also the yardstick its fairness claims are checked against. (``plan`` can occasionally serve a
     demand that ``fits`` rejects: rounding batches up to buckets may leave enough capacity.)
     """
-    pl, active, ladders = _setup(demands, profiles, gpu_sms, granularity, cycle_ms, headroom, batch_overhead_ms)
+    pl, active, ladders = _setup(demands, profiles, gpu_sms, granularity, cycle_ms, headroom, batch_overhead_ms, min_sms)
     return not active or pl.feasible({d.model: 1.0 for d in active}, ladders)
 
 
@@ -478,6 +482,7 @@ def plan(
     headroom: float = 0.0,
     fair_step: float = 0.02,
     batch_overhead_ms: float = 0.0,
+    min_sms: int = 0,
 ) -> Schedule:
     """Plan one GPU for ``demands``: disjoint SM partitions, each a repeating cycle of slots.
 
@@ -485,7 +490,9 @@ def plan(
     ``granularity`` default to the profiles' GPU. ``cycle_ms`` fixes the cycle (partition periods
     are then ``cycle_ms / 2**i``) instead of searching for it. ``headroom`` plans capacity for
     ``rate * (1 + headroom)``. ``batch_overhead_ms`` is added to every slot: the time a batch holds
-    its partition beyond its device time (the runtime's launch and turnaround). Under overload, served fractions are weighted max-min fair to within
+    its partition beyond its device time (the runtime's launch and turnaround). ``min_sms``: no
+    partition smaller than this (on the H200, 8-SM partitions need a second carving for cuDNN and
+    ran every partition of their layout slower; docs/reports/runtime.md, ninth session). Under overload, served fractions are weighted max-min fair to within
     ``fair_step`` (a fraction of demand). ``eps`` is the knee tolerance recorded with the schedule
     (the planner minimizes SM-time, which stops paying past a model's knee by construction).
 
@@ -494,7 +501,7 @@ def plan(
     t0 = time.perf_counter()
     if not 0 < fair_step <= 0.5:
         raise PlanError(f"fair_step must be in (0, 0.5], found {fair_step}")
-    pl, active, ladders = _setup(demands, profiles, gpu_sms, granularity, cycle_ms, headroom, batch_overhead_ms)
+    pl, active, ladders = _setup(demands, profiles, gpu_sms, granularity, cycle_ms, headroom, batch_overhead_ms, min_sms)
     if not active:
         return _build(pl, [], {}, ladders[0][0], eps, t0, {})
 

@@ -101,10 +101,14 @@ class DStackPolicy(Policy):
         schedule: Schedule | None = None,
         batch_overhead_ms: float = 0.0,
         slo_margin: float = 0.0,
+        min_sms: int = 0,
     ) -> None:
         if headroom < 0 or check_ms <= 0 or not batch_overhead_ms >= 0 or not 0 <= slo_margin < 1:
             raise ValueError(f"dstack: need headroom >= 0, check_ms > 0, batch_overhead_ms >= 0 and 0 <= slo_margin < 1, "
                              f"found {headroom}, {check_ms}, {batch_overhead_ms}, {slo_margin}")
+        if not (isinstance(min_sms, int) and not isinstance(min_sms, bool) and min_sms >= 0):
+            raise ValueError(f"dstack: min_sms must be an integer >= 0 (the smallest partition planned), found {min_sms!r}")
+        self.min_sms = min_sms
         self.headroom = float(headroom)
         self.batch_overhead_ms = float(batch_overhead_ms)  # planned into every slot (planner.plan)
         # plan each model for SLO x (1 - slo_margin): the planner's worst case then leaves that much of
@@ -128,7 +132,7 @@ class DStackPolicy(Policy):
         self.store = ProfileStore(profiles=[i.profile for i in ctx.models.values()])
         demands = [Demand(m, i.rate, i.slo_ms * (1.0 - self.slo_margin), i.weight) for m, i in ctx.models.items()]
         kwargs = {"gpu_sms": ctx.gpu_sms, "granularity": ctx.granularity, "eps": ctx.knee_eps, "headroom": self.headroom,
-                  "batch_overhead_ms": self.batch_overhead_ms}
+                  "batch_overhead_ms": self.batch_overhead_ms, "min_sms": self.min_sms}
         sched = self._given or plan(demands, self.store, **kwargs)
         self.replanner = Replanner(
             demands, self.store, schedule=sched, band=self.band, hold_s=self.hold_s,
