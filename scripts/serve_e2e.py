@@ -6,7 +6,9 @@ One process, one set of compiled models, one ``InferenceService`` (policy ``--po
 1. the workload's models are built and compiled once (:func:`gpuloom.bench.e2e.build_models`;
    ``--tiny``: small MLPs of the same names, so the whole thing runs on a CPU);
 2. **in-process**: :func:`gpuloom.bench.e2e.run_point` replays the workload x ``--scale`` for
-   ``--duration`` s open loop against the service (``submit`` from a Python thread, no network);
+   ``--duration`` s open loop against the service (``submit`` from a Python thread, no network;
+   inputs in page-locked memory, launched in place as the HTTP leg's worker arenas are, unless
+   ``--inprocess-copies``);
 3. **HTTP**: the same service is put behind the real HTTP server (``gpuloom.serve.server.Server``,
    the code ``gpuloom serve`` runs, on 127.0.0.1 and a free port, in this process so the compiled
    models are reused) and driven open loop with *the same arrival times* (same workload, seed and
@@ -85,6 +87,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--inprocess-arrivals", choices=ARRIVALS, default="thread",
                    help="who submits the in-process leg's requests: a client thread (default) or the runtime's own "
                         "loop thread (run_point's arrivals; the thread fell behind on the H200 from x0.5)")
+    p.add_argument("--inprocess-copies", action="store_true",
+                   help="give the in-process leg plain arrays, copied at submit; default: inputs in page-locked "
+                        "memory launched in place (device.pinned_empty), as the HTTP leg's page-locked worker arenas "
+                        "are, so both legs skip the same copy")
     p.add_argument("--cpus", default=None, metavar="LIST",
                    help="run the service's process (both legs) on these CPUs, a taskset -c list; the front-end "
                         "workers and the HTTP clients run on the others (default: no pinning)")
@@ -451,7 +457,8 @@ def run(args: argparse.Namespace) -> int:
                 svc.retune(rates)
             say(f"x{scale:g} in-process: {n / args.duration:.0f} req/s for {args.duration:g} s")
             inproc = inproc_summary(run_point(svc, workload, args.policy, scale=scale, duration_s=args.duration,
-                                              arrivals=args.inprocess_arrivals))
+                                              arrivals=args.inprocess_arrivals,
+                                              pinned_inputs=not args.inprocess_copies))
 
             if args.retune:
                 svc.retune(rates)
@@ -493,7 +500,8 @@ def run(args: argparse.Namespace) -> int:
 
     meta = {"torch": torch.__version__, "python": sys.version.split()[0], "argv": sys.argv[1:],
             "build_s": round(t_built - t_start, 1), "seconds": round(time.monotonic() - t_start, 1),
-            "cpus": os.cpu_count(), "service_cpus": args.cpus, "inprocess_arrivals": args.inprocess_arrivals}
+            "cpus": os.cpu_count(), "service_cpus": args.cpus, "inprocess_arrivals": args.inprocess_arrivals,
+            "inprocess_inputs": "copied" if args.inprocess_copies else "pinned"}
     if device.startswith("cuda"):
         meta["gpu"] = torch.cuda.get_device_name(0)
     ok = bool(points) and not error and all(p["books"]["all_answered"] and p["books"]["server_balanced"]

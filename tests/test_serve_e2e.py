@@ -49,6 +49,7 @@ def test_every_http_request_is_answered_and_the_server_books_balance(report):
     rc, rep, _ = report
     assert rc == 0 and rep["ok"] and not rep["error"]
     assert [p["scale"] for p in rep["points"]] == [1.0, 0.5]
+    assert rep["meta"]["inprocess_inputs"] == "pinned"  # the in-process reference skips the copy, as HTTP does
     for pt in rep["points"]:
         expected = _expected_arrivals(pt["scale"])
         assert sum(expected.values()) > 10
