@@ -215,3 +215,23 @@ def test_a_cpus_variant_runs_the_whole_process_on_those_cpus_and_gives_the_other
     assert seen[0][1] == {cpu} and seen[0][2] == {frozenset({cpu})}
     assert seen[1][1] == before  # the next variant, and everything after, has the CPUs back
     assert os.sched_getaffinity(0) == before and threading.current_thread() is threading.main_thread()
+
+
+def test_the_load_generator_puts_its_inputs_where_the_device_reads_them_unless_told_not_to(tmp_path, monkeypatch):
+    """Default: the bench's inputs come from ``device.pinned_empty`` (launched in place, as the
+    server's worker arenas are); ``pinned_inputs=false`` gives plain arrays, copied at submit."""
+    from gpuloom.runtime import device as device_mod
+
+    calls = []
+    real = device_mod.DeviceLayer.pinned_empty
+
+    def spy(self, shape, dtype):
+        calls.append(tuple(shape))
+        return real(self, shape, dtype)
+
+    monkeypatch.setattr(device_mod.DeviceLayer, "pinned_empty", spy)
+    rc, rep = run_bench(tmp_path, "--policy", "triton")
+    assert rc == 0 and calls
+    calls.clear()
+    rc, rep = run_bench(tmp_path, "--policy", "triton:pinned_inputs=false")
+    assert rc == 0 and not calls and rep["policies"]["triton:pinned_inputs=false"]["points"]

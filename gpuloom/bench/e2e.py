@@ -506,7 +506,10 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
 
     say = progress or (lambda s: None)
     service_options = dict(service_options or {})
-    pinned_inputs = bool(service_options.pop("pinned_inputs", False))  # the load generator's, not the service's
+    # the load generator's, not the service's. Default: in place, as the server's page-locked worker
+    # arenas are; copying 600 KB per request on the generator's thread made it fall seconds behind on
+    # the H200 (docs/reports/runtime.md, ninth session) and measured the client instead of the runtime
+    pinned_inputs = bool(service_options.pop("pinned_inputs", True))
     arrivals = str(service_options.pop("arrivals", "thread"))  # likewise
     svc = InferenceService(policy=policy, device=device, profiles=profiles, policy_options=policy_options,
                            queue_limit=queue_limit, **service_options)

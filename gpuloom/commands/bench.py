@@ -16,8 +16,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated policies (default {DEFAULT_POLICIES}); a variant is NAME:KEY=VALUE[:...], "
                         f"e.g. dstack:lookahead_ms=0 (the service's launch-ahead) or dstack:replan=false (a policy "
                         f"option), reported under that spelling next to the plain policy. Service keys: "
-                        f"{', '.join(SERVICE_KEYS)} (pinned_inputs=true: the load generator's inputs lie in "
-                        f"page-locked memory and are launched in place; arrivals=loop: the runtime's own thread "
+                        f"{', '.join(SERVICE_KEYS)} (pinned_inputs=false: the load generator's inputs are plain "
+                        f"arrays, copied at submit; by default they lie in page-locked memory and are launched in "
+                        f"place, as the server's worker arenas are; arrivals=loop: the runtime's own thread "
                         f"submits the requests, as if the clients ran in other processes; cpus=0-1: the whole "
                         f"process on those CPUs while the variant runs, '+' for ',' as in cpus=0+4)")
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if available)")
