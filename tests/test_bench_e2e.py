@@ -235,3 +235,21 @@ def test_the_load_generator_puts_its_inputs_where_the_device_reads_them_unless_t
     calls.clear()
     rc, rep = run_bench(tmp_path, "--policy", "triton:pinned_inputs=false")
     assert rc == 0 and not calls and rep["policies"]["triton:pinned_inputs=false"]["points"]
+
+
+def test_a_point_reports_the_device_layers_counters_over_the_point_and_its_build_history():
+    """Batches run without a graph, in place, or through torch count over the point; the layout's
+    build history (heuristic captures, re-carvings) is the total at its end. None on a layer
+    without them (all zero), so CPU points stay as they were."""
+    from gpuloom.bench.e2e import host_split
+
+    base = {"host_ms": 0.0, "batches": 0}
+    before = {**base, "counters": {"eager_batches": 3, "inplace_batches": 10, "torch_launch_plans": 0,
+                                   "heuristic_captures": 2, "skipped_captures": 1, "recarved_layouts": 1}}
+    after = {**base, "counters": {"eager_batches": 5, "inplace_batches": 50, "torch_launch_plans": 1,
+                                  "heuristic_captures": 2, "skipped_captures": 1, "recarved_layouts": 1}}
+    got = host_split(before, after, 1000.0)["device_counters"]
+    assert got == {"eager_batches": 2, "inplace_batches": 40, "torch_launch_plans": 1,
+                   "heuristic_captures": 2, "skipped_captures": 1, "recarved_layouts": 1}
+    zero = {k: 0 for k in before["counters"]}
+    assert "device_counters" not in host_split({**base, "counters": zero}, {**base, "counters": zero}, 1000.0)

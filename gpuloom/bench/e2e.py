@@ -189,6 +189,12 @@ def build_models(workload: Workload, *, tiny: bool, device: str, max_batch: int 
     return out
 
 
+# the device layer's counters a point reports (how many of its batches ran which way, and the
+# layout's build history): the first three as the point's increase, the rest as totals at its end
+DEVICE_COUNTERS = ("eager_batches", "inplace_batches", "torch_launch_plans", "heuristic_captures",
+                   "skipped_captures", "recarved_layouts")
+
+
 def service_snapshot(svc) -> dict:
     """The service's counters and histograms now; two of them bracket a measurement (see hist_delta)."""
     st = svc.stats()
@@ -201,6 +207,7 @@ def service_snapshot(svc) -> dict:
             "raw_launch": bool(be.get("raw_launch", False)), "copy_ms": dict(be.get("copy_ms", {})),
             "complete_on": be.get("complete_on", "watcher"), "loop_completions": be.get("loop_completions", 0),
             "threads": thread_cpu(),
+            "counters": {k: be.get(k, 0) for k in DEVICE_COUNTERS},
             "hist": {(m, k): v[k] for m, v in st["models"].items() for k in ("queue_ms", "compute_ms") if k in v},
             "exec_ms": {(e["model"], e["sms"], e["batch"]): (e["device_ms_sum"], e["batches"])
                         for e in be.get("exec_ms", [])}}
@@ -434,7 +441,7 @@ def host_split(before: dict, after: dict, wall_ms: float) -> dict:
     of that thread per second spent launching (1000 = saturated), and ms per launch by phase (CUDA:
     inputs, replay, outputs; ``launch_ms`` of the backend stats), and per batch the device ms of its
     input and output copies and the watcher's host ms copying outputs (CUDA: ``copy_ms``), the parts
-    of a lane's gap that are not the launch."""
+    of a lane's gap that are not the launch; and the device layer's counters (``DEVICE_COUNTERS``)."""
     def per_count(key: str, count: str) -> dict | None:
         """The point's increase of each sum in ``after[key]``, divided by that of its ``count``."""
         a, b = after.get(key, {}), before.get(key, {})
@@ -452,6 +459,9 @@ def host_split(before: dict, after: dict, wall_ms: float) -> dict:
         out["copy_ms_per_batch"] = copies
     if "threads" in before and "threads" in after:  # CPU s per s of each thread role (1 = a core)
         out["thread_cpu"] = cpu_share(before["threads"], after["threads"], wall_ms / 1000.0)
+    a, b = after.get("counters", {}), before.get("counters", {})
+    if any(a.values()):  # CUDA: batches run without a graph, launched in place, through torch; build history
+        out["device_counters"] = {k: a[k] - b.get(k, 0) if k in DEVICE_COUNTERS[:3] else a[k] for k in a}
     out["complete_on"] = after.get("complete_on", "watcher")
     if out["complete_on"] == "loop":  # batches the GPU woke the runtime's thread for (the rest: watchers)
         out["loop_completions"] = after.get("loop_completions", 0) - before.get("loop_completions", 0)
