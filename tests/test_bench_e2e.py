@@ -253,3 +253,26 @@ def test_a_point_reports_the_device_layers_counters_over_the_point_and_its_build
                    "heuristic_captures": 2, "skipped_captures": 1, "recarved_layouts": 1}
     zero = {k: 0 for k in before["counters"]}
     assert "device_counters" not in host_split({**base, "counters": zero}, {**base, "counters": zero}, 1000.0)
+
+
+def test_a_run_killed_in_the_middle_of_a_policy_keeps_every_point_it_measured(tmp_path, monkeypatch):
+    """The device machine's time limit kills a bench mid-policy: the JSON written so far holds the
+    finished policies and the points of the one being measured, marked as in progress."""
+    from gpuloom.bench import e2e
+
+    real, calls = e2e.run_point, []
+
+    def run_point(*a, **kw):
+        calls.append(kw["scale"])
+        if len(calls) == 4:  # triton's second point: the process is killed
+            raise SystemExit(124)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(e2e, "run_point", run_point)
+    with pytest.raises(SystemExit):
+        run_bench(tmp_path, "--policy", "dstack,triton", "--scale", "0.5,1", "--no-simulate")
+    rep = json.loads((tmp_path / "bench.json").read_text())
+    assert [p["scale"] for p in rep["policies"]["dstack"]["points"]] == [0.5, 1.0]
+    assert not rep["policies"]["dstack"]["error"]
+    tri = rep["policies"]["triton"]
+    assert [p["scale"] for p in tri["points"]] == [0.5] and tri["error"] == e2e.IN_PROGRESS

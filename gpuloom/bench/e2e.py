@@ -488,6 +488,9 @@ def _random(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.
     return rng.integers(0, 100, shape).astype(dtype)
 
 
+IN_PROGRESS = "in progress: the run ended before this policy's last point"  # PolicyResult.error while measuring
+
+
 @dataclass
 class PolicyResult:
     policy: str
@@ -502,8 +505,12 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
                  sweep: bool = False, target: float = 0.99, steps: int = 5, max_scale: float = 64.0,
                  policy_options: dict | None = None, queue_limit: int = 1024, simulate: bool = True,
                  retune: bool = True, progress: Callable[[str], None] | None = None,
-                 service_options: dict | None = None, label: str | None = None) -> PolicyResult:
+                 service_options: dict | None = None, label: str | None = None,
+                 on_point: Callable[[PolicyResult], None] | None = None) -> PolicyResult:
     """Serve ``workload`` under ``policy``: the given ``scales``, and/or a rate sweep.
+
+    ``on_point``: called after every point with the result so far (``error`` says it is in
+    progress), so a caller can save it: a run killed mid-policy keeps every point it measured.
 
     ``service_options``: keyword options of the :class:`InferenceService` (``lookahead_ms``,
     ``tune_gc``). ``label``: the result's name (default ``policy``), so that one run can hold
@@ -563,6 +570,10 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
                     f"{late['p99']:.1f} ms after the arrival times; limit {LATE_LIMIT_MS:g} ms): this point does "
                     f"not count at its load")
             points.append(p)
+            if on_point is not None:
+                best_so_far = best_scale()
+                on_point(PolicyResult(name, list(points), best_so_far, best_so_far * workload.total_rate(),
+                                      error=IN_PROGRESS))
             return p
 
         for s in scales or ([] if sweep else [1.0]):

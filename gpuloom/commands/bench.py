@@ -133,10 +133,17 @@ def run(args: argparse.Namespace) -> int:
         if device.startswith("cuda"):
             meta["gpu"] = torch.cuda.get_device_name(0)
         rep = to_json(workload, results, device=device, target=args.target, meta=meta)
-        if args.out:  # after every policy: a run cut short keeps what it measured
+        if args.out:  # after every point: a run cut short keeps what it measured
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(rep, indent=1) + "\n")
         return rep
+
+    def save_partial(partial) -> None:  # this policy's points so far, next to the finished ones
+        results.append(partial)
+        try:
+            write_report()
+        finally:
+            results.pop()
 
     for pol in policies:
         name, opts, service_opts = specs[pol]
@@ -147,7 +154,8 @@ def run(args: argparse.Namespace) -> int:
                                         duration_s=args.duration, scales=scales, sweep=args.sweep,
                                         target=args.target, steps=args.steps, queue_limit=args.queue_limit,
                                         simulate=not args.no_simulate, progress=lambda s: console.print(s),
-                                        policy_options=opts or None, label=pol, service_options=service_opts))
+                                        policy_options=opts or None, label=pol, service_options=service_opts,
+                                        on_point=save_partial if args.out else None))
         write_report()
     report = write_report()
 
