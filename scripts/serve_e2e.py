@@ -50,6 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+IN_PROGRESS = "in progress: the run ended before its last scale"  # the report's error while measuring
 SCHEMA = "gpuloom.serve_e2e/1"
 TARGET = 0.9  # issue 6: HTTP goodput >= 90% of in-process goodput
 
@@ -430,6 +431,39 @@ def run(args: argparse.Namespace) -> int:
     server = None
     points: list[dict] = []
     error = ""
+
+    def make_report(error: str) -> dict:
+        """The JSON report of the points measured so far (written after each one and at the end)."""
+        meta = {"torch": torch.__version__, "python": sys.version.split()[0], "argv": sys.argv[1:],
+                "build_s": round(t_built - t_start, 1), "seconds": round(time.monotonic() - t_start, 1),
+                "cpus": os.cpu_count(), "service_cpus": args.cpus, "inprocess_arrivals": args.inprocess_arrivals,
+                "inprocess_inputs": "copied" if args.inprocess_copies else "pinned"}
+        if device.startswith("cuda"):
+            meta["gpu"] = torch.cuda.get_device_name(0)
+        ok = bool(points) and not error and all(p["books"]["all_answered"] and p["books"]["server_balanced"]
+                                                for p in points)
+        report = _clean({
+            "schema": SCHEMA, "workload": args.workload, "policy": args.policy, "scales": args.scales,
+            "duration_s": args.duration, "device": device, "tiny": args.tiny, "max_batch": args.max_batch,
+            "clients": clients, "http_workers": args.http_workers, "lookahead_ms": svc.lookahead_ms,
+            "raw_launch": bool(getattr(svc.device, "raw_launch", False)), "complete_on": svc.complete_on,
+            "target": TARGET, "ok": ok, "error": error,
+            "summary": [{"scale": p["scale"], "offered_rps": p["offered_rps"],
+                         "inprocess_goodput_rps": p["inprocess"]["goodput_rps"],
+                         "http_goodput_rps": p["http"]["goodput_rps"], "ratio": p["ratio"]["goodput"],
+                         "meets_target": p["meets_target"]} for p in points],
+            "points": points, "meta": meta,
+        })
+        return report
+
+    def save(report: dict) -> None:
+        if args.out:
+            out = Path(args.out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = out.with_name(out.name + ".tmp")  # whole or not at all, even if killed while writing
+            tmp.write_text(json.dumps(report, indent=1) + "\n")
+            os.replace(tmp, out)
+
     try:
         svc.start()
         say(f"loading {len(models)} models into the service (policy {args.policy})")
@@ -488,6 +522,7 @@ def run(args: argparse.Namespace) -> int:
             points.append(make_point(scale, args.duration, inproc, http, books_delta(books0, core.books.snapshot()), times, used))
             say(f"x{scale:g}: goodput in-process {inproc['goodput_rps']:.1f}/s, HTTP {http['goodput_rps']:.1f}/s, "
                 f"ratio {points[-1]['ratio']['goodput']}")
+            save(make_report(IN_PROGRESS))  # a run killed at the next scale keeps this one
     except Exception as e:  # noqa: BLE001 - the points measured so far are still reported
         import traceback
 
@@ -498,35 +533,15 @@ def run(args: argparse.Namespace) -> int:
             server.stop()
         svc.close(drain=False, timeout_s=10)
 
-    meta = {"torch": torch.__version__, "python": sys.version.split()[0], "argv": sys.argv[1:],
-            "build_s": round(t_built - t_start, 1), "seconds": round(time.monotonic() - t_start, 1),
-            "cpus": os.cpu_count(), "service_cpus": args.cpus, "inprocess_arrivals": args.inprocess_arrivals,
-            "inprocess_inputs": "copied" if args.inprocess_copies else "pinned"}
-    if device.startswith("cuda"):
-        meta["gpu"] = torch.cuda.get_device_name(0)
-    ok = bool(points) and not error and all(p["books"]["all_answered"] and p["books"]["server_balanced"]
-                                            for p in points)
-    report = _clean({
-        "schema": SCHEMA, "workload": args.workload, "policy": args.policy, "scales": args.scales,
-        "duration_s": args.duration, "device": device, "tiny": args.tiny, "max_batch": args.max_batch,
-        "clients": clients, "http_workers": args.http_workers, "lookahead_ms": svc.lookahead_ms,
-        "raw_launch": bool(getattr(svc.device, "raw_launch", False)), "complete_on": svc.complete_on,
-        "target": TARGET, "ok": ok, "error": error,
-        "summary": [{"scale": p["scale"], "offered_rps": p["offered_rps"],
-                     "inprocess_goodput_rps": p["inprocess"]["goodput_rps"],
-                     "http_goodput_rps": p["http"]["goodput_rps"], "ratio": p["ratio"]["goodput"],
-                     "meets_target": p["meets_target"]} for p in points],
-        "points": points, "meta": meta,
-    })
+    report = make_report(error)
+    save(report)
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
         say(f"wrote {args.out}")
     for p in report["points"]:
         print_table(report, p)
     if error:
         print(f"FAILED: {error}")
-    return 0 if ok else 1
+    return 0 if report["ok"] else 1
 
 
 def _settle(core: Any, timeout_s: float = 30.0) -> None:

@@ -101,3 +101,27 @@ def test_bad_scale_is_a_usage_error():
     p = subprocess.run([sys.executable, str(SCRIPT), "examples/mix6.yaml", "--tiny", "--scale", "0,x"],
                        capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert p.returncode == 2 and "--scale" in p.stderr
+
+
+def test_a_run_killed_after_its_first_scale_keeps_that_point(tmp_path):
+    """The device's time limit kills serve_e2e mid-run: the JSON on disk already holds every scale
+    finished, marked in progress."""
+    import signal
+    import time
+
+    wl = tmp_path / "three.yaml"
+    wl.write_text(WORKLOAD)
+    out = tmp_path / "e2e.json"
+    p = subprocess.Popen([sys.executable, str(SCRIPT), str(wl), "--tiny", "--device", "cpu", "--scale", "0.5,0.5,0.5",
+                          "--duration", "1", "--max-batch", "4", "--clients", "1", "--out", str(out)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    try:
+        end = time.monotonic() + 90
+        while not out.exists() and time.monotonic() < end and p.poll() is None:
+            time.sleep(0.1)
+        p.send_signal(signal.SIGKILL)
+    finally:
+        p.wait(10)
+    rep = json.loads(out.read_text())
+    assert rep["error"].startswith("in progress") and not rep["ok"]
+    assert len(rep["points"]) >= 1 and rep["points"][0]["scale"] == 0.5

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 NAME = "bench"
 HELP = "end-to-end benchmark: serve a workload for real under each policy, find the highest load within the SLO"
@@ -134,8 +135,11 @@ def run(args: argparse.Namespace) -> int:
             meta["gpu"] = torch.cuda.get_device_name(0)
         rep = to_json(workload, results, device=device, target=args.target, meta=meta)
         if args.out:  # after every point: a run cut short keeps what it measured
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps(rep, indent=1) + "\n")
+            out = Path(args.out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = out.with_name(out.name + ".tmp")  # whole or not at all, even if killed while writing
+            tmp.write_text(json.dumps(rep, indent=1) + "\n")
+            os.replace(tmp, out)
         return rep
 
     def save_partial(partial) -> None:  # this policy's points so far, next to the finished ones
