@@ -276,3 +276,26 @@ def test_a_run_killed_in_the_middle_of_a_policy_keeps_every_point_it_measured(tm
     assert not rep["policies"]["dstack"]["error"]
     tri = rep["policies"]["triton"]
     assert [p["scale"] for p in tri["points"]] == [0.5] and tri["error"] == e2e.IN_PROGRESS
+
+
+def test_a_bucket_far_slower_than_its_profile_is_named_in_the_output(tmp_path, monkeypatch, capsys):
+    """The planner trusted the profile; when a (model, SMs, batch) ran over twice as long on the
+    device over enough batches (inception_v3 batch 1 on the H200, ninth session), the bench says so."""
+    import dataclasses
+
+    from gpuloom.bench import e2e
+
+    real = e2e.run_point
+    rows = [{"model": "alpha", "sms": 48, "batch": 1, "batches": 64, "measured_ms": 10.5, "profile_ms": 1.7,
+             "ratio": 6.18},
+            {"model": "beta", "sms": 24, "batch": 2, "batches": 64, "measured_ms": 1.1, "profile_ms": 1.0,
+             "ratio": 1.1},
+            {"model": "beta", "sms": 8, "batch": 4, "batches": 3, "measured_ms": 9.0, "profile_ms": 3.0,
+             "ratio": 3.0}]  # too few batches to say
+
+    monkeypatch.setattr(e2e, "run_point", lambda *a, **kw: dataclasses.replace(real(*a, **kw), profile_check=rows))
+    rc, _ = run_bench(tmp_path, "--policy", "triton", "--no-simulate")
+    err = " ".join(capsys.readouterr().err.split())
+    assert rc == 0
+    assert "alpha batch 1 on 48 SMs ran 6.2x its profiled time" in err
+    assert "beta batch 2" not in err and "beta batch 4" not in err

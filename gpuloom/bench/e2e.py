@@ -488,6 +488,7 @@ def _random(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.
     return rng.integers(0, 100, shape).astype(dtype)
 
 
+SLOW_RATIO = 2.0  # a bucket whose measured device time is this many times its profile gets a line in the output
 IN_PROGRESS = "in progress: the run ended before this policy's last point"  # PolicyResult.error while measuring
 
 
@@ -569,6 +570,10 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
                 say(f"{name}: x{s:.3g}: the load generator fell behind (submitted p50 {late['p50']:.1f} / p99 "
                     f"{late['p99']:.1f} ms after the arrival times; limit {LATE_LIMIT_MS:g} ms): this point does "
                     f"not count at its load")
+            slow = [r for r in p.profile_check or () if r.get("ratio") and r["ratio"] > SLOW_RATIO and r["batches"] >= 10]
+            for r in slow:  # the plan assumed the profile: say where the device was far slower
+                say(f"{name}: x{s:.3g}: {r['model']} batch {r['batch']} on {r['sms']} SMs ran {r['ratio']:.1f}x its "
+                    f"profiled time ({r['measured_ms']:.2f} vs {r['profile_ms']:.2f} ms, {r['batches']} batches)")
             points.append(p)
             if on_point is not None:
                 best_so_far = best_scale()
