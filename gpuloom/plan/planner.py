@@ -492,8 +492,9 @@ def plan(
     ``rate * (1 + headroom)``. ``batch_overhead_ms`` is added to every slot: the time a batch holds
     its partition beyond its device time (the runtime's launch and turnaround). ``min_sms``: no
     partition smaller than this (on the H200, 8-SM partitions need a second carving for cuDNN and
-    ran every partition of their layout slower; docs/reports/runtime.md, ninth session). Under overload, served fractions are weighted max-min fair to within
-    ``fair_step`` (a fraction of demand). ``eps`` is the knee tolerance recorded with the schedule
+    ran every partition of their layout slower; docs/reports/runtime.md, ninth session). Under
+    overload, served fractions are weighted max-min fair to within ``fair_step`` (a fraction of
+    demand). ``eps`` is the knee tolerance recorded with the schedule
     (the planner minimizes SM-time, which stops paying past a model's knee by construction).
 
     Raises ``PlanError`` for unknown or repeated models and bad settings.
