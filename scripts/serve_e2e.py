@@ -381,7 +381,8 @@ def print_table(rep: dict, pt: dict) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from gpuloom.bench.e2e import build_models, hist_delta, resolve_device_and_profiles, run_point, service_snapshot
+    from gpuloom.bench.e2e import (build_models, hist_delta, resolve_device_and_profiles, run_point, save_json,
+                                   service_snapshot)
     from gpuloom.bench.workload import WorkloadError, arrival_times, load_workload
     from gpuloom.runtime.service import InferenceService
     from gpuloom.runtime.gcpause import GcMonitor
@@ -458,11 +459,7 @@ def run(args: argparse.Namespace) -> int:
 
     def save(report: dict) -> None:
         if args.out:
-            out = Path(args.out)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = out.with_name(out.name + ".tmp")  # whole or not at all, even if killed while writing
-            tmp.write_text(json.dumps(report, indent=1) + "\n")
-            os.replace(tmp, out)
+            save_json(args.out, report)
 
     try:
         svc.start()

@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import math
+import os
 import threading
 import time
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -189,10 +192,11 @@ def build_models(workload: Workload, *, tiny: bool, device: str, max_batch: int 
     return out
 
 
-# the device layer's counters a point reports (how many of its batches ran which way, and the
-# layout's build history): the first three as the point's increase, the rest as totals at its end
-DEVICE_COUNTERS = ("eager_batches", "inplace_batches", "torch_launch_plans", "heuristic_captures",
-                   "skipped_captures", "recarved_layouts")
+# the device layer's counters a point reports: how its batches ran, as the point's increase, and
+# the layout's build history, as totals at its end
+BATCH_COUNTERS = ("eager_batches", "inplace_batches", "torch_launch_plans")
+BUILD_COUNTERS = ("heuristic_captures", "skipped_captures", "recarved_layouts")
+DEVICE_COUNTERS = BATCH_COUNTERS + BUILD_COUNTERS
 
 
 def service_snapshot(svc) -> dict:
@@ -461,7 +465,7 @@ def host_split(before: dict, after: dict, wall_ms: float) -> dict:
         out["thread_cpu"] = cpu_share(before["threads"], after["threads"], wall_ms / 1000.0)
     a, b = after.get("counters", {}), before.get("counters", {})
     if any(a.values()):  # CUDA: batches run without a graph, launched in place, through torch; build history
-        out["device_counters"] = {k: a[k] - b.get(k, 0) if k in DEVICE_COUNTERS[:3] else a[k] for k in a}
+        out["device_counters"] = {k: a[k] - b.get(k, 0) if k in BATCH_COUNTERS else a[k] for k in a}
     out["complete_on"] = after.get("complete_on", "watcher")
     if out["complete_on"] == "loop":  # batches the GPU woke the runtime's thread for (the rest: watchers)
         out["loop_completions"] = after.get("loop_completions", 0) - before.get("loop_completions", 0)
@@ -615,6 +619,16 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
         return PolicyResult(name, points, best, best * workload.total_rate(), error=f"{type(e).__name__}: {e}")
     finally:
         svc.close(drain=False, timeout_s=10)
+
+
+def save_json(path: str | Path, report: dict) -> None:
+    """Write ``report`` to ``path`` whole or not at all (a temporary file, then a rename): reports
+    are rewritten after every point, and a run killed while writing must keep the last one."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=1) + "\n")
+    os.replace(tmp, out)
 
 
 def to_json(workload: Workload, results: Sequence[PolicyResult], *, device: str, target: float,

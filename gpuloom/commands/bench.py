@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 
 NAME = "bench"
 HELP = "end-to-end benchmark: serve a workload for real under each policy, find the highest load within the SLO"
@@ -69,7 +68,6 @@ def parse_policy_spec(spec: str) -> tuple[str, dict, dict]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
     import sys
     import time
     from pathlib import Path
@@ -77,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from gpuloom.bench.e2e import bench_policy, build_models, check_arrivals, resolve_device_and_profiles, to_json
+    from gpuloom.bench.e2e import (bench_policy, build_models, check_arrivals, resolve_device_and_profiles,
+                                   save_json, to_json)
     from gpuloom.bench.workload import WorkloadError, load_workload
     from gpuloom.policy import make_policy, policy_names
     from gpuloom.runtime.affinity import parse_cpus, pinned
@@ -135,11 +134,7 @@ def run(args: argparse.Namespace) -> int:
             meta["gpu"] = torch.cuda.get_device_name(0)
         rep = to_json(workload, results, device=device, target=args.target, meta=meta)
         if args.out:  # after every point: a run cut short keeps what it measured
-            out = Path(args.out)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = out.with_name(out.name + ".tmp")  # whole or not at all, even if killed while writing
-            tmp.write_text(json.dumps(rep, indent=1) + "\n")
-            os.replace(tmp, out)
+            save_json(args.out, rep)
         return rep
 
     def save_partial(partial) -> None:  # this policy's points so far, next to the finished ones
