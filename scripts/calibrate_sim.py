@@ -98,7 +98,10 @@ def main() -> int:
                                # the client fell behind its arrival times (session 8's check; absent before):
                                # the point offered other arrivals than the ones simulated
                                "client_late": client_late(p)})
-    if not any(pt["measured_attainment"] >= a.min_attainment and not pt["client_late"] for pt in points):
+    def qualifies(pt: dict) -> bool:  # not in collapse, and the client offered the simulated arrivals
+        return pt["measured_attainment"] >= a.min_attainment and not pt["client_late"]
+
+    if not any(qualifies(pt) for pt in points):
         sys.exit(f"calibrate_sim: none of the {len(points)} points read qualifies for the fit (attainment >= "
                  f"{a.min_attainment}, client on schedule); points of variants are kept only with --variants KEY,...")
     grid = []
@@ -120,7 +123,7 @@ def main() -> int:
                          "simulated_attainment": round(m.slo_attainment, 4),
                          "measured_p99_ms": round(pt["measured_p99_ms"], 2), "simulated_p99_ms": round(m.p99_ms, 2),
                          "client_late": pt["client_late"],
-                         "fitted": pt["measured_attainment"] >= a.min_attainment and not pt["client_late"]})
+                         "fitted": qualifies(pt)})
         fitted = [abs(r["goodput_error"]) for r in rows if r["fitted"] and r["goodput_error"] is not None]
         over = [abs(r["goodput_error"]) for r in rows if not r["fitted"] and r["goodput_error"] is not None]
         grid.append({"batch_overhead_ms": ov, "demand_fraction": df, "interference": it, "host_launch_ms": hl,
