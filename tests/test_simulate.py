@@ -68,3 +68,23 @@ def test_fluid_bound_scales_inversely_with_the_load_and_exceeds_what_a_policy_su
     assert fluid_bound(w.scaled(2.0), store) == pytest.approx(f / 2, rel=0.02)
     s = sweep_rate(w, store, "temporal", rel_tol=0.1)
     assert s.max_factor <= f
+
+
+def test_simulate_command_runs_policy_variants_with_their_options_side_by_side(tmp_path, capsys):
+    wl = tmp_path / "tiny.yaml"
+    wl.write_text(TINY)
+    rc = main(["simulate", str(wl), "--synthetic", "--policy", "dstack:min_sms=0,dstack:min_sms=64", "--out", str(tmp_path)])
+    assert rc == 0
+    runs = json.loads((tmp_path / "tiny.simulate.json").read_text())["runs"]
+    assert [r["metrics"]["policy"] for r in runs] == ["dstack:min_sms=0", "dstack:min_sms=64"]
+    small, big = ([sms for sms, _ in r["policy_config"]["partitions"]] for r in runs)
+    assert min(small) < 64 <= min(big)  # the option reached the planner (and made a difference)
+
+
+@pytest.mark.parametrize("spec, says", [("dstack:lookahead_ms=1", "real runtime"), ("dstack:bogus=1", "bogus"),
+                                        ("dstack:min_sms=-8", "min_sms"), ("dstack:min_sms", "KEY=VALUE")])
+def test_simulate_command_refuses_a_variant_it_cannot_simulate_and_says_why(tmp_path, capsys, spec, says):
+    wl = tmp_path / "tiny.yaml"
+    wl.write_text(TINY)
+    assert main(["simulate", str(wl), "--synthetic", "--policy", spec]) == 2
+    assert says in capsys.readouterr().err

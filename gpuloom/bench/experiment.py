@@ -136,8 +136,10 @@ def sweep_rate(
     lo: float = 1 / 64,
     hi: float = 64.0,
     contention: ContentionModel | None = None,
+    options: Mapping[str, object] | None = None,
 ) -> SweepResult:
-    """Highest ``Workload.scaled`` factor at which ``policy`` keeps SLO attainment >= ``target``.
+    """Highest ``Workload.scaled`` factor at which ``policy`` (built with ``options``) keeps SLO
+    attainment >= ``target``.
 
     Doubles (or halves) from factor 1 to bracket the threshold, then bisects (geometrically) until
     the bracket is within ``rel_tol``. Attainment need not be monotone in load; the result is the
@@ -149,7 +151,7 @@ def sweep_rate(
     runs: dict[float, SimRun] = {}
 
     def ok(f: float) -> bool:
-        run = simulate(workload.scaled(f), profiles, policy, contention=contention)
+        run = simulate(workload.scaled(f), profiles, policy, contention=contention, options=options)
         runs[f] = run
         points.append((f, run.metrics.slo_attainment))
         return run.metrics.slo_attainment >= target

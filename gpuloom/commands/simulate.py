@@ -12,7 +12,10 @@ DEFAULT_POLICIES = "dstack,triton,clipper,nexus,gslice,temporal,ideal"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("workload", help="workload file (.yaml/.yml/.json), e.g. examples/mix6.yaml")
-    p.add_argument("--policy", default=DEFAULT_POLICIES, help=f"comma-separated policies (default {DEFAULT_POLICIES})")
+    p.add_argument("--policy", default=DEFAULT_POLICIES,
+                   help=f"comma-separated policies (default {DEFAULT_POLICIES}); a variant is NAME:KEY=VALUE[:...] with "
+                        f"the policy's options, as in gpuloom bench, e.g. dstack:min_sms=0 (dstack planning 8-SM "
+                        f"partitions, as before its 16-SM floor); reported under that spelling")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--profiles", metavar="DIR", default=None, help="directory of profile JSON files")
     src.add_argument("--synthetic", action="store_true", help="use the synthetic profile zoo")
@@ -45,16 +48,32 @@ def run(args: argparse.Namespace) -> int:
     from gpuloom.bench.experiment import fluid_bound, simulate, sweep_rate
     from gpuloom.bench.plots import comparison_chart
     from gpuloom.bench.workload import WorkloadError, load_workload, resolve_profiles, validate
-    from gpuloom.policy import policy_names
+    from gpuloom.commands.bench import parse_policy_spec
+    from gpuloom.policy import make_policy, policy_names
     from gpuloom.runtime.sim import ContentionModel
 
     console = Console() if Console().is_terminal else Console(width=170)
     err = Console(stderr=True)
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
-    unknown = [p for p in policies if p not in policy_names()]
+    try:
+        specs = {p: parse_policy_spec(p) for p in policies}
+    except ValueError as e:
+        err.print(f"[red]error:[/] {e}")
+        return 2
+    unknown = [p for p, (name, _, _) in specs.items() if name not in policy_names()]
     if unknown:
         err.print(f"[red]error:[/] unknown policies {unknown}; known policies: {', '.join(policy_names())}")
         return 2
+    for p, (name, options, service) in specs.items():
+        if service:
+            err.print(f"[red]error:[/] {p}: {sorted(service)} configure the real runtime's service (gpuloom bench), "
+                      f"not the simulated GPU; give policy options only")
+            return 2
+        try:
+            make_policy(name, **options)  # a bad option fails here, before any run
+        except (TypeError, ValueError) as e:
+            err.print(f"[red]error:[/] {p}: {e}")
+            return 2
     try:
         workload = load_workload(args.workload)
         if args.scale != 1.0:
@@ -72,13 +91,19 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     t0 = time.perf_counter()
-    runs = [simulate(workload, profiles, p, contention=contention) for p in policies]
+    runs = []
+    for p in policies:  # a variant's metrics carry its spelling, so two dstacks stay apart in the table
+        name, options, _ = specs[p]
+        r = simulate(workload, profiles, name, contention=contention, options=options)
+        runs.append(dataclasses.replace(r, metrics=dataclasses.replace(r.metrics, policy=p)))
     sweeps = {}
     if args.sweep_rate:
         sweep_w = dataclasses.replace(workload, duration_s=min(workload.duration_s, args.sweep_duration))
         for p in policies:
+            name, options, _ = specs[p]
             with console.status(f"sweeping {p} ..."):
-                sweeps[p] = sweep_rate(sweep_w, profiles, p, target=args.target, contention=contention)
+                sweeps[p] = sweep_rate(sweep_w, profiles, name, target=args.target, contention=contention,
+                                       options=options)
     bound = fluid_bound(workload, profiles, knee_eps=contention.knee_eps) if args.sweep_rate else None
     elapsed = time.perf_counter() - t0
 
