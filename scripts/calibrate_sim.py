@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gpuloom.bench.e2e import offered_as_scheduled  # noqa: E402
 from gpuloom.bench.experiment import simulate  # noqa: E402
 from gpuloom.bench.workload import workload_from_dict  # noqa: E402
+from gpuloom.commands.bench import parse_policy_spec  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
 from gpuloom.runtime.service import trim_profile  # noqa: E402
 from gpuloom.runtime.sim import ContentionModel  # noqa: E402
@@ -59,6 +60,16 @@ def client_late(point: dict) -> bool:
     if "offered_as_scheduled" in point:
         return not point["offered_as_scheduled"]
     return not offered_as_scheduled(point.get("arrivals") or {})
+
+
+def sim_policy(spec: str, meta: dict) -> tuple[str, dict]:
+    """The policy a measured variant ran, as the simulator builds it: its name and policy options
+    (service keys configure the real runtime, not the simulated GPU). Plain ``dstack`` gets the floor
+    it had in that run: reports written before ``meta.dstack_min_sms_default`` planned down to 8 SMs."""
+    name, options, _ = parse_policy_spec(spec)
+    if name == "dstack":
+        options.setdefault("min_sms", int(meta.get("dstack_min_sms_default", 0)))
+    return name, options
 
 
 def main() -> int:
@@ -95,6 +106,7 @@ def main() -> int:
                 points.append({"file": Path(path).name, "policy": pol, "scale": p["scale"],
                                "measured_goodput": p["goodput_rps"], "measured_attainment": p["slo_attainment"],
                                "measured_p99_ms": p["p99_ms"], "wl": wl, "duration": duration, "profs": profs,
+                               "sim_policy": sim_policy(pol, d["meta"]),
                                # the client fell behind its arrival times (session 8's check; absent before):
                                # the point offered other arrivals than the ones simulated
                                "client_late": client_late(p)})
@@ -114,7 +126,8 @@ def main() -> int:
         rows = []
         for pt in points:
             wl = dataclasses.replace(pt["wl"].scaled(pt["scale"]), duration_s=pt["duration"])
-            m = simulate(wl, pt["profs"], pt["policy"].split(":")[0], contention=cm).metrics
+            name, options = pt["sim_policy"]
+            m = simulate(wl, pt["profs"], name, contention=cm, options=options).metrics
             g = pt["measured_goodput"]
             rows.append({"file": pt["file"], "policy": pt["policy"], "scale": pt["scale"],
                          "measured_goodput": round(g, 1), "simulated_goodput": round(m.goodput_rps, 1),

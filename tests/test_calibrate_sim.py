@@ -24,3 +24,14 @@ def test_a_point_counts_as_late_by_its_flag_else_by_its_lateness_else_not():
     assert cal.client_late({"arrivals": {"late_ms": {"p99": LATE_LIMIT_MS + 1}}}) is True  # runs before the flag
     assert cal.client_late({"arrivals": {"late_ms": {"p99": LATE_LIMIT_MS - 1}}}) is False
     assert cal.client_late({}) is False  # runs before either: unknown, counted on time (as they always were)
+
+
+def test_a_measured_variant_is_simulated_with_its_policy_options_and_plain_dstack_with_its_runs_floor():
+    cal = load_script()
+    assert cal.sim_policy("triton", {}) == ("triton", {})
+    # service keys configure the real runtime; the simulator gets the policy's own options
+    assert cal.sim_policy("dstack:batch_overhead_ms=0.7:pinned_inputs=true", {}) == (
+        "dstack", {"batch_overhead_ms": 0.7, "min_sms": 0})
+    assert cal.sim_policy("dstack", {}) == ("dstack", {"min_sms": 0})  # a report from before the floor
+    assert cal.sim_policy("dstack", {"dstack_min_sms_default": 16}) == ("dstack", {"min_sms": 16})
+    assert cal.sim_policy("dstack:min_sms=24", {"dstack_min_sms_default": 16}) == ("dstack", {"min_sms": 24})

@@ -214,6 +214,32 @@ def test_min_sms_keeps_small_partitions_out_and_the_plan_valid() -> None:
 
 
 @pytest.mark.skipif(_shipped_h200() is None, reason="measured H200 profiles not shipped yet")
+def test_dstack_plans_no_partition_under_16_sms_unless_told_and_never_more_than_the_gpu_has() -> None:
+    """dstack's default floor (two same-run A/Bs on the H200: the 8-SM layout served worse) keeps
+    mix6 x0.5 off 8-SM partitions; ``min_sms=0`` plans them again; a GPU smaller than the floor is
+    planned whole rather than refused."""
+    from gpuloom.policy import make_policy
+    from gpuloom.policy.base import ModelInfo, PolicyContext
+    from gpuloom.policy.dstack import DEFAULT_MIN_SMS
+
+    store = _shipped_h200()
+
+    def context(scale: float, gpu_sms: int = 132) -> PolicyContext:
+        wl = load_workload(EXAMPLES / "mix6.yaml").scaled(scale)
+        models = {d.model: ModelInfo(d.model, store.get(d.model), d.slo_ms, d.weight, d.rate) for d in wl.demands()}
+        return PolicyContext(models, gpu_sms, 8, simulated=False)
+
+    def exclusive_sms(layout) -> list[int]:
+        return [p.sms for p in layout.partitions if not p.shared]
+
+    assert DEFAULT_MIN_SMS == 16
+    assert min(exclusive_sms(make_policy("dstack").setup(context(0.5)))) >= 16
+    assert min(exclusive_sms(make_policy("dstack", min_sms=0).setup(context(0.5)))) == 8
+    small = make_policy("dstack").setup(context(0.05, gpu_sms=8))  # 8 SMs: one partition, not a PlanError
+    assert exclusive_sms(small) == [8]
+
+
+@pytest.mark.skipif(_shipped_h200() is None, reason="measured H200 profiles not shipped yet")
 def test_dstack_lays_out_no_partition_under_min_sms_and_rejects_a_bad_value() -> None:
     """``gpuloom bench --policy dstack:min_sms=16``: the option reaches the policy's plans."""
     from gpuloom.bench.experiment import make_context

@@ -327,7 +327,8 @@ def _load_six(svc):
 
 def test_a_layout_that_fails_on_small_partitions_is_planned_again_in_larger_steps():
     layer = _SmallPartitionsFail(min_sms=16)
-    svc = InferenceService(policy="dstack", device_layer=layer)
+    # min_sms=0: dstack plans 8-SM partitions as it did before its default floor, so the fallback runs
+    svc = InferenceService(policy="dstack", policy_options={"min_sms": 0}, device_layer=layer)
     svc.start()
     try:
         _load_six(svc)
@@ -343,7 +344,7 @@ def test_a_layout_that_fails_on_small_partitions_is_planned_again_in_larger_step
 
 def test_coarser_plans_stop_at_the_largest_step_and_the_load_fails_with_the_error():
     layer = _SmallPartitionsFail(min_sms=10_000)  # nothing builds
-    svc = InferenceService(policy="dstack", device_layer=layer)
+    svc = InferenceService(policy="dstack", policy_options={"min_sms": 0}, device_layer=layer)
     svc.start()
     try:
         with pytest.raises(ModelNotReady, match="CUDNN"):

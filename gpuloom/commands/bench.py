@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from gpuloom.policy.dstack import DEFAULT_MIN_SMS
     from gpuloom.bench.e2e import (bench_policy, build_models, check_arrivals, resolve_device_and_profiles,
                                    save_json, to_json)
     from gpuloom.bench.workload import WorkloadError, load_workload
@@ -129,7 +130,9 @@ def run(args: argparse.Namespace) -> int:
 
     def write_report() -> dict:
         meta = {"torch": torch.__version__, "tiny": args.tiny, "max_batch": args.max_batch,
-                "duration_s": args.duration, "seconds": round(time.monotonic() - t0, 1), "argv": sys.argv[1:]}
+                "duration_s": args.duration, "seconds": round(time.monotonic() - t0, 1), "argv": sys.argv[1:],
+                # what plain "dstack" meant in this run (reports before the key planned down to 8 SMs: 0)
+                "dstack_min_sms_default": DEFAULT_MIN_SMS}
         if device.startswith("cuda"):
             meta["gpu"] = torch.cuda.get_device_name(0)
         rep = to_json(workload, results, device=device, target=args.target, meta=meta)

@@ -85,6 +85,14 @@ class _PartPlan:
         return nxt - phi
 
 
+#: the smallest partition dstack plans unless told otherwise. On the H200, a layout with 8-SM
+#: partitions needs a second carving for cuDNN and ran every partition slower than profiled; at mix6
+#: x0.5 the planner's only such layout held 0.919 and 0.976 of the SLO where the same plan with 16 SMs
+#: at least held 0.998 and 0.995, two same-run A/Bs (docs/reports/runtime.md, tenth session).
+#: ``min_sms=0`` plans as before. On a GPU with fewer SMs than this, the whole GPU is the floor.
+DEFAULT_MIN_SMS = 16
+
+
 @register
 class DStackPolicy(Policy):
     name = "dstack"
@@ -101,14 +109,14 @@ class DStackPolicy(Policy):
         schedule: Schedule | None = None,
         batch_overhead_ms: float = 0.0,
         slo_margin: float = 0.0,
-        min_sms: int = 0,
+        min_sms: int | None = None,
     ) -> None:
         if headroom < 0 or check_ms <= 0 or not batch_overhead_ms >= 0 or not 0 <= slo_margin < 1:
             raise ValueError(f"dstack: need headroom >= 0, check_ms > 0, batch_overhead_ms >= 0 and 0 <= slo_margin < 1, "
                              f"found {headroom}, {check_ms}, {batch_overhead_ms}, {slo_margin}")
-        if not (isinstance(min_sms, int) and not isinstance(min_sms, bool) and min_sms >= 0):
+        if min_sms is not None and not (isinstance(min_sms, int) and not isinstance(min_sms, bool) and min_sms >= 0):
             raise ValueError(f"dstack: min_sms must be an integer >= 0 (the smallest partition planned), found {min_sms!r}")
-        self.min_sms = min_sms
+        self.min_sms = min_sms  # None: DEFAULT_MIN_SMS, or the whole GPU if it has fewer SMs
         self.headroom = float(headroom)
         self.batch_overhead_ms = float(batch_overhead_ms)  # planned into every slot (planner.plan)
         # plan each model for SLO x (1 - slo_margin): the planner's worst case then leaves that much of
@@ -128,11 +136,16 @@ class DStackPolicy(Policy):
         self.replans = 0
 
     # -- setup ------------------------------------------------------------------------------
+    def floor_sms(self, gpu_sms: int) -> int:
+        """The smallest partition to plan on a GPU of ``gpu_sms`` SMs: the chosen ``min_sms``, else
+        :data:`DEFAULT_MIN_SMS` (no more than the GPU has)."""
+        return self.min_sms if self.min_sms is not None else min(DEFAULT_MIN_SMS, gpu_sms)
+
     def layout(self, ctx: PolicyContext) -> Layout:
         self.store = ProfileStore(profiles=[i.profile for i in ctx.models.values()])
         demands = [Demand(m, i.rate, i.slo_ms * (1.0 - self.slo_margin), i.weight) for m, i in ctx.models.items()]
         kwargs = {"gpu_sms": ctx.gpu_sms, "granularity": ctx.granularity, "eps": ctx.knee_eps, "headroom": self.headroom,
-                  "batch_overhead_ms": self.batch_overhead_ms, "min_sms": self.min_sms}
+                  "batch_overhead_ms": self.batch_overhead_ms, "min_sms": self.floor_sms(ctx.gpu_sms)}
         sched = self._given or plan(demands, self.store, **kwargs)
         self.replanner = Replanner(
             demands, self.store, schedule=sched, band=self.band, hold_s=self.hold_s,
