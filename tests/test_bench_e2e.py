@@ -108,11 +108,14 @@ def test_a_sweep_cut_short_keeps_what_it_measured_and_says_it_is_a_lower_bound(t
         return real(self, rates)
 
     monkeypatch.setattr(service_mod.InferenceService, "retune", retune)
-    rc, rep = run_bench(tmp_path, "--policy", "dstack,triton", "--sweep", "--steps", "2", "--target", "0.5")
+    # target 1%: the subject is the report of a sweep cut short, so x1 must pass whatever the machine's
+    # load (at 50% it failed once in five runs on two busy cores)
+    rc, rep = run_bench(tmp_path, "--policy", "dstack,triton", "--sweep", "--steps", "2", "--target", "0.01")
     assert rc == 1  # a policy failed
     ds = rep["policies"]["dstack"]
     assert "cuDNN" in ds["error"] and len(ds["points"]) == 1
-    assert ds["max_scale"] == 1.0  # x1 was measured at >= 50% before the failure: it still counts
+    assert ds["points"][0]["slo_attainment"] >= 0.01
+    assert ds["max_scale"] == 1.0  # x1 was measured at the target before the failure: it still counts
     assert rep["dstack_vs_best_baseline"]["dstack_complete"] is False
 
 
