@@ -5,6 +5,8 @@
 #     SERVE_CMD="python3 scripts/serve_e2e.py ..." bash scripts/gpu_runtime_session.sh
 #   STEPS="tests diag bench" TESTS="tests/test_exec_backend_gpu.py" DIAG_CMD="python3 scripts/diag_wake.py --out \$OUT/diag/w.json" ...
 #   BENCH_PREFIX="taskset -c 0-1" ...   (runs the bench under that command: here, on two CPU cores)
+#   BENCH_ENVS="- CUDA_DEVICE_MAX_CONNECTIONS=32 -" ...   (one bench process per entry, "-" = as is: an
+#     A/B/A of a process-wide setting; outputs bench/<workload>_<i>.json)
 # Every step has its own time limit and log; results land under $OUT (one tarball of the
 # small files plus the JSONs), so a step that fails or runs out of time leaves the others.
 set -uo pipefail
@@ -28,9 +30,14 @@ for s in $STEPS; do
            tail -c 3000 "$OUT/logs/check.txt" ;;
     overhead) timeout "$T_OVERHEAD" python3 scripts/gpu_runtime_check.py --out "$OUT/overhead" --quick \
              --only overhead > "$OUT/logs/overhead.txt" 2>&1; tail -c 2000 "$OUT/logs/overhead.txt" ;;
-    bench) for w in $BENCH; do n=$(basename "$w" .yaml)
-             timeout "$T_BENCH" ${BENCH_PREFIX:-} python3 -m gpuloom.cli bench "$w" $BENCH_ARGS --out "$OUT/bench/$n.json" \
-               > "$OUT/logs/bench_$n.txt" 2>&1; tail -40 "$OUT/logs/bench_$n.txt"; done ;;
+    bench) for w in $BENCH; do n=$(basename "$w" .yaml); i=0
+             for e in ${BENCH_ENVS:--}; do  # one bench process per entry: "-" as is, or NAME=VALUE[,NAME=VALUE]
+               tag=$n; [ -n "${BENCH_ENVS:-}" ] && tag="${n}_$i"
+               envs=(); [ "$e" != "-" ] && IFS=, read -ra envs <<< "$e"
+               echo "--- bench $tag: ${e}"
+               timeout "$T_BENCH" env ${envs[@]+"${envs[@]}"} ${BENCH_PREFIX:-} python3 -m gpuloom.cli bench "$w" $BENCH_ARGS \
+                 --out "$OUT/bench/$tag.json" > "$OUT/logs/bench_$tag.txt" 2>&1; tail -25 "$OUT/logs/bench_$tag.txt"
+               i=$((i + 1)); done; done ;;
     engine) timeout "${T_ENGINE:-240}" bash -c "$ENGINE_CMD" > "$OUT/logs/engine.txt" 2>&1; tail -30 "$OUT/logs/engine.txt" ;;
     serve) timeout "${T_SERVE:-150}" bash -c "$SERVE_CMD" > "$OUT/logs/serve.txt" 2>&1; tail -30 "$OUT/logs/serve.txt" ;;
     *) echo "unknown step $s" ;;

@@ -438,7 +438,8 @@ def run(args: argparse.Namespace) -> int:
         meta = {"torch": torch.__version__, "python": sys.version.split()[0], "argv": sys.argv[1:],
                 "build_s": round(t_built - t_start, 1), "seconds": round(time.monotonic() - t_start, 1),
                 "cpus": os.cpu_count(), "service_cpus": args.cpus, "inprocess_arrivals": args.inprocess_arrivals,
-                "inprocess_inputs": "copied" if args.inprocess_copies else "pinned"}
+                "inprocess_inputs": "copied" if args.inprocess_copies else "pinned",
+                "cuda_device_max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")}
         if device.startswith("cuda"):
             meta["gpu"] = torch.cuda.get_device_name(0)
         ok = bool(points) and not error and all(p["books"]["all_answered"] and p["books"]["server_balanced"]

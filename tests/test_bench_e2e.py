@@ -302,3 +302,12 @@ def test_a_bucket_far_slower_than_its_profile_is_named_in_the_output(tmp_path, m
     assert rc == 0
     assert "alpha batch 1 on 48 SMs ran 6.2x its profiled time" in err
     assert "beta batch 2" not in err and "beta batch 4" not in err
+
+
+def test_workqueues_is_a_service_key_of_a_variant_and_the_report_records_the_process_connections(tmp_path, monkeypatch):
+    assert bench.parse_policy_spec("dstack:workqueues=balanced:min_sms=0") == (
+        "dstack", {"min_sms": 0}, {"workqueues": "balanced"})
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+    rc, rep = run_bench(tmp_path, "--policy", "triton:workqueues=balanced")
+    assert rc == 0 and not rep["policies"]["triton:workqueues=balanced"]["error"]
+    assert rep["meta"]["cuda_device_max_connections"] == "32" and rep["meta"]["dstack_min_sms_default"] == 16

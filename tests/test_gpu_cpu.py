@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from gpuloom.gpu import (BindingsMissingError, NoGpuError, PartitionError, Partitioner, max_blocks_per_sm,
+from gpuloom.gpu import (BindingsMissingError, DriverError, NoGpuError, PartitionError, Partitioner, max_blocks_per_sm,
                          sm_granularity, sm_grid, validate_layout)
 from gpuloom.gpu import mps
 
@@ -183,7 +183,8 @@ class _FakeSplitDriver:
         self.splits.append((res.sm.smCount, k, s, flags))
         return [_Res(s) for _ in range(k)], _Res(res.sm.smCount - k * s)
 
-    def create(self, res):
+    def create(self, res, workqueue=None):
+        self.whole.append(workqueue)  # the workqueue configuration each context was made with
         return res
 
     def resource_of(self, ctx):
@@ -199,6 +200,7 @@ def _carve_with(sizes, split: str = "cosched", order: str = "given"):
     p = object.__new__(Partitioner)
     p._drv, p.sizes, p._holders, made = _FakeSplitDriver(132), tuple(sizes), [], []
     p.remainder_split, p.order, p.granularity = split, order, 8
+    p._wq, p.workqueues, p.workqueue_error, p._balanced = None, "shared", "", 0
     p._add = lambda ctx, requested: made.append((ctx.sm.smCount, requested))
     p._carve()
     return p._drv.splits, made
@@ -251,6 +253,83 @@ def test_contexts_made_before_a_failing_split_are_destroyed():
     p._drv, p.sizes, p._holders = Failing(132), (48, 24, 24), []
     p._drv.destroyed = []
     p.remainder_split, p.order, p.granularity, p.partitions = "cosched", "given", 8, []
+    p._wq, p.workqueues, p.workqueue_error, p._balanced = None, "shared", "", 0
     with pytest.raises(PartitionError, match="could not split 24 SMs off 84"):
         p._carve()
     assert p._drv.destroyed == [48] and p.partitions == []  # the 48-SM context was not left behind
+
+
+def test_balanced_workqueues_go_to_the_partitions_only_and_fall_back_to_shared_when_refused():
+    # the driver's documentation: green contexts with disjoint SMs may still wait on each other through
+    # shared workqueues; "balanced" gives each partition its own where the driver can
+    wq = object()
+    p = object.__new__(Partitioner)
+    p._drv, p.sizes, p._holders, made = _FakeSplitDriver(132), (48, 24, 24), [], []
+    p.remainder_split, p.order, p.granularity = "cosched", "given", 8
+    p._wq, p.workqueues, p.workqueue_error, p._balanced = wq, "balanced", "", 0
+    p._add = lambda ctx, requested: made.append(ctx.sm.smCount)
+    p._carve()
+    assert made == [48, 24, 24]
+    # 48 and the two 24s with the configuration; the 84-SM remainder held to split further without
+    assert p._drv.whole == [wq, None, wq, wq] and p.workqueues == "balanced"
+
+    class Refusing(_FakeSplitDriver):  # a driver before CUDA 13.1 refuses the descriptor (after `ok` contexts)
+        ok = 0
+
+        def create(self, res, workqueue=None):
+            if workqueue is not None and len([w for w in self.whole if w is not None]) >= self.ok:
+                raise DriverError("cuDevResourceGenerateDesc(...) failed with CUDA_ERROR_INVALID_VALUE")
+            return super().create(res, workqueue)
+
+    for ok, says in ((0, "shared"), (1, "mixed")):
+        drv = Refusing(132)
+        drv.ok = ok
+        p._drv, p._holders, p._wq, p.workqueues, p._balanced, made[:] = drv, [], wq, "balanced", 0, []
+        p._carve()
+        assert made == [48, 24, 24] and p.workqueues == says and "INVALID_VALUE" in p.workqueue_error
+
+
+def test_a_workqueue_configuration_asks_the_driver_for_balanced_scope_and_joins_the_sm_resource():
+    from types import SimpleNamespace
+
+    from gpuloom.gpu.green import GreenDriver
+
+    calls = []
+
+    class Cu:
+        CUdevResourceType = SimpleNamespace(CU_DEV_RESOURCE_TYPE_WORKQUEUE_CONFIG=2)
+        CUdevWorkqueueConfigScope = SimpleNamespace(CU_WORKQUEUE_SCOPE_DEVICE_CTX=0, CU_WORKQUEUE_SCOPE_GREEN_CTX_BALANCED=1)
+        CUgreenCtxCreate_flags = SimpleNamespace(CU_GREEN_CTX_DEFAULT_STREAM=1)
+
+        @staticmethod
+        def cuDeviceGetDevResource(dev, kind):
+            calls.append(("get", kind))
+            return 0, SimpleNamespace(wqConfig=SimpleNamespace(sharingScope=0, wqConcurrencyLimit=32))
+
+        @staticmethod
+        def cuDevResourceGenerateDesc(resources, n):
+            calls.append(("desc", list(resources), n))
+            return 0, "desc"
+
+        @staticmethod
+        def cuGreenCtxCreate(desc, dev, flags):
+            return 0, "ctx"
+
+    drv = object.__new__(GreenDriver)
+    drv.cu, drv.dev = Cu, 0
+    wq = drv.workqueue_config("balanced", share=5)
+    assert calls == [("get", 2)] and wq.wqConfig.sharingScope == 1
+    assert wq.wqConfig.wqConcurrencyLimit == 6  # its part of the device's 32 connections: the five add up to 30
+    assert drv.workqueue_config("balanced", share=64).wqConfig.wqConcurrencyLimit == 1
+    assert drv.create("sm", wq) == "ctx" and calls[-1] == ("desc", ["sm", wq], 2)
+    assert drv.create("sm") == "ctx" and calls[-1] == ("desc", ["sm"], 1)
+    with pytest.raises(ValueError, match="balanced"):
+        drv.workqueue_config("private")
+    Cu.CUdevResourceType = SimpleNamespace()  # bindings before 13.1
+    with pytest.raises(DriverError, match="no workqueue resources"):
+        drv.workqueue_config("balanced")
+
+
+def test_unknown_workqueue_scope_lists_the_known_ones():
+    with pytest.raises(ValueError, match="balanced"):
+        Partitioner([8], mode="none", workqueues="private")

@@ -135,3 +135,18 @@ def test_profiler_measures_every_point_of_a_small_grid():
     assert p.latency_ms[1][0] > p.latency_ms[1][2]  # batch 8 is faster on the whole GPU than on 8 SMs
     assert set(run.kernels) == {1, 8} and all(run.kernels[b] for b in (1, 8))
     assert set(p.predicted_knee) == {1, 8}
+
+
+def test_partitions_asked_for_balanced_workqueues_are_made_or_say_why_not_and_still_run_together():
+    from gpuloom.gpu import Partitioner
+    from gpuloom.gpu.timing import replay_alone_and_together
+
+    with Partitioner([64, 64], mode="green", workqueues="balanced") as parts:
+        # a driver before CUDA 13.1 has no workqueue resources: shared, with the driver's reason
+        assert parts.workqueues == "balanced" or (parts.workqueues == "shared" and parts.workqueue_error)
+        print(f"workqueues {parts.workqueues} {parts.workqueue_error}")
+        ga, ka = _matmul_graph(parts[0])
+        gb, kb = _matmul_graph(parts[1])
+        t1, _, t2 = replay_alone_and_together(ga, parts[0].stream, gb, parts[1].stream)
+        del ga, gb, ka, kb
+    assert t2 < 1.35 * t1, (t1, t2)

@@ -209,6 +209,7 @@ def service_snapshot(svc) -> dict:
             "layout_swaps": st.get("layout_swaps", 0), "layouts_built": be.get("layouts_built", 0),
             "launch_ms": dict(be.get("launch_ms", {})), "batches": sum(be.get("model_batches", {}).values()),
             "raw_launch": bool(be.get("raw_launch", False)), "copy_ms": dict(be.get("copy_ms", {})),
+            "workqueues": be.get("workqueues", ""),
             "complete_on": be.get("complete_on", "watcher"), "loop_completions": be.get("loop_completions", 0),
             "threads": thread_cpu(),
             "counters": {k: be.get(k, 0) for k in DEVICE_COUNTERS},
@@ -458,6 +459,7 @@ def host_split(before: dict, after: dict, wall_ms: float) -> dict:
     if launch is not None:
         out["ms_per_launch"] = launch
         out["raw_launch"] = bool(after.get("raw_launch", False))  # driver calls (gpu/launch.py), not torch
+        out["workqueues"] = after.get("workqueues", "")  # the partitions' hardware queues: shared or balanced
     copies = per_count("copy_ms", "batches")  # device ms of the input/output copies, watcher host ms, wake-up
     if copies is not None:
         out["copy_ms_per_batch"] = copies

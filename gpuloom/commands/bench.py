@@ -42,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 # variant keys that configure the service (and pinned_inputs, the load generator); the rest are policy options
 SERVICE_KEYS = ("lookahead_ms", "tune_gc", "switch_interval_ms", "launch_on", "early_answer", "raw_launch",
-                "complete_on", "pinned_inputs", "arrivals", "cpus")
+                "workqueues", "complete_on", "pinned_inputs", "arrivals", "cpus")
 
 
 def parse_policy_spec(spec: str) -> tuple[str, dict, dict]:
@@ -68,6 +68,7 @@ def parse_policy_spec(spec: str) -> tuple[str, dict, dict]:
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
     import sys
     import time
     from pathlib import Path
@@ -132,7 +133,9 @@ def run(args: argparse.Namespace) -> int:
         meta = {"torch": torch.__version__, "tiny": args.tiny, "max_batch": args.max_batch,
                 "duration_s": args.duration, "seconds": round(time.monotonic() - t0, 1), "argv": sys.argv[1:],
                 # what plain "dstack" meant in this run (reports before the key planned down to 8 SMs: 0)
-                "dstack_min_sms_default": DEFAULT_MIN_SMS}
+                "dstack_min_sms_default": DEFAULT_MIN_SMS,
+                # hardware queues the driver opens for the process (unset: its default, 8)
+                "cuda_device_max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")}
         if device.startswith("cuda"):
             meta["gpu"] = torch.cuda.get_device_name(0)
         rep = to_json(workload, results, device=device, target=args.target, meta=meta)

@@ -17,6 +17,10 @@ Facts this relies on (measured on an H200, driver 580, see ``docs/architecture.m
   (``scripts/diag_partition_cudnn.py``, ``docs/results/runtime/diag_partition_h200.json``). But the
   same flag on every remainder of another layout made a 24-SM partition where cuDNN failed while
   capturing, which the default flags had run: no one flag is safe, so the runtime tries both.
+* Workqueues (the hardware queues work is submitted through; ``CUDA_DEVICE_MAX_CONNECTIONS``, 8 by
+  default) are shared by every context unless a green context is created with a workqueue
+  configuration of scope "balanced" (CUDA 13.1+ drivers): the driver's documentation warns that
+  green contexts with disjoint SMs may still wait on each other through them. Not measured here yet.
 """
 
 from __future__ import annotations
@@ -84,9 +88,32 @@ class GreenDriver:
         result, n, remainder = _call(self.cu, "cuDevSmResourceSplitByCount", groups, resource, flags, sms)
         return list(result)[: int(n)], remainder
 
-    def create(self, resource: Any) -> Any:
-        """A green context over ``resource`` (with its own default stream)."""
-        desc = _call(self.cu, "cuDevResourceGenerateDesc", [resource], 1)
+    def workqueue_config(self, scope: str = "balanced", share: int = 1) -> Any:
+        """A workqueue configuration resource to create green contexts with. ``"balanced"``: when
+        possible, workqueues not shared with other balanced green contexts, each of ``share``
+        contexts asking for its part of the device's connections (the driver guarantees no overlap
+        only while the limits add up to at most that many); ``"shared"``: the driver's default, every
+        context on the device's workqueues. ``DriverError`` where the bindings or the driver have no
+        workqueue resources (before CUDA 13.1)."""
+        cu = self.cu
+        kind = getattr(cu.CUdevResourceType, "CU_DEV_RESOURCE_TYPE_WORKQUEUE_CONFIG", None)
+        scopes = getattr(cu, "CUdevWorkqueueConfigScope", None)
+        if kind is None or scopes is None:
+            raise DriverError("these cuda-bindings have no workqueue resources (cuda-bindings >= 13.1 needed)")
+        if scope not in ("balanced", "shared"):
+            raise ValueError(f"workqueue scope: expected 'balanced' or 'shared', got {scope!r}")
+        res = _call(cu, "cuDeviceGetDevResource", self.dev, kind)
+        res.wqConfig.sharingScope = (scopes.CU_WORKQUEUE_SCOPE_GREEN_CTX_BALANCED if scope == "balanced"
+                                     else scopes.CU_WORKQUEUE_SCOPE_DEVICE_CTX)
+        if scope == "balanced":  # the device's limit is CUDA_DEVICE_MAX_CONNECTIONS (8 unless set)
+            res.wqConfig.wqConcurrencyLimit = max(1, int(res.wqConfig.wqConcurrencyLimit) // max(1, share))
+        return res
+
+    def create(self, resource: Any, workqueue: Any = None) -> Any:
+        """A green context over ``resource`` (with its own default stream), and with ``workqueue``'s
+        configuration (:meth:`workqueue_config`) if given."""
+        resources = [resource] if workqueue is None else [resource, workqueue]
+        desc = _call(self.cu, "cuDevResourceGenerateDesc", resources, len(resources))
         flag = self.cu.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM
         return _call(self.cu, "cuGreenCtxCreate", desc, self.dev, int(flag))
 

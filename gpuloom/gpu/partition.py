@@ -233,17 +233,30 @@ class Partitioner:
     Raises ``PartitionError`` for impossible layouts (sum over the device, a size off the 8-SM
     granularity), ``NoGpuError`` when ``mode="green"`` is asked for without a GPU,
     ``BindingsMissingError`` without ``cuda.bindings``, ``DriverError`` when the driver refuses.
+
+    ``workqueues="balanced"`` creates the partitions with workqueues of their own where the driver
+    can (CUDA 13.1+; :meth:`GreenDriver.workqueue_config`), so one partition's work does not queue
+    behind another's in a shared hardware queue; each asks for its share of the device's connections
+    (``CUDA_DEVICE_MAX_CONNECTIONS``: 8 unless set, at most 32). Where the driver cannot, the
+    partitions share the device's workqueues as by default, and ``workqueue_error`` says why.
     """
 
     MODES = ("auto", "green", "none")
     REMAINDER_SPLITS = ("cosched", "independent")
     ORDERS = ("given", "ascending")
+    WORKQUEUES = ("shared", "balanced")
 
     def __init__(self, sizes: Sequence[int], *, mode: str = "auto", device: int = 0,
                  sm_count: int | None = None, granularity: int | None = None,
-                 remainder_split: str = "cosched", order: str = "given") -> None:
+                 remainder_split: str = "cosched", order: str = "given", workqueues: str = "shared") -> None:
         if mode not in self.MODES:
             raise ValueError(f"Partitioner mode: expected one of {self.MODES}, got {mode!r}")
+        if workqueues not in self.WORKQUEUES:
+            raise ValueError(f"Partitioner workqueues: expected one of {self.WORKQUEUES}, got {workqueues!r}")
+        self.workqueues = workqueues  # what the partitions got: "shared" where "balanced" was refused
+        self.workqueue_error = ""
+        self._wq = None  # the workqueue configuration partitions are created with (None: the default)
+        self._balanced = 0  # partitions created with it
         if order not in self.ORDERS:
             raise ValueError(f"Partitioner order: expected one of {self.ORDERS}, got {order!r}")
         self.order = order
@@ -283,11 +296,39 @@ class Partitioner:
         from .green import GreenDriver
 
         self._drv = GreenDriver(device)
+        if workqueues == "balanced":
+            self._wq = self._balanced_workqueues()
         try:
             self._carve()
         except BaseException:
             self.close()
             raise
+
+    def _balanced_workqueues(self) -> Any:
+        """The driver's balanced workqueue configuration, or None (shared, the reason kept) where it has none."""
+        from .errors import DriverError
+
+        try:
+            return self._drv.workqueue_config("balanced", share=len(self.sizes))
+        except DriverError as e:
+            self.workqueues, self.workqueue_error = "shared", str(e)
+            return None
+
+    def _create_partition(self, res: Any) -> Any:
+        """A partition's green context, with the balanced workqueues if asked for and the driver takes
+        them (else, from then on, as by default: ``workqueues`` says "shared", or "mixed" when earlier
+        partitions got them)."""
+        if self._wq is not None:
+            from .errors import DriverError
+
+            try:
+                ctx = self._drv.create(res, self._wq)
+                self._balanced += 1
+                return ctx
+            except DriverError as e:
+                self._wq, self.workqueue_error = None, str(e)
+                self.workqueues = "mixed" if self._balanced else "shared"
+        return self._drv.create(res)
 
     def _carve(self) -> None:
         drv, sizes = self._drv, self.sizes
@@ -322,7 +363,7 @@ class Partitioner:
             last = j == len(order) - 1
             if s == avail or (last and self.order == "ascending" and avail - s < self.granularity):
                 # the whole of what is left (ascending: the largest takes the few SMs a split would leave)
-                made[order[j]] = drv.create(res)
+                made[order[j]] = self._create_partition(res)
                 j += 1
                 continue
             k = 1
@@ -332,10 +373,10 @@ class Partitioner:
             if not groups:
                 raise PartitionError(f"the driver could not split {s} SMs off {avail} (layout {list(sizes)})")
             for g in groups:
-                made[order[j]] = drv.create(g)
+                made[order[j]] = self._create_partition(g)
                 j += 1
             if j < len(order):
-                holder = drv.create(rem)
+                holder = drv.create(rem)  # only held to split further: no workqueues of its own
                 self._holders.append(holder)
                 res = drv.resource_of(holder)
                 if self.remainder_split == "independent":

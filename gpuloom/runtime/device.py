@@ -641,6 +641,10 @@ class CudaDeviceLayer(DeviceLayer):
     ``blocking_sync=True`` makes the watcher sleep in ``event.synchronize()`` (cudaEventBlockingSync)
     instead of spinning a core.
 
+    ``workqueues="balanced"`` creates each exclusive partition with hardware workqueues of its own
+    where the driver can (:class:`~gpuloom.gpu.Partitioner`); :attr:`workqueues_used` says what the
+    last carving got (``"shared"`` where the driver refused, :attr:`workqueue_error` why).
+
     ``raw_launch=True`` (default) issues a launch's copies, graph launch and event records as raw
     driver calls (:mod:`gpuloom.gpu.launch`) instead of torch calls; it falls back to torch when the
     driver library does not load, or per bucket where a buffer is not contiguous.
@@ -654,7 +658,14 @@ class CudaDeviceLayer(DeviceLayer):
 
     def __init__(self, device: int = 0, *, memory_limit_bytes: float | None = None, memory_fraction: float = 0.6,
                  warmup: int = 1, blocking_sync: bool = True, cache_layouts: int = 4, capture: str = "all",
-                 raw_launch: bool = True) -> None:
+                 raw_launch: bool = True, workqueues: str = "shared") -> None:
+        from ..gpu.partition import Partitioner
+
+        if workqueues not in Partitioner.WORKQUEUES:
+            raise ValueError(f"workqueues: expected one of {Partitioner.WORKQUEUES}, got {workqueues!r}")
+        self.workqueues = workqueues
+        self.workqueues_used = ""  # what the last carving got ("" before any)
+        self.workqueue_error = ""
         if capture not in ("owner", "all"):
             raise ValueError(f"capture must be 'owner' (graphs where a partition's owner hint expects a model) or "
                              f"'all' (every model on every lane), got {capture!r}")
@@ -751,7 +762,11 @@ class CudaDeviceLayer(DeviceLayer):
         if shared and excl:
             sizes.append(self.gpu_sms - sum(sizes))
         partitioner = (Partitioner(sizes, mode="green", device=self.device, remainder_split=remainder_split,
-                                   order=order) if excl else None)
+                                   order=order, workqueues=self.workqueues) if excl else None)
+        if partitioner is not None:
+            self.workqueues_used, self.workqueue_error = partitioner.workqueues, partitioner.workqueue_error
+            if partitioner.workqueue_error:
+                log.warning("partitions share the device's workqueues: %s", partitioner.workqueue_error)
         state = {"partitioner": partitioner, "lanes": []}
         lanes.state = state
         dev = torch.device("cuda", self.device)
@@ -1138,9 +1153,10 @@ def _init_dtypes() -> None:
         _TORCH_DTYPES[name] = getattr(torch, name)
 
 
-def make_device_layer(device: str | None = None, *, raw_launch: bool = True, **options: Any) -> DeviceLayer:
+def make_device_layer(device: str | None = None, *, raw_launch: bool = True, workqueues: str = "shared",
+                      **options: Any) -> DeviceLayer:
     """``"cuda"``/``"cuda:N"``, ``"cpu"`` or ``None`` (cuda when available, else cpu). ``raw_launch``
-    applies to CUDA only (:class:`CudaDeviceLayer`)."""
+    and ``workqueues`` apply to CUDA only (:class:`CudaDeviceLayer`)."""
     if device is None:
         try:
             import torch
@@ -1152,7 +1168,7 @@ def make_device_layer(device: str | None = None, *, raw_launch: bool = True, **o
         return CpuDeviceLayer(**options)
     if device.startswith("cuda"):
         idx = int(device.split(":", 1)[1]) if ":" in device else 0
-        return CudaDeviceLayer(idx, raw_launch=raw_launch, **options)
+        return CudaDeviceLayer(idx, raw_launch=raw_launch, workqueues=workqueues, **options)
     raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
 
 

@@ -421,6 +421,8 @@ class ExecBackend(Backend):
                 "launch_ms": dict(getattr(self.device, "launch_ms", {})),  # CUDA: host ms per launch phase
                 "copy_ms": dict(getattr(self.device, "copy_ms", {})),  # CUDA: device copy ms, watcher host ms
                 "raw_launch": bool(getattr(self.device, "raw_launch", False)),  # CUDA: driver calls, not torch
+                # CUDA: hardware workqueues the partitions got (shared with each other, or balanced)
+                "workqueues": getattr(self.device, "workqueues_used", ""),
                 "complete_on": self.complete_on,
                 "loop_completions": self.loop_completions,  # batches the device posted the loop for
                 "torch_launch_plans": getattr(self.device, "torch_launch_plans", 0),  # CUDA: buckets torch launched

@@ -45,6 +45,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ..gpu.partition import Partitioner
 from ..policy import make_policy
 from ..policy.base import ModelInfo, PolicyContext
 from ..policy.types import Layout, Result, Status
@@ -330,6 +331,10 @@ class InferenceService:
         raw_launch: on CUDA, issue each launch's copies, graph launch and events as raw driver calls
             (:mod:`gpuloom.gpu.launch`) instead of torch calls (the device layer made here; a
             ``device_layer`` passed in keeps its own setting).
+        workqueues: on CUDA, ``"balanced"`` creates each SM partition with hardware workqueues of
+            its own where the driver can (CUDA 13.1+), so that one partition's work does not queue
+            behind another's; ``"shared"`` (default): the device's, as the driver does by default
+            (:class:`~gpuloom.gpu.Partitioner`). Not measured yet.
         complete_on: ``"watcher"`` (default) or ``"loop"``: who learns that a batch is done
             (:attr:`ExecBackend.COMPLETE_ON`). ``"loop"``: the GPU wakes the runtime's thread itself
             (a host function posting its semaphore; raw launches only), which books the batch, where
@@ -355,6 +360,7 @@ class InferenceService:
         launch_on: str = "auto",
         early_answer: bool = False,
         raw_launch: bool = True,
+        workqueues: str = "shared",
         complete_on: str = "watcher",
         expiry_grace_s: float = 5.0,
     ) -> None:
@@ -365,6 +371,9 @@ class InferenceService:
         self.launch_on = launch_on if launch_on == "auto" else check_launch_on(launch_on)
         self.early_answer = bool(early_answer)
         self.raw_launch = bool(raw_launch)
+        if workqueues not in Partitioner.WORKQUEUES:
+            raise ValueError(f"workqueues: expected one of {Partitioner.WORKQUEUES}, got {workqueues!r}")
+        self.workqueues = workqueues
         self.complete_on = check_complete_on(complete_on)
         if not expiry_grace_s > 0:
             raise ValueError(f"expiry_grace_s must be > 0 s, got {expiry_grace_s!r}")
@@ -407,7 +416,7 @@ class InferenceService:
     @property
     def device(self) -> DeviceLayer:
         if self._layer is None:
-            self._layer = make_device_layer(self._device_arg, raw_launch=self.raw_launch)
+            self._layer = make_device_layer(self._device_arg, raw_launch=self.raw_launch, workqueues=self.workqueues)
             if self.profiles is None and self._layer.kind == "cuda":
                 try:
                     self.profiles = ProfileStore.builtin("h200")
