@@ -145,9 +145,11 @@ def test_launch_on_and_switch_interval_reach_the_service(tmp_path, monkeypatch):
     (tmp_path / "m.yaml").write_text("name: m\nsource: 'x.py:f'\ninputs: [{name: x, shape: [4], dtype: float32}]\n")
     p = argparse.ArgumentParser()
     serve.add_arguments(p)
-    assert serve.run(p.parse_args([str(tmp_path / "m.yaml"), "--launch-on", "inline", "--switch-interval-ms", "0.5"])) == 2
+    assert serve.run(p.parse_args([str(tmp_path / "m.yaml"), "--launch-on", "inline", "--switch-interval-ms", "0.5",
+                                   "--workqueues", "balanced"])) == 2
     assert serve.run(p.parse_args([str(tmp_path / "m.yaml")])) == 2
     assert seen[0]["launch_on"] == "inline" and seen[0]["switch_interval_ms"] == 0.5
+    assert seen[0]["workqueues"] == "balanced" and seen[1]["workqueues"] == "shared"
     assert seen[1]["launch_on"] == "auto" and seen[1]["switch_interval_ms"] is None
     with pytest.raises(SystemExit):
         p.parse_args([str(tmp_path / "m.yaml"), "--launch-on", "gpu"])

@@ -31,6 +31,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--torch-launch", action="store_true",
                    help="launch batches through torch calls instead of raw CUDA driver calls (slower on the host; "
                         "for comparison or if a driver call misbehaves)")
+    p.add_argument("--workqueues", choices=("shared", "balanced"), default="shared",
+                   help="hardware workqueues of the SM partitions: shared (default: the device's, which "
+                        "CUDA_DEVICE_MAX_CONNECTIONS sizes) or balanced (each partition its own, where the driver "
+                        "can: CUDA 13.1+; experimental)")
     p.add_argument("--complete-on", choices=("watcher", "loop"), default="watcher",
                    help="who learns that a GPU batch is done: watcher (default: a thread per partition sleeps on "
                         "the batch and wakes the runtime's thread) or loop (the GPU wakes the runtime's thread "
@@ -130,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         service = InferenceService(policy=args.policy, device=args.device, profiles=profiles, queue_limit=args.queue_limit,
                                    early_answer=args.early_answer, launch_on=args.launch_on,
                                    switch_interval_ms=args.switch_interval_ms, raw_launch=not args.torch_launch,
-                                   complete_on=args.complete_on)
+                                   workqueues=args.workqueues, complete_on=args.complete_on)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
