@@ -253,7 +253,7 @@ class Partitioner:
             raise ValueError(f"Partitioner mode: expected one of {self.MODES}, got {mode!r}")
         if workqueues not in self.WORKQUEUES:
             raise ValueError(f"Partitioner workqueues: expected one of {self.WORKQUEUES}, got {workqueues!r}")
-        self.workqueues = workqueues  # what the partitions got: "shared" where "balanced" was refused
+        self.workqueues = workqueues  # what the partitions got: "shared" (or "mixed") where "balanced" was refused
         self.workqueue_error = ""
         self._wq = None  # the workqueue configuration partitions are created with (None: the default)
         self._balanced = 0  # partitions created with it

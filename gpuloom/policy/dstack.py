@@ -87,8 +87,8 @@ class _PartPlan:
 
 #: the smallest partition dstack plans unless told otherwise. On the H200, a layout with 8-SM
 #: partitions needs a second carving for cuDNN and ran every partition slower than profiled; at mix6
-#: x0.5 the planner's only such layout held 0.919 and 0.976 of the SLO where the same plan with 16 SMs
-#: at least held 0.998 and 0.995, two same-run A/Bs (docs/reports/runtime.md, tenth session).
+#: x0.5 the planner's only such layout held 0.919 and 0.976 of the SLO where planning with this floor
+#: held 0.998 and 0.995, two same-run A/Bs (docs/reports/runtime.md, tenth session).
 #: ``min_sms=0`` plans as before. On a GPU with fewer SMs than this, the whole GPU is the floor.
 DEFAULT_MIN_SMS = 16
 
