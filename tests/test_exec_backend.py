@@ -197,6 +197,68 @@ def _cuda_layer_with_carvings(fail_first: int):
     return layer, lanes, tried
 
 
+def test_the_wake_up_splits_into_the_gpus_start_and_the_way_back_on_the_lanes_clock_anchor():
+    """A lane's anchor event ran at host time 100.0 s; the batch's first event ran 2.5 ms after it, and
+    its last 6.0 ms after it. Launched from 100.0015 s and seen done at 100.0075 s: the GPU started it
+    1.0 ms after the launch began, and the host saw it 1.5 ms after it finished."""
+    import threading
+    import types
+
+    from gpuloom.runtime.device import CudaDeviceLayer
+
+    class Ev:
+        def __init__(self, at_ms):
+            self.at_ms = at_ms
+
+        def elapsed_time(self, other):
+            if other.at_ms is None:
+                raise RuntimeError("event not recorded")
+            return other.at_ms - self.at_ms
+
+    layer = object.__new__(CudaDeviceLayer)
+    layer._driver, layer._copy_lock = None, threading.Lock()
+    layer.wake_split = {"start": 0.0, "back": 0.0, "batches": 0}
+    t = types.SimpleNamespace(anchor=(Ev(0.0), 100.0), t_in=Ev(2.5), done=Ev(6.0), began=100.0015)
+    layer._split_wake(t, awake=100.0075)
+    ws = layer.wake_split
+    assert ws["batches"] == 1 and ws["start"] == pytest.approx(1.0) and ws["back"] == pytest.approx(1.5)
+    layer._split_wake(types.SimpleNamespace(anchor=None), awake=1.0)  # no anchor yet: nothing booked
+    layer._split_wake(types.SimpleNamespace(anchor=(Ev(0.0), 100.0), t_in=Ev(None), done=Ev(6.0), began=0.0), 1.0)
+    assert ws["batches"] == 1  # a failing event read is skipped, never raised into the batch
+
+
+def test_a_lane_ties_its_clock_to_the_hosts_only_on_an_idle_stream():
+    import time
+    import types
+
+    from gpuloom.runtime.device import CudaDeviceLayer
+
+    recorded = []
+
+    class Event:
+        def __init__(self, enable_timing):
+            assert enable_timing
+
+        def record(self, stream):
+            recorded.append(stream)
+
+    class Stream:
+        idle = False
+
+        def query(self):
+            return self.idle
+
+    layer = object.__new__(CudaDeviceLayer)
+    layer._torch = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=Event))
+    lane, st = types.SimpleNamespace(anchor=None, part="p0"), Stream()
+    layer._anchor(lane, st)
+    assert lane.anchor is None and not recorded  # busy: its events would not run at once
+    st.idle = True
+    t0 = time.perf_counter()
+    layer._anchor(lane, st)
+    assert recorded == [st] and isinstance(lane.anchor[0], Event) and t0 <= lane.anchor[1] <= time.perf_counter()
+
+
 def test_a_layout_whose_capture_fails_is_carved_another_way():
     layer, lanes, tried = _cuda_layer_with_carvings(fail_first=1)
     layer._build(lanes)

@@ -138,6 +138,11 @@ def test_raw_launches_match_eager_and_cost_less_host_time_than_torch_launches(mo
             assert be["raw_launch"] is raw and be["torch_launch_plans"] == 0 and be["eager_batches"] == 0
             ph, cp = be["launch_ms"], be["copy_ms"]
             assert cp["batches"] == ph["launches"] and cp["h2d"] > 0 and cp["d2h"] > 0, cp
+            # the wake-up split against each lane's clock anchor: every batch booked, both halves of a
+            # sequential batch (submitted after the last one's answer) small and their sum near the wake
+            ws = be["wake_split"]
+            assert ws["batches"] == cp["batches"], ws
+            assert -0.1 < ws["start"] / ws["batches"] < 5.0 and -0.1 < ws["back"] / ws["batches"] < 5.0, ws
             per_launch[raw] = (ph["inputs"] + ph["replay"] + ph["outputs"]) / ph["launches"]
         finally:
             svc.close()

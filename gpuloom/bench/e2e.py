@@ -209,7 +209,7 @@ def service_snapshot(svc) -> dict:
             "layout_swaps": st.get("layout_swaps", 0), "layouts_built": be.get("layouts_built", 0),
             "launch_ms": dict(be.get("launch_ms", {})), "batches": sum(be.get("model_batches", {}).values()),
             "raw_launch": bool(be.get("raw_launch", False)), "copy_ms": dict(be.get("copy_ms", {})),
-            "workqueues": be.get("workqueues", ""),
+            "wake_split": dict(be.get("wake_split", {})), "workqueues": be.get("workqueues", ""),
             "complete_on": be.get("complete_on", "watcher"), "loop_completions": be.get("loop_completions", 0),
             "threads": thread_cpu(),
             "counters": {k: be.get(k, 0) for k in DEVICE_COUNTERS},
@@ -463,6 +463,11 @@ def host_split(before: dict, after: dict, wall_ms: float) -> dict:
     copies = per_count("copy_ms", "batches")  # device ms of the input/output copies, watcher host ms, wake-up
     if copies is not None:
         out["copy_ms_per_batch"] = copies
+    # the wake-up's two halves per batch (CUDA, lanes with a clock anchor): "start", from the launch's
+    # first call to the GPU starting the batch; "back", from the GPU finishing it to the host running
+    split = per_count("wake_split", "batches")
+    if split is not None:
+        out["wake_split_ms_per_batch"] = split
     if "threads" in before and "threads" in after:  # CPU s per s of each thread role (1 = a core)
         out["thread_cpu"] = cpu_share(before["threads"], after["threads"], wall_ms / 1000.0)
     a, b = after.get("counters", {}), before.get("counters", {})

@@ -569,6 +569,9 @@ class _StreamList:
 
 #: batches a lane may hold at once: the running one and one launched ahead
 LANE_SLOTS = 2
+#: a lane's GPU clock is tied to the host's again after this long (cuEventElapsedTime is a float32 of
+#: ms: over minutes its resolution falls to tens of us)
+ANCHOR_S = 60.0
 
 
 @dataclass
@@ -591,6 +594,9 @@ class _CudaLane:
     events: list[tuple] = field(default_factory=list)  # per slot: (t_in, t0, t1, done)
     in_shapes: dict[str, list[tuple]] = field(default_factory=dict)  # model -> (shape, dtype) per input, max_batch rows
     launches: int = 0  # batches launched on the lane (slot = launches % LANE_SLOTS)
+    # (event, perf_counter) recorded together on the idle stream: any later event of the lane is at
+    # perf_counter time anchor[1] + elapsed(anchor[0], event) (CudaDeviceLayer._anchor)
+    anchor: tuple | None = None
 
     def graph_sets(self) -> list[Any]:
         """Each GraphSet once (a model's buckets share one per single/multi-stream group)."""
@@ -617,6 +623,8 @@ class _CudaTicket:
     rows: Any = None  # the batch's staged rows, alive until finish()
     launched: float = 0.0  # perf_counter when the launch returned (the wake-up's reference)
     stream: int = 0  # the lane stream's driver handle, where launched by raw driver calls (else 0)
+    began: float = 0.0  # perf_counter when the launch's first call was made
+    anchor: tuple | None = None  # the lane's clock anchor at launch (_CudaLane.anchor)
 
 
 class CudaDeviceLayer(DeviceLayer):
@@ -679,6 +687,11 @@ class CudaDeviceLayer(DeviceLayer):
         # ms copying outputs off the pinned buffers (watcher), host ms from launch to the watcher
         # awake beyond the device's copies and graph (wake), summed over batches (issue 5: the gap)
         self.copy_ms = {"h2d": 0.0, "d2h": 0.0, "host_out": 0.0, "wake": 0.0, "batches": 0}
+        # the wake-up split in two, for batches whose lane has a clock anchor: "start" from the launch's
+        # first call to the GPU starting the batch (a queue on the GPU side: the lane's stream, or a
+        # hardware workqueue shared with other partitions), "back" from the GPU finishing it to the
+        # watcher (or the loop) running (the GIL), in ms summed over "batches"
+        self.wake_split = {"start": 0.0, "back": 0.0, "batches": 0}
         self.inplace_batches = 0  # batches launched from their requests' own page-locked memory (PinnedRow)
         self._copy_lock = threading.Lock()
         self.torch_launch_plans = 0  # (lane, model, bucket)s launched through torch although raw_launch is on
@@ -905,6 +918,8 @@ class CudaDeviceLayer(DeviceLayer):
         t_in, t0, t1, done = lane.events[slot]
         plan = self._raw_plan(lane, model, b, entry, static_out, st) if self._driver is not None else None
         clock = time.perf_counter
+        if lane.anchor is None or clock() - lane.anchor[1] > ANCHOR_S:
+            self._anchor(lane, st)
         c0 = clock()
         if plan is not None:  # the same steps as below, in raw driver calls (gpu/launch.py: why)
             drv = self._driver
@@ -943,7 +958,45 @@ class CudaDeviceLayer(DeviceLayer):
         ph["launches"] += 1
         # the ticket holds the rows: raw copies read their pinned memory without torch knowing, so it
         # must not be freed (and reused) before the batch's event has fired
-        return _CudaTicket(n, done, t0, t1, t_in, lane.np_out[(model, slot)], rows, c3, plan.stream if plan else 0)
+        return _CudaTicket(n, done, t0, t1, t_in, lane.np_out[(model, slot)], rows, c3, plan.stream if plan else 0,
+                           c0, lane.anchor)
+
+    def _anchor(self, lane: _CudaLane, stream: Any) -> None:
+        """Tie the lane's GPU clock to the host's: on an idle stream an event runs as soon as it is
+        recorded, so its GPU time is the host time of the record (to the ~10 us a record takes to
+        reach the GPU). A busy stream keeps the anchor it has (or none) until it is idle."""
+        try:
+            if not stream.query():
+                return
+            e = self._torch.cuda.Event(enable_timing=True)
+            h = time.perf_counter()
+            e.record(stream)
+            lane.anchor = (e, h)
+        except Exception:  # noqa: BLE001 - a diagnostic: never in the way of a launch
+            log.debug("no clock anchor for lane %s", lane.part, exc_info=True)
+
+    def _split_wake(self, t: _CudaTicket, awake: float) -> None:
+        """Book the batch's start latency (first launch call -> GPU starts it) and its way back (GPU
+        done -> this thread ``awake``) against its lane's clock anchor (see :attr:`wake_split`)."""
+        if t.anchor is None:
+            return
+        try:
+            event, host = t.anchor
+            drv = self._driver
+            if drv is not None:
+                a = event.cuda_event
+                start = host + drv.elapsed_ms(a, t.t_in.cuda_event) / 1e3
+                end = host + drv.elapsed_ms(a, t.done.cuda_event) / 1e3
+            else:
+                start = host + event.elapsed_time(t.t_in) / 1e3
+                end = host + event.elapsed_time(t.done) / 1e3
+        except Exception:  # noqa: BLE001 - a diagnostic: never fails the batch
+            return
+        with self._copy_lock:
+            ws = self.wake_split
+            ws["start"] += (start - t.began) * 1e3
+            ws["back"] += (awake - end) * 1e3
+            ws["batches"] += 1
 
     def close(self) -> None:
         super().close()
@@ -1015,6 +1068,7 @@ class CudaDeviceLayer(DeviceLayer):
         # enqueued (with torch launches, 0.3 ms of enqueueing, a tiny model's batch can give a
         # negative figure)
         wake = (c0 - ticket.launched) * 1e3 - (h2d + ms + d2h)  # t_in -> done, in its three parts
+        self._split_wake(ticket, c0)
         outs = [o[: ticket.n].copy() for o in ticket.out]
         host = (time.perf_counter() - c0) * 1e3
         with self._copy_lock:  # watchers of several lanes

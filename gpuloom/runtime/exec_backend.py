@@ -420,6 +420,8 @@ class ExecBackend(Backend):
                 "recarved_layouts": getattr(self.device, "recarved_layouts", 0),  # CUDA: another carving used
                 "launch_ms": dict(getattr(self.device, "launch_ms", {})),  # CUDA: host ms per launch phase
                 "copy_ms": dict(getattr(self.device, "copy_ms", {})),  # CUDA: device copy ms, watcher host ms
+                # CUDA: the wake-up split into the GPU's start latency and the way back to the host
+                "wake_split": dict(getattr(self.device, "wake_split", {})),
                 "raw_launch": bool(getattr(self.device, "raw_launch", False)),  # CUDA: driver calls, not torch
                 # CUDA: hardware workqueues the partitions got (shared with each other, or balanced)
                 "workqueues": getattr(self.device, "workqueues_used", ""),
