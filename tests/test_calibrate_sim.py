@@ -35,3 +35,15 @@ def test_a_measured_variant_is_simulated_with_its_policy_options_and_plain_dstac
     assert cal.sim_policy("dstack", {}) == ("dstack", {"min_sms": 0})  # a report from before the floor
     assert cal.sim_policy("dstack", {"dstack_min_sms_default": 16}) == ("dstack", {"min_sms": 16})
     assert cal.sim_policy("dstack:min_sms=24", {"dstack_min_sms_default": 16}) == ("dstack", {"min_sms": 24})
+
+
+def test_the_measured_hold_and_slowdown_of_a_point_are_batch_weighted():
+    spec = importlib.util.spec_from_file_location("sim_measured_hold", SCRIPT.parent / "sim_measured_hold.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    point = {"layouts": [{"batches": 30, "gap_ms": 1.0, "shared": False}, {"batches": 10, "gap_ms": 3.0, "shared": False},
+                         {"batches": 0, "gap_ms": None, "shared": False}],
+             "profile_check": [{"profile_ms": 1.0, "measured_ms": 1.2, "batches": 10},
+                               {"profile_ms": 2.0, "measured_ms": 2.0, "batches": 5}]}
+    hold, slow, parts = mod.measured(point)
+    assert hold == 1.5 and slow == (12 + 10) / (10 + 10) and parts == 3

@@ -1,0 +1,82 @@
+"""Does the measured per-batch hold explain dstack's loss on the H200? (issue 5, tenth session)
+
+For each measured point of a ``gpuloom bench`` report, the simulator runs the same workload and load
+with the hold the point measured (each batch's time on its partition beyond its device time,
+averaged over the partitions: ``layouts[].gap_ms``) as ``ContentionModel.batch_overhead_ms``, and
+with the device slowdown the point measured (device time over profile, ``profile_check``) as
+``interference`` spread over the other running partitions. If the simulated attainment matches the
+measured one, the mean hold and slowdown explain the loss; if the simulator stays higher, something
+the mean hides does (a tail, a burst).
+
+    python scripts/sim_measured_hold.py docs/results/runtime/bench_mix6_h200_run25_high_load.json \\
+        --policy dstack:min_sms=16 --out docs/results/runtime/sim_measured_hold_session10.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gpuloom.bench.experiment import simulate  # noqa: E402
+from gpuloom.bench.workload import workload_from_dict  # noqa: E402
+from gpuloom.commands.bench import parse_policy_spec  # noqa: E402
+from gpuloom.profile.store import ProfileStore  # noqa: E402
+from gpuloom.runtime.service import trim_profile  # noqa: E402
+from gpuloom.runtime.sim import ContentionModel  # noqa: E402
+
+
+def measured(point: dict) -> tuple[float, float, int]:
+    """(mean hold beyond device time per batch ms, device time over profile, exclusive partitions)."""
+    lanes = [q for q in point["layouts"] if q["batches"]]
+    n = sum(q["batches"] for q in lanes)
+    hold = sum((q["gap_ms"] or 0.0) * q["batches"] for q in lanes) / n if n else 0.0
+    pc = point.get("profile_check") or []
+    prof = sum(r["profile_ms"] * r["batches"] for r in pc)
+    slow = sum(r["measured_ms"] * r["batches"] for r in pc) / prof if prof else 1.0
+    return hold, slow, sum(1 for q in point["layouts"] if not q["shared"])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("bench", help="a gpuloom bench JSON measured on the GPU")
+    ap.add_argument("--policy", default="dstack", help="the measured variant to replay (exclusive partitions)")
+    ap.add_argument("--demand-fraction", type=float, default=0.89)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    d = json.loads(Path(a.bench).read_text())
+    wl = workload_from_dict(d["workload"])
+    store = ProfileStore.builtin("h200")
+    profs = {m.name: trim_profile(store.get(m.name), int(d["meta"]["max_batch"])) for m in wl.models}
+    name, options, _ = parse_policy_spec(a.policy)
+    if name == "dstack":
+        options.setdefault("min_sms", int(d["meta"].get("dstack_min_sms_default", 0)))
+    rows = []
+    for p in d["policies"][a.policy]["points"]:
+        hold, slow, parts = measured(p)
+        w = dataclasses.replace(wl.scaled(p["scale"]), duration_s=float(d["meta"]["duration_s"]))
+        interference = (slow - 1.0) / max(1, parts - 1) if slow > 1.0 else 0.0  # all partitions busy: 1 + i (n - 1)
+        row = {"scale": p["scale"], "measured_attainment": round(p["slo_attainment"], 4),
+               "hold_ms": round(hold, 3), "device_over_profile": round(slow, 3), "interference": round(interference, 4)}
+        for label, cm in (("plain", ContentionModel(demand_fraction=a.demand_fraction)),
+                          ("hold", ContentionModel(demand_fraction=a.demand_fraction, batch_overhead_ms=hold)),
+                          ("hold_and_slowdown", ContentionModel(demand_fraction=a.demand_fraction, batch_overhead_ms=hold,
+                                                                interference=interference))):
+            row[f"simulated_{label}"] = round(simulate(w, profs, name, contention=cm, options=options).metrics.slo_attainment, 4)
+        rows.append(row)
+        print(f"{a.policy} x{p['scale']:g}: measured {row['measured_attainment']:.3f} | hold {hold:.2f} ms/batch, device "
+              f"{slow:.2f}x profile | simulated: plain {row['simulated_plain']:.3f}, with the hold "
+              f"{row['simulated_hold']:.3f}, with the hold and the slowdown {row['simulated_hold_and_slowdown']:.3f}")
+    if a.out:
+        Path(a.out).write_text(json.dumps({"method": __doc__.split("\n\n")[1].replace("\n", " "), "bench": a.bench,
+                                           "policy": a.policy, "points": rows}, indent=1) + "\n")
+        print("wrote", a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
