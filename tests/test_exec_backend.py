@@ -259,6 +259,19 @@ def test_a_lane_ties_its_clock_to_the_hosts_only_on_an_idle_stream():
     assert recorded == [st] and isinstance(lane.anchor[0], Event) and t0 <= lane.anchor[1] <= time.perf_counter()
 
 
+def test_lanes_capture_each_bucket_with_its_compiled_stream_choice_or_one_stream_when_told():
+    import types
+
+    from gpuloom.runtime.device import CudaDeviceLayer
+
+    cm = types.SimpleNamespace(buckets=(1, 2, 4, 8), stream_choice={1: "multi", 2: "multi", 4: "single", 8: "single"})
+    layer = object.__new__(CudaDeviceLayer)
+    layer.lane_streams = "compiled"
+    assert layer._stream_groups(cm) == {"max": [1, 2], 1: [4, 8]}
+    layer.lane_streams = "single"
+    assert layer._stream_groups(cm) == {1: [1, 2, 4, 8]}
+
+
 def test_a_layout_whose_capture_fails_is_carved_another_way():
     layer, lanes, tried = _cuda_layer_with_carvings(fail_first=1)
     layer._build(lanes)

@@ -572,6 +572,8 @@ LANE_SLOTS = 2
 #: a lane's GPU clock is tied to the host's again after this long (cuEventElapsedTime is a float32 of
 #: ms: over minutes its resolution falls to tens of us)
 ANCHOR_S = 60.0
+#: CudaDeviceLayer(lane_streams=...): each bucket's compile-time stream choice, or one stream everywhere
+LANE_STREAMS = ("compiled", "single")
 
 
 @dataclass
@@ -649,6 +651,11 @@ class CudaDeviceLayer(DeviceLayer):
     ``blocking_sync=True`` makes the watcher sleep in ``event.synchronize()`` (cudaEventBlockingSync)
     instead of spinning a core.
 
+    ``lane_streams="single"`` captures every model with one stream on every lane, where by default
+    (``"compiled"``) each bucket keeps the choice ``gpuloom.compile`` timed on the whole GPU (up to six
+    streams for inception_v3). An experiment: on the H200 inception_v3's six-stream batch-1 graph ran
+    2-6x its profile beside busy partitions (docs/reports/runtime.md, tenth session).
+
     ``workqueues="balanced"`` creates each exclusive partition with hardware workqueues of its own
     where the driver can (:class:`~gpuloom.gpu.Partitioner`); :attr:`workqueues_used` says what the
     last carving got (``"shared"`` where the driver refused, :attr:`workqueue_error` why).
@@ -666,8 +673,12 @@ class CudaDeviceLayer(DeviceLayer):
 
     def __init__(self, device: int = 0, *, memory_limit_bytes: float | None = None, memory_fraction: float = 0.6,
                  warmup: int = 1, blocking_sync: bool = True, cache_layouts: int = 4, capture: str = "all",
-                 raw_launch: bool = True, workqueues: str = "shared") -> None:
+                 raw_launch: bool = True, workqueues: str = "shared", lane_streams: str = "compiled") -> None:
         from ..gpu.partition import Partitioner
+
+        if lane_streams not in LANE_STREAMS:
+            raise ValueError(f"lane_streams: expected one of {LANE_STREAMS}, got {lane_streams!r}")
+        self.lane_streams = lane_streams
 
         if workqueues not in Partitioner.WORKQUEUES:
             raise ValueError(f"workqueues: expected one of {Partitioner.WORKQUEUES}, got {workqueues!r}")
@@ -820,15 +831,21 @@ class CudaDeviceLayer(DeviceLayer):
         lanes.memory_bytes = max(0, torch.cuda.memory_reserved(self.device) - before) or int(
             sum(gs.memory_bytes for ln in state["lanes"] for gs in ln.graph_sets()))
 
-    def _capture(self, lane: _CudaLane, model: str) -> None:
-        torch = self._torch
-        cm = self.models[model]
-        # compile() already chose single- or multi-stream per bucket (timed on the whole GPU): capture
-        # each group of buckets with its choice, each from a fresh factory of the lane's few streams
+    def _stream_groups(self, cm: Any) -> dict[Any, list[int]]:
+        """Buckets by the ``streams`` to capture them with (1 or "max"). compile() already chose single-
+        or multi-stream per bucket (timed on the whole GPU); each group is captured with its choice,
+        from a fresh factory of the lane's few streams. ``lane_streams="single"``: one stream for all."""
         choice = dict(cm.stream_choice or {})
         groups: dict[Any, list[int]] = {}
         for b in cm.buckets:
-            groups.setdefault(1 if choice.get(b, "multi") == "single" else "max", []).append(b)
+            single = self.lane_streams == "single" or choice.get(b, "multi") == "single"
+            groups.setdefault(1 if single else "max", []).append(b)
+        return groups
+
+    def _capture(self, lane: _CudaLane, model: str) -> None:
+        torch = self._torch
+        cm = self.models[model]
+        groups = self._stream_groups(cm)
         from ..engine.capture import cudnn_heuristics
 
         def capture_all() -> dict[int, Any]:
@@ -1208,9 +1225,9 @@ def _init_dtypes() -> None:
 
 
 def make_device_layer(device: str | None = None, *, raw_launch: bool = True, workqueues: str = "shared",
-                      **options: Any) -> DeviceLayer:
-    """``"cuda"``/``"cuda:N"``, ``"cpu"`` or ``None`` (cuda when available, else cpu). ``raw_launch``
-    and ``workqueues`` apply to CUDA only (:class:`CudaDeviceLayer`)."""
+                      lane_streams: str = "compiled", **options: Any) -> DeviceLayer:
+    """``"cuda"``/``"cuda:N"``, ``"cpu"`` or ``None`` (cuda when available, else cpu). ``raw_launch``,
+    ``workqueues`` and ``lane_streams`` apply to CUDA only (:class:`CudaDeviceLayer`)."""
     if device is None:
         try:
             import torch
@@ -1222,7 +1239,7 @@ def make_device_layer(device: str | None = None, *, raw_launch: bool = True, wor
         return CpuDeviceLayer(**options)
     if device.startswith("cuda"):
         idx = int(device.split(":", 1)[1]) if ":" in device else 0
-        return CudaDeviceLayer(idx, raw_launch=raw_launch, workqueues=workqueues, **options)
+        return CudaDeviceLayer(idx, raw_launch=raw_launch, workqueues=workqueues, lane_streams=lane_streams, **options)
     raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
 
 

@@ -425,6 +425,7 @@ class ExecBackend(Backend):
                 "raw_launch": bool(getattr(self.device, "raw_launch", False)),  # CUDA: driver calls, not torch
                 # CUDA: hardware workqueues the partitions got (shared with each other, or balanced)
                 "workqueues": getattr(self.device, "workqueues_used", ""),
+                "lane_streams": getattr(self.device, "lane_streams", ""),  # CUDA: graphs' streams on the lanes
                 "complete_on": self.complete_on,
                 "loop_completions": self.loop_completions,  # batches the device posted the loop for
                 "torch_launch_plans": getattr(self.device, "torch_launch_plans", 0),  # CUDA: buckets torch launched

@@ -52,7 +52,7 @@ from ..policy.types import Layout, Result, Status
 from ..profile.store import GpuInfo, Profile, ProfileStore
 from .core import Runtime
 from .events import ARRIVAL
-from .device import DeviceLayer, FakeModel, PinnedRow, make_device_layer
+from .device import LANE_STREAMS, DeviceLayer, FakeModel, PinnedRow, make_device_layer
 from .exec_backend import ExecBackend, ExecOutput, check_complete_on, check_launch_on, check_lookahead
 from .gcpause import GcMonitor, RareFullCollections, freeze_loaded, thaw
 from .gilswitch import DEFAULT_MS as DEFAULT_SWITCH_INTERVAL_MS
@@ -335,6 +335,9 @@ class InferenceService:
             its own where the driver can (CUDA 13.1+), so that one partition's work does not queue
             behind another's; ``"shared"`` (default): the device's, as the driver does by default
             (:class:`~gpuloom.gpu.Partitioner`). Not measured yet.
+        lane_streams: on CUDA, ``"single"`` captures every model with one stream on every lane instead
+            of each bucket's compile-time choice (``"compiled"``, default); an experiment
+            (:class:`~gpuloom.runtime.device.CudaDeviceLayer`). Not measured yet.
         complete_on: ``"watcher"`` (default) or ``"loop"``: who learns that a batch is done
             (:attr:`ExecBackend.COMPLETE_ON`). ``"loop"``: the GPU wakes the runtime's thread itself
             (a host function posting its semaphore; raw launches only), which books the batch, where
@@ -361,6 +364,7 @@ class InferenceService:
         early_answer: bool = False,
         raw_launch: bool = True,
         workqueues: str = "shared",
+        lane_streams: str = "compiled",
         complete_on: str = "watcher",
         expiry_grace_s: float = 5.0,
     ) -> None:
@@ -374,6 +378,9 @@ class InferenceService:
         if workqueues not in Partitioner.WORKQUEUES:
             raise ValueError(f"workqueues: expected one of {Partitioner.WORKQUEUES}, got {workqueues!r}")
         self.workqueues = workqueues
+        if lane_streams not in LANE_STREAMS:
+            raise ValueError(f"lane_streams: expected one of {LANE_STREAMS}, got {lane_streams!r}")
+        self.lane_streams = lane_streams
         self.complete_on = check_complete_on(complete_on)
         if not expiry_grace_s > 0:
             raise ValueError(f"expiry_grace_s must be > 0 s, got {expiry_grace_s!r}")
@@ -416,7 +423,8 @@ class InferenceService:
     @property
     def device(self) -> DeviceLayer:
         if self._layer is None:
-            self._layer = make_device_layer(self._device_arg, raw_launch=self.raw_launch, workqueues=self.workqueues)
+            self._layer = make_device_layer(self._device_arg, raw_launch=self.raw_launch, workqueues=self.workqueues,
+                                            lane_streams=self.lane_streams)
             if self.profiles is None and self._layer.kind == "cuda":
                 try:
                     self.profiles = ProfileStore.builtin("h200")
