@@ -3,10 +3,10 @@
 For each measured point of a ``gpuloom bench`` report, the simulator runs the same workload and load
 with the hold the point measured (each batch's time on its partition beyond its device time,
 averaged over the partitions: ``layouts[].gap_ms``) as ``ContentionModel.batch_overhead_ms``, and
-with the device slowdown the point measured (device time over profile, ``profile_check``) as
-``interference`` spread over the other running partitions. If the simulated attainment matches the
-measured one, the mean hold and slowdown explain the loss; if the simulator stays higher, something
-the mean hides does (a tail, a burst).
+with the device slowdown the point measured (device time over profile, ``profile_check``) applied to
+every profiled latency. If the simulated attainment matches the measured one, the mean hold and
+slowdown explain the loss; if the simulator stays higher, something the mean hides does (a tail, a
+burst).
 
     python scripts/sim_measured_hold.py docs/results/runtime/bench_mix6_h200_run25_high_load.json \\
         --policy dstack:min_sms=16 --out docs/results/runtime/sim_measured_hold_session10.json
@@ -41,6 +41,11 @@ def measured(point: dict) -> tuple[float, float, int]:
     return hold, slow, sum(1 for q in point["layouts"] if not q["shared"])
 
 
+def slowed(profile, factor: float):
+    """``profile`` with every latency ``factor`` times longer (the device as slow as measured)."""
+    return dataclasses.replace(profile, latency_ms=tuple(tuple(v * factor for v in row) for row in profile.latency_ms))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("bench", help="a gpuloom bench JSON measured on the GPU")
@@ -59,14 +64,13 @@ def main() -> int:
     for p in d["policies"][a.policy]["points"]:
         hold, slow, parts = measured(p)
         w = dataclasses.replace(wl.scaled(p["scale"]), duration_s=float(d["meta"]["duration_s"]))
-        interference = (slow - 1.0) / max(1, parts - 1) if slow > 1.0 else 0.0  # all partitions busy: 1 + i (n - 1)
+        slower = {m: slowed(pr, slow) for m, pr in profs.items()}
         row = {"scale": p["scale"], "measured_attainment": round(p["slo_attainment"], 4),
-               "hold_ms": round(hold, 3), "device_over_profile": round(slow, 3), "interference": round(interference, 4)}
-        for label, cm in (("plain", ContentionModel(demand_fraction=a.demand_fraction)),
-                          ("hold", ContentionModel(demand_fraction=a.demand_fraction, batch_overhead_ms=hold)),
-                          ("hold_and_slowdown", ContentionModel(demand_fraction=a.demand_fraction, batch_overhead_ms=hold,
-                                                                interference=interference))):
-            row[f"simulated_{label}"] = round(simulate(w, profs, name, contention=cm, options=options).metrics.slo_attainment, 4)
+               "hold_ms": round(hold, 3), "device_over_profile": round(slow, 3)}
+        plain, held = (ContentionModel(demand_fraction=a.demand_fraction),
+                       ContentionModel(demand_fraction=a.demand_fraction, batch_overhead_ms=hold))
+        for label, cm, pr in (("plain", plain, profs), ("hold", held, profs), ("hold_and_slowdown", held, slower)):
+            row[f"simulated_{label}"] = round(simulate(w, pr, name, contention=cm, options=options).metrics.slo_attainment, 4)
         rows.append(row)
         print(f"{a.policy} x{p['scale']:g}: measured {row['measured_attainment']:.3f} | hold {hold:.2f} ms/batch, device "
               f"{slow:.2f}x profile | simulated: plain {row['simulated_plain']:.3f}, with the hold "

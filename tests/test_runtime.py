@@ -102,6 +102,19 @@ def test_shared_batches_slow_down_in_proportion_to_their_knees():
     assert rec.busy_sm_ms == pytest.approx(16 * 2.0)
 
 
+def test_a_batch_overhead_holds_the_lane_after_the_gpu_work_but_frees_its_sms():
+    # batch_overhead_ms: the lane's turnaround after its GPU work (launch, completion's way back). The
+    # two shared batches demand all 16 SMs: they share them while both compute (each at half speed),
+    # then each holds its lane 1 ms more without SMs. Had the overhead held the SMs, both would share
+    # 2 ms of work each at half speed and finish at 4.0
+    reqs = [Request(0, "toy", 0.0, 10.0), Request(1, "toy", 0.0, 10.0), Request(2, "toy", 0.5, 10.5)]
+    rec = toy_run(_TwoLanes(), reqs, until_ms=1.0, contention=ContentionModel(batch_overhead_ms=1.0))
+    a, b, c = rec.results
+    assert a.finish_ms == pytest.approx(3.0) and b.finish_ms == pytest.approx(3.0)  # 2 ms shared + 1 ms held
+    assert c.finish_ms == pytest.approx(5.0)  # waited for a lane until 3.0, then 1 ms alone + 1 ms held
+    assert rec.busy_sm_ms == pytest.approx(16 * 2.0 + 16 * 1.0)  # the held milliseconds use no SMs
+
+
 class _TwoPartitions(_TwoLanes):
     """Test policy: two exclusive 8-SM partitions, every request alone on the first free one."""
 

@@ -26,8 +26,9 @@ against the GPU, issue 5). Its parameters live in :class:`ContentionModel`.
 * **Batch overhead** (``batch_overhead_ms``): every batch holds its lane this much longer than its
   GPU time: the host's launch and the completion's way back to the scheduler, during which the lane
   takes no new batch. Measured on the H200 from ``busy_ms - device_ms`` per batch (0.4-0.9 ms with the
-  Python runtime; ``docs/reports/runtime.md``). Simplification: the overhead is modelled as part of
-  the batch (it counts in the batch's demand on shared lanes and in its utilization).
+  Python runtime, up to 3.3 ms near collapse; ``docs/reports/runtime.md``). It follows the batch's GPU
+  work and holds only the lane: the batch's SMs are free for other lanes then (a shared lane's
+  turnaround is another lane's GPU time, as on the H200) and it counts in no utilization.
 * **Host launch** (``host_launch_ms``): one host thread launches every batch, one after another
   (the Python runtime's loop thread). A batch waits for the launcher to be free, then occupies it
   this long; its lane is busy from the decision on, so queueing on the launcher delays it. Unlike
@@ -119,7 +120,7 @@ class ContentionModel:
 class _Run:
     """A batch in flight (mutable bookkeeping, private to the simulator)."""
 
-    __slots__ = ("decision", "part", "start", "base", "demand", "useful", "remaining", "rate", "version", "seq")
+    __slots__ = ("decision", "part", "start", "base", "demand", "useful", "remaining", "rate", "version", "seq", "tail")
 
     def __init__(self, decision: Decision, part: Partition, start: float, base: float, demand: float, useful: float):
         self.decision = decision
@@ -132,6 +133,7 @@ class _Run:
         self.rate = 0.0  # fraction per ms
         self.version = 0
         self.seq = 0  # submission order, breaks priority ties
+        self.tail = 0.0  # ms the lane stays held after the GPU work (batch_overhead_ms), SMs free
 
 
 class SimBackend(Backend):
@@ -160,6 +162,8 @@ class SimBackend(Backend):
         self._layout: Layout | None = None
         self._running: dict[int, _Run] = {}  # partition index -> run (one batch per partition)
         self._orphans: list[_Run] = []  # batches of a previous layout still draining
+        self._held: dict[int, _Run] = {}  # partition index -> run whose GPU work is done, lane still held
+        self._held_orphans: list[_Run] = []  # the same, of a previous layout
         self._t_last = 0.0
         self._busy_now = 0.0  # SMs in use since _t_last
         self._busy = 0.0  # integrated SM-ms
@@ -178,6 +182,8 @@ class SimBackend(Backend):
             raise ValueError(f"layout made for {layout.gpu_sms} SMs, the simulated GPU has {self.gpu_sms}")
         self._orphans.extend(self._running.values())
         self._running = {}
+        self._held_orphans.extend(self._held.values())
+        self._held = {}
         self._layout = layout
         return self.loop.now + self.contention.switch_ms
 
@@ -187,7 +193,8 @@ class SimBackend(Backend):
     def submit(self, decision: Decision, requests: Sequence[Request]) -> None:
         assert self._layout is not None, "submit before configure"
         part = self._layout.partitions[decision.partition]
-        assert decision.partition not in self._running, f"partition {decision.partition} is busy"
+        assert decision.partition not in self._running and decision.partition not in self._held, \
+            f"partition {decision.partition} is busy"
         b = decision.batch
         knee = self.knee(decision.model, b)
         if part.shared:
@@ -203,7 +210,6 @@ class SimBackend(Backend):
             base = self.latency(decision.model, b, part.sms)
             demand = 0.0
             useful = float(min(part.sms, knee))
-        base += self.contention.batch_overhead_ms  # the lane is busy, the GPU is not (useful SMs as measured)
         h = self.contention.host_launch_ms
         h_req = self.contention.host_request_ms * len(requests)
         if h > 0.0 or h_req > 0.0:  # FIFO on the one host thread: wait for its backlog, then launch
@@ -212,6 +218,7 @@ class SimBackend(Backend):
             base += start - self.loop.now + h  # ... but holds the lane only through what it delays
         self._settle()
         run = _Run(decision, part, self.loop.now, base, demand, useful)
+        run.tail = self.contention.batch_overhead_ms  # the lane is busy after the GPU work, the GPU is not
         self._seq += 1
         run.seq = self._seq
         self._running[decision.partition] = run
@@ -315,11 +322,13 @@ class SimBackend(Backend):
         return self.latency(r.decision.model, r.decision.batch, lo) * lo / sms
 
     def _finish(self, run: _Run, version: int) -> None:
+        """The batch's GPU work is done: its SMs are free; the lane is released now, or after its tail."""
         if version != run.version:
             return  # superseded by a re-rate
         self._settle()
         run.remaining = 0.0
-        if self._running.get(run.decision.partition) is run:
+        current = self._running.get(run.decision.partition) is run
+        if current:
             del self._running[run.decision.partition]
         else:
             self._orphans.remove(run)
@@ -328,9 +337,27 @@ class SimBackend(Backend):
         else:
             self._dependent -= 1
             self._rerate()
+        if run.tail > 0.0:
+            if current:
+                self._held[run.decision.partition] = run
+            else:
+                self._held_orphans.append(run)
+            self.loop.schedule(self.loop.now + run.tail, COMPLETION, self._release, run)
+            return
+        self._complete(run)
+
+    def _release(self, run: _Run) -> None:
+        """The batch's tail is over: the lane takes work again."""
+        if self._held.get(run.decision.partition) is run:
+            del self._held[run.decision.partition]
+        else:
+            self._held_orphans.remove(run)
+        self._complete(run)
+
+    def _complete(self, run: _Run) -> None:
         assert self._on_completion is not None
         self._on_completion(Completion(run.decision, run.start, self.loop.now))
 
     def running(self) -> int:
         """Batches in flight (including those of a replaced layout)."""
-        return len(self._running) + len(self._orphans)
+        return len(self._running) + len(self._orphans) + len(self._held) + len(self._held_orphans)
