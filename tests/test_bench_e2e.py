@@ -311,3 +311,18 @@ def test_workqueues_is_a_service_key_of_a_variant_and_the_report_records_the_pro
     rc, rep = run_bench(tmp_path, "--policy", "triton:workqueues=balanced")
     assert rc == 0 and not rep["policies"]["triton:workqueues=balanced"]["error"]
     assert rep["meta"]["cuda_device_max_connections"] == "32" and rep["meta"]["dstack_min_sms_default"] == 16
+
+
+def test_a_point_says_where_its_batches_wake_up_went_when_the_device_split_it(tmp_path, monkeypatch, capsys):
+    from gpuloom.bench import e2e
+
+    real = e2e.host_split
+
+    def split(before, after, wall_ms):  # as the CUDA layer's clock anchors give it
+        return {**real(before, after, wall_ms), "wake_split_ms_per_batch": {"start": 0.5, "back": 0.25}}
+
+    monkeypatch.setattr(e2e, "host_split", split)
+    rc, rep = run_bench(tmp_path, "--policy", "triton")
+    assert rc == 0 and rep["policies"]["triton"]["points"][0]["host"]["wake_split_ms_per_batch"]["start"] == 0.5
+    said = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
+    assert "wake-up per batch: GPU start 0.50 ms, way back 0.25 ms" in said

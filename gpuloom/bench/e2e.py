@@ -576,6 +576,10 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
                     p = dataclasses.replace(p, sim={"error": f"{type(e).__name__}: {e}"})
             say(f"{name}: x{s:.3g} offered {p.offered_rps:.0f}/s goodput {p.goodput_rps:.0f}/s "
                 f"attainment {p.slo_attainment:.3f} p99 {p.p99_ms:.1f} ms")
+            split = (p.host or {}).get("wake_split_ms_per_batch")
+            if split:  # CUDA: where a batch's wake-up went (a queue on the GPU side, or the host's GIL)
+                say(f"{name}: x{s:.3g} wake-up per batch: GPU start {split['start']:.2f} ms, way back "
+                    f"{split['back']:.2f} ms")
             if not p.offered_as_scheduled:
                 late = p.arrivals["late_ms"]
                 say(f"{name}: x{s:.3g}: the load generator fell behind (submitted p50 {late['p50']:.1f} / p99 "
