@@ -31,6 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from gpuloom.bench.e2e import save_json  # noqa: E402
+
 CONFIGS = [  # (name, extra environment, workqueues)
     ("default", {}, "shared"),
     ("connections32", {"CUDA_DEVICE_MAX_CONNECTIONS": "32"}, "shared"),
@@ -116,7 +118,8 @@ def child(sizes: list[int], workqueues: str, branches: list[int], kernels: int, 
             out["runs"].append({"branches": b, "partitions": rows,
                                 "mean_ratio": round(statistics.mean(r["ratio"] for r in rows), 3),
                                 "max_ratio": round(max(r["ratio"] for r in rows), 3)})
-            del graphs, keep
+            graphs.clear()  # destroyed before their partitions close
+            keep.clear()
             torch.cuda.synchronize()
     return out
 
@@ -171,9 +174,8 @@ def main() -> int:
             print(f"{name}: {res['error']}")
         elif res.get("workqueue_error"):
             print(f"{name}: balanced workqueues refused: {res['workqueue_error']}")
-        if a.out:
-            Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(a.out).write_text(json.dumps(report, indent=1))
+        if a.out:  # after every configuration, whole or not at all
+            save_json(a.out, report)
     return 0
 
 

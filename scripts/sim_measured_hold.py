@@ -22,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from gpuloom.bench.e2e import save_json  # noqa: E402
 from gpuloom.bench.experiment import simulate  # noqa: E402
 from gpuloom.bench.workload import workload_from_dict  # noqa: E402
 from gpuloom.commands.bench import parse_policy_spec  # noqa: E402
@@ -76,8 +77,8 @@ def main() -> int:
               f"{slow:.2f}x profile | simulated: plain {row['simulated_plain']:.3f}, with the hold "
               f"{row['simulated_hold']:.3f}, with the hold and the slowdown {row['simulated_hold_and_slowdown']:.3f}")
     if a.out:
-        Path(a.out).write_text(json.dumps({"method": __doc__.split("\n\n")[1].replace("\n", " "), "bench": a.bench,
-                                           "policy": a.policy, "points": rows}, indent=1) + "\n")
+        save_json(a.out, {"method": __doc__.split("\n\n")[1].replace("\n", " "), "bench": a.bench,
+                          "policy": a.policy, "points": rows})
         print("wrote", a.out)
     return 0
 

@@ -44,6 +44,17 @@ from .device import DeviceFacts
 from .errors import NoGpuError, PartitionError
 
 # A plan made for an H200 validates the same on CPU: no-op partitions check against these.
+#: Partitioner(workqueues=...): the device's hardware workqueues, or each partition its own share
+WORKQUEUES = ("shared", "balanced")
+
+
+def check_workqueues(workqueues: str) -> str:
+    """``workqueues`` unchanged, or ValueError unless it is one of :data:`WORKQUEUES`."""
+    if workqueues not in WORKQUEUES:
+        raise ValueError(f"workqueues: expected one of {WORKQUEUES}, got {workqueues!r}")
+    return workqueues
+
+
 NOMINAL_SM_COUNT = 132
 NOMINAL_GRANULARITY = 8
 
@@ -244,16 +255,13 @@ class Partitioner:
     MODES = ("auto", "green", "none")
     REMAINDER_SPLITS = ("cosched", "independent")
     ORDERS = ("given", "ascending")
-    WORKQUEUES = ("shared", "balanced")
 
     def __init__(self, sizes: Sequence[int], *, mode: str = "auto", device: int = 0,
                  sm_count: int | None = None, granularity: int | None = None,
                  remainder_split: str = "cosched", order: str = "given", workqueues: str = "shared") -> None:
         if mode not in self.MODES:
             raise ValueError(f"Partitioner mode: expected one of {self.MODES}, got {mode!r}")
-        if workqueues not in self.WORKQUEUES:
-            raise ValueError(f"Partitioner workqueues: expected one of {self.WORKQUEUES}, got {workqueues!r}")
-        self.workqueues = workqueues  # what the partitions got: "shared" (or "mixed") where "balanced" was refused
+        self.workqueues = check_workqueues(workqueues)  # what the partitions got: "shared" (or "mixed") where "balanced" was refused
         self.workqueue_error = ""
         self._wq = None  # the workqueue configuration partitions are created with (None: the default)
         self._balanced = 0  # partitions created with it

@@ -576,6 +576,13 @@ ANCHOR_S = 60.0
 LANE_STREAMS = ("compiled", "single")
 
 
+def check_lane_streams(lane_streams: str) -> str:
+    """``lane_streams`` unchanged, or ValueError unless it is one of :data:`LANE_STREAMS`."""
+    if lane_streams not in LANE_STREAMS:
+        raise ValueError(f"lane_streams: expected one of {LANE_STREAMS}, got {lane_streams!r}")
+    return lane_streams
+
+
 @dataclass
 class _CudaLane:
     part: Partition
@@ -674,15 +681,10 @@ class CudaDeviceLayer(DeviceLayer):
     def __init__(self, device: int = 0, *, memory_limit_bytes: float | None = None, memory_fraction: float = 0.6,
                  warmup: int = 1, blocking_sync: bool = True, cache_layouts: int = 4, capture: str = "all",
                  raw_launch: bool = True, workqueues: str = "shared", lane_streams: str = "compiled") -> None:
-        from ..gpu.partition import Partitioner
+        from ..gpu.partition import check_workqueues
 
-        if lane_streams not in LANE_STREAMS:
-            raise ValueError(f"lane_streams: expected one of {LANE_STREAMS}, got {lane_streams!r}")
-        self.lane_streams = lane_streams
-
-        if workqueues not in Partitioner.WORKQUEUES:
-            raise ValueError(f"workqueues: expected one of {Partitioner.WORKQUEUES}, got {workqueues!r}")
-        self.workqueues = workqueues
+        self.lane_streams = check_lane_streams(lane_streams)
+        self.workqueues = check_workqueues(workqueues)
         self.workqueues_used = ""  # what the last carving got ("" before any)
         self.workqueue_error = ""
         if capture not in ("owner", "all"):

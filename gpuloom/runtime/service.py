@@ -45,14 +45,14 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..gpu.partition import Partitioner
+from ..gpu.partition import check_workqueues
 from ..policy import make_policy
 from ..policy.base import ModelInfo, PolicyContext
 from ..policy.types import Layout, Result, Status
 from ..profile.store import GpuInfo, Profile, ProfileStore
 from .core import Runtime
 from .events import ARRIVAL
-from .device import LANE_STREAMS, DeviceLayer, FakeModel, PinnedRow, make_device_layer
+from .device import DeviceLayer, FakeModel, PinnedRow, check_lane_streams, make_device_layer
 from .exec_backend import ExecBackend, ExecOutput, check_complete_on, check_launch_on, check_lookahead
 from .gcpause import GcMonitor, RareFullCollections, freeze_loaded, thaw
 from .gilswitch import DEFAULT_MS as DEFAULT_SWITCH_INTERVAL_MS
@@ -375,12 +375,8 @@ class InferenceService:
         self.launch_on = launch_on if launch_on == "auto" else check_launch_on(launch_on)
         self.early_answer = bool(early_answer)
         self.raw_launch = bool(raw_launch)
-        if workqueues not in Partitioner.WORKQUEUES:
-            raise ValueError(f"workqueues: expected one of {Partitioner.WORKQUEUES}, got {workqueues!r}")
-        self.workqueues = workqueues
-        if lane_streams not in LANE_STREAMS:
-            raise ValueError(f"lane_streams: expected one of {LANE_STREAMS}, got {lane_streams!r}")
-        self.lane_streams = lane_streams
+        self.workqueues = check_workqueues(workqueues)  # here, not when the device layer is made
+        self.lane_streams = check_lane_streams(lane_streams)
         self.complete_on = check_complete_on(complete_on)
         if not expiry_grace_s > 0:
             raise ValueError(f"expiry_grace_s must be > 0 s, got {expiry_grace_s!r}")
