@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .gpu.connections import prefer_all_connections
+
+    prefer_all_connections()  # before any command starts CUDA: all 32 hardware workqueues (gpu/connections.py)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:  # the main job on its embedded defaults

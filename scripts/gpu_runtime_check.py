@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from gpuloom.gpu.connections import prefer_all_connections  # noqa: E402
 from gpuloom.gpu.timing import replay_alone_and_together  # noqa: E402
 
 R: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -356,6 +357,7 @@ def main() -> int:
     ap.add_argument("--cpu-dry-run", action="store_true",
                     help="tiny models on the CPU at 2%% of the rates: checks the script, measures nothing")
     a = ap.parse_args()
+    prefer_all_connections()  # as gpuloom serve and bench do, before CUDA starts
     OUT = Path(a.out)
     OUT.mkdir(parents=True, exist_ok=True)
     if a.cpu_dry_run:

@@ -379,6 +379,9 @@ def print_table(rep: dict, pt: dict) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpuloom.gpu.connections import connections_in_effect, prefer_all_connections
+
+    prefer_all_connections()  # as gpuloom serve does, before CUDA starts
     import torch
 
     from gpuloom.bench.e2e import (build_models, hist_delta, resolve_device_and_profiles, run_point, save_json,
@@ -439,7 +442,7 @@ def run(args: argparse.Namespace) -> int:
                 "build_s": round(t_built - t_start, 1), "seconds": round(time.monotonic() - t_start, 1),
                 "cpus": os.cpu_count(), "service_cpus": args.cpus, "inprocess_arrivals": args.inprocess_arrivals,
                 "inprocess_inputs": "copied" if args.inprocess_copies else "pinned",
-                "cuda_device_max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")}
+                **connections_in_effect().as_meta()}
         if device.startswith("cuda"):
             meta["gpu"] = torch.cuda.get_device_name(0)
         ok = bool(points) and not error and all(p["books"]["all_answered"] and p["books"]["server_balanced"]

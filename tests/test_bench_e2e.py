@@ -310,7 +310,8 @@ def test_workqueues_is_a_service_key_of_a_variant_and_the_report_records_the_pro
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32")
     rc, rep = run_bench(tmp_path, "--policy", "triton:workqueues=balanced")
     assert rc == 0 and not rep["policies"]["triton:workqueues=balanced"]["error"]
-    assert rep["meta"]["cuda_device_max_connections"] == "32" and rep["meta"]["dstack_min_sms_default"] == 16
+    assert rep["meta"]["cuda_device_max_connections"] == 32 and rep["meta"]["dstack_min_sms_default"] == 16
+    assert rep["meta"]["cuda_device_max_connections_source"] == "user"
 
 
 def test_a_point_says_where_its_batches_wake_up_went_when_the_device_split_it(tmp_path, monkeypatch, capsys):

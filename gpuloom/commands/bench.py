@@ -68,7 +68,6 @@ def parse_policy_spec(spec: str) -> tuple[str, dict, dict]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
     import sys
     import time
     from pathlib import Path
@@ -76,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from gpuloom.gpu.connections import connections_in_effect
     from gpuloom.policy.dstack import DEFAULT_MIN_SMS
     from gpuloom.bench.e2e import (bench_policy, build_models, check_arrivals, resolve_device_and_profiles,
                                    save_json, to_json)
@@ -134,8 +134,8 @@ def run(args: argparse.Namespace) -> int:
                 "duration_s": args.duration, "seconds": round(time.monotonic() - t0, 1), "argv": sys.argv[1:],
                 # what plain "dstack" meant in this run (reports before the key planned down to 8 SMs: 0)
                 "dstack_min_sms_default": DEFAULT_MIN_SMS,
-                # hardware queues the driver opens for the process (unset: its default, 8)
-                "cuda_device_max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")}
+                # hardware queues the driver opens for the process (8 by default; gpuloom asks for 32)
+                **connections_in_effect().as_meta()}
         if device.startswith("cuda"):
             meta["gpu"] = torch.cuda.get_device_name(0)
         rep = to_json(workload, results, device=device, target=args.target, meta=meta)
@@ -194,6 +194,9 @@ def run(args: argparse.Namespace) -> int:
 if __name__ == "__main__":  # ``python -m gpuloom.commands.bench ...`` (until the CLI lists the command)
     import sys
 
+    from gpuloom.gpu.connections import prefer_all_connections
+
+    prefer_all_connections()  # as the command line does, before CUDA starts
     _p = argparse.ArgumentParser(prog="gpuloom bench", description=HELP)
     add_arguments(_p)
     sys.exit(run(_p.parse_args()))

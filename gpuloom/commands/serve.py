@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "for comparison or if a driver call misbehaves)")
     p.add_argument("--workqueues", choices=("shared", "balanced"), default="shared",
                    help="hardware workqueues of the SM partitions: shared (default: the device's, which "
-                        "CUDA_DEVICE_MAX_CONNECTIONS sizes) or balanced (each partition its own, where the driver "
+                        "CUDA_DEVICE_MAX_CONNECTIONS sizes; gpuloom sets it to 32, the most, when unset) or balanced (each partition its own, where the driver "
                         "can: CUDA 13.1+; experimental)")
     p.add_argument("--complete-on", choices=("watcher", "loop"), default="watcher",
                    help="who learns that a GPU batch is done: watcher (default: a thread per partition sleeps on "

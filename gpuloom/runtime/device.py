@@ -708,6 +708,12 @@ class CudaDeviceLayer(DeviceLayer):
         self.inplace_batches = 0  # batches launched from their requests' own page-locked memory (PinnedRow)
         self._copy_lock = threading.Lock()
         self.torch_launch_plans = 0  # (lane, model, bucket)s launched through torch although raw_launch is on
+        from ..gpu.connections import prefer_all_connections
+
+        # before torch starts CUDA here (if nothing has yet): partitions must not share 8 hardware queues
+        self.connections = prefer_all_connections()
+        if self.connections.warning:
+            log.warning("%s", self.connections.warning)
         import torch
 
         from ..gpu import device_facts
