@@ -40,6 +40,7 @@ import torch.nn as nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import gpuloom  # noqa: E402
 from gpuloom.engine.critical import lower_bound_ms  # noqa: E402
+from gpuloom.gpu.connections import prefer_all_connections  # noqa: E402
 from gpuloom.gpu.timing import median_ms_interleaved  # noqa: E402
 
 BRANCHY = ("inception_v3", "googlenet", "nasnetalarge", "efficientnet_b0")
@@ -267,9 +268,13 @@ def main() -> int:
     args.torch_compile_batches = {int(b) for b in args.torch_compile_batches.split(",") if b.strip()}
     if not 1 <= args.rounds <= args.iters:
         p.error(f"--rounds must be between 1 and --iters={args.iters}, got {args.rounds}")
+    # as gpuloom's command line does, before CUDA starts (children inherit it): multi-stream graphs get
+    # all 32 hardware workqueues unless CUDA_DEVICE_MAX_CONNECTIONS says otherwise (gpuloom/gpu/connections.py)
+    connections = prefer_all_connections()
     torch.backends.cudnn.benchmark = True
     out = {
         "benchmark": "engine",
+        **connections.as_meta(),
         "gpu": torch.cuda.get_device_name(),
         "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
         "torch": torch.__version__,
