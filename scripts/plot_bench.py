@@ -3,7 +3,9 @@
     python scripts/plot_bench.py docs/results/runtime/bench_mix6_h200_*.json --out docs/results/runtime/mix6_h200.png
 
 Points of one policy from several files are drawn together (labelled by file when a policy appears
-in more than one), so runs made in different device calls stay distinguishable.
+in more than one), so runs made in different device calls stay distinguishable. ``--merge`` draws one
+line per policy instead, through the points of every file (a sweep spread over several device
+calls); files made with different ``CUDA_DEVICE_MAX_CONNECTIONS`` stay apart, labelled by it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ def main() -> int:
     ap.add_argument("bench", nargs="+")
     ap.add_argument("--out", required=True)
     ap.add_argument("--target", type=float, default=0.99)
+    ap.add_argument("--merge", action="store_true", help="one line per policy through the points of every file")
+    ap.add_argument("--title", default="", help="a title over both panels")
     a = ap.parse_args()
     import matplotlib
 
@@ -25,18 +29,26 @@ def main() -> int:
     import matplotlib.pyplot as plt
 
     series: dict[str, list] = {}
-    for path in a.bench:
-        d = json.loads(Path(path).read_text())
+    files = [(path, json.loads(Path(path).read_text())) for path in a.bench]
+    queues = {path: int((d.get("meta") or {}).get("cuda_device_max_connections") or 8) for path, d in files}
+    for path, d in files:
         for pol, res in d["policies"].items():
             pts = sorted(res["points"], key=lambda p: p["offered_rps"])
-            if pts:
+            if not pts:
+                continue
+            if not a.merge:
                 series.setdefault(pol, []).append((Path(path).stem, pts))
+                continue
+            key = pol if len(set(queues.values())) == 1 else f"{pol}, {queues[path]} hw queues"
+            runs = series.setdefault(key, [(key, [])])
+            runs[0] = (key, sorted(runs[0][1] + pts, key=lambda p: p["offered_rps"]))
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for pol, runs in sorted(series.items()):
         for stem, pts in runs:
             label = pol if len(runs) == 1 else f"{pol} ({stem})"
             x = [p["offered_rps"] for p in pts]
-            style = dict(marker="o", lw=2.5 if pol == "dstack" else 1.2)
+            style = dict(marker="o", lw=2.5 if pol.split(",")[0] == "dstack" else 1.2,
+                         ls=":" if "8 hw queues" in pol else "-")
             ax1.plot(x, [p["slo_attainment"] for p in pts], label=label, **style)
             ax2.plot(x, [p["goodput_rps"] for p in pts], label=label, **style)
     ax1.axhline(a.target, color="grey", ls="--", lw=0.8)
@@ -46,6 +58,8 @@ def main() -> int:
     ax2.set(xlabel="offered load (requests/s)", ylabel="goodput (requests/s within SLO)", title="goodput vs load")
     ax1.legend(fontsize=7)
     ax2.legend(fontsize=7)
+    if a.title:
+        fig.suptitle(a.title, fontsize=10)
     fig.tight_layout()
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(a.out, dpi=110)
