@@ -20,7 +20,8 @@ Facts this relies on (measured on an H200, driver 580, see ``docs/architecture.m
 * Workqueues (the hardware queues work is submitted through; ``CUDA_DEVICE_MAX_CONNECTIONS``, 8 by
   default) are shared by every context unless a green context is created with a workqueue
   configuration of scope "balanced" (CUDA 13.1+ drivers): the driver's documentation warns that
-  green contexts with disjoint SMs may still wait on each other through them. Not measured here yet.
+  green contexts with disjoint SMs may still wait on each other through them. Measured: yes, with 8
+  (gpu/connections.py asks for 32); "balanced" is refused by driver 580 (CUDA_ERROR_INVALID_RESOURCE_TYPE).
 """
 
 from __future__ import annotations

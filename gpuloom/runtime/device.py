@@ -661,7 +661,8 @@ class CudaDeviceLayer(DeviceLayer):
     ``lane_streams="single"`` captures every model with one stream on every lane, where by default
     (``"compiled"``) each bucket keeps the choice ``gpuloom.compile`` timed on the whole GPU (up to six
     streams for inception_v3). An experiment: on the H200 inception_v3's six-stream batch-1 graph ran
-    2-6x its profile beside busy partitions (docs/reports/runtime.md, tenth session).
+    2-6x its profile beside busy partitions with the driver's 8 hardware queues, and at its profile
+    with the 32 gpuloom now asks for (docs/reports/runtime.md, eleventh session).
 
     ``workqueues="balanced"`` creates each exclusive partition with hardware workqueues of its own
     where the driver can (:class:`~gpuloom.gpu.Partitioner`); :attr:`workqueues_used` says what the
