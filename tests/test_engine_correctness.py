@@ -66,3 +66,32 @@ def test_branchy_models_get_several_streams():
     # an inception block has 4 parallel branches
     assert cm.plan.num_streams >= 4
     assert cm.plan.num_syncs >= 1
+
+
+def test_the_forward_candidate_of_auto_is_the_users_own_forward(compiled):
+    """streams="auto" also times a plain graph of the model's forward (ForwardExecutor): it must be
+    exactly the eager model, on one stream."""
+    name, model, shapes, dtype, cm = compiled
+    fwd = cm._executors["forward"]
+    assert fwd.plan.num_streams == 1 and fwd.module is model
+    xs = _inputs(shapes, 3, dtype)
+    with torch.no_grad():
+        _assert_same(fwd.run(xs), model(*xs))
+
+
+def test_the_forward_is_left_out_where_the_model_is_not_on_the_compile_device():
+    from gpuloom.engine.compiled import _all_on
+
+    lin = torch.nn.Linear(4, 2).eval()
+    assert _all_on(lin, torch.device("cpu")) and not _all_on(lin, torch.device("cuda", 0))
+
+
+def test_lanes_and_the_profiler_capture_each_bucket_as_compile_kept_it():
+    import types
+
+    from gpuloom.engine.compiled import capture_groups
+
+    cm = types.SimpleNamespace(buckets=(1, 2, 4, 8), stream_choice={1: "forward", 2: "multi", 4: "single"})
+    assert capture_groups(cm) == {"forward": [1], "max": [2, 8], 1: [4]}  # no choice (8): Nimble's streams
+    assert capture_groups(cm, single=True) == {"forward": [1], 1: [2, 4, 8]}
+    assert capture_groups(types.SimpleNamespace(buckets=(1, 2), stream_choice={})) == {"max": [1, 2]}

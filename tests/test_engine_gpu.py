@@ -33,8 +33,12 @@ def test_graphs_equal_eager_on_gpu(name):
     mk = lambda b: tuple(torch.randn(b, *s, device="cuda", dtype=dtype) for s in shapes)
     cm = gpuloom.compile(model, mk(1), max_batch=8, streams="auto")
     assert cm.memory_bytes > 0
-    graphsets = {"single": cm.capture(streams=1), "multi": cm.capture(streams="max")}
+    graphsets = {"single": cm.capture(streams=1), "multi": cm.capture(streams="max"),
+                 "forward": cm.capture(streams="forward")}
     assert all(e.kind == "multi" for e in graphsets["multi"].buckets.values()) or cm.plan.num_streams == 1
+    assert all(e.kind == "forward" and e.num_streams == 1 for e in graphsets["forward"].buckets.values())
+    # "auto" timed the DAG on one stream, on the plan's streams (where it has several) and the forward
+    assert set(cm.stream_choice.values()) <= {"single", "multi", "forward"} and not cm._graphs.skipped
     for batch in (1, 3, 8):
         xs = mk(batch)
         with torch.no_grad():

@@ -264,12 +264,13 @@ def test_lanes_capture_each_bucket_with_its_compiled_stream_choice_or_one_stream
 
     from gpuloom.runtime.device import CudaDeviceLayer
 
-    cm = types.SimpleNamespace(buckets=(1, 2, 4, 8), stream_choice={1: "multi", 2: "multi", 4: "single", 8: "single"})
+    cm = types.SimpleNamespace(buckets=(1, 2, 4, 8, 16),
+                               stream_choice={1: "multi", 2: "multi", 4: "single", 8: "single", 16: "forward"})
     layer = object.__new__(CudaDeviceLayer)
     layer.lane_streams = "compiled"
-    assert layer._stream_groups(cm) == {"max": [1, 2], 1: [4, 8]}
-    layer.lane_streams = "single"
-    assert layer._stream_groups(cm) == {1: [1, 2, 4, 8]}
+    assert layer._stream_groups(cm) == {"max": [1, 2], 1: [4, 8], "forward": [16]}
+    layer.lane_streams = "single"  # no multi-stream graph; the forward is one stream already
+    assert layer._stream_groups(cm) == {1: [1, 2, 4, 8], "forward": [16]}
 
 
 def test_a_layout_whose_capture_fails_is_carved_another_way():

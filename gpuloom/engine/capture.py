@@ -11,7 +11,7 @@ graph memory pool; the GraphSet keeps all of them (and the streams) referenced.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
@@ -61,7 +61,7 @@ class CapturedBucket:
     graph: torch.cuda.CUDAGraph
     inputs: list[torch.Tensor]
     outputs: Any
-    kind: str  # "single" or "multi"
+    kind: str  # "single", "multi" (the DAG on one stream or on its plan's) or "forward" (the model's own)
     num_streams: int
     latency_ms: float | None = None  # measured at compile time when streams="auto"
 
@@ -74,6 +74,7 @@ class GraphSet:
     streams: list[torch.cuda.Stream]
     pool: Any
     memory_bytes: int  # graph pool + static buffers, bytes
+    skipped: dict[int, str] = field(default_factory=dict)  # bucket -> why "auto" left its forward out
 
     @property
     def stream(self) -> torch.cuda.Stream:
@@ -167,10 +168,12 @@ def capture_graphs(
 ) -> GraphSet:
     """Capture one graph per bucket.
 
-    ``executors`` maps "single" / "multi" to executors; ``choice`` is "single", "multi" or "auto"
-    (capture both, time both, keep the faster per bucket). Streams come from ``stream_factory``
-    (default: new torch streams on the current device), the first one being the capture stream.
-    Buckets are captured largest first so smaller ones reuse the shared pool's memory.
+    ``executors`` maps "single" / "multi" (and optionally "forward") to executors; ``choice`` is one
+    of those or "auto": capture each candidate, time it, keep the fastest per bucket. In "auto" the
+    DAG's candidates must capture; the forward is skipped, with the reason in ``skipped``, where it
+    cannot (a host sync in the user's code that the DAG does not have). Streams come from
+    ``stream_factory`` (default: new torch streams on the current device), the first one being the
+    capture stream. Buckets are captured largest first so smaller ones reuse the shared pool's memory.
     """
     factory = stream_factory or (lambda: torch.cuda.Stream())
     need = max(e.plan.num_streams for e in executors.values())
@@ -179,9 +182,11 @@ def capture_graphs(
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     before = torch.cuda.memory_reserved()
-    kinds = ["single", "multi"] if choice == "auto" else [choice]
-    if choice == "auto" and executors["multi"].plan.num_streams == 1:
-        kinds = ["single"]
+    kinds = [choice]
+    if choice == "auto":
+        kinds = ["single"] + (["multi"] if executors["multi"].plan.num_streams > 1 else [])
+        kinds += ["forward"] if "forward" in executors else []
+    skipped: dict[int, str] = {}
     cudnn_benchmark = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = _CUDNN_AUTOTUNE[0]
     captured: dict[int, CapturedBucket] = {}
@@ -194,7 +199,14 @@ def capture_graphs(
                 best: CapturedBucket | None = None
                 for kind in kinds:
                     ex = executors[kind]
-                    graph, out = _capture_one(ex, streams, static_in, pool, warmup)
+                    try:
+                        graph, out = _capture_one(ex, streams, static_in, pool, warmup)
+                    except Exception as e:  # noqa: BLE001 - only the optional candidate may fail
+                        if kind != "forward" or len(kinds) == 1:
+                            raise
+                        skipped[b] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                        torch.cuda.synchronize()
+                        continue
                     entry = CapturedBucket(b, graph, static_in, out, kind, ex.plan.num_streams)
                     if len(kinds) > 1:
                         entry.latency_ms = time_replays(graph, streams[0])
@@ -205,4 +217,5 @@ def capture_graphs(
         torch.backends.cudnn.benchmark = cudnn_benchmark
     torch.cuda.synchronize()
     memory = torch.cuda.memory_reserved() - before
-    return GraphSet(buckets=captured, streams=streams, pool=pool, memory_bytes=max(memory, static_bytes))
+    return GraphSet(buckets=captured, streams=streams, pool=pool, memory_bytes=max(memory, static_bytes),
+                    skipped=skipped)

@@ -17,13 +17,16 @@ import torch
 
 from .capture import GraphSet, InputSpec, StreamFactory, capture_graphs
 from .dag import CaptureError, OpGraph, capture_graph
-from .executor import StreamExecutor
+from .executor import ForwardExecutor, StreamExecutor
 from .streams import StreamPlan, assign_streams, single_stream_plan
 
-__all__ = ["compile", "CompiledModel", "CaptureError", "default_buckets"]
+__all__ = ["compile", "CompiledModel", "CaptureError", "capture_groups", "default_buckets"]
 
-# the user's ``streams`` option -> which executor's graphs are captured ("auto": time both, keep the faster)
-_CAPTURE_KIND = {"auto": "auto", "max": "multi", 1: "single"}
+# the user's ``streams`` option -> which executor's graphs are captured ("auto": time the candidates, keep
+# the fastest per bucket; "forward", for CompiledModel.capture only: the plain graph of the model's forward)
+_CAPTURE_KIND = {"auto": "auto", "max": "multi", 1: "single", "forward": "forward"}
+# CompiledModel.stream_choice's kinds -> the ``streams`` that captures that kind again
+STREAMS_OF_KIND = {"single": 1, "multi": "max", "forward": "forward"}
 # bound on CompiledModel._accepted (signatures are at most max_batch per input type; this is a guard)
 _MAX_ACCEPTED = 4096
 
@@ -42,8 +45,9 @@ class CompiledModel:
     """A model compiled by :func:`compile`. Call it like the model; see the module docstring.
 
     Attributes: ``plan`` (the multi-stream :class:`StreamPlan`), ``buckets``, ``memory_bytes`` (graph
-    memory), ``device``, ``stream_choice`` (bucket -> "single"/"multi" actually kept), ``graph``
-    (the operator DAG), ``compile_seconds``.
+    memory), ``device``, ``stream_choice`` (bucket -> "single"/"multi"/"forward" actually kept: the DAG
+    on one stream, on Nimble's streams, or the model's own forward), ``graph`` (the operator DAG),
+    ``compile_seconds``.
     """
 
     def __init__(
@@ -56,6 +60,7 @@ class CompiledModel:
         buckets: tuple[int, ...],
         streams: str | int,
         device: torch.device,
+        module: torch.nn.Module | None = None,
     ) -> None:
         self.graph = graph
         self.specs = specs
@@ -72,6 +77,8 @@ class CompiledModel:
             "multi": StreamExecutor(graph, self.plan),
             "single": StreamExecutor(graph, self.single_plan),
         }
+        if module is not None:  # the user's forward: a candidate of "auto" (see ForwardExecutor)
+            self._executors["forward"] = ForwardExecutor(module, single_stream_plan(1, [], names=["forward"]))
         self._graphs: GraphSet | None = None
         self.compile_seconds = 0.0
 
@@ -90,14 +97,20 @@ class CompiledModel:
         """Capture graphs for ``buckets`` (default: all) on streams from ``stream_factory``.
 
         Pass a partition's stream factory to confine every kernel to that partition's SMs. ``streams``
-        overrides the compile-time choice ("auto", "max" or 1); ``warmup`` eager runs precede each
+        overrides the compile-time choice ("auto", "max", 1, or "forward": the plain graph of the
+        model's own forward, where compile kept the model); ``warmup`` eager runs precede each
         capture (cuDNN picks its algorithms there). The returned :class:`GraphSet` owns its
         static buffers and pool; keep it alive as long as you replay it.
         """
         if self.device.type != "cuda":
             raise RuntimeError("CompiledModel.capture needs a CUDA device; this model was compiled for "
                                f"{self.device}")
+        if streams is not None and streams not in _CAPTURE_KIND:
+            raise ValueError(f"streams must be one of 'auto', 'max', 1 or 'forward', got {streams!r}")
         choice = self.choice if streams is None else _CAPTURE_KIND[streams]
+        if choice == "forward" and "forward" not in self._executors:
+            raise ValueError("streams='forward' needs the model's own forward, which compile did not keep "
+                             "(its parameters were not all on the compile device)")
         wanted = tuple(buckets) if buckets is not None else self.buckets
         unknown = [b for b in wanted if b not in self.buckets]
         if unknown:
@@ -261,6 +274,25 @@ def _slice(value: Any, n: int, bucket: int, *, copy: bool) -> Any:
     return value
 
 
+def capture_groups(cm: Any, *, single: bool = False) -> dict[Any, list[int]]:
+    """``cm``'s buckets grouped by the ``streams`` argument of ``cm.capture`` that captures each again
+    the way compile kept it (``stream_choice``: "single" -> 1, "multi" -> "max", "forward" ->
+    "forward"; a bucket without a choice, "max"). ``single``: multi-stream buckets get 1 instead."""
+    choice = dict(getattr(cm, "stream_choice", None) or {})
+    groups: dict[Any, list[int]] = {}
+    for b in cm.buckets:
+        kind = choice.get(b, "multi")
+        if single and kind == "multi":
+            kind = "single"
+        groups.setdefault(STREAMS_OF_KIND[kind], []).append(b)
+    return groups
+
+
+def _all_on(model: torch.nn.Module, device: torch.device) -> bool:
+    """Whether every parameter and buffer of ``model`` is on ``device`` (its forward can run there)."""
+    return all(t.device == device for t in [*model.parameters(), *model.buffers()])
+
+
 def _model_device(model: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> torch.device:
     for p in model.parameters():
         return p.device
@@ -287,8 +319,9 @@ def compile(
         example_inputs: a tensor or a tuple of tensors, each with the batch as dimension 0. Their
             per-sample shapes and dtypes are the compiled signature.
         max_batch: the largest batch a call may have.
-        streams: ``"auto"`` (on the GPU, time single- and multi-stream graphs per bucket and keep the
-            faster), ``"max"`` (Nimble's plan: maximum logical concurrency), or ``1`` (one stream).
+        streams: ``"auto"`` (on the GPU, time per bucket the single- and multi-stream graphs of the DAG
+            and the plain graph of the model's own forward, and keep the fastest), ``"max"``
+            (Nimble's plan: maximum logical concurrency), or ``1`` (one stream).
         device: where to run; default: the model's device. CPU runs the DAG without graphs.
         buckets: batch buckets to capture; default 1, 2, 4, ..., max_batch.
         input_names: names used in error messages (default: the forward's argument names).
@@ -314,7 +347,7 @@ def compile(
     example_inputs = tuple(example_inputs)
     if not example_inputs or not all(isinstance(x, torch.Tensor) and x.dim() >= 1 for x in example_inputs):
         raise TypeError("example_inputs must be a tensor or a tuple of tensors with a batch dimension first")
-    if streams not in _CAPTURE_KIND:
+    if streams not in ("auto", "max", 1):
         raise ValueError(f"streams must be one of 'auto', 'max' or 1, got {streams!r}")
     if not isinstance(max_batch, int) or max_batch < 1:
         raise ValueError(f"max_batch must be a positive int, got {max_batch!r}")
@@ -341,7 +374,8 @@ def compile(
         names = [f"input{i}" for i in range(len(example_inputs))]
     specs = [InputSpec(nm, tuple(x.shape[1:]), x.dtype, dev) for nm, x in zip(names, example_inputs)]
     cm = CompiledModel(graph, specs, [x.detach() for x in example_inputs], max_batch=max_batch,
-                       buckets=bucket_list, streams=streams, device=dev)
+                       buckets=bucket_list, streams=streams, device=dev,
+                       module=model if _all_on(model, dev) else None)
     for ex in cm._executors.values():
         ex.refresh_attrs()
     if dev.type == "cuda":

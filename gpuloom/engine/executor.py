@@ -207,3 +207,31 @@ class StreamExecutor:
                     main.wait_event(join)
                 return self._result(out)
         raise AssertionError("graph has no output node")
+
+
+class ForwardExecutor:
+    """Runs the user's own ``forward`` (not the DAG) on the current stream: the third candidate that
+    ``streams="auto"`` times per bucket, a plain CUDA graph of the eager forward.
+
+    Why: a few models' eager kernels beat their ATen-level decomposition. On the H200 the CUDA graph
+    of bert_base's eager forward (``nn.TransformerEncoder``'s fused fast path) ran 2.8% faster than
+    gpuloom's single-stream graph of its DAG (``docs/reports/engine.md``, tenth session), so "auto"
+    lost to a plain ``torch.cuda.graph`` there. Timing the forward too makes "auto" at least as fast
+    as both. Same interface as :class:`StreamExecutor` for capture: ``plan`` (one stream) and
+    ``run(inputs, streams)``.
+    """
+
+    def __init__(self, module: torch.nn.Module, plan: StreamPlan) -> None:
+        if plan.num_streams != 1:
+            raise ValueError(f"the forward runs on one stream; got a plan with {plan.num_streams}")
+        self.module = module
+        self.plan = plan
+        self.last_node = None  # capture errors name no DAG node: the forward is one opaque call
+
+    def run(self, inputs: Sequence[torch.Tensor], streams: Sequence[torch.cuda.Stream] | None = None,
+            **_: Any) -> Any:
+        """Call the module on ``inputs`` on the current stream (``streams[0]`` under capture)."""
+        return self.module(*inputs)
+
+    def refresh_attrs(self) -> None:
+        """Nothing to re-read: the module holds its own parameters."""

@@ -255,8 +255,9 @@ class EngineRunner:
         example = spec.make_inputs(1, device)
         self.cm = gpuloom.compile(spec.module, tuple(example), max_batch=self.buckets[-1], streams=streams,
                                   device=device, buckets=self.buckets)
-        choice = dict(getattr(self.cm, "stream_choice", {}) or {})
-        self.choice = {b: (1 if choice.get(b, "multi") == "single" else "max") for b in self.buckets}
+        from ..engine.compiled import capture_groups
+
+        self.choice = {b: ch for ch, bs in capture_groups(self.cm).items() for b in bs}
         if streams != "auto":
             self.choice = {b: streams for b in self.buckets}
         # one eager warm-up per capture is enough once cuDNN has chosen its algorithms at compile time

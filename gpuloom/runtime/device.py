@@ -841,15 +841,12 @@ class CudaDeviceLayer(DeviceLayer):
             sum(gs.memory_bytes for ln in state["lanes"] for gs in ln.graph_sets()))
 
     def _stream_groups(self, cm: Any) -> dict[Any, list[int]]:
-        """Buckets by the ``streams`` to capture them with (1 or "max"). compile() already chose single-
-        or multi-stream per bucket (timed on the whole GPU); each group is captured with its choice,
-        from a fresh factory of the lane's few streams. ``lane_streams="single"``: one stream for all."""
-        choice = dict(cm.stream_choice or {})
-        groups: dict[Any, list[int]] = {}
-        for b in cm.buckets:
-            single = self.lane_streams == "single" or choice.get(b, "multi") == "single"
-            groups.setdefault(1 if single else "max", []).append(b)
-        return groups
+        """Buckets by the ``streams`` to capture them with (1, "max" or "forward"). compile() already
+        chose per bucket (timed on the whole GPU); each group is captured with its choice, from a
+        fresh factory of the lane's few streams. ``lane_streams="single"``: no multi-stream graph."""
+        from ..engine.compiled import capture_groups
+
+        return capture_groups(cm, single=self.lane_streams == "single")
 
     def _capture(self, lane: _CudaLane, model: str) -> None:
         torch = self._torch
