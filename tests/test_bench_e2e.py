@@ -51,6 +51,8 @@ def test_bench_serves_tiny_models_on_cpu_and_reports_every_metric(tmp_path):
         checked = pt["profile_check"]
         assert {r["model"] for r in checked} == {"alpha", "beta"}
         assert all(r["batches"] >= 1 and r["measured_ms"] > 0 and r["profile_ms"] > 0 for r in checked)
+        # and their spread (5%-wide buckets): of times > 0 the median is at most twice the mean (Markov)
+        assert all(0 < r["p50_ms"] <= r["p99_ms"] and r["p50_ms"] <= 1.05 * 2 * r["measured_ms"] for r in checked)
         served_rows = sum(m["served"] for m in pt["models"])
         assert sum(r["batches"] * r["batch"] for r in checked) >= served_rows  # every served row ran in one
         # the launching thread's load: batches started per second agree with the batches checked
@@ -72,6 +74,9 @@ def test_bench_serves_tiny_models_on_cpu_and_reports_every_metric(tmp_path):
             assert (q["gap_ms"] is None) == (q["batches"] == 0)
             assert q["gap_ms"] is None or q["gap_ms"] == pytest.approx((q["busy_ms"] - q["device_ms"]) / q["batches"])
             assert 0 <= q["ahead"] <= q["batches"]  # launched ahead: their gap is the completion's way back only
+            if q["batches"]:  # the tail of the holds (each >= 0 up to clock skew): median <= twice the mean
+                assert 0 < q["hold_p50_ms"] <= q["hold_p99_ms"]
+                assert q["hold_p50_ms"] <= 1.05 * 2 * q["gap_ms"] + 0.002
             assert (q["gap_ahead_ms"] is None) == (q["ahead"] == 0)
             assert (q["gap_idle_ms"] is None) == (q["batches"] - q["ahead"] == 0)
             if q["gap_ahead_ms"] is not None and q["gap_idle_ms"] is not None:  # the two parts make the whole

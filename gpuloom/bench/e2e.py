@@ -35,6 +35,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..runtime import loghist
 from ..runtime.gcpause import GcMonitor
 from ..runtime.threadcpu import cpu_share, thread_cpu
 from .metrics import jain, percentile
@@ -215,7 +216,9 @@ def service_snapshot(svc) -> dict:
             "counters": {k: be.get(k, 0) for k in DEVICE_COUNTERS},
             "hist": {(m, k): v[k] for m, v in st["models"].items() for k in ("queue_ms", "compute_ms") if k in v},
             "exec_ms": {(e["model"], e["sms"], e["batch"]): (e["device_ms_sum"], e["batches"])
-                        for e in be.get("exec_ms", [])}}
+                        for e in be.get("exec_ms", [])},
+            "exec_hist": {(e["model"], e["sms"], e["batch"]): e.get("device_ms_hist", {})
+                          for e in be.get("exec_ms", [])}}
 
 
 def hist_delta(before: dict, after: dict, model: str, key: str) -> dict:
@@ -233,7 +236,9 @@ def hist_delta(before: dict, after: dict, model: str, key: str) -> dict:
 
 def profile_check(svc, before: dict, after: dict) -> list[dict]:
     """Measured device ms per batch during a point against the plan's profile, per (model, SMs,
-    batch): where a ratio is far from 1, the plan was made for a GPU that is not the one serving."""
+    batch): where a ratio is far from 1, the plan was made for a GPU that is not the one serving.
+    With the median and p99 of the batches' device times (``p50_ms``, ``p99_ms``: upper bounds of
+    5%-wide buckets), where the backend kept their distribution."""
     out = []
     for key, (t1, n1) in sorted(after["exec_ms"].items()):
         t0, n0 = before["exec_ms"].get(key, (0.0, 0))
@@ -242,6 +247,9 @@ def profile_check(svc, before: dict, after: dict) -> list[dict]:
         model, sms, b = key
         mean = (t1 - t0) / (n1 - n0)
         row = {"model": model, "sms": sms, "batch": b, "batches": n1 - n0, "measured_ms": round(mean, 4)}
+        counts = loghist.delta(after.get("exec_hist", {}).get(key, {}), before.get("exec_hist", {}).get(key))
+        if counts:
+            row["p50_ms"], row["p99_ms"] = (round(loghist.quantile(counts, q), 4) for q in (0.5, 0.99))
         try:
             prof = svc.profile(model)
             pred = prof.latency(prof.bucket(min(b, prof.max_batch)), sms)
@@ -423,7 +431,10 @@ def lane_deltas(before: list[dict], after: list[dict]) -> list[dict]:
     Split by launch-ahead: ``ahead`` batches were launched while the previous one ran, so on a GPU
     the partition did not idle before them and their ``gap_ahead_ms`` is only the completion's way
     back; ``gap_idle_ms`` is the gap of the others: the launch, the completion's way back and the
-    loop's turnaround, during which an exclusive partition idles."""
+    loop's turnaround, during which an exclusive partition idles.
+
+    ``hold_p50_ms`` / ``hold_p99_ms``: the median and p99 of the batches' holds (busy - device, each
+    batch), where the backend kept their distribution: the tail the mean ``gap_ms`` hides."""
     def per(num: float, n: int) -> float | None:
         return num / n if n > 0 else None
 
@@ -438,6 +449,9 @@ def lane_deltas(before: list[dict], after: list[dict]) -> list[dict]:
                     "batches": n, "busy_ms": busy, "device_ms": dev, "gap_ms": per(busy - dev, n), "ahead": na,
                     "gap_ahead_ms": per(d["ahead_busy_ms"] - d["ahead_device_ms"], na),
                     "gap_idle_ms": per((busy - d["ahead_busy_ms"]) - (dev - d["ahead_device_ms"]), n - na)})
+        counts = loghist.delta(p.get("hold_hist", {}), b.get("hold_hist"))
+        if counts:
+            out[-1]["hold_p50_ms"], out[-1]["hold_p99_ms"] = (round(loghist.quantile(counts, q), 4) for q in (0.5, 0.99))
     return out
 
 
@@ -580,6 +594,12 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
             if split:  # CUDA: where a batch's wake-up went (a queue on the GPU side, or the host's GIL)
                 say(f"{name}: x{s:.3g} wake-up per batch: GPU start {split['start']:.2f} ms, way back "
                     f"{split['back']:.2f} ms")
+            held = [q for q in p.layouts or () if q.get("hold_p99_ms") is not None and not q.get("shared")]
+            if held:  # exclusive partitions: the tail of a batch's hold beyond its device time
+                worst = max(held, key=lambda q: q["hold_p99_ms"])
+                say(f"{name}: x{s:.3g} hold beyond device time per batch, p99: worst {worst['label']} "
+                    f"{worst['hold_p99_ms']:.2f} ms (p50 {worst['hold_p50_ms']:.2f}); partitions "
+                    + ", ".join(f"{q['hold_p99_ms']:.2f}" for q in held))
             if not p.offered_as_scheduled:
                 late = p.arrivals["late_ms"]
                 say(f"{name}: x{s:.3g}: the load generator fell behind (submitted p50 {late['p50']:.1f} / p99 "

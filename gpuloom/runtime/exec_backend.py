@@ -30,13 +30,14 @@ import queue
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..policy.types import Completion, Decision, Layout, Partition, Request, Result, Status
 from .backend import Backend
 from .device import DeviceLayer, Lanes
 from .events import COMPLETION, RealtimeLoop
+from .loghist import LogHistogram
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,8 @@ class PartitionStats:
     ahead: int = 0
     ahead_busy_ms: float = 0.0
     ahead_device_ms: float = 0.0
+    # each batch's busy - device ms (its hold beyond device time), for the tail the sums hide
+    hold: LogHistogram = field(default_factory=LogHistogram)
 
 
 class _Watcher:
@@ -198,6 +201,7 @@ class ExecBackend(Backend):
         # (model, SMs of the lane, batch rows) -> [device ms summed, batches]: measured L(b, s), to
         # hold against the profile the plan was made with
         self.exec_ms: dict[tuple[str, int, int], list[float]] = {}
+        self.exec_hist: dict[tuple[str, int, int], LogHistogram] = {}  # the same keys: device ms per batch
         self.failures = 0
         self.layouts_built = 0
         # complete_on="loop": batches the device will post the loop for, in launch order
@@ -396,6 +400,7 @@ class ExecBackend(Backend):
                 {"index": p.index, "label": p.label, "sms": p.sms, "shared": p.shared, "batches": p.batches,
                  "failures": p.failures, "device_ms": p.device_ms, "busy_ms": p.busy_ms, "ahead": p.ahead,
                  "ahead_busy_ms": p.ahead_busy_ms, "ahead_device_ms": p.ahead_device_ms,
+                 "hold_hist": p.hold.to_json(),
                  "busy_ratio": min(1.0, p.busy_ms / elapsed), "device_busy_ratio": min(1.0, p.device_ms / elapsed)}
                 for p in self.parts
             ]
@@ -404,7 +409,8 @@ class ExecBackend(Backend):
                 "partitions": parts,
                 "batches": self.batches,
                 "model_batches": dict(self.model_batches),
-                "exec_ms": [{"model": m, "sms": sms, "batch": b, "batches": int(n), "device_ms_sum": t}
+                "exec_ms": [{"model": m, "sms": sms, "batch": b, "batches": int(n), "device_ms_sum": t,
+                             "device_ms_hist": self.exec_hist[(m, sms, b)].to_json()}
                             for (m, sms, b), (t, n) in sorted(self.exec_ms.items())],
                 "failures": self.failures,
                 "busy_sm_ms": self._busy_sm_ms,
@@ -477,6 +483,7 @@ class ExecBackend(Backend):
                 ps.failures += bool(err)
                 ps.device_ms += dev_ms
                 ps.busy_ms += end - start
+                ps.hold.add(end - start - dev_ms)
                 if ahead:
                     ps.ahead += 1
                     ps.ahead_busy_ms += end - start
@@ -490,6 +497,10 @@ class ExecBackend(Backend):
                 acc = self.exec_ms.setdefault((d.model, sms, len(requests)), [0.0, 0])
                 acc[0] += dev_ms
                 acc[1] += 1
+                hist = self.exec_hist.get((d.model, sms, len(requests)))
+                if hist is None:
+                    hist = self.exec_hist[(d.model, sms, len(requests))] = LogHistogram()
+                hist.add(dev_ms)
             use = min(sms, self.knee(d.model, d.batch)) if self.knee else sms
             self._busy_sm_ms += use * dev_ms
         self.loop.post(COMPLETION, self._on_completion, Completion(d, start, end, err))
