@@ -6,7 +6,9 @@ averaged over the partitions: ``layouts[].gap_ms``) as ``ContentionModel.batch_o
 with the device slowdown the point measured (device time over profile, ``profile_check``) applied to
 every profiled latency. If the simulated attainment matches the measured one, the mean hold and
 slowdown explain the loss; if the simulator stays higher, something the mean hides does (a tail, a
-burst).
+burst). A fourth variant gives each model its own mean hold and slowdown
+(``ContentionModel.model_overhead_ms``: from each model's own ``hold_ms`` where the report has it,
+else approximately, see :func:`per_model`), since one model's batches may hold far longer.
 
     python scripts/sim_measured_hold.py docs/results/runtime/bench_mix6_h200_run25_high_load.json \\
         --policy dstack:min_sms=16 --out docs/results/runtime/sim_measured_hold_session10.json
@@ -42,6 +44,45 @@ def measured(point: dict) -> tuple[float, float, int]:
     return hold, slow, sum(1 for q in point["layouts"] if not q["shared"])
 
 
+def per_model(point: dict) -> tuple[dict[str, float], dict[str, float], bool]:
+    """({model: mean hold ms per batch}, {model: device time over profile}, exact) of one point.
+
+    Exact from each (model, SMs, batch)'s own ``hold_ms`` (reports since the eleventh session's
+    runs). Before that, approximate: a partition's mean hold goes to the model that ran as many
+    batches on that many SMs, else the most; dstack also runs other models on a partition, so this
+    mixes their holds."""
+    rows = point.get("profile_check") or []
+    slow: dict[str, float] = {}
+    for m in {r["model"] for r in rows}:
+        mine = [r for r in rows if r["model"] == m and r.get("profile_ms")]
+        prof = sum(r["profile_ms"] * r["batches"] for r in mine)
+        if prof:
+            slow[m] = sum(r["measured_ms"] * r["batches"] for r in mine) / prof
+    if rows and all("hold_ms" in r for r in rows):
+        tot: dict[str, list[float]] = {}
+        for r in rows:
+            acc = tot.setdefault(r["model"], [0.0, 0])
+            acc[0] += r["hold_ms"] * r["batches"]
+            acc[1] += r["batches"]
+        return {m: t / n for m, (t, n) in tot.items() if n}, slow, True
+    ran: dict[tuple[int, str], int] = {}
+    for r in rows:
+        ran[(r["sms"], r["model"])] = ran.get((r["sms"], r["model"]), 0) + r["batches"]
+    held: dict[str, list[float]] = {}
+    for q in point["layouts"]:
+        if q["shared"] or not q["batches"] or q["gap_ms"] is None:
+            continue
+        cands = {m: n for (sms, m), n in ran.items() if sms == q["sms"]}
+        if not cands:
+            continue
+        exact = [m for m, n in cands.items() if n == q["batches"]]
+        owner = exact[0] if len(exact) == 1 else max(cands, key=cands.get)
+        acc = held.setdefault(owner, [0.0, 0])
+        acc[0] += q["gap_ms"] * q["batches"]
+        acc[1] += q["batches"]
+    return {m: t / n for m, (t, n) in held.items() if n}, slow, False
+
+
 def slowed(profile, factor: float):
     """``profile`` with every latency ``factor`` times longer (the device as slow as measured)."""
     return dataclasses.replace(profile, latency_ms=tuple(tuple(v * factor for v in row) for row in profile.latency_ms))
@@ -70,12 +111,25 @@ def main() -> int:
                "hold_ms": round(hold, 3), "device_over_profile": round(slow, 3)}
         plain, held = (ContentionModel(demand_fraction=a.demand_fraction),
                        ContentionModel(demand_fraction=a.demand_fraction, batch_overhead_ms=hold))
-        for label, cm, pr in (("plain", plain, profs), ("hold", held, profs), ("hold_and_slowdown", held, slower)):
-            row[f"simulated_{label}"] = round(simulate(w, pr, name, contention=cm, options=options).metrics.slo_attainment, 4)
+        holds, slows, exact = per_model(p)
+        mine = ContentionModel(demand_fraction=a.demand_fraction, batch_overhead_ms=hold,
+                               model_overhead_ms=tuple(sorted(holds.items())))
+        slower_each = {m: slowed(pr, slows.get(m, slow)) for m, pr in profs.items()}
+        row["hold_ms_by_model"] = {m: round(v, 3) for m, v in sorted(holds.items())}
+        row["hold_by_model_exact"] = exact
+        row["device_over_profile_by_model"] = {m: round(v, 3) for m, v in sorted(slows.items())}
+        row["measured_attainment_by_model"] = {m["model"]: round(m["slo_attainment"], 4) for m in p["models"]}
+        for label, cm, pr in (("plain", plain, profs), ("hold", held, profs), ("hold_and_slowdown", held, slower),
+                              ("per_model", mine, slower_each)):
+            met = simulate(w, pr, name, contention=cm, options=options).metrics
+            row[f"simulated_{label}"] = round(met.slo_attainment, 4)
+            if label == "per_model":
+                row["simulated_per_model_by_model"] = {m.model: round(m.slo_attainment, 4) for m in met.models}
         rows.append(row)
         print(f"{a.policy} x{p['scale']:g}: measured {row['measured_attainment']:.3f} | hold {hold:.2f} ms/batch, device "
               f"{slow:.2f}x profile | simulated: plain {row['simulated_plain']:.3f}, with the hold "
-              f"{row['simulated_hold']:.3f}, with the hold and the slowdown {row['simulated_hold_and_slowdown']:.3f}")
+              f"{row['simulated_hold']:.3f}, with the hold and the slowdown {row['simulated_hold_and_slowdown']:.3f}, "
+              f"each model its own {row['simulated_per_model']:.3f}")
     if a.out:
         save_json(a.out, {"method": __doc__.split("\n\n")[1].replace("\n", " "), "bench": a.bench,
                           "policy": a.policy, "points": rows})

@@ -53,6 +53,11 @@ def test_bench_serves_tiny_models_on_cpu_and_reports_every_metric(tmp_path):
         assert all(r["batches"] >= 1 and r["measured_ms"] > 0 and r["profile_ms"] > 0 for r in checked)
         # and their spread (5%-wide buckets): of times > 0 the median is at most twice the mean (Markov)
         assert all(0 < r["p50_ms"] <= r["p99_ms"] and r["p50_ms"] <= 1.05 * 2 * r["measured_ms"] for r in checked)
+        # each (model, SMs, batch)'s own hold beyond device time; over all of them, the partitions' holds
+        assert all(r["hold_ms"] >= -0.01 for r in checked)
+        if pt["layout_changes"] == 0:  # else the partitions count since the last layout only
+            lane_hold = sum(q["busy_ms"] - q["device_ms"] for q in pt["layouts"])
+            assert sum(r["hold_ms"] * r["batches"] for r in checked) == pytest.approx(lane_hold, rel=0.05, abs=1.0)
         served_rows = sum(m["served"] for m in pt["models"])
         assert sum(r["batches"] * r["batch"] for r in checked) >= served_rows  # every served row ran in one
         # the launching thread's load: batches started per second agree with the batches checked

@@ -217,6 +217,7 @@ def service_snapshot(svc) -> dict:
             "hist": {(m, k): v[k] for m, v in st["models"].items() for k in ("queue_ms", "compute_ms") if k in v},
             "exec_ms": {(e["model"], e["sms"], e["batch"]): (e["device_ms_sum"], e["batches"])
                         for e in be.get("exec_ms", [])},
+            "exec_hold": {(e["model"], e["sms"], e["batch"]): e.get("hold_ms_sum", 0.0) for e in be.get("exec_ms", [])},
             "exec_hist": {(e["model"], e["sms"], e["batch"]): e.get("device_ms_hist", {})
                           for e in be.get("exec_ms", [])}}
 
@@ -238,7 +239,8 @@ def profile_check(svc, before: dict, after: dict) -> list[dict]:
     """Measured device ms per batch during a point against the plan's profile, per (model, SMs,
     batch): where a ratio is far from 1, the plan was made for a GPU that is not the one serving.
     With the median and p99 of the batches' device times (``p50_ms``, ``p99_ms``: upper bounds of
-    5%-wide buckets), where the backend kept their distribution."""
+    5%-wide buckets), where the backend kept their distribution, and ``hold_ms``: how long such a
+    batch held its lane beyond its device time, on average (a model's own turnaround)."""
     out = []
     for key, (t1, n1) in sorted(after["exec_ms"].items()):
         t0, n0 = before["exec_ms"].get(key, (0.0, 0))
@@ -247,6 +249,8 @@ def profile_check(svc, before: dict, after: dict) -> list[dict]:
         model, sms, b = key
         mean = (t1 - t0) / (n1 - n0)
         row = {"model": model, "sms": sms, "batch": b, "batches": n1 - n0, "measured_ms": round(mean, 4)}
+        if key in after.get("exec_hold", {}):
+            row["hold_ms"] = round((after["exec_hold"][key] - before.get("exec_hold", {}).get(key, 0.0)) / (n1 - n0), 4)
         counts = loghist.delta(after.get("exec_hist", {}).get(key, {}), before.get("exec_hist", {}).get(key))
         if counts:
             row["p50_ms"], row["p99_ms"] = (round(loghist.quantile(counts, q), 4) for q in (0.5, 0.99))

@@ -198,8 +198,9 @@ class ExecBackend(Backend):
         self.device_ms = 0.0  # summed device time of every batch
         self.batches = 0
         self.model_batches: Counter = Counter()  # model -> batches executed (Triton's exec_count)
-        # (model, SMs of the lane, batch rows) -> [device ms summed, batches]: measured L(b, s), to
-        # hold against the profile the plan was made with
+        # (model, SMs of the lane, batch rows) -> [device ms summed, batches, hold ms summed]: measured
+        # L(b, s), to hold against the profile the plan was made with, and how long such batches held
+        # their lane beyond it (busy - device: the launch, the way back, the booking)
         self.exec_ms: dict[tuple[str, int, int], list[float]] = {}
         self.exec_hist: dict[tuple[str, int, int], LogHistogram] = {}  # the same keys: device ms per batch
         self.failures = 0
@@ -410,8 +411,8 @@ class ExecBackend(Backend):
                 "batches": self.batches,
                 "model_batches": dict(self.model_batches),
                 "exec_ms": [{"model": m, "sms": sms, "batch": b, "batches": int(n), "device_ms_sum": t,
-                             "device_ms_hist": self.exec_hist[(m, sms, b)].to_json()}
-                            for (m, sms, b), (t, n) in sorted(self.exec_ms.items())],
+                             "hold_ms_sum": hold, "device_ms_hist": self.exec_hist[(m, sms, b)].to_json()}
+                            for (m, sms, b), (t, n, hold) in sorted(self.exec_ms.items())],
                 "failures": self.failures,
                 "busy_sm_ms": self._busy_sm_ms,
                 "device_ms": self.device_ms,
@@ -494,9 +495,10 @@ class ExecBackend(Backend):
             self.device_ms += dev_ms
             sms = lanes.layout.shared_sms if part.shared else part.sms
             if not err:
-                acc = self.exec_ms.setdefault((d.model, sms, len(requests)), [0.0, 0])
+                acc = self.exec_ms.setdefault((d.model, sms, len(requests)), [0.0, 0, 0.0])
                 acc[0] += dev_ms
                 acc[1] += 1
+                acc[2] += end - start - dev_ms
                 hist = self.exec_hist.get((d.model, sms, len(requests)))
                 if hist is None:
                     hist = self.exec_hist[(d.model, sms, len(requests))] = LogHistogram()

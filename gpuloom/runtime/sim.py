@@ -29,6 +29,9 @@ against the GPU, issue 5). Its parameters live in :class:`ContentionModel`.
   Python runtime, up to 3.3 ms near collapse; ``docs/reports/runtime.md``). It follows the batch's GPU
   work and holds only the lane: the batch's SMs are free for other lanes then (a shared lane's
   turnaround is another lane's GPU time, as on the H200) and it counts in no utilization.
+  ``model_overhead_ms`` gives some models their own (pairs of model and ms): on the H200 bert_base's
+  partition held each batch 1.5-2.8 ms beyond device time where the others held 0.6-0.9 ms
+  (``scripts/sim_measured_hold.py``, eleventh session).
 * **Host launch** (``host_launch_ms``): one host thread launches every batch, one after another
   (the Python runtime's loop thread). A batch waits for the launcher to be free, then occupies it
   this long; its lane is busy from the decision on, so queueing on the launcher delays it. Unlike
@@ -83,6 +86,7 @@ class ContentionModel:
     batch_overhead_ms: float = 0.0  # per batch, a lane's time not on the GPU: host launch + completion turnaround
     host_launch_ms: float = 0.0  # per batch, time of the ONE host thread that launches every batch (serialized)
     host_request_ms: float = 0.0  # per request of a batch, time of that same host (the interpreter, serialized)
+    model_overhead_ms: tuple[tuple[str, float], ...] = ()  # (model, ms): batch_overhead_ms for that model
 
     def __post_init__(self) -> None:
         if not (0.0 < self.efficiency <= 1.0):
@@ -96,6 +100,16 @@ class ContentionModel:
                 f"host_request_ms must be >= 0, found {self.knee_eps}, {self.interference}, {self.switch_ms}, "
                 f"{self.batch_overhead_ms}, {self.host_launch_ms}, {self.host_request_ms}"
             )
+        bad = [(m, ms) for m, ms in self.model_overhead_ms if not (isinstance(m, str) and ms >= 0)]
+        if bad:
+            raise ValueError(f"ContentionModel.model_overhead_ms: expected (model name, ms >= 0) pairs, found {bad}")
+
+    def overhead_ms(self, model: str) -> float:
+        """The batch overhead of ``model``'s batches: its own where given, else ``batch_overhead_ms``."""
+        for m, ms in self.model_overhead_ms:
+            if m == model:
+                return ms
+        return self.batch_overhead_ms
 
     @classmethod
     def design_h200(cls) -> "ContentionModel":
@@ -218,7 +232,7 @@ class SimBackend(Backend):
             base += start - self.loop.now + h  # ... but holds the lane only through what it delays
         self._settle()
         run = _Run(decision, part, self.loop.now, base, demand, useful)
-        run.tail = self.contention.batch_overhead_ms  # the lane is busy after the GPU work, the GPU is not
+        run.tail = self.contention.overhead_ms(decision.model)  # the lane is busy after the GPU work, the GPU is not
         self._seq += 1
         run.seq = self._seq
         self._running[decision.partition] = run
