@@ -28,6 +28,7 @@ class CountingFake(FakeDeviceLayer):
         self.held: dict[int, int] = {}
         self.most_held: dict[int, int] = {}
         self.launched: dict[int, list[int]] = {}  # lane -> batch numbers in launch order
+        self.sizes: list[tuple[int, int]] = []  # (batches the lane held before this one, rows in it)
         self.finished: dict[int, list[int]] = {}
         self.n = 0
 
@@ -35,6 +36,7 @@ class CountingFake(FakeDeviceLayer):
         ticket = super()._launch(lanes, index, model, rows)
         with self.lock:
             self.n += 1
+            self.sizes.append((self.held.get(index, 0), len(rows)))
             self.held[index] = self.held.get(index, 0) + 1
             self.most_held[index] = max(self.most_held.get(index, 0), self.held[index])
             self.launched.setdefault(index, []).append(self.n)
@@ -55,11 +57,12 @@ def one_model_ctx(slo_ms: float = 400.0) -> PolicyContext:
     return PolicyContext({"m": ModelInfo("m", prof, slo_ms, 1.0, 2000.0)}, 132, 8, simulated=False)
 
 
-def serve(policy: str, lookahead_ms: float, *, latency_ms: float = 4.0, n: int = 120, gap_s: float = 0.0002):
+def serve(policy: str, lookahead_ms: float, *, latency_ms: float = 4.0, n: int = 120, gap_s: float = 0.0002,
+          **options):
     dev = CountingFake()
     dev.add_model("m", FakeModel(lambda xs: [xs[0] * 3.0], latency_ms))
     be = ExecBackend(dev, lookahead_ms=lookahead_ms)
-    rt = Runtime(make_policy(policy), be, one_model_ctx(), trace=True)
+    rt = Runtime(make_policy(policy, **options), be, one_model_ctx(), trace=True)
     results: list = []
     rt.start(lambda r, o: results.append((r, o)))
     for i in range(n):
@@ -79,6 +82,20 @@ def test_an_exclusive_partition_takes_its_next_batch_while_the_running_one_ends(
     assert max(dev.most_held.values()) == 2, dev.most_held  # ahead by one batch, never more
     for lane, order in dev.finished.items():
         assert order == dev.launched[lane]  # a lane runs its batches in the order they were launched
+
+
+def test_with_ahead_full_only_batches_of_the_planned_size_are_launched_ahead():
+    # dstack:ahead_full=true: a partition offered ahead takes a full batch or waits for its running one
+    # (requests arrive faster than a 20 ms batch drains them: full batches are queued in time)
+    rt, be, dev, results = serve("dstack", lookahead_ms=5.0, latency_ms=20.0, n=300, gap_s=0.0002, ahead_full=True)
+    assert len(results) == 300 and all(r.status == Status.SERVED for r, _ in results)
+    cap = rt.policy.cap["m"]
+    ahead = [rows for held, rows in dev.sizes if held]
+    assert cap > 1 and ahead, (cap, dev.sizes)  # the backlog did fill batches ahead
+    assert all(rows == cap for rows in ahead), (cap, ahead)
+    # without the option the same run launches smaller batches ahead too
+    rt, _, dev, _ = serve("dstack", lookahead_ms=1000.0, n=200, gap_s=0.0002)
+    assert any(rows < rt.policy.cap["m"] for held, rows in dev.sizes if held), dev.sizes
 
 
 def test_without_lookahead_a_partition_holds_one_batch():
