@@ -41,7 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from .gpu.connections import prefer_all_connections
 
-    prefer_all_connections()  # before any command starts CUDA: all 32 hardware workqueues (gpu/connections.py)
+    # before any command starts CUDA: all 32 hardware workqueues (gpu/connections.py)
+    warning = prefer_all_connections().warning
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:  # the main job on its embedded defaults

@@ -48,7 +48,7 @@ def main() -> int:
             label = pol if len(runs) == 1 else f"{pol} ({stem})"
             x = [p["offered_rps"] for p in pts]
             style = dict(marker="o", lw=2.5 if pol.split(",")[0] == "dstack" else 1.2,
-                         ls=":" if "8 hw queues" in pol else "-")
+                         ls=":" if pol.endswith(", 8 hw queues") else "-")
             ax1.plot(x, [p["slo_attainment"] for p in pts], label=label, **style)
             ax2.plot(x, [p["goodput_rps"] for p in pts], label=label, **style)
     ax1.axhline(a.target, color="grey", ls="--", lw=0.8)

@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 
@@ -14,3 +16,18 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _connections_env():
+    """The command line sets CUDA_DEVICE_MAX_CONNECTIONS for the rest of the process (gpu/connections.py):
+    tests that run it in-process must not leak that into the next test."""
+    from gpuloom.gpu import connections
+
+    saved = os.environ.get(connections.ENV), connections._set_value
+    yield
+    if saved[0] is None:
+        os.environ.pop(connections.ENV, None)
+    else:
+        os.environ[connections.ENV] = saved[0]
+    connections._set_value = saved[1]

@@ -338,3 +338,19 @@ def test_a_point_says_where_its_batches_wake_up_went_when_the_device_split_it(tm
     cap = capsys.readouterr()
     said = "".join((cap.out + cap.err).split())  # the console wraps long lines, at spaces or hyphens
     assert "wake-upperbatch:GPUstart0.50ms,wayback0.25ms" in said
+
+
+def test_a_layout_set_up_during_a_point_is_counted_from_its_start():
+    from gpuloom.bench.e2e import lane_deltas
+
+    def part(serial, batches, busy, dev, hold_hist):
+        return {"index": 0, "label": "p0[0:64]", "sms": 64, "shared": False, "busy_ratio": 0.5, "batches": batches,
+                "busy_ms": busy, "device_ms": dev, "ahead": 0, "ahead_busy_ms": 0.0, "ahead_device_ms": 0.0,
+                "hold_hist": hold_hist, "layout_serial": serial}
+
+    old = part(1, 100, 500.0, 400.0, {"10": 100})
+    same = lane_deltas([old], [part(1, 150, 750.0, 600.0, {"10": 100, "20": 50})])[0]
+    assert same["batches"] == 50 and same["gap_ms"] == pytest.approx(1.0)
+    new = lane_deltas([old], [part(2, 30, 90.0, 60.0, {"30": 30})])[0]  # same label, a new layout's counts
+    assert new["batches"] == 30 and new["gap_ms"] == pytest.approx(1.0)
+    assert new["hold_p50_ms"] == pytest.approx(0.001 * 1.05 ** 30, abs=1e-4)  # only the new layout's bucket

@@ -54,6 +54,39 @@ def test_graphs_equal_eager_on_gpu(name):
                     torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4, msg=lambda m: f"{kind}: {m}")
 
 
+class _SyncsOnlyEagerly(torch.nn.Module):
+    """A forward with a host sync that torch.export does not see: the DAG captures, the forward cannot."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        if not torch.compiler.is_exporting():
+            x = x * (1.0 + 0.0 * x.sum().item())  # .item(): a host sync, fatal under capture
+        return self.lin(x).relu()
+
+
+def test_auto_leaves_out_a_forward_that_cannot_be_captured_and_keeps_the_callers_stream():
+    model = _SyncsOnlyEagerly().eval().cuda()
+    x = torch.randn(2, 16, device="cuda")
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        cm = gpuloom.compile(model, (x,), max_batch=4, streams="auto")
+        assert torch.cuda.current_stream() == side  # compile handed the caller its stream back
+    assert cm._graphs.skipped and set(cm.stream_choice.values()) <= {"single", "multi"}
+    assert "sync" in next(iter(cm._graphs.skipped.values())).lower()
+    with torch.no_grad():
+        want = model.lin(x).relu()
+    torch.testing.assert_close(cm(x), want, rtol=1e-4, atol=1e-4)
+    again = cm.capture(streams=1)  # capturing still works afterwards
+    assert sorted(again.buckets) == list(cm.buckets)
+    from gpuloom.engine.dag import CaptureError
+
+    with pytest.raises(CaptureError, match="the model.s forward"):
+        cm.capture(streams="forward")  # asked for explicitly: a clear error
+
+
 def _replay_ms(cm, x, iters=200):
     """Median ms of one graph replay (no input copy), CUDA events."""
     gs = cm._graphs

@@ -30,10 +30,25 @@ def test_too_late_leaves_the_environment_alone_and_warns_how_to_fix_it():
     assert "CUDA_DEVICE_MAX_CONNECTIONS=32" in got.warning and "before CUDA starts" in got.warning
 
 
-@pytest.mark.parametrize("value", ["abc", "0", "-3", "2.5"])
-def test_a_value_that_is_not_a_count_is_a_clear_error(value):
-    with pytest.raises(ValueError, match="whole number of hardware workqueues"):
-        conn.prefer_all_connections({"CUDA_DEVICE_MAX_CONNECTIONS": value}, cuda_started=lambda: False)
+@pytest.mark.parametrize("value", ["abc", "0", "-3", "2.5", "1_6"])
+def test_a_value_that_is_not_a_count_is_left_alone_with_a_warning(value):
+    env = {"CUDA_DEVICE_MAX_CONNECTIONS": value}
+    got = conn.prefer_all_connections(env, cuda_started=lambda: False)
+    assert env == {"CUDA_DEVICE_MAX_CONNECTIONS": value} and (got.count, got.source) == (8, "invalid")
+    assert repr(value) in got.warning and "1 to 32" in got.warning
+
+
+def test_a_bad_value_does_not_stop_the_command_line():
+    env = dict(os.environ, CUDA_DEVICE_MAX_CONNECTIONS="abc")
+    out = subprocess.run([sys.executable, "-m", "gpuloom.cli", "plan", "--help"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0 and "usage" in out.stdout
+    assert "warning: CUDA_DEVICE_MAX_CONNECTIONS='abc' is not a number" in out.stderr
+
+
+def test_only_the_process_environment_counts_as_set_by_gpuloom():
+    conn.prefer_all_connections({}, cuda_started=lambda: False)  # a dict: the process's record is untouched
+    assert conn._set_value is None or conn._set_value == os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
 
 
 def test_the_driver_caps_at_32_and_an_unset_variable_reads_as_its_default_8():

@@ -46,3 +46,10 @@ def test_the_tail_of_an_interval_is_the_difference_of_two_snapshots():
     assert sum(counts.values()) == 100
     assert 2.0 <= loghist.quantile(counts, 0.5) <= 2.1 and 50.0 <= loghist.quantile(counts, 1.0) <= 52.5
     assert loghist.quantile({}, 0.99) is None
+
+
+def test_infinity_lands_in_a_top_bucket_and_nan_is_not_counted():
+    h = LogHistogram()
+    h.add(float("inf"))
+    h.add(float("nan"))
+    assert sum(h.counts.values()) == 1 and loghist.quantile(h.counts, 1.0) >= 1e12

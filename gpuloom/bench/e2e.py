@@ -442,10 +442,11 @@ def lane_deltas(before: list[dict], after: list[dict]) -> list[dict]:
     def per(num: float, n: int) -> float | None:
         return num / n if n > 0 else None
 
-    prior = {(p["index"], p["label"]): p for p in before}
+    # a partition of a layout set up during the point counts from zero again (its serial differs)
+    prior = {(p["index"], p["label"], p.get("layout_serial")): p for p in before}
     out = []
     for p in after:
-        b = prior.get((p["index"], p["label"]), {})
+        b = prior.get((p["index"], p["label"], p.get("layout_serial")), {})
         d = {k: p.get(k, 0) - b.get(k, 0) for k in ("batches", "busy_ms", "device_ms", "ahead", "ahead_busy_ms",
                                                     "ahead_device_ms")}
         n, busy, dev, na = d["batches"], d["busy_ms"], d["device_ms"], d["ahead"]

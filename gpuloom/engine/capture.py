@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .dag import CaptureError, with_batch
-from .executor import StreamExecutor
+from .executor import ForwardExecutor, StreamExecutor
 
 StreamFactory = Callable[[], torch.cuda.Stream]
 
@@ -118,13 +118,26 @@ def example_batch(examples: Sequence[torch.Tensor], batch: int) -> list[torch.Te
 
 
 def _capture_one(
-    executor: StreamExecutor, streams: list[torch.cuda.Stream], static_in: list[torch.Tensor], pool: Any, warmup: int
+    executor: StreamExecutor, streams: list[torch.cuda.Stream], static_in: list[torch.Tensor], pool: Any, warmup: int,
+    *, strict_sync: bool = False,
 ) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """Warm up, then capture one run of ``executor``. ``strict_sync``: the last warm-up runs with
+    torch's sync debug mode on "error", so that a host synchronization in the code (``.item()``,
+    ``nonzero``) raises there, eagerly, instead of invalidating the capture (the user's own forward:
+    the DAG has none, export would have refused them)."""
     main = streams[0]
     main.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(main):
-        for _ in range(warmup):  # cuDNN benchmark and lazy inits happen here, not under capture
-            executor.run(static_in, streams)
+        for i in range(warmup):  # cuDNN benchmark and lazy inits happen here, not under capture
+            if strict_sync and i == warmup - 1:
+                mode = torch.cuda.get_sync_debug_mode()
+                torch.cuda.set_sync_debug_mode("error")
+                try:
+                    executor.run(static_in, streams)
+                finally:
+                    torch.cuda.set_sync_debug_mode(mode)
+            else:
+                executor.run(static_in, streams)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     try:
@@ -132,7 +145,8 @@ def _capture_one(
             out = executor.run(static_in, streams)
     except Exception as e:
         node = executor.last_node
-        where = f"op {node.target} (graph node {node.name!r})" if node is not None else "the first op"
+        where = (f"op {node.target} (graph node {node.name!r})" if node is not None
+                 else "the model's forward" if isinstance(executor, ForwardExecutor) else "the first op")
         raise CaptureError(
             f"CUDA graph capture failed at {where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. "
             "Ops that synchronize with the host (.item(), nonzero, data-dependent shapes) cannot be captured; "
@@ -187,6 +201,7 @@ def capture_graphs(
         kinds = ["single"] + (["multi"] if executors["multi"].plan.num_streams > 1 else [])
         kinds += ["forward"] if "forward" in executors else []
     skipped: dict[int, str] = {}
+    skipped_kinds: dict[str, str] = {}  # an optional candidate that failed once, and why
     cudnn_benchmark = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = _CUDNN_AUTOTUNE[0]
     captured: dict[int, CapturedBucket] = {}
@@ -198,14 +213,25 @@ def capture_graphs(
                 static_bytes += sum(t.numel() * t.element_size() for t in static_in)
                 best: CapturedBucket | None = None
                 for kind in kinds:
+                    if kind in skipped_kinds:
+                        skipped[b] = skipped_kinds[kind]
+                        continue
                     ex = executors[kind]
+                    optional = kind == "forward" and len(kinds) > 1
+                    caller = torch.cuda.current_stream()
                     try:
-                        graph, out = _capture_one(ex, streams, static_in, pool, warmup)
+                        graph, out = _capture_one(ex, streams, static_in, pool, max(warmup, 1) if optional else warmup,
+                                                  strict_sync=optional)
                     except Exception as e:  # noqa: BLE001 - only the optional candidate may fail
-                        if kind != "forward" or len(kinds) == 1:
+                        if not optional:
                             raise
-                        skipped[b] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                        # a failed capture leaves the capture stream current (torch.cuda.graph's exit
+                        # raises before it restores the stream): give the caller its stream back, and
+                        # try no other bucket's forward (what failed here fails there)
+                        torch.cuda.set_stream(caller)
                         torch.cuda.synchronize()
+                        skipped[b] = skipped_kinds[kind] = (
+                            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
                         continue
                     entry = CapturedBucket(b, graph, static_in, out, kind, ex.plan.num_streams)
                     if len(kinds) > 1:

@@ -381,5 +381,7 @@ def compile(
     if dev.type == "cuda":
         say(f"capturing CUDA graphs for buckets {bucket_list}")
         cm._graphs = cm.capture()
+        for b, why in sorted(cm._graphs.skipped.items()):
+            say(f"bucket {b}: the model's own forward could not be captured, timed the DAG only ({why})")
     cm.compile_seconds = time.perf_counter() - t0
     return cm

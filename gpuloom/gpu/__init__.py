@@ -5,6 +5,7 @@ on CPU it returns no-op partitions. ``gpuloom.gpu.mps`` runs one process per par
 torch and ``cuda.bindings`` are imported only when a GPU partition is made.
 """
 
+from .connections import prefer_all_connections
 from .device import DeviceFacts, device_facts, max_blocks_per_sm, sm_granularity, sm_grid
 from .errors import BindingsMissingError, DriverError, GpuError, NoGpuError, PartitionError
 from .partition import Partition, Partitioner, validate_layout
@@ -12,5 +13,5 @@ from .partition import Partition, Partitioner, validate_layout
 __all__ = [
     "BindingsMissingError", "DeviceFacts", "DriverError", "GpuError", "NoGpuError", "Partition",
     "PartitionError", "Partitioner", "device_facts", "max_blocks_per_sm", "sm_granularity", "sm_grid",
-    "validate_layout",
+    "prefer_all_connections", "validate_layout",
 ]

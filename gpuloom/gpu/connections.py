@@ -37,7 +37,10 @@ class Connections:
     """The workqueues this process's CUDA context gets, and who decided."""
 
     count: int  # connections per context the driver was asked for (8: its default)
-    source: str  # "gpuloom" (set here), "user" (set before), "default" (unset), "late" (unset, CUDA already up)
+    # "gpuloom" (set here), "user" (set before), "default" (unset), "late" (unset, CUDA already up),
+    # "invalid" (set to something that is not a count: the driver's behaviour is unknown)
+    source: str
+    value: str = ""  # the variable as found, for "invalid"
 
     def as_meta(self) -> dict:
         return {"cuda_device_max_connections": self.count, "cuda_device_max_connections_source": self.source}
@@ -45,6 +48,9 @@ class Connections:
     @property
     def warning(self) -> str:
         """A line for the user where partitions may queue behind each other, else ""."""
+        if self.source == "invalid":
+            return (f"{ENV}={self.value!r} is not a number of hardware workqueues (1 to {WANTED}); gpuloom left it "
+                    f"as it is. Set it to {WANTED}, or unset it and gpuloom will.")
         if self.source != "late":
             return ""
         return (f"CUDA started before gpuloom could set {ENV}={WANTED}: this process has the driver's "
@@ -63,35 +69,33 @@ def _cuda_started() -> bool:
         return False
 
 
-def _parse(value: str) -> int:
-    """The count the driver gets from ``value`` (it caps at 32); a clear error for anything not a count."""
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise ValueError(f"{ENV} must be a whole number of hardware workqueues (1 to {WANTED}), got {value!r}")
-    return min(n, WANTED)
+def _parse(value: str) -> int | None:
+    """The count the driver gets from ``value`` (it caps at 32), or None where it is not a count."""
+    if not value.isdigit() or int(value) < 1:
+        return None
+    return min(int(value), WANTED)
 
 
-_set_here = False  # this process's value came from prefer_all_connections
+_set_value: str | None = None  # what prefer_all_connections put into os.environ, if it did
 
 
 def prefer_all_connections(environ: MutableMapping[str, str] | None = None,
                            cuda_started: Callable[[], bool] = _cuda_started) -> Connections:
     """Set ``CUDA_DEVICE_MAX_CONNECTIONS=32`` if unset and CUDA has not started; say what is in effect.
 
-    Call it first thing (the command line does, and so do the CUDA device layer and the partitioner,
-    which warn with :attr:`Connections.warning` when it comes too late).
+    Call it first thing: the command line does, and so do the GPU scripts and the CUDA device layer,
+    which warns with :attr:`Connections.warning` when it comes too late. Never raises: a value that
+    is not a count is left alone, with a warning.
     """
-    global _set_here
+    global _set_value
     env = os.environ if environ is None else environ
     if (env.get(ENV) or "").strip():
         return connections_in_effect(env)
     if cuda_started():
         return Connections(DRIVER_DEFAULT, "late")
     env[ENV] = str(WANTED)
-    _set_here = environ is None
+    if environ is None:
+        _set_value = str(WANTED)
     return Connections(WANTED, "gpuloom")
 
 
@@ -102,4 +106,6 @@ def connections_in_effect(environ: MutableMapping[str, str] | None = None) -> Co
     if not value:
         return Connections(DRIVER_DEFAULT, "default")
     n = _parse(value)
-    return Connections(n, "gpuloom" if _set_here and environ is None and n == WANTED else "user")
+    if n is None:
+        return Connections(DRIVER_DEFAULT, "invalid", value)
+    return Connections(n, "gpuloom" if environ is None and value == _set_value else "user")

@@ -193,6 +193,7 @@ class ExecBackend(Backend):
         # measurements
         self.parts: list[PartitionStats] = []
         self._layout_t0 = 0.0
+        self._layout_serial = 0  # layouts set up so far (PartitionStats count from the latest)
         self._busy_sm_ms = 0.0
         self.host_ms = 0.0  # time the runtime's thread spent in submit (dispatch overhead)
         self.device_ms = 0.0  # summed device time of every batch
@@ -272,6 +273,7 @@ class ExecBackend(Backend):
                     self._maybe_retire(old)
             self.parts = [PartitionStats(p.index, p.label or repr(p), p.sms, p.shared) for p in layout.partitions]
             self._layout_t0 = self.loop.wall_ms()
+            self._layout_serial += 1  # the partitions' counts start again: reports must not diff across
         return self.loop.now
 
     def partitions(self) -> Sequence[Partition]:
@@ -401,7 +403,7 @@ class ExecBackend(Backend):
                 {"index": p.index, "label": p.label, "sms": p.sms, "shared": p.shared, "batches": p.batches,
                  "failures": p.failures, "device_ms": p.device_ms, "busy_ms": p.busy_ms, "ahead": p.ahead,
                  "ahead_busy_ms": p.ahead_busy_ms, "ahead_device_ms": p.ahead_device_ms,
-                 "hold_hist": p.hold.to_json(),
+                 "hold_hist": p.hold.to_json(), "layout_serial": self._layout_serial,
                  "busy_ratio": min(1.0, p.busy_ms / elapsed), "device_busy_ratio": min(1.0, p.device_ms / elapsed)}
                 for p in self.parts
             ]
@@ -484,7 +486,8 @@ class ExecBackend(Backend):
                 ps.failures += bool(err)
                 ps.device_ms += dev_ms
                 ps.busy_ms += end - start
-                ps.hold.add(end - start - dev_ms)
+                if not err:  # as exec_ms: a failed batch's time is not a turnaround
+                    ps.hold.add(end - start - dev_ms)
                 if ahead:
                     ps.ahead += 1
                     ps.ahead_busy_ms += end - start

@@ -20,7 +20,7 @@ def bucket(ms: float) -> int:
     """The bucket of ``ms``: 0 for <= FLOOR_MS, else k with FLOOR_MS * RATIO**(k-1) < ms <= FLOOR_MS * RATIO**k."""
     if not ms > FLOOR_MS:
         return 0
-    return max(1, math.ceil(math.log(ms / FLOOR_MS) / _LOG_RATIO - 1e-9))
+    return max(1, math.ceil(math.log(min(ms, 1e12) / FLOOR_MS) / _LOG_RATIO - 1e-9))  # inf: the top bucket
 
 
 def upper(k: int) -> float:
@@ -37,6 +37,8 @@ class LogHistogram:
         self.counts: dict[int, int] = {}
 
     def add(self, ms: float) -> None:
+        if ms != ms:  # NaN: no duration to count
+            return
         k = bucket(ms)
         self.counts[k] = self.counts.get(k, 0) + 1
 
@@ -46,8 +48,8 @@ class LogHistogram:
 
 def delta(after: dict, before: dict | None) -> dict[int, int]:
     """Counts added between two :meth:`LogHistogram.to_json` snapshots (``before`` None: all)."""
-    before = before or {}
-    out = {int(k): c - before.get(k, 0) for k, c in after.items()}
+    prior = {int(k): c for k, c in (before or {}).items()}
+    out = {int(k): c - prior.get(int(k), 0) for k, c in after.items()}
     return {k: c for k, c in out.items() if c > 0}
 
 
