@@ -58,11 +58,13 @@ def test_the_runtime_side_sees_what_the_worker_wrote():
         a.close()
 
 
-def _infer(url: str, x: np.ndarray) -> np.ndarray:
+def _infer(url: str, x: np.ndarray, deadline_ms: float | None = None) -> np.ndarray:
     body = json.dumps({"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32",
                                    "data": x.ravel().tolist()}]}).encode()
-    req = urllib.request.Request(f"http://{url}/v2/models/tiny_mlp/infer", data=body,
-                                 headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if deadline_ms is not None:
+        headers["X-Gpuloom-Deadline-Ms"] = str(deadline_ms)
+    req = urllib.request.Request(f"http://{url}/v2/models/tiny_mlp/infer", data=body, headers=headers)
     with urllib.request.urlopen(req, timeout=30) as r:
         out = json.loads(r.read())["outputs"][0]
     return np.asarray(out["data"], np.float32).reshape(out["shape"])
@@ -113,8 +115,10 @@ def test_concurrent_requests_each_get_the_output_of_their_own_input(monkeypatch)
     try:
         module = repo.models["tiny_mlp"].build()[1]
         xs = [np.full((1 + i % 16, 16), i, np.float32) for i in range(200)]
+        # what is tested is whose output comes back, not latency: a deadline far from the model's
+        # 50 ms SLO, which 16 clients at once overran on a slow 2-core VM (a 504, eleventh session)
         with ThreadPoolExecutor(16) as pool:
-            outs = list(pool.map(lambda x: _infer(addr.http_url, x), xs))
+            outs = list(pool.map(lambda x: _infer(addr.http_url, x, deadline_ms=10_000), xs))
         for x, got in zip(xs, outs):
             with torch.no_grad():
                 want = module(torch.from_numpy(x)).numpy()
