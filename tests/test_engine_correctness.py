@@ -95,3 +95,16 @@ def test_lanes_and_the_profiler_capture_each_bucket_as_compile_kept_it():
     assert capture_groups(cm) == {"forward": [1], "max": [2, 8], 1: [4]}  # no choice (8): Nimble's streams
     assert capture_groups(cm, single=True) == {"forward": [1], 1: [2, 4, 8]}
     assert capture_groups(types.SimpleNamespace(buckets=(1, 2), stream_choice={})) == {"max": [1, 2]}
+
+
+def test_a_host_read_in_a_forward_is_caught_before_any_capture():
+    """The forward candidate's last warm-up runs under a per-thread guard: an op that reads a device
+    value on the host would invalidate a CUDA graph capture, so it raises there instead."""
+    from gpuloom.engine.capture import _NoHostSync
+
+    x = torch.randn(3, 4)
+    with _NoHostSync():
+        torch.nn.Linear(4, 2)(x).relu()  # device work only: fine
+        for read in (lambda: x.sum().item(), lambda: torch.nonzero(x), lambda: x.unique(), lambda: bool(x.sum() > 0)):
+            with pytest.raises(RuntimeError, match="host synchronization"):
+                read()

@@ -30,7 +30,7 @@ def test_too_late_leaves_the_environment_alone_and_warns_how_to_fix_it():
     assert "CUDA_DEVICE_MAX_CONNECTIONS=32" in got.warning and "before CUDA starts" in got.warning
 
 
-@pytest.mark.parametrize("value", ["abc", "0", "-3", "2.5", "1_6"])
+@pytest.mark.parametrize("value", ["abc", "0", "-3", "2.5", "1_6", "\u00b2", "\u0663"])
 def test_a_value_that_is_not_a_count_is_left_alone_with_a_warning(value):
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": value}
     got = conn.prefer_all_connections(env, cuda_started=lambda: False)
@@ -46,9 +46,16 @@ def test_a_bad_value_does_not_stop_the_command_line():
     assert "warning: CUDA_DEVICE_MAX_CONNECTIONS='abc' is not a number" in out.stderr
 
 
-def test_only_the_process_environment_counts_as_set_by_gpuloom():
+def test_only_the_process_environment_counts_as_set_by_gpuloom(monkeypatch):
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    monkeypatch.setattr(conn, "_set_value", None)
     conn.prefer_all_connections({}, cuda_started=lambda: False)  # a dict: the process's record is untouched
-    assert conn._set_value is None or conn._set_value == os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
+    assert conn._set_value is None and conn.connections_in_effect().source == "default"
+    assert conn.prefer_all_connections(cuda_started=lambda: False).source == "gpuloom"
+    assert conn.connections_in_effect().as_meta() == {"cuda_device_max_connections": 32,
+                                                      "cuda_device_max_connections_source": "gpuloom"}
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "16")  # changed by the user afterwards
+    assert conn.connections_in_effect().source == "user"
 
 
 def test_the_driver_caps_at_32_and_an_unset_variable_reads_as_its_default_8():

@@ -94,8 +94,15 @@ def test_with_ahead_full_only_batches_of_the_planned_size_are_launched_ahead():
     assert cap > 1 and ahead, (cap, dev.sizes)  # the backlog did fill batches ahead
     assert all(rows == cap for rows in ahead), (cap, ahead)
     # without the option the same run launches smaller batches ahead too
-    rt, _, dev, _ = serve("dstack", lookahead_ms=1000.0, n=200, gap_s=0.0002)
+    rt, _, dev, _ = serve("dstack", lookahead_ms=5.0, latency_ms=20.0, n=300, gap_s=0.0002, ahead_full=False)
     assert any(rows < rt.policy.cap["m"] for held, rows in dev.sizes if held), dev.sizes
+
+
+@pytest.mark.parametrize("value", ["False", "true", 0, 1])
+def test_dstack_flags_must_be_real_booleans(value):
+    # "False" from a hand-written variant must not read as True
+    with pytest.raises(ValueError, match="must be true or false"):
+        make_policy("dstack", ahead_full=value)
 
 
 def test_without_lookahead_a_partition_holds_one_batch():

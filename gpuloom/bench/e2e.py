@@ -217,7 +217,8 @@ def service_snapshot(svc) -> dict:
             "hist": {(m, k): v[k] for m, v in st["models"].items() for k in ("queue_ms", "compute_ms") if k in v},
             "exec_ms": {(e["model"], e["sms"], e["batch"]): (e["device_ms_sum"], e["batches"])
                         for e in be.get("exec_ms", [])},
-            "exec_hold": {(e["model"], e["sms"], e["batch"]): e.get("hold_ms_sum", 0.0) for e in be.get("exec_ms", [])},
+            "exec_hold": {(e["model"], e["sms"], e["batch"]): e["hold_ms_sum"] for e in be.get("exec_ms", [])
+                          if "hold_ms_sum" in e},
             "exec_hist": {(e["model"], e["sms"], e["batch"]): e.get("device_ms_hist", {})
                           for e in be.get("exec_ms", [])}}
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .dag import CaptureError, with_batch
 from .executor import ForwardExecutor, StreamExecutor
@@ -117,26 +118,37 @@ def example_batch(examples: Sequence[torch.Tensor], batch: int) -> list[torch.Te
     return [with_batch(x, batch).clone() for x in examples]
 
 
+class _NoHostSync(TorchDispatchMode):
+    """Raises at an op that reads a device value on the host (``.item()``, ``nonzero``, a copy to the
+    CPU): under capture it would invalidate the graph. A dispatch mode is per thread, so models being
+    served by other threads meanwhile are not affected (torch's sync debug mode is process-wide)."""
+
+    _READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default,
+              torch.ops.aten.masked_select.default, torch.ops.aten.is_nonzero.default}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        to_host = func is torch.ops.aten._to_copy.default and str(kwargs.get("device", "")).startswith("cpu")
+        if func in self._READS or to_host or "unique" in func.name():  # aten::_unique2, unique_dim, ...: sized on the host
+            raise RuntimeError(f"host synchronization in the forward: {func.name()} reads a device value on the host")
+        return func(*args, **kwargs)
+
+
 def _capture_one(
     executor: StreamExecutor, streams: list[torch.cuda.Stream], static_in: list[torch.Tensor], pool: Any, warmup: int,
     *, strict_sync: bool = False,
 ) -> tuple[torch.cuda.CUDAGraph, Any]:
-    """Warm up, then capture one run of ``executor``. ``strict_sync``: the last warm-up runs with
-    torch's sync debug mode on "error", so that a host synchronization in the code (``.item()``,
-    ``nonzero``) raises there, eagerly, instead of invalidating the capture (the user's own forward:
-    the DAG has none, export would have refused them)."""
+    """Warm up, then capture one run of ``executor``. ``strict_sync``: one more warm-up run, under
+    :class:`_NoHostSync`, so that a host synchronization in the code (``.item()``, ``nonzero``) raises
+    there, eagerly, instead of invalidating the capture (the user's own forward: the DAG has none,
+    export would have refused them)."""
     main = streams[0]
     main.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(main):
-        for i in range(warmup):  # cuDNN benchmark and lazy inits happen here, not under capture
-            if strict_sync and i == warmup - 1:
-                mode = torch.cuda.get_sync_debug_mode()
-                torch.cuda.set_sync_debug_mode("error")
-                try:
-                    executor.run(static_in, streams)
-                finally:
-                    torch.cuda.set_sync_debug_mode(mode)
-            else:
+        for _ in range(warmup):  # cuDNN benchmark and lazy inits happen here, not under capture
+            executor.run(static_in, streams)
+        if strict_sync:
+            with _NoHostSync():
                 executor.run(static_in, streams)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -220,8 +232,7 @@ def capture_graphs(
                     optional = kind == "forward" and len(kinds) > 1
                     caller = torch.cuda.current_stream()
                     try:
-                        graph, out = _capture_one(ex, streams, static_in, pool, max(warmup, 1) if optional else warmup,
-                                                  strict_sync=optional)
+                        graph, out = _capture_one(ex, streams, static_in, pool, warmup, strict_sync=optional)
                     except Exception as e:  # noqa: BLE001 - only the optional candidate may fail
                         if not optional:
                             raise
@@ -230,8 +241,9 @@ def capture_graphs(
                         # try no other bucket's forward (what failed here fails there)
                         torch.cuda.set_stream(caller)
                         torch.cuda.synchronize()
-                        skipped[b] = skipped_kinds[kind] = (
-                            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                        skipped[b] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                        if not isinstance(e, torch.cuda.OutOfMemoryError):  # a smaller bucket may fit
+                            skipped_kinds[kind] = skipped[b]
                         continue
                     entry = CapturedBucket(b, graph, static_in, out, kind, ex.plan.num_streams)
                     if len(kinds) > 1:

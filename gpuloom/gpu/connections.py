@@ -71,7 +71,7 @@ def _cuda_started() -> bool:
 
 def _parse(value: str) -> int | None:
     """The count the driver gets from ``value`` (it caps at 32), or None where it is not a count."""
-    if not value.isdigit() or int(value) < 1:
+    if not (value.isascii() and value.isdigit()) or int(value) < 1:
         return None
     return min(int(value), WANTED)
 

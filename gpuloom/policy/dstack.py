@@ -21,7 +21,8 @@ layout is ready):
 
 With the runtime's launch-ahead (``lookahead_ms``), a partition running one batch is offered again
 shortly before that batch ends (``on_free``). ``ahead_full=True`` takes such an offer only for a
-batch of the model's planned size; a smaller one waits for the running batch to end, as without
+batch of the model's planned size (or the largest that fits before another model's slot there); a
+smaller one goes to another free partition or waits for the running batch to end, as without
 launch-ahead. Launch-ahead hides the partition's turnaround (0.4-0.9 ms a batch on the H200) but,
 taking whatever is queued early, made 20-30% more, smaller batches (``docs/reports/runtime.md``,
 fifth session); under a backlog a full batch is there anyway, so nothing is lost waiting for it.
@@ -122,6 +123,9 @@ class DStackPolicy(Policy):
         if headroom < 0 or check_ms <= 0 or not batch_overhead_ms >= 0 or not 0 <= slo_margin < 1:
             raise ValueError(f"dstack: need headroom >= 0, check_ms > 0, batch_overhead_ms >= 0 and 0 <= slo_margin < 1, "
                              f"found {headroom}, {check_ms}, {batch_overhead_ms}, {slo_margin}")
+        for flag, v in (("replan", replan), ("ahead_full", ahead_full)):
+            if not isinstance(v, bool):  # "False" from a command line must not read as True
+                raise ValueError(f"dstack: {flag} must be true or false, found {v!r}")
         if min_sms is not None and not (isinstance(min_sms, int) and not isinstance(min_sms, bool) and min_sms >= 0):
             raise ValueError(f"dstack: min_sms must be an integer >= 0 (the smallest partition planned), found {min_sms!r}")
         self.min_sms = min_sms  # None: DEFAULT_MIN_SMS, or the whole GPU if it has fewer SMs
@@ -300,8 +304,8 @@ class DStackPolicy(Policy):
                     if l1 > (others[j] if j < len(others) else others[0] + cycle) - phi + 1e-9:
                         continue
                 k, j = self._batch(m, q, i, pp, phi, now_ms)
-                if k and k < self.cap[m] and idx in self._ahead_parts:
-                    continue  # offered ahead: only a full batch goes now, a smaller one at the batch's end
+                if k and idx in self._ahead_parts and k < self._fullest(m, pp, phi):
+                    continue  # offered ahead: only a full batch goes now, a smaller one elsewhere or later
                 if k:
                     self._ahead_parts.discard(idx)
                     out.append(Decision(m, tuple(q[j + t].id for t in range(k)), k, idx))
@@ -356,6 +360,17 @@ class DStackPolicy(Policy):
             if b >= min(total, cap):
                 break
         return best_k, best_j
+
+    def _fullest(self, m: str, pp: _PartPlan, phi: float) -> int:
+        """The largest batch of ``m`` (up to its planned one) that ``pp`` could run now before another
+        model's slot: what counts as full for a partition offered ahead (``ahead_full``)."""
+        horizon = pp.horizon(m, phi, self.cycle) + 1e-9
+        best = 0
+        for b, lat in self._lat_row(m, pp.sms):
+            if lat > horizon:
+                break
+            best = min(b, self.cap[m])
+        return best
 
     def _lat_row(self, m: str, sms: int) -> list[tuple[int, float]]:
         """(bucket, L(bucket, sms) + batch overhead) for ``m``, cached: how long a batch holds a partition."""

@@ -486,8 +486,7 @@ class ExecBackend(Backend):
                 ps.failures += bool(err)
                 ps.device_ms += dev_ms
                 ps.busy_ms += end - start
-                if not err:  # as exec_ms: a failed batch's time is not a turnaround
-                    ps.hold.add(end - start - dev_ms)
+                ps.hold.add(end - start - dev_ms)  # every batch, failed ones too, as busy_ms and gap_ms
                 if ahead:
                     ps.ahead += 1
                     ps.ahead_busy_ms += end - start
