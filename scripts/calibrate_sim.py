@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gpuloom.bench.e2e import offered_as_scheduled  # noqa: E402
 from gpuloom.bench.experiment import simulate  # noqa: E402
 from gpuloom.bench.workload import workload_from_dict  # noqa: E402
-from gpuloom.commands.bench import parse_policy_spec  # noqa: E402
+from gpuloom.commands.bench import sim_policy  # noqa: E402,F401 - the variant as the simulator builds it
 from gpuloom.profile.store import ProfileStore  # noqa: E402
 from gpuloom.runtime.service import trim_profile  # noqa: E402
 from gpuloom.runtime.sim import ContentionModel  # noqa: E402
@@ -60,16 +60,6 @@ def client_late(point: dict) -> bool:
     if "offered_as_scheduled" in point:
         return not point["offered_as_scheduled"]
     return not offered_as_scheduled(point.get("arrivals") or {})
-
-
-def sim_policy(spec: str, meta: dict) -> tuple[str, dict]:
-    """The policy a measured variant ran, as the simulator builds it: its name and policy options
-    (service keys configure the real runtime, not the simulated GPU). Plain ``dstack`` gets the floor
-    it had in that run: reports written before ``meta.dstack_min_sms_default`` planned down to 8 SMs."""
-    name, options, _ = parse_policy_spec(spec)
-    if name == "dstack":
-        options.setdefault("min_sms", int(meta.get("dstack_min_sms_default", 0)))
-    return name, options
 
 
 def main() -> int:

@@ -27,21 +27,35 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gpuloom.bench.e2e import save_json  # noqa: E402
 from gpuloom.bench.experiment import simulate  # noqa: E402
 from gpuloom.bench.workload import workload_from_dict  # noqa: E402
-from gpuloom.commands.bench import parse_policy_spec  # noqa: E402
+from gpuloom.commands.bench import sim_policy  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
 from gpuloom.runtime.service import trim_profile  # noqa: E402
 from gpuloom.runtime.sim import ContentionModel  # noqa: E402
 
 
+def slowdown(rows: list[dict]) -> float | None:
+    """Device time over profile of ``profile_check`` rows, weighted by their batches; None without a profile."""
+    rows = [r for r in rows if r.get("profile_ms")]
+    prof = sum(r["profile_ms"] * r["batches"] for r in rows)
+    return sum(r["measured_ms"] * r["batches"] for r in rows) / prof if prof else None
+
+
+def mean_by(items) -> dict:
+    """``{key: mean of value weighted by n}`` over ``(key, value, n)`` items."""
+    acc: dict = {}
+    for key, value, n in items:
+        t = acc.setdefault(key, [0.0, 0])
+        t[0] += value * n
+        t[1] += n
+    return {k: t / n for k, (t, n) in acc.items() if n}
+
+
 def measured(point: dict) -> tuple[float, float, int]:
     """(mean hold beyond device time per batch ms, device time over profile, exclusive partitions)."""
     lanes = [q for q in point["layouts"] if q["batches"]]
-    n = sum(q["batches"] for q in lanes)
-    hold = sum((q["gap_ms"] or 0.0) * q["batches"] for q in lanes) / n if n else 0.0
-    pc = point.get("profile_check") or []
-    prof = sum(r["profile_ms"] * r["batches"] for r in pc)
-    slow = sum(r["measured_ms"] * r["batches"] for r in pc) / prof if prof else 1.0
-    return hold, slow, sum(1 for q in point["layouts"] if not q["shared"])
+    hold = mean_by(("all", q["gap_ms"] or 0.0, q["batches"]) for q in lanes).get("all", 0.0)
+    slow = slowdown(point.get("profile_check") or [])
+    return hold, (1.0 if slow is None else slow), sum(1 for q in point["layouts"] if not q["shared"])
 
 
 def per_model(point: dict) -> tuple[dict[str, float], dict[str, float], bool]:
@@ -52,23 +66,14 @@ def per_model(point: dict) -> tuple[dict[str, float], dict[str, float], bool]:
     batches on that many SMs, else the most; dstack also runs other models on a partition, so this
     mixes their holds."""
     rows = point.get("profile_check") or []
-    slow: dict[str, float] = {}
-    for m in {r["model"] for r in rows}:
-        mine = [r for r in rows if r["model"] == m and r.get("profile_ms")]
-        prof = sum(r["profile_ms"] * r["batches"] for r in mine)
-        if prof:
-            slow[m] = sum(r["measured_ms"] * r["batches"] for r in mine) / prof
+    by_model = {m: slowdown([r for r in rows if r["model"] == m]) for m in {r["model"] for r in rows}}
+    slow = {m: v for m, v in by_model.items() if v is not None}
     if rows and all("hold_ms" in r for r in rows):
-        tot: dict[str, list[float]] = {}
-        for r in rows:
-            acc = tot.setdefault(r["model"], [0.0, 0])
-            acc[0] += r["hold_ms"] * r["batches"]
-            acc[1] += r["batches"]
-        return {m: t / n for m, (t, n) in tot.items() if n}, slow, True
+        return mean_by((r["model"], r["hold_ms"], r["batches"]) for r in rows), slow, True
     ran: dict[tuple[int, str], int] = {}
     for r in rows:
         ran[(r["sms"], r["model"])] = ran.get((r["sms"], r["model"]), 0) + r["batches"]
-    held: dict[str, list[float]] = {}
+    held = []
     for q in point["layouts"]:
         if q["shared"] or not q["batches"] or q["gap_ms"] is None:
             continue
@@ -77,10 +82,8 @@ def per_model(point: dict) -> tuple[dict[str, float], dict[str, float], bool]:
             continue
         exact = [m for m, n in cands.items() if n == q["batches"]]
         owner = exact[0] if len(exact) == 1 else max(cands, key=cands.get)
-        acc = held.setdefault(owner, [0.0, 0])
-        acc[0] += q["gap_ms"] * q["batches"]
-        acc[1] += q["batches"]
-    return {m: t / n for m, (t, n) in held.items() if n}, slow, False
+        held.append((owner, q["gap_ms"], q["batches"]))
+    return mean_by(held), slow, False
 
 
 def slowed(profile, factor: float):
@@ -99,12 +102,10 @@ def main() -> int:
     wl = workload_from_dict(d["workload"])
     store = ProfileStore.builtin("h200")
     profs = {m.name: trim_profile(store.get(m.name), int(d["meta"]["max_batch"])) for m in wl.models}
-    name, options, _ = parse_policy_spec(a.policy)
-    if name == "dstack":
-        options.setdefault("min_sms", int(d["meta"].get("dstack_min_sms_default", 0)))
+    name, options = sim_policy(a.policy, d["meta"])
     rows = []
     for p in d["policies"][a.policy]["points"]:
-        hold, slow, parts = measured(p)
+        hold, slow, _ = measured(p)
         w = dataclasses.replace(wl.scaled(p["scale"]), duration_s=float(d["meta"]["duration_s"]))
         slower = {m: slowed(pr, slow) for m, pr in profs.items()}
         row = {"scale": p["scale"], "measured_attainment": round(p["slo_attainment"], 4),

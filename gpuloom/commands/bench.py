@@ -67,6 +67,17 @@ def parse_policy_spec(spec: str) -> tuple[str, dict, dict]:
     return name, policy_options, service_options
 
 
+def sim_policy(spec: str, meta: dict) -> tuple[str, dict]:
+    """The policy a measured variant ``spec`` ran, as the simulator builds it again from a bench
+    report's ``meta``: its name and policy options (service keys configure the real runtime, not the
+    simulated GPU). Plain ``dstack`` gets the floor it had in that run: reports written before
+    ``meta.dstack_min_sms_default`` planned down to 8 SMs."""
+    name, options, _ = parse_policy_spec(spec)
+    if name == "dstack":
+        options.setdefault("min_sms", int(meta.get("dstack_min_sms_default", 0)))
+    return name, options
+
+
 def run(args: argparse.Namespace) -> int:
     import sys
     import time
