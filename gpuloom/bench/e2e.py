@@ -215,12 +215,7 @@ def service_snapshot(svc) -> dict:
             "threads": thread_cpu(),
             "counters": {k: be.get(k, 0) for k in DEVICE_COUNTERS},
             "hist": {(m, k): v[k] for m, v in st["models"].items() for k in ("queue_ms", "compute_ms") if k in v},
-            "exec_ms": {(e["model"], e["sms"], e["batch"]): (e["device_ms_sum"], e["batches"])
-                        for e in be.get("exec_ms", [])},
-            "exec_hold": {(e["model"], e["sms"], e["batch"]): e["hold_ms_sum"] for e in be.get("exec_ms", [])
-                          if "hold_ms_sum" in e},
-            "exec_hist": {(e["model"], e["sms"], e["batch"]): e.get("device_ms_hist", {})
-                          for e in be.get("exec_ms", [])}}
+            "exec_ms": {(e["model"], e["sms"], e["batch"]): e for e in be.get("exec_ms", [])}}
 
 
 def hist_delta(before: dict, after: dict, model: str, key: str) -> dict:
@@ -243,18 +238,19 @@ def profile_check(svc, before: dict, after: dict) -> list[dict]:
     5%-wide buckets), where the backend kept their distribution, and ``hold_ms``: how long such a
     batch held its lane beyond its device time, on average (a model's own turnaround)."""
     out = []
-    for key, (t1, n1) in sorted(after["exec_ms"].items()):
-        t0, n0 = before["exec_ms"].get(key, (0.0, 0))
-        if n1 - n0 <= 0:
+    for key, e1 in sorted(after["exec_ms"].items()):
+        e0 = before["exec_ms"].get(key, {})
+        n = e1["batches"] - e0.get("batches", 0)
+        if n <= 0:
             continue
         model, sms, b = key
-        mean = (t1 - t0) / (n1 - n0)
-        row = {"model": model, "sms": sms, "batch": b, "batches": n1 - n0, "measured_ms": round(mean, 4)}
-        if key in after.get("exec_hold", {}):
-            row["hold_ms"] = round((after["exec_hold"][key] - before.get("exec_hold", {}).get(key, 0.0)) / (n1 - n0), 4)
-        counts = loghist.delta(after.get("exec_hist", {}).get(key, {}), before.get("exec_hist", {}).get(key))
+        mean = (e1["device_ms_sum"] - e0.get("device_ms_sum", 0.0)) / n
+        row = {"model": model, "sms": sms, "batch": b, "batches": n, "measured_ms": round(mean, 4)}
+        if "hold_ms_sum" in e1:
+            row["hold_ms"] = round((e1["hold_ms_sum"] - e0.get("hold_ms_sum", 0.0)) / n, 4)
+        counts = loghist.delta(e1.get("device_ms_hist", {}), e0.get("device_ms_hist"))
         if counts:
-            row["p50_ms"], row["p99_ms"] = (round(loghist.quantile(counts, q), 4) for q in (0.5, 0.99))
+            row["p50_ms"], row["p99_ms"] = loghist.tails(counts)
         try:
             prof = svc.profile(model)
             pred = prof.latency(prof.bucket(min(b, prof.max_batch)), sms)
@@ -457,7 +453,7 @@ def lane_deltas(before: list[dict], after: list[dict]) -> list[dict]:
                     "gap_idle_ms": per((busy - d["ahead_busy_ms"]) - (dev - d["ahead_device_ms"]), n - na)})
         counts = loghist.delta(p.get("hold_hist", {}), b.get("hold_hist"))
         if counts:
-            out[-1]["hold_p50_ms"], out[-1]["hold_p99_ms"] = (round(loghist.quantile(counts, q), 4) for q in (0.5, 0.99))
+            out[-1]["hold_p50_ms"], out[-1]["hold_p99_ms"] = loghist.tails(counts)
     return out
 
 

@@ -31,7 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--torch-launch", action="store_true",
                    help="launch batches through torch calls instead of raw CUDA driver calls (slower on the host; "
                         "for comparison or if a driver call misbehaves)")
-    p.add_argument("--workqueues", choices=("shared", "balanced"), default="shared",
+    from ..gpu.partition import WORKQUEUES  # no torch: imported only when a partition is made
+
+    p.add_argument("--workqueues", choices=WORKQUEUES, default="shared",
                    help="hardware workqueues of the SM partitions: shared (default: the device's, which "
                         "CUDA_DEVICE_MAX_CONNECTIONS sizes; gpuloom sets it to 32, the most, when unset) or balanced (each partition its own, where the driver "
                         "can: CUDA 13.1+; experimental)")

@@ -199,11 +199,10 @@ class ExecBackend(Backend):
         self.device_ms = 0.0  # summed device time of every batch
         self.batches = 0
         self.model_batches: Counter = Counter()  # model -> batches executed (Triton's exec_count)
-        # (model, SMs of the lane, batch rows) -> [device ms summed, batches, hold ms summed]: measured
-        # L(b, s), to hold against the profile the plan was made with, and how long such batches held
-        # their lane beyond it (busy - device: the launch, the way back, the booking)
-        self.exec_ms: dict[tuple[str, int, int], list[float]] = {}
-        self.exec_hist: dict[tuple[str, int, int], LogHistogram] = {}  # the same keys: device ms per batch
+        # (model, SMs of the lane, batch rows) -> [device ms summed, batches, hold ms summed, device ms
+        # per batch as a LogHistogram]: measured L(b, s), to hold against the profile the plan was made
+        # with, and how long such batches held their lane beyond it (the launch, the way back, the booking)
+        self.exec_ms: dict[tuple[str, int, int], list] = {}
         self.failures = 0
         self.layouts_built = 0
         # complete_on="loop": batches the device will post the loop for, in launch order
@@ -413,8 +412,8 @@ class ExecBackend(Backend):
                 "batches": self.batches,
                 "model_batches": dict(self.model_batches),
                 "exec_ms": [{"model": m, "sms": sms, "batch": b, "batches": int(n), "device_ms_sum": t,
-                             "hold_ms_sum": hold, "device_ms_hist": self.exec_hist[(m, sms, b)].to_json()}
-                            for (m, sms, b), (t, n, hold) in sorted(self.exec_ms.items())],
+                             "hold_ms_sum": hold, "device_ms_hist": hist.to_json()}
+                            for (m, sms, b), (t, n, hold, hist) in sorted(self.exec_ms.items())],
                 "failures": self.failures,
                 "busy_sm_ms": self._busy_sm_ms,
                 "device_ms": self.device_ms,
@@ -497,14 +496,14 @@ class ExecBackend(Backend):
             self.device_ms += dev_ms
             sms = lanes.layout.shared_sms if part.shared else part.sms
             if not err:
-                acc = self.exec_ms.setdefault((d.model, sms, len(requests)), [0.0, 0, 0.0])
+                key = (d.model, sms, len(requests))
+                acc = self.exec_ms.get(key)
+                if acc is None:
+                    acc = self.exec_ms[key] = [0.0, 0, 0.0, LogHistogram()]
                 acc[0] += dev_ms
                 acc[1] += 1
                 acc[2] += end - start - dev_ms
-                hist = self.exec_hist.get((d.model, sms, len(requests)))
-                if hist is None:
-                    hist = self.exec_hist[(d.model, sms, len(requests))] = LogHistogram()
-                hist.add(dev_ms)
+                acc[3].add(dev_ms)
             use = min(sms, self.knee(d.model, d.batch)) if self.knee else sms
             self._busy_sm_ms += use * dev_ms
         self.loop.post(COMPLETION, self._on_completion, Completion(d, start, end, err))

@@ -64,3 +64,8 @@ def quantile(counts: dict[int, int], q: float) -> float | None:
         if acc >= target:
             return upper(k)
     return upper(max(counts))
+
+
+def tails(counts: dict[int, int]) -> tuple[float, float]:
+    """(p50, p99) of ``counts`` in ms, rounded as reports give them (there must be samples)."""
+    return round(quantile(counts, 0.5), 4), round(quantile(counts, 0.99), 4)

@@ -136,7 +136,8 @@ class _Run:
 
     __slots__ = ("decision", "part", "start", "base", "demand", "useful", "remaining", "rate", "version", "seq", "tail")
 
-    def __init__(self, decision: Decision, part: Partition, start: float, base: float, demand: float, useful: float):
+    def __init__(self, decision: Decision, part: Partition, start: float, base: float, demand: float, useful: float,
+                 tail: float = 0.0):
         self.decision = decision
         self.part = part
         self.start = start
@@ -147,7 +148,7 @@ class _Run:
         self.rate = 0.0  # fraction per ms
         self.version = 0
         self.seq = 0  # submission order, breaks priority ties
-        self.tail = 0.0  # ms the lane stays held after the GPU work (batch_overhead_ms), SMs free
+        self.tail = tail  # ms the lane stays held after the GPU work (batch_overhead_ms), SMs free
 
 
 class SimBackend(Backend):
@@ -231,8 +232,8 @@ class SimBackend(Backend):
             self._launcher_free = start + h + h_req  # the requests' share adds to the backlog ...
             base += start - self.loop.now + h  # ... but holds the lane only through what it delays
         self._settle()
-        run = _Run(decision, part, self.loop.now, base, demand, useful)
-        run.tail = self.contention.overhead_ms(decision.model)  # the lane is busy after the GPU work, the GPU is not
+        # the tail: the lane is busy after the GPU work, the GPU is not
+        run = _Run(decision, part, self.loop.now, base, demand, useful, self.contention.overhead_ms(decision.model))
         self._seq += 1
         run.seq = self._seq
         self._running[decision.partition] = run
