@@ -31,6 +31,7 @@ def main() -> int:
     series: dict[str, list] = {}
     files = [(path, json.loads(Path(path).read_text())) for path in a.bench]
     queues = {path: int((d.get("meta") or {}).get("cuda_device_max_connections") or 8) for path, d in files}
+    mixed = len(set(queues.values())) > 1  # label --merge lines by hardware queues only where files differ
     for path, d in files:
         for pol, res in d["policies"].items():
             pts = sorted(res["points"], key=lambda p: p["offered_rps"])
@@ -39,7 +40,7 @@ def main() -> int:
             if not a.merge:
                 series.setdefault(pol, []).append((Path(path).stem, pts))
                 continue
-            key = pol if len(set(queues.values())) == 1 else f"{pol}, {queues[path]} hw queues"
+            key = f"{pol}, {queues[path]} hw queues" if mixed else pol
             runs = series.setdefault(key, [(key, [])])
             runs[0] = (key, sorted(runs[0][1] + pts, key=lambda p: p["offered_rps"]))
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
