@@ -67,40 +67,54 @@ def test_a_running_service_holds_it_when_asked_and_close_restores_it():
     default.close()
 
 
-def test_a_gil_releasing_call_next_to_a_busy_thread_is_not_held_off_for_a_short_interval():
-    """The convoy effect the option is there for: with 5 ms a loop of short GIL-releasing calls next
-    to a thread spinning in Python slows by orders of magnitude (a few calls in a hundred wait 5-10
-    ms for the GIL); with 0.5 ms it does not. Mean time per call, best of three for
-    the short interval and the middle of three for the default, so one odd run does not decide."""
+def test_next_to_a_busy_thread_a_gil_releasing_call_is_held_off_for_about_the_short_interval():
+    """The convoy effect the option is there for. A loop of short GIL-releasing calls runs next to a
+    thread spinning in Python. Whenever the spinner wins the GIL while the call is out, the call's
+    thread waits until the interval forces a hand-off: about 5 ms at the default, about 0.5 ms with
+    the option. The length of those hold-offs is the interval's doing; how often they happen is the
+    OS scheduler's (on a loaded 2-core CI machine the spinner won 2% of the races, on the build VM
+    most of them), so the test counts the hold-offs longer than half the default interval, not the mean time per call:
+    the mean failed there at 129 us vs 65 us per call (default vs short)."""
     torch = pytest.importorskip("torch")
     torch.set_num_threads(1)
     dst, src = torch.zeros(20000), torch.ones(20000)
 
-    def mean_us() -> float:
-        t = time.perf_counter()
-        for _ in range(300):
+    def call_times_s(budget_s: float = 0.6, most: int = 400) -> list[float]:
+        times, end = [], time.perf_counter() + budget_s
+        while len(times) < most and time.perf_counter() < end:
+            t = time.perf_counter()
             dst.copy_(src)
-        return (time.perf_counter() - t) / 300 * 1e6
+            times.append(time.perf_counter() - t)
+        return times
 
-    def with_spinner(ms: float) -> float:
+    alone = float(np.median(call_times_s()))
+
+    def hold_offs_s(ms: float) -> list[float]:
+        """The calls that took at least 0.25 ms longer than alone, over three spinner runs."""
         sys.setswitchinterval(ms / 1000)
-        stop = threading.Event()
+        held: list[float] = []
+        for _ in range(3):
+            stop = threading.Event()
 
-        def spin():
-            while not stop.is_set():
-                pass
+            def spin():
+                while not stop.is_set():
+                    pass
 
-        th = threading.Thread(target=spin, daemon=True)
-        th.start()
-        time.sleep(0.01)
-        try:
-            return mean_us()
-        finally:
-            stop.set()
-            th.join()
+            th = threading.Thread(target=spin, daemon=True)
+            th.start()
+            time.sleep(0.01)
+            try:
+                held += [t for t in call_times_s() if t > alone + 0.25e-3]
+            finally:
+                stop.set()
+                th.join()
+        return held
 
-    default = float(np.median([with_spinner(5.0) for _ in range(3)]))
-    if default < 50:  # the spinner could not take the GIL (an overloaded machine): nothing to remove
-        pytest.skip(f"no convoy at the default interval on this machine now ({default:.1f} us per call)")
-    short = min(with_spinner(0.5) for _ in range(3))
-    assert short * 3 < default, (short, default)
+    default = hold_offs_s(5.0)
+    if len(default) < 10:  # the spinner hardly ever took the GIL (an overloaded machine): nothing to remove
+        pytest.skip(f"no convoy at the default interval on this machine now ({len(default)} hold-offs)")
+    assert float(np.median(default)) > 3e-3, sorted(default)  # the default's hold-offs are its 5 ms
+    short = hold_offs_s(0.5)
+    # a hold-off of more than half the default interval under the short one is the OS's, not the GIL's
+    long_default, long_short = (sum(t > 2.5e-3 for t in h) for h in (default, short))
+    assert long_short * 3 <= long_default, (sorted(short), sorted(default))
