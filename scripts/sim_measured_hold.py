@@ -28,6 +28,7 @@ from gpuloom.bench.e2e import save_json  # noqa: E402
 from gpuloom.bench.experiment import simulate  # noqa: E402
 from gpuloom.bench.workload import workload_from_dict  # noqa: E402
 from gpuloom.commands.bench import sim_policy  # noqa: E402
+from gpuloom.plan.slowdown import slowed  # noqa: E402,F401 - also imported from here by sim_learned_slowdown
 from gpuloom.profile.store import ProfileStore  # noqa: E402
 from gpuloom.runtime.service import trim_profile  # noqa: E402
 from gpuloom.runtime.sim import ContentionModel  # noqa: E402
@@ -84,11 +85,6 @@ def per_model(point: dict) -> tuple[dict[str, float], dict[str, float], bool]:
         owner = exact[0] if len(exact) == 1 else max(cands, key=cands.get)
         held.append((owner, q["gap_ms"], q["batches"]))
     return mean_by(held), slow, False
-
-
-def slowed(profile, factor: float):
-    """``profile`` with every latency ``factor`` times longer (the device as slow as measured)."""
-    return dataclasses.replace(profile, latency_ms=tuple(tuple(v * factor for v in row) for row in profile.latency_ms))
 
 
 def main() -> int:

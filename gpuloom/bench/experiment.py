@@ -96,17 +96,21 @@ def simulate(
     contention: ContentionModel | None = None,
     options: Mapping[str, object] | None = None,
     trace: bool = False,
+    device_profiles: ProfileStore | Mapping[str, Profile] | None = None,
 ) -> SimRun:
     """Run ``workload`` under ``policy`` on the simulated GPU.
 
     Arrivals span ``workload.duration_s``; the policy may keep dispatching for one more (largest)
     SLO so that every request's fate is decided by its deadline, then running batches finish.
+    ``device_profiles``: how long batches really take on the simulated GPU, where that differs from
+    the ``profiles`` the policy plans with (a GPU slower than its profiles, as measured on the H200).
     """
     t0 = time.perf_counter()
     profs = _profiles_for(workload, profiles)
     ctx = make_context(workload, profs, contention=contention)
     pol = make_policy(policy, **(options or {})) if isinstance(policy, str) else policy
-    backend = SimBackend(profs, contention=contention)
+    backend = SimBackend(profs if device_profiles is None else _profiles_for(workload, device_profiles),
+                         contention=contention)
     requests = make_requests(workload)
     until = workload.duration_s * 1000.0
     rt = Runtime(pol, backend, ctx, trace=trace)

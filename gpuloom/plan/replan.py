@@ -14,6 +14,16 @@ Two guards keep it from thrashing on noise:
   the others keep their planned rates (their deviation is noise inside the band). Falling rates therefore never trigger a switch (the current plan still serves them);
   rising rates do once they outgrow the current plan's capacity.
 
+**Measured slowdowns** (``check(..., slowdowns=...)``, from :mod:`gpuloom.plan.slowdown`): when a
+model's batches run slower than its profile by more than ``slow_band`` beyond what the current plan
+assumed (once every planned model's slowdown is known, or ``hold_s`` after the first), a plan made
+with the slowed profiles at the planned rates replaces it, unless it serves fewer requests/s than
+the current one does at the measured latencies (:func:`served_under`). The switch cost does not
+apply: the current plan was made for latencies the GPU does not deliver. Waiting for its latency
+bound to break (:func:`broken_guarantees`, reported) would be too late: in simulation with the
+H200's measured slowdowns, bert_base kept 0.949 of its SLO at 6-model x0.9375 under a plan whose
+bound still held, and 0.999 under the plan made with them.
+
 Both the estimator and the replanner take the clock as an argument (simulated or real seconds), so
 the same objects run in the simulator and on the GPU.
 """
@@ -29,6 +39,7 @@ from gpuloom.profile.store import ProfileStore
 
 from .planner import plan
 from .schedule import Demand, Schedule
+from .slowdown import slowed_store
 
 
 class RateEstimator:
@@ -84,6 +95,36 @@ class ReplanDecision:
     cost: float = 0.0  # requests lost while switching (switch_cost_s x current goodput)
 
 
+def broken_guarantees(schedule: Schedule, factors: Mapping[str, float]) -> list[str]:
+    """The models whose planned guarantee fails when each model's slots take ``factors[model]``
+    times their planned time (1 where absent): their partition's slots no longer fit its period (the
+    cycle's slots its cycle), or
+    their latency bound (period + slots x latency) passes their SLO."""
+    broken: list[str] = []
+    for p in schedule.partitions:  # the slots of a whole cycle fit the cycle iff each period's fit the period
+        busy = sum(s.duration_ms * factors.get(s.model, 1.0) for s in p.slots)
+        if busy > schedule.cycle_ms * (1 + 1e-9):
+            broken += [m for m in p.models if m not in broken]
+    for mp in schedule.models:
+        if mp.sms and mp.model not in broken:
+            worst = mp.period_ms + mp.slots_per_cycle * mp.latency_ms * factors.get(mp.model, 1.0)
+            if worst > mp.slo_ms * (1 + 1e-9):
+                broken.append(mp.model)
+    return broken
+
+
+def served_under(schedule: Schedule, factors: Mapping[str, float], rates: Mapping[str, float]) -> float:
+    """Requests/s ``schedule`` serves at ``rates`` when its slots take ``factors`` times longer: a
+    partition whose slots overrun its period serves its models that much less."""
+    cap = {}
+    for p in schedule.partitions:
+        busy = sum(s.duration_ms * factors.get(s.model, 1.0) for s in p.slots)
+        for m in p.models:
+            cap[m] = min(1.0, schedule.cycle_ms / busy) if busy > 0 else 1.0
+    return sum(min(r, schedule.model(m).planned_rps * cap.get(m, 1.0)) for m, r in rates.items()
+               if any(mp.model == m for mp in schedule.models))
+
+
 class Replanner:
     """Keeps a schedule in step with measured rates, with hysteresis and a switch cost.
 
@@ -104,7 +145,11 @@ class Replanner:
         cooldown_s: float = 5.0,
         min_rate: float = 5.0,
         plan_kwargs: Mapping[str, Any] | None = None,
+        slow_band: float = 0.05,
+        slowdowns: Mapping[str, float] | None = None,
     ) -> None:
+        if not slow_band > 0:
+            raise ValueError(f"Replanner: need slow_band > 0 (relative change of a measured slowdown), found {slow_band}")
         if not band > 0 or hold_s < 0 or switch_cost_s < 0 or not horizon_s > 0 or cooldown_s < 0 or not min_rate > 0:
             raise ValueError(
                 "Replanner: need band > 0, hold_s >= 0, switch_cost_s >= 0, horizon_s > 0, cooldown_s >= 0, "
@@ -116,8 +161,13 @@ class Replanner:
         self.plan_kwargs = dict(plan_kwargs or {})
         self.band, self.hold_s, self.switch_cost_s = band, hold_s, switch_cost_s
         self.horizon_s, self.cooldown_s, self.min_rate = horizon_s, cooldown_s, min_rate
-        self.schedule = schedule if schedule is not None else plan(list(demands), profiles, **self.plan_kwargs)
+        self.slow_band = slow_band
+        self.slowdowns: dict[str, float] = dict(slowdowns or {})  # slowdowns the current plan assumed (1 where absent)
+        self.schedule = schedule if schedule is not None else plan(list(demands), self._store(), **self.plan_kwargs)
         self.planned_rates = {d.model: d.rate for d in demands}
+        self.slowdown_switches = 0  # of ``switches``, those for measured slowdowns
+        self.slowdown_note = ""  # what the last look at moved slowdowns concluded
+        self._slow_since: float | None = None  # when a slowdown first moved beyond slow_band (waiting for the rest)
         self.switches = 0
         self.evaluations = 0  # candidate plans computed
         self.skipped = 0  # checks of drifting rates the current plan serves already (no candidate needed)
@@ -148,8 +198,59 @@ class Replanner:
         need = {(s.model, s.batch, p.sm_offset) for p in candidate.partitions for s in p.slots}
         return len(need - have) / len(need) if need else 0.0
 
-    def check(self, now: float, rates: Mapping[str, float]) -> ReplanDecision:
-        """Decide at time ``now`` (s) whether to switch plans for the measured ``rates`` (requests/s)."""
+    def schedule_models(self) -> list[str]:
+        """The models with slots in the current schedule."""
+        return [mp.model for mp in self.schedule.models if mp.sms]
+
+    def _store(self) -> ProfileStore:
+        """The profiles plans are made from: slowed by the measured slowdowns known so far."""
+        return slowed_store(self.profiles, self.slowdowns) if self.slowdowns else self.profiles
+
+    def _check_slowdowns(self, now: float, slowdowns: Mapping[str, float]) -> ReplanDecision | None:
+        """The switch when measured slowdowns that moved beyond ``slow_band`` break the current plan's
+        guarantees and a plan made with them serves no less; else None (``slowdown_note`` says why)."""
+        moved = {m: f for m, f in slowdowns.items()
+                 if m in self.base and abs(f / self.slowdowns.get(m, 1.0) - 1.0) > self.slow_band}
+        if not moved:
+            self._slow_since = None
+            return None
+        if self._slow_since is None:
+            self._slow_since = now
+        waiting = [m for m in self.schedule_models() if m not in slowdowns]
+        if waiting and now - self._slow_since < self.hold_s:
+            return None  # one plan for all the slowdowns: wait (up to hold_s) for the models not measured yet
+        if now - self._last_switch < self.cooldown_s:
+            return None  # looked at again after the cooldown
+        self._slow_since = None
+        relative = {m: f / self.slowdowns.get(m, 1.0) for m, f in moved.items()}
+        broken = broken_guarantees(self.schedule, relative)
+        self.slowdowns = {**self.slowdowns, **moved}  # the next plan, whichever, is made with them
+        said = ", ".join(f"{m} {f:.2f}x" for m, f in sorted(moved.items()))
+        rates = dict(self.planned_rates)
+        self.evaluations += 1
+        candidate = plan([dataclasses.replace(self.base[m], rate=r) for m, r in rates.items()], self._store(),
+                         **self.plan_kwargs)
+        now_served, then_served = served_under(self.schedule, relative, rates), self.served(candidate, rates)
+        if then_served < now_served:
+            self.slowdown_note = (f"measured slowdowns ({said}): a plan with them serves less ({then_served:.0f} < "
+                                  f"{now_served:.0f} requests/s); kept the current one (its bound broken for {broken})")
+            return None
+        self.schedule = candidate
+        self._since.clear()
+        self._last_switch = now
+        self.switches += 1
+        self.slowdown_switches += 1
+        self.slowdown_note = f"measured slowdowns ({said}): re-planned with them (the old plan's bound broken for {broken})"
+        return ReplanDecision(True, self.slowdown_note, candidate, (then_served - now_served) * self.horizon_s, 0.0)
+
+    def check(self, now: float, rates: Mapping[str, float],
+              slowdowns: Mapping[str, float] | None = None) -> ReplanDecision:
+        """Decide at time ``now`` (s) whether to switch plans for the measured ``rates`` (requests/s)
+        and, when given, each model's measured ``slowdowns`` (device time over profile)."""
+        if slowdowns:
+            d = self._check_slowdowns(now, slowdowns)
+            if d is not None:
+                return d
         rates = {m: float(rates.get(m, 0.0)) for m in self.base}
         drifting = []
         for m, r in rates.items():
@@ -175,7 +276,7 @@ class Replanner:
             return ReplanDecision(False, f"{drifting} drifted but the current plan serves every rate already")
         self.evaluations += 1
         candidate = plan(
-            [dataclasses.replace(self.base[m], rate=r) for m, r in rates.items()], self.profiles, **self.plan_kwargs
+            [dataclasses.replace(self.base[m], rate=r) for m, r in rates.items()], self._store(), **self.plan_kwargs
         )
         now_served = self.served(self.schedule, rates)
         gain = (self.served(candidate, rates) - now_served) * self.horizon_s

@@ -32,6 +32,18 @@ partition, even as a batch of one started now. Arrivals feed a
 :class:`~gpuloom.plan.RateEstimator`; every ``check_ms`` the :class:`~gpuloom.plan.Replanner`
 decides (hysteresis band, hold time, switch cost) whether measured rates drifted enough to switch
 to a new schedule; the runtime then drains the running batches and starts the new layout.
+
+**Slowdowns.** On the H200 every model ran 1.00-1.6x its profile on the 6-model mix's partitions
+(bert_base 1.14x at every load), so plans made from the profiles alone were over-optimistic where
+the load was highest. ``slowdowns=PATH`` plans (and dispatches) with each model's profile slowed by
+a factor from ``PATH``: ``{model: factor}``, or a ``gpuloom bench`` report whose dstack points
+measured them (:func:`~gpuloom.plan.slowdown.load_slowdowns`). ``learn_slowdown=True`` learns them
+while serving: each batch's device time over its profile's latency for the same batch and SMs feeds
+a :class:`~gpuloom.plan.slowdown.SlowdownEstimator` (last 200 batches per model, known after 30),
+and at each check the replanner re-plans when one moved by more than 5% from what the plan assumed
+and the plan's guarantees fail with it. Off by default: on a GPU the runtime dispatches nothing
+while a re-planned layout is captured (``docs/reports/runtime.md``, "serving while a re-plan is
+captured"), which takes seconds.
 """
 
 from __future__ import annotations
@@ -39,10 +51,11 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from ..plan import Demand, RateEstimator, Replanner, Schedule, plan
 from ..plan.schedule import Partition as PlanPartition
+from ..plan.slowdown import SlowdownEstimator, load_slowdowns, slowed_store
 from ..profile.store import ProfileStore
 from .base import Action, Policy, PolicyContext, Queues, hopeless, register
 from .types import Decision, Drop, Layout, Partition
@@ -119,11 +132,13 @@ class DStackPolicy(Policy):
         slo_margin: float = 0.0,
         min_sms: int | None = None,
         ahead_full: bool = False,
+        learn_slowdown: bool = False,
+        slowdowns: str | Mapping[str, float] | None = None,
     ) -> None:
         if headroom < 0 or check_ms <= 0 or not batch_overhead_ms >= 0 or not 0 <= slo_margin < 1:
             raise ValueError(f"dstack: need headroom >= 0, check_ms > 0, batch_overhead_ms >= 0 and 0 <= slo_margin < 1, "
                              f"found {headroom}, {check_ms}, {batch_overhead_ms}, {slo_margin}")
-        for flag, v in (("replan", replan), ("ahead_full", ahead_full)):
+        for flag, v in (("replan", replan), ("ahead_full", ahead_full), ("learn_slowdown", learn_slowdown)):
             if not isinstance(v, bool):  # "False" from a command line must not read as True
                 raise ValueError(f"dstack: {flag} must be true or false, found {v!r}")
         if min_sms is not None and not (isinstance(min_sms, int) and not isinstance(min_sms, bool) and min_sms >= 0):
@@ -137,6 +152,13 @@ class DStackPolicy(Policy):
         # the SLO to what it does not model (host turnaround, arrival bursts); deadlines stay the SLO
         self.slo_margin = float(slo_margin)
         self.replan = bool(replan)
+        self.learn_slowdown = bool(learn_slowdown)  # re-plan with measured slowdowns (module docstring)
+        # the slowdowns the current schedule was planned with (read now: a bad file fails at construction)
+        self._given_slow = dict(load_slowdowns(slowdowns) if isinstance(slowdowns, str) else (slowdowns or {}))
+        if any(not (isinstance(f, (int, float)) and f > 0) for f in self._given_slow.values()):
+            raise ValueError(f"dstack: slowdowns must be factors > 0, found {self._given_slow}")
+        self._slow: dict[str, float] = dict(self._given_slow)
+        self.slowness: SlowdownEstimator | None = None
         self.check_ms = float(check_ms)
         self.window_s, self.band, self.hold_s, self.switch_cost_s = window_s, band, hold_s, switch_cost_s
         self._given = schedule
@@ -160,12 +182,15 @@ class DStackPolicy(Policy):
         demands = [Demand(m, i.rate, i.slo_ms * (1.0 - self.slo_margin), i.weight) for m, i in ctx.models.items()]
         kwargs = {"gpu_sms": ctx.gpu_sms, "granularity": ctx.granularity, "eps": ctx.knee_eps, "headroom": self.headroom,
                   "batch_overhead_ms": self.batch_overhead_ms, "min_sms": self.floor_sms(ctx.gpu_sms)}
-        sched = self._given or plan(demands, self.store, **kwargs)
+        self._slow = {m: f for m, f in self._given_slow.items() if m in ctx.models}
+        planning = slowed_store(self.store, self._slow) if self._slow else self.store
+        sched = self._given or plan(demands, planning, **kwargs)
         self.replanner = Replanner(
             demands, self.store, schedule=sched, band=self.band, hold_s=self.hold_s,
-            switch_cost_s=self.switch_cost_s, plan_kwargs=kwargs,
+            switch_cost_s=self.switch_cost_s, plan_kwargs=kwargs, slowdowns=self._slow,
         ) if self.replan else None
         self.estimator = RateEstimator(self.window_s)
+        self.slowness = SlowdownEstimator(window=200, min_batches=30) if self.learn_slowdown and self.replan else None
         self._arrived = {m: 0 for m in ctx.models}  # arrivals since the last check
         self._next_check = self.check_ms
         return self._adopt(sched, 0.0)
@@ -187,7 +212,7 @@ class DStackPolicy(Policy):
         self.parts = [_PartPlan(p, models) for p in sched.partitions]
         self._rows: dict[tuple[str, int], list[tuple[int, float]]] = {}
         self._l1 = {
-            m: [self._hold_ms(i.profile, i.profile.batches[0], p.sms) for p in sched.partitions]
+            m: [self._hold_ms(m, i.profile.batches[0], p.sms) for p in sched.partitions]
             for m, i in self.ctx.models.items()
         }
         home = {m: [p.index for p in sched.partitions if m in p.models] for m in models}
@@ -198,7 +223,7 @@ class DStackPolicy(Policy):
             mp = planned.get(m)
             self.cap[m] = mp.batch if mp is not None and mp.batch >= 1 else info.profile.batches[0]
         biggest = max(p.sms for p in sched.partitions)
-        self.fastest = {m: self._hold_ms(i.profile, i.profile.batches[0], biggest) for m, i in self.ctx.models.items()}
+        self.fastest = {m: self._hold_ms(m, i.profile.batches[0], biggest) for m, i in self.ctx.models.items()}
         layout_parts = []
         for p in sched.partitions:
             owner = p.models[0] if len(p.models) == 1 else None
@@ -215,8 +240,13 @@ class DStackPolicy(Policy):
             self._fresh_models.add(m)
 
     def on_completion(self, completion, now_ms: float) -> None:
-        self._fresh_parts.add(completion.decision.partition)  # this partition came free
-        self._ahead_parts.discard(completion.decision.partition)
+        d = completion.decision
+        self._fresh_parts.add(d.partition)  # this partition came free
+        self._ahead_parts.discard(d.partition)
+        if self.slowness is not None and completion.start_ms >= self.epoch and completion.device_ms > 0:
+            # a batch of the current layout (an older layout's partition indices mean other SMs)
+            sms = self.schedule.partitions[d.partition].sms
+            self.slowness.observe(d.model, completion.device_ms, self.ctx.models[d.model].profile.latency(d.batch, sms))
 
     def on_free(self, partition: int, now_ms: float) -> None:
         self._fresh_parts.add(partition)  # it takes its next batch ahead of its running one's end
@@ -378,13 +408,14 @@ class DStackPolicy(Policy):
         row = self._rows.get(key)
         if row is None:
             prof = self.ctx.models[m].profile
-            row = self._rows[key] = [(b, self._hold_ms(prof, b, sms)) for b in prof.batches]
+            row = self._rows[key] = [(b, self._hold_ms(m, b, sms)) for b in prof.batches]
         return row
 
-    def _hold_ms(self, profile, b: int, sms: int) -> float:
-        """How long a batch of ``b`` holds a partition of ``sms``: its profiled latency plus the
-        planned batch overhead (what the planner puts in every slot)."""
-        return profile.latency(b, sms) + self.batch_overhead_ms
+    def _hold_ms(self, m: str, b: int, sms: int) -> float:
+        """How long a batch of ``b`` of ``m`` holds a partition of ``sms``: its profiled latency (times
+        the slowdown the schedule was planned with) plus the planned batch overhead (what the planner
+        puts in every slot)."""
+        return self.ctx.models[m].profile.latency(b, sms) * self._slow.get(m, 1.0) + self.batch_overhead_ms
 
     def next_wakeup(self, now_ms: float) -> float | None:
         self._now = now_ms
@@ -403,11 +434,12 @@ class DStackPolicy(Policy):
                 self.estimator.observe(m, now_s, n)
                 self._arrived[m] = 0
         rates = {m: self.estimator.rate(m, now_s) for m in self.ctx.models}
-        d = self.replanner.check(now_s, rates)
+        d = self.replanner.check(now_s, rates, self.slowness.factors() if self.slowness is not None else None)
         if not d.replan:
             return None
         self.replans += 1
         self._dirty = True
+        self._slow = dict(self.replanner.slowdowns)  # dispatch with the latencies the new plan assumed
         return self._adopt(d.schedule, self._now)
 
     def describe(self) -> dict:
@@ -417,5 +449,6 @@ class DStackPolicy(Policy):
             "partitions": [(p.sms, list(dict.fromkeys(pp for pp in self.parts[p.index].models))) for p in self.schedule.partitions],
             "batch": dict(self.cap),
             "replans": self.replans,
+            "slowdowns": {m: round(f, 3) for m, f in sorted(self._slow.items())},
             "short": list(self.schedule.short),
         }

@@ -8,6 +8,7 @@ clock (simulated or wall), SM counts are streaming multiprocessors.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 
 
@@ -131,6 +132,9 @@ class Completion:
     start_ms: float  # when the batch started running
     end_ms: float  # when its outputs were ready
     error: str = ""  # non-empty when the batch failed; its requests fail with this message
+    # the batch's device time where the backend measured it (CUDA events; the simulator's GPU work):
+    # what a policy learns its models' slowdowns from (gpuloom.plan.slowdown); NaN where unknown
+    device_ms: float = math.nan
 
 
 class Status(enum.IntEnum):

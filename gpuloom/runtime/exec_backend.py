@@ -26,6 +26,7 @@ against device time); per request, the dispatch and finish times (in :class:`Exe
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -506,7 +507,7 @@ class ExecBackend(Backend):
                 acc[3].add(dev_ms)
             use = min(sms, self.knee(d.model, d.batch)) if self.knee else sms
             self._busy_sm_ms += use * dev_ms
-        self.loop.post(COMPLETION, self._on_completion, Completion(d, start, end, err))
+        self.loop.post(COMPLETION, self._on_completion, Completion(d, start, end, err, math.nan if err else dev_ms))
         self._batch_gone(lanes)
 
     def _batch_gone(self, lanes: Lanes) -> None:

@@ -371,7 +371,8 @@ class SimBackend(Backend):
 
     def _complete(self, run: _Run) -> None:
         assert self._on_completion is not None
-        self._on_completion(Completion(run.decision, run.start, self.loop.now))
+        now = self.loop.now
+        self._on_completion(Completion(run.decision, run.start, now, device_ms=now - run.start - run.tail))
 
     def running(self) -> int:
         """Batches in flight (including those of a replaced layout)."""

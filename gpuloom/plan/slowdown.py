@@ -1,0 +1,115 @@
+"""How much slower each model runs on its partition than its profile says, learned while serving.
+
+Why: a profile is measured with the model alone on the GPU. On the H200, with the 6-model mix on
+dstack's partitions, every model's batches took longer than their profile at every load: bert_base
+1.14-1.17x, efficientnet_b0 1.11-1.14x, vgg16 1.28-1.61x, the others 1.00-1.11x
+(``profile_check`` of runs 29-31, ``docs/reports/runtime.md``). Co-running partitions share memory
+bandwidth and L2, which an SM partition does not isolate. A plan made from the profiles sizes
+bert_base's partition for ~83% busy when it runs ~95% busy, and bert_base is the first model to miss
+its SLO as the load rises. In simulation with those slowdowns (``scripts/sim_learned_slowdown.py``),
+a planner that knows them keeps more of the load than one that does not.
+
+:class:`SlowdownEstimator` keeps, per model, the device time and the profiled time of its last
+``window`` batches on exclusive partitions; :meth:`factor` is their ratio once ``min_batches`` have
+been seen. Pure logic: no torch, no clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections import deque
+from pathlib import Path
+from typing import Mapping
+
+from gpuloom.profile.store import Profile, ProfileStore
+
+
+class SlowdownEstimator:
+    """Device time over profiled time per model, over its last ``window`` batches."""
+
+    def __init__(self, window: int = 200, min_batches: int = 50, *, clamp: tuple[float, float] = (0.5, 4.0)) -> None:
+        if not (isinstance(window, int) and isinstance(min_batches, int) and 1 <= min_batches <= window):
+            raise ValueError(f"SlowdownEstimator: need integers 1 <= min_batches <= window, found {min_batches}, {window}")
+        if not 0 < clamp[0] <= 1 <= clamp[1]:
+            raise ValueError(f"SlowdownEstimator: clamp must be (lo, hi) with 0 < lo <= 1 <= hi, found {clamp}")
+        self.window, self.min_batches, self.clamp = window, min_batches, clamp
+        self._pairs: dict[str, deque[tuple[float, float]]] = {}
+        self._sums: dict[str, list[float]] = {}  # model -> [device ms, profiled ms] over its window
+
+    def observe(self, model: str, device_ms: float, profile_ms: float) -> None:
+        """One batch of ``model``: ``device_ms`` measured, ``profile_ms`` its profile's latency for the
+        same batch size and SMs. Batches without a usable measurement are ignored."""
+        if not (device_ms > 0 and profile_ms > 0 and math.isfinite(device_ms) and math.isfinite(profile_ms)):
+            return
+        q = self._pairs.setdefault(model, deque())
+        s = self._sums.setdefault(model, [0.0, 0.0])
+        q.append((device_ms, profile_ms))
+        s[0] += device_ms
+        s[1] += profile_ms
+        if len(q) > self.window:
+            d, p = q.popleft()
+            s[0] -= d
+            s[1] -= p
+
+    def batches(self, model: str) -> int:
+        return len(self._pairs.get(model, ()))
+
+    def factor(self, model: str) -> float | None:
+        """``model``'s device time over its profile (clamped), or None before ``min_batches``."""
+        if self.batches(model) < self.min_batches:
+            return None
+        d, p = self._sums[model]
+        lo, hi = self.clamp
+        return min(hi, max(lo, d / p))
+
+    def factors(self) -> dict[str, float]:
+        """Every model's factor that is known yet."""
+        out = {}
+        for m in self._pairs:
+            f = self.factor(m)
+            if f is not None:
+                out[m] = f
+        return out
+
+
+
+def slowed(profile: Profile, factor: float) -> Profile:
+    """``profile`` with every latency ``factor`` times longer: the model as slow as measured."""
+    if factor == 1.0:
+        return profile
+    return dataclasses.replace(profile, latency_ms=tuple(tuple(v * factor for v in row) for row in profile.latency_ms))
+
+
+def slowed_store(store: ProfileStore, factors: Mapping[str, float]) -> ProfileStore:
+    """``store``'s profiles, each model's slowed by its factor (1 where it has none)."""
+    return ProfileStore(profiles=[slowed(p, factors.get(p.model, 1.0)) for p in store])
+
+
+def load_slowdowns(path: str | Path) -> dict[str, float]:
+    """Slowdowns to plan with, from ``path``: a JSON object ``{model: factor}``, or a ``gpuloom
+    bench`` report, whose dstack points' ``profile_check`` rows give each model's device time over
+    its profile (weighted by batches, over every dstack variant and load of the report)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"slowdowns: could not read {path}: {e}") from None
+    if isinstance(data, dict) and "policies" in data:
+        sums: dict[str, list[float]] = {}
+        for name, res in data["policies"].items():
+            if name.split(":")[0] != "dstack":
+                continue
+            for point in res.get("points", []):
+                for r in point.get("profile_check") or []:
+                    if r.get("profile_ms") and r.get("measured_ms"):
+                        s = sums.setdefault(r["model"], [0.0, 0.0])
+                        s[0] += r["measured_ms"] * r["batches"]
+                        s[1] += r["profile_ms"] * r["batches"]
+        if not sums:
+            raise ValueError(f"slowdowns: {path} is a bench report without dstack points that have profile_check rows")
+        return {m: d / p for m, (d, p) in sorted(sums.items())}
+    if not (isinstance(data, dict) and data and all(isinstance(m, str) and isinstance(f, (int, float))
+                                                    and not isinstance(f, bool) and f > 0 for m, f in data.items())):
+        raise ValueError(f"slowdowns: {path} must hold {{model: factor > 0}} or a gpuloom bench report")
+    return {m: float(f) for m, f in data.items()}
