@@ -40,8 +40,8 @@ a factor from ``PATH``: ``{model: factor}``, or a ``gpuloom bench`` report whose
 measured them (:func:`~gpuloom.plan.slowdown.load_slowdowns`). ``learn_slowdown=True`` learns them
 while serving: each batch's device time over its profile's latency for the same batch and SMs feeds
 a :class:`~gpuloom.plan.slowdown.SlowdownEstimator` (last 200 batches per model, known after 30),
-and at each check the replanner re-plans when one moved by more than 5% from what the plan assumed
-and the plan's guarantees fail with it. Off by default: on a GPU the runtime dispatches nothing
+and at each check the replanner re-plans when one moved by more than 5% from what the plan assumed,
+unless the new plan serves less (:class:`~gpuloom.plan.Replanner`). Off by default: on a GPU the runtime dispatches nothing
 while a re-planned layout is captured (``docs/reports/runtime.md``, "serving while a re-plan is
 captured"), which takes seconds.
 """
