@@ -273,6 +273,45 @@ def test_dstack_replans_from_measured_rates_while_serving_and_answers_every_requ
     svc.close()
 
 
+def test_dstack_keeps_serving_on_its_current_layout_while_a_replans_layout_is_built():
+    """A re-plan's capture takes seconds on a GPU (about 30 s for mix6's first build on the H200);
+    before, the runtime dispatched nothing meanwhile. Now dstack (``defers_layout_change``) goes on
+    with its current schedule until the new layout is built, then switches."""
+    from gpuloom.profile.store import GpuInfo, Profile, ProfileStore
+
+    sms = tuple(range(8, 133, 8))
+    profiles = ProfileStore(profiles=[  # a batch of b takes 4 + 2b ms on 64 SMs, longer on fewer
+        Profile(model=n, input_shapes=((4,),), dtype="float32", gpu=GpuInfo("fake", 132), batches=(1, 2, 4, 8),
+                sms=sms, latency_ms=tuple(tuple((4 + 2 * b) * 64 / min(s, 64) for s in sms) for b in (1, 2, 4, 8)))
+        for n in ("a", "b")])
+    build_s = 0.8
+    dev = FakeDeviceLayer(build_delay_s=build_s)
+    svc = InferenceService(policy="dstack", device_layer=dev, profiles=profiles,
+                           policy_options=dict(check_ms=50, window_s=0.3, hold_s=0.1, switch_cost_s=0.0))
+    svc.start()
+    try:
+        for n in ("a", "b"):  # planned for 5 req/s each, then offered ~100x more: new partitions
+            svc.load(ModelConfig(n, X4, Y4, max_batch=8, slo_ms=100, rate_hint=5), FakeModel(lambda xs: [xs[0] * 2], 0.5))
+        builds_after_load, layouts_after_load = dev.builds, len(svc._runtime._layouts)
+        done: list[float] = []
+        futs, t0 = [], time.monotonic()
+        while time.monotonic() - t0 < 2.5:
+            for n in ("a", "b"):
+                f = svc.submit(n, {"x": np.ones((1, 4), np.float32)})
+                f.add_done_callback(lambda _f: done.append(time.monotonic()))
+                futs.append(f)
+            time.sleep(0.002)
+        assert all(f.exception(10) is None for f in futs)
+        assert svc._runtime.policy.replans >= 1
+        assert dev.builds > builds_after_load and len(svc._runtime._layouts) > layouts_after_load  # built, swapped in
+        done.sort()
+        gaps = [b - a for a, b in zip(done, done[1:]) if b < t0 + 2.5]
+        assert max(gaps) < build_s / 2, f"answers stopped for {max(gaps):.2f} s during a {build_s} s build"
+        assert_books(svc)
+    finally:
+        svc.close()
+
+
 def test_service_refuses_unknown_and_simulation_only_policies_up_front():
     with pytest.raises(ValueError, match="known policies"):
         InferenceService(policy="nope", device_layer=FakeDeviceLayer())

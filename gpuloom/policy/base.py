@@ -60,6 +60,12 @@ class Policy(ABC):
       free and at least one request is queued (and before the run's dispatch horizon). Returns decisions (each on a distinct free
       partition, requests taken from the head region of their queue) and drops.
     * :meth:`layout_change` right after :meth:`decide`: a new layout to switch to, or ``None``.
+      A policy with ``defers_layout_change`` goes on deciding for its current layout until the
+      runtime calls :meth:`adopt_layout` (the new layout is set up: at once in the simulator, once
+      its graphs are captured on a GPU, which keeps serving the old one meanwhile) or
+      :meth:`layout_failed` (it could not be set up: the old layout goes on). Without it, the
+      policy's decisions name the new layout's partitions at once, and the runtime dispatches
+      nothing until that layout is set up.
     * :meth:`next_wakeup` after that (or after an event when no partition was free):
       the time at which :meth:`decide` must be called again even if nothing else happens (a
       batcher's timeout, the start of a slot). ``None`` = only on events.
@@ -71,6 +77,8 @@ class Policy(ABC):
     name: ClassVar[str] = ""
     #: True for bounds that cannot run on a GPU (``ideal``)
     simulation_only: ClassVar[bool] = False
+    #: True: a layout from :meth:`layout_change` takes effect at :meth:`adopt_layout` (class docstring)
+    defers_layout_change: ClassVar[bool] = False
 
     def setup(self, ctx: PolicyContext) -> Layout:
         """Remember ``ctx`` and return the layout to start with."""
@@ -104,6 +112,14 @@ class Policy(ABC):
     def layout_change(self) -> Layout | None:
         """A new layout to switch to (dstack re-planning). Default: never."""
         return None
+
+    def adopt_layout(self, layout: Layout, now_ms: float) -> None:
+        """``layout``, proposed by :meth:`layout_change`, is set up: decide for it from now on (only
+        with ``defers_layout_change``). Default: nothing."""
+
+    def layout_failed(self, layout: Layout) -> None:
+        """``layout``, proposed by :meth:`layout_change`, could not be set up; the current one goes on
+        (only with ``defers_layout_change``). Default: nothing."""
 
     def describe(self) -> dict:
         """Plain-data summary of the policy's configuration, for reports."""

@@ -41,9 +41,13 @@ measured them (:func:`~gpuloom.plan.slowdown.load_slowdowns`). ``learn_slowdown=
 while serving: each batch's device time over its profile's latency for the same batch and SMs feeds
 a :class:`~gpuloom.plan.slowdown.SlowdownEstimator` (last 200 batches per model, known after 30),
 and at each check the replanner re-plans when one moved by more than 5% from what the plan assumed,
-unless the new plan serves less (:class:`~gpuloom.plan.Replanner`). Off by default: on a GPU the runtime dispatches nothing
-while a re-planned layout is captured (``docs/reports/runtime.md``, "serving while a re-plan is
-captured"), which takes seconds.
+unless the new plan serves less (:class:`~gpuloom.plan.Replanner`). Off by default until measured
+on a GPU.
+
+**Re-plans serve on.** dstack defers its layout changes (``defers_layout_change``): after proposing
+a re-plan's layout it goes on deciding for its current schedule until the runtime has the new
+layout set up (:meth:`adopt_layout`); on a GPU the current layout serves while the new one's graphs
+are captured, which takes seconds.
 """
 
 from __future__ import annotations
@@ -117,6 +121,7 @@ DEFAULT_MIN_SMS = 16
 @register
 class DStackPolicy(Policy):
     name = "dstack"
+    defers_layout_change = True  # serve the current schedule while a re-plan's layout is built
 
     def __init__(
         self,
@@ -159,6 +164,7 @@ class DStackPolicy(Policy):
             raise ValueError(f"dstack: slowdowns must be factors > 0, found {self._given_slow}")
         self._slow: dict[str, float] = dict(self._given_slow)
         self.slowness: SlowdownEstimator | None = None
+        self._pending: tuple[Layout, Schedule, dict[str, float]] | None = None  # a re-plan being set up
         self.check_ms = float(check_ms)
         self.window_s, self.band, self.hold_s, self.switch_cost_s = window_s, band, hold_s, switch_cost_s
         self._given = schedule
@@ -208,6 +214,7 @@ class DStackPolicy(Policy):
         self.epoch = now_ms
         self.cycle = sched.cycle_ms
         self._ahead_parts = set()  # a new layout's partitions start empty
+        self._pending = None
         models = list(self.ctx.models)
         self.parts = [_PartPlan(p, models) for p in sched.partitions]
         self._rows: dict[tuple[str, int], list[tuple[int, float]]] = {}
@@ -224,6 +231,11 @@ class DStackPolicy(Policy):
             self.cap[m] = mp.batch if mp is not None and mp.batch >= 1 else info.profile.batches[0]
         biggest = max(p.sms for p in sched.partitions)
         self.fastest = {m: self._hold_ms(m, i.profile.batches[0], biggest) for m, i in self.ctx.models.items()}
+        return self._layout_of(sched)
+
+    @staticmethod
+    def _layout_of(sched: Schedule) -> Layout:
+        """The runtime's layout for ``sched``: one exclusive partition per planned one."""
         layout_parts = []
         for p in sched.partitions:
             owner = p.models[0] if len(p.models) == 1 else None
@@ -438,9 +450,24 @@ class DStackPolicy(Policy):
         if not d.replan:
             return None
         self.replans += 1
+        # decide for the current schedule until the runtime has the new one set up (adopt_layout): on a
+        # GPU it goes on serving the old layout while the new one's graphs are captured
+        layout = self._layout_of(d.schedule)
+        self._pending = (layout, d.schedule, dict(self.replanner.slowdowns))
+        return layout
+
+    def adopt_layout(self, layout: Layout, now_ms: float) -> None:
+        if self._pending is None or self._pending[0] is not layout:
+            return
+        _, sched, slow = self._pending
+        self._slow = slow  # dispatch with the latencies the new plan assumed
         self._dirty = True
-        self._slow = dict(self.replanner.slowdowns)  # dispatch with the latencies the new plan assumed
-        return self._adopt(d.schedule, self._now)
+        self._adopt(sched, now_ms)
+
+    def layout_failed(self, layout: Layout) -> None:
+        if self._pending is not None and self._pending[0] is layout:
+            self._pending = None
+            self.replanner.schedule = self.schedule  # the plan that still runs is the one to drift from
 
     def describe(self) -> dict:
         return {

@@ -95,6 +95,9 @@ class Runtime:
         self._preparing = False  # a backend is building the next layout (no dispatch meanwhile)
         self._switch_pending = False  # a reconfigure's layout is being built while the old policy serves
         self._held_layout: Layout | None = None  # what the old policy re-planned to while a switch was pending
+        #: a re-plan's layout that a policy with ``defers_layout_change`` proposed and still decides
+        #: without: it hears of it in ``adopt_layout`` once it is set up
+        self._proposed: Layout | None = None
         #: the policy whose layout the current ``on_layout`` call reports (the new one, when a
         #: reconfigure's layout failed and the old policy goes on)
         self.layout_policy: Policy = policy
@@ -346,6 +349,7 @@ class Runtime:
         for m in ctx.models:
             self.queues.setdefault(m, deque())
         self.policy, self.ctx = policy, ctx
+        self._proposed = None  # a re-plan of the replaced policy
         self._parts, self._free = (), None  # the old layout's indices mean nothing to the new policy
         self._woke = True
         if layout is None:
@@ -468,6 +472,9 @@ class Runtime:
             self._wake_ms = wake
             self.loop.schedule(wake, WAKEUP, self._on_wakeup, wake)
         if layout is not None:
+            defers = self.policy.defers_layout_change
+            if defers:
+                self._proposed = layout
             if self._switch_pending:
                 # the old policy, about to be replaced, re-planned: its decisions now name partitions
                 # of a layout not set up, so it stops dispatching until the switch (or, should the
@@ -475,6 +482,8 @@ class Runtime:
                 self._preparing = True
                 self._free = None
                 self._held_layout = layout
+            elif defers and self.backend.builds_while_serving and self._parts and not self._preparing and not self._broken:
+                self._prepare_replan(layout)
             else:
                 self._set_layout(layout)
 
@@ -584,6 +593,40 @@ class Runtime:
             return
         self._swap_layout(layout, token)
 
+    def _prepare_replan(self, layout: Layout) -> None:
+        """A re-plan's ``layout`` is built in the background while the policy (which defers its
+        layout changes) goes on dispatching on the current one; swapped in once built
+        (:meth:`_replan_ready`). On the H200 a first build of mix6's graphs took about 30 s, every
+        model paused for it before (``docs/reports/runtime.md``, fourth and twelfth sessions)."""
+        self._layout_token += 1
+        token = self._layout_token
+        loop = self.loop
+
+        def ready() -> None:
+            loop.post(WAKEUP, self._replan_ready, layout, token)
+
+        if self.backend.prepare(layout, ready):
+            if isinstance(loop, RealtimeLoop):
+                loop.expect()
+            return
+        self._swap_layout(layout, token)
+
+    def _replan_ready(self, layout: Layout, token: int) -> None:
+        """The re-plan's layout is built: swap it in; if it cannot be set up, the current one goes on."""
+        self._woke = True
+        if token != self._layout_token:
+            return  # a newer layout or reconfigure was asked for while this one was being built
+        try:
+            ready_ms = self.backend.configure(layout)
+        except Exception as e:  # noqa: BLE001 - the current layout and the policy's plan for it go on
+            log.error("re-planned layout %s could not be set up: %s; the current one goes on", layout, e)
+            if self._proposed is layout:
+                self._proposed = None
+                self.policy.layout_failed(layout)
+            self._report_layout(self.policy, layout, e)
+            return
+        self._adopt_layout(layout, ready_ms)
+
     def _swap_layout(self, layout: Layout, token: int) -> None:
         self._woke = True
         if token != self._layout_token:
@@ -623,6 +666,9 @@ class Runtime:
             self._log("layout", tuple((p.sm_offset, p.sms, p.shared, p.owner) for p in layout.partitions))
         if self._ready_ms > self.loop.now:
             self.loop.schedule(self._ready_ms, WAKEUP, self._on_wakeup, self._ready_ms)
+        if layout is self._proposed:  # the policy decides for it from now on
+            self._proposed = None
+            self.policy.adopt_layout(layout, self.loop.now)
         self._report_layout(self.policy, layout, None)
 
     # -- books ------------------------------------------------------------------------------
