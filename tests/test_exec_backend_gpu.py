@@ -4,6 +4,7 @@ the others. Small conv nets keep it to seconds; skipped without CUDA."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import warnings
@@ -249,5 +250,46 @@ def test_a_model_loads_while_another_is_served_on_the_gpu_when_builds_may_run_be
             want = m_w(torch.from_numpy(x).cuda()).cpu().numpy()
         np.testing.assert_allclose(next(iter(svc.infer("wide", {"x": x}, timeout_s=30).values())), want,
                                    rtol=1e-3, atol=1e-4)
+    finally:
+        svc.close()
+
+
+def test_dstack_serves_on_while_its_replans_layout_is_captured_on_the_gpu(models):
+    """dstack re-plans for rates 100x its plan: the new partitions' graphs are captured while the
+    old layout's replay (``defers_layout_change``); every request gets its eager output, none fails,
+    and the new layout is swapped in. Synthetic profiles that speed up with SMs make the re-plan
+    choose other partitions (a crude profile measured at load does not)."""
+    from gpuloom.profile.store import GpuInfo, Profile, ProfileStore
+    from gpuloom.runtime.service import InferenceService
+
+    sms = tuple(range(8, 133, 8))
+    profiles = ProfileStore(profiles=[
+        Profile(model=name, input_shapes=((3, 32, 32),), dtype="float32", gpu=GpuInfo("test", 132),
+                batches=(1, 2, 4, 8), sms=sms,
+                latency_ms=tuple(tuple((4 + 2 * b) * 64 / min(s, 64) for s in sms) for b in (1, 2, 4, 8)))
+        for name in ("small", "wide")])
+    svc = InferenceService(policy="dstack", device="cuda", profiles=profiles,
+                           policy_options=dict(check_ms=50, window_s=0.3, hold_s=0.1, switch_cost_s=0.0))
+    svc.start()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for cfg, cm, _ in models.values():
+                svc.load(dataclasses.replace(cfg, rate_hint=5.0, slo_ms=100), cm)
+        layouts_before = len(svc._runtime._layouts)
+        rng = np.random.default_rng(5)
+        sent, t0 = [], time.monotonic()
+        while time.monotonic() - t0 < 3.0:
+            for name in ("small", "wide"):
+                x = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
+                sent.append((name, x, svc.submit(name, {"x": x}, deadline_ms=10_000)))
+            time.sleep(0.002)
+        for name, x, f in sent:
+            out = f.result(30)
+            with torch.no_grad():
+                want = models[name][2](torch.from_numpy(x).cuda()).cpu().numpy()
+            np.testing.assert_allclose(next(iter(out.values())), want, rtol=1e-3, atol=1e-4)
+        assert svc._runtime.policy.replans >= 1
+        assert len(svc._runtime._layouts) > layouts_before  # the re-plan's layout was built and swapped in
     finally:
         svc.close()
