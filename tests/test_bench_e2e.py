@@ -70,6 +70,9 @@ def test_bench_serves_tiny_models_on_cpu_and_reports_every_metric(tmp_path):
         assert pt["loop_lag"]["over_1ms"] >= pt["loop_lag"]["over_5ms"] >= pt["loop_lag"]["over_20ms"] >= 0
         assert len(pt["gc"]["collections"]) == 3 and pt["gc"]["total_ms"] >= 0
         assert pt["layout_changes"] >= 0 and pt["layouts_built"] >= 0
+        assert pt["plan"]["name"] == name  # the policy's own summary at the end of the point
+        if name == "dstack":  # its partitions hold every model
+            assert {m for _, ms in pt["plan"]["partitions"] for m in ms} == {mp["model"] for mp in pt["models"]}
         # each partition's work in the point: its batches are the point's, each held it at least as
         # long as it ran on the device
         lanes = pt["layouts"]

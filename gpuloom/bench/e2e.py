@@ -113,6 +113,7 @@ class Point:
     profile_check: list = field(default_factory=list)  # measured vs profiled ms per (model, SMs, batch)
     host: dict = field(default_factory=dict)  # the launching thread: batches/s, busy ms/s, ms per launch phase
     arrivals: dict = field(default_factory=dict)  # who submitted (run_point's ``arrivals``) and how late, ms
+    plan: dict = field(default_factory=dict)  # the policy's summary at the end (dstack: partitions, batches, slowdowns)
 
     def ok(self, target: float) -> bool:
         """Met ``target`` at the load it claims: a point whose requests went out behind their arrival
@@ -407,6 +408,7 @@ def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s:
         layout_changes=after["layout_swaps"] - before["layout_swaps"],
         layouts_built=after["layouts_built"] - before["layouts_built"],
         arrivals={"by": arrivals, "late_ms": _late_summary(late_ms)},
+        plan=svc.policy_summary(),
     )
 
 

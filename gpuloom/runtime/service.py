@@ -884,6 +884,12 @@ class InferenceService:
         loop = rt.loop if rt is not None else None
         return loop.lag_since(since) if hasattr(loop, "lag_since") else {}
 
+    def policy_summary(self) -> dict:
+        """The running policy's own summary (``Policy.describe``: dstack's partitions, batches,
+        re-plans and slowdowns); empty before start."""
+        rt = self._runtime
+        return rt.policy.describe() if rt is not None else {}
+
     def expire_overdue(self, now: float) -> int:
         """Answer with :class:`Expired` every request unanswered ``expiry_grace_s`` after its deadline
         (monotonic ``now``, s); returns how many. Their late results from the runtime are ignored."""
