@@ -81,6 +81,25 @@ def test_simulate_command_runs_policy_variants_with_their_options_side_by_side(t
     assert min(small) < 64 <= min(big)  # the option reached the planner (and made a difference)
 
 
+def test_simulate_command_runs_a_gpu_slower_than_the_profiles_the_policies_plan_with(tmp_path, capsys):
+    wl = tmp_path / "tiny.yaml"
+    wl.write_text(TINY)
+    slow = tmp_path / "slow.json"
+    slow.write_text(json.dumps({"resnet50": 3.0, "mobilenet_v2": 3.0}))
+    out = {}
+    for label, extra in (("plain", []), ("slowed", ["--slowdowns", str(slow), "--batch-overhead-ms", "0.5"])):
+        d = tmp_path / label
+        assert main(["simulate", str(wl), "--synthetic", "--policy", "dstack,triton", "--out", str(d)] + extra) == 0
+        out[label] = json.loads((d / "tiny.simulate.json").read_text())
+    assert out["plain"]["slowdowns"] is None and out["slowed"]["slowdowns"]["factors"]["resnet50"] == 3.0
+    assert out["slowed"]["contention"]["batch_overhead_ms"] == 0.5
+    for plain, slowed in zip(out["plain"]["runs"], out["slowed"]["runs"]):
+        assert plain["policy_config"] == slowed["policy_config"]  # planned from the same profiles
+        assert slowed["metrics"]["p50_ms"] > 2 * plain["metrics"]["p50_ms"]  # on a GPU 3x slower
+    assert main(["simulate", str(wl), "--synthetic", "--slowdowns", str(tmp_path / "none.json")]) == 2
+    assert "could not read" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("spec, says", [("dstack:lookahead_ms=1", "real runtime"), ("dstack:bogus=1", "bogus"),
                                         ("dstack:min_sms=-8", "min_sms"), ("dstack:min_sms", "KEY=VALUE")])
 def test_simulate_command_refuses_a_variant_it_cannot_simulate_and_says_why(tmp_path, capsys, spec, says):

@@ -141,9 +141,10 @@ def sweep_rate(
     hi: float = 64.0,
     contention: ContentionModel | None = None,
     options: Mapping[str, object] | None = None,
+    device_profiles: ProfileStore | Mapping[str, Profile] | None = None,
 ) -> SweepResult:
     """Highest ``Workload.scaled`` factor at which ``policy`` (built with ``options``) keeps SLO
-    attainment >= ``target``.
+    attainment >= ``target`` (on a GPU as fast as ``device_profiles`` where given, see :func:`simulate`).
 
     Doubles (or halves) from factor 1 to bracket the threshold, then bisects (geometrically) until
     the bracket is within ``rel_tol``. Attainment need not be monotone in load; the result is the
@@ -155,7 +156,8 @@ def sweep_rate(
     runs: dict[float, SimRun] = {}
 
     def ok(f: float) -> bool:
-        run = simulate(workload.scaled(f), profiles, policy, contention=contention, options=options)
+        run = simulate(workload.scaled(f), profiles, policy, contention=contention, options=options,
+                       device_profiles=device_profiles)
         runs[f] = run
         points.append((f, run.metrics.slo_attainment))
         return run.metrics.slo_attainment >= target

@@ -33,6 +33,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="contention model: fraction of shared SMs delivered when oversubscribed (default 1)")
     p.add_argument("--interference", type=float, default=0.0,
                    help="contention model: slowdown per co-running batch (default 0)")
+    p.add_argument("--batch-overhead-ms", type=float, default=0.0,
+                   help="contention model: ms each batch holds its lane beyond its GPU work (default 0; 0.5 fits "
+                        "the H200 runs of the eleventh session, docs/reports/runtime.md)")
+    p.add_argument("--slowdowns", metavar="PATH", default=None,
+                   help="simulate a GPU on which each model runs this much slower than its profile, while the "
+                        "policies plan with the profiles: a JSON {model: factor} or a gpuloom bench report whose "
+                        "dstack points measured them (on the H200, 1.00-1.6x on dstack's partitions)")
     p.add_argument("--out", metavar="DIR", default=None, help="write <name>.simulate.json and <name>.simulate.png here")
 
 
@@ -49,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuloom.bench.plots import comparison_chart
     from gpuloom.bench.workload import WorkloadError, load_workload, resolve_profiles, validate
     from gpuloom.commands.bench import parse_policy_spec
+    from gpuloom.plan.slowdown import load_slowdowns, slowed
     from gpuloom.policy import make_policy, policy_names
     from gpuloom.runtime.sim import ContentionModel
 
@@ -85,7 +93,9 @@ def run(args: argparse.Namespace) -> int:
             err.print(f"[yellow]warning:[/] {w}")
         validate(workload, profiles)
         contention = ContentionModel(demand_fraction=args.demand_fraction, efficiency=args.efficiency,
-                                     interference=args.interference)
+                                     interference=args.interference, batch_overhead_ms=args.batch_overhead_ms)
+        slow = load_slowdowns(args.slowdowns) if args.slowdowns else {}
+        device = {m.name: slowed(profiles.get(m.name), slow.get(m.name, 1.0)) for m in workload.models} if slow else None
     except (WorkloadError, ValueError) as e:
         err.print(f"[red]error:[/] {e}")
         return 2
@@ -94,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     runs = []
     for p in policies:  # a variant's metrics carry its spelling, so two dstacks stay apart in the table
         name, options, _ = specs[p]
-        r = simulate(workload, profiles, name, contention=contention, options=options)
+        r = simulate(workload, profiles, name, contention=contention, options=options, device_profiles=device)
         runs.append(dataclasses.replace(r, metrics=dataclasses.replace(r.metrics, policy=p)))
     sweeps = {}
     if args.sweep_rate:
@@ -103,8 +113,8 @@ def run(args: argparse.Namespace) -> int:
             name, options, _ = specs[p]
             with console.status(f"sweeping {p} ..."):
                 sweeps[p] = sweep_rate(sweep_w, profiles, name, target=args.target, contention=contention,
-                                       options=options)
-    bound = fluid_bound(workload, profiles, knee_eps=contention.knee_eps) if args.sweep_rate else None
+                                       options=options, device_profiles=device)
+    bound = fluid_bound(workload, device or profiles, knee_eps=contention.knee_eps) if args.sweep_rate else None
     elapsed = time.perf_counter() - t0
 
     by = {r.metrics.policy: r.metrics for r in runs}
@@ -114,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
     t = Table(
         title=f"{name}: {workload.total_rate():.0f} req/s over {workload.duration_s:g} s, "
         f"{len(workload.models)} models, simulated (contention: demand_fraction {contention.demand_fraction:g}, "
-        f"efficiency {contention.efficiency:g}, interference {contention.interference:g})",
+        f"efficiency {contention.efficiency:g}, interference {contention.interference:g}, batch overhead "
+        f"{contention.batch_overhead_ms:g} ms{'; models slowed as measured' if slow else ''})",
         title_justify="left",
     )
     cols = ["policy"]
@@ -160,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
             "profiles": "synthetic" if (args.synthetic or any("SYNTHETIC" in w for w in warnings)) else (args.profiles or f"builtin:{workload.gpu}"),
             "sweep_duration_s": min(workload.duration_s, args.sweep_duration) if args.sweep_rate else None,
             "contention": dataclasses.asdict(contention),
+            "slowdowns": {"path": args.slowdowns, "factors": slow} if slow else None,
             "runs": [{"policy_config": r.policy, "metrics": r.metrics.to_json(), "wall_s": r.wall_s} for r in runs],
             "fluid_bound": bound,
             "sweep": {p: {"target": s.target, "max_factor": s.max_factor, "max_rps": s.max_rps, "points": s.points,
