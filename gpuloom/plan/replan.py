@@ -98,8 +98,7 @@ class ReplanDecision:
 def broken_guarantees(schedule: Schedule, factors: Mapping[str, float]) -> list[str]:
     """The models whose planned guarantee fails when each model's slots take ``factors[model]``
     times their planned time (1 where absent): their partition's slots no longer fit its period (the
-    cycle's slots its cycle), or
-    their latency bound (period + slots x latency) passes their SLO."""
+    whole cycle's slots its cycle), or their latency bound (period + slots x latency) passes their SLO."""
     broken: list[str] = []
     for p in schedule.partitions:  # the slots of a whole cycle fit the cycle iff each period's fit the period
         busy = sum(s.duration_ms * factors.get(s.model, 1.0) for s in p.slots)
@@ -207,8 +206,8 @@ class Replanner:
         return slowed_store(self.profiles, self.slowdowns) if self.slowdowns else self.profiles
 
     def _check_slowdowns(self, now: float, slowdowns: Mapping[str, float]) -> ReplanDecision | None:
-        """The switch when measured slowdowns that moved beyond ``slow_band`` break the current plan's
-        guarantees and a plan made with them serves no less; else None (``slowdown_note`` says why)."""
+        """The switch to a plan made with the measured slowdowns, when one moved beyond ``slow_band``
+        and that plan serves no less than the current one at them; else None (``slowdown_note`` says why)."""
         moved = {m: f for m, f in slowdowns.items()
                  if m in self.base and abs(f / self.slowdowns.get(m, 1.0) - 1.0) > self.slow_band}
         if not moved:

@@ -21,6 +21,7 @@ Two ways to drive it:
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections import deque
@@ -306,17 +307,9 @@ class Runtime:
             self._switch(policy, ctx, None, 0)
             return
         layout = policy.setup(ctx)
-        self._layout_token += 1
-        token = self._layout_token
-        loop = self.loop
-
-        def ready() -> None:
-            loop.post(WAKEUP, self._switch, policy, ctx, layout, token)
-
-        if self.backend.prepare(layout, ready):
+        token, building = self._build_in_background(layout, functools.partial(self._switch, policy, ctx))
+        if building:
             self._switch_pending = True
-            if isinstance(loop, RealtimeLoop):
-                loop.expect()
             return
         self._switch(policy, ctx, layout, token)
 
@@ -574,22 +567,27 @@ class Runtime:
         return out
 
     # -- layouts ----------------------------------------------------------------------------
+    def _build_in_background(self, layout: Layout, then: Callable[[Layout, int], None]) -> tuple[int, bool]:
+        """Ask the backend to build ``layout`` in the background (:meth:`Backend.prepare`); ``then(layout,
+        token)`` is posted to the loop once it is built. Returns the layout's token, and whether a build
+        started (False: nothing to build, the caller sets ``layout`` up now)."""
+        self._layout_token += 1
+        token = self._layout_token
+        loop = self.loop
+        if not self.backend.prepare(layout, lambda: loop.post(WAKEUP, then, layout, token)):
+            return token, False
+        if isinstance(loop, RealtimeLoop):
+            loop.expect()
+        return token, True
+
     def _set_layout(self, layout: Layout) -> None:
         """Switch to ``layout``: at once, or -- when the backend builds it in the background
         (:meth:`Backend.prepare`) -- once it is built. Nothing is dispatched meanwhile: the policy's
         partition indices already name the new layout's partitions."""
-        self._layout_token += 1
-        token = self._layout_token
-        loop = self.loop
-
-        def ready() -> None:
-            loop.post(WAKEUP, self._swap_layout, layout, token)
-
-        if self.backend.prepare(layout, ready):
+        token, building = self._build_in_background(layout, self._swap_layout)
+        if building:
             self._preparing = True
             self._free = None
-            if isinstance(loop, RealtimeLoop):
-                loop.expect()
             return
         self._swap_layout(layout, token)
 
@@ -598,18 +596,9 @@ class Runtime:
         layout changes) goes on dispatching on the current one; swapped in once built
         (:meth:`_replan_ready`). On the H200 a first build of mix6's graphs took about 30 s, every
         model paused for it before (``docs/reports/runtime.md``, fourth and twelfth sessions)."""
-        self._layout_token += 1
-        token = self._layout_token
-        loop = self.loop
-
-        def ready() -> None:
-            loop.post(WAKEUP, self._replan_ready, layout, token)
-
-        if self.backend.prepare(layout, ready):
-            if isinstance(loop, RealtimeLoop):
-                loop.expect()
-            return
-        self._swap_layout(layout, token)
+        token, building = self._build_in_background(layout, self._replan_ready)
+        if not building:
+            self._swap_layout(layout, token)
 
     def _replan_ready(self, layout: Layout, token: int) -> None:
         """The re-plan's layout is built: swap it in; if it cannot be set up, the current one goes on."""
