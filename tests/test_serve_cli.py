@@ -155,6 +155,31 @@ def test_launch_on_and_switch_interval_reach_the_service(tmp_path, monkeypatch):
         p.parse_args([str(tmp_path / "m.yaml"), "--launch-on", "gpu"])
 
 
+def test_policy_options_reach_the_service_and_bad_ones_are_refused_before_loading(tmp_path, monkeypatch, capsys):
+    import gpuloom.runtime.service as service_mod
+    from gpuloom.commands import serve
+
+    seen = []
+
+    class Stop(ValueError):
+        pass
+
+    def record(**kw):
+        seen.append(kw)
+        raise Stop("recorded")
+
+    (tmp_path / "m.yaml").write_text("name: m\nsource: 'x.py:f'\ninputs: [{name: x, shape: [4], dtype: float32}]\n")
+    p = argparse.ArgumentParser()
+    serve.add_arguments(p)
+    for spec, says in (("dstack:lookahead_ms=1", "configure the service"), ("dstack:bogus=1", "bogus"),
+                       ("dstack:min_sms=-8", "min_sms"), ("nope", "known policies")):
+        assert serve.run(p.parse_args([str(tmp_path / "m.yaml"), "--policy", spec])) == 2
+        assert says in capsys.readouterr().err
+    monkeypatch.setattr(service_mod, "InferenceService", record)
+    assert serve.run(p.parse_args([str(tmp_path / "m.yaml"), "--policy", "dstack:min_sms=0:replan=false"])) == 2
+    assert seen[0]["policy"] == "dstack" and seen[0]["policy_options"] == {"min_sms": 0, "replan": False}
+
+
 def test_cpus_lists_parse_like_taskset_and_bad_ones_are_refused():
     from gpuloom.commands.serve import cpus_arg
 

@@ -14,7 +14,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--http-port", type=int, default=8000, help="HTTP port (default 8000; 0 picks a free one)")
     p.add_argument("--grpc-port", type=int, default=8001, help="gRPC port (default 8001; 0 picks a free one)")
     p.add_argument("--no-grpc", action="store_true", help="serve HTTP only")
-    p.add_argument("--policy", default="dstack", help="scheduling policy by name (default dstack)")
+    p.add_argument("--policy", default="dstack",
+                   help="scheduling policy by name (default dstack), with its options as in gpuloom bench: "
+                        "NAME:KEY=VALUE[:...], e.g. dstack:min_sms=0 or dstack:slowdowns=bench.json")
     p.add_argument("--profiles", default=None, metavar="DIR", help="latency profiles (default: shipped or cached ones)")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--queue-limit", type=int, default=1024, help="queued requests before 429 (default 1024)")
@@ -131,13 +133,20 @@ def run(args: argparse.Namespace) -> int:
 
     from gpuloom.profile.store import ProfileStore
 
+    from gpuloom.commands.bench import parse_policy_spec
+
     try:
+        policy, policy_options, service_options = parse_policy_spec(args.policy)
+        if service_options:
+            raise ValueError(f"--policy {args.policy}: {sorted(service_options)} configure the service, not the policy; "
+                             f"gpuloom serve sets them with its own flags (see gpuloom serve --help)")
         profiles = ProfileStore(args.profiles) if args.profiles else None
-        service = InferenceService(policy=args.policy, device=args.device, profiles=profiles, queue_limit=args.queue_limit,
+        service = InferenceService(policy=policy, policy_options=policy_options, device=args.device, profiles=profiles,
+                                   queue_limit=args.queue_limit,
                                    early_answer=args.early_answer, launch_on=args.launch_on,
                                    switch_interval_ms=args.switch_interval_ms, raw_launch=not args.torch_launch,
                                    workqueues=args.workqueues, complete_on=args.complete_on)
-    except (ValueError, OSError) as e:
+    except (ValueError, TypeError, OSError) as e:  # TypeError: an option the policy does not take
         print(f"error: {e}", file=sys.stderr)
         return 2
     service.start()
