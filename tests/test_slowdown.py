@@ -175,3 +175,18 @@ def test_dstack_refuses_bad_slowdowns_with_what_it_expected(tmp_path):
         make_policy("dstack", slowdowns={"resnet50": 0})
     with pytest.raises(ValueError, match="could not read"):
         make_policy("dstack", slowdowns=str(tmp_path / "none.json"))
+
+
+def test_a_switch_that_could_not_be_set_up_is_reverted_and_tried_again_after_the_cooldown():
+    rp = Replanner(DEMANDS, ZOO, hold_s=0.0, cooldown_s=5.0)
+    rates = {d.model: d.rate for d in DEMANDS}
+    before = rp.schedule
+    slow = {"resnet50": 2.0, "mobilenet_v2": 1.3, "vgg16": 2.0}
+    assert rp.check(1.0, rates, slow).replan
+    rp.revert()  # the runtime could not set the new layout up
+    assert rp.schedule is before and rp.slowdowns == {} and rp.planned_rates == rates
+    assert not rp.check(2.0, rates, slow).replan  # cooling down
+    assert rp.check(7.0, rates, slow).replan  # the slowdowns are seen again
+    rp.revert()
+    rp.revert()  # a second revert has nothing to take back
+    assert rp.schedule is before

@@ -167,6 +167,7 @@ class Replanner:
         self.slowdown_switches = 0  # of ``switches``, those for measured slowdowns
         self.slowdown_note = ""  # what the last look at moved slowdowns concluded
         self._slow_since: float | None = None  # when a slowdown first moved beyond slow_band (waiting for the rest)
+        self._before: tuple[Schedule, dict[str, float], dict[str, float]] | None = None  # what revert() restores
         self.switches = 0
         self.evaluations = 0  # candidate plans computed
         self.skipped = 0  # checks of drifting rates the current plan serves already (no candidate needed)
@@ -223,6 +224,7 @@ class Replanner:
         self._slow_since = None
         relative = {m: f / self.slowdowns.get(m, 1.0) for m, f in moved.items()}
         broken = broken_guarantees(self.schedule, relative)
+        assumed = self.slowdowns
         self.slowdowns = {**self.slowdowns, **moved}  # the next plan, whichever, is made with them
         said = ", ".join(f"{m} {f:.2f}x" for m, f in sorted(moved.items()))
         rates = dict(self.planned_rates)
@@ -234,13 +236,29 @@ class Replanner:
             self.slowdown_note = (f"measured slowdowns ({said}): a plan with them serves less ({then_served:.0f} < "
                                   f"{now_served:.0f} requests/s); kept the current one (its bound broken for {broken})")
             return None
-        self.schedule = candidate
-        self._since.clear()
-        self._last_switch = now
-        self.switches += 1
+        self._switch_to(candidate, now, self.planned_rates, assumed)
         self.slowdown_switches += 1
         self.slowdown_note = f"measured slowdowns ({said}): re-planned with them (the old plan's bound broken for {broken})"
         return ReplanDecision(True, self.slowdown_note, candidate, (then_served - now_served) * self.horizon_s, 0.0)
+
+    def _switch_to(self, candidate: Schedule, now: float, rates: Mapping[str, float],
+                   assumed: Mapping[str, float]) -> None:
+        """Make ``candidate`` (planned for ``rates``) current; :meth:`revert` can take it back."""
+        self._before = (self.schedule, self.planned_rates, assumed)
+        self.schedule = candidate
+        self.planned_rates = dict(rates)
+        self._since.clear()
+        self._last_switch = now
+        self.switches += 1
+
+    def revert(self) -> None:
+        """The last switch's schedule could not be set up: the one before it runs again, with the rates
+        and slowdowns it was planned for, so the drift that asked for the switch is seen again (after
+        the cooldown) instead of being taken for done."""
+        if self._before is not None:
+            self.schedule, self.planned_rates, self.slowdowns = self._before[0], dict(self._before[1]), dict(self._before[2])
+            self._before = None
+            self._since.clear()
 
     def check(self, now: float, rates: Mapping[str, float],
               slowdowns: Mapping[str, float] | None = None) -> ReplanDecision:
@@ -285,9 +303,5 @@ class Replanner:
             return ReplanDecision(
                 False, f"{drifting} drifted but a new plan gains {gain:.0f} requests <= switch cost {cost:.0f}", None, gain, cost
             )
-        self.schedule = candidate
-        self.planned_rates = dict(rates)
-        self._since.clear()
-        self._last_switch = now
-        self.switches += 1
+        self._switch_to(candidate, now, rates, self.slowdowns)
         return ReplanDecision(True, f"{drifting} drifted: +{gain:.0f} requests over {self.horizon_s:g} s > cost {cost:.0f}", candidate, gain, cost)

@@ -467,7 +467,7 @@ class DStackPolicy(Policy):
     def layout_failed(self, layout: Layout) -> None:
         if self._pending is not None and self._pending[0] is layout:
             self._pending = None
-            self.replanner.schedule = self.schedule  # the plan that still runs is the one to drift from
+            self.replanner.revert()  # the plan that still runs is the one to drift from
 
     def describe(self) -> dict:
         return {
