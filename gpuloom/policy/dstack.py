@@ -69,6 +69,13 @@ def _deadline(r) -> float:
     return r.deadline_ms
 
 
+def _ids(q, j: int, k: int) -> tuple[int, ...]:
+    """Ids of ``q[j : j + k]`` (a deque has no slices); a batch of one, the usual one, directly."""
+    if k == 1:
+        return (q[j].id,)
+    return tuple([q[j + t].id for t in range(k)])
+
+
 class _PartPlan:
     """One partition's cycle, indexed for fast look-ups (private)."""
 
@@ -217,6 +224,8 @@ class DStackPolicy(Policy):
         self._pending = None
         models = list(self.ctx.models)
         self.parts = [_PartPlan(p, models) for p in sched.partitions]
+        # where each model has slots of its own: where a waiting model's slot may begin (_fill's wake-up)
+        self._slotted = {m: [i for i, pp in enumerate(self.parts) if pp.own_starts[m]] for m in models}
         self._rows: dict[tuple[str, int], list[tuple[int, float]]] = {}
         self._l1 = {
             m: [self._hold_ms(m, i.profile.batches[0], p.sms) for p in sched.partitions]
@@ -324,33 +333,34 @@ class DStackPolicy(Policy):
             q = queues[m]
             l1s = self._l1[m]
             first_left = pos[m]  # the oldest request of m this decision leaves queued
-            # m's home partitions first (static order), then the others; a partition whose current
-            # slot belongs to another model with queued requests is that model's
+            # m's home partitions first (static order), then the others
             for idx in self.pref[m]:
                 if idx not in free_idx:
                     continue
-                o = owners.get(idx, 0)
-                if o == 0:
-                    o = owners[idx] = parts[idx].owner_at(phi)
-                if o is not None and o != m and (o in pos or (o not in head and queues[o])):
-                    continue
                 i = pos[m]
                 pp = parts[idx]
-                # quick reject: not even a batch of one fits before the deadline / the next other slot
+                # quick reject: not even a batch of one fits before the deadline
                 l1 = l1s[idx]
                 if l1 > q[i].deadline_ms - now_ms + 1e-9:
                     continue
-                others = pp.other_starts[m]
-                if others:
-                    j = bisect.bisect_left(others, phi)
-                    if l1 > (others[j] if j < len(others) else others[0] + cycle) - phi + 1e-9:
+                horizon = math.inf  # ms until another model's next slot here: none where every slot is m's
+                if pp.other_starts[m]:
+                    # a partition whose current slot belongs to another model with queued requests is
+                    # that model's; and not even a batch of one of m fits before another's next slot
+                    o = owners.get(idx, 0)
+                    if o == 0:
+                        o = owners[idx] = pp.owner_at(phi)
+                    if o is not None and o != m and (o in pos or (o not in head and queues[o])):
                         continue
-                k, j = self._batch(m, q, i, pp, phi, now_ms)
-                if k and idx in self._ahead_parts and k < self._fullest(m, pp, phi):
+                    horizon = pp.horizon(m, phi, cycle) + 1e-9
+                    if l1 > horizon:
+                        continue
+                k, j = self._batch(m, q, i, pp, horizon, now_ms)
+                if k and idx in self._ahead_parts and k < self._fullest(m, pp, horizon):
                     continue  # offered ahead: only a full batch goes now, a smaller one elsewhere or later
                 if k:
                     self._ahead_parts.discard(idx)
-                    out.append(Decision(m, tuple(q[j + t].id for t in range(k)), k, idx))
+                    out.append(Decision(m, _ids(q, j, k), k, idx))
                     free_idx.discard(idx)
                     if first_left == i and j == i:  # nothing passed over: the oldest left moves on
                         first_left = j + k
@@ -373,23 +383,25 @@ class DStackPolicy(Policy):
         if pos and free_idx:
             # wake when a waiting model's own slot begins on a free partition (fills are retried then
             # and at every arrival and completion)
-            t = min(parts[idx].next_start(phi, cycle, m) for idx in free_idx for m in pos) + now_ms
+            slotted = self._slotted
+            t = min((parts[idx].next_start(phi, cycle, m) for m in pos for idx in slotted[m] if idx in free_idx),
+                    default=math.inf) + now_ms
             if math.isfinite(t) and (wake is None or t < wake):
                 wake = t
         return wake
 
-    def _batch(self, m: str, q, i: int, pp: _PartPlan, phi: float, now_ms: float) -> tuple[int, int]:
+    def _batch(self, m: str, q, i: int, pp: _PartPlan, horizon: float, now_ms: float) -> tuple[int, int]:
         """``(k, j)``: run ``q[j : j + k]`` of ``m`` now on ``pp`` (``k = 0``: nothing fits).
 
-        The largest batch up to the planned one that ends before the next slot of another model and
-        before the deadline of its oldest request. Under a backlog the oldest requests may be too
-        close to their deadline for a full batch: they are skipped (not dropped -- they may still run
-        alone elsewhere, or are dropped once hopeless) in favour of a full batch of younger ones, so
-        that overload does not shrink every batch to the few requests that still have time.
+        The largest batch up to the planned one that ends within ``horizon`` (ms to the next slot of
+        another model on ``pp``, plus the comparisons' 1e-9; the caller has it already) and before the
+        deadline of its oldest request. Under a backlog the oldest requests may be too close to their
+        deadline for a full batch: they are skipped (not dropped -- they may still run alone
+        elsewhere, or are dropped once hopeless) in favour of a full batch of younger ones, so that
+        overload does not shrink every batch to the few requests that still have time.
         """
         cap = self.cap[m]
-        total = len(q) - i
-        horizon = pp.horizon(m, phi, self.cycle) + 1e-9
+        enough = min(len(q) - i, cap)  # a bucket this large takes every request it may
         slack0 = q[i].deadline_ms - now_ms + 1e-9
         best_k, best_j = 0, i
         for b, lat in self._lat_row(m, pp.sms):
@@ -399,14 +411,14 @@ class DStackPolicy(Policy):
             k = min(b, cap, len(q) - j)
             if k > best_k:
                 best_k, best_j = k, j
-            if b >= min(total, cap):
+            if b >= enough:
                 break
         return best_k, best_j
 
-    def _fullest(self, m: str, pp: _PartPlan, phi: float) -> int:
-        """The largest batch of ``m`` (up to its planned one) that ``pp`` could run now before another
-        model's slot: what counts as full for a partition offered ahead (``ahead_full``)."""
-        horizon = pp.horizon(m, phi, self.cycle) + 1e-9
+    def _fullest(self, m: str, pp: _PartPlan, horizon: float) -> int:
+        """The largest batch of ``m`` (up to its planned one) that ``pp`` could run now within
+        ``horizon`` (before another model's slot): what counts as full for a partition offered ahead
+        (``ahead_full``)."""
         best = 0
         for b, lat in self._lat_row(m, pp.sms):
             if lat > horizon:
