@@ -385,7 +385,7 @@ class Runtime:
     def _on_completion(self, c: Completion) -> None:
         d = c.decision
         lane = self._inflight.get(d.partition)
-        k = next((i for i, e in enumerate(lane) if e[0] is d), -1) if lane else -1
+        k = self._lane_position(lane, d)
         if k < 0:  # a batch of a replaced layout
             self._orphans -= 1
             reqs, pol = self._orphan_reqs.pop(id(d))
@@ -405,6 +405,16 @@ class Runtime:
         if pol is self.policy:  # a replaced policy's batch means nothing to its successor
             self.policy.on_completion(c, self.loop.now)
 
+    @staticmethod
+    def _lane_position(lane: list | None, d: Decision) -> int:
+        """Where batch ``d`` is in its partition's lane; -1 when it is not there (a batch of a
+        replaced layout). Almost always the running batch, first: found without a search."""
+        if not lane:
+            return -1
+        if lane[0][0] is d:
+            return 0
+        return next((i for i, e in enumerate(lane) if e[0] is d), -1)
+
     def _finish(self, result: Result) -> None:
         """Record a request's final fate (online: hand it and its output to the result callback)."""
         if self._online:
@@ -423,8 +433,13 @@ class Runtime:
 
     def _finish_all(self, results: list[Result]) -> None:
         """:meth:`_finish` for requests answered together; online with ``on_results``, one call for all."""
+        if not self._online:  # a run: only the books (one store per request, not one call)
+            books = self._results
+            for result in results:
+                books[result.request.id] = result
+            return
         answer_all = self._on_results
-        if not self._online or answer_all is None:
+        if answer_all is None:
             for result in results:
                 self._finish(result)
             return
@@ -485,8 +500,11 @@ class Runtime:
             return []
         if self._free is None:
             busy, open_at = self._inflight, self._open_at
-            self._free = [p for p in self._parts
-                          if p.index not in busy or (len(busy[p.index]) == 1 and open_at.get(p.index, _INF) <= now)]
+            if open_at:  # launch-ahead: a partition running one batch may take the next already
+                self._free = [p for p in self._parts
+                              if p.index not in busy or (len(busy[p.index]) == 1 and open_at.get(p.index, _INF) <= now)]
+            else:
+                self._free = [p for p in self._parts if p.index not in busy]
         return self._free
 
     def _dispatch(self, d: Decision, free: list[Partition], taken: set[int]) -> None:

@@ -184,6 +184,8 @@ class SimBackend(Backend):
         self._busy = 0.0  # integrated SM-ms
         self._knee: dict[tuple[str, int], int] = {}
         self._lat: dict[tuple[str, int, float], float] = {}
+        self._excl: dict[tuple[str, int, int], tuple[float, float]] = {}  # see _exclusive
+        self._tails: dict[str, float] = {}  # model -> its batch overhead (ms)
         self._seq = 0
         self._dependent = 0  # runs whose speed depends on the others (shared lanes, or interference)
         self._launcher_free = 0.0  # when the one host launching thread is next free (host_launch_ms)
@@ -211,20 +213,18 @@ class SimBackend(Backend):
         assert decision.partition not in self._running and decision.partition not in self._held, \
             f"partition {decision.partition} is busy"
         b = decision.batch
-        knee = self.knee(decision.model, b)
         if part.shared:
             a = self._layout.shared_sms
             if decision.sms is not None:
                 demand = float(min(decision.sms, a))
                 base = self.latency(decision.model, b, demand)
             else:
-                demand = float(min(knee * self.contention.demand_fraction, a))
+                demand = float(min(self.knee(decision.model, b) * self.contention.demand_fraction, a))
                 base = self.latency(decision.model, b, a)
             useful = demand
         else:
-            base = self.latency(decision.model, b, part.sms)
+            base, useful = self._exclusive(decision.model, b, part.sms)
             demand = 0.0
-            useful = float(min(part.sms, knee))
         h = self.contention.host_launch_ms
         h_req = self.contention.host_request_ms * len(requests)
         if h > 0.0 or h_req > 0.0:  # FIFO on the one host thread: wait for its backlog, then launch
@@ -233,7 +233,7 @@ class SimBackend(Backend):
             base += start - self.loop.now + h  # ... but holds the lane only through what it delays
         self._settle()
         # the tail: the lane is busy after the GPU work, the GPU is not
-        run = _Run(decision, part, self.loop.now, base, demand, useful, self.contention.overhead_ms(decision.model))
+        run = _Run(decision, part, self.loop.now, base, demand, useful, self._tail_ms(decision.model))
         self._seq += 1
         run.seq = self._seq
         self._running[decision.partition] = run
@@ -267,6 +267,22 @@ class SimBackend(Backend):
         v = self._lat.get(key)
         if v is None:
             v = self._lat[key] = self.profiles[model].latency(batch, sms)
+        return v
+
+    def _exclusive(self, model: str, batch: int, sms: int) -> tuple[float, float]:
+        """(ms, SMs it can use) of a batch alone on an exclusive partition of ``sms`` SMs: one look-up
+        per batch submitted, where the latency and the knee took one each."""
+        key = (model, batch, sms)
+        v = self._excl.get(key)
+        if v is None:
+            v = self._excl[key] = (self.latency(model, batch, sms), float(min(sms, self.knee(model, batch))))
+        return v
+
+    def _tail_ms(self, model: str) -> float:
+        """How long ``model``'s batches hold their lane after their GPU work (the batch overhead)."""
+        v = self._tails.get(model)
+        if v is None:
+            v = self._tails[model] = self.contention.overhead_ms(model)
         return v
 
     # -- progress bookkeeping ----------------------------------------------------------------
