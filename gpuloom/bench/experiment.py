@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Mapping, Sequence
 
 from ..policy.base import ModelInfo, Policy, PolicyContext, make_policy
@@ -82,10 +83,12 @@ def make_context(
 def make_requests(workload: Workload) -> list[Request]:
     """Every request of ``workload`` in arrival order (ties by model order), ids 0..n-1."""
     times = arrival_times(workload)
-    order = {m.name: i for i, m in enumerate(workload.models)}
     slo = {m.name: float(m.slo_ms) for m in workload.models}
-    merged = sorted(((t * 1000.0, order[m], m) for m, ts in times.items() for t in ts))
-    return [Request(i, m, t, t + slo[m]) for i, (t, _, m) in enumerate(merged)]
+    # model by model in workload order, then a stable sort by time alone: equal times stay in model
+    # order, as a sort by (time, model's position) left them, with far cheaper comparisons
+    merged = [(t * 1000.0, m.name) for m in workload.models for t in times[m.name]]
+    merged.sort(key=itemgetter(0))
+    return [Request(i, m, t, t + slo[m]) for i, (t, m) in enumerate(merged)]
 
 
 def simulate(
