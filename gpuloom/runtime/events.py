@@ -10,6 +10,7 @@ event's time, or until a completion is posted) -- the same split as SimPy's ``En
 from __future__ import annotations
 
 import heapq
+from heapq import heappop, heappush
 from typing import Any, Callable
 
 # Priorities at equal times: completions free partitions before arrivals are queued, and both
@@ -36,7 +37,7 @@ class EventLoop:
         if time_ms < self.now:
             assert self.now - time_ms < 1e-6, f"event scheduled in the past: {time_ms} < {self.now}"
             time_ms = self.now
-        heapq.heappush(self._heap, (time_ms, priority, self._seq, callback, args))
+        heappush(self._heap, (time_ms, priority, self._seq, callback, args))
         self._seq += 1
 
     def peek(self) -> float:
@@ -47,7 +48,7 @@ class EventLoop:
         """Advance to the next event and run it. Returns False when no event is left."""
         if not self._heap:
             return False
-        time_ms, _, _, cb, args = heapq.heappop(self._heap)
+        time_ms, _, _, cb, args = heappop(self._heap)
         self._advance(time_ms)
         cb(*args)
         return True

@@ -134,7 +134,8 @@ class ContentionModel:
 class _Run:
     """A batch in flight (mutable bookkeeping, private to the simulator)."""
 
-    __slots__ = ("decision", "part", "start", "base", "demand", "useful", "remaining", "rate", "version", "seq", "tail")
+    __slots__ = ("decision", "part", "start", "base", "demand", "useful", "remaining", "rate", "version", "seq", "tail",
+                 "independent")
 
     def __init__(self, decision: Decision, part: Partition, start: float, base: float, demand: float, useful: float,
                  tail: float = 0.0):
@@ -149,6 +150,7 @@ class _Run:
         self.version = 0
         self.seq = 0  # submission order, breaks priority ties
         self.tail = tail  # ms the lane stays held after the GPU work (batch_overhead_ms), SMs free
+        self.independent = False  # its speed neither depends on nor changes the others' (SimBackend._independent)
 
 
 class SimBackend(Backend):
@@ -237,7 +239,8 @@ class SimBackend(Backend):
         self._seq += 1
         run.seq = self._seq
         self._running[decision.partition] = run
-        if self._independent(run):  # fast path: nobody else's speed changes
+        run.independent = self._independent(run)
+        if run.independent:  # fast path: nobody else's speed changes
             run.rate = 1.0 / base
             run.version = 1
             self.loop.schedule(self.loop.now + base, COMPLETION, self._finish, run, 1)
@@ -363,7 +366,7 @@ class SimBackend(Backend):
             del self._running[run.decision.partition]
         else:
             self._orphans.remove(run)
-        if self._independent(run):
+        if run.independent:
             self._busy_now -= run.useful
         else:
             self._dependent -= 1
