@@ -233,6 +233,8 @@ class DStackPolicy(Policy):
         }
         home = {m: [p.index for p in sched.partitions if m in p.models] for m in models}
         self.pref = {m: home[m] + [p.index for p in sched.partitions if p.index not in home[m]] for m in models}
+        # each model's latency row (_lat_row) on each partition, by index: what _fill hands _batch
+        self._row_at = {m: [self._lat_row(m, p.sms) for p in sched.partitions] for m in models}
         planned = {mp.model: mp for mp in sched.models}
         self.cap = {}
         for m, info in self.ctx.models.items():
@@ -289,7 +291,8 @@ class DStackPolicy(Policy):
             self._dirty = False
             wake = None
         elif fresh_parts:
-            cands = [m for m in queues if queues[m] and (m in fresh_models or m in self._waiting)]
+            waiting = self._waiting
+            cands = [m for m, q in queues.items() if q and (m in fresh_models or m in waiting)]
         elif fresh_models:
             cands = [m for m in fresh_models if queues[m]]
         else:
@@ -331,7 +334,7 @@ class DStackPolicy(Policy):
         waiting = self._waiting
         for m in (sorted(pos, key=head.__getitem__) if len(pos) > 1 else list(pos)):  # earliest deadline first
             q = queues[m]
-            l1s = self._l1[m]
+            l1s, rows = self._l1[m], self._row_at[m]
             first_left = pos[m]  # the oldest request of m this decision leaves queued
             # m's home partitions first (static order), then the others
             for idx in self.pref[m]:
@@ -355,8 +358,8 @@ class DStackPolicy(Policy):
                     horizon = pp.horizon(m, phi, cycle) + 1e-9
                     if l1 > horizon:
                         continue
-                k, j = self._batch(m, q, i, pp, horizon, now_ms)
-                if k and idx in self._ahead_parts and k < self._fullest(m, pp, horizon):
+                k, j = self._batch(m, q, i, rows[idx], horizon, now_ms)
+                if k and idx in self._ahead_parts and k < self._fullest(m, rows[idx], horizon):
                     continue  # offered ahead: only a full batch goes now, a smaller one elsewhere or later
                 if k:
                     self._ahead_parts.discard(idx)
@@ -383,18 +386,29 @@ class DStackPolicy(Policy):
         if pos and free_idx:
             # wake when a waiting model's own slot begins on a free partition (fills are retried then
             # and at every arrival and completion)
-            slotted = self._slotted
-            t = min((parts[idx].next_start(phi, cycle, m) for m in pos for idx in slotted[m] if idx in free_idx),
-                    default=math.inf) + now_ms
+            t = self._next_own_slot(pos, free_idx, phi) + now_ms
             if math.isfinite(t) and (wake is None or t < wake):
                 wake = t
         return wake
 
-    def _batch(self, m: str, q, i: int, pp: _PartPlan, horizon: float, now_ms: float) -> tuple[int, int]:
-        """``(k, j)``: run ``q[j : j + k]`` of ``m`` now on ``pp`` (``k = 0``: nothing fits).
+    def _next_own_slot(self, models, free_idx: set[int], phi: float) -> float:
+        """ms from phase ``phi`` until the first slot of one of ``models`` begins on a free
+        partition; inf if none has slots there."""
+        soonest = math.inf
+        for m in models:
+            for idx in self._slotted[m]:
+                if idx in free_idx:
+                    t = self.parts[idx].next_start(phi, self.cycle, m)
+                    if t < soonest:
+                        soonest = t
+        return soonest
+
+    def _batch(self, m: str, q, i: int, row: list[tuple[int, float]], horizon: float, now_ms: float) -> tuple[int, int]:
+        """``(k, j)``: run ``q[j : j + k]`` of ``m`` now on a partition where its batches take
+        ``row`` (:meth:`_lat_row`; ``k = 0``: nothing fits).
 
         The largest batch up to the planned one that ends within ``horizon`` (ms to the next slot of
-        another model on ``pp``, plus the comparisons' 1e-9; the caller has it already) and before the
+        another model there, plus the comparisons' 1e-9; the caller has it already) and before the
         deadline of its oldest request. Under a backlog the oldest requests may be too close to their
         deadline for a full batch: they are skipped (not dropped -- they may still run alone
         elsewhere, or are dropped once hopeless) in favour of a full batch of younger ones, so that
@@ -404,7 +418,7 @@ class DStackPolicy(Policy):
         enough = min(len(q) - i, cap)  # a bucket this large takes every request it may
         slack0 = q[i].deadline_ms - now_ms + 1e-9
         best_k, best_j = 0, i
-        for b, lat in self._lat_row(m, pp.sms):
+        for b, lat in row:
             if lat > horizon:
                 break  # latency grows with the batch
             j = i if lat <= slack0 else bisect.bisect_left(q, now_ms + lat - 1e-9, lo=i, key=_deadline)
@@ -415,12 +429,12 @@ class DStackPolicy(Policy):
                 break
         return best_k, best_j
 
-    def _fullest(self, m: str, pp: _PartPlan, horizon: float) -> int:
-        """The largest batch of ``m`` (up to its planned one) that ``pp`` could run now within
-        ``horizon`` (before another model's slot): what counts as full for a partition offered ahead
-        (``ahead_full``)."""
+    def _fullest(self, m: str, row: list[tuple[int, float]], horizon: float) -> int:
+        """The largest batch of ``m`` (up to its planned one) that a partition where its batches
+        take ``row`` could run now within ``horizon`` (before another model's slot): what counts as
+        full for a partition offered ahead (``ahead_full``)."""
         best = 0
-        for b, lat in self._lat_row(m, pp.sms):
+        for b, lat in row:
             if lat > horizon:
                 break
             best = min(b, self.cap[m])
@@ -445,7 +459,8 @@ class DStackPolicy(Policy):
         self._now = now_ms
         t = self._wake if self._wake is not None and self._wake > now_ms else None
         if self.replanner is not None:
-            t = self._next_check if t is None else min(t, self._next_check)
+            check = self._next_check
+            t = check if t is None or check < t else t  # the sooner
         return t
 
     def layout_change(self) -> Layout | None:
