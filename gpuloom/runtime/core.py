@@ -44,7 +44,7 @@ ResultsCallback = Callable[[list], None]
 
 _INF = float("inf")
 # the statuses as module constants: the loop reads them per request (an Enum attribute costs more)
-_SERVED, _DROPPED, _FAILED = Status.SERVED, Status.DROPPED, Status.FAILED
+_SERVED, _DROPPED, _FAILED, _QUEUED = Status.SERVED, Status.DROPPED, Status.FAILED, Status.QUEUED
 
 
 def _lists(parts: Sequence[Partition], index: int) -> bool:
@@ -702,8 +702,8 @@ class Runtime:
             raise ValueError("request ids must be unique")
 
     def _record(self, requests: Sequence[Request], until_ms: float) -> RunRecord:
-        results = [self._results.get(r.id) or Result(r, Status.QUEUED) for r in requests]
-        n_queued = sum(1 for r in results if r.status == Status.QUEUED)
+        results = [self._results.get(r.id) or Result(r, _QUEUED) for r in requests]
+        n_queued = sum(1 for r in results if r.status == _QUEUED)
         assert n_queued == len(self._pending) + sum(len(e[1]) for lane in self._inflight.values() for e in lane), "lost requests"
         assert len(results) == len(self._results) + n_queued, "a request was recorded twice or lost"
         return RunRecord(

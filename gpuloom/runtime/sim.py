@@ -187,7 +187,8 @@ class SimBackend(Backend):
         self._knee: dict[tuple[str, int], int] = {}
         self._lat: dict[tuple[str, int, float], float] = {}
         self._excl: dict[tuple[str, int, int], tuple[float, float]] = {}  # see _exclusive
-        self._tails: dict[str, float] = {}  # model -> its batch overhead (ms)
+        # model -> how long its batches hold their lane after their GPU work (the batch overhead, ms)
+        self._tails = {m: self.contention.overhead_ms(m) for m in self.profiles}
         self._seq = 0
         self._dependent = 0  # runs whose speed depends on the others (shared lanes, or interference)
         self._launcher_free = 0.0  # when the one host launching thread is next free (host_launch_ms)
@@ -235,7 +236,7 @@ class SimBackend(Backend):
             base += start - self.loop.now + h  # ... but holds the lane only through what it delays
         self._settle()
         # the tail: the lane is busy after the GPU work, the GPU is not
-        run = _Run(decision, part, self.loop.now, base, demand, useful, self._tail_ms(decision.model))
+        run = _Run(decision, part, self.loop.now, base, demand, useful, self._tails[decision.model])
         self._seq += 1
         run.seq = self._seq
         self._running[decision.partition] = run
@@ -279,13 +280,6 @@ class SimBackend(Backend):
         v = self._excl.get(key)
         if v is None:
             v = self._excl[key] = (self.latency(model, batch, sms), float(min(sms, self.knee(model, batch))))
-        return v
-
-    def _tail_ms(self, model: str) -> float:
-        """How long ``model``'s batches hold their lane after their GPU work (the batch overhead)."""
-        v = self._tails.get(model)
-        if v is None:
-            v = self._tails[model] = self.contention.overhead_ms(model)
         return v
 
     # -- progress bookkeeping ----------------------------------------------------------------
