@@ -253,3 +253,25 @@ def test_dstack_plans_within_the_slo_less_its_margin(margin):
         assert mp.worst_ms <= ctx.models[mp.model].slo_ms * (1 - margin) + 1e-6
     with pytest.raises(ValueError, match="slo_margin"):
         make_policy("dstack", slo_margin=1.0)
+
+
+@pytest.mark.parametrize("overhead", [0.0, 0.5])
+def test_dstack_one_queued_request_runs_alone_whenever_a_batch_of_one_fits(overhead):
+    # dstack's _fill does not ask _batch about the last queued request of a model: the answer is a
+    # batch of that one request whenever the hold of the smallest bucket (_l1) fits the deadline and
+    # the horizon, which _fill checks first. This keeps _batch, _l1 and the latency rows agreeing.
+    import math
+
+    ctx = ctx_for({"resnet50": (25.0, 400.0), "mobilenet_v2": (10.0, 800.0), "inception_v3": (40.0, 200.0),
+                   "efficientnet_b0": (20.0, 600.0), "vgg16": (100.0, 100.0), "bert_base": (60.0, 150.0)})
+    pol = make_policy("dstack", batch_overhead_ms=overhead)
+    pol.setup(ctx)
+    now = 1234.5
+    for m in ctx.models:
+        for idx, row in enumerate(pol._row_at[m]):
+            l1 = pol._l1[m][idx]
+            assert row[0][1] == l1
+            for slack in (l1, 1.5 * l1, 10 * l1):
+                q = deque([Request(0, m, now - 1.0, now + slack)])
+                for horizon in (l1 + 1e-9, 2 * l1, math.inf):
+                    assert pol._batch(m, q, 0, row, horizon, now) == (1, 0)

@@ -358,7 +358,12 @@ class DStackPolicy(Policy):
                     horizon = pp.horizon(m, phi, cycle) + 1e-9
                     if l1 > horizon:
                         continue
-                k, j = self._batch(m, q, i, rows[idx], horizon, now_ms)
+                if len(q) - i == 1:
+                    # one request left, the usual case: _batch would answer (1, i), as l1 (the hold of
+                    # its smallest bucket) fits the deadline and the horizon (both checked above)
+                    k, j = 1, i
+                else:
+                    k, j = self._batch(m, q, i, rows[idx], horizon, now_ms)
                 if k and idx in self._ahead_parts and k < self._fullest(m, rows[idx], horizon):
                     continue  # offered ahead: only a full batch goes now, a smaller one elsewhere or later
                 if k:
