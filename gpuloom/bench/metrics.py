@@ -99,43 +99,74 @@ def jain(xs: Sequence[float]) -> float:
     return sum(xs) ** 2 / (len(xs) * s2)
 
 
-# the statuses as module constants: _summarize reads them per request (an Enum attribute costs more)
+# the statuses as module constants: _Tally.of reads them per request (an Enum attribute costs more)
 _SERVED, _DROPPED, _FAILED, _QUEUED = Status.SERVED, Status.DROPPED, Status.FAILED, Status.QUEUED
 
 
-def _summarize(name: str, results: list[Result], duration_s: float) -> ModelMetrics:
-    # one pass over the results: a 60 s run of mix6 has ~135k, and a pass per figure took a tenth
-    # of the simulation's time
-    lat: list[float] = []  # of the served requests
-    batch_sum = on_time = failed = queued = 0
-    drops: Counter[str] = Counter()
-    for r in results:
-        status = r.status
-        if status == _SERVED:
-            lat.append(r.latency_ms)
-            batch_sum += r.batch
-            if r.on_time:
-                on_time += 1
-        elif status == _DROPPED:
-            drops[r.reason] += 1
-        elif status == _FAILED:
-            failed += 1
-        elif status == _QUEUED:
-            queued += 1
-    lat.sort()
+@dataclass
+class _Tally:
+    """What :func:`_summarize` reports of some requests, counted in one pass over their results
+    (a 60 s run of mix6 has ~135k; a pass per figure took a tenth of the simulation's time)."""
+
+    n: int = 0  # requests
+    lat: list[float] = field(default_factory=list)  # latency of each served request, ms
+    batch_sum: int = 0  # of the batch sizes the served requests ran in
+    on_time: int = 0
+    failed: int = 0
+    queued: int = 0
+    drops: Counter = field(default_factory=Counter)  # reason -> requests
+
+    @classmethod
+    def of(cls, results: Sequence[Result]) -> "_Tally":
+        t = cls(n=len(results))
+        lat, drops = t.lat, t.drops
+        batch_sum = on_time = failed = queued = 0
+        for r in results:
+            status = r.status
+            if status == _SERVED:
+                lat.append(r.latency_ms)
+                batch_sum += r.batch
+                if r.on_time:
+                    on_time += 1
+            elif status == _DROPPED:
+                drops[r.reason] += 1
+            elif status == _FAILED:
+                failed += 1
+            elif status == _QUEUED:
+                queued += 1
+        t.batch_sum, t.on_time, t.failed, t.queued = batch_sum, on_time, failed, queued
+        return t
+
+    @classmethod
+    def total(cls, tallies: Sequence["_Tally"]) -> "_Tally":
+        """The tally of all of ``tallies``' requests together (without a second pass over them)."""
+        t = cls()
+        for x in tallies:
+            t.n += x.n
+            t.lat += x.lat
+            t.batch_sum += x.batch_sum
+            t.on_time += x.on_time
+            t.failed += x.failed
+            t.queued += x.queued
+            t.drops.update(x.drops)
+        return t
+
+
+def _summarize(name: str, t: _Tally, duration_s: float) -> ModelMetrics:
+    lat = sorted(t.lat)
     served = len(lat)
-    n = len(results)
-    dropped = sum(drops.values())
-    assert n == served + dropped + failed + queued, f"{name}: requests not conserved"
+    n, on_time = t.n, t.on_time
+    dropped = sum(t.drops.values())
+    assert n == served + dropped + t.failed + t.queued, f"{name}: requests not conserved"
     return ModelMetrics(
         model=name,
         arrived=n,
         served=served,
         on_time=on_time,
         dropped=dropped,
-        failed=failed,
-        queued=queued,
-        drops=dict(sorted(drops.items())),
+        failed=t.failed,
+        queued=t.queued,
+        drops=dict(sorted(t.drops.items())),
         demand_rps=n / duration_s,
         throughput_rps=served / duration_s,
         goodput_rps=on_time / duration_s,
@@ -143,7 +174,7 @@ def _summarize(name: str, results: list[Result], duration_s: float) -> ModelMetr
         p50_ms=percentile(lat, 50),
         p95_ms=percentile(lat, 95),
         p99_ms=percentile(lat, 99),
-        mean_batch=batch_sum / served if served else 0.0,
+        mean_batch=t.batch_sum / served if served else 0.0,
     )
 
 
@@ -159,12 +190,13 @@ def compute_metrics(record, *, models: Sequence[str] | None = None, weights: Map
     by_model: dict[str, list[Result]] = {m: [] for m in (models or [])}
     for r in record.results:
         by_model.setdefault(r.request.model, []).append(r)
-    per = tuple(_summarize(m, rs, duration_s) for m, rs in by_model.items())
-    overall = _summarize("all", record.results, duration_s)
+    tallies = {m: _Tally.of(rs) for m, rs in by_model.items()}
+    per = tuple(_summarize(m, t, duration_s) for m, t in tallies.items())
+    overall = _summarize("all", _Tally.total(list(tallies.values())), duration_s)
     weights = weights or {}
     fair = jain([m.slo_attainment / weights.get(m.model, 1.0) for m in per if m.arrived])
     util = record.busy_sm_ms / (record.gpu_sms * record.end_ms) if record.end_ms > 0 else 0.0
-    assert overall.arrived == sum(m.arrived for m in per)
+    assert overall.arrived == len(record.results)
     return RunMetrics(
         policy=record.policy,
         duration_s=duration_s,
