@@ -291,8 +291,8 @@ class DStackPolicy(Policy):
             self._dirty = False
             wake = None
         elif fresh_parts:
-            waiting = self._waiting
-            cands = [m for m, q in queues.items() if q and (m in fresh_models or m in waiting)]
+            wanted = self._waiting | fresh_models
+            cands = [m for m, q in queues.items() if q and m in wanted]
         elif fresh_models:
             cands = [m for m in fresh_models if queues[m]]
         else:
