@@ -192,6 +192,8 @@ class SimBackend(Backend):
         self._seq = 0
         self._dependent = 0  # runs whose speed depends on the others (shared lanes, or interference)
         self._launcher_free = 0.0  # when the one host launching thread is next free (host_launch_ms)
+        # whether batches queue on that one host thread at all (off by default; see _through_host)
+        self._one_host = self.contention.host_launch_ms > 0.0 or self.contention.host_request_ms > 0.0
 
     # -- Backend ------------------------------------------------------------------------------
     def start(self, on_completion: Callable[[Completion], None]) -> None:
@@ -228,12 +230,8 @@ class SimBackend(Backend):
         else:
             base, useful = self._exclusive(decision.model, b, part.sms)
             demand = 0.0
-        h = self.contention.host_launch_ms
-        h_req = self.contention.host_request_ms * len(requests)
-        if h > 0.0 or h_req > 0.0:  # FIFO on the one host thread: wait for its backlog, then launch
-            start = max(self.loop.now, self._launcher_free)
-            self._launcher_free = start + h + h_req  # the requests' share adds to the backlog ...
-            base += start - self.loop.now + h  # ... but holds the lane only through what it delays
+        if self._one_host:
+            base = self._through_host(base, len(requests))
         self._settle()
         # the tail: the lane is busy after the GPU work, the GPU is not
         run = _Run(decision, part, self.loop.now, base, demand, useful, self._tails[decision.model])
@@ -249,6 +247,18 @@ class SimBackend(Backend):
         else:
             self._dependent += 1
             self._rerate()
+
+    def _through_host(self, base: float, n_requests: int) -> float:
+        """``base`` (ms the batch holds its lane) plus what the one host thread delays it by
+        (``host_launch_ms``, ``host_request_ms``): FIFO, the batch waits for the host's backlog, then
+        launches."""
+        h = self.contention.host_launch_ms
+        h_req = self.contention.host_request_ms * n_requests
+        if h > 0.0 or h_req > 0.0:
+            start = max(self.loop.now, self._launcher_free)
+            self._launcher_free = start + h + h_req  # the requests' share adds to the backlog ...
+            base += start - self.loop.now + h  # ... but holds the lane only through what it delays
+        return base
 
     def _independent(self, run: _Run) -> bool:
         """An exclusive batch without interference neither slows nor is slowed by anything."""
