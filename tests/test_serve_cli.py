@@ -126,57 +126,57 @@ def test_http_workers_default_to_four_on_a_host_with_cpus_to_spare_and_none_on_a
             http_workers_arg(bad)
 
 
-def test_launch_on_and_switch_interval_reach_the_service(tmp_path, monkeypatch):
-    """``--launch-on`` and ``--switch-interval-ms`` configure the InferenceService; by default the
-    service picks the launch thread for its device, and the interpreter's switch interval stays."""
-    import gpuloom.runtime.service as service_mod
+def _serve_parser_and_repo(tmp_path):
+    """``gpuloom serve``'s parser and a one-model repository (its source is never imported)."""
     from gpuloom.commands import serve
 
-    seen = []
-
-    class Stop(ValueError):
-        pass
-
-    def record(**kw):
-        seen.append(kw)
-        raise Stop("recorded")
-
-    monkeypatch.setattr(service_mod, "InferenceService", record)
     (tmp_path / "m.yaml").write_text("name: m\nsource: 'x.py:f'\ninputs: [{name: x, shape: [4], dtype: float32}]\n")
     p = argparse.ArgumentParser()
     serve.add_arguments(p)
-    assert serve.run(p.parse_args([str(tmp_path / "m.yaml"), "--launch-on", "inline", "--switch-interval-ms", "0.5",
+    return p, str(tmp_path / "m.yaml")
+
+
+def _record_service(monkeypatch) -> list[dict]:
+    """Replace the InferenceService with a recorder of its keyword arguments that stops the command."""
+    import gpuloom.runtime.service as service_mod
+
+    seen: list[dict] = []
+
+    def record(**kw):
+        seen.append(kw)
+        raise ValueError("recorded")
+
+    monkeypatch.setattr(service_mod, "InferenceService", record)
+    return seen
+
+
+def test_launch_on_and_switch_interval_reach_the_service(tmp_path, monkeypatch):
+    """``--launch-on`` and ``--switch-interval-ms`` configure the InferenceService; by default the
+    service picks the launch thread for its device, and the interpreter's switch interval stays."""
+    from gpuloom.commands import serve
+
+    seen = _record_service(monkeypatch)
+    p, repo = _serve_parser_and_repo(tmp_path)
+    assert serve.run(p.parse_args([repo, "--launch-on", "inline", "--switch-interval-ms", "0.5",
                                    "--workqueues", "balanced"])) == 2
-    assert serve.run(p.parse_args([str(tmp_path / "m.yaml")])) == 2
+    assert serve.run(p.parse_args([repo])) == 2
     assert seen[0]["launch_on"] == "inline" and seen[0]["switch_interval_ms"] == 0.5
     assert seen[0]["workqueues"] == "balanced" and seen[1]["workqueues"] == "shared"
     assert seen[1]["launch_on"] == "auto" and seen[1]["switch_interval_ms"] is None
     with pytest.raises(SystemExit):
-        p.parse_args([str(tmp_path / "m.yaml"), "--launch-on", "gpu"])
+        p.parse_args([repo, "--launch-on", "gpu"])
 
 
 def test_policy_options_reach_the_service_and_bad_ones_are_refused_before_loading(tmp_path, monkeypatch, capsys):
-    import gpuloom.runtime.service as service_mod
     from gpuloom.commands import serve
 
-    seen = []
-
-    class Stop(ValueError):
-        pass
-
-    def record(**kw):
-        seen.append(kw)
-        raise Stop("recorded")
-
-    (tmp_path / "m.yaml").write_text("name: m\nsource: 'x.py:f'\ninputs: [{name: x, shape: [4], dtype: float32}]\n")
-    p = argparse.ArgumentParser()
-    serve.add_arguments(p)
+    p, repo = _serve_parser_and_repo(tmp_path)
     for spec, says in (("dstack:lookahead_ms=1", "configure the service"), ("dstack:bogus=1", "bogus"),
                        ("dstack:min_sms=-8", "min_sms"), ("nope", "known policies")):
-        assert serve.run(p.parse_args([str(tmp_path / "m.yaml"), "--policy", spec])) == 2
+        assert serve.run(p.parse_args([repo, "--policy", spec])) == 2
         assert says in capsys.readouterr().err
-    monkeypatch.setattr(service_mod, "InferenceService", record)
-    assert serve.run(p.parse_args([str(tmp_path / "m.yaml"), "--policy", "dstack:min_sms=0:replan=false"])) == 2
+    seen = _record_service(monkeypatch)
+    assert serve.run(p.parse_args([repo, "--policy", "dstack:min_sms=0:replan=false"])) == 2
     assert seen[0]["policy"] == "dstack" and seen[0]["policy_options"] == {"min_sms": 0, "replan": False}
 
 
