@@ -284,12 +284,15 @@ def test_dstack_serves_on_while_its_replans_layout_is_captured_on_the_gpu(models
                 x = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
                 sent.append((name, x, svc.submit(name, {"x": x}, deadline_ms=10_000)))
             time.sleep(0.002)
-        for name, x, f in sent:
-            out = f.result(30)
-            with torch.no_grad():
-                want = models[name][2](torch.from_numpy(x).cuda()).cpu().numpy()
-            np.testing.assert_allclose(next(iter(out.values())), want, rtol=1e-3, atol=1e-4)
+        outs = [(name, x, f.result(30)) for name, x, f in sent]
+        t0 = time.monotonic()  # the re-plan's capture may outlast the load: wait for its swap (up to 60 s)
+        while len(svc._runtime._layouts) == layouts_before and time.monotonic() - t0 < 60:
+            time.sleep(0.05)
         assert svc._runtime.policy.replans >= 1
         assert len(svc._runtime._layouts) > layouts_before  # the re-plan's layout was built and swapped in
+        for name, x, out in outs:  # eager references with the device to ourselves (no capture running)
+            with svc.device.exclusive(), torch.inference_mode():
+                want = models[name][2](torch.from_numpy(x).cuda()).cpu().numpy()
+            np.testing.assert_allclose(next(iter(out.values())), want, rtol=1e-3, atol=1e-4)
     finally:
         svc.close()

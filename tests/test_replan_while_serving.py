@@ -143,3 +143,17 @@ def test_dstack_goes_on_with_its_plan_when_a_replans_layout_cannot_be_set_up_and
     assert pol.replanner.planned_rates == {m: i.rate for m, i in pol.ctx.models.items()}  # as first planned
     served = sum(r.status == Status.SERVED for r in rec.results)
     assert served > 0.9 * len(rec.results)
+
+
+def test_dstack_proposes_no_second_replan_while_the_first_ones_layout_is_being_built():
+    from gpuloom.bench.workload import load_workload
+    from gpuloom.policy import make_policy
+
+    wl = load_workload("examples/shift.yaml")  # mobilenet_v2 doubles at 20 s, efficientnet_b0 fades at 40 s
+    profs = {m.name: ProfileStore.builtin("h200").get(m.name) for m in wl.models}
+    pol = make_policy("dstack")
+    rec = Runtime(pol, SlowBuilds(profs, build_ms=60_000.0), make_context(wl, profs)).run(
+        make_requests(wl), until_ms=wl.duration_s * 1000, drain_ms=200.0)
+    # asked once, after the first shift; the second shift came while that layout was being built
+    # (60 s), and no re-plan overtook it: the one layout swapped in is the first one's
+    assert pol.replans == 1 and len(rec.layouts) == 2

@@ -171,10 +171,15 @@ def test_dstack_learns_a_gpu_slower_than_its_profiles_and_replans_once_as_if_tol
 def test_dstack_refuses_bad_slowdowns_with_what_it_expected(tmp_path):
     with pytest.raises(ValueError, match="learn_slowdown must be true or false"):
         make_policy("dstack", learn_slowdown="yes")
-    with pytest.raises(ValueError, match="factors > 0"):
+    with pytest.raises(ValueError, match="finite factors > 0"):
         make_policy("dstack", slowdowns={"resnet50": 0})
     with pytest.raises(ValueError, match="could not read"):
         make_policy("dstack", slowdowns=str(tmp_path / "none.json"))
+    for bad in (True, math.inf):
+        with pytest.raises(ValueError, match="finite factors > 0"):
+            make_policy("dstack", slowdowns={"resnet50": bad})
+    with pytest.raises(ValueError, match="needs replan=true"):
+        make_policy("dstack", learn_slowdown=True, replan=False)
 
 
 def test_a_switch_that_could_not_be_set_up_is_reverted_and_tried_again_after_the_cooldown():

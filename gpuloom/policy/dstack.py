@@ -167,10 +167,14 @@ class DStackPolicy(Policy):
         self.learn_slowdown = bool(learn_slowdown)  # re-plan with measured slowdowns (module docstring)
         # the slowdowns the current schedule was planned with (read now: a bad file fails at construction)
         self._given_slow = dict(load_slowdowns(slowdowns) if isinstance(slowdowns, str) else (slowdowns or {}))
-        if any(not (isinstance(f, (int, float)) and f > 0) for f in self._given_slow.values()):
-            raise ValueError(f"dstack: slowdowns must be factors > 0, found {self._given_slow}")
+        if any(isinstance(f, bool) or not (isinstance(f, (int, float)) and 0 < f < math.inf)
+               for f in self._given_slow.values()):
+            raise ValueError(f"dstack: slowdowns must be finite factors > 0, found {self._given_slow}")
+        if learn_slowdown and not replan:
+            raise ValueError("dstack: learn_slowdown=true needs replan=true (what it learns takes effect in a re-plan)")
         self._slow: dict[str, float] = dict(self._given_slow)
         self.slowness: SlowdownEstimator | None = None
+        self._sms_of: dict[int, int] = {}  # id(decision) -> its partition's SMs, while it runs (learn_slowdown)
         self._pending: tuple[Layout, Schedule, dict[str, float]] | None = None  # a re-plan being set up
         self.check_ms = float(check_ms)
         self.window_s, self.band, self.hold_s, self.switch_cost_s = window_s, band, hold_s, switch_cost_s
@@ -266,10 +270,11 @@ class DStackPolicy(Policy):
         d = completion.decision
         self._fresh_parts.add(d.partition)  # this partition came free
         self._ahead_parts.discard(d.partition)
-        if self.slowness is not None and completion.start_ms >= self.epoch and completion.device_ms > 0:
-            # a batch of the current layout (an older layout's partition indices mean other SMs)
-            sms = self.schedule.partitions[d.partition].sms
-            self.slowness.observe(d.model, completion.device_ms, self.ctx.models[d.model].profile.latency(d.batch, sms))
+        if self.slowness is not None:
+            # the SMs it ran on, noted at dispatch: after a re-plan a partition index means other SMs
+            sms = self._sms_of.pop(id(d), None)
+            if sms is not None and completion.device_ms > 0:
+                self.slowness.observe(d.model, completion.device_ms, self.ctx.models[d.model].profile.latency(d.batch, sms))
 
     def on_free(self, partition: int, now_ms: float) -> None:
         self._fresh_parts.add(partition)  # it takes its next batch ahead of its running one's end
@@ -368,7 +373,10 @@ class DStackPolicy(Policy):
                     continue  # offered ahead: only a full batch goes now, a smaller one elsewhere or later
                 if k:
                     self._ahead_parts.discard(idx)
-                    out.append(Decision(m, _ids(q, j, k), k, idx))
+                    dec = Decision(m, _ids(q, j, k), k, idx)
+                    out.append(dec)
+                    if self.slowness is not None:  # its SMs, for its device time when it completes
+                        self._sms_of[id(dec)] = pp.sms
                     free_idx.discard(idx)
                     if first_left == i and j == i:  # nothing passed over: the oldest left moves on
                         first_left = j + k
@@ -477,6 +485,8 @@ class DStackPolicy(Policy):
             if n:
                 self.estimator.observe(m, now_s, n)
                 self._arrived[m] = 0
+        if self._pending is not None:
+            return None  # one re-plan at a time: its layout is still being set up (a GPU build takes seconds)
         rates = {m: self.estimator.rate(m, now_s) for m in self.ctx.models}
         d = self.replanner.check(now_s, rates, self.slowness.factors() if self.slowness is not None else None)
         if not d.replan:

@@ -336,7 +336,12 @@ class Runtime:
             except Exception as e:  # noqa: BLE001 - the old policy and layout go on serving
                 log.error("layout %s could not be set up: %s; the current one goes on", layout, e)
                 self._woke = True
-                if held is not None:  # the old policy re-planned meanwhile: give it its layout now
+                if self.policy.defers_layout_change and self._proposed is not None:
+                    # the old policy re-planned before or during this build (whose token made that
+                    # build's answer stale): build its layout now, serving on the current one
+                    self._preparing = False
+                    self._prepare_replan(self._proposed)
+                elif held is not None:  # the old policy re-planned meanwhile: give it its layout now
                     self._set_layout(held)
                 else:
                     self._preparing = False
@@ -493,12 +498,14 @@ class Runtime:
             if defers:
                 self._proposed = layout
             if self._switch_pending:
-                # the old policy, about to be replaced, re-planned: its decisions now name partitions
-                # of a layout not set up, so it stops dispatching until the switch (or, should the
-                # switch fail, until its own layout is built)
-                self._preparing = True
-                self._free = None
+                # the old policy, about to be replaced, re-planned. Unless it defers its layout
+                # changes, its decisions now name partitions of a layout not set up, so it stops
+                # dispatching until the switch (or, should the switch fail, until its own layout is
+                # built); one that defers goes on deciding for the current layout
                 self._held_layout = layout
+                if not defers:
+                    self._preparing = True
+                    self._free = None
             elif defers and self.backend.builds_while_serving and self._parts and not self._preparing and not self._broken:
                 self._prepare_replan(layout)
             else:
@@ -610,7 +617,8 @@ class Runtime:
     def _set_layout(self, layout: Layout) -> None:
         """Switch to ``layout``: at once, or -- when the backend builds it in the background
         (:meth:`Backend.prepare`) -- once it is built. Nothing is dispatched meanwhile: the policy's
-        partition indices already name the new layout's partitions."""
+        partition indices already name the new layout's partitions (a policy that defers its layout
+        changes names the old ones until ``adopt_layout``, and dispatches nothing either)."""
         token, building = self._build_in_background(layout, self._swap_layout)
         if building:
             self._preparing = True
@@ -625,7 +633,7 @@ class Runtime:
         model paused for it before (``docs/reports/runtime.md``, fourth and twelfth sessions)."""
         token, building = self._build_in_background(layout, self._replan_ready)
         if not building:
-            self._swap_layout(layout, token)
+            self._replan_ready(layout, token)  # nothing to build: set it up now, with a re-plan's fallback
 
     def _replan_ready(self, layout: Layout, token: int) -> None:
         """The re-plan's layout is built: swap it in; if it cannot be set up, the current one goes on."""

@@ -884,11 +884,16 @@ class InferenceService:
         loop = rt.loop if rt is not None else None
         return loop.lag_since(since) if hasattr(loop, "lag_since") else {}
 
-    def policy_summary(self) -> dict:
+    def policy_summary(self, timeout_s: float = 5.0) -> dict:
         """The running policy's own summary (``Policy.describe``: dstack's partitions, batches,
-        re-plans and slowdowns); empty before start."""
-        rt = self._runtime
-        return rt.policy.describe() if rt is not None else {}
+        re-plans and slowdowns), read on the loop's thread (a re-plan there replaces the schedule
+        field by field); empty when the service is not running or the loop does not answer in time."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        try:
+            self.call_on_loop_at(0.0, lambda: done.set_result(self._runtime.policy.describe()))
+            return done.result(timeout_s)
+        except (ModelNotReady, concurrent.futures.TimeoutError):
+            return {}
 
     def expire_overdue(self, now: float) -> int:
         """Answer with :class:`Expired` every request unanswered ``expiry_grace_s`` after its deadline
