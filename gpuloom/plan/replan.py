@@ -98,7 +98,8 @@ class ReplanDecision:
 def broken_guarantees(schedule: Schedule, factors: Mapping[str, float]) -> list[str]:
     """The models whose planned guarantee fails when each model's slots take ``factors[model]``
     times their planned time (1 where absent): their partition's slots no longer fit its period (the
-    whole cycle's slots its cycle), or their latency bound (period + slots x latency) passes their SLO."""
+    whole cycle's slots its cycle), or their latency bound (period + slots x latency) passes their SLO.
+    A slot's planned batch overhead is scaled with it, which overstates the change slightly."""
     broken: list[str] = []
     for p in schedule.partitions:  # the slots of a whole cycle fit the cycle iff each period's fit the period
         busy = sum(s.duration_ms * factors.get(s.model, 1.0) for s in p.slots)
@@ -114,7 +115,8 @@ def broken_guarantees(schedule: Schedule, factors: Mapping[str, float]) -> list[
 
 def served_under(schedule: Schedule, factors: Mapping[str, float], rates: Mapping[str, float]) -> float:
     """Requests/s ``schedule`` serves at ``rates`` when its slots take ``factors`` times longer: a
-    partition whose slots overrun its period serves its models that much less."""
+    partition whose slots overrun its period serves its models that much less (planned batch
+    overhead scaled too, as in :func:`broken_guarantees`)."""
     cap = {}
     for p in schedule.partitions:
         busy = sum(s.duration_ms * factors.get(s.model, 1.0) for s in p.slots)
@@ -161,7 +163,9 @@ class Replanner:
         self.band, self.hold_s, self.switch_cost_s = band, hold_s, switch_cost_s
         self.horizon_s, self.cooldown_s, self.min_rate = horizon_s, cooldown_s, min_rate
         self.slow_band = slow_band
-        self.slowdowns: dict[str, float] = dict(slowdowns or {})  # slowdowns the current plan assumed (1 where absent)
+        # the slowdowns plans are made with (1 where absent): the current plan's, or newer measured ones
+        # that a plan was not adopted for (it served less); revert() restores those of the plan before
+        self.slowdowns: dict[str, float] = dict(slowdowns or {})
         self.schedule = schedule if schedule is not None else plan(list(demands), self._store(), **self.plan_kwargs)
         self.planned_rates = {d.model: d.rate for d in demands}
         self.slowdown_switches = 0  # of ``switches``, those for measured slowdowns
