@@ -148,6 +148,27 @@ def test_layouts_are_built_in_the_background_and_swapped_in_when_ready():
     assert be.layouts_built == 1
 
 
+def test_a_build_finished_for_a_layout_no_longer_wanted_is_released():
+    """A re-plan's layout built, then overtaken by a newer one before the runtime set it up: its
+    graphs go back to the device's cache (evictable) instead of staying pinned, with their memory."""
+    from gpuloom.policy import Partition
+
+    dev = fake(latency_ms=1.0)
+    be = ExecBackend(dev)
+    whole = Layout((Partition(0, 0, 132, shared=False),), 132)
+    halves = Layout((Partition(0, 0, 64, shared=False), Partition(1, 64, 68, shared=False)), 132)
+    built = threading.Event()
+    assert be.prepare(whole, built.set) and built.wait(5)
+    lanes, err = be._built[id(whole)]
+    assert err is None and lanes.users == 1  # built, held for the runtime's configure
+    built.clear()
+    assert be.prepare(halves, built.set) and built.wait(5)  # a newer layout asked for: the first is dropped
+    assert lanes.users == 0 and id(whole) not in be._built
+    be.configure(halves)
+    assert be.partitions()[1].sms == 68 and be._built == {}
+    be.close()
+
+
 def test_a_layout_that_cannot_be_built_fails_requests_with_the_reason_instead_of_hanging():
     dev = FakeDeviceLayer(memory_limit_bytes=10)
     dev.add_model("good", FakeModel(lambda xs: xs, 1.0, graph_bytes=30))

@@ -310,6 +310,9 @@ def test_dstack_keeps_serving_on_its_current_layout_while_a_replans_layout_is_bu
         assert built_at is not None, "dstack did not re-plan to new partitions within 8 s"
         assert all(f.exception(10) is None for f in futs)
         assert svc._runtime.policy.replans >= 1 and len(svc._runtime._layouts) > layouts_after_load  # swapped in
+        # the re-plan's layout report is nobody's answer: kept, a later policy object with a reused
+        # id would have read it as its own
+        assert svc._layout_seen == {} and not svc._layout_waiting
         done.sort()
         gaps = [b - a for a, b in zip(done, done[1:]) if b < t1]
         assert max(gaps) < build_s / 2, f"answers stopped for {max(gaps):.2f} s during a {build_s} s build"

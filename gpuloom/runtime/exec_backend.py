@@ -221,7 +221,9 @@ class ExecBackend(Backend):
         return self.device.builds_while_serving
 
     def prepare(self, layout: Layout, ready: Callable[[], None]) -> bool:
-        self._wanted = layout
+        with self._lock:
+            self._wanted = layout
+            self._drop_built()  # the runtime sets up only the layout it asked for last
         quiet_first = not self.builds_while_serving
 
         def build() -> None:
@@ -246,9 +248,19 @@ class ExecBackend(Backend):
         threading.Thread(target=build, daemon=True, name="gpuloom-build").start()
         return True
 
+    def _drop_built(self) -> None:
+        """Release the builds finished for layouts the runtime will not set up (called with the lock
+        held): a re-plan's build overtaken by a newer one kept its graphs, and their memory, pinned
+        in the device's cache (``docs/reports/runtime.md``, twelfth session's review)."""
+        for lanes, _ in self._built.values():
+            if lanes is not None:
+                self.device.release(lanes)
+        self._built.clear()
+
     def configure(self, layout: Layout) -> float:
         with self._lock:
             entry = self._built.pop(id(layout), None)
+            self._drop_built()
         if entry is None:  # not prepared (or superseded): build now, on this thread
             self._wait_quiet()
             lanes, err = self.device.build(layout), None

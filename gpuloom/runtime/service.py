@@ -403,6 +403,7 @@ class InferenceService:
         self._cv = threading.Condition(self._lock)
         self._runtime: Runtime | None = None
         self._backend: ExecBackend | None = None
+        self._layout_waiting: set[int] = set()  # id(policy) of the policies _replan_once waits on
         self._layout_seen: dict[int, BaseException | None] = {}  # id(policy) -> first layout outcome
         self._layout_failed: dict[int, Layout] = {}  # id(policy) -> its first layout, when that failed
         # Partition sizes are planned in multiples of the device's granularity times this. It doubles
@@ -931,6 +932,8 @@ class InferenceService:
         if rt is not None:
             policy = rt.layout_policy  # the policy this layout was for (a failed switch keeps the old one current)
             with self._lock:
+                if id(policy) not in self._layout_waiting:
+                    return  # a later layout of a policy already set up (a re-plan): nobody waits on it
                 if id(policy) not in self._layout_seen and error is not None:
                     self._layout_failed[id(policy)] = layout
                 self._layout_seen.setdefault(id(policy), error)
@@ -964,6 +967,9 @@ class InferenceService:
             log.warning("layout %r failed to build (%s: %s); planning partitions in steps of %d SMs instead of %d",
                         failed, type(err).__name__, err, 2 * step, step)
             err = self._replan_once(policy_id)
+        with self._lock:
+            for pid in policy_id:  # failures that were not retried: nobody will read them
+                self._layout_failed.pop(pid, None)
         return err
 
     def _replan_once(self, policy_id: list[int]) -> BaseException | None:
@@ -986,6 +992,8 @@ class InferenceService:
             return None
         policy = make_policy(self.policy_name, **self.policy_options)
         policy_id.append(id(policy))
+        with self._lock:
+            self._layout_waiting.add(id(policy))
         if self._runtime is None:
             self._backend = ExecBackend(self.device, knee=self._knee, lookahead_ms=self.lookahead_ms,
                                         launch_on=self.resolved_launch_on(), complete_on=self.complete_on)
@@ -1000,6 +1008,7 @@ class InferenceService:
             deadline = time.monotonic() + self.load_timeout_s
             while id(policy) not in self._layout_seen and rt.running and time.monotonic() < deadline:
                 self._cv.wait(0.2)  # woken by _on_layout; the timeout notices a crashed loop
+            self._layout_waiting.discard(id(policy))
             if id(policy) in self._layout_seen:
                 err = self._layout_seen.pop(id(policy))
             elif not rt.running:
