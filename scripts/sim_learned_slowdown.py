@@ -12,6 +12,10 @@ planning with the slowdowns may win there.
     python scripts/sim_learned_slowdown.py docs/results/runtime/bench_mix6_h200_run30_c32_high.json \\
         docs/results/runtime/bench_mix6_h200_run31_c32_dstack_x1.json \\
         --out docs/results/runtime/sim_learned_slowdown_session12.json
+
+``--write-slowdowns PATH`` also writes the reports' dstack slowdowns taken together, as
+``{model: factor}`` for ``gpuloom simulate --slowdowns`` and ``dstack:slowdowns=``
+(``results/runtime/slowdowns_h200_mix6_runs29_31.json`` from runs 29-31).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from gpuloom.bench.e2e import save_json  # noqa: E402
 from gpuloom.bench.experiment import simulate  # noqa: E402
 from gpuloom.bench.workload import workload_from_dict  # noqa: E402
 from gpuloom.commands.bench import sim_policy  # noqa: E402
-from gpuloom.plan.slowdown import slowed  # noqa: E402
+from gpuloom.plan.slowdown import device_over_profile, dstack_rows, slowed  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
 from gpuloom.runtime.service import trim_profile  # noqa: E402
 from gpuloom.runtime.sim import ContentionModel  # noqa: E402
@@ -44,7 +48,14 @@ def main() -> int:
     ap.add_argument("--demand-fraction", type=float, default=0.89)
     ap.add_argument("--duration", type=float, default=None, help="seconds per point (default: as measured)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--write-slowdowns", metavar="PATH", default=None,
+                    help="also write {model: device time over profile} of every dstack point of the reports, together")
     a = ap.parse_args()
+    if a.write_slowdowns:
+        rows = [r for path in a.bench for r in dstack_rows(json.loads(Path(path).read_text()))]
+        factors = {m: round(f, 4) for m, f in device_over_profile(rows).items()}
+        Path(a.write_slowdowns).write_text(json.dumps(factors, indent=1))
+        print("wrote", a.write_slowdowns, factors)
     store = ProfileStore.builtin("h200")
     rows = []
     for path in a.bench:

@@ -28,7 +28,7 @@ from gpuloom.bench.e2e import save_json  # noqa: E402
 from gpuloom.bench.experiment import simulate  # noqa: E402
 from gpuloom.bench.workload import workload_from_dict  # noqa: E402
 from gpuloom.commands.bench import sim_policy  # noqa: E402
-from gpuloom.plan.slowdown import slowed  # noqa: E402,F401 - also imported from here by sim_learned_slowdown
+from gpuloom.plan.slowdown import device_over_profile, slowed  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
 from gpuloom.runtime.service import trim_profile  # noqa: E402
 from gpuloom.runtime.sim import ContentionModel  # noqa: E402
@@ -67,8 +67,7 @@ def per_model(point: dict) -> tuple[dict[str, float], dict[str, float], bool]:
     batches on that many SMs, else the most; dstack also runs other models on a partition, so this
     mixes their holds."""
     rows = point.get("profile_check") or []
-    by_model = {m: slowdown([r for r in rows if r["model"] == m]) for m in {r["model"] for r in rows}}
-    slow = {m: v for m, v in by_model.items() if v is not None}
+    slow = device_over_profile(rows)
     if rows and all("hold_ms" in r for r in rows):
         return mean_by((r["model"], r["hold_ms"], r["batches"]) for r in rows), slow, True
     ran: dict[tuple[int, str], int] = {}

@@ -95,6 +95,11 @@ class ReplanDecision:
     cost: float = 0.0  # requests lost while switching (switch_cost_s x current goodput)
 
 
+def _scaled_busy(partition, factors: Mapping[str, float]) -> float:
+    """ms of ``partition``'s slots in one cycle when each model's take ``factors[model]`` times as long."""
+    return sum(s.duration_ms * factors.get(s.model, 1.0) for s in partition.slots)
+
+
 def broken_guarantees(schedule: Schedule, factors: Mapping[str, float]) -> list[str]:
     """The models whose planned guarantee fails when each model's slots take ``factors[model]``
     times their planned time (1 where absent): their partition's slots no longer fit its period (the
@@ -102,8 +107,7 @@ def broken_guarantees(schedule: Schedule, factors: Mapping[str, float]) -> list[
     A slot's planned batch overhead is scaled with it, which overstates the change slightly."""
     broken: list[str] = []
     for p in schedule.partitions:  # the slots of a whole cycle fit the cycle iff each period's fit the period
-        busy = sum(s.duration_ms * factors.get(s.model, 1.0) for s in p.slots)
-        if busy > schedule.cycle_ms * (1 + 1e-9):
+        if _scaled_busy(p, factors) > schedule.cycle_ms * (1 + 1e-9):
             broken += [m for m in p.models if m not in broken]
     for mp in schedule.models:
         if mp.sms and mp.model not in broken:
@@ -119,7 +123,7 @@ def served_under(schedule: Schedule, factors: Mapping[str, float], rates: Mappin
     overhead scaled too, as in :func:`broken_guarantees`)."""
     cap = {}
     for p in schedule.partitions:
-        busy = sum(s.duration_ms * factors.get(s.model, 1.0) for s in p.slots)
+        busy = _scaled_busy(p, factors)
         for m in p.models:
             cap[m] = min(1.0, schedule.cycle_ms / busy) if busy > 0 else 1.0
     return sum(min(r, schedule.model(m).planned_rps * cap.get(m, 1.0)) for m, r in rates.items()

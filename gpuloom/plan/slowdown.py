@@ -87,6 +87,25 @@ def slowed_store(store: ProfileStore, factors: Mapping[str, float]) -> ProfileSt
     return ProfileStore(profiles=[slowed(p, factors.get(p.model, 1.0)) for p in store])
 
 
+def device_over_profile(rows) -> dict[str, float]:
+    """``{model: device time over profile}`` of ``profile_check`` rows (a bench report's measured vs
+    profiled ms per model, SMs and batch), weighted by their batches; rows without both are skipped."""
+    sums: dict[str, list[float]] = {}
+    for r in rows:
+        if r.get("profile_ms") and r.get("measured_ms"):
+            s = sums.setdefault(r["model"], [0.0, 0.0])
+            s[0] += r["measured_ms"] * r["batches"]
+            s[1] += r["profile_ms"] * r["batches"]
+    return {m: d / p for m, (d, p) in sorted(sums.items())}
+
+
+def dstack_rows(report: dict) -> list[dict]:
+    """The ``profile_check`` rows of every dstack point (any variant, any load) of a bench report:
+    batches on exclusive partitions, whose slowdown is the partition's and not shared streams' contention."""
+    return [r for name, res in report.get("policies", {}).items() if name.split(":")[0] == "dstack"
+            for point in res.get("points", []) for r in point.get("profile_check") or []]
+
+
 def load_slowdowns(path: str | Path) -> dict[str, float]:
     """Slowdowns to plan with, from ``path``: a JSON object ``{model: factor}``, or a ``gpuloom
     bench`` report, whose dstack points' ``profile_check`` rows give each model's device time over
@@ -96,19 +115,10 @@ def load_slowdowns(path: str | Path) -> dict[str, float]:
     except (OSError, ValueError) as e:
         raise ValueError(f"slowdowns: could not read {path}: {e}") from None
     if isinstance(data, dict) and "policies" in data:
-        sums: dict[str, list[float]] = {}
-        for name, res in data["policies"].items():
-            if name.split(":")[0] != "dstack":
-                continue
-            for point in res.get("points", []):
-                for r in point.get("profile_check") or []:
-                    if r.get("profile_ms") and r.get("measured_ms"):
-                        s = sums.setdefault(r["model"], [0.0, 0.0])
-                        s[0] += r["measured_ms"] * r["batches"]
-                        s[1] += r["profile_ms"] * r["batches"]
-        if not sums:
+        factors = device_over_profile(dstack_rows(data))
+        if not factors:
             raise ValueError(f"slowdowns: {path} is a bench report without dstack points that have profile_check rows")
-        return {m: d / p for m, (d, p) in sorted(sums.items())}
+        return factors
     if not (isinstance(data, dict) and data and all(isinstance(m, str) and isinstance(f, (int, float))
                                                     and not isinstance(f, bool) and f > 0 for m, f in data.items())):
         raise ValueError(f"slowdowns: {path} must hold {{model: factor > 0}} or a gpuloom bench report")
