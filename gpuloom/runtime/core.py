@@ -47,7 +47,7 @@ _INF = float("inf")
 _SERVED, _DROPPED, _FAILED, _QUEUED = Status.SERVED, Status.DROPPED, Status.FAILED, Status.QUEUED
 
 
-def _lists(parts: Sequence[Partition], index: int) -> bool:
+def _has_index(parts: Sequence[Partition], index: int) -> bool:
     """Whether one of ``parts`` has ``index`` (a plain loop: a generator under any() cost the
     simulator 3% of its time, once per batch)."""
     for p in parts:
@@ -524,7 +524,7 @@ class Runtime:
         return self._free
 
     def _dispatch(self, d: Decision, free: list[Partition], taken: set[int]) -> None:
-        if d.partition in taken or not _lists(free, d.partition):
+        if d.partition in taken or not _has_index(free, d.partition):
             raise PolicyError(f"{self.policy.name}: decision on partition {d.partition}, which is not free: {d}")
         if not d.request_ids or d.batch < len(d.request_ids):
             raise PolicyError(f"{self.policy.name}: a decision needs 1..batch requests, got {d}")
