@@ -85,6 +85,37 @@ def test_auto_leaves_out_a_forward_that_cannot_be_captured_and_keeps_the_callers
 
     with pytest.raises(CaptureError, match="the model.s forward"):
         cm.capture(streams="forward")  # asked for explicitly: a clear error
+    torch.randn(1, device="cuda")  # and the process's CUDA RNG still works
+
+
+class _SynchronizesOnlyEagerly(torch.nn.Module):
+    """A forward that synchronizes the device (no device value read, so no eager check sees it):
+    the capture itself fails."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        if not torch.compiler.is_exporting():
+            torch.cuda.synchronize()
+        return self.lin(x).relu()
+
+
+def test_a_failed_capture_leaves_the_rng_and_the_callers_stream_usable():
+    """A capture that fails never reaches torch's RNG capture epilogue: without the engine's restore,
+    every later torch.randn on the device raises ("Offset increment outside graph capture")."""
+    from gpuloom.engine.dag import CaptureError
+
+    model = _SynchronizesOnlyEagerly().eval().cuda()
+    x = torch.randn(2, 16, device="cuda")
+    cm = gpuloom.compile(model, (x,), max_batch=2, streams=1)
+    caller = torch.cuda.current_stream()
+    with pytest.raises(CaptureError, match="the model.s forward"):
+        cm.capture(streams="forward")
+    assert torch.cuda.current_stream() == caller
+    y = torch.randn(2, 16, device="cuda")  # raised before the restore
+    torch.testing.assert_close(cm(y), model.lin(y).relu(), rtol=1e-4, atol=1e-4)
 
 
 def _replay_ms(cm, x, iters=200):

@@ -10,9 +10,10 @@ graph memory pool; the GraphSet keeps all of them (and the streams) referenced.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -142,29 +143,54 @@ def _capture_one(
     :class:`_NoHostSync`, so that a host synchronization in the code (``.item()``, ``nonzero``) raises
     there, eagerly, instead of invalidating the capture (the user's own forward: the DAG has none,
     export would have refused them)."""
-    main = streams[0]
-    main.wait_stream(torch.cuda.current_stream())
+    main, caller = streams[0], torch.cuda.current_stream()
+    main.wait_stream(caller)
     with torch.cuda.stream(main):
         for _ in range(warmup):  # cuDNN benchmark and lazy inits happen here, not under capture
             executor.run(static_in, streams)
         if strict_sync:
-            with _NoHostSync():
-                executor.run(static_in, streams)
+            try:
+                with _NoHostSync():
+                    executor.run(static_in, streams)
+            except RuntimeError as e:
+                raise _capture_error(executor, e) from e
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph, pool=pool, stream=main, capture_error_mode="thread_local"):
+        with rng_restored_if_capture_fails(), \
+                torch.cuda.graph(graph, pool=pool, stream=main, capture_error_mode="thread_local"):
             out = executor.run(static_in, streams)
     except Exception as e:
-        node = executor.last_node
-        where = (f"op {node.target} (graph node {node.name!r})" if node is not None
-                 else "the model's forward" if isinstance(executor, ForwardExecutor) else "the first op")
-        raise CaptureError(
-            f"CUDA graph capture failed at {where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. "
-            "Ops that synchronize with the host (.item(), nonzero, data-dependent shapes) cannot be captured; "
-            "move them out of forward()."
-        ) from e
+        torch.cuda.set_stream(caller)  # torch.cuda.graph's exit raised before it gave the stream back
+        raise _capture_error(executor, e) from e
     return graph, out
+
+
+@contextlib.contextmanager
+def rng_restored_if_capture_fails() -> Iterator[None]:
+    """Wrap a CUDA graph capture. A failed capture never reaches the RNG's capture epilogue: the
+    device's default generator stays "capturing", and every later ``torch.randn`` on that device
+    raises ("Offset increment outside graph capture encountered unexpectedly"), in every model of the
+    process. On failure, give the generator back a copy of its state from before the capture."""
+    rng = torch.cuda.default_generators[torch.cuda.current_device()]
+    before = rng.clone_state()
+    try:
+        yield
+    except BaseException:
+        rng.graphsafe_set_state(before)
+        raise
+
+
+def _capture_error(executor: StreamExecutor, e: BaseException) -> CaptureError:
+    """The error a user sees: where the capture failed and what to change."""
+    node = executor.last_node
+    where = (f"op {node.target} (graph node {node.name!r})" if node is not None
+             else "the model's forward" if isinstance(executor, ForwardExecutor) else "the first op")
+    return CaptureError(
+        f"CUDA graph capture failed at {where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. "
+        "Ops that synchronize with the host (.item(), nonzero, data-dependent shapes) cannot be captured; "
+        "move them out of forward()."
+    )
 
 
 def time_replays(graph: torch.cuda.CUDAGraph, stream: torch.cuda.Stream, *, warmup: int = 5, iters: int = 20) -> float:
@@ -230,16 +256,12 @@ def capture_graphs(
                         continue
                     ex = executors[kind]
                     optional = kind == "forward" and len(kinds) > 1
-                    caller = torch.cuda.current_stream()
                     try:
-                        graph, out = _capture_one(ex, streams, static_in, pool, warmup, strict_sync=optional)
+                        graph, out = _capture_one(ex, streams, static_in, pool, warmup, strict_sync=kind == "forward")
                     except Exception as e:  # noqa: BLE001 - only the optional candidate may fail
                         if not optional:
                             raise
-                        # a failed capture leaves the capture stream current (torch.cuda.graph's exit
-                        # raises before it restores the stream): give the caller its stream back, and
                         # try no other bucket's forward (what failed here fails there)
-                        torch.cuda.set_stream(caller)
                         torch.cuda.synchronize()
                         skipped[b] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                         if not isinstance(e, torch.cuda.OutOfMemoryError):  # a smaller bucket may fit

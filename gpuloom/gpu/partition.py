@@ -197,11 +197,17 @@ class Partition:
             for _ in range(warmup):
                 fn()
             g = torch.cuda.CUDAGraph()
-            g.capture_begin(pool=pool)
+            rng = torch.cuda.default_generators[self.device]
+            rng_before = rng.clone_state()
             try:
-                fn()
-            finally:
-                g.capture_end()
+                g.capture_begin(pool=pool)
+                try:
+                    fn()
+                finally:
+                    g.capture_end()
+            except BaseException:  # a failed capture leaves the RNG "capturing" (see
+                rng.graphsafe_set_state(rng_before)  # engine.capture.rng_restored_if_capture_fails)
+                raise
         return g
 
     def synchronize(self) -> None:

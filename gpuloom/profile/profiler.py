@@ -37,6 +37,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
+from ..engine.capture import rng_restored_if_capture_fails
 from ..gpu import NoGpuError, Partitioner, device_facts
 from .knee import DEFAULT_VARIANT, KernelRecord, OccupancyLimits, measured_knee, parse_chrome_trace, predict_variant
 from .knee import variants as knee_variants
@@ -216,11 +217,12 @@ class GraphRunner:
                 x = self.inputs[b]
                 self.spec.module(*x)  # warm-up on this stream: lazy per-stream library state
                 g = torch.cuda.CUDAGraph()
-                g.capture_begin(pool=pool)
-                try:
-                    out = self.spec.module(*x)
-                finally:
-                    g.capture_end()
+                with rng_restored_if_capture_fails():
+                    g.capture_begin(pool=pool)
+                    try:
+                        out = self.spec.module(*x)
+                    finally:
+                        g.capture_end()
                 graphs[b] = g
                 keep.append(out)
         return _GraphCaptured(graphs, stream, keep)
