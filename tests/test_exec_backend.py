@@ -307,6 +307,95 @@ def test_a_layout_no_carving_can_capture_fails_with_the_last_error():
     assert len(tried) == len(layer.CARVINGS) and layer.recarved_layouts == 0
 
 
+def _cuda_layer_with_slow_carvings(worst: list, fail: tuple = ()):
+    """A CudaDeviceLayer shell whose carvings capture (except those numbered in ``fail``) and time,
+    alone, at ``worst[n]`` x their profiles."""
+    layer, lanes, tried = _cuda_layer_with_carvings(fail_first=0)
+    layer.slow_carvings, freed = 0, []
+    carvings = [f"{o}/{s}" for o, s in layer.CARVINGS]
+
+    def build_carved(lanes, order, split):
+        tried.append((order, split))
+        if carvings.index(f"{order}/{split}") in fail:
+            raise RuntimeError("cuDNN error: CUDNN_STATUS_EXECUTION_FAILED_CUDART")
+
+    layer._build_carved = build_carved
+    layer._carving_check = lambda lanes, carving: worst[carvings.index(carving)]
+    layer._free = lambda lanes: freed.append(tried[-1])
+    return layer, lanes, tried, freed
+
+
+def test_a_carving_whose_partition_runs_slow_alone_is_carved_another_way():
+    """On the H200 the 16-SM partitions of (48, 16, 16, 16, 16, 20) carved as given ran 1.6-1.75x
+    their profiles: the next carving is tried, and kept when it runs at its profile."""
+    layer, lanes, tried, freed = _cuda_layer_with_slow_carvings([1.7, 1.02, 1.0])
+    layer._build(lanes)
+    assert tried == [("given", "cosched"), ("ascending", "cosched")]
+    assert freed == [("given", "cosched")] and layer.slow_carvings == 1 and layer.recarved_layouts == 1
+
+
+def test_when_every_carving_runs_slow_the_least_slow_one_is_kept():
+    layer, lanes, tried, freed = _cuda_layer_with_slow_carvings([1.7, 1.4, 1.8])
+    layer._build(lanes)
+    assert tried == [("given", "cosched"), ("ascending", "cosched"), ("given", "independent"), ("ascending", "cosched")]
+    assert layer.slow_carvings == 2 and layer.recarved_layouts == 1
+    layer, lanes, tried, freed = _cuda_layer_with_slow_carvings([1.3, 1.4, 1.8])  # as given was the least slow
+    layer._build(lanes)
+    assert tried[-1] == ("given", "cosched") and layer.recarved_layouts == 0
+
+
+def test_a_slow_carving_is_kept_when_the_other_carvings_fail_to_capture():
+    layer, lanes, tried, freed = _cuda_layer_with_slow_carvings([1.7, 0, 0], fail=(1, 2))
+    layer._build(lanes)
+    assert tried == [("given", "cosched"), ("ascending", "cosched"), ("given", "independent"), ("given", "cosched")]
+    assert layer.recarved_layouts == 0
+
+
+def test_the_carving_check_times_each_owner_alone_against_its_profile(monkeypatch):
+    """One row per exclusive partition with an owner: its largest captured bucket up to 8, timed
+    alone, over the profile's ms. Nothing is timed while another build has a batch on the GPU (it
+    would share the GPU), nor without profiles."""
+    import collections
+    import types
+
+    from gpuloom.engine import capture
+    from gpuloom.policy.types import Layout, Partition
+    from gpuloom.runtime.device import CudaDeviceLayer, Lanes
+
+    timed = []
+    monkeypatch.setattr(capture, "time_replays", lambda graph, stream, **kw: timed.append(graph) or graph * 2.0)
+    layer = object.__new__(CudaDeviceLayer)
+    layer._lock, layer._cache = threading.RLock(), {}
+    layer.carving_checks = collections.deque(maxlen=4)
+    layer.expected_ms = lambda model, b, sms: {"a": 1.0, "b": 2.0}[model] * b
+    parts = (Partition(0, 0, 48, owner="a", label="p0"), Partition(1, 48, 16, owner="b", label="p1"),
+             Partition(2, 64, 16, label="p2"), Partition(3, 0, 68, shared=True))
+
+    def graphs(buckets):  # a bucket's "graph" is its batch size: the fake timing is twice that
+        gs = types.SimpleNamespace(buckets={b: types.SimpleNamespace(graph=b) for b in buckets}, stream=None)
+        return {b: gs for b in buckets}
+
+    state_lanes = [types.SimpleNamespace(part=parts[0], graphs={"a": graphs([1, 2, 4, 8, 16])}),
+                   types.SimpleNamespace(part=parts[1], graphs={"b": graphs([1, 2, 4])}),
+                   types.SimpleNamespace(part=parts[2], graphs={"a": graphs([1])}),
+                   types.SimpleNamespace(part=parts[3], graphs={"a": graphs([1])})]
+    lanes = Lanes(Layout(parts, gpu_sms=132), key=("k",), state={"lanes": state_lanes})
+    assert layer._carving_check(lanes, "given/cosched") == 2.0  # a: 16 ms for 8 rows, profile 8 ms
+    assert timed == [8, 4]  # a at 8 (of 1-16), b at 4 (its largest); p2 has no owner, p3 is shared
+    check = layer.carving_checks[-1]
+    assert [(r["model"], r["sms"], r["batch"], r["ratio"]) for r in check["rows"]] == [("a", 48, 8, 2.0), ("b", 16, 4, 1.0)]
+    assert check["layout"] == [48, 16, 16, 68] and check["carving"] == "given/cosched"
+    busy = [True]
+    stream = types.SimpleNamespace(query=lambda: not busy[0])
+    other = types.SimpleNamespace(state={"lanes": [types.SimpleNamespace(streams=types.SimpleNamespace(streams=[stream]))]})
+    layer._cache = {"other": other}  # another build runs a batch: no timing
+    assert layer._carving_check(lanes, "given/cosched") == 0.0 and timed == [8, 4]
+    busy[0] = False  # it is current but idle (a bench between its points): timed
+    assert layer._carving_check(lanes, "given/cosched") == 2.0 and timed == [8, 4, 8, 4]
+    layer._cache, layer.expected_ms = {}, None  # no profiles: nothing to compare with
+    assert layer._carving_check(lanes, "given/cosched") == 0.0 and len(timed) == 4
+
+
 def test_lane_launches_happen_on_the_watcher_threads_and_the_loop_keeps_none():
     """``launch_on="lane"``: the runtime's thread only hands decisions over; with launch-ahead on the
     loop launches as before (a watcher waiting for its running batch could not). ``"inline"``: the

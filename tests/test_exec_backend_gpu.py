@@ -87,6 +87,24 @@ def test_exclusive_partitions_are_disjoint_while_serving(models):
         svc.close()
 
 
+def test_a_carving_is_timed_alone_on_each_owned_partition(models):
+    """The carving check (CudaDeviceLayer._carving_check) times each owner's graph on its partition
+    with CUDA events: one row per owned partition, a positive time, the ratio to what was expected."""
+    svc = serve("gslice", models)
+    try:
+        svc.submit("small", {"x": np.zeros((1, 3, 32, 32), np.float32)}).result(30)
+        layer, lanes = svc.device, svc._backend._lanes
+        owned = [p for p in lanes.layout.partitions if not p.shared and p.owner]
+        layer.expected_ms = lambda model, b, sms: 1e-3  # 1 us: every partition "runs slow"
+        worst = layer._carving_check(lanes, "test")
+        rows = layer.carving_checks[-1]["rows"]
+        assert owned and sorted(r["model"] for r in rows) == sorted(p.owner for p in owned)
+        assert all(r["ms"] > 0 and r["ratio"] == pytest.approx(r["ms"] / 1e-3, rel=1e-2) for r in rows)
+        assert worst == max(r["ratio"] for r in rows) > layer.carving_slow
+    finally:
+        svc.close()
+
+
 def test_a_failing_model_does_not_stop_the_others_on_the_gpu(models):
     from gpuloom.runtime.service import ModelFailed
 

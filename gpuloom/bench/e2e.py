@@ -197,7 +197,7 @@ def build_models(workload: Workload, *, tiny: bool, device: str, max_batch: int 
 # the device layer's counters a point reports: how its batches ran, as the point's increase, and
 # the layout's build history, as totals at its end
 BATCH_COUNTERS = ("eager_batches", "inplace_batches", "torch_launch_plans")
-BUILD_COUNTERS = ("heuristic_captures", "skipped_captures", "recarved_layouts")
+BUILD_COUNTERS = ("heuristic_captures", "skipped_captures", "recarved_layouts", "slow_carvings")
 DEVICE_COUNTERS = BATCH_COUNTERS + BUILD_COUNTERS
 
 
@@ -215,6 +215,7 @@ def service_snapshot(svc) -> dict:
             "complete_on": be.get("complete_on", "watcher"), "loop_completions": be.get("loop_completions", 0),
             "threads": thread_cpu(),
             "counters": {k: be.get(k, 0) for k in DEVICE_COUNTERS},
+            "carving_checks": be.get("carving_checks", []),
             "hist": {(m, k): v[k] for m, v in st["models"].items() for k in ("queue_ms", "compute_ms") if k in v},
             "exec_ms": {(e["model"], e["sms"], e["batch"]): e for e in be.get("exec_ms", [])}}
 
@@ -491,6 +492,8 @@ def host_split(before: dict, after: dict, wall_ms: float) -> dict:
     a, b = after.get("counters", {}), before.get("counters", {})
     if any(a.values()):  # CUDA: batches run without a graph, launched in place, through torch; build history
         out["device_counters"] = {k: a[k] - b.get(k, 0) if k in BATCH_COUNTERS else a[k] for k in a}
+    if after.get("carving_checks"):  # CUDA: the carvings timed alone (the latest, from the first build on)
+        out["carving_checks"] = after["carving_checks"]
     out["complete_on"] = after.get("complete_on", "watcher")
     if out["complete_on"] == "loop":  # batches the GPU woke the runtime's thread for (the rest: watchers)
         out["loop_completions"] = after.get("loop_completions", 0) - before.get("loop_completions", 0)

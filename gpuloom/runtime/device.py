@@ -32,7 +32,7 @@ import logging
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -96,6 +96,10 @@ class DeviceLayer(ABC):
     granularity: int = 8
     #: True when :meth:`stage` copies a row (callers need not copy their arrays first)
     stages: bool = False
+
+    #: ``(model, batch, sms) -> ms`` a batch should take alone on a partition of ``sms`` SMs (its
+    #: profile), or None where unknown. Set by the service; the CUDA layer checks a carving against it.
+    expected_ms: Callable[[str, int, int], float | None] | None = None
 
     #: whether a layout can be built while another one runs batches (ExecBackend.builds_while_serving).
     #: CUDA sets it once its GPU test showed graph capture beside other streams' replays is safe.
@@ -696,6 +700,8 @@ class CudaDeviceLayer(DeviceLayer):
         self.heuristic_captures = 0  # (model, lane) captures retried without cuDNN autotuning
         self.skipped_captures = 0  # filler models left uncaptured on another model's lane (capture failed)
         self.recarved_layouts = 0  # layouts that ran only carved another way than as given (see _build)
+        self.slow_carvings = 0  # carvings left because a partition ran slow alone (see _carving_check)
+        self.carving_checks: deque[dict] = deque(maxlen=16)  # the latest checks, for reports
         self.launch_ms = {"inputs": 0.0, "replay": 0.0, "outputs": 0.0, "launches": 0}  # host ms per phase
         # where a batch's time outside its graph goes: device ms copying inputs in and outputs out, host
         # ms copying outputs off the pinned buffers (watcher), host ms from launch to the watcher
@@ -758,17 +764,30 @@ class CudaDeviceLayer(DeviceLayer):
     # how a layout's partitions are carved, tried in turn until every capture succeeds (see _build)
     CARVINGS = (("given", "cosched"), ("ascending", "cosched"), ("given", "independent"))
 
+    #: a partition whose owner's graph runs this much slower alone than its profile says: its carving
+    #: is tried another way (``_carving_check``)
+    carving_slow = 1.25
+    #: the batch the carving check times (the largest captured bucket up to it)
+    CHECK_BATCH = 8
+
     def _build(self, lanes: Lanes) -> None:
-        """Carve the layout and capture its graphs; if a capture fails, carve it another way.
+        """Carve the layout and capture its graphs; if a capture fails, or a partition runs slow, carve
+        it another way.
 
         On the H200 cuDNN failed on partitions split off a small remainder, and on a partition split
         ignoring co-scheduling, while other carvings of the same sizes ran (``gpu/partition.py``):
         each layout is tried as given, then smallest partitions first, then ignoring co-scheduling.
+        Partitions of a carving that captured can still be slow: in (48, 16, 16, 16, 16, 20) carved as
+        given, the four 16-SM partitions ran their models 1.6-1.75x slower than their profiles, where
+        16-SM partitions of other layouts ran 1.04x (runs 37 and 39, docs/reports/runtime.md). So each
+        carving that captures is timed (``_carving_check``); one with a partition slower than
+        ``carving_slow`` x its profile is carved the next way, and the least slow carving is kept.
         """
         torch = self._torch
         if not any(not p.shared for p in lanes.layout.partitions):
             return self._build_carved(lanes, *self.CARVINGS[0])
         errors: list[BaseException] = []
+        slow: list[tuple[float, int]] = []  # (worst ratio, carving) of carvings that captured but ran slow
         for n, (order, split) in enumerate(self.CARVINGS):
             try:
                 self._build_carved(lanes, order, split)
@@ -779,10 +798,68 @@ class CudaDeviceLayer(DeviceLayer):
                 log.warning("layout %r failed to capture carved %s/%s (%s)%s", lanes.layout, order, split, e,
                             "; carving it another way" if n + 1 < len(self.CARVINGS) else "")
                 continue
+            worst = self._carving_check(lanes, f"{order}/{split}")
+            if worst > self.carving_slow and n + 1 < len(self.CARVINGS):
+                log.warning("layout %r carved %s/%s: a partition ran %.2fx its profile alone; carving it another way",
+                            lanes.layout, order, split, worst)
+                self.slow_carvings += 1
+                slow.append((worst, n))
+                self._free(lanes)
+                continue
+            if slow and min(slow)[0] < worst:  # an earlier carving was less slow: back to it
+                self._free(lanes)
+                n = min(slow)[1]
+                self._build_carved(lanes, *self.CARVINGS[n])
+            if n:
+                self.recarved_layouts += 1
+            return
+        if slow:  # the carvings after the slow ones failed to capture: the least slow one it is
+            n = min(slow)[1]
+            self._build_carved(lanes, *self.CARVINGS[n])
             if n:
                 self.recarved_layouts += 1
             return
         raise errors[-1] from errors[0]
+
+    def _carving_check(self, lanes: Lanes, carving: str) -> float:
+        """Time each exclusive partition's owner model alone on it (one captured bucket, median of
+        CUDA-event-timed replays) against ``expected_ms`` (its profile); record the rows in
+        ``carving_checks`` and return the worst ratio. 0 when nothing could be checked: no profiles,
+        or another build has work on the GPU before or after the timing (its batches would be timed
+        too: the check is for a GPU at rest, as at start or between a bench's points)."""
+        if self.expected_ms is None or not self._at_rest(lanes):
+            return 0.0
+        from ..engine.capture import time_replays
+
+        rows = []
+        for lane in lanes.state["lanes"]:
+            p, sets = lane.part, lane.graphs.get(lane.part.owner or "")
+            if p.shared or not sets:
+                continue
+            b = max((b for b in sets if b <= self.CHECK_BATCH), default=min(sets))
+            want = self.expected_ms(p.owner, b, p.sms)
+            if not want:
+                continue
+            gs = sets[b]
+            ms = time_replays(gs.buckets[b].graph, gs.stream, warmup=3, iters=10)
+            rows.append({"partition": p.label or p.index, "sms": p.sms, "model": p.owner, "batch": b,
+                         "ms": round(ms, 4), "profile_ms": round(want, 4), "ratio": round(ms / want, 3)})
+        if not self._at_rest(lanes):
+            return 0.0
+        worst = max((r["ratio"] for r in rows), default=0.0)
+        self.carving_checks.append({"layout": [p.sms for p in lanes.layout.partitions], "carving": carving,
+                                    "worst": worst, "rows": rows})
+        return worst
+
+    def _at_rest(self, lanes: Lanes) -> bool:
+        """No stream of another build has work queued or running (``cudaStreamQuery``). Reads the
+        cache without ``_lock``: the builder holds the device lock, which ``release`` takes under
+        ``_lock``. Anything it cannot read (a build freed meanwhile) counts as not at rest."""
+        try:
+            states = [ln.state for ln in list(self._cache.values()) if ln is not lanes]
+            return all(s.query() for st in states if st for lane in st["lanes"] for s in lane.streams.streams)
+        except Exception:  # noqa: BLE001 - a build freed under us: do not time now
+            return False
 
     def _build_carved(self, lanes: Lanes, order: str, remainder_split: str) -> None:
         from ..gpu import Partitioner

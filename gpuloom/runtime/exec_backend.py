@@ -439,6 +439,9 @@ class ExecBackend(Backend):
                 "heuristic_captures": getattr(self.device, "heuristic_captures", 0),  # CUDA: cuDNN autotune failed
                 "skipped_captures": getattr(self.device, "skipped_captures", 0),  # CUDA: filler left uncaptured
                 "recarved_layouts": getattr(self.device, "recarved_layouts", 0),  # CUDA: another carving used
+                "slow_carvings": getattr(self.device, "slow_carvings", 0),  # CUDA: carvings left as slow
+                # CUDA: the latest carvings timed alone against the profiles (CudaDeviceLayer._carving_check)
+                "carving_checks": list(getattr(self.device, "carving_checks", ())),
                 "launch_ms": dict(getattr(self.device, "launch_ms", {})),  # CUDA: host ms per launch phase
                 "copy_ms": dict(getattr(self.device, "copy_ms", {})),  # CUDA: device copy ms, watcher host ms
                 # CUDA: the wake-up split into the GPU's start latency and the way back to the host

@@ -427,7 +427,18 @@ class InferenceService:
                     self.profiles = ProfileStore.builtin("h200")
                 except Exception:  # noqa: BLE001 - no shipped profiles: crude ones at load
                     self.profiles = None
+        if self._layer.expected_ms is None:
+            self._layer.expected_ms = self._expected_ms
         return self._layer
+
+    def _expected_ms(self, name: str, batch: int, sms: int) -> float | None:
+        """What a batch of ``name`` should take alone on ``sms`` SMs: its profile (the device layer
+        checks a partition's carving against it). None for an unknown model or outside the profile."""
+        m = self._models.get(name)
+        try:
+            return m.profile.latency(batch, sms) if m is not None else None
+        except (ValueError, KeyError, IndexError):  # ProfileError is a ValueError
+            return None
 
     def start(self) -> None:
         """Make the device ready; models can be loaded and requests submitted afterwards."""
