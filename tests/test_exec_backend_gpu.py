@@ -105,6 +105,33 @@ def test_a_carving_is_timed_alone_on_each_owned_partition(models):
         svc.close()
 
 
+def test_a_layout_whose_carvings_all_run_slow_is_built_the_least_slow_way_on_the_gpu(models):
+    """_build's search on the GPU: told every partition should take 1 us, each carving is found slow,
+    all three are captured and timed, and the least slow one is kept and serves."""
+    from gpuloom.policy.types import Layout, Partition
+
+    svc = serve("gslice", models)
+    try:
+        layer = svc.device
+        svc.submit("small", {"x": np.zeros((1, 3, 32, 32), np.float32)}).result(30)  # its layout: idle now
+        layer.expected_ms = lambda model, b, sms: 1e-3
+        before = layer.slow_carvings
+        layout = Layout((Partition(0, 0, 64, owner="small", label="a"), Partition(1, 64, 64, owner="wide", label="b")),
+                        gpu_sms=layer.gpu_sms)
+        lanes = layer.build(layout)
+        try:
+            checks = [c for c in layer.carving_checks if c["layout"] == [64, 64]]
+            assert layer.slow_carvings - before == len(layer.CARVINGS) - 1
+            assert [c["carving"] for c in checks] == ["/".join(c) for c in layer.CARVINGS]
+            kept = [c for c in checks if c.get("kept")]
+            assert len(kept) == 1 and kept[0]["worst"] == min(c["worst"] for c in checks)
+            assert sorted(layer.partition_sms(lanes)) == [64, 64]
+        finally:
+            layer.release(lanes)
+    finally:
+        svc.close()
+
+
 def test_a_failing_model_does_not_stop_the_others_on_the_gpu(models):
     from gpuloom.runtime.service import ModelFailed
 

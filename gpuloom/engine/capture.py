@@ -119,6 +119,10 @@ def example_batch(examples: Sequence[torch.Tensor], batch: int) -> list[torch.Te
     return [with_batch(x, batch).clone() for x in examples]
 
 
+class _HostSyncError(RuntimeError):
+    """Raised by :class:`_NoHostSync` (kept apart from other errors of the same run, e.g. out of memory)."""
+
+
 class _NoHostSync(TorchDispatchMode):
     """Raises at an op that reads a device value on the host (``.item()``, ``nonzero``, a copy to the
     CPU): under capture it would invalidate the graph. A dispatch mode is per thread, so models being
@@ -131,7 +135,7 @@ class _NoHostSync(TorchDispatchMode):
         kwargs = kwargs or {}
         to_host = func is torch.ops.aten._to_copy.default and str(kwargs.get("device", "")).startswith("cpu")
         if func in self._READS or to_host or "unique" in func.name():  # aten::_unique2, unique_dim, ...: sized on the host
-            raise RuntimeError(f"host synchronization in the forward: {func.name()} reads a device value on the host")
+            raise _HostSyncError(f"host synchronization in the forward: {func.name()} reads a device value on the host")
         return func(*args, **kwargs)
 
 
@@ -152,12 +156,12 @@ def _capture_one(
             try:
                 with _NoHostSync():
                     executor.run(static_in, streams)
-            except RuntimeError as e:
+            except _HostSyncError as e:
                 raise _capture_error(executor, e) from e
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     try:
-        with rng_restored_if_capture_fails(), \
+        with rng_restored_if_capture_fails(main.device), \
                 torch.cuda.graph(graph, pool=pool, stream=main, capture_error_mode="thread_local"):
             out = executor.run(static_in, streams)
     except Exception as e:
@@ -167,12 +171,16 @@ def _capture_one(
 
 
 @contextlib.contextmanager
-def rng_restored_if_capture_fails() -> Iterator[None]:
-    """Wrap a CUDA graph capture. A failed capture never reaches the RNG's capture epilogue: the
-    device's default generator stays "capturing", and every later ``torch.randn`` on that device
-    raises ("Offset increment outside graph capture encountered unexpectedly"), in every model of the
-    process. On failure, give the generator back a copy of its state from before the capture."""
-    rng = torch.cuda.default_generators[torch.cuda.current_device()]
+def rng_restored_if_capture_fails(device: torch.device | int | None = None) -> Iterator[None]:
+    """Wrap a CUDA graph capture on ``device`` (default: the current one). A failed capture never
+    reaches the RNG's capture epilogue: the device's default generator stays "capturing", and every
+    later ``torch.randn`` on that device raises ("Offset increment outside graph capture encountered
+    unexpectedly"), in every model of the process. On failure, give the generator a copy of its
+    state from before the capture. Graphs captured earlier keep the old state object: fine for
+    inference graphs (no random ops, so no offsets to share), but random ops in those graphs and
+    later eager ones would no longer draw from one sequence."""
+    index = torch.device(device).index if isinstance(device, torch.device) else device
+    rng = torch.cuda.default_generators[torch.cuda.current_device() if index is None else index]
     before = rng.clone_state()
     try:
         yield

@@ -702,6 +702,8 @@ class CudaDeviceLayer(DeviceLayer):
         self.recarved_layouts = 0  # layouts that ran only carved another way than as given (see _build)
         self.slow_carvings = 0  # carvings left because a partition ran slow alone (see _carving_check)
         self.carving_checks: deque[dict] = deque(maxlen=16)  # the latest checks, for reports
+        self._carving_of: dict[tuple, int] = {}  # layout sizes -> the carving (index) a build settled on
+        self.launched = 0  # batches launched, any path (the carving check's "was the GPU at rest")
         self.launch_ms = {"inputs": 0.0, "replay": 0.0, "outputs": 0.0, "launches": 0}  # host ms per phase
         # where a batch's time outside its graph goes: device ms copying inputs in and outputs out, host
         # ms copying outputs off the pinned buffers (watcher), host ms from launch to the watcher
@@ -786,13 +788,26 @@ class CudaDeviceLayer(DeviceLayer):
         torch = self._torch
         if not any(not p.shared for p in lanes.layout.partitions):
             return self._build_carved(lanes, *self.CARVINGS[0])
+        sizes = tuple((p.sms, p.shared) for p in lanes.layout.partitions)
+        known = self._carving_of.get(sizes)  # what an earlier build of these sizes settled on: no new search
+        if known is not None:
+            try:
+                self._build_carved(lanes, *self.CARVINGS[known])
+                return self._keep(lanes, sizes, known, checked=False)
+            except RuntimeError as e:
+                if isinstance(e, torch.cuda.OutOfMemoryError):
+                    raise
+                log.warning("layout %r failed to capture carved %s/%s as before (%s); trying every carving",
+                            lanes.layout, *self.CARVINGS[known], e)
         errors: list[BaseException] = []
         slow: list[tuple[float, int]] = []  # (worst ratio, carving) of carvings that captured but ran slow
         for n, (order, split) in enumerate(self.CARVINGS):
             try:
                 self._build_carved(lanes, order, split)
-            except RuntimeError as e:
-                if isinstance(e, torch.cuda.OutOfMemoryError):
+            except Exception as e:
+                # only a capture error carves another way; anything else is the build's error, unless a
+                # slow carving already captured: then it is the one to go back to
+                if not slow and (not isinstance(e, RuntimeError) or isinstance(e, torch.cuda.OutOfMemoryError)):
                     raise
                 errors.append(e)
                 log.warning("layout %r failed to capture carved %s/%s (%s)%s", lanes.layout, order, split, e,
@@ -806,29 +821,57 @@ class CudaDeviceLayer(DeviceLayer):
                 slow.append((worst, n))
                 self._free(lanes)
                 continue
-            if slow and min(slow)[0] < worst:  # an earlier carving was less slow: back to it
-                self._free(lanes)
-                n = min(slow)[1]
+            if not slow or worst <= min(slow)[0]:
+                return self._keep(lanes, sizes, n, checked=worst > 0)
+            slow.append((worst, n))  # slower still than an earlier carving: back to that one
+            self._free(lanes)
+            break
+        for _worst, n in sorted(slow):  # the least slow carving that captured, and failing that the next
+            try:
                 self._build_carved(lanes, *self.CARVINGS[n])
-            if n:
-                self.recarved_layouts += 1
-            return
-        if slow:  # the carvings after the slow ones failed to capture: the least slow one it is
-            n = min(slow)[1]
-            self._build_carved(lanes, *self.CARVINGS[n])
-            if n:
-                self.recarved_layouts += 1
-            return
+            except Exception as e:  # noqa: BLE001 - e.g. a flaky cuDNN launch: the next one
+                errors.append(e)
+                log.warning("layout %r failed to capture carved %s/%s again (%s)", lanes.layout, *self.CARVINGS[n], e)
+                continue
+            return self._keep(lanes, sizes, n, checked=True)
         raise errors[-1] from errors[0]
+
+    def _keep(self, lanes: Lanes, sizes: tuple, n: int, *, checked: bool) -> None:
+        """``lanes`` stays carved the ``n``-th way; remembered for its sizes where that was decided
+        by a capture failure or a check (an unchecked first carving is checked again next time)."""
+        if n:
+            self.recarved_layouts += 1
+        if n or checked:
+            self._carving_of[sizes] = n
+        name, layout = "/".join(self.CARVINGS[n]), [p.sms for p in lanes.layout.partitions]
+        for c in reversed(self.carving_checks):  # this build's check of the carving kept
+            if c["layout"] == layout and c["carving"] == name:
+                c["kept"] = True
+                break
 
     def _carving_check(self, lanes: Lanes, carving: str) -> float:
         """Time each exclusive partition's owner model alone on it (one captured bucket, median of
         CUDA-event-timed replays) against ``expected_ms`` (its profile); record the rows in
-        ``carving_checks`` and return the worst ratio. 0 when nothing could be checked: no profiles,
-        or another build has work on the GPU before or after the timing (its batches would be timed
-        too: the check is for a GPU at rest, as at start or between a bench's points)."""
+        ``carving_checks`` and return the worst ratio. 0 when nothing was checked: no profiles, or
+        another build had work on the GPU before, during or after the timing (its batches would be
+        timed too: the check is for a GPU at rest, as at start or between a bench's points), or the
+        check itself failed (a check never fails a build)."""
         if self.expected_ms is None or not self._at_rest(lanes):
             return 0.0
+        launched = self.launched
+        try:
+            rows = self._time_owners(lanes)
+        except Exception as e:  # noqa: BLE001 - the build stands; only its check is lost
+            log.warning("checking the carving of %r failed: %s", lanes.layout, e)
+            return 0.0
+        if self.launched != launched or not self._at_rest(lanes):
+            return 0.0
+        worst = max((r["ratio"] for r in rows), default=0.0)
+        self.carving_checks.append({"layout": [p.sms for p in lanes.layout.partitions], "carving": carving,
+                                    "worst": worst, "rows": rows})
+        return worst
+
+    def _time_owners(self, lanes: Lanes) -> list[dict]:
         from ..engine.capture import time_replays
 
         rows = []
@@ -844,12 +887,7 @@ class CudaDeviceLayer(DeviceLayer):
             ms = time_replays(gs.buckets[b].graph, gs.stream, warmup=3, iters=10)
             rows.append({"partition": p.label or p.index, "sms": p.sms, "model": p.owner, "batch": b,
                          "ms": round(ms, 4), "profile_ms": round(want, 4), "ratio": round(ms / want, 3)})
-        if not self._at_rest(lanes):
-            return 0.0
-        worst = max((r["ratio"] for r in rows), default=0.0)
-        self.carving_checks.append({"layout": [p.sms for p in lanes.layout.partitions], "carving": carving,
-                                    "worst": worst, "rows": rows})
-        return worst
+        return rows
 
     def _at_rest(self, lanes: Lanes) -> bool:
         """No stream of another build has work queued or running (``cudaStreamQuery``). Reads the
@@ -978,6 +1016,7 @@ class CudaDeviceLayer(DeviceLayer):
         import numpy as np
 
         torch = self._torch
+        self.launched += 1
         lane: _CudaLane = lanes.state["lanes"][index]
         sets = lane.graphs.get(model)
         if sets is None:
