@@ -315,6 +315,7 @@ def _cuda_layer_with_slow_carvings(worst: list, fail: dict | None = None):
     profiles; ``fail`` maps an attempt's number (0 = the first carving tried) to the error it raises."""
     layer, lanes, tried = _cuda_layer_with_carvings(fail_first=0)
     layer.slow_carvings, freed = 0, []
+    layer.carving_slow = layer.SUGGESTED_CARVING_SLOW  # GPULOOM_RECARVE_SLOW=1.25
     carvings = [f"{o}/{s}" for o, s in layer.CARVINGS]
 
     def build_carved(lanes, order, split):
@@ -371,6 +372,18 @@ def test_once_a_slow_carving_captured_a_later_carvings_errors_do_not_fail_the_bu
     layer, lanes, tried, freed = _cuda_layer_with_slow_carvings([1.7, 0, 0], fail={1: CUDNN, 2: CUDNN})
     layer._build(lanes)
     assert tried == [GIVEN, ASCENDING, INDEPENDENT, GIVEN] and layer.recarved_layouts == 0
+
+
+def test_slow_carvings_are_only_timed_unless_recarving_is_asked_for(monkeypatch):
+    from gpuloom.runtime.device import CudaDeviceLayer
+
+    layer, lanes, tried, freed = _cuda_layer_with_slow_carvings([1.7, 1.0, 1.0])
+    layer.carving_slow = CudaDeviceLayer.carving_slow  # the default
+    layer._build(lanes)
+    assert tried == [GIVEN] and layer.slow_carvings == 0
+    monkeypatch.setenv("GPULOOM_RECARVE_SLOW", "fast")
+    with pytest.raises(ValueError, match="GPULOOM_RECARVE_SLOW must be a ratio"):
+        CudaDeviceLayer.__init__(object.__new__(CudaDeviceLayer))
 
 
 def test_without_a_slow_carving_only_capture_errors_carve_another_way():

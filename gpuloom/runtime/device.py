@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import os
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -702,6 +703,16 @@ class CudaDeviceLayer(DeviceLayer):
         self.recarved_layouts = 0  # layouts that ran only carved another way than as given (see _build)
         self.slow_carvings = 0  # carvings left because a partition ran slow alone (see _carving_check)
         self.carving_checks: deque[dict] = deque(maxlen=16)  # the latest checks, for reports
+        slow = os.environ.get("GPULOOM_RECARVE_SLOW", "").strip()
+        if slow:
+            try:
+                self.carving_slow = float(slow)
+            except ValueError:
+                raise ValueError(f"GPULOOM_RECARVE_SLOW must be a ratio such as {self.SUGGESTED_CARVING_SLOW} "
+                                 f"(carve a layout another way when a partition runs that much slower than its "
+                                 f"profile alone), got {slow!r}") from None
+            if not self.carving_slow > 1.0:
+                raise ValueError(f"GPULOOM_RECARVE_SLOW must be above 1, got {slow!r}")
         self._carving_of: dict[tuple, int] = {}  # layout sizes -> the carving (index) a build settled on
         self.launched = 0  # batches launched, any path (the carving check's "was the GPU at rest")
         self.launch_ms = {"inputs": 0.0, "replay": 0.0, "outputs": 0.0, "launches": 0}  # host ms per phase
@@ -767,8 +778,10 @@ class CudaDeviceLayer(DeviceLayer):
     CARVINGS = (("given", "cosched"), ("ascending", "cosched"), ("given", "independent"))
 
     #: a partition whose owner's graph runs this much slower alone than its profile says: its carving
-    #: is tried another way (``_carving_check``)
-    carving_slow = 1.25
+    #: is tried another way (``_carving_check``). Off (timing only, for the reports) until the GPU
+    #: shows it helps: ``GPULOOM_RECARVE_SLOW=1.25`` turns it on (a bench A/B: ``BENCH_ENVS``).
+    carving_slow = float("inf")
+    SUGGESTED_CARVING_SLOW = 1.25
     #: the batch the carving check times (the largest captured bucket up to it)
     CHECK_BATCH = 8
 
@@ -782,8 +795,8 @@ class CudaDeviceLayer(DeviceLayer):
         Partitions of a carving that captured can still be slow: in (48, 16, 16, 16, 16, 20) carved as
         given, the four 16-SM partitions ran their models 1.6-1.75x slower than their profiles, where
         16-SM partitions of other layouts ran 1.04x (runs 37 and 39, docs/reports/runtime.md). So each
-        carving that captures is timed (``_carving_check``); one with a partition slower than
-        ``carving_slow`` x its profile is carved the next way, and the least slow carving is kept.
+        carving that captures is timed (``_carving_check``); with ``carving_slow`` set, one with a
+        partition slower than that x its profile is carved the next way, and the least slow is kept.
         """
         torch = self._torch
         if not any(not p.shared for p in lanes.layout.partitions):
