@@ -409,7 +409,7 @@ def test_the_carving_check_times_each_owner_alone_against_its_profile(monkeypatc
     timed = []
     monkeypatch.setattr(capture, "time_replays", lambda graph, stream, **kw: timed.append(graph) or graph * 2.0)
     layer = object.__new__(CudaDeviceLayer)
-    layer._cache, layer.launched = {}, 0
+    layer._cache, layer.launch_ms, layer.eager_batches = {}, {"launches": 0}, 0
     layer.carving_checks = collections.deque(maxlen=4)
     layer.expected_ms = lambda model, b, sms: {"a": 1.0, "b": 2.0}[model] * b
     parts = (Partition(0, 0, 48, owner="a", label="p0"), Partition(1, 48, 16, owner="b", label="p1"),
@@ -439,7 +439,7 @@ def test_the_carving_check_times_each_owner_alone_against_its_profile(monkeypatc
     busy[0] = False
 
     def launch_meanwhile(graph, stream, **kw):  # a batch launched while timing: not at rest
-        layer.launched += 1
+        layer.launch_ms["launches"] += 1
         return 1.0
 
     monkeypatch.setattr(capture, "time_replays", launch_meanwhile)

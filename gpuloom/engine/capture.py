@@ -179,7 +179,7 @@ def rng_restored_if_capture_fails(device: torch.device | int | None = None) -> I
     state from before the capture. Graphs captured earlier keep the old state object: fine for
     inference graphs (no random ops, so no offsets to share), but random ops in those graphs and
     later eager ones would no longer draw from one sequence."""
-    index = torch.device(device).index if isinstance(device, torch.device) else device
+    index = device.index if isinstance(device, torch.device) else device
     rng = torch.cuda.default_generators[torch.cuda.current_device() if index is None else index]
     before = rng.clone_state()
     try:

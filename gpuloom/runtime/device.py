@@ -714,7 +714,6 @@ class CudaDeviceLayer(DeviceLayer):
             if not self.carving_slow > 1.0:
                 raise ValueError(f"GPULOOM_RECARVE_SLOW must be above 1, got {slow!r}")
         self._carving_of: dict[tuple, int] = {}  # layout sizes -> the carving (index) a build settled on
-        self.launched = 0  # batches launched, any path (the carving check's "was the GPU at rest")
         self.launch_ms = {"inputs": 0.0, "replay": 0.0, "outputs": 0.0, "launches": 0}  # host ms per phase
         # where a batch's time outside its graph goes: device ms copying inputs in and outputs out, host
         # ms copying outputs off the pinned buffers (watcher), host ms from launch to the watcher
@@ -871,13 +870,13 @@ class CudaDeviceLayer(DeviceLayer):
         check itself failed (a check never fails a build)."""
         if self.expected_ms is None or not self._at_rest(lanes):
             return 0.0
-        launched = self.launched
+        launched = self._launches()
         try:
             rows = self._time_owners(lanes)
         except Exception as e:  # noqa: BLE001 - the build stands; only its check is lost
             log.warning("checking the carving of %r failed: %s", lanes.layout, e)
             return 0.0
-        if self.launched != launched or not self._at_rest(lanes):
+        if self._launches() != launched or not self._at_rest(lanes):
             return 0.0
         worst = max((r["ratio"] for r in rows), default=0.0)
         self.carving_checks.append({"layout": [p.sms for p in lanes.layout.partitions], "carving": carving,
@@ -901,6 +900,10 @@ class CudaDeviceLayer(DeviceLayer):
             rows.append({"partition": p.label or p.index, "sms": p.sms, "model": p.owner, "batch": b,
                          "ms": round(ms, 4), "profile_ms": round(want, 4), "ratio": round(ms / want, 3)})
         return rows
+
+    def _launches(self) -> int:
+        """Batches launched so far, either way (a graph's, counted in ``launch_ms``, or eager)."""
+        return self.launch_ms["launches"] + self.eager_batches
 
     def _at_rest(self, lanes: Lanes) -> bool:
         """No stream of another build has work queued or running (``cudaStreamQuery``). Reads the
@@ -1029,7 +1032,6 @@ class CudaDeviceLayer(DeviceLayer):
         import numpy as np
 
         torch = self._torch
-        self.launched += 1
         lane: _CudaLane = lanes.state["lanes"][index]
         sets = lane.graphs.get(model)
         if sets is None:
