@@ -324,6 +324,7 @@ def test_workqueues_is_a_service_key_of_a_variant_and_the_report_records_the_pro
     rc, rep = run_bench(tmp_path, "--policy", "triton:workqueues=balanced")
     assert rc == 0 and not rep["policies"]["triton:workqueues=balanced"]["error"]
     assert rep["meta"]["cuda_device_max_connections"] == 32 and rep["meta"]["dstack_min_sms_default"] == 16
+    assert rep["meta"]["dstack_remainder_default"] == "largest"
     assert rep["meta"]["cuda_device_max_connections_source"] == "user"
 
 

@@ -210,8 +210,9 @@ def _cuda_layer_with_carvings(fail_first: int):
     layer = object.__new__(CudaDeviceLayer)
     layer._torch, layer.recarved_layouts, tried = torch, 0, []
     layer._carving_of, layer.carving_checks = {}, collections.deque(maxlen=16)
+    layer.short_carvings = 0
 
-    def build_carved(lanes, order, split):
+    def build_carved(lanes, order, split, exact=True):
         tried.append((order, split))
         if len(tried) <= fail_first:
             raise RuntimeError("cuDNN error: CUDNN_STATUS_EXECUTION_FAILED_CUDART")
@@ -315,11 +316,13 @@ def _cuda_layer_with_slow_carvings(worst: list, fail: dict | None = None):
     profiles; ``fail`` maps an attempt's number (0 = the first carving tried) to the error it raises."""
     layer, lanes, tried = _cuda_layer_with_carvings(fail_first=0)
     layer.slow_carvings, freed = 0, []
+    layer.exacts = exacts = []  # per attempt: whether a short carving would have raised
     layer.carving_slow = layer.SUGGESTED_CARVING_SLOW  # GPULOOM_RECARVE_SLOW=1.25
     carvings = [f"{o}/{s}" for o, s in layer.CARVINGS]
 
-    def build_carved(lanes, order, split):
+    def build_carved(lanes, order, split, exact=True):
         tried.append((order, split))
+        exacts.append(exact)
         if (fail or {}).get(len(tried) - 1):
             raise fail[len(tried) - 1]
 
@@ -372,6 +375,44 @@ def test_once_a_slow_carving_captured_a_later_carvings_errors_do_not_fail_the_bu
     layer, lanes, tried, freed = _cuda_layer_with_slow_carvings([1.7, 0, 0], fail={1: CUDNN, 2: CUDNN})
     layer._build(lanes)
     assert tried == [GIVEN, ASCENDING, INDEPENDENT, GIVEN] and layer.recarved_layouts == 0
+
+
+def _short(asked: int, given: int):
+    from gpuloom.runtime.device import ShortCarving
+
+    return ShortCarving([(asked, given)] * 4, "given/cosched")
+
+
+def test_a_carving_the_driver_gives_short_is_carved_another_way_before_anything_is_captured():
+    """On the H200, (48, 16, 16, 16, 16, 20) carved as given got 10 SMs for each 16 (the layout still
+    said 16, and they ran 1.5-1.6x their profiles); smallest first gave 16 each (run 41). Short is
+    never kept while another carving gives what was asked, even with re-carving of slow ones off."""
+    from gpuloom.runtime.device import CudaDeviceLayer
+
+    layer, lanes, tried, freed = _cuda_layer_with_slow_carvings([0, 1.0, 1.0], fail={0: _short(16, 10)})
+    layer.carving_slow = CudaDeviceLayer.carving_slow  # the default: slow ones are only timed
+    layer._build(lanes)
+    assert tried == [GIVEN, ASCENDING] and layer.exacts == [True, True] and freed == []
+    assert layer.short_carvings == 1 and layer.recarved_layouts == 1
+    row = layer.carving_checks[0]
+    assert row["carving"] == "given/cosched" and row["short"] == [[16, 10]] * 4 and row["worst"] == 1.6
+    layer._build(lanes)  # the same sizes again: the carving they settled on
+    assert tried[-1] == ASCENDING and layer.short_carvings == 1
+
+
+def test_when_every_carving_is_short_or_fails_the_least_short_is_built_as_the_driver_gives_it():
+    layer, lanes, tried, freed = _cuda_layer_with_slow_carvings(
+        [0, 0, 0], fail={0: _short(16, 10), 1: _short(16, 12), 2: CUDNN})
+    layer._build(lanes)
+    assert tried == [GIVEN, ASCENDING, INDEPENDENT, ASCENDING] and layer.exacts[-1] is False
+    assert layer.short_carvings == 2 and layer.recarved_layouts == 1
+
+
+def test_a_slow_carving_that_captured_is_kept_over_a_shorter_one():
+    layer, lanes, tried, freed = _cuda_layer_with_slow_carvings([1.3, 0, 1.9], fail={1: _short(16, 10)})
+    layer._build(lanes)
+    assert tried == [GIVEN, ASCENDING, INDEPENDENT, GIVEN] and layer.exacts[-1] is False
+    assert layer.short_carvings == 1 and layer.slow_carvings == 1 and layer.recarved_layouts == 0
 
 
 def test_slow_carvings_are_only_timed_unless_recarving_is_asked_for(monkeypatch):

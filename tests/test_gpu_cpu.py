@@ -21,6 +21,16 @@ def test_last_partition_may_take_exactly_the_remainder():
     assert validate_layout([128, 4], 132, 8) == (128, 4)
 
 
+def test_any_one_partition_may_take_the_remainder_when_the_layout_fills_the_device():
+    # the H200's leftover SMs run cuDNN convolutions slowly (run 41): the planner gives them to the
+    # largest partition, which is first in its layouts
+    assert validate_layout([52, 16, 16, 16, 16, 16], 132, 8) == (52, 16, 16, 16, 16, 16)
+    with pytest.raises(PartitionError, match="only one may be off it"):
+        validate_layout([36, 20, 16, 16, 16, 16, 12], 132, 8)
+    with pytest.raises(PartitionError, match="multiples of 8"):
+        validate_layout([52, 16, 16], 132, 8)  # off the granularity, and not what is left
+
+
 def test_layout_over_the_device_names_the_sum_and_the_device():
     with pytest.raises(PartitionError, match=r"add up to 136 SMs, more than the device's 132"):
         validate_layout([64, 72], 132, 8)
@@ -230,6 +240,15 @@ def test_ascending_carving_keeps_a_remainder_sized_last_partition_last():
     splits, made = _carve_with((64, 68), order="ascending")  # 68 is "the rest", off the 8-SM granularity
     assert [(avail, s) for avail, _, s, _ in splits] == [(132, 64)]
     assert made == [(64, 64), (68, 68)]
+
+
+def test_a_remainder_sized_partition_anywhere_in_the_layout_is_carved_last_and_takes_what_is_left():
+    for order in ("given", "ascending"):
+        splits, made = _carve_with((52, 24, 24, 16, 16), order=order)
+        assert made == [(52, 52), (24, 24), (24, 24), (16, 16), (16, 16)]  # (SMs given, asked), layout order
+        assert all(s != 52 for _, _, s, _ in splits)  # never split off: the rest once the others are
+    splits, _ = _carve_with((52, 24, 24, 16, 16))
+    assert [(avail, k, s) for avail, k, s, _ in splits] == [(132, 2, 24), (84, 2, 16)]
 
 
 def test_unknown_carving_options_list_the_known_ones():

@@ -70,11 +70,13 @@ def parse_policy_spec(spec: str) -> tuple[str, dict, dict]:
 def sim_policy(spec: str, meta: dict) -> tuple[str, dict]:
     """The policy a measured variant ``spec`` ran, as the simulator builds it again from a bench
     report's ``meta``: its name and policy options (service keys configure the real runtime, not the
-    simulated GPU). Plain ``dstack`` gets the floor it had in that run: reports written before
-    ``meta.dstack_min_sms_default`` planned down to 8 SMs."""
+    simulated GPU). Plain ``dstack`` gets the floor and the remainder rule it had in that run:
+    reports written before ``meta.dstack_min_sms_default`` planned down to 8 SMs, and those before
+    ``meta.dstack_remainder_default`` gave the remainder to the smallest partition."""
     name, options, _ = parse_policy_spec(spec)
     if name == "dstack":
         options.setdefault("min_sms", int(meta.get("dstack_min_sms_default", 0)))
+        options.setdefault("remainder", str(meta.get("dstack_remainder_default", "smallest")))
     return name, options
 
 
@@ -87,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from gpuloom.gpu.connections import connections_in_effect
-    from gpuloom.policy.dstack import DEFAULT_MIN_SMS
+    from gpuloom.policy.dstack import DEFAULT_MIN_SMS, DEFAULT_REMAINDER
     from gpuloom.bench.e2e import (bench_policy, build_models, check_arrivals, resolve_device_and_profiles,
                                    save_json, to_json)
     from gpuloom.bench.workload import WorkloadError, load_workload
@@ -145,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
                 "duration_s": args.duration, "seconds": round(time.monotonic() - t0, 1), "argv": sys.argv[1:],
                 # what plain "dstack" meant in this run (reports before the key planned down to 8 SMs: 0)
                 "dstack_min_sms_default": DEFAULT_MIN_SMS,
+                "dstack_remainder_default": DEFAULT_REMAINDER,
                 # hardware queues the driver opens for the process (8 by default; gpuloom asks for 32)
                 **connections_in_effect().as_meta()}
         if device.startswith("cuda"):

@@ -62,14 +62,17 @@ NOMINAL_GRANULARITY = 8
 def validate_layout(sizes: Sequence[int], sm_count: int, granularity: int) -> tuple[int, ...]:
     """Check that ``sizes`` can be carved out of ``sm_count`` SMs; return them as a tuple of ints.
 
-    Each size is a positive multiple of ``granularity``, except that the *last* size may be exactly
-    the SMs left over (the remainder, e.g. 4 after 128 on a 132-SM device, or 132 alone: the whole
-    device). The sizes must not add up to more than the device.
+    Each size is a positive multiple of ``granularity``, except that when the sizes add up to the
+    whole device *one* of them may be off it: that partition is carved last and takes the SMs left
+    over (e.g. 20 = 16 + the 4 left after 128 on a 132-SM device, or 132 alone: the whole device).
+    The sizes must not add up to more than the device.
 
     >>> validate_layout([40, 16, 24, 48], 132, 8)
     (40, 16, 24, 48)
     >>> validate_layout([64, 68], 132, 8)
     (64, 68)
+    >>> validate_layout([52, 16, 16, 16, 16, 16], 132, 8)
+    (52, 16, 16, 16, 16, 16)
     """
     if isinstance(sizes, (int, str)) or not isinstance(sizes, Sequence):
         raise TypeError(f"partition sizes: expected a sequence of SM counts, got {sizes!r}")
@@ -85,16 +88,20 @@ def validate_layout(sizes: Sequence[int], sm_count: int, granularity: int) -> tu
         raise PartitionError(
             f"partition sizes {out} add up to {total} SMs, more than the device's {sm_count}"
         )
-    for i, s in enumerate(out):
+    off = []
+    for s in out:
         if s <= 0:
             raise PartitionError(f"partition sizes: expected positive SM counts, got {s} in {out}")
-        is_rest = i == len(out) - 1 and total == sm_count
-        if s % granularity and not is_rest:
-            hint = f"; the last partition may take exactly the {sm_count - total + s} SMs left"
-            raise PartitionError(
-                f"partition of {s} SMs: sizes must be multiples of {granularity} on this device "
-                f"(got {out}{hint})"
-            )
+        if s % granularity:
+            off.append(s)
+    if off and (total != sm_count or len(off) > 1):
+        s = off[-1] if total == sm_count else off[0]
+        hint = (f"; one partition may take exactly the {sm_count - total + s} SMs left" if total != sm_count
+                else f"; only one may be off it (the one that takes the {sm_count % granularity} SMs left over)")
+        raise PartitionError(
+            f"partition of {s} SMs: sizes must be multiples of {granularity} on this device "
+            f"(got {out}{hint})"
+        )
     return tuple(out)
 
 
@@ -346,13 +353,15 @@ class Partitioner:
 
     def _carve(self) -> None:
         drv, sizes = self._drv, self.sizes
-        order = list(range(len(sizes)))
+        g = self.granularity
+        # a size off the granularity takes what is left: it is carved last, wherever it is in the layout
+        body = [i for i in range(len(sizes)) if sizes[i] % g == 0]
+        rest = [i for i in range(len(sizes)) if sizes[i] % g]
+        order = body + rest
         if self.order == "ascending":
             # small partitions first, off the whole device or a large remainder; the largest last, from
-            # what is left (a size off the granularity can only be the remainder: it stays last)
-            g = self.granularity
-            body = [i for i in order if sizes[i] % g == 0] if sizes[-1] % g else order
-            order = sorted(body, key=lambda i: sizes[i]) + [i for i in order if i not in body]
+            # what is left
+            order = sorted(body, key=lambda i: sizes[i]) + rest
         made: dict[int, Any] = {}  # layout index -> green context, made into partitions in layout order
         try:
             self._carve_into(made, order)

@@ -42,10 +42,15 @@ Algorithm
    Several strategies (``STRATEGIES``) are tried per cycle candidate; the packing with the least
    SM-time wins. Models whose best option is the whole GPU end up sharing it in time.
 4. Leftover SMs go, one granularity step at a time, to the partition they shorten most (relative
-   to its slack); the last partition takes the sub-granularity remainder (132 = 16 * 8 + 4) when
-   it has at least ``MIN_SMS_WITH_REMAINDER`` SMs, else the remainder stays idle: on the H200 a
-   12-SM green context of 8 SMs plus the 4-SM remainder failed cuDNN launches (twice, in graph
-   capture; docs/reports/runtime.md) where 20 (16 + 4) and plain groups of 8 worked.
+   to its slack); the largest partition (``remainder="largest"``; "smallest" was the rule until
+   run 41) takes the sub-granularity remainder (132 = 16 * 8 + 4) when it has at least
+   ``MIN_SMS_WITH_REMAINDER`` SMs, else the remainder stays idle: on the H200 a 12-SM green context
+   of 8 SMs plus the 4-SM remainder failed cuDNN launches (twice, in graph capture;
+   docs/reports/runtime.md). The partition with the remainder is carved last and gets the SMs the
+   driver's co-scheduled splits leave over; on the H200 those ran cuDNN convolutions 1.4-1.7x
+   slower than their count (vgg16 on 20 of them: 17.0 ms at batch 8, vs 13.7 on a 16-SM group)
+   while matrix products ran at their count (``scripts/diag_carvings.py``, run 41): spread over a
+   large partition they cost it a few percent, where they made a small one the slowest of all.
 5. Overload: weighted max-min fairness on served fraction of demand. Progressive filling (all
    unfrozen models raised together to ``min(1, weight * level)`` while the packing succeeds, binary
    search on the level; those that cannot rise alone are frozen; repeat), then ``_polish``, because
@@ -74,6 +79,7 @@ MATCHED_PERIODS = True  # also offer each model the cycle divisors that match it
 STRATEGIES = (("fewest", 1.15), ("cheapest", 1.15), ("fewest", 3.0), ("tightest", 1.15), ("uniform", 3.0))
 _EPS = 1e-9
 MIN_SMS_WITH_REMAINDER = 16  # a partition smaller than this does not take the sub-granularity remainder
+REMAINDERS = ("largest", "smallest")  # which partition takes the sub-granularity remainder (step 4)
 
 
 # -- the batch-size optimizer on its own -----------------------------------------------------
@@ -483,6 +489,7 @@ def plan(
     fair_step: float = 0.02,
     batch_overhead_ms: float = 0.0,
     min_sms: int = 0,
+    remainder: str = "largest",
 ) -> Schedule:
     """Plan one GPU for ``demands``: disjoint SM partitions, each a repeating cycle of slots.
 
@@ -494,7 +501,8 @@ def plan(
     partition smaller than this (on the H200, 8-SM partitions need a second carving for cuDNN and
     ran every partition of their layout slower; docs/reports/runtime.md, ninth session). Under
     overload, served fractions are weighted max-min fair to within ``fair_step`` (a fraction of
-    demand). ``eps`` is the knee tolerance recorded with the schedule
+    demand). ``remainder``: which partition takes the SMs left under the granularity ("largest" or
+    "smallest", module docstring step 4). ``eps`` is the knee tolerance recorded with the schedule
     (the planner minimizes SM-time, which stops paying past a model's knee by construction).
 
     Raises ``PlanError`` for unknown or repeated models and bad settings.
@@ -502,9 +510,12 @@ def plan(
     t0 = time.perf_counter()
     if not 0 < fair_step <= 0.5:
         raise PlanError(f"fair_step must be in (0, 0.5], found {fair_step}")
+    if remainder not in REMAINDERS:
+        raise PlanError(f"remainder must be one of {REMAINDERS} (the partition that takes the SMs left under the "
+                        f"granularity), found {remainder!r}")
     pl, active, ladders = _setup(demands, profiles, gpu_sms, granularity, cycle_ms, headroom, batch_overhead_ms, min_sms)
     if not active:
-        return _build(pl, [], {}, ladders[0][0], eps, t0, {})
+        return _build(pl, [], {}, ladders[0][0], eps, t0, {}, remainder)
 
     full = {d.model: 1.0 for d in active}
     found = pl.search(full, ladders)
@@ -517,7 +528,7 @@ def plan(
         assert found is not None, f"fair share {fracs} must pack"
         fracs, (ladder, parts) = _polish(pl, active, ladders, fair_step, found)
     pl.grow(parts)
-    return _build(pl, parts, fracs, ladder[0], eps, t0, {"periods_ms": [round(c, 4) for c in ladder]})
+    return _build(pl, parts, fracs, ladder[0], eps, t0, {"periods_ms": [round(c, 4) for c in ladder]}, remainder)
 
 
 def _fair_share(pl: _Planner, active: list[Demand], ladders: Sequence[Sequence[float]], step: float) -> dict[str, float]:
@@ -622,7 +633,8 @@ def _polish(
 
 
 def _build(
-    pl: _Planner, parts: list[_Part], fracs: dict[str, float], top: float, eps: float, t0: float, meta: dict
+    pl: _Planner, parts: list[_Part], fracs: dict[str, float], top: float, eps: float, t0: float, meta: dict,
+    remainder: str = "largest",
 ) -> Schedule:
     """Lay the packed partitions out on SMs and in time, and summarize each model.
 
@@ -637,8 +649,9 @@ def _build(
     C = top / g if g else top
     parts = sorted(parts, key=lambda p: (-p.u, p.c, -p.used))
     sizes = [p.u * pl.g for p in parts]
-    if parts and sum(p.u for p in parts) == pl.U and sizes[-1] >= MIN_SMS_WITH_REMAINDER:
-        sizes[-1] += pl.rem
+    takes = 0 if remainder == "largest" else len(sizes) - 1  # parts are sorted largest first
+    if parts and sum(p.u for p in parts) == pl.U and sizes[takes] >= MIN_SMS_WITH_REMAINDER:
+        sizes[takes] += pl.rem
     partitions = []
     placed: dict[str, tuple[int, int, int, int, float, float]] = {}  # model -> (partition, sms, batch, k, L, period)
     offset = 0

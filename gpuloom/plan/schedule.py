@@ -71,7 +71,7 @@ class Partition:
 
     index: int
     sm_offset: int  # first SM of the range
-    sms: int  # number of SMs (a multiple of the granularity, except the last may take the remainder)
+    sms: int  # number of SMs (a multiple of the granularity, except one may take the remainder)
     slots: tuple[Slot, ...]  # ordered by start_ms, non-overlapping, all within [0, cycle_ms]
     period_ms: float = 0.0  # the slot pattern repeats every period_ms (divides the cycle); 0: the whole cycle
 
@@ -120,7 +120,7 @@ class Schedule:
     """A space-time plan of one GPU: disjoint SM partitions, each repeating a cycle of slots."""
 
     gpu_sms: int  # SMs of the whole device
-    granularity: int  # partition sizes are multiples of this (the last may add the remainder)
+    granularity: int  # partition sizes are multiples of this (one may add the remainder)
     cycle_ms: float  # length of every partition's repeating cycle, ms
     partitions: tuple[Partition, ...]
     models: tuple[ModelPlan, ...]

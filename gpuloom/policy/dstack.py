@@ -59,6 +59,7 @@ from typing import Mapping, Sequence
 
 from ..plan import Demand, RateEstimator, Replanner, Schedule, plan
 from ..plan.schedule import Partition as PlanPartition
+from ..plan.planner import REMAINDERS
 from ..plan.slowdown import SlowdownEstimator, load_slowdowns, slowed_store
 from ..profile.store import ProfileStore
 from .base import Action, Policy, PolicyContext, Queues, hopeless, register
@@ -124,6 +125,12 @@ class _PartPlan:
 #: ``min_sms=0`` plans as before. On a GPU with fewer SMs than this, the whole GPU is the floor.
 DEFAULT_MIN_SMS = 16
 
+#: which partition takes the SMs left under the granularity (``planner.plan``'s ``remainder``). On
+#: the H200 they are what the driver's co-scheduled splits leave over, and ran cuDNN convolutions
+#: 1.4-1.7x slower than their count: given to the smallest partition (vgg16's 16 + 4) they made it
+#: the slowest of its layout (run 41, ``scripts/diag_carvings.py``).
+DEFAULT_REMAINDER = "largest"
+
 
 @register
 class DStackPolicy(Policy):
@@ -146,6 +153,7 @@ class DStackPolicy(Policy):
         ahead_full: bool = False,
         learn_slowdown: bool = False,
         slowdowns: str | Mapping[str, float] | None = None,
+        remainder: str = DEFAULT_REMAINDER,
     ) -> None:
         if headroom < 0 or check_ms <= 0 or not batch_overhead_ms >= 0 or not 0 <= slo_margin < 1:
             raise ValueError(f"dstack: need headroom >= 0, check_ms > 0, batch_overhead_ms >= 0 and 0 <= slo_margin < 1, "
@@ -156,6 +164,10 @@ class DStackPolicy(Policy):
         if min_sms is not None and not (isinstance(min_sms, int) and not isinstance(min_sms, bool) and min_sms >= 0):
             raise ValueError(f"dstack: min_sms must be an integer >= 0 (the smallest partition planned), found {min_sms!r}")
         self.min_sms = min_sms  # None: DEFAULT_MIN_SMS, or the whole GPU if it has fewer SMs
+        if remainder not in REMAINDERS:
+            raise ValueError(f"dstack: remainder must be one of {REMAINDERS} (the partition that takes the SMs "
+                             f"left under the granularity), found {remainder!r}")
+        self.remainder = remainder
         self.ahead_full = bool(ahead_full)  # launch ahead only batches of the planned size (module docstring)
         self._ahead_parts: set[int] = set()  # offered ahead (on_free), their batch still running
         self.headroom = float(headroom)
@@ -198,7 +210,8 @@ class DStackPolicy(Policy):
         self.store = ProfileStore(profiles=[i.profile for i in ctx.models.values()])
         demands = [Demand(m, i.rate, i.slo_ms * (1.0 - self.slo_margin), i.weight) for m, i in ctx.models.items()]
         kwargs = {"gpu_sms": ctx.gpu_sms, "granularity": ctx.granularity, "eps": ctx.knee_eps, "headroom": self.headroom,
-                  "batch_overhead_ms": self.batch_overhead_ms, "min_sms": self.floor_sms(ctx.gpu_sms)}
+                  "batch_overhead_ms": self.batch_overhead_ms, "min_sms": self.floor_sms(ctx.gpu_sms),
+                  "remainder": self.remainder}
         self._slow = {m: f for m, f in self._given_slow.items() if m in ctx.models}
         planning = slowed_store(self.store, self._slow) if self._slow else self.store
         sched = self._given or plan(demands, planning, **kwargs)

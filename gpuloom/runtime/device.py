@@ -52,6 +52,18 @@ class DeviceFault(RuntimeError):
     """A failure injected with :meth:`DeviceLayer.inject_fault` (tests, the GPU check)."""
 
 
+class ShortCarving(RuntimeError):
+    """The driver gave partitions of a carving fewer SMs than the layout asked for: ``short`` lists
+    (asked, given) per such partition, ``ratio`` is the worst asked / given (how much slower the
+    partition would run than planned, at best)."""
+
+    def __init__(self, short: list[tuple[int, int]], carving: str) -> None:
+        self.short = [list(x) for x in short]
+        self.ratio = round(max(a / max(g, 1) for a, g in short), 3)
+        shown = ", ".join(f"{g} SMs for {a}" for a, g in short)
+        super().__init__(f"the driver gave {shown} (carved {carving})")
+
+
 @dataclass
 class Lanes:
     """One layout made real: its lanes, the graphs captured on them, their memory (bytes)."""
@@ -702,6 +714,7 @@ class CudaDeviceLayer(DeviceLayer):
         self.skipped_captures = 0  # filler models left uncaptured on another model's lane (capture failed)
         self.recarved_layouts = 0  # layouts that ran only carved another way than as given (see _build)
         self.slow_carvings = 0  # carvings left because a partition ran slow alone (see _carving_check)
+        self.short_carvings = 0  # carvings left because the driver gave a partition fewer SMs than asked
         self.carving_checks: deque[dict] = deque(maxlen=16)  # the latest checks, for reports
         slow = os.environ.get("GPULOOM_RECARVE_SLOW", "").strip()
         if slow:
@@ -804,7 +817,7 @@ class CudaDeviceLayer(DeviceLayer):
         known = self._carving_of.get(sizes)  # what an earlier build of these sizes settled on: no new search
         if known is not None:
             try:
-                self._build_carved(lanes, *self.CARVINGS[known])
+                self._build_carved(lanes, *self.CARVINGS[known], exact=False)
                 return self._keep(lanes, sizes, known, checked=False)
             except RuntimeError as e:
                 if isinstance(e, torch.cuda.OutOfMemoryError):
@@ -813,13 +826,23 @@ class CudaDeviceLayer(DeviceLayer):
                             lanes.layout, *self.CARVINGS[known], e)
         errors: list[BaseException] = []
         slow: list[tuple[float, int]] = []  # (worst ratio, carving) of carvings that captured but ran slow
+        short: list[tuple[float, int]] = []  # (asked / given SMs, carving) of carvings the driver gave short
         for n, (order, split) in enumerate(self.CARVINGS):
             try:
                 self._build_carved(lanes, order, split)
+            except ShortCarving as e:  # nothing captured yet: cheap to try the next carving
+                self.short_carvings += 1
+                short.append((e.ratio, n))
+                errors.append(e)
+                self.carving_checks.append({"layout": [p.sms for p in lanes.layout.partitions],
+                                            "carving": f"{order}/{split}", "worst": e.ratio, "short": e.short})
+                log.warning("layout %r carved %s/%s: %s%s", lanes.layout, order, split, e,
+                            "; carving it another way" if n + 1 < len(self.CARVINGS) else "")
+                continue
             except Exception as e:
                 # only a capture error carves another way; anything else is the build's error, unless a
                 # slow carving already captured: then it is the one to go back to
-                if not slow and (not isinstance(e, RuntimeError) or isinstance(e, torch.cuda.OutOfMemoryError)):
+                if not (slow or short) and (not isinstance(e, RuntimeError) or isinstance(e, torch.cuda.OutOfMemoryError)):
                     raise
                 errors.append(e)
                 log.warning("layout %r failed to capture carved %s/%s (%s)%s", lanes.layout, order, split, e,
@@ -838,9 +861,11 @@ class CudaDeviceLayer(DeviceLayer):
             slow.append((worst, n))  # slower still than an earlier carving: back to that one
             self._free(lanes)
             break
-        for _worst, n in sorted(slow):  # the least slow carving that captured, and failing that the next
+        # the least slow carving that captured or the least short one (as the driver gives it), and
+        # failing that the next
+        for _worst, n in sorted(slow + short):
             try:
-                self._build_carved(lanes, *self.CARVINGS[n])
+                self._build_carved(lanes, *self.CARVINGS[n], exact=False)
             except Exception as e:  # noqa: BLE001 - e.g. a flaky cuDNN launch: the next one
                 errors.append(e)
                 log.warning("layout %r failed to capture carved %s/%s again (%s)", lanes.layout, *self.CARVINGS[n], e)
@@ -915,7 +940,11 @@ class CudaDeviceLayer(DeviceLayer):
         except Exception:  # noqa: BLE001 - a build freed under us: do not time now
             return False
 
-    def _build_carved(self, lanes: Lanes, order: str, remainder_split: str) -> None:
+    def _build_carved(self, lanes: Lanes, order: str, remainder_split: str, *, exact: bool = True) -> None:
+        """Carve ``lanes``' layout ``order``/``remainder_split`` and capture its graphs. ``exact``: a
+        partition the driver gives fewer SMs than asked raises ``ShortCarving`` before anything is
+        captured (on the H200 a split of 16-SM groups off a remainder gave 10 or 12 SMs each, which
+        the layout still called 16: ``scripts/diag_carvings.py``, run 41)."""
         from ..gpu import Partitioner
 
         torch = self._torch
@@ -928,6 +957,10 @@ class CudaDeviceLayer(DeviceLayer):
         partitioner = (Partitioner(sizes, mode="green", device=self.device, remainder_split=remainder_split,
                                    order=order, workqueues=self.workqueues) if excl else None)
         if partitioner is not None:
+            gave = [(p.requested, p.sms) for p in partitioner if p.sms < p.requested]
+            if exact and gave:
+                partitioner.close()
+                raise ShortCarving(gave, f"{order}/{remainder_split}")
             self.workqueues_used, self.workqueue_error = partitioner.workqueues, partitioner.workqueue_error
             if partitioner.workqueue_error:
                 log.warning("partitions share the device's workqueues: %s", partitioner.workqueue_error)

@@ -440,6 +440,7 @@ class ExecBackend(Backend):
                 "skipped_captures": getattr(self.device, "skipped_captures", 0),  # CUDA: filler left uncaptured
                 "recarved_layouts": getattr(self.device, "recarved_layouts", 0),  # CUDA: another carving used
                 "slow_carvings": getattr(self.device, "slow_carvings", 0),  # CUDA: carvings left as slow
+                "short_carvings": getattr(self.device, "short_carvings", 0),  # CUDA: carvings the driver gave short
                 # CUDA: the latest carvings timed alone against the profiles (CudaDeviceLayer._carving_check)
                 "carving_checks": list(getattr(self.device, "carving_checks", ())),
                 "launch_ms": dict(getattr(self.device, "launch_ms", {})),  # CUDA: host ms per launch phase
