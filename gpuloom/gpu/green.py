@@ -10,8 +10,12 @@ Facts this relies on (measured on an H200, driver 580, see ``docs/architecture.m
 * A split's outputs cannot be split again directly; make a green context from the remainder, read
   its resource back (``cuGreenCtxGetDevResource``) and split that.
 * Streams from ``cuGreenCtxStreamCreate`` run their kernels on the green context's SMs only.
-* A remainder is "unstructured" (no co-scheduling guarantee). Splitting a small one with the default
-  flags gave groups short of the count asked (6 SMs for 8, 14 for 16), or 8-SM groups where cuDNN
+* The SMs the co-scheduled splits leave over (TPCs 38, 45, 52, 59-65 on the H200 measured) run
+  cuDNN convolutions 1.4-1.7x slower than their count; matrix products run at their count
+  (``scripts/diag_carvings.py``, run 41). Whoever takes the remainder gets them.
+* A remainder is "unstructured" (no co-scheduling guarantee). Splitting one with the default
+  flags gave groups short of the count asked (6 SMs for 8, 14 for 16; 10 for 16 off an 84-SM
+  remainder, 12 for 16 off 60: run 41), or 8-SM groups where cuDNN
   convolutions fail with ``CUDNN_STATUS_EXECUTION_FAILED_CUDART``; with
   ``CU_DEV_SM_RESOURCE_SPLIT_IGNORE_SM_COSCHEDULING`` every group had its count and every model ran
   (``scripts/diag_partition_cudnn.py``, ``docs/results/runtime/diag_partition_h200.json``). But the
