@@ -701,3 +701,17 @@ def test_a_load_whose_layout_cannot_be_built_leaves_the_served_model_serving_and
         assert_books(svc)
     finally:
         svc.close()
+
+
+def test_the_device_layer_checks_carvings_against_the_profiles_of_the_service_using_it():
+    """The layer asks the service what a batch should take (its carving check); once the service is
+    closed it no longer answers for it (a layer handed on is not tied to a closed service)."""
+    layer = FakeDeviceLayer()
+    svc = InferenceService(policy="triton", device_layer=layer)
+    svc.start()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no profile: a crude one
+        svc.load(ModelConfig("twice", X4, Y4, max_batch=8, slo_ms=500), FakeModel(lambda xs: [xs[0] * 2], 2.0))
+    assert layer.expected_ms("twice", 1, layer.gpu_sms) > 0 and layer.expected_ms("other", 1, layer.gpu_sms) is None
+    svc.close()
+    assert layer.expected_ms is None

@@ -469,6 +469,8 @@ class InferenceService:
             rt.stop(drain=drain, timeout_s=timeout_s)
         self._fail_outstanding("shutdown")
         self._expiry_stop.set()
+        if self._layer is not None and self._layer.expected_ms == self._expected_ms:
+            self._layer.expected_ms = None  # a layer handed to another service checks against its profiles
         if self._backend is not None:
             self._backend.close()
         elif self._layer is not None:
