@@ -218,7 +218,10 @@ def _cuda_layer_with_carvings(fail_first: int):
             raise RuntimeError("cuDNN error: CUDNN_STATUS_EXECUTION_FAILED_CUDART")
 
     layer._build_carved = build_carved
-    lanes = types.SimpleNamespace(layout=types.SimpleNamespace(partitions=[types.SimpleNamespace(shared=False, sms=132)]))
+    layer.gpu_sms, layer.granularity = 132, 8
+    # (24, 16): carved as given and smallest first, the driver is asked for different splits
+    parts = [types.SimpleNamespace(shared=False, sms=24), types.SimpleNamespace(shared=False, sms=16)]
+    lanes = types.SimpleNamespace(layout=types.SimpleNamespace(partitions=parts))
     return layer, lanes, tried
 
 
@@ -396,8 +399,8 @@ def test_a_carving_the_driver_gives_short_is_carved_another_way_before_anything_
     assert layer.short_carvings == 1 and layer.recarved_layouts == 1
     row = layer.carving_checks[0]
     assert row["carving"] == "given/cosched" and row["short"] == [[16, 10]] * 4 and row["worst"] == 1.6
-    layer._build(lanes)  # the same sizes again: the carving they settled on
-    assert tried[-1] == ASCENDING and layer.short_carvings == 1
+    layer._build(lanes)  # the same sizes again: the carving they settled on, as the driver gives it
+    assert tried[-1] == ASCENDING and layer.exacts[-1] is False and layer.short_carvings == 1
 
 
 def test_when_every_carving_is_short_or_fails_the_least_short_is_built_as_the_driver_gives_it():
@@ -413,6 +416,76 @@ def test_a_slow_carving_that_captured_is_kept_over_a_shorter_one():
     layer._build(lanes)
     assert tried == [GIVEN, ASCENDING, INDEPENDENT, GIVEN] and layer.exacts[-1] is False
     assert layer.short_carvings == 1 and layer.slow_carvings == 1 and layer.recarved_layouts == 0
+
+
+def test_a_short_carving_is_the_last_resort_after_every_slow_one_that_captured():
+    # a measured slowdown and a ratio of SM counts do not compare: 16/12 = 1.33 is not "less slow"
+    layer, lanes, tried, freed = _cuda_layer_with_slow_carvings([1.9, 0, 2.0], fail={1: _short(16, 12)})
+    layer._build(lanes)
+    assert tried == [GIVEN, ASCENDING, INDEPENDENT, GIVEN] and layer.recarved_layouts == 0
+
+
+def test_running_out_of_memory_after_a_short_carving_is_the_builds_error():
+    import torch
+
+    from gpuloom.gpu.errors import PartitionError
+
+    layer, lanes, tried, freed = _cuda_layer_with_slow_carvings(
+        [0, 0, 0], fail={0: _short(16, 10), 1: torch.cuda.OutOfMemoryError("oom")})
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        layer._build(lanes)
+    assert tried == [GIVEN, ASCENDING]
+    # a split the driver refuses is not: the short carving is built as the driver gives it
+    layer, lanes, tried, freed = _cuda_layer_with_slow_carvings(
+        [0, 0, 0], fail={0: _short(16, 10), 1: PartitionError("no split"), 2: PartitionError("no split")})
+    layer._build(lanes)
+    assert tried == [GIVEN, ASCENDING, INDEPENDENT, GIVEN] and layer.exacts[-1] is False
+
+
+def test_a_carving_the_driver_would_see_as_one_already_tried_is_skipped():
+    import types
+
+    layer, lanes, tried, freed = _cuda_layer_with_slow_carvings([0, 0, 0], fail={0: CUDNN})
+    # (36, 16, 16): smallest first splits the 16s and leaves the 36, as given does (the 36 is off the
+    # granularity, so it is carved last either way)
+    lanes.layout.partitions = [types.SimpleNamespace(shared=False, sms=s) for s in (36, 16, 16)]
+    layer._build(lanes)
+    assert tried == [GIVEN, INDEPENDENT]
+
+
+def test_a_short_carving_is_refused_before_anything_is_captured(monkeypatch):
+    """The real ``_build_carved`` with a Partitioner whose driver gave 10 SMs for a 16: ShortCarving,
+    the partitions closed (even when closing fails), nothing set on the lanes."""
+    import types
+
+    import gpuloom.gpu as gpu
+    from gpuloom.runtime.device import CudaDeviceLayer, ShortCarving
+
+    closed = []
+
+    class ShortPartitioner:
+        def __init__(self, sizes, **kw):
+            self.parts = [types.SimpleNamespace(requested=s, sms=10 if s == 16 else s) for s in sizes]
+            self.workqueues, self.workqueue_error = "shared", ""
+
+        def __iter__(self):
+            return iter(self.parts)
+
+        def close(self):
+            closed.append(True)
+            if len(closed) > 1:
+                raise RuntimeError("cuGreenCtxDestroy failed")
+
+    monkeypatch.setattr(gpu, "Partitioner", ShortPartitioner)
+    layer = object.__new__(CudaDeviceLayer)
+    layer._torch, layer.device, layer.gpu_sms, layer.workqueues = None, 0, 132, "shared"
+    parts = [types.SimpleNamespace(shared=False, sms=s) for s in (48, 16, 16)]
+    lanes = types.SimpleNamespace(layout=types.SimpleNamespace(partitions=parts), state=None)
+    for _ in range(2):
+        with pytest.raises(ShortCarving) as e:
+            layer._build_carved(lanes, "given", "cosched")
+        assert e.value.short == [[16, 10], [16, 10]] and e.value.ratio == 1.6 and lanes.state is None
+    assert closed == [True, True]
 
 
 def test_slow_carvings_are_only_timed_unless_recarving_is_asked_for(monkeypatch):

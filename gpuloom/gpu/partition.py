@@ -59,6 +59,22 @@ NOMINAL_SM_COUNT = 132
 NOMINAL_GRANULARITY = 8
 
 
+def carve_order(sizes: Sequence[int], granularity: int, order: str = "given") -> list[int]:
+    """The indices of ``sizes`` in the order ``Partitioner`` carves them: "given" keeps the layout's
+    order, "ascending" takes small partitions first (off the whole device or a large remainder) and
+    the largest last, from what is left; either way a size off the granularity takes what is left, so
+    it comes last wherever it is in the layout.
+
+    >>> carve_order([36, 24, 24, 16], 8), carve_order([36, 24, 24, 16], 8, "ascending")
+    ([1, 2, 3, 0], [3, 1, 2, 0])
+    """
+    body = [i for i in range(len(sizes)) if sizes[i] % granularity == 0]
+    rest = [i for i in range(len(sizes)) if sizes[i] % granularity]
+    if order == "ascending":
+        body = sorted(body, key=lambda i: sizes[i])
+    return body + rest
+
+
 def validate_layout(sizes: Sequence[int], sm_count: int, granularity: int) -> tuple[int, ...]:
     """Check that ``sizes`` can be carved out of ``sm_count`` SMs; return them as a tuple of ints.
 
@@ -353,15 +369,7 @@ class Partitioner:
 
     def _carve(self) -> None:
         drv, sizes = self._drv, self.sizes
-        g = self.granularity
-        # a size off the granularity takes what is left: it is carved last, wherever it is in the layout
-        body = [i for i in range(len(sizes)) if sizes[i] % g == 0]
-        rest = [i for i in range(len(sizes)) if sizes[i] % g]
-        order = body + rest
-        if self.order == "ascending":
-            # small partitions first, off the whole device or a large remainder; the largest last, from
-            # what is left
-            order = sorted(body, key=lambda i: sizes[i]) + rest
+        order = carve_order(sizes, self.granularity, self.order)
         made: dict[int, Any] = {}  # layout index -> green context, made into partitions in layout order
         try:
             self._carve_into(made, order)

@@ -49,8 +49,10 @@ Algorithm
    docs/reports/runtime.md). The partition with the remainder is carved last and gets the SMs the
    driver's co-scheduled splits leave over; on the H200 those ran cuDNN convolutions 1.4-1.7x
    slower than their count (vgg16 on 20 of them: 17.0 ms at batch 8, vs 13.7 on a 16-SM group)
-   while matrix products ran at their count (``scripts/diag_carvings.py``, run 41): spread over a
-   large partition they cost it a few percent, where they made a small one the slowest of all.
+   while matrix products ran at their count (``scripts/diag_carvings.py``, run 41). Given to the
+   largest partition, every partition of mix6's layouts ran within 1.05x of its profile alone
+   (bert_base on 36 and 52 SMs 0.998 and 1.012, efficientnet_b0 on 36 0.938; run 42), where the
+   smallest one ran 1.47x.
 5. Overload: weighted max-min fairness on served fraction of demand. Progressive filling (all
    unfrozen models raised together to ``min(1, weight * level)`` while the packing succeeds, binary
    search on the level; those that cannot rise alone are frozen; repeat), then ``_polish``, because

@@ -810,6 +810,8 @@ class CudaDeviceLayer(DeviceLayer):
         carving that captures is timed (``_carving_check``); with ``carving_slow`` set, one with a
         partition slower than that x its profile is carved the next way, and the least slow is kept.
         """
+        from ..gpu.errors import PartitionError
+
         torch = self._torch
         if not any(not p.shared for p in lanes.layout.partitions):
             return self._build_carved(lanes, *self.CARVINGS[0])
@@ -827,7 +829,12 @@ class CudaDeviceLayer(DeviceLayer):
         errors: list[BaseException] = []
         slow: list[tuple[float, int]] = []  # (worst ratio, carving) of carvings that captured but ran slow
         short: list[tuple[float, int]] = []  # (asked / given SMs, carving) of carvings the driver gave short
+        tried: set[tuple] = set()  # carvings as the driver sees them: the same sizes split the same way
         for n, (order, split) in enumerate(self.CARVINGS):
+            seen = self._carving_key(lanes, order, split)
+            if seen in tried:
+                continue  # e.g. "given" and "ascending" of a layout already in ascending order
+            tried.add(seen)
             try:
                 self._build_carved(lanes, order, split)
             except ShortCarving as e:  # nothing captured yet: cheap to try the next carving
@@ -841,8 +848,10 @@ class CudaDeviceLayer(DeviceLayer):
                 continue
             except Exception as e:
                 # only a capture error carves another way; anything else is the build's error, unless a
-                # slow carving already captured: then it is the one to go back to
-                if not (slow or short) and (not isinstance(e, RuntimeError) or isinstance(e, torch.cuda.OutOfMemoryError)):
+                # slow carving already captured (then it is the one to go back to), or a short carving
+                # was found and this one could not be split (then the short one is)
+                capture = isinstance(e, RuntimeError) and not isinstance(e, torch.cuda.OutOfMemoryError)
+                if not slow and not capture and not (short and isinstance(e, PartitionError)):
                     raise
                 errors.append(e)
                 log.warning("layout %r failed to capture carved %s/%s (%s)%s", lanes.layout, order, split, e,
@@ -861,9 +870,9 @@ class CudaDeviceLayer(DeviceLayer):
             slow.append((worst, n))  # slower still than an earlier carving: back to that one
             self._free(lanes)
             break
-        # the least slow carving that captured or the least short one (as the driver gives it), and
-        # failing that the next
-        for _worst, n in sorted(slow + short):
+        # the least slow carving that captured, else the least short one (as the driver gives it: a
+        # measured slowdown and a ratio of SM counts do not compare), and failing that the next
+        for _worst, n in sorted(slow) + sorted(short):
             try:
                 self._build_carved(lanes, *self.CARVINGS[n], exact=False)
             except Exception as e:  # noqa: BLE001 - e.g. a flaky cuDNN launch: the next one
@@ -872,6 +881,22 @@ class CudaDeviceLayer(DeviceLayer):
                 continue
             return self._keep(lanes, sizes, n, checked=True)
         raise errors[-1] from errors[0]
+
+    def _carving_key(self, lanes: Lanes, order: str, split: str) -> tuple:
+        """What the driver is asked for when ``lanes``' layout is carved ``order``/``split``: the sizes
+        in the order they are split, and how remainders are split."""
+        from ..gpu import carve_order
+
+        sizes = self._carved_sizes(lanes.layout)
+        return tuple(sizes[i] for i in carve_order(sizes, self.granularity, order)), split
+
+    def _carved_sizes(self, layout: Layout) -> list[int]:
+        """The sizes ``Partitioner`` is given for ``layout``: its exclusive partitions, and what they
+        leave for the shared lanes, if any."""
+        excl = [p.sms for p in layout.partitions if not p.shared]
+        if excl and any(p.shared for p in layout.partitions):
+            excl.append(self.gpu_sms - sum(excl))
+        return excl
 
     def _keep(self, lanes: Lanes, sizes: tuple, n: int, *, checked: bool) -> None:
         """``lanes`` stays carved the ``n``-th way; remembered for its sizes where that was decided
@@ -950,16 +975,16 @@ class CudaDeviceLayer(DeviceLayer):
         torch = self._torch
         layout = lanes.layout
         excl = [p for p in layout.partitions if not p.shared]
-        shared = [p for p in layout.partitions if p.shared]
-        sizes = [p.sms for p in excl]
-        if shared and excl:
-            sizes.append(self.gpu_sms - sum(sizes))
+        sizes = self._carved_sizes(layout)
         partitioner = (Partitioner(sizes, mode="green", device=self.device, remainder_split=remainder_split,
                                    order=order, workqueues=self.workqueues) if excl else None)
         if partitioner is not None:
             gave = [(p.requested, p.sms) for p in partitioner if p.sms < p.requested]
             if exact and gave:
-                partitioner.close()
+                try:
+                    partitioner.close()
+                except Exception as e:  # noqa: BLE001 - the short carving is the finding; nothing was captured
+                    log.warning("closing a short carving failed: %s", e)
                 raise ShortCarving(gave, f"{order}/{remainder_split}")
             self.workqueues_used, self.workqueue_error = partitioner.workqueues, partitioner.workqueue_error
             if partitioner.workqueue_error:
