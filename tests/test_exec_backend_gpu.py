@@ -118,19 +118,20 @@ def test_a_layout_whose_carvings_all_run_slow_is_built_the_least_slow_way_on_the
         layer.carving_slow = layer.SUGGESTED_CARVING_SLOW  # as GPULOOM_RECARVE_SLOW=1.25 would
         before = layer.slow_carvings
         # sizes no earlier build used: a carving remembered for them would skip the search (gslice's
-        # own layout for two models is 64/64)
-        layout = Layout((Partition(0, 0, 40, owner="small", label="a"), Partition(1, 40, 88, owner="wide", label="b")),
+        # own layout for two models is 64/64); largest first, so that smallest first is another carving
+        # (the same splits would be skipped: run 44)
+        layout = Layout((Partition(0, 0, 88, owner="small", label="a"), Partition(1, 88, 40, owner="wide", label="b")),
                         gpu_sms=layer.gpu_sms)
-        assert not any(c["layout"] == [40, 88] for c in layer.carving_checks)
+        assert not any(c["layout"] == [88, 40] for c in layer.carving_checks)
         lanes = layer.build(layout)
         try:
-            checks = [c for c in layer.carving_checks if c["layout"] == [40, 88]]
+            checks = [c for c in layer.carving_checks if c["layout"] == [88, 40]]
             assert layer.slow_carvings - before == len(layer.CARVINGS) - 1
             assert [c["carving"] for c in checks] == ["/".join(c) for c in layer.CARVINGS]
             kept = [c for c in checks if c.get("kept")]
             assert len(kept) == 1 and kept[0]["worst"] == min(c["worst"] for c in checks)
-            small, wide = layer.partition_sms(lanes)  # smallest first gives the 4 SMs a split would leave to the last
-            assert small == 40 and wide in (88, 92)
+            big, small = layer.partition_sms(lanes)  # smallest first gives the 4 SMs a split would leave to the last
+            assert small == 40 and big in (88, 92)
         finally:
             layer.release(lanes)
     finally:
