@@ -841,8 +841,8 @@ class CudaDeviceLayer(DeviceLayer):
                 self.short_carvings += 1
                 short.append((e.ratio, n))
                 errors.append(e)
-                self.carving_checks.append({"layout": [p.sms for p in lanes.layout.partitions],
-                                            "carving": f"{order}/{split}", "worst": e.ratio, "short": e.short})
+                self.carving_checks.append({"layout": self._check_key(lanes), "carving": f"{order}/{split}",
+                                            "worst": e.ratio, "short": e.short})
                 log.warning("layout %r carved %s/%s: %s%s", lanes.layout, order, split, e,
                             "; carving it another way" if n + 1 < len(self.CARVINGS) else "")
                 continue
@@ -898,6 +898,11 @@ class CudaDeviceLayer(DeviceLayer):
             excl.append(self.gpu_sms - sum(excl))
         return excl
 
+    @staticmethod
+    def _check_key(lanes: Lanes) -> list[int]:
+        """How ``carving_checks`` name a layout (and ``_keep`` finds its build's row): its sizes."""
+        return [p.sms for p in lanes.layout.partitions]
+
     def _keep(self, lanes: Lanes, sizes: tuple, n: int, *, checked: bool) -> None:
         """``lanes`` stays carved the ``n``-th way; remembered for its sizes where that was decided
         by a capture failure or a check (an unchecked first carving is checked again next time)."""
@@ -905,7 +910,7 @@ class CudaDeviceLayer(DeviceLayer):
             self.recarved_layouts += 1
         if n or checked:
             self._carving_of[sizes] = n
-        name, layout = "/".join(self.CARVINGS[n]), [p.sms for p in lanes.layout.partitions]
+        name, layout = "/".join(self.CARVINGS[n]), self._check_key(lanes)
         for c in reversed(self.carving_checks):  # this build's check of the carving kept
             if c["layout"] == layout and c["carving"] == name:
                 c["kept"] = True
@@ -929,8 +934,8 @@ class CudaDeviceLayer(DeviceLayer):
         if self._launches() != launched or not self._at_rest(lanes):
             return 0.0
         worst = max((r["ratio"] for r in rows), default=0.0)
-        self.carving_checks.append({"layout": [p.sms for p in lanes.layout.partitions], "carving": carving,
-                                    "worst": worst, "rows": rows})
+        self.carving_checks.append({"layout": self._check_key(lanes), "carving": carving, "worst": worst,
+                                    "rows": rows})
         return worst
 
     def _time_owners(self, lanes: Lanes) -> list[dict]:

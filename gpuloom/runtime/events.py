@@ -9,7 +9,6 @@ event's time, or until a completion is posted) -- the same split as SimPy's ``En
 
 from __future__ import annotations
 
-import heapq
 from heapq import heappop, heappush
 from typing import Any, Callable
 
@@ -150,7 +149,7 @@ class RealtimeLoop(EventLoop):
         mono = self._time.monotonic()
         now = max(self.now, (mono - self._t0) * 1000.0)
         for priority, cb, args, t_post in posted:
-            heapq.heappush(self._heap, (now, priority, self._seq, cb, args))
+            heappush(self._heap, (now, priority, self._seq, cb, args))
             self._seq += 1
             lag = (mono - t_post) * 1000.0
             if lag > 1.0:
