@@ -79,6 +79,50 @@ class ProfiledFakeLayer(FakeDeviceLayer):
         return list(ticket.model.fn(ticket.batch)), float(ticket.model.latency_ms)
 
 
+_PROFILES: dict[str, "object"] = {}
+
+
+def _profile_threads() -> None:
+    """Run every thread started from now on, and this one, under cProfile (``--cprofile``)."""
+    import cProfile
+    import threading
+
+    run = threading.Thread.run
+
+    def profiled(self):
+        prof = _PROFILES[self.name] = cProfile.Profile()
+        prof.enable()
+        try:
+            run(self)
+        finally:
+            prof.disable()
+
+    threading.Thread.run = profiled
+    main_prof = _PROFILES["MainThread"] = cProfile.Profile()
+    main_prof.enable()
+
+
+def _dump_profiles(out_dir: str, tag: str) -> None:
+    """Write and summarize what ``_profile_threads`` collected since the last dump."""
+    import io
+    import pstats
+
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    for name, prof in list(_PROFILES.items()):
+        prof.disable()
+        path = Path(out_dir) / f"{tag}_{name}.prof"
+        prof.dump_stats(str(path))
+        buf = io.StringIO()
+        st = pstats.Stats(prof, stream=buf)
+        st.sort_stats("tottime").print_stats(12)
+        print(f"--- {tag} thread {name}: total {st.total_tt:.2f} s\n" + "\n".join(buf.getvalue().splitlines()[6:]))
+        if name == "MainThread":
+            prof.clear()
+            prof.enable()
+        else:
+            del _PROFILES[name]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", default="examples/mix6.yaml")
@@ -99,8 +143,13 @@ def main() -> int:
     ap.add_argument("--host-ms", type=float, default=0.0,
                     help="host time per launch on the runtime's thread, ms (H200 CUDA layer: 0.25-0.4; default 0)")
     ap.add_argument("--repeat", type=int, default=1, help="measure every (policy, scale, tune-gc) this many times")
+    ap.add_argument("--cprofile", default=None, metavar="DIR",
+                    help="profile every thread with cProfile (slows the host: for where the CPU goes, not for "
+                         "attainment); DIR/<policy>_<scale>_<thread>.prof, and the top functions printed")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    if a.cprofile:
+        _profile_threads()
     wl = load_workload(a.workload)
     store = ProfileStore.builtin("h200")
     import dataclasses
@@ -160,6 +209,8 @@ def main() -> int:
                "simulated": {k: sim[k] for k in ("goodput_rps", "slo_attainment", "p50_ms", "p99_ms")},
                "process_cpu_s": cpu_s, "wall_s": a.duration}
         rows.append(row)
+        if a.cprofile:
+            _dump_profiles(a.cprofile, f"{pol.replace(':', '_')}_x{s:g}")
         print(f"{pol:7s} x{s:<5g} tune_gc {'on ' if tune else 'off'} lookahead {ahead:g} ms, full GCs {p.gc['collections'][2]} "
               f"(longest {p.gc['max_ms']:.0f} ms), loop lag > 5 ms: {p.loop_lag.get('over_5ms')} "
               f"(longest {p.loop_lag.get('max_ms', 0):.0f} ms) | offered {p.offered_rps:6.0f}/s | real-time fake: attainment "

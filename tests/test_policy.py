@@ -275,3 +275,92 @@ def test_dstack_one_queued_request_runs_alone_whenever_a_batch_of_one_fits(overh
                 q = deque([Request(0, m, now - 1.0, now + slack)])
                 for horizon in (l1 + 1e-9, 2 * l1, math.inf):
                     assert pol._batch(m, q, 0, row, horizon, now) == (1, 0)
+
+
+def test_dstack_grows_a_batch_past_the_planned_one_only_with_the_oldest_requests_all_in_time():
+    # grow=True: a backlog goes out in fewer, fuller batches, but never by passing the oldest over
+    import math
+
+    ctx = ctx_for({"resnet50": (25.0, 400.0)})
+    for grow in (False, True):
+        pol = make_policy("dstack", grow=grow)
+        pol.setup(ctx)
+        cap, row = pol.cap["resnet50"], pol._row_at["resnet50"][0]
+        assert cap < row[-1][0]  # the largest bucket is larger than the planned batch
+        now = 100.0
+        roomy = deque(Request(i, "resnet50", now, now + 1000.0) for i in range(3 * cap))
+        k, j = pol._batch("resnet50", roomy, 0, row, math.inf, now)
+        assert j == 0
+        assert k == (min(3 * cap, row[-1][0]) if grow else cap)
+        # the oldest has time only for the planned batch: no growth, and no one passed over for it
+        lat_cap = next(lat for b, lat in row if b >= cap)
+        lat_next = next(lat for b, lat in row if b > cap)
+        tight = deque([Request(0, "resnet50", now, now + (lat_cap + lat_next) / 2)] +
+                      [Request(i, "resnet50", now, now + 1000.0) for i in range(1, 3 * cap)])
+        assert pol._batch("resnet50", tight, 0, row, math.inf, now) == (cap, 0)
+        # another model's slot ahead bounds the batch too
+        assert pol._batch("resnet50", roomy, 0, row, lat_cap + 1e-9, now) == (cap, 0)
+
+
+def test_dstack_grow_catches_up_in_fewer_batches_where_every_batch_costs_a_turnaround():
+    # light3 at x8 with the H200's per-batch turnaround (docs/reports/runtime.md): queues build up
+    # behind it, and growing batches clears them in fewer, fuller batches that still end in time
+    from gpuloom.runtime.sim import ContentionModel
+
+    w = Workload(tuple(ModelSpec(m, s, arrival=Arrival("poisson", rate=r)) for m, s, r in
+                       [("mobilenet_v2", 5, 2400), ("efficientnet_b0", 8, 1600), ("resnet50", 10, 1200)]),
+                 duration_s=2.0, seed=1)
+    turnaround = ContentionModel(batch_overhead_ms=0.6)
+    plain = simulate(w, ProfileStore.builtin("h200"), "dstack", contention=turnaround, options={"replan": False})
+    grown = simulate(w, ProfileStore.builtin("h200"), "dstack", contention=turnaround,
+                     options={"replan": False, "grow": True})
+    assert grown.metrics.meta["dispatches"] < 0.95 * plain.metrics.meta["dispatches"]
+    assert grown.metrics.slo_attainment > plain.metrics.slo_attainment
+
+
+def test_dstack_fill_wait_holds_a_partial_batch_until_it_fills_or_its_oldest_has_waited():
+    ctx = ctx_for({"resnet50": (25.0, 400.0)})
+    pol = make_policy("dstack", fill_wait=0.2, replan=False)
+    layout = pol.setup(ctx)
+    free = list(layout.partitions)
+    cap = pol.cap["resnet50"]
+    assert cap > 1
+    q = deque([Request(0, "resnet50", 10.0, 35.0)])
+    queues = {"resnet50": q}
+    pol.on_arrival(q[0], 10.0)
+    assert pol.decide(10.0, queues, free) == []  # one of a planned `cap`: wait
+    assert pol.next_wakeup(10.0) == pytest.approx(10.0 + 0.2 * 25.0)
+    for i in range(1, cap):  # the batch fills: it goes at the arrival that completes it
+        q.append(Request(i, "resnet50", 11.0, 36.0))
+        pol.on_arrival(q[-1], 11.0)
+        out = pol.decide(11.0, queues, free)
+        if i < cap - 1:
+            assert out == []
+    assert [(d.batch, d.request_ids) for d in out] == [(cap, tuple(range(cap)))]
+    # a partial batch goes once its oldest has waited fill_wait x SLO
+    pol2 = make_policy("dstack", fill_wait=0.2, replan=False)
+    pol2.setup(ctx)
+    q2 = deque([Request(0, "resnet50", 10.0, 35.0)])
+    pol2.on_arrival(q2[0], 10.0)
+    assert pol2.decide(10.0, {"resnet50": q2}, free) == []
+    out2 = pol2.decide(15.0, {"resnet50": q2}, free)
+    assert [(d.batch, d.request_ids) for d in out2] == [(1, (0,))]
+    # and at once when a full batch started later would end past the oldest's deadline
+    lat_full = next(lat for b, lat in pol._row_at["resnet50"][0] if b >= cap)
+    pol3 = make_policy("dstack", fill_wait=1 - lat_full / 2 / 25.0, replan=False)  # waiting leaves lat_full / 2
+    pol3.setup(ctx)
+    q3 = deque([Request(0, "resnet50", 10.0, 35.0)])
+    pol3.on_arrival(q3[0], 10.0)
+    assert [(d.batch, d.request_ids) for d in pol3.decide(10.0, {"resnet50": q3}, free)] == [(1, (0,))]
+    with pytest.raises(ValueError, match="fill_wait"):
+        make_policy("dstack", fill_wait=1.0)
+
+
+def test_dstack_fill_wait_launches_fewer_batches_and_keeps_the_slo_in_simulation(store):
+    w = Workload(tuple(ModelSpec(m, s, arrival=Arrival("poisson", rate=r)) for m, s, r in
+                       [("resnet50", 25, 600), ("mobilenet_v2", 10, 1200)]), duration_s=2.0, seed=3)
+    plain = simulate(w, store, "dstack", trace=True)
+    waited = simulate(w, store, "dstack", options={"fill_wait": 0.1}, trace=True)
+    assert plain.metrics.slo_attainment >= 0.99 and waited.metrics.slo_attainment >= 0.99
+    batches = lambda run: sum(1 for e in run.record.trace if e.kind == "dispatch")  # noqa: E731
+    assert batches(waited) < 0.9 * batches(plain)

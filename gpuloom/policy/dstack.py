@@ -27,6 +27,22 @@ launch-ahead. Launch-ahead hides the partition's turnaround (0.4-0.9 ms a batch 
 taking whatever is queued early, made 20-30% more, smaller batches (``docs/reports/runtime.md``,
 fifth session); under a backlog a full batch is there anyway, so nothing is lost waiting for it.
 
+**Growing batches under a backlog** (``grow=True``). The planned batch is what a model's rate
+needs; after a delay (a host stall, a burst) its queue holds more, and batches of the planned size
+catch up slowly where every batch also costs the host a fixed turnaround. With ``grow`` a batch may
+take more than the planned batch from a backlog, up to the largest profiled bucket, when every
+request in it still meets its deadline and it ends before another model's next slot on the
+partition: fewer, fuller batches, for as long as the backlog lasts.
+
+**Waiting to fill a batch** (``fill_wait=F``, a fraction of the SLO). Work-conserving dispatch
+launches whatever is queued the moment a partition is free, so at a moderate load most batches are
+smaller than planned; each costs the host the same turnaround, and on light3 (three small models,
+5-10 ms SLOs) dstack launched 1.3x triton's batches and ran its interpreter at 1.02-1.05 core-s per
+s (runs 41, 44). With ``fill_wait`` a batch smaller than the full one (planned, or what fits before
+another model's slot) waits, like Triton's ``max_queue_delay``, until its oldest request has waited
+``F`` x its SLO, or the full batch is queued, and only while the full batch would still end within
+the oldest request's deadline.
+
 A request is dropped (reason ``"deadline"``) only when it can no longer meet its deadline on any
 partition, even as a batch of one started now. Arrivals feed a
 :class:`~gpuloom.plan.RateEstimator`; every ``check_ms`` the :class:`~gpuloom.plan.Replanner`
@@ -154,11 +170,14 @@ class DStackPolicy(Policy):
         learn_slowdown: bool = False,
         slowdowns: str | Mapping[str, float] | None = None,
         remainder: str = DEFAULT_REMAINDER,
+        grow: bool = False,
+        fill_wait: float = 0.0,
     ) -> None:
         if headroom < 0 or check_ms <= 0 or not batch_overhead_ms >= 0 or not 0 <= slo_margin < 1:
             raise ValueError(f"dstack: need headroom >= 0, check_ms > 0, batch_overhead_ms >= 0 and 0 <= slo_margin < 1, "
                              f"found {headroom}, {check_ms}, {batch_overhead_ms}, {slo_margin}")
-        for flag, v in (("replan", replan), ("ahead_full", ahead_full), ("learn_slowdown", learn_slowdown)):
+        for flag, v in (("replan", replan), ("ahead_full", ahead_full), ("learn_slowdown", learn_slowdown),
+                        ("grow", grow)):
             if not isinstance(v, bool):  # "False" from a command line must not read as True
                 raise ValueError(f"dstack: {flag} must be true or false, found {v!r}")
         if min_sms is not None and not (isinstance(min_sms, int) and not isinstance(min_sms, bool) and min_sms >= 0):
@@ -168,6 +187,11 @@ class DStackPolicy(Policy):
             raise ValueError(f"dstack: remainder must be one of {REMAINDERS} (the partition that takes the SMs "
                              f"left under the granularity), found {remainder!r}")
         self.remainder = remainder
+        if not 0 <= fill_wait < 1:
+            raise ValueError(f"dstack: fill_wait is a fraction of the SLO, 0 <= fill_wait < 1, found {fill_wait!r}")
+        self.fill_wait = float(fill_wait)  # a partial batch waits this fraction of its SLO to fill (module docstring)
+        self._filling: set[str] = set()  # models holding a partial batch back to fill it
+        self.grow = bool(grow)  # batches past the planned one from a backlog (module docstring)
         self.ahead_full = bool(ahead_full)  # launch ahead only batches of the planned size (module docstring)
         self._ahead_parts: set[int] = set()  # offered ahead (on_free), their batch still running
         self.headroom = float(headroom)
@@ -274,9 +298,9 @@ class DStackPolicy(Policy):
     def on_arrival(self, request, now_ms: float) -> None:
         m = request.model
         self._arrived[m] += 1  # fed to the rate estimator at the next check (every check_ms)
-        if m not in self._waiting or self._ahead_parts:
-            # had nothing queued: it may fit somewhere now; or a partition offered ahead waits for a
-            # full batch, which this arrival may complete
+        if m not in self._waiting or self._ahead_parts or m in self._filling:
+            # had nothing queued: it may fit somewhere now; or a partition offered ahead, or a batch
+            # held back to fill (fill_wait), waits for a full batch, which this arrival may complete
             self._fresh_models.add(m)
 
     def on_completion(self, completion, now_ms: float) -> None:
@@ -352,6 +376,7 @@ class DStackPolicy(Policy):
         waiting = self._waiting
         for m in (sorted(pos, key=head.__getitem__) if len(pos) > 1 else list(pos)):  # earliest deadline first
             q = queues[m]
+            self._filling.discard(m)  # held back again below if its batch is still partial
             l1s, rows = self._l1[m], self._row_at[m]
             first_left = pos[m]  # the oldest request of m this decision leaves queued
             # m's home partitions first (static order), then the others
@@ -384,6 +409,13 @@ class DStackPolicy(Policy):
                     k, j = self._batch(m, q, i, rows[idx], horizon, now_ms)
                 if k and idx in self._ahead_parts and k < self._fullest(m, rows[idx], horizon):
                     continue  # offered ahead: only a full batch goes now, a smaller one elsewhere or later
+                if k and self.fill_wait and j == i and j + k == len(q):
+                    hold = self._fill_until(m, q[i], rows[idx], horizon, k)
+                    if hold is not None:  # a partial batch that may wait to fill: not here, not elsewhere
+                        self._filling.add(m)
+                        if wake is None or hold < wake:
+                            wake = hold
+                        break
                 if k:
                     self._ahead_parts.discard(idx)
                     dec = Decision(m, _ids(q, j, k), k, idx)
@@ -409,10 +441,11 @@ class DStackPolicy(Policy):
                     wake = t
             else:
                 waiting.discard(m)
-        if pos and free_idx:
+        slotted = [m for m in pos if m not in self._filling] if self._filling else pos  # a filling one has its wake-up
+        if slotted and free_idx:
             # wake when a waiting model's own slot begins on a free partition (fills are retried then
             # and at every arrival and completion)
-            t = self._next_own_slot(pos, free_idx, phi) + now_ms
+            t = self._next_own_slot(slotted, free_idx, phi) + now_ms
             if math.isfinite(t) and (wake is None or t < wake):
                 wake = t
         return wake
@@ -433,7 +466,8 @@ class DStackPolicy(Policy):
         """``(k, j)``: run ``q[j : j + k]`` of ``m`` now on a partition where its batches take
         ``row`` (:meth:`_lat_row`; ``k = 0``: nothing fits).
 
-        The largest batch up to the planned one that ends within ``horizon`` (ms to the next slot of
+        The largest batch up to the planned one (with ``grow``, up to the largest bucket when its
+        requests are the oldest and all in time) that ends within ``horizon`` (ms to the next slot of
         another model there, plus the comparisons' 1e-9; the caller has it already) and before the
         deadline of its oldest request. Under a backlog the oldest requests may be too close to their
         deadline for a full batch: they are skipped (not dropped -- they may still run alone
@@ -441,19 +475,41 @@ class DStackPolicy(Policy):
         overload does not shrink every batch to the few requests that still have time.
         """
         cap = self.cap[m]
-        enough = min(len(q) - i, cap)  # a bucket this large takes every request it may
+        backlog = len(q) - i
+        enough = min(backlog, row[-1][0] if self.grow else cap)  # a bucket this large takes every request it may
         slack0 = q[i].deadline_ms - now_ms + 1e-9
         best_k, best_j = 0, i
         for b, lat in row:
             if lat > horizon:
                 break  # latency grows with the batch
-            j = i if lat <= slack0 else bisect.bisect_left(q, now_ms + lat - 1e-9, lo=i, key=_deadline)
-            k = min(b, cap, len(q) - j)
+            if b > cap:
+                # grow: past the planned batch only with the oldest requests, every one in time
+                if lat > slack0:
+                    break
+                k, j = min(b, backlog), i
+            else:
+                j = i if lat <= slack0 else bisect.bisect_left(q, now_ms + lat - 1e-9, lo=i, key=_deadline)
+                k = min(b, cap, len(q) - j)
             if k > best_k:
                 best_k, best_j = k, j
             if b >= enough:
                 break
         return best_k, best_j
+
+    def _fill_until(self, m: str, oldest, row: list[tuple[int, float]], horizon: float, k: int) -> float | None:
+        """When a partial batch of ``k`` of ``m`` (``oldest`` first) stops waiting to fill
+        (``fill_wait``): ``None`` to launch it now -- it is full, its oldest request has waited long
+        enough, or a full batch started then would end past that request's deadline."""
+        full = self._fullest(m, row, horizon)
+        if k >= full:
+            return None
+        until = oldest.arrival_ms + self.fill_wait * self.ctx.models[m].slo_ms
+        if until <= self._now:
+            return None
+        lat = next(lat for b, lat in row if b >= full)
+        if until + lat > oldest.deadline_ms:
+            return None
+        return until
 
     def _fullest(self, m: str, row: list[tuple[int, float]], horizon: float) -> int:
         """The largest batch of ``m`` (up to its planned one) that a partition where its batches
@@ -533,4 +589,6 @@ class DStackPolicy(Policy):
             "replans": self.replans,
             "slowdowns": {m: round(f, 3) for m, f in sorted(self._slow.items())},
             "short": list(self.schedule.short),
+            "grow": self.grow,
+            "fill_wait": self.fill_wait,
         }
