@@ -364,3 +364,26 @@ def test_dstack_fill_wait_launches_fewer_batches_and_keeps_the_slo_in_simulation
     assert plain.metrics.slo_attainment >= 0.99 and waited.metrics.slo_attainment >= 0.99
     batches = lambda run: sum(1 for e in run.record.trace if e.kind == "dispatch")  # noqa: E731
     assert batches(waited) < 0.9 * batches(plain)
+
+
+def test_dstack_on_shared_lanes_runs_each_model_on_its_own_stream_over_the_whole_gpu(store):
+    ctx = ctx_for({"resnet50": (25.0, 300.0), "mobilenet_v2": (10.0, 600.0)})
+    plain = make_policy("dstack", replan=False)
+    plain.setup(ctx)
+    pol = make_policy("dstack", lanes="shared", replan=False)
+    layout = pol.setup(ctx)
+    assert [(p.shared, p.owner, p.sms) for p in layout.partitions] == [(True, m, 132) for m in ctx.models]
+    for i, m in enumerate(ctx.models):  # decided with the latencies of the partition m was planned on
+        home = next(p for p in plain.schedule.partitions if m in p.models)
+        assert pol.pref[m] == [i]
+        assert pol._row_at[m][i] == plain._lat_row(m, home.sms)
+    w = Workload(tuple(ModelSpec(m, s, arrival=Arrival("poisson", rate=r)) for m, s, r in
+                       [("resnet50", 25, 300), ("mobilenet_v2", 10, 600)]), duration_s=2.0, seed=2)
+    run = simulate(w, store, "dstack", options={"lanes": "shared"}, trace=True)
+    assert run.metrics.slo_attainment >= 0.99
+    lane_of = {i: m for i, m in enumerate(ctx.models)}
+    for e in run.record.trace:
+        if e.kind == "dispatch":
+            assert lane_of[e.detail[1]] == e.detail[0]  # a model's batches only on its own lane
+    with pytest.raises(ValueError, match="lanes"):
+        make_policy("dstack", lanes="mps")

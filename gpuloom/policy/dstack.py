@@ -43,6 +43,13 @@ another model's slot) waits, like Triton's ``max_queue_delay``, until its oldest
 ``F`` x its SLO, or the full batch is queued, and only while the full batch would still end within
 the oldest request's deadline.
 
+**Shared lanes** (``lanes="shared"``, an experiment). On light3 the partitions idle through each
+batch's host turnaround (0.45-0.65 ms a batch against 0.6-2 ms of device time, run 46), where
+Triton's streams over the whole GPU fill one lane's gap with another's kernels. With ``lanes="shared"``
+the plan is made as usual but every model runs on a stream of its own over the whole GPU, deciding
+with the latencies of the partition it was planned on (an upper bound: on the H200 light3's batches
+ran faster shared than on their 40-52 SM partitions).
+
 A request is dropped (reason ``"deadline"``) only when it can no longer meet its deadline on any
 partition, even as a batch of one started now. Arrivals feed a
 :class:`~gpuloom.plan.RateEstimator`; every ``check_ms`` the :class:`~gpuloom.plan.Replanner`
@@ -172,6 +179,7 @@ class DStackPolicy(Policy):
         remainder: str = DEFAULT_REMAINDER,
         grow: bool = False,
         fill_wait: float = 0.0,
+        lanes: str = "partitions",
     ) -> None:
         if headroom < 0 or check_ms <= 0 or not batch_overhead_ms >= 0 or not 0 <= slo_margin < 1:
             raise ValueError(f"dstack: need headroom >= 0, check_ms > 0, batch_overhead_ms >= 0 and 0 <= slo_margin < 1, "
@@ -189,6 +197,10 @@ class DStackPolicy(Policy):
         self.remainder = remainder
         if not 0 <= fill_wait < 1:
             raise ValueError(f"dstack: fill_wait is a fraction of the SLO, 0 <= fill_wait < 1, found {fill_wait!r}")
+        if lanes not in ("partitions", "shared"):
+            raise ValueError(f"dstack: lanes must be 'partitions' (the plan's disjoint SM partitions) or 'shared' "
+                             f"(a stream per model over the whole GPU), found {lanes!r}")
+        self.lanes = lanes
         self.fill_wait = float(fill_wait)  # a partial batch waits this fraction of its SLO to fill (module docstring)
         self._filling: set[str] = set()  # models holding a partial batch back to fill it
         self.grow = bool(grow)  # batches past the planned one from a backlog (module docstring)
@@ -264,30 +276,48 @@ class DStackPolicy(Policy):
         self._ahead_parts = set()  # a new layout's partitions start empty
         self._pending = None
         models = list(self.ctx.models)
-        self.parts = [_PartPlan(p, models) for p in sched.partitions]
+        parts = self._lanes(sched)
+        self.parts = [_PartPlan(p, models) for p in parts]
         # where each model has slots of its own: where a waiting model's slot may begin (_fill's wake-up)
         self._slotted = {m: [i for i, pp in enumerate(self.parts) if pp.own_starts[m]] for m in models}
         self._rows: dict[tuple[str, int], list[tuple[int, float]]] = {}
         self._l1 = {
-            m: [self._hold_ms(m, i.profile.batches[0], p.sms) for p in sched.partitions]
+            m: [self._hold_ms(m, i.profile.batches[0], p.sms) for p in parts]
             for m, i in self.ctx.models.items()
         }
-        home = {m: [p.index for p in sched.partitions if m in p.models] for m in models}
-        self.pref = {m: home[m] + [p.index for p in sched.partitions if p.index not in home[m]] for m in models}
+        home = {m: [p.index for p in parts if m in p.models] for m in models}
+        others = {m: [] if self.lanes == "shared" else [p.index for p in parts if p.index not in home[m]] for m in models}
+        self.pref = {m: home[m] + others[m] for m in models}  # on shared lanes, each model its own
         # each model's latency row (_lat_row) on each partition, by index: what _fill hands _batch
-        self._row_at = {m: [self._lat_row(m, p.sms) for p in sched.partitions] for m in models}
+        self._row_at = {m: [self._lat_row(m, p.sms) for p in parts] for m in models}
         planned = {mp.model: mp for mp in sched.models}
         self.cap = {}
         for m, info in self.ctx.models.items():
             mp = planned.get(m)
             self.cap[m] = mp.batch if mp is not None and mp.batch >= 1 else info.profile.batches[0]
-        biggest = max(p.sms for p in sched.partitions)
+        biggest = max(p.sms for p in parts)
         self.fastest = {m: self._hold_ms(m, i.profile.batches[0], biggest) for m, i in self.ctx.models.items()}
         return self._layout_of(sched)
 
-    @staticmethod
-    def _layout_of(sched: Schedule) -> Layout:
-        """The runtime's layout for ``sched``: one exclusive partition per planned one."""
+    def _lanes(self, sched: Schedule) -> list[PlanPartition]:
+        """What the policy dispatches onto: the planned partitions, or (``lanes="shared"``) one lane
+        per model, indexed like :meth:`_layout_of`'s, with the SMs and slots of the partition the
+        model was planned on (its latencies there)."""
+        if self.lanes != "shared":
+            return list(sched.partitions)
+        out = []
+        for i, m in enumerate(self.ctx.models):
+            home = next((p for p in sched.partitions if m in p.models), None)
+            sms = home.sms if home is not None else max(p.sms for p in sched.partitions)
+            slots = tuple(x for x in home.slots if x.model == m) if home is not None else ()
+            out.append(PlanPartition(i, 0, sms, slots))
+        return out
+
+    def _layout_of(self, sched: Schedule) -> Layout:
+        """The runtime's layout for ``sched``: one exclusive partition per planned one, or one
+        shared lane per model (``lanes="shared"``)."""
+        if self.lanes == "shared":
+            return Layout.shared_lanes(sched.gpu_sms, list(self.ctx.models))
         layout_parts = []
         for p in sched.partitions:
             owner = p.models[0] if len(p.models) == 1 else None
@@ -584,7 +614,8 @@ class DStackPolicy(Policy):
         return {
             "name": self.name,
             "cycle_ms": self.cycle,
-            "partitions": [(p.sms, list(dict.fromkeys(pp for pp in self.parts[p.index].models))) for p in self.schedule.partitions],
+            "partitions": [(p.sms, list(p.models)) for p in self.schedule.partitions],
+            "lanes": self.lanes,
             "batch": dict(self.cap),
             "replans": self.replans,
             "slowdowns": {m: round(f, 3) for m, f in sorted(self._slow.items())},
