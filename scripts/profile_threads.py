@@ -3,7 +3,9 @@
 
 The light3 bench is bound by the host (its interpreter at ~1 core-s per s on the H200, runs 41-45);
 this names the functions that hold it. cProfile slows Python down, so read the shares, not the
-attainment of the profiled run.
+attainment of the profiled run. From Python 3.12 cProfile profiles one thread at a time per
+interpreter (run 46 failed with "Another profiling tool is already active"): there, name one thread
+with ``--threads PREFIX`` (e.g. ``gpuloom-runtime``) and profile the others in other runs.
 
     python scripts/profile_threads.py --out DIR -- gpuloom.cli bench examples/light3.yaml --policy dstack --scale 4
 """
@@ -25,11 +27,14 @@ _PROFILES: list[tuple[str, cProfile.Profile]] = []
 _LOCK = threading.Lock()
 
 
-def _install() -> cProfile.Profile:
-    """Profile every thread started from now on (each its own profile), and this one."""
+def _install(prefix: str) -> cProfile.Profile:
+    """Profile every thread started from now on whose name starts with ``prefix`` ("" = every
+    thread; each its own profile), and return the main thread's."""
     run = threading.Thread.run
 
     def profiled(self):
+        if not self.name.startswith(prefix):
+            return run(self)
         prof = cProfile.Profile()
         with _LOCK:
             _PROFILES.append((self.name, prof))
@@ -55,6 +60,9 @@ def _report(out: Path, top: int) -> str:
         groups.setdefault(key, []).append(prof)
     text = []
     for key, profs in sorted(groups.items()):
+        profs = [p for p in profs if p.getstats()]  # a thread that never ran under it
+        if not profs:
+            continue
         st = pstats.Stats(profs[0], stream=io.StringIO())
         for p in profs[1:]:
             st.add(p)
@@ -71,6 +79,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="directory for <thread>.prof and top.txt")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--threads", default=None, metavar="PREFIX",
+                    help="profile only the threads whose name starts with PREFIX, 'MainThread' for the main one "
+                         "(default: all of them, which needs Python < 3.12)")
     ap.add_argument("--main-in", default="gpuloom.bench.e2e:run_point", metavar="MODULE:FUNC",
                     help="profile the main thread only inside this function (default: a bench point, not the "
                          "compile before it); '' for all of it")
@@ -79,8 +90,16 @@ def main() -> int:
     mod = [x for x in a.module if x != "--"] if a.module[:1] == ["--"] else a.module
     if not mod:
         ap.error("give a module to run after --")
-    main_prof = _install()
-    if a.main_in:  # wrap it before the module imports it by name
+    if a.threads is None and sys.version_info >= (3, 12):
+        ap.error("Python 3.12+ runs one cProfile at a time: name one thread with --threads PREFIX "
+                 "(MainThread, gpuloom-runtime, gpuloom-watch, ...)")
+    prefix = a.threads or ""
+    only_main = prefix == "MainThread"
+    main_prof = _install("\0" if only_main else prefix)  # "\0": no worker thread matches
+    profile_main = not prefix or only_main
+    if not profile_main:
+        _PROFILES.clear()
+    if a.main_in and profile_main:  # wrap it before the module imports it by name
         import functools
         import importlib
 
@@ -99,7 +118,7 @@ def main() -> int:
         setattr(owner, func, within)
     sys.argv = mod
     rc = 0
-    if not a.main_in:
+    if profile_main and not a.main_in:
         main_prof.enable()
     try:
         runpy.run_module(mod[0], run_name="__main__", alter_sys=True)
