@@ -387,3 +387,59 @@ def test_dstack_on_shared_lanes_runs_each_model_on_its_own_stream_over_the_whole
             assert lane_of[e.detail[1]] == e.detail[0]  # a model's batches only on its own lane
     with pytest.raises(ValueError, match="lanes"):
         make_policy("dstack", lanes="mps")
+
+
+def test_dstack_on_shared_lanes_serves_a_model_the_plan_gave_no_slot(store):
+    # mobilenet_v2's 0.55 ms SLO fits no plan; on partitions it still runs where it fits, and on
+    # shared lanes it must too: on its own lane (a review found it was never dispatched there)
+    specs = {"resnet50": (25.0, 300.0), "mobilenet_v2": (0.55, 600.0)}
+    w = Workload(tuple(ModelSpec(m, s, arrival=Arrival("poisson", rate=r)) for m, (s, r) in specs.items()),
+                 duration_s=1.0, seed=1)
+    pol = make_policy("dstack", lanes="shared", replan=False)
+    pol.setup(ctx_for(specs))
+    assert "mobilenet_v2" in {m for m, _ in pol.schedule.short}
+    served = lambda run: run.metrics.model("mobilenet_v2").served  # noqa: E731
+    on_partitions = simulate(w, store, "dstack", options={"replan": False})
+    shared = simulate(w, store, "dstack", options={"lanes": "shared", "replan": False})
+    assert served(on_partitions) > 0
+    assert served(shared) > 0
+
+
+def test_dstack_on_shared_lanes_takes_a_re_plan_without_a_layout_change(store):
+    # the lanes are one per model whatever the plan: a re-plan changes batches and latencies only
+    w = Workload((ModelSpec("mobilenet_v2", 10, arrival=Arrival("piecewise", segments=((0, 100), (3, 1500)))),
+                  ModelSpec("resnet50", 25, arrival=Arrival("poisson", rate=200))), duration_s=9)
+    opts = {"hold_s": 0.5, "switch_cost_s": 0.05}
+    on_partitions = simulate(w, store, "dstack", options=opts)
+    run = simulate(w, store, "dstack", options={**opts, "lanes": "shared"})
+    assert on_partitions.metrics.meta["layouts"] == 1 + on_partitions.policy["replans"] >= 2
+    assert run.policy["replans"] >= 1
+    assert run.metrics.meta["layouts"] == 1
+    assert run.metrics.slo_attainment >= 0.99
+    with pytest.raises(ValueError, match="learn_slowdown"):
+        make_policy("dstack", lanes="shared", learn_slowdown=True)
+
+
+def test_dstack_fill_wait_does_not_hold_a_batch_past_its_place_before_another_models_slot():
+    # a model sharing a partition in time: waiting to fill must not push its batch past the point
+    # where it still fits before the other model's next slot (then it could not run at all)
+    specs = {"inception_v3": (40, 800), "bert_base": (20, 900), "vgg16": (25, 800), "resnet50": (15, 1500)}
+    ctx = ctx_for(specs)
+    pol = make_policy("dstack", replan=False, fill_wait=0.12)
+    layout = pol.setup(ctx)
+    idx = next(i for i, pp in enumerate(pol.parts) if len(set(pp.models)) > 1)
+    pp = pol.parts[idx]
+    m = pp.models[0]
+    now = pp.starts[0]
+    horizon = pp.horizon(m, now % pol.cycle, pol.cycle)
+    row = pol._row_at[m][idx]
+    full = pol._fullest(m, row, horizon)
+    lat_full = next(lat for b, lat in row if b >= full)
+    wait = 0.12 * ctx.models[m].slo_ms
+    assert wait + lat_full > horizon  # the case: a full batch after the wait would not fit before the next slot
+    q = deque([Request(0, m, now, now + ctx.models[m].slo_ms)])
+    queues = {x: deque() for x in ctx.models}
+    queues[m] = q
+    pol.on_arrival(q[0], now)
+    out = pol.decide(now, queues, [p for p in layout.partitions if p.index == idx])
+    assert [(d.model, d.batch, d.partition) for d in out] == [(m, 1, idx)]  # it goes now

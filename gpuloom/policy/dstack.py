@@ -195,12 +195,15 @@ class DStackPolicy(Policy):
             raise ValueError(f"dstack: remainder must be one of {REMAINDERS} (the partition that takes the SMs "
                              f"left under the granularity), found {remainder!r}")
         self.remainder = remainder
-        if not 0 <= fill_wait < 1:
+        if isinstance(fill_wait, bool) or not isinstance(fill_wait, (int, float)) or not 0 <= fill_wait < 1:
             raise ValueError(f"dstack: fill_wait is a fraction of the SLO, 0 <= fill_wait < 1, found {fill_wait!r}")
         if lanes not in ("partitions", "shared"):
             raise ValueError(f"dstack: lanes must be 'partitions' (the plan's disjoint SM partitions) or 'shared' "
                              f"(a stream per model over the whole GPU), found {lanes!r}")
         self.lanes = lanes
+        if learn_slowdown and lanes == "shared":
+            raise ValueError("dstack: learn_slowdown=true needs lanes=partitions (on shared lanes a batch's time on "
+                             "the contended whole GPU says nothing about its planned partition)")
         self.fill_wait = float(fill_wait)  # a partial batch waits this fraction of its SLO to fill (module docstring)
         self._filling: set[str] = set()  # models holding a partial batch back to fill it
         self.grow = bool(grow)  # batches past the planned one from a backlog (module docstring)
@@ -285,9 +288,11 @@ class DStackPolicy(Policy):
             m: [self._hold_ms(m, i.profile.batches[0], p.sms) for p in parts]
             for m, i in self.ctx.models.items()
         }
-        home = {m: [p.index for p in parts if m in p.models] for m in models}
-        others = {m: [] if self.lanes == "shared" else [p.index for p in parts if p.index not in home[m]] for m in models}
-        self.pref = {m: home[m] + others[m] for m in models}  # on shared lanes, each model its own
+        if self.lanes == "shared":  # each model its own lane, slots or none (_lanes indexes them like models)
+            self.pref = {m: [i] for i, m in enumerate(models)}
+        else:
+            home = {m: [p.index for p in parts if m in p.models] for m in models}
+            self.pref = {m: home[m] + [p.index for p in parts if p.index not in home[m]] for m in models}
         # each model's latency row (_lat_row) on each partition, by index: what _fill hands _batch
         self._row_at = {m: [self._lat_row(m, p.sms) for p in parts] for m in models}
         planned = {mp.model: mp for mp in sched.models}
@@ -295,8 +300,8 @@ class DStackPolicy(Policy):
         for m, info in self.ctx.models.items():
             mp = planned.get(m)
             self.cap[m] = mp.batch if mp is not None and mp.batch >= 1 else info.profile.batches[0]
-        biggest = max(p.sms for p in parts)
-        self.fastest = {m: self._hold_ms(m, i.profile.batches[0], biggest) for m, i in self.ctx.models.items()}
+        # a batch of one of m as fast as it can run where m may run: when a request is hopeless
+        self.fastest = {m: min(self._l1[m][i] for i in self.pref[m]) for m in models}
         return self._layout_of(sched)
 
     def _lanes(self, sched: Schedule) -> list[PlanPartition]:
@@ -475,7 +480,9 @@ class DStackPolicy(Policy):
         if slotted and free_idx:
             # wake when a waiting model's own slot begins on a free partition (fills are retried then
             # and at every arrival and completion)
-            t = self._next_own_slot(slotted, free_idx, phi) + now_ms
+            # at least 1 us ahead: at a slot's start phi may come out a hair below it (floating point),
+            # and a wake-up at now would be discarded, and with it the drop wake-up it replaced
+            t = max(self._next_own_slot(slotted, free_idx, phi), 1e-3) + now_ms
             if math.isfinite(t) and (wake is None or t < wake):
                 wake = t
         return wake
@@ -512,7 +519,7 @@ class DStackPolicy(Policy):
         for b, lat in row:
             if lat > horizon:
                 break  # latency grows with the batch
-            if b > cap:
+            if self.grow and b > cap:
                 # grow: past the planned batch only with the oldest requests, every one in time
                 if lat > slack0:
                     break
@@ -537,8 +544,8 @@ class DStackPolicy(Policy):
         if until <= self._now:
             return None
         lat = next(lat for b, lat in row if b >= full)
-        if until + lat > oldest.deadline_ms:
-            return None
+        if until + lat > oldest.deadline_ms or until - self._now + lat > horizon:
+            return None  # waiting would cost the oldest its deadline, or the batch its place before another's slot
         return until
 
     def _fullest(self, m: str, row: list[tuple[int, float]], horizon: float) -> int:
@@ -591,6 +598,13 @@ class DStackPolicy(Policy):
         if not d.replan:
             return None
         self.replans += 1
+        if self.lanes == "shared":
+            # the lanes stay the same (one per model over the whole GPU): take the new plan's batches and
+            # latencies now, with no layout change for the runtime to drain and set up
+            self._slow = dict(self.replanner.slowdowns)
+            self._dirty = True
+            self._adopt(d.schedule, self._now)
+            return None
         # decide for the current schedule until the runtime has the new one set up (adopt_layout): on a
         # GPU it goes on serving the old layout while the new one's graphs are captured
         layout = self._layout_of(d.schedule)
