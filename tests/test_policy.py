@@ -443,3 +443,28 @@ def test_dstack_fill_wait_does_not_hold_a_batch_past_its_place_before_another_mo
     pol.on_arrival(q[0], now)
     out = pol.decide(now, queues, [p for p in layout.partitions if p.index == idx])
     assert [(d.model, d.batch, d.partition) for d in out] == [(m, 1, idx)]  # it goes now
+
+
+@pytest.mark.parametrize("workload,scale,expected", [("light3", 6, "shared"), ("light3", 8, "shared"),
+                                                      ("mix6", 0.5, "partitions"), ("mix6", 1.0, "partitions")])
+def test_dstack_auto_lanes_pick_what_won_on_the_h200(workload, scale, expected):
+    # runs 47-48: shared lanes beat partitions on light3; mix6's lead over triton is the partitions'
+    from pathlib import Path
+
+    from gpuloom.bench.workload import load_workload
+    from gpuloom.policy.dstack import AUTO_SHARED_ABOVE, turnaround_share
+    from gpuloom.runtime.service import trim_profile
+
+    w = load_workload(Path(__file__).resolve().parent.parent / "examples" / f"{workload}.yaml").scaled(scale)
+    store = ProfileStore.builtin("h200")
+    ctx = make_context(w, {m.name: trim_profile(store.get(m.name), 16) for m in w.models})
+    pol = make_policy("dstack", lanes="auto", replan=False)
+    layout = pol.setup(ctx)
+    share = turnaround_share(pol.schedule)
+    by_hand = sum(mp.sms * min(mp.demand_rps, mp.planned_rps) / mp.batch * 0.55e-3
+                  for mp in pol.schedule.models if mp.partition >= 0) / 132
+    assert share == pytest.approx(by_hand)
+    assert (share > AUTO_SHARED_ABOVE) == (expected == "shared")
+    assert pol.mode == expected
+    assert all(p.shared for p in layout.partitions) == (expected == "shared")
+    assert pol.describe()["lanes"] == expected and pol.describe()["lanes_rule"] == "auto"

@@ -50,6 +50,13 @@ the plan is made as usual but every model runs on a stream of its own over the w
 with the latencies of the partition it was planned on (an upper bound: on the H200 light3's batches
 ran faster shared than on their 40-52 SM partitions).
 
+``lanes="auto"`` picks per plan (:func:`turnaround_share`): shared lanes where the planned batches
+would leave the partitions idle through their turnarounds for more than
+:data:`AUTO_SHARED_ABOVE` of the GPU's SM-time, partitions elsewhere. With the H200's 0.55 ms
+turnaround, light3's plans come to 0.16-0.17 at x4-x8 (shared lanes won there, runs 47-48), and
+mix6's to 0.04-0.05 at x0.5-x1 (partitions won there, 1.15x triton): a threshold between the two
+measured cases, not yet run on the GPU itself.
+
 A request is dropped (reason ``"deadline"``) only when it can no longer meet its deadline on any
 partition, even as a batch of one started now. Arrivals feed a
 :class:`~gpuloom.plan.RateEstimator`; every ``check_ms`` the :class:`~gpuloom.plan.Replanner`
@@ -148,6 +155,28 @@ class _PartPlan:
 #: ``min_sms=0`` plans as before. On a GPU with fewer SMs than this, the whole GPU is the floor.
 DEFAULT_MIN_SMS = 16
 
+#: ``lanes="auto"``: shared lanes when a plan's turnaround share (:func:`turnaround_share`) is above
+#: this. Between mix6's 0.04-0.05 (partitions won) and light3's 0.16-0.17 (shared lanes won).
+AUTO_SHARED_ABOVE = 0.1
+
+#: a batch's host turnaround on the H200 (launch, completion, the loop's turn): 0.45-0.65 ms a batch
+#: beyond its device time on light3 (run 46), which ``turnaround_share`` charges every planned batch
+DEFAULT_TURNAROUND_MS = 0.55
+
+
+def turnaround_share(sched: Schedule, turnaround_ms: float = DEFAULT_TURNAROUND_MS) -> float:
+    """The share of the GPU's SM-time ``sched``'s partitions would idle through batch turnarounds:
+    each model's batches per second (its demand, up to what the plan serves, over its planned batch)
+    times ``turnaround_ms``, weighted by its partition's SMs."""
+    if sched.gpu_sms <= 0:
+        return 0.0
+    idle = 0.0
+    for mp in sched.models:
+        if mp.partition >= 0 and mp.batch >= 1:
+            idle += mp.sms * min(mp.demand_rps, mp.planned_rps) / mp.batch * turnaround_ms / 1000.0
+    return idle / sched.gpu_sms
+
+
 #: which partition takes the SMs left under the granularity (``planner.plan``'s ``remainder``). On
 #: the H200 they are what the driver's co-scheduled splits leave over, and ran cuDNN convolutions
 #: 1.4-1.7x slower than their count: given to the smallest partition (vgg16's 16 + 4) they made it
@@ -180,6 +209,7 @@ class DStackPolicy(Policy):
         grow: bool = False,
         fill_wait: float = 0.0,
         lanes: str = "partitions",
+        turnaround_ms: float = DEFAULT_TURNAROUND_MS,
     ) -> None:
         if headroom < 0 or check_ms <= 0 or not batch_overhead_ms >= 0 or not 0 <= slo_margin < 1:
             raise ValueError(f"dstack: need headroom >= 0, check_ms > 0, batch_overhead_ms >= 0 and 0 <= slo_margin < 1, "
@@ -197,11 +227,15 @@ class DStackPolicy(Policy):
         self.remainder = remainder
         if isinstance(fill_wait, bool) or not isinstance(fill_wait, (int, float)) or not 0 <= fill_wait < 1:
             raise ValueError(f"dstack: fill_wait is a fraction of the SLO, 0 <= fill_wait < 1, found {fill_wait!r}")
-        if lanes not in ("partitions", "shared"):
-            raise ValueError(f"dstack: lanes must be 'partitions' (the plan's disjoint SM partitions) or 'shared' "
-                             f"(a stream per model over the whole GPU), found {lanes!r}")
-        self.lanes = lanes
-        if learn_slowdown and lanes == "shared":
+        if lanes not in ("partitions", "shared", "auto"):
+            raise ValueError(f"dstack: lanes must be 'partitions' (the plan's disjoint SM partitions), 'shared' "
+                             f"(a stream per model over the whole GPU) or 'auto' (per plan), found {lanes!r}")
+        if isinstance(turnaround_ms, bool) or not isinstance(turnaround_ms, (int, float)) or not turnaround_ms >= 0:
+            raise ValueError(f"dstack: turnaround_ms must be a number >= 0, found {turnaround_ms!r}")
+        self.lanes = lanes  # the rule; self.mode is what the current plan runs on
+        self.mode = "shared" if lanes == "shared" else "partitions"
+        self.turnaround_ms = float(turnaround_ms)
+        if learn_slowdown and lanes != "partitions":
             raise ValueError("dstack: learn_slowdown=true needs lanes=partitions (on shared lanes a batch's time on "
                              "the contended whole GPU says nothing about its planned partition)")
         self.fill_wait = float(fill_wait)  # a partial batch waits this fraction of its SLO to fill (module docstring)
@@ -274,6 +308,7 @@ class DStackPolicy(Policy):
             # requests that cannot make their deadline are dropped as usual, with the reason
             sched = dataclasses.replace(sched, partitions=(PlanPartition(0, 0, sched.gpu_sms, ()),))
         self.schedule = sched
+        self.mode = self._mode_for(sched)
         self.epoch = now_ms
         self.cycle = sched.cycle_ms
         self._ahead_parts = set()  # a new layout's partitions start empty
@@ -288,7 +323,7 @@ class DStackPolicy(Policy):
             m: [self._hold_ms(m, i.profile.batches[0], p.sms) for p in parts]
             for m, i in self.ctx.models.items()
         }
-        if self.lanes == "shared":  # each model its own lane, slots or none (_lanes indexes them like models)
+        if self.mode == "shared":  # each model its own lane, slots or none (_lanes indexes them like models)
             self.pref = {m: [i] for i, m in enumerate(models)}
         else:
             home = {m: [p.index for p in parts if m in p.models] for m in models}
@@ -304,11 +339,17 @@ class DStackPolicy(Policy):
         self.fastest = {m: min(self._l1[m][i] for i in self.pref[m]) for m in models}
         return self._layout_of(sched)
 
+    def _mode_for(self, sched: Schedule) -> str:
+        """What ``sched`` runs on: the ``lanes`` option, or for ``"auto"`` the rule in the docstring."""
+        if self.lanes != "auto":
+            return self.lanes
+        return "shared" if turnaround_share(sched, self.turnaround_ms) > AUTO_SHARED_ABOVE else "partitions"
+
     def _lanes(self, sched: Schedule) -> list[PlanPartition]:
-        """What the policy dispatches onto: the planned partitions, or (``lanes="shared"``) one lane
-        per model, indexed like :meth:`_layout_of`'s, with the SMs and slots of the partition the
-        model was planned on (its latencies there)."""
-        if self.lanes != "shared":
+        """What the policy dispatches onto: the planned partitions, or on shared lanes one lane per
+        model, indexed like :meth:`_layout_of`'s, with the SMs and slots of the partition the model
+        was planned on (its latencies there)."""
+        if self.mode != "shared":
             return list(sched.partitions)
         out = []
         for i, m in enumerate(self.ctx.models):
@@ -320,8 +361,8 @@ class DStackPolicy(Policy):
 
     def _layout_of(self, sched: Schedule) -> Layout:
         """The runtime's layout for ``sched``: one exclusive partition per planned one, or one
-        shared lane per model (``lanes="shared"``)."""
-        if self.lanes == "shared":
+        shared lane per model (on shared lanes)."""
+        if self._mode_for(sched) == "shared":
             return Layout.shared_lanes(sched.gpu_sms, list(self.ctx.models))
         layout_parts = []
         for p in sched.partitions:
@@ -598,7 +639,7 @@ class DStackPolicy(Policy):
         if not d.replan:
             return None
         self.replans += 1
-        if self.lanes == "shared":
+        if self.mode == "shared" and self._mode_for(d.schedule) == "shared":
             # the lanes stay the same (one per model over the whole GPU): take the new plan's batches and
             # latencies now, with no layout change for the runtime to drain and set up
             self._slow = dict(self.replanner.slowdowns)
@@ -629,7 +670,9 @@ class DStackPolicy(Policy):
             "name": self.name,
             "cycle_ms": self.cycle,
             "partitions": [(p.sms, list(p.models)) for p in self.schedule.partitions],
-            "lanes": self.lanes,
+            "lanes": self.mode,
+            "lanes_rule": self.lanes,
+            "turnaround_share": round(turnaround_share(self.schedule, self.turnaround_ms), 4),
             "batch": dict(self.cap),
             "replans": self.replans,
             "slowdowns": {m: round(f, 3) for m, f in sorted(self._slow.items())},
