@@ -38,7 +38,7 @@ def fake(latency_ms=1.0, **kw) -> FakeDeviceLayer:
 def serve(policy: str, dev: FakeDeviceLayer, n: int = 40, c: PolicyContext | None = None,
           mode: tuple[str, str] = ("loop", "watcher")):
     be = ExecBackend(dev, launch_on=mode[0], complete_on=mode[1])
-    rt = Runtime(make_policy(policy), be, c or ctx())
+    rt = Runtime(make_policy(policy) if isinstance(policy, str) else policy, be, c or ctx())
     results = []
     rt.start(lambda r, o: results.append((r, o)))
     for i in range(n):
@@ -61,6 +61,21 @@ def test_a_model_failing_at_launch_fails_only_its_own_requests_under_every_polic
     for r, out in results:  # each request gets its own row back
         if r.status == Status.SERVED:
             assert np.allclose(out.outputs[0], 2.0 * r.request.id)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_dstack_on_shared_lanes_serves_each_model_on_its_own_lane_and_isolates_a_failing_one(mode):
+    dev = fake()
+    dev.inject_fault("bad", "bad model exploded")
+    pol = make_policy("dstack", lanes="shared", replan=False)
+    rt, be, results = serve(pol, dev, mode=mode)
+    by = Counter((r.request.model, r.status) for r, _ in results)
+    assert by == {("bad", Status.FAILED): 20, ("good", Status.SERVED): 20}
+    for r, out in results:
+        if r.status == Status.SERVED:
+            assert np.allclose(out.outputs[0], 2.0 * r.request.id)
+    assert pol.mode == "shared"
+    assert [(p.shared, p.owner) for p in pol._layout_of(pol.schedule).partitions] == [(True, "good"), (True, "bad")]
 
 
 @pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)

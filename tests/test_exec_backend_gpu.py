@@ -52,9 +52,10 @@ def serve(policy, models, **kw):
     return svc
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", POLICIES + ["dstack:lanes=shared"])
 def test_every_policy_serves_a_mix_on_the_gpu_with_outputs_equal_to_eager(policy, models):
-    svc = serve(policy, models)
+    name, _, opt = policy.partition(":")
+    svc = serve(name, models, **({"policy_options": dict([opt.split("=")])} if opt else {}))
     try:
         rng = np.random.default_rng(0)
         sent = []
