@@ -468,3 +468,64 @@ def test_dstack_auto_lanes_pick_what_won_on_the_h200(workload, scale, expected):
     assert pol.mode == expected
     assert all(p.shared for p in layout.partitions) == (expected == "shared")
     assert pol.describe()["lanes"] == expected and pol.describe()["lanes_rule"] == "auto"
+
+
+@pytest.mark.parametrize("base,high,turnaround_ms,modes", [
+    (0.5, 2, 0.55, ["partitions", "shared"]),  # light3's small batches: the rise goes to shared lanes
+    (1.5, 10, 0.35, ["shared", "partitions"]),  # fuller batches at x10: back to partitions
+    (1.5, 5, 0.33, ["shared", "shared"]),  # 0.109 -> 0.088: inside the band, the lanes stay
+])
+def test_dstack_auto_lanes_switch_at_a_re_plan_and_strand_no_request(base, high, turnaround_ms, modes):
+    # light3 planned for `base`, arrivals rising to `high` after 1 s. Leaving shared lanes used to
+    # freeze the simulator: the old lanes' batches had no shared SMs left in the new layout.
+    from pathlib import Path
+
+    from gpuloom.bench.experiment import make_requests
+    from gpuloom.bench.workload import load_workload
+    from gpuloom.policy.dstack import AUTO_BAND, AUTO_SHARED_ABOVE, turnaround_share
+    from gpuloom.policy.types import Status
+    from gpuloom.runtime import Runtime, SimBackend
+    from gpuloom.runtime.service import trim_profile
+
+    light3 = load_workload(Path(__file__).resolve().parent.parent / "examples" / "light3.yaml")
+    store = ProfileStore.builtin("h200")
+    profs = {m.name: trim_profile(store.get(m.name), 16) for m in light3.models}
+    w = Workload(tuple(ModelSpec(m.name, m.slo_ms, arrival=Arrival(
+        "piecewise", segments=((0, m.arrival.rate * base), (1.0, m.arrival.rate * high)))) for m in light3.models),
+        duration_s=4.0, seed=3)
+    pol = make_policy("dstack", lanes="auto", hold_s=0.5, switch_cost_s=0.05, turnaround_ms=turnaround_ms)
+    seen = []
+    adopt = pol._adopt
+
+    def noting(sched, now):
+        out = adopt(sched, now)
+        seen.append((pol.mode, turnaround_share(sched, turnaround_ms)))
+        return out
+
+    pol._adopt = noting
+    rt = Runtime(pol, SimBackend(profs), make_context(light3.scaled(base), profs))
+    rec = rt.run(make_requests(w), until_ms=4000, drain_ms=50)
+    assert [m for m, _ in seen] == modes, seen
+    if modes[0] != modes[1]:  # each switch is beyond the band; a stay is inside it
+        assert abs(seen[1][1] - AUTO_SHARED_ABOVE) > AUTO_BAND
+    else:
+        assert abs(seen[1][1] - AUTO_SHARED_ABOVE) <= AUTO_BAND
+    assert len(rec.layouts) == (2 if modes[0] != modes[1] else 1), rec.layouts
+    assert all(p.shared == (pol.mode == "shared") for p in rt._parts)
+    assert not [r for r in rec.results if r.status == Status.QUEUED]
+
+
+def test_dstack_without_grow_never_exceeds_the_planned_batch_and_judges_hope_on_its_own_lanes():
+    import math
+
+    ctx = ctx_for({"resnet50": (25.0, 400.0), "mobilenet_v2": (10.0, 800.0)})
+    pol = make_policy("dstack", replan=False)
+    pol.setup(ctx)
+    pol.cap["resnet50"] = 3  # a planned batch between buckets (a schedule loaded from a file may have one)
+    q = deque(Request(i, "resnet50", 0.0, 1000.0) for i in range(12))
+    k, _ = pol._batch("resnet50", q, 0, pol._row_at["resnet50"][0], math.inf, 0.0)
+    assert k == 3
+    shared = make_policy("dstack", lanes="shared", replan=False)
+    shared.setup(ctx)
+    for i, m in enumerate(ctx.models):  # a model runs only on its own lane: its batch of one there
+        assert shared.fastest[m] == shared._l1[m][i]

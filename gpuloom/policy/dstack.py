@@ -55,7 +55,9 @@ would leave the partitions idle through their turnarounds for more than
 :data:`AUTO_SHARED_ABOVE` of the GPU's SM-time, partitions elsewhere. With the H200's 0.55 ms
 turnaround, light3's plans come to 0.16-0.17 at x4-x8 (shared lanes won there, runs 47-48), and
 mix6's to 0.04-0.05 at x0.5-x1 (partitions won there, 1.15x triton): a threshold between the two
-measured cases, not yet run on the GPU itself.
+measured cases, not yet run on the GPU itself. A re-plan changes the mode only outside
+:data:`AUTO_BAND` around it (mix6 at x2-x5 plans at 0.09), so plans near the line do not flip
+between layouts.
 
 A request is dropped (reason ``"deadline"``) only when it can no longer meet its deadline on any
 partition, even as a batch of one started now. Arrivals feed a
@@ -158,6 +160,8 @@ DEFAULT_MIN_SMS = 16
 #: ``lanes="auto"``: shared lanes when a plan's turnaround share (:func:`turnaround_share`) is above
 #: this. Between mix6's 0.04-0.05 (partitions won) and light3's 0.16-0.17 (shared lanes won).
 AUTO_SHARED_ABOVE = 0.1
+#: ... and a re-plan leaves the mode it runs on only beyond this distance from the threshold
+AUTO_BAND = 0.02
 
 #: a batch's host turnaround on the H200 (launch, completion, the loop's turn): 0.45-0.65 ms a batch
 #: beyond its device time on light3 (run 46), which ``turnaround_share`` charges every planned batch
@@ -234,6 +238,7 @@ class DStackPolicy(Policy):
             raise ValueError(f"dstack: turnaround_ms must be a number >= 0, found {turnaround_ms!r}")
         self.lanes = lanes  # the rule; self.mode is what the current plan runs on
         self.mode = "shared" if lanes == "shared" else "partitions"
+        self._planned = False  # a first plan's mode is chosen without the re-plans' band
         self.turnaround_ms = float(turnaround_ms)
         if learn_slowdown and lanes != "partitions":
             raise ValueError("dstack: learn_slowdown=true needs lanes=partitions (on shared lanes a batch's time on "
@@ -307,8 +312,9 @@ class DStackPolicy(Policy):
             # alone on the whole GPU): serve best effort on one whole-GPU partition without slots;
             # requests that cannot make their deadline are dropped as usual, with the reason
             sched = dataclasses.replace(sched, partitions=(PlanPartition(0, 0, sched.gpu_sms, ()),))
-        self.schedule = sched
         self.mode = self._mode_for(sched)
+        self._planned = True
+        self.schedule = sched
         self.epoch = now_ms
         self.cycle = sched.cycle_ms
         self._ahead_parts = set()  # a new layout's partitions start empty
@@ -337,13 +343,19 @@ class DStackPolicy(Policy):
             self.cap[m] = mp.batch if mp is not None and mp.batch >= 1 else info.profile.batches[0]
         # a batch of one of m as fast as it can run where m may run: when a request is hopeless
         self.fastest = {m: min(self._l1[m][i] for i in self.pref[m]) for m in models}
-        return self._layout_of(sched)
+        return self._layout_of(sched, self.mode)
 
     def _mode_for(self, sched: Schedule) -> str:
         """What ``sched`` runs on: the ``lanes`` option, or for ``"auto"`` the rule in the docstring."""
         if self.lanes != "auto":
             return self.lanes
-        return "shared" if turnaround_share(sched, self.turnaround_ms) > AUTO_SHARED_ABOVE else "partitions"
+        share = turnaround_share(sched, self.turnaround_ms)
+        if self._planned:  # a re-plan: leave the current mode only outside the band
+            if self.mode == "shared" and share >= AUTO_SHARED_ABOVE - AUTO_BAND:
+                return "shared"
+            if self.mode == "partitions" and share <= AUTO_SHARED_ABOVE + AUTO_BAND:
+                return "partitions"
+        return "shared" if share > AUTO_SHARED_ABOVE else "partitions"
 
     def _lanes(self, sched: Schedule) -> list[PlanPartition]:
         """What the policy dispatches onto: the planned partitions, or on shared lanes one lane per
@@ -359,10 +371,10 @@ class DStackPolicy(Policy):
             out.append(PlanPartition(i, 0, sms, slots))
         return out
 
-    def _layout_of(self, sched: Schedule) -> Layout:
-        """The runtime's layout for ``sched``: one exclusive partition per planned one, or one
-        shared lane per model (on shared lanes)."""
-        if self._mode_for(sched) == "shared":
+    def _layout_of(self, sched: Schedule, mode: str) -> Layout:
+        """The runtime's layout for ``sched`` run on ``mode``: one exclusive partition per planned
+        one, or one shared lane per model."""
+        if mode == "shared":
             return Layout.shared_lanes(sched.gpu_sms, list(self.ctx.models))
         layout_parts = []
         for p in sched.partitions:
@@ -639,16 +651,18 @@ class DStackPolicy(Policy):
         if not d.replan:
             return None
         self.replans += 1
-        if self.mode == "shared" and self._mode_for(d.schedule) == "shared":
+        mode = self._mode_for(d.schedule)
+        if self.mode == "shared" and mode == "shared":
             # the lanes stay the same (one per model over the whole GPU): take the new plan's batches and
             # latencies now, with no layout change for the runtime to drain and set up
             self._slow = dict(self.replanner.slowdowns)
             self._dirty = True
             self._adopt(d.schedule, self._now)
+            self._wake = self._now + 1e-3  # decide again at once for the new plan, not at the old wake-up
             return None
         # decide for the current schedule until the runtime has the new one set up (adopt_layout): on a
         # GPU it goes on serving the old layout while the new one's graphs are captured
-        layout = self._layout_of(d.schedule)
+        layout = self._layout_of(d.schedule, mode)
         self._pending = (layout, d.schedule, dict(self.replanner.slowdowns))
         return layout
 

@@ -181,6 +181,7 @@ class SimBackend(Backend):
         self._orphans: list[_Run] = []  # batches of a previous layout still draining
         self._held: dict[int, _Run] = {}  # partition index -> run whose GPU work is done, lane still held
         self._held_orphans: list[_Run] = []  # the same, of a previous layout
+        self._orphan_pool = 0  # SMs the orphans' shared lanes shared (the layout they were launched on)
         self._t_last = 0.0
         self._busy_now = 0.0  # SMs in use since _t_last
         self._busy = 0.0  # integrated SM-ms
@@ -202,6 +203,10 @@ class SimBackend(Backend):
     def configure(self, layout: Layout) -> float:
         if layout.gpu_sms != self.gpu_sms:
             raise ValueError(f"layout made for {layout.gpu_sms} SMs, the simulated GPU has {self.gpu_sms}")
+        if self._layout is not None and any(r.part.shared for r in self._running.values()):
+            # shared batches of the old layout run on to the end on the SMs its lanes shared; a new
+            # layout of exclusive partitions has none to share (dstack lanes=auto leaving shared lanes)
+            self._orphan_pool = max(self._orphan_pool if self._orphans else 0, self._layout.shared_sms)
         self._orphans.extend(self._running.values())
         self._running = {}
         self._held_orphans.extend(self._held.values())
@@ -314,6 +319,8 @@ class SimBackend(Backend):
         cm = self.contention
         layout = self._layout
         left = float(layout.shared_sms if layout else self.gpu_sms)
+        if self._orphans and any(r.part.shared for r in self._orphans):
+            left = max(left, float(self._orphan_pool))  # the old layout's shared SMs, while its batches drain
         inf = cm.interference_factor(len(runs))
         now = self.loop.now
         speeds: list[tuple[_Run, float]] = []
