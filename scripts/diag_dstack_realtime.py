@@ -22,6 +22,7 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/profile_threads.py (--cprofile)
 
 from gpuloom.bench.e2e import run_point, simulate_point  # noqa: E402
 from gpuloom.bench.workload import load_workload  # noqa: E402
@@ -79,27 +80,12 @@ class ProfiledFakeLayer(FakeDeviceLayer):
         return list(ticket.model.fn(ticket.batch)), float(ticket.model.latency_ms)
 
 
-_PROFILES: dict[str, "object"] = {}
-
-
 def _profile_threads() -> None:
-    """Run every thread started from now on, and this one, under cProfile (``--cprofile``)."""
-    import cProfile
-    import threading
+    """Run every thread started from now on, and this one, under cProfile (``--cprofile``; Python
+    < 3.12, where each thread may have its own profiler: ``scripts/profile_threads.py``)."""
+    import profile_threads
 
-    run = threading.Thread.run
-
-    def profiled(self):
-        prof = _PROFILES[self.name] = cProfile.Profile()
-        prof.enable()
-        try:
-            run(self)
-        finally:
-            prof.disable()
-
-    threading.Thread.run = profiled
-    main_prof = _PROFILES["MainThread"] = cProfile.Profile()
-    main_prof.enable()
+    profile_threads.install("").enable()
 
 
 def _dump_profiles(out_dir: str, tag: str) -> None:
@@ -107,8 +93,11 @@ def _dump_profiles(out_dir: str, tag: str) -> None:
     import io
     import pstats
 
+    from profile_threads import PROFILES
+
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    for name, prof in list(_PROFILES.items()):
+    kept = []
+    for name, prof in PROFILES:
         prof.disable()
         path = Path(out_dir) / f"{tag}_{name}.prof"
         prof.dump_stats(str(path))
@@ -119,8 +108,8 @@ def _dump_profiles(out_dir: str, tag: str) -> None:
         if name == "MainThread":
             prof.clear()
             prof.enable()
-        else:
-            del _PROFILES[name]
+            kept.append((name, prof))
+    PROFILES[:] = kept  # the service's threads ended with the point
 
 
 def main() -> int:

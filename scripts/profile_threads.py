@@ -23,11 +23,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-_PROFILES: list[tuple[str, cProfile.Profile]] = []
+PROFILES: list[tuple[str, cProfile.Profile]] = []  # (thread name, its profile), in start order
 _LOCK = threading.Lock()
 
 
-def _install(prefix: str) -> cProfile.Profile:
+def install(prefix: str) -> cProfile.Profile:
     """Profile every thread started from now on whose name starts with ``prefix`` ("" = every
     thread; each its own profile), and return the main thread's."""
     run = threading.Thread.run
@@ -37,7 +37,7 @@ def _install(prefix: str) -> cProfile.Profile:
             return run(self)
         prof = cProfile.Profile()
         with _LOCK:
-            _PROFILES.append((self.name, prof))
+            PROFILES.append((self.name, prof))
         prof.enable()
         try:
             run(self)
@@ -46,7 +46,7 @@ def _install(prefix: str) -> cProfile.Profile:
 
     threading.Thread.run = profiled
     main = cProfile.Profile()
-    _PROFILES.append(("MainThread", main))
+    PROFILES.append(("MainThread", main))
     return main
 
 
@@ -55,8 +55,8 @@ def _report(out: Path, top: int) -> str:
     ``<name>.prof`` and return the top functions by own time, with each thread's CPU-bound share."""
     out.mkdir(parents=True, exist_ok=True)
     groups: dict[str, list[cProfile.Profile]] = {}
-    for name, prof in _PROFILES:
-        key = name.split("[")[0].rstrip("-p0123456789") if name.startswith("gpuloom-watch") else name
+    for name, prof in PROFILES:
+        key = "gpuloom-watch" if name.startswith("gpuloom-watch") else name
         groups.setdefault(key, []).append(prof)
     text = []
     for key, profs in sorted(groups.items()):
@@ -95,10 +95,10 @@ def main() -> int:
                  "(MainThread, gpuloom-runtime, gpuloom-watch, ...)")
     prefix = a.threads or ""
     only_main = prefix == "MainThread"
-    main_prof = _install("\0" if only_main else prefix)  # "\0": no worker thread matches
+    main_prof = install("\0" if only_main else prefix)  # "\0": no worker thread matches
     profile_main = not prefix or only_main
     if not profile_main:
-        _PROFILES.clear()
+        PROFILES.clear()
     if a.main_in and profile_main:  # wrap it before the module imports it by name
         import functools
         import importlib
