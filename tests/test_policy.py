@@ -529,3 +529,30 @@ def test_dstack_without_grow_never_exceeds_the_planned_batch_and_judges_hope_on_
     shared.setup(ctx)
     for i, m in enumerate(ctx.models):  # a model runs only on its own lane: its batch of one there
         assert shared.fastest[m] == shared._l1[m][i]
+
+
+def test_dstack_switch_cost_counts_what_a_re_plan_rebuilds_on_shared_lanes():
+    # the replanner weighs a switch by what it rebuilds: nothing between plans on the same shared
+    # lanes, everything between shared lanes and partitions (lanes="auto" changing its mode)
+    from pathlib import Path
+
+    from gpuloom.bench.workload import load_workload
+    from gpuloom.runtime.service import trim_profile
+
+    light3 = load_workload(Path(__file__).resolve().parent.parent / "examples" / "light3.yaml")
+    store = ProfileStore.builtin("h200")
+    profs = {m.name: trim_profile(store.get(m.name), 16) for m in light3.models}
+
+    def planned(scale, **opts):
+        pol = make_policy("dstack", **opts)
+        pol.setup(make_context(light3.scaled(scale), profs))
+        return pol
+
+    candidate = planned(8).schedule  # other partitions than x0.5's and x6's
+    assert planned(6, lanes="shared").replanner.switch_fraction(candidate) == 0.0
+    assert planned(6).replanner.switch_fraction(candidate) == 1.0  # new partitions: everything captured anew
+    low = planned(0.5, lanes="auto")
+    assert low.mode == "partitions" and low._mode_for(candidate) == "shared"
+    assert low.replanner.switch_fraction(candidate) == 1.0
+    same = planned(0.5, lanes="auto")
+    assert same.replanner.switch_fraction(same.schedule) == 0.0  # partitions to the same partitions: geometry's

@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from gpuloom.profile.store import ProfileStore
 
@@ -152,6 +152,7 @@ class Replanner:
         plan_kwargs: Mapping[str, Any] | None = None,
         slow_band: float = 0.05,
         slowdowns: Mapping[str, float] | None = None,
+        switch_fraction: Callable[[Schedule], float | None] | None = None,
     ) -> None:
         if not slow_band > 0:
             raise ValueError(f"Replanner: need slow_band > 0 (relative change of a measured slowdown), found {slow_band}")
@@ -167,6 +168,9 @@ class Replanner:
         self.band, self.hold_s, self.switch_cost_s = band, hold_s, switch_cost_s
         self.horizon_s, self.cooldown_s, self.min_rate = horizon_s, cooldown_s, min_rate
         self.slow_band = slow_band
+        # the policy's own switch cost of a candidate (0..1), or None for the partition geometry's: a
+        # policy that runs some plans on the same shared lanes knows better what a switch rebuilds
+        self._switch_override = switch_fraction
         # the slowdowns plans are made with (1 where absent): the current plan's, or newer measured ones
         # that a plan was not adopted for (it served less); revert() restores those of the plan before
         self.slowdowns: dict[str, float] = dict(slowdowns or {})
@@ -198,6 +202,10 @@ class Replanner:
         ranges, only the (model, batch) pairs new to their partition need capturing: the cost is
         their share of the candidate's pairs. New partitions need everything captured anew: 1.0.
         """
+        if self._switch_override is not None:
+            given = self._switch_override(candidate)
+            if given is not None:
+                return min(1.0, max(0.0, float(given)))
         old_parts = {(p.sm_offset, p.sms) for p in self.schedule.partitions}
         new_parts = {(p.sm_offset, p.sms) for p in candidate.partitions}
         if not new_parts <= old_parts:

@@ -296,6 +296,7 @@ class DStackPolicy(Policy):
         self.replanner = Replanner(
             demands, self.store, schedule=sched, band=self.band, hold_s=self.hold_s,
             switch_cost_s=self.switch_cost_s, plan_kwargs=kwargs, slowdowns=self._slow,
+            switch_fraction=self._switch_fraction,
         ) if self.replan else None
         self.estimator = RateEstimator(self.window_s)
         self.slowness = SlowdownEstimator(window=200, min_batches=30) if self.learn_slowdown and self.replan else None
@@ -356,6 +357,17 @@ class DStackPolicy(Policy):
             if self.mode == "partitions" and share <= AUTO_SHARED_ABOVE + AUTO_BAND:
                 return "partitions"
         return "shared" if share > AUTO_SHARED_ABOVE else "partitions"
+
+    def _switch_fraction(self, candidate: Schedule) -> float | None:
+        """What adopting ``candidate`` rebuilds, for the replanner's switch cost: nothing from shared
+        lanes to shared lanes (every model has every bucket captured on its lane already), everything
+        between shared lanes and partitions; ``None`` (the partition geometry's) between partitions."""
+        new = self._mode_for(candidate)
+        if self.mode == "shared" and new == "shared":
+            return 0.0
+        if self.mode != new:
+            return 1.0
+        return None
 
     def _lanes(self, sched: Schedule) -> list[PlanPartition]:
         """What the policy dispatches onto: the planned partitions, or on shared lanes one lane per
