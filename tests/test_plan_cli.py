@@ -34,3 +34,11 @@ def test_plan_command_rejects_a_bad_workload_with_exit_code_2(tmp_path: Path, ca
     rc = main(["plan", str(bad), "--synthetic", "--out", str(tmp_path)])
     _, err = capsys.readouterr()
     assert rc == 2 and "nosuch_model" in err
+
+
+def test_plan_command_says_where_dstack_auto_lanes_would_run_the_plan(tmp_path: Path, capsys) -> None:
+    for name, scale, where in (("light3.yaml", "6", "shared lanes"), ("mix6.yaml", "1", "partitions")):
+        rc = main(["plan", str(EXAMPLES / name), "--gpu", "h200", "--scale", scale, "--out", str(tmp_path), "--no-png"])
+        out, _ = capsys.readouterr()
+        assert rc == 0
+        assert "turnaround share" in out and f"runs this plan on {where}" in " ".join(out.split()), (name, out)
