@@ -85,7 +85,7 @@ def _profile_threads() -> None:
     < 3.12, where each thread may have its own profiler: ``scripts/profile_threads.py``)."""
     import profile_threads
 
-    profile_threads.install("").enable()
+    profile_threads.install("", main=True).enable()
 
 
 def _dump_profiles(out_dir: str, tag: str) -> None:

@@ -27,13 +27,14 @@ PROFILES: list[tuple[str, cProfile.Profile]] = []  # (thread name, its profile),
 _LOCK = threading.Lock()
 
 
-def install(prefix: str) -> cProfile.Profile:
-    """Profile every thread started from now on whose name starts with ``prefix`` ("" = every
-    thread; each its own profile), and return the main thread's."""
+def install(workers: str | None, main: bool = True) -> cProfile.Profile | None:
+    """Profile every thread started from now on whose name starts with ``workers`` ("" = every
+    thread, None = none; each its own profile); with ``main``, return the main thread's profile
+    (not yet enabled)."""
     run = threading.Thread.run
 
     def profiled(self):
-        if not self.name.startswith(prefix):
+        if workers is None or not self.name.startswith(workers):
             return run(self)
         prof = cProfile.Profile()
         with _LOCK:
@@ -45,9 +46,11 @@ def install(prefix: str) -> cProfile.Profile:
             prof.disable()
 
     threading.Thread.run = profiled
-    main = cProfile.Profile()
-    PROFILES.append(("MainThread", main))
-    return main
+    if not main:
+        return None
+    prof = cProfile.Profile()
+    PROFILES.append(("MainThread", prof))
+    return prof
 
 
 def _report(out: Path, top: int) -> str:
@@ -93,13 +96,10 @@ def main() -> int:
     if a.threads is None and sys.version_info >= (3, 12):
         ap.error("Python 3.12+ runs one cProfile at a time: name one thread with --threads PREFIX "
                  "(MainThread, gpuloom-runtime, gpuloom-watch, ...)")
-    prefix = a.threads or ""
-    only_main = prefix == "MainThread"
-    main_prof = install("\0" if only_main else prefix)  # "\0": no worker thread matches
-    profile_main = not prefix or only_main
-    if not profile_main:
-        PROFILES.clear()
-    if a.main_in and profile_main:  # wrap it before the module imports it by name
+    # default: every thread; MainThread: that one alone; a prefix: those worker threads alone
+    workers = None if a.threads == "MainThread" else (a.threads or "")
+    main_prof = install(workers, main=a.threads in (None, "MainThread"))
+    if a.main_in and main_prof is not None:  # wrap it before the module imports it by name
         import functools
         import importlib
 
@@ -118,14 +118,15 @@ def main() -> int:
         setattr(owner, func, within)
     sys.argv = mod
     rc = 0
-    if profile_main and not a.main_in:
+    if main_prof is not None and not a.main_in:
         main_prof.enable()
     try:
         runpy.run_module(mod[0], run_name="__main__", alter_sys=True)
     except SystemExit as e:
         rc = e.code if isinstance(e.code, int) else 0
     finally:
-        main_prof.disable()
+        if main_prof is not None:
+            main_prof.disable()
     text = _report(Path(a.out), a.top)
     (Path(a.out) / "top.txt").write_text(text)
     print(text)

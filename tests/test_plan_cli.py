@@ -41,4 +41,4 @@ def test_plan_command_says_where_dstack_auto_lanes_would_run_the_plan(tmp_path: 
         rc = main(["plan", str(EXAMPLES / name), "--gpu", "h200", "--scale", scale, "--out", str(tmp_path), "--no-png"])
         out, _ = capsys.readouterr()
         assert rc == 0
-        assert "turnaround share" in out and f"runs this plan on {where}" in " ".join(out.split()), (name, out)
+        assert "turnaround share" in out and f"would run a plan with this share on {where}" in " ".join(out.split()), (name, out)
