@@ -4,6 +4,7 @@
 #   STEPS="bench engine serve" ENGINE_CMD="python3 scripts/bench_engine.py ... --out \$OUT/engine/x.json" \
 #     SERVE_CMD="python3 scripts/serve_e2e.py ..." bash scripts/gpu_runtime_session.sh
 #   STEPS="tests diag bench" TESTS="tests/test_exec_backend_gpu.py" DIAG_CMD="python3 scripts/diag_wake.py --out \$OUT/diag/w.json" ...
+#   BENCH_ARGS_light3="--scale 8,9 ..." ...   (a workload's own arguments instead of BENCH_ARGS)
 #   BENCH_PREFIX="taskset -c 0-1" ...   (runs the bench under that command: here, on two CPU cores)
 #   BENCH_ENVS="- CUDA_DEVICE_MAX_CONNECTIONS=32 -" ...   (one bench process per entry, "-" = as is: an
 #     A/B/A of a process-wide setting; outputs bench/<workload>_<i>.json)
@@ -31,11 +32,12 @@ for s in $STEPS; do
     overhead) timeout "$T_OVERHEAD" python3 scripts/gpu_runtime_check.py --out "$OUT/overhead" --quick \
              --only overhead > "$OUT/logs/overhead.txt" 2>&1; tail -c 2000 "$OUT/logs/overhead.txt" ;;
     bench) for w in $BENCH; do n=$(basename "$w" .yaml); i=0
+             own="BENCH_ARGS_$n"; args=${!own:-$BENCH_ARGS}
              for e in ${BENCH_ENVS:--}; do  # one bench process per entry: "-" as is, or NAME=VALUE[,NAME=VALUE]
                tag=$n; [ -n "${BENCH_ENVS:-}" ] && tag="${n}_$i"
                envs=(); [ "$e" != "-" ] && IFS=, read -ra envs <<< "$e"
                echo "--- bench $tag: ${e}"
-               timeout "$T_BENCH" env ${envs[@]+"${envs[@]}"} ${BENCH_PREFIX:-} python3 -m gpuloom.cli bench "$w" $BENCH_ARGS \
+               timeout "$T_BENCH" env ${envs[@]+"${envs[@]}"} ${BENCH_PREFIX:-} python3 -m gpuloom.cli bench "$w" $args \
                  --out "$OUT/bench/$tag.json" > "$OUT/logs/bench_$tag.txt" 2>&1; tail -25 "$OUT/logs/bench_$tag.txt"
                i=$((i + 1)); done; done ;;
     engine) timeout "${T_ENGINE:-240}" bash -c "$ENGINE_CMD" > "$OUT/logs/engine.txt" 2>&1; tail -30 "$OUT/logs/engine.txt" ;;
