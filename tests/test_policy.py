@@ -133,12 +133,12 @@ def test_triton_batcher_waits_at_most_max_queue_delay(store):
 
 
 # -- gslice, dstack: space sharing --------------------------------------------------------------
-@pytest.mark.parametrize("policy", ["dstack", "gslice"])
-def test_no_two_batches_overlap_on_a_partition(store, policy):
+@pytest.mark.parametrize("policy, options", [("dstack", {"lanes": "partitions"}), ("gslice", {})])
+def test_no_two_batches_overlap_on_a_partition(store, policy, options):
     w = Workload(tuple(ModelSpec(m, s, arrival=Arrival("poisson", rate=r)) for m, s, r in
                        [("resnet50", 25, 500), ("mobilenet_v2", 10, 900), ("inception_v3", 40, 250),
                         ("bert_base", 60, 200)]), duration_s=1.0, seed=2)
-    run = simulate(w, store, policy, trace=True)
+    run = simulate(w, store, make_policy(policy, **options), trace=True)
     check_no_overlap(run.record.trace)
     layout = run.record.layouts[0][1]
     assert not any(p.shared for p in layout.partitions)
@@ -187,7 +187,7 @@ def test_dstack_replans_when_the_rate_shifts(store):
     from gpuloom.bench.metrics import compute_metrics
 
     def run(replan: bool):
-        pol = make_policy("dstack", replan=replan, hold_s=0.5, switch_cost_s=0.05)
+        pol = make_policy("dstack", lanes="partitions", replan=replan, hold_s=0.5, switch_cost_s=0.05)
         rec = Runtime(pol, SimBackend({m: ZOO[m] for m in ctx.models}), ctx).run(make_requests(w), until_ms=9000, drain_ms=25)
         return pol, compute_metrics(rec)
 
@@ -311,9 +311,10 @@ def test_dstack_grow_catches_up_in_fewer_batches_where_every_batch_costs_a_turna
                        [("mobilenet_v2", 5, 2400), ("efficientnet_b0", 8, 1600), ("resnet50", 10, 1200)]),
                  duration_s=2.0, seed=1)
     turnaround = ContentionModel(batch_overhead_ms=0.6)
-    plain = simulate(w, ProfileStore.builtin("h200"), "dstack", contention=turnaround, options={"replan": False})
+    plain = simulate(w, ProfileStore.builtin("h200"), "dstack", contention=turnaround,
+                     options={"replan": False, "lanes": "partitions"})
     grown = simulate(w, ProfileStore.builtin("h200"), "dstack", contention=turnaround,
-                     options={"replan": False, "grow": True})
+                     options={"replan": False, "lanes": "partitions", "grow": True})
     assert grown.metrics.meta["dispatches"] < 0.95 * plain.metrics.meta["dispatches"]
     assert grown.metrics.slo_attainment > plain.metrics.slo_attainment
 
@@ -410,7 +411,7 @@ def test_dstack_on_shared_lanes_takes_a_re_plan_without_a_layout_change(store):
     w = Workload((ModelSpec("mobilenet_v2", 10, arrival=Arrival("piecewise", segments=((0, 100), (3, 1500)))),
                   ModelSpec("resnet50", 25, arrival=Arrival("poisson", rate=200))), duration_s=9)
     opts = {"hold_s": 0.5, "switch_cost_s": 0.05}
-    on_partitions = simulate(w, store, "dstack", options=opts)
+    on_partitions = simulate(w, store, "dstack", options={**opts, "lanes": "partitions"})
     run = simulate(w, store, "dstack", options={**opts, "lanes": "shared"})
     assert on_partitions.metrics.meta["layouts"] == 1 + on_partitions.policy["replans"] >= 2
     assert run.policy["replans"] >= 1
@@ -425,7 +426,7 @@ def test_dstack_fill_wait_does_not_hold_a_batch_past_its_place_before_another_mo
     # where it still fits before the other model's next slot (then it could not run at all)
     specs = {"inception_v3": (40, 800), "bert_base": (20, 900), "vgg16": (25, 800), "resnet50": (15, 1500)}
     ctx = ctx_for(specs)
-    pol = make_policy("dstack", replan=False, fill_wait=0.12)
+    pol = make_policy("dstack", lanes="partitions", replan=False, fill_wait=0.12)
     layout = pol.setup(ctx)
     idx = next(i for i, pp in enumerate(pol.parts) if len(set(pp.models)) > 1)
     pp = pol.parts[idx]
@@ -519,7 +520,7 @@ def test_dstack_without_grow_never_exceeds_the_planned_batch_and_judges_hope_on_
     import math
 
     ctx = ctx_for({"resnet50": (25.0, 400.0), "mobilenet_v2": (10.0, 800.0)})
-    pol = make_policy("dstack", replan=False)
+    pol = make_policy("dstack", lanes="partitions", replan=False)
     pol.setup(ctx)
     pol.cap["resnet50"] = 3  # a planned batch between buckets (a schedule loaded from a file may have one)
     q = deque(Request(i, "resnet50", 0.0, 1000.0) for i in range(12))
@@ -550,9 +551,37 @@ def test_dstack_switch_cost_counts_what_a_re_plan_rebuilds_on_shared_lanes():
 
     candidate = planned(8).schedule  # other partitions than x0.5's and x6's
     assert planned(6, lanes="shared").replanner.switch_fraction(candidate) == 0.0
-    assert planned(6).replanner.switch_fraction(candidate) == 1.0  # new partitions: everything captured anew
+    assert planned(6, lanes="partitions").replanner.switch_fraction(candidate) == 1.0  # new partitions: everything captured anew
     low = planned(0.5, lanes="auto")
     assert low.mode == "partitions" and low._mode_for(candidate) == "shared"
     assert low.replanner.switch_fraction(candidate) == 1.0
     same = planned(0.5, lanes="auto")
     assert same.replanner.switch_fraction(same.schedule) == 0.0  # partitions to the same partitions: geometry's
+
+
+def test_dstack_by_default_picks_lanes_per_plan_and_grows_only_on_shared_lanes():
+    # the defaults follow run 49 on the H200: light3 on shared lanes with growing batches, mix6 on
+    # partitions without; learning slowdowns needs partitions, so it keeps them
+    from pathlib import Path
+
+    from gpuloom.bench.workload import load_workload
+    from gpuloom.runtime.service import trim_profile
+
+    store = ProfileStore.builtin("h200")
+    examples = Path(__file__).resolve().parent.parent / "examples"
+
+    def planned(name, scale, **opts):
+        w = load_workload(examples / f"{name}.yaml")
+        pol = make_policy("dstack", **opts)
+        pol.setup(make_context(w.scaled(scale), {m.name: trim_profile(store.get(m.name), 16) for m in w.models}))
+        return pol
+
+    light = planned("light3", 8)
+    assert (light.lanes, light.mode, light.grow) == ("auto", "shared", True)
+    mix = planned("mix6", 1.0)
+    assert (mix.lanes, mix.mode, mix.grow) == ("auto", "partitions", False)
+    assert planned("light3", 8, grow=False).grow is False  # an explicit choice wins
+    assert planned("mix6", 1.0, grow="auto").grow is False
+    assert make_policy("dstack", learn_slowdown=True).lanes == "partitions"
+    with pytest.raises(ValueError, match="grow must be true or false"):
+        make_policy("dstack", grow="yes")

@@ -43,8 +43,8 @@ another model's slot) waits, like Triton's ``max_queue_delay``, until its oldest
 ``F`` x its SLO, or the full batch is queued, and only while the full batch would still end within
 the oldest request's deadline.
 
-**Shared lanes** (``lanes="shared"``, an experiment). On light3 the partitions idle through each
-batch's host turnaround (0.45-0.65 ms a batch against 0.6-2 ms of device time, run 46), where
+**Shared lanes** (``lanes="shared"``; the default, ``lanes="auto"``, picks them per plan). On
+light3 the partitions idle through each batch's host turnaround (0.45-0.65 ms a batch against 0.6-2 ms of device time, run 46), where
 Triton's streams over the whole GPU fill one lane's gap with another's kernels. With ``lanes="shared"``
 the plan is made as usual but every model runs on a stream of its own over the whole GPU, deciding
 with the latencies of the partition it was planned on (an upper bound: on the H200 light3's batches
@@ -55,7 +55,9 @@ would leave the partitions idle through their turnarounds for more than
 :data:`AUTO_SHARED_ABOVE` of the GPU's SM-time, partitions elsewhere. With the H200's 0.55 ms
 turnaround, light3's plans come to 0.16-0.17 at x4-x8 (shared lanes won there, runs 47-48), and
 mix6's to 0.04-0.05 at x0.5-x1 (partitions won there, 1.15x triton): a threshold between the two
-measured cases, not yet run on the GPU itself. A re-plan changes the mode only outside
+measured cases. On the GPU (run 49) it picked those modes and kept light3 at or above triton. By
+default ``grow`` follows the mode: on shared lanes batches grow (0.934 against 0.888 without, light3
+x8, run 47), on partitions they do not (-0.015, run 46). A re-plan changes the mode only outside
 :data:`AUTO_BAND` around it (mix6 at x2-x5 plans at 0.09), so plans near the line do not flip
 between layouts.
 
@@ -162,6 +164,10 @@ DEFAULT_MIN_SMS = 16
 AUTO_SHARED_ABOVE = 0.1
 #: ... and a re-plan leaves the mode it runs on only beyond this distance from the threshold
 AUTO_BAND = 0.02
+#: what dstack runs on unless told: per plan. On the H200 (run 49, one process) auto ran mix6's plans
+#: on partitions (share 0.04) as before and light3's on shared lanes (0.16-0.18), 0.943 / 0.798 at x8
+#: / x9 against the partitions' 0.772 / 0.700 and triton's 0.905 / 0.795
+DEFAULT_LANES = "auto"
 
 #: a batch's host turnaround on the H200 (launch, completion, the loop's turn): 0.45-0.65 ms a batch
 #: beyond its device time on light3 (run 46), which ``turnaround_share`` charges every planned batch
@@ -210,16 +216,18 @@ class DStackPolicy(Policy):
         learn_slowdown: bool = False,
         slowdowns: str | Mapping[str, float] | None = None,
         remainder: str = DEFAULT_REMAINDER,
-        grow: bool = False,
+        grow: bool | str | None = None,
         fill_wait: float = 0.0,
-        lanes: str = "partitions",
+        lanes: str | None = None,
         turnaround_ms: float = DEFAULT_TURNAROUND_MS,
     ) -> None:
         if headroom < 0 or check_ms <= 0 or not batch_overhead_ms >= 0 or not 0 <= slo_margin < 1:
             raise ValueError(f"dstack: need headroom >= 0, check_ms > 0, batch_overhead_ms >= 0 and 0 <= slo_margin < 1, "
                              f"found {headroom}, {check_ms}, {batch_overhead_ms}, {slo_margin}")
+        if grow == "auto":
+            grow = None
         for flag, v in (("replan", replan), ("ahead_full", ahead_full), ("learn_slowdown", learn_slowdown),
-                        ("grow", grow)):
+                        ("grow", True if grow is None else grow)):
             if not isinstance(v, bool):  # "False" from a command line must not read as True
                 raise ValueError(f"dstack: {flag} must be true or false, found {v!r}")
         if min_sms is not None and not (isinstance(min_sms, int) and not isinstance(min_sms, bool) and min_sms >= 0):
@@ -231,6 +239,8 @@ class DStackPolicy(Policy):
         self.remainder = remainder
         if isinstance(fill_wait, bool) or not isinstance(fill_wait, (int, float)) or not 0 <= fill_wait < 1:
             raise ValueError(f"dstack: fill_wait is a fraction of the SLO, 0 <= fill_wait < 1, found {fill_wait!r}")
+        if lanes is None:  # measured learning reads a batch's time on its own partition
+            lanes = "partitions" if learn_slowdown else DEFAULT_LANES
         if lanes not in ("partitions", "shared", "auto"):
             raise ValueError(f"dstack: lanes must be 'partitions' (the plan's disjoint SM partitions), 'shared' "
                              f"(a stream per model over the whole GPU) or 'auto' (per plan), found {lanes!r}")
@@ -245,7 +255,7 @@ class DStackPolicy(Policy):
                              "the contended whole GPU says nothing about its planned partition)")
         self.fill_wait = float(fill_wait)  # a partial batch waits this fraction of its SLO to fill (module docstring)
         self._filling: set[str] = set()  # models holding a partial batch back to fill it
-        self.grow = bool(grow)  # batches past the planned one from a backlog (module docstring)
+        self.grow_rule = grow  # None: grow on shared lanes only (module docstring)
         self.ahead_full = bool(ahead_full)  # launch ahead only batches of the planned size (module docstring)
         self._ahead_parts: set[int] = set()  # offered ahead (on_free), their batch still running
         self.headroom = float(headroom)
@@ -368,6 +378,12 @@ class DStackPolicy(Policy):
         if self.mode != new:
             return 1.0
         return None
+
+    @property
+    def grow(self) -> bool:
+        """Whether batches may grow past the planned one now: the ``grow`` option, or by default on
+        shared lanes only (there it won, runs 47-49; on partitions it lost 0.015, run 46)."""
+        return self.mode == "shared" if self.grow_rule is None else self.grow_rule
 
     def _lanes(self, sched: Schedule) -> list[PlanPartition]:
         """What the policy dispatches onto: the planned partitions, or on shared lanes one lane per
