@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections import deque
 
 import pytest
@@ -585,3 +587,32 @@ def test_dstack_by_default_picks_lanes_per_plan_and_grows_only_on_shared_lanes()
     assert make_policy("dstack", learn_slowdown=True).lanes == "partitions"
     with pytest.raises(ValueError, match="grow must be true or false"):
         make_policy("dstack", grow="yes")
+
+
+def test_dstack_admits_an_overloaded_model_at_its_planned_rate_and_the_simulator_refuses_the_rest():
+    from pathlib import Path
+
+    from gpuloom.bench.workload import load_workload
+
+    store = ProfileStore.builtin("h200")
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    over = load_workload(examples / "overload.yaml")
+    pol = make_policy("dstack")
+    pol.setup(make_context(over, {m.name: store.get(m.name) for m in over.models}))
+    short = {mp.model: mp.planned_rps for mp in pol.schedule.models if mp.planned_rps < mp.demand_rps}
+    assert short and pol.admit_rps == short  # overload: every model is short of its demand here
+    mix = load_workload(examples / "mix6.yaml")
+    calm = make_policy("dstack")
+    calm.setup(make_context(mix, {m.name: store.get(m.name) for m in mix.models}))
+    assert calm.admit_rps == {}  # a plan that serves every demand admits everything
+    off = make_policy("dstack", shed=False)
+    off.setup(make_context(over, {m.name: store.get(m.name) for m in over.models}))
+    assert off.admit_rps == {}
+
+    w = dataclasses.replace(over, duration_s=2.0)
+    shed = simulate(w, store, "dstack", options={"replan": False})
+    kept = simulate(w, store, "dstack", options={"replan": False, "shed": False})
+    assert sum(r.reason == "shed" for r in shed.record.results) > 0.3 * len(shed.record.results)
+    assert not any(r.reason == "shed" for r in kept.record.results)
+    assert shed.metrics.goodput_rps > kept.metrics.goodput_rps  # fewer stale requests served late
+    assert shed.metrics.slo_attainment > kept.metrics.slo_attainment

@@ -715,3 +715,50 @@ def test_the_device_layer_checks_carvings_against_the_profiles_of_the_service_us
     assert layer.expected_ms("twice", 1, layer.gpu_sms) > 0 and layer.expected_ms("other", 1, layer.gpu_sms) is None
     svc.close()
     assert layer.expected_ms is None
+
+
+def test_requests_beyond_the_policys_admitted_rate_are_refused_at_once_and_still_count_as_demand():
+    # an overloaded plan serves a model less than its demand (dstack's admit_rps): the rest is refused
+    # at submission, cheaply, rather than queued to miss its deadline; the policy still hears of it
+    svc = fake_service("dstack", policy_options={"replan": False})
+    pol = svc._runtime.policy
+    heard = []
+    pol.on_refused = lambda model, n, now_ms: heard.append((model, n))
+    pol.admit_rps = {"twice": 40.0}  # 40/s x 1.1, 0.05 s of it at once: 2 rows, then one per 23 ms
+    x = {"x": np.ones((1, 4), np.float32)}
+    admitted, refused = [], 0
+    for _ in range(10):
+        try:
+            admitted.append(svc.submit("twice", x))
+        except Overloaded as e:
+            refused += 1
+            assert "planned share" in str(e) and e.retry_after_s > 0
+    assert len(admitted) == 2 and refused == 8
+    others = [svc.submit("plus", x) for _ in range(10)]  # a model the plan serves in full is not limited
+    time.sleep(0.1)
+    admitted.append(svc.submit("twice", x))  # the bucket refilled
+    for f in admitted + others:
+        f.result(5)
+    assert sum(n for m, n in heard if m == "twice") == 8 and {m for m, _ in heard} == {"twice"}
+    st = assert_books(svc)
+    assert st["models"]["twice"]["shed"] == 8 and st["models"]["twice"]["rejected"] == 8
+    assert st["models"]["plus"]["shed"] == 0
+    svc.close()
+
+
+def test_the_admission_bucket_admits_the_rate_with_slack_and_a_short_burst():
+    from gpuloom.runtime.admission import ADMIT_BURST_S, ADMIT_SLACK, TokenBucket
+
+    b = TokenBucket()
+    rate = 1000.0
+    burst = int(rate * ADMIT_SLACK * ADMIT_BURST_S)
+    assert sum(b.take(rate, 1, 0.0) for _ in range(10 * burst)) == burst  # full at first, then empty
+    t, admitted = 0.0, 0
+    for _ in range(20_000):  # 10 s of arrivals at twice the rate
+        t += 0.5 / rate
+        admitted += b.take(rate, 1, t)
+    assert admitted == pytest.approx(10 * rate * ADMIT_SLACK, rel=0.01)
+    # a request of more rows than the burst enters once the bucket has filled for all of them
+    big = 10 * burst
+    assert not b.take(rate, big, t + 0.5 * big / (rate * ADMIT_SLACK))
+    assert b.take(rate, big, t + 1.01 * big / (rate * ADMIT_SLACK))

@@ -79,6 +79,12 @@ class Policy(ABC):
     simulation_only: ClassVar[bool] = False
     #: True: a layout from :meth:`layout_change` takes effect at :meth:`adopt_layout` (class docstring)
     defers_layout_change: ClassVar[bool] = False
+    #: Per model, the requests per second the policy plans to serve where that is less than the
+    #: model's demand. The service refuses that model's requests beyond it at submission
+    #: (``Overloaded``, HTTP 429), which costs the host next to nothing, instead of queueing them to
+    #: miss their deadline. Replaced (never mutated) when the plan changes: client threads read it.
+    #: Empty: admit everything.
+    admit_rps: Mapping[str, float] = {}
 
     def setup(self, ctx: PolicyContext) -> Layout:
         """Remember ``ctx`` and return the layout to start with."""
@@ -96,6 +102,10 @@ class Policy(ABC):
 
     def on_completion(self, completion: Completion, now_ms: float) -> None:
         """A batch finished. Default: nothing."""
+
+    def on_refused(self, model: str, n: int, now_ms: float) -> None:
+        """``n`` requests of ``model`` were refused at submission (:attr:`admit_rps`): they are
+        demand all the same. Default: nothing."""
 
     def on_free(self, partition: int, now_ms: float) -> None:
         """``partition`` takes a batch again although its running batch has not finished: the

@@ -61,6 +61,14 @@ x8, run 47), on partitions they do not (-0.015, run 46). A re-plan changes the m
 :data:`AUTO_BAND` around it (mix6 at x2-x5 plans at 0.09), so plans near the line do not flip
 between layouts.
 
+**Shedding** (``shed=True``, the default). Where the plan serves a model less than its demand
+(overload: the planner shares the GPU by weighted max-min fairness), the service refuses that
+model's requests beyond the planned rate at submission (:attr:`~gpuloom.policy.base.Policy.admit_rps`,
+``Overloaded``, HTTP 429). On the H200 the overloaded mix (12,550 requests/s, about twice what the
+GPU serves) queued every request, dropped 75% at their deadlines and served most of the rest late:
+the host, not the GPU, was saturated (run 50: 0.061 of the SLO for every policy). Refused requests
+still count as demand for re-planning (:meth:`on_refused`).
+
 A request is dropped (reason ``"deadline"``) only when it can no longer meet its deadline on any
 partition, even as a batch of one started now. Arrivals feed a
 :class:`~gpuloom.plan.RateEstimator`; every ``check_ms`` the :class:`~gpuloom.plan.Replanner`
@@ -220,6 +228,7 @@ class DStackPolicy(Policy):
         fill_wait: float = 0.0,
         lanes: str | None = None,
         turnaround_ms: float = DEFAULT_TURNAROUND_MS,
+        shed: bool = True,
     ) -> None:
         if headroom < 0 or check_ms <= 0 or not batch_overhead_ms >= 0 or not 0 <= slo_margin < 1:
             raise ValueError(f"dstack: need headroom >= 0, check_ms > 0, batch_overhead_ms >= 0 and 0 <= slo_margin < 1, "
@@ -227,7 +236,7 @@ class DStackPolicy(Policy):
         if grow == "auto":
             grow = None
         for flag, v in (("replan", replan), ("ahead_full", ahead_full), ("learn_slowdown", learn_slowdown),
-                        ("grow", True if grow is None else grow)):
+                        ("grow", True if grow is None else grow), ("shed", shed)):
             if not isinstance(v, bool):  # "False" from a command line must not read as True
                 raise ValueError(f"dstack: {flag} must be true or false, found {v!r}")
         if min_sms is not None and not (isinstance(min_sms, int) and not isinstance(min_sms, bool) and min_sms >= 0):
@@ -256,6 +265,7 @@ class DStackPolicy(Policy):
         self.fill_wait = float(fill_wait)  # a partial batch waits this fraction of its SLO to fill (module docstring)
         self._filling: set[str] = set()  # models holding a partial batch back to fill it
         self.grow_rule = grow  # None: grow on shared lanes only (module docstring)
+        self.shed = shed  # refuse a short model's requests beyond its planned rate (module docstring)
         self.ahead_full = bool(ahead_full)  # launch ahead only batches of the planned size (module docstring)
         self._ahead_parts: set[int] = set()  # offered ahead (on_free), their batch still running
         self.headroom = float(headroom)
@@ -326,6 +336,8 @@ class DStackPolicy(Policy):
         self.mode = self._mode_for(sched)
         self._planned = True
         self.schedule = sched
+        self.admit_rps = {mp.model: mp.planned_rps for mp in sched.models
+                          if 0 < mp.planned_rps < mp.demand_rps} if self.shed else {}
         self.epoch = now_ms
         self.cycle = sched.cycle_ms
         self._ahead_parts = set()  # a new layout's partitions start empty
@@ -411,6 +423,10 @@ class DStackPolicy(Policy):
         return Layout(tuple(layout_parts), sched.gpu_sms)
 
     # -- events -----------------------------------------------------------------------------
+    def on_refused(self, model: str, n: int, now_ms: float) -> None:
+        if model in self._arrived:
+            self._arrived[model] += n  # demand all the same: re-plans see it
+
     def on_arrival(self, request, now_ms: float) -> None:
         m = request.model
         self._arrived[m] += 1  # fed to the rate estimator at the next check (every check_ms)
@@ -721,4 +737,5 @@ class DStackPolicy(Policy):
             "short": list(self.schedule.short),
             "grow": self.grow,
             "fill_wait": self.fill_wait,
+            "admit_rps": {m: round(r, 1) for m, r in sorted(self.admit_rps.items())},
         }

@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 
 from ..policy.base import Policy, PolicyContext, PolicyError
 from ..policy.types import Completion, Decision, Drop, Layout, Partition, Request, Result, Status, TraceEntry
+from .admission import TokenBucket
 from .backend import Backend
 from .events import ARRIVAL, WAKEUP, RealtimeLoop
 
@@ -118,6 +119,8 @@ class Runtime:
         self._on_results: ResultsCallback | None = None
         self._on_layout: Callable[[Layout, BaseException | None], None] | None = None
         self._submit_lock = threading.Lock()
+        self._refused: dict[str, int] = {}  # model -> requests refused at submission, for the policy
+        self._buckets: dict[str, TokenBucket] = {}  # run(): admission at the policy's admit_rps
         self._next_id = 0
         self._closed = False  # no more submissions
         self._closing = False  # the loop exits once everything entered is answered
@@ -205,6 +208,12 @@ class Runtime:
                 reqs.append(r)
             self.loop.post(ARRIVAL, self._on_online_arrivals, reqs)
         return reqs
+
+    def note_refused(self, model: str, n: int) -> None:
+        """Thread-safe: ``n`` requests of ``model`` were refused before :meth:`submit` (the policy's
+        ``admit_rps``); the policy hears of them with the next arrivals (``on_refused``)."""
+        with self._submit_lock:
+            self._refused[model] = self._refused.get(model, 0) + n
 
     def reconfigure(self, policy: Policy, ctx: PolicyContext) -> None:
         """Thread-safe: serve ``ctx.models`` with ``policy`` (a fresh object) from now on.
@@ -295,6 +304,11 @@ class Runtime:
         return not self._pending and not self._inflight and not self._orphans
 
     def _on_online_arrivals(self, reqs: list[Request]) -> None:
+        if self._refused:
+            with self._submit_lock:
+                refused, self._refused = self._refused, {}
+            for m, n in refused.items():
+                self.policy.on_refused(m, n, self.loop.now)
         for r in reqs:
             if self._closing and not self._drain:
                 self._finish(Result(r, Status.DROPPED, self.loop.now, "shutdown"))
@@ -390,6 +404,13 @@ class Runtime:
         r = requests[i]
         if i + 1 < len(requests):
             self.loop.schedule(requests[i + 1].arrival_ms, ARRIVAL, self._on_arrival, requests, i + 1)
+        admit = self.policy.admit_rps
+        if admit and r.model in admit:  # refused at submission, as the service does (admission.py)
+            bucket = self._buckets.get(r.model) or self._buckets.setdefault(r.model, TokenBucket())
+            if not bucket.take(admit[r.model], 1, self.loop.now / 1000.0):
+                self.policy.on_refused(r.model, 1, self.loop.now)
+                self._finish(Result(r, Status.DROPPED, self.loop.now, "shed"))
+                return
         self.queues[r.model].append(r)
         self._pending[r.id] = r
         if self._trace_on:

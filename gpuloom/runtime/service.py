@@ -50,6 +50,7 @@ from ..policy import make_policy
 from ..policy.base import ModelInfo, PolicyContext
 from ..policy.types import Layout, Result, Status
 from ..profile.store import GpuInfo, Profile, ProfileStore
+from .admission import ADMIT_BURST_S, TokenBucket
 from .core import Runtime
 from .events import ARRIVAL
 from .device import DeviceLayer, FakeModel, PinnedRow, check_lane_streams, make_device_layer
@@ -244,6 +245,8 @@ class _Model:
     failure: int = 0
     on_time: int = 0
     rejected: int = 0
+    shed: int = 0  # rows refused beyond the policy's admitted rate (admit_rps; counted in rejected)
+    admission: TokenBucket = field(default_factory=TokenBucket)
     dropped: Counter = field(default_factory=Counter)
     n_dropped: int = 0  # sum(dropped.values()), kept as _settle counts: in_flight is read on every submit
     queue_ms: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_MS))
@@ -648,13 +651,19 @@ class InferenceService:
                 m.rejected += 1
             raise Overloaded(f"model {name!r} has {m.in_flight} requests waiting (limit {self.queue_limit})",
                              retry_after_s=self._retry_after(m))
+        rt = self._runtime
+        admit = rt.policy.admit_rps if rt is not None else None
+        if admit and name in admit and not self._admit(m, admit[name], len(rows)):
+            rt.note_refused(name, len(rows))
+            raise Overloaded(f"model {name!r} is over its planned share: the plan serves {admit[name]:.0f} "
+                             f"requests/s of it, less than its demand (the GPU is overloaded)",
+                             retry_after_s=ADMIT_BURST_S)
         layer = self.device
         if layer.stages:  # CUDA: rows into pinned memory on this (the client's) thread, outside any lock
             if layer.is_pinned(rows[0] + rows[-1]):  # already there (a worker's arena): launched in place
                 rows = [PinnedRow(r) for r in rows]
             else:
                 rows = [layer.stage(r) for r in rows]
-        rt = self._runtime
         with self._lock:
             if m.in_flight >= self.queue_limit:
                 m.rejected += 1
@@ -697,6 +706,7 @@ class InferenceService:
                     "failure": m.failure,
                     "dropped": dropped,
                     "rejected": m.rejected,
+                    "shed": m.shed,
                     "in_flight": m.in_flight,
                     "on_time": m.on_time,
                     "queue_ms": m.queue_ms.to_json(),
@@ -765,6 +775,17 @@ class InferenceService:
         if not 1 <= n <= cfg.max_batch:
             raise InvalidInput(f"model {cfg.name!r} takes 1..{cfg.max_batch} rows per request, got {n}")
         return [[a[i] for a in arrays] for i in range(n)]
+
+    def _admit(self, m: _Model, rate: float, n: int) -> bool:
+        """Whether ``n`` more rows of ``m`` may enter now at the policy's planned ``rate`` (admission.py);
+        if not, they are counted as shed and rejected."""
+        now = time.monotonic()
+        with self._lock:
+            if m.admission.take(rate, n, now):
+                return True
+            m.rejected += 1
+            m.shed += n
+            return False
 
     def _retry_after(self, m: _Model) -> float:
         served_rate = m.success / max(1e-3, time.monotonic() - m.loaded_at)
