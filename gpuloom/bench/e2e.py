@@ -539,7 +539,7 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
                  policy_options: dict | None = None, queue_limit: int = 1024, simulate: bool = True,
                  retune: bool = True, progress: Callable[[str], None] | None = None,
                  service_options: dict | None = None, label: str | None = None,
-                 on_point: Callable[[PolicyResult], None] | None = None) -> PolicyResult:
+                 on_point: Callable[[PolicyResult], None] | None = None, warmup_s: float = 0.0) -> PolicyResult:
     """Serve ``workload`` under ``policy``: the given ``scales``, and/or a rate sweep.
 
     ``on_point``: called after every point with the result so far (``error`` says it is in
@@ -551,7 +551,11 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
 
     ``retune``: before each point, tell the service the point's offered rates and wait for its new
     layout (the same information for every policy; the time to re-plan and capture is not part of
-    the point). Without it, a policy starts each point planned for the previous point's rates."""
+    the point). Without it, a policy starts each point planned for the previous point's rates.
+
+    ``warmup_s``: first serve the first point's load this long, unmeasured. On the H200 whichever
+    policy ran first in a bench process lost to the same policy run later: light3 x8, triton 0.841
+    first against 0.905-0.922 second, dstack 0.649 first against 0.878 second (runs 49, 51, 52)."""
     from gpuloom.runtime.service import InferenceService
 
     say = progress or (lambda s: None)
@@ -623,6 +627,13 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
                                       error=IN_PROGRESS))
             return p
 
+        first = (scales or [1.0])[0]
+        if warmup_s > 0:  # unmeasured: the process's and the service's first seconds under load
+            if retune:
+                svc.retune({m.name: workload.mean_rate(m) * first for m in workload.models})
+            run_point(svc, workload, name, scale=first, duration_s=warmup_s, pinned_inputs=pinned_inputs,
+                      arrivals=arrivals)
+            say(f"{name}: warmed up for {warmup_s:g} s at x{first:.3g}")
         for s in scales or ([] if sweep else [1.0]):
             measure(s)
         best = 0.0
