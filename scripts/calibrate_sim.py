@@ -96,7 +96,7 @@ def main() -> int:
                 points.append({"file": Path(path).name, "policy": pol, "scale": p["scale"],
                                "measured_goodput": p["goodput_rps"], "measured_attainment": p["slo_attainment"],
                                "measured_p99_ms": p["p99_ms"], "wl": wl, "duration": duration, "profs": profs,
-                               "sim_policy": sim_policy(pol, d["meta"]),
+                               "sim_policy": sim_policy(pol, d["meta"], p.get("plan")),
                                # the client fell behind its arrival times (session 8's check; absent before):
                                # the point offered other arrivals than the ones simulated
                                "client_late": client_late(p)})

@@ -30,15 +30,24 @@ def test_a_measured_variant_is_simulated_with_its_policy_options_and_plain_dstac
     cal = load_script()
     assert cal.sim_policy("triton", {}) == ("triton", {})
     # service keys configure the real runtime; the simulator gets the policy's own options
-    old = {"remainder": "smallest"}  # reports from before meta.dstack_remainder_default
+    # reports from before meta.dstack_remainder_default (and before lanes, growing and shedding)
+    old = {"remainder": "smallest", "lanes": "partitions", "grow": False, "shed": False}
     assert cal.sim_policy("dstack:batch_overhead_ms=0.7:pinned_inputs=true", {}) == (
         "dstack", {"batch_overhead_ms": 0.7, "min_sms": 0, **old})
     assert cal.sim_policy("dstack", {}) == ("dstack", {"min_sms": 0, **old})  # a report from before the floor
     assert cal.sim_policy("dstack", {"dstack_min_sms_default": 16}) == ("dstack", {"min_sms": 16, **old})
     assert cal.sim_policy("dstack:min_sms=24", {"dstack_min_sms_default": 16}) == ("dstack", {"min_sms": 24, **old})
     meta = {"dstack_min_sms_default": 16, "dstack_remainder_default": "largest"}
-    assert cal.sim_policy("dstack", meta) == ("dstack", {"min_sms": 16, "remainder": "largest"})
-    assert cal.sim_policy("dstack:remainder=smallest", meta) == ("dstack", {"min_sms": 16, "remainder": "smallest"})
+    before = {"lanes": "partitions", "grow": False, "shed": False}
+    assert cal.sim_policy("dstack", meta) == ("dstack", {"min_sms": 16, "remainder": "largest", **before})
+    assert cal.sim_policy("dstack:remainder=smallest", meta) == (
+        "dstack", {"min_sms": 16, "remainder": "smallest", **before})
+    assert cal.sim_policy("dstack:lanes=shared", meta)[1]["grow"] is False  # session 15: no growing unless asked
+    now = {"lanes": "auto", "grow": "auto", "shed": True}
+    assert cal.sim_policy("dstack", meta, {"admit_rps": {}})[1] == {"min_sms": 16, "remainder": "largest", **now}
+    meta16 = {**meta, "dstack_lanes_default": "auto", "dstack_grow_default": "auto", "dstack_shed_default": True}
+    assert cal.sim_policy("dstack:shed=false", meta16)[1] == {"min_sms": 16, "remainder": "largest", **now,
+                                                              "shed": False}
 
 
 def test_the_measured_hold_and_slowdown_of_a_point_are_batch_weighted():

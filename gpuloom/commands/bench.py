@@ -70,16 +70,22 @@ def parse_policy_spec(spec: str) -> tuple[str, dict, dict]:
     return name, policy_options, service_options
 
 
-def sim_policy(spec: str, meta: dict) -> tuple[str, dict]:
+def sim_policy(spec: str, meta: dict, plan: dict | None = None) -> tuple[str, dict]:
     """The policy a measured variant ``spec`` ran, as the simulator builds it again from a bench
     report's ``meta``: its name and policy options (service keys configure the real runtime, not the
-    simulated GPU). Plain ``dstack`` gets the floor and the remainder rule it had in that run:
-    reports written before ``meta.dstack_min_sms_default`` planned down to 8 SMs, and those before
-    ``meta.dstack_remainder_default`` gave the remainder to the smallest partition."""
+    simulated GPU). Plain ``dstack`` gets the defaults it had in that run:
+    reports written before ``meta.dstack_min_sms_default`` planned down to 8 SMs, those before
+    ``meta.dstack_remainder_default`` gave the remainder to the smallest partition, and those before
+    ``meta.dstack_lanes_default`` ran on partitions without growing or shedding, unless the point's
+    ``plan`` (the policy's description) reports ``admit_rps`` (run 51 had the new defaults, not the keys)."""
     name, options, _ = parse_policy_spec(spec)
     if name == "dstack":
         options.setdefault("min_sms", int(meta.get("dstack_min_sms_default", 0)))
         options.setdefault("remainder", str(meta.get("dstack_remainder_default", "smallest")))
+        new = "dstack_lanes_default" in meta or (plan is not None and "admit_rps" in plan)
+        options.setdefault("lanes", str(meta.get("dstack_lanes_default", "auto")) if new else "partitions")
+        options.setdefault("grow", meta.get("dstack_grow_default", "auto") if new else False)
+        options.setdefault("shed", bool(meta.get("dstack_shed_default", True)) if new else False)
     return name, options
 
 
@@ -92,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from gpuloom.gpu.connections import connections_in_effect
-    from gpuloom.policy.dstack import DEFAULT_MIN_SMS, DEFAULT_REMAINDER
+    from gpuloom.policy.dstack import DEFAULT_LANES, DEFAULT_MIN_SMS, DEFAULT_REMAINDER
     from gpuloom.bench.e2e import (bench_policy, build_models, check_arrivals, resolve_device_and_profiles,
                                    save_json, to_json)
     from gpuloom.bench.workload import WorkloadError, load_workload
@@ -154,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
                 # what plain "dstack" meant in this run (reports before the key planned down to 8 SMs: 0)
                 "dstack_min_sms_default": DEFAULT_MIN_SMS,
                 "dstack_remainder_default": DEFAULT_REMAINDER,
+                "dstack_lanes_default": DEFAULT_LANES, "dstack_grow_default": "auto", "dstack_shed_default": True,
                 # hardware queues the driver opens for the process (8 by default; gpuloom asks for 32)
                 **connections_in_effect().as_meta()}
         if device.startswith("cuda"):
