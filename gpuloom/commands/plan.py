@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     share = turnaround_share(schedule)
     console.print(
         f"turnaround share {share:.3f}: the partitions would idle that much of the GPU's SM-time through "
-        f"{DEFAULT_TURNAROUND_MS:g} ms batch turnarounds; dstack:lanes=auto would run a plan with this share on "
+        f"{DEFAULT_TURNAROUND_MS:g} ms batch turnarounds; dstack (lanes=auto, its default) would run a plan with this share on "
         + ("shared lanes" if share > AUTO_SHARED_ABOVE else "partitions") + f" (shared above {AUTO_SHARED_ABOVE:g})"
     )
 
