@@ -74,7 +74,8 @@ def main() -> int:
             row = {"file": Path(path).name, "scale": p["scale"], "measured_attainment": round(p["slo_attainment"], 4),
                    "slowdowns": {m: round(f, 3) for m, f in sorted(factors.items())},
                    "measured_by_model": {m["model"]: round(m["slo_attainment"], 4) for m in p["models"]}}
-            for label, extra in (("unaware", {}), ("learning", {"learn_slowdown": True}), ("told", {"slowdowns": factors})):
+            learning = {"learn_slowdown": True, "lanes": "partitions"}  # learning reads a batch's own partition
+            for label, extra in (("unaware", {}), ("learning", learning), ("told", {"slowdowns": factors})):
                 run = simulate(w, profs, name, contention=cm, options={**options, **extra}, device_profiles=device)
                 row[label] = round(run.metrics.slo_attainment, 4)
                 row[f"{label}_by_model"] = {m.model: round(m.slo_attainment, 4) for m in run.metrics.models}

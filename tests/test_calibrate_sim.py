@@ -48,6 +48,11 @@ def test_a_measured_variant_is_simulated_with_its_policy_options_and_plain_dstac
     meta16 = {**meta, "dstack_lanes_default": "auto", "dstack_grow_default": "auto", "dstack_shed_default": True}
     assert cal.sim_policy("dstack:shed=false", meta16)[1] == {"min_sms": 16, "remainder": "largest", **now,
                                                               "shed": False}
+    learning = cal.sim_policy("dstack:learn_slowdown=true", meta16)  # as dstack itself: partitions
+    assert learning[1]["lanes"] == "partitions"
+    from gpuloom.policy import make_policy
+
+    make_policy(*learning[:1], **learning[1])  # and the simulator can build it
 
 
 def test_the_measured_hold_and_slowdown_of_a_point_are_batch_weighted():

@@ -391,6 +391,27 @@ def test_overload_answers_429_with_retry_after_and_every_request_is_answered(run
     assert b.balanced() and b.rejected["overloaded"] == codes.count(429)
 
 
+def test_a_request_over_the_planned_share_is_answered_429_and_booked_as_shed():
+    # dstack's plan serves the model less than its demand: beyond that rate the service sheds at once
+    if not serve_fake.real_service_available():
+        pytest.skip("the runtime's InferenceService is not available")
+    service = serve_fake.make_service()
+    core, server, addr = _slow_server(service, 0.0)
+    try:
+        service._runtime.policy.admit_rps = {"slow": 20.0}  # 20/s x 1.1, 50 ms of it: one at a time
+        body = _infer_json([{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0] * 4}])
+        results = [_post(addr, "/v2/models/slow/infer", body) for _ in range(4)]
+        codes = [r[0] for r in results]
+        assert codes[0] == 200 and 429 in codes, codes
+        for status, headers, data in results:
+            if status == 429:
+                assert int(headers["Retry-After"]) >= 1 and "planned share" in json.loads(data)["error"]
+    finally:
+        server.stop()
+    b = core.books.snapshot()["slow"]
+    assert b.balanced() and b.rejected["shed"] == codes.count(429) and not b.rejected["overloaded"]
+
+
 @pytest.mark.parametrize("workers", [0, 2], ids=["in-process-http", "2-http-workers"])
 def test_graceful_stop_answers_every_queued_request(workers):
     service = serve_fake.make_service()

@@ -83,7 +83,9 @@ def sim_policy(spec: str, meta: dict, plan: dict | None = None) -> tuple[str, di
         options.setdefault("min_sms", int(meta.get("dstack_min_sms_default", 0)))
         options.setdefault("remainder", str(meta.get("dstack_remainder_default", "smallest")))
         new = "dstack_lanes_default" in meta or (plan is not None and "admit_rps" in plan)
-        options.setdefault("lanes", str(meta.get("dstack_lanes_default", "auto")) if new else "partitions")
+        learning = options.get("learn_slowdown") is True  # needs partitions, as dstack's own default says
+        options.setdefault("lanes", str(meta.get("dstack_lanes_default", "auto")) if new and not learning
+                           else "partitions")
         options.setdefault("grow", meta.get("dstack_grow_default", "auto") if new else False)
         options.setdefault("shed", bool(meta.get("dstack_shed_default", True)) if new else False)
     return name, options

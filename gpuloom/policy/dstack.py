@@ -67,7 +67,8 @@ model's requests beyond the planned rate at submission (:attr:`~gpuloom.policy.b
 ``Overloaded``, HTTP 429). On the H200 the overloaded mix (12,550 requests/s, about twice what the
 GPU serves) queued every request, dropped 75% at their deadlines and served most of the rest late:
 the host, not the GPU, was saturated (run 50: 0.061 of the SLO for every policy). Refused requests
-still count as demand for re-planning (:meth:`on_refused`).
+still count as demand for re-planning (:meth:`on_refused`). A model the plan gives no slot at all
+(``planned_rps`` 0) is not shed: it is served best effort on whatever is free, as before.
 
 A request is dropped (reason ``"deadline"``) only when it can no longer meet its deadline on any
 partition, even as a batch of one started now. Arrivals feed a
@@ -238,7 +239,8 @@ class DStackPolicy(Policy):
         for flag, v in (("replan", replan), ("ahead_full", ahead_full), ("learn_slowdown", learn_slowdown),
                         ("grow", True if grow is None else grow), ("shed", shed)):
             if not isinstance(v, bool):  # "False" from a command line must not read as True
-                raise ValueError(f"dstack: {flag} must be true or false, found {v!r}")
+                also = " or auto (on shared lanes only)" if flag == "grow" else ""
+                raise ValueError(f"dstack: {flag} must be true or false{also}, found {v!r}")
         if min_sms is not None and not (isinstance(min_sms, int) and not isinstance(min_sms, bool) and min_sms >= 0):
             raise ValueError(f"dstack: min_sms must be an integer >= 0 (the smallest partition planned), found {min_sms!r}")
         self.min_sms = min_sms  # None: DEFAULT_MIN_SMS, or the whole GPU if it has fewer SMs

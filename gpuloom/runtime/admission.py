@@ -16,20 +16,31 @@ ADMIT_BURST_S = 0.05
 
 class TokenBucket:
     """Admits rows at ``rate`` x :data:`ADMIT_SLACK` per second, up to :data:`ADMIT_BURST_S` of them at
-    once; full at the first request. Not thread-safe: the caller holds its lock."""
+    once; full at the first request. A request of more rows than the bucket holds enters once it is
+    full and leaves it in debt, so small requests cannot starve large ones. Not thread-safe: the
+    caller holds its lock."""
 
     __slots__ = ("tokens", "at")
 
     def __init__(self) -> None:
-        self.tokens = -1.0  # < 0: full
+        self.tokens: float | None = None  # None: full
         self.at = 0.0
 
     def take(self, rate: float, n: int, now_s: float) -> bool:
         """Whether ``n`` rows may enter at ``now_s`` (seconds) when the plan serves ``rate`` per second."""
         fill = rate * ADMIT_SLACK
-        cap = max(float(n), fill * ADMIT_BURST_S)
-        tokens = cap if self.tokens < 0 else min(cap, self.tokens + max(0.0, now_s - self.at) * fill)
+        cap = max(1.0, fill * ADMIT_BURST_S)
+        tokens = cap if self.tokens is None else min(cap, self.tokens + max(0.0, now_s - self.at) * fill)
         self.at = now_s
-        ok = tokens >= n
+        ok = tokens >= min(float(n), cap)
         self.tokens = tokens - n if ok else tokens
         return ok
+
+    def wait_s(self, rate: float, n: int) -> float:
+        """Seconds from the last :meth:`take` until ``n`` rows may enter (a refusal's Retry-After)."""
+        fill = rate * ADMIT_SLACK
+        if fill <= 0:
+            return 1.0
+        cap = max(1.0, fill * ADMIT_BURST_S)
+        short = min(float(n), cap) - (cap if self.tokens is None else self.tokens)
+        return max(0.001, short / fill)

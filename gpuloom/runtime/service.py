@@ -50,7 +50,7 @@ from ..policy import make_policy
 from ..policy.base import ModelInfo, PolicyContext
 from ..policy.types import Layout, Result, Status
 from ..profile.store import GpuInfo, Profile, ProfileStore
-from .admission import ADMIT_BURST_S, TokenBucket
+from .admission import TokenBucket
 from .core import Runtime
 from .events import ARRIVAL
 from .device import DeviceLayer, FakeModel, PinnedRow, check_lane_streams, make_device_layer
@@ -173,6 +173,11 @@ class Overloaded(ServiceError):
         self.retry_after_s = retry_after_s
 
 
+class Shed(Overloaded):
+    """The model is over its planned share of an overloaded GPU (the policy's ``admit_rps``): refused
+    at once rather than queued to miss its deadline; retry after ``retry_after_s`` seconds."""
+
+
 class DeadlineExceeded(ServiceError):
     """The request could not be answered by its deadline."""
 
@@ -245,7 +250,7 @@ class _Model:
     failure: int = 0
     on_time: int = 0
     rejected: int = 0
-    shed: int = 0  # rows refused beyond the policy's admitted rate (admit_rps; counted in rejected)
+    shed: int = 0  # of rejected: calls refused beyond the policy's admitted rate (admit_rps)
     admission: TokenBucket = field(default_factory=TokenBucket)
     dropped: Counter = field(default_factory=Counter)
     n_dropped: int = 0  # sum(dropped.values()), kept as _settle counts: in_flight is read on every submit
@@ -653,11 +658,12 @@ class InferenceService:
                              retry_after_s=self._retry_after(m))
         rt = self._runtime
         admit = rt.policy.admit_rps if rt is not None else None
-        if admit and name in admit and not self._admit(m, admit[name], len(rows)):
-            rt.note_refused(name, len(rows))
-            raise Overloaded(f"model {name!r} is over its planned share: the plan serves {admit[name]:.0f} "
-                             f"requests/s of it, less than its demand (the GPU is overloaded)",
-                             retry_after_s=ADMIT_BURST_S)
+        if admit and name in admit:
+            wait = self._admit(m, admit[name], len(rows))
+            if wait is not None:
+                rt.note_refused(name, len(rows))
+                raise Shed(f"model {name!r} is over its planned share: the plan serves {admit[name]:.0f} "
+                           f"requests/s of it, less than its demand (the GPU is overloaded)", retry_after_s=wait)
         layer = self.device
         if layer.stages:  # CUDA: rows into pinned memory on this (the client's) thread, outside any lock
             if layer.is_pinned(rows[0] + rows[-1]):  # already there (a worker's arena): launched in place
@@ -717,7 +723,7 @@ class InferenceService:
                     "slo_attainment": m.on_time / answered if answered else 1.0,
                     "slo_ms": m.config.slo_ms,
                 }
-                for k in ("accepted", "success", "failure", "in_flight", "rejected", "on_time"):
+                for k in ("accepted", "success", "failure", "in_flight", "rejected", "shed", "on_time"):
                     tot[k] += per[name][k]
                 tot["dropped"] += sum(dropped.values())
             be = self._backend.stats() if self._backend is not None else {"partitions": []}
@@ -776,16 +782,19 @@ class InferenceService:
             raise InvalidInput(f"model {cfg.name!r} takes 1..{cfg.max_batch} rows per request, got {n}")
         return [[a[i] for a in arrays] for i in range(n)]
 
-    def _admit(self, m: _Model, rate: float, n: int) -> bool:
-        """Whether ``n`` more rows of ``m`` may enter now at the policy's planned ``rate`` (admission.py);
-        if not, they are counted as shed and rejected."""
+    def _admit(self, m: _Model, rate: float, n: int) -> float | None:
+        """None if ``n`` more rows of ``m`` may enter now at the policy's planned ``rate``
+        (admission.py); else the seconds until they may, and the call is booked as rejected and shed,
+        and as an arrival: the service's own re-plans (load, unload, failed layouts) plan for the
+        whole demand, not for what was admitted."""
         now = time.monotonic()
         with self._lock:
             if m.admission.take(rate, n, now):
-                return True
+                return None
             m.rejected += 1
-            m.shed += n
-            return False
+            m.shed += 1
+            m.arrivals.append(now)
+            return m.admission.wait_s(rate, n)
 
     def _retry_after(self, m: _Model) -> float:
         served_rate = m.success / max(1e-3, time.monotonic() - m.loaded_at)
@@ -1198,5 +1207,5 @@ def crude_profile(config: ModelConfig, runner: Any, device: DeviceLayer, reps: i
 
 __all__ = [
     "DeadlineExceeded", "Dropped", "Expired", "Histogram", "InferenceService", "InvalidInput", "ModelConfig", "ModelFailed",
-    "ModelNotReady", "Overloaded", "ServiceError", "TensorSpec", "UnknownModel", "crude_profile", "trim_profile",
+    "ModelNotReady", "Overloaded", "ServiceError", "Shed", "TensorSpec", "UnknownModel", "crude_profile", "trim_profile",
 ]

@@ -172,8 +172,8 @@ class ServeCore:
         except svc.ModelNotReady as e:
             self.books.reject(name, "not_ready")
             raise ProtocolError(f"model {name!r} is not ready: {e}", 503, retry_after_s=1.0) from None
-        except svc.Overloaded as e:
-            self.books.reject(name, "overloaded")
+        except svc.Overloaded as e:  # a full queue, or over its planned share of an overloaded GPU (Shed)
+            self.books.reject(name, "shed" if isinstance(e, svc.Shed) else "overloaded")
             ra = getattr(e, "retry_after_s", None) or 0.1
             raise ProtocolError(f"model {name!r} is overloaded: {e}", 429, retry_after_s=ra) from None
         self.books.accept(name)

@@ -28,7 +28,7 @@ class ModelBooks:
     success: int = 0
     failure: int = 0  # the model raised (ModelFailed) or another runtime error
     dropped: Counter = field(default_factory=Counter)  # reason -> n (deadline, shutdown, overload, ...)
-    rejected: Counter = field(default_factory=Counter)  # reason -> n (invalid, overloaded, not_ready, unknown)
+    rejected: Counter = field(default_factory=Counter)  # reason -> n (invalid, overloaded, shed, not_ready, unknown)
     inferences: int = 0  # samples (rows) served successfully
     request_us: float = 0.0  # summed end-to-end time of successful requests, microseconds
 
