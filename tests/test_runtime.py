@@ -159,6 +159,16 @@ def test_a_requests_host_time_delays_only_the_launches_queued_behind_it():
         ContentionModel(host_request_ms=-0.1)
 
 
+def test_every_arrival_costs_the_host_before_the_launches_behind_it():
+    # host_arrival_ms: both requests enter at 0 and keep the one host busy 0.5 ms each; both launches
+    # wait for the two arrivals (until 1.0), then run 2 ms in parallel
+    reqs = [Request(0, "toy", 0.0, 10.0), Request(1, "toy", 0.0, 10.0)]
+    rec = toy_run(_TwoPartitions(), reqs, until_ms=1.0, contention=ContentionModel(host_arrival_ms=0.5))
+    assert sorted(r.finish_ms for r in rec.results) == [pytest.approx(3.0)] * 2
+    with pytest.raises(ValueError, match="host_arrival_ms"):
+        ContentionModel(host_arrival_ms=-0.1)
+
+
 def test_no_slowdown_while_the_knees_fit_and_efficiency_scales_oversubscription():
     reqs = [Request(0, "toy", 0.0, 10.0), Request(1, "toy", 0.0, 10.0)]
     rec = toy_run(_TwoLanes(), reqs, until_ms=1.0, contention=ContentionModel(efficiency=0.8))

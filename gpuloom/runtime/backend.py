@@ -89,6 +89,10 @@ class Backend(ABC):
         """
         return False
 
+    def note_arrival(self) -> None:
+        """A request entered the runtime (after admission). Default: nothing; the simulator may charge
+        its one host for it (``ContentionModel.host_arrival_ms``)."""
+
     def attach(self, request_id: int, payload: object) -> None:
         """Online mode: the input data of request ``request_id`` (called from the submitting
         thread, before the request is queued). Default: ignored (the simulator has no data)."""

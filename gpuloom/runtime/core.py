@@ -121,6 +121,7 @@ class Runtime:
         self._submit_lock = threading.Lock()
         self._refused: dict[str, int] = {}  # model -> requests refused at submission, for the policy
         self._buckets: dict[str, TokenBucket] = {}  # run(): admission at the policy's admit_rps
+        self._note_arrival = backend.note_arrival  # run(): the simulator's host cost per request
         self._next_id = 0
         self._closed = False  # no more submissions
         self._closing = False  # the loop exits once everything entered is answered
@@ -411,6 +412,7 @@ class Runtime:
                 self.policy.on_refused(r.model, 1, self.loop.now)
                 self._finish(Result(r, Status.DROPPED, self.loop.now, "shed"))
                 return
+        self._note_arrival()
         self.queues[r.model].append(r)
         self._pending[r.id] = r
         if self._trace_on:

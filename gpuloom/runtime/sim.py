@@ -52,6 +52,11 @@ against the GPU, issue 5). Its parameters live in :class:`ContentionModel`.
   error| 0.114 at 0, 0.125 at 0.1 ms, 0.164 at 0.12, 0.233 at 0.15
   (``docs/results/runtime/sim_calibration_host_request.json``). The measured collapse is not a
   fixed capacity: the same point swings by 0.1-0.2 of attainment between runs. Off by default.
+* **Host per arrival** (``host_arrival_ms``): the same one host, busy this long for every request
+  that enters, whether it is served, late or dropped (a request refused by admission is not
+  charged). ``host_request_ms`` charges only requests that run; on the overloaded mix 75% of them
+  were dropped at their deadlines, each after costing the interpreter a queue entry, a wake-up and
+  an answer (runs 50-51, sixteenth session). Off by default.
 
 Utilization: a batch *uses* ``min(partition SMs, knee)`` SMs on an exclusive partition (SMs past the
 knee do not make it faster); shared batches together use ``min(A, K)``. ``busy_sm_ms`` integrates
@@ -86,6 +91,7 @@ class ContentionModel:
     batch_overhead_ms: float = 0.0  # per batch, a lane's time not on the GPU: host launch + completion turnaround
     host_launch_ms: float = 0.0  # per batch, time of the ONE host thread that launches every batch (serialized)
     host_request_ms: float = 0.0  # per request of a batch, time of that same host (the interpreter, serialized)
+    host_arrival_ms: float = 0.0  # per request that enters (served, late or dropped), time of that same host
     model_overhead_ms: tuple[tuple[str, float], ...] = ()  # (model, ms): batch_overhead_ms for that model
 
     def __post_init__(self) -> None:
@@ -94,11 +100,12 @@ class ContentionModel:
         if not (0.0 < self.demand_fraction <= 1.0):
             raise ValueError(f"ContentionModel.demand_fraction must be in (0, 1], found {self.demand_fraction}")
         if min(self.interference, self.knee_eps, self.switch_ms, self.batch_overhead_ms, self.host_launch_ms,
-               self.host_request_ms) < 0:
+               self.host_request_ms, self.host_arrival_ms) < 0:
             raise ValueError(
-                "ContentionModel: knee_eps, interference, switch_ms, batch_overhead_ms, host_launch_ms and "
-                f"host_request_ms must be >= 0, found {self.knee_eps}, {self.interference}, {self.switch_ms}, "
-                f"{self.batch_overhead_ms}, {self.host_launch_ms}, {self.host_request_ms}"
+                "ContentionModel: knee_eps, interference, switch_ms, batch_overhead_ms, host_launch_ms, "
+                f"host_request_ms and host_arrival_ms must be >= 0, found {self.knee_eps}, {self.interference}, "
+                f"{self.switch_ms}, {self.batch_overhead_ms}, {self.host_launch_ms}, {self.host_request_ms}, "
+                f"{self.host_arrival_ms}"
             )
         bad = [(m, ms) for m, ms in self.model_overhead_ms if not (isinstance(m, str) and ms >= 0)]
         if bad:
@@ -194,7 +201,9 @@ class SimBackend(Backend):
         self._dependent = 0  # runs whose speed depends on the others (shared lanes, or interference)
         self._launcher_free = 0.0  # when the one host launching thread is next free (host_launch_ms)
         # whether batches queue on that one host thread at all (off by default; see _through_host)
-        self._one_host = self.contention.host_launch_ms > 0.0 or self.contention.host_request_ms > 0.0
+        self._arrival_ms = self.contention.host_arrival_ms
+        self._one_host = self.contention.host_launch_ms > 0.0 or self.contention.host_request_ms > 0.0 \
+            or self._arrival_ms > 0.0
 
     # -- Backend ------------------------------------------------------------------------------
     def start(self, on_completion: Callable[[Completion], None]) -> None:
@@ -253,13 +262,17 @@ class SimBackend(Backend):
             self._dependent += 1
             self._rerate()
 
+    def note_arrival(self) -> None:
+        if self._arrival_ms > 0.0:  # the one host's backlog, which later launches wait behind
+            self._launcher_free = max(self.loop.now, self._launcher_free) + self._arrival_ms
+
     def _through_host(self, base: float, n_requests: int) -> float:
         """``base`` (ms the batch holds its lane) plus what the one host thread delays it by
         (``host_launch_ms``, ``host_request_ms``): FIFO, the batch waits for the host's backlog, then
         launches."""
         h = self.contention.host_launch_ms
         h_req = self.contention.host_request_ms * n_requests
-        if h > 0.0 or h_req > 0.0:
+        if self._one_host:
             start = max(self.loop.now, self._launcher_free)
             self._launcher_free = start + h + h_req  # the requests' share adds to the backlog ...
             base += start - self.loop.now + h  # ... but holds the lane only through what it delays
