@@ -20,6 +20,13 @@ drop ``torch_compile`` from ``--variants`` to skip it for a whole invocation, e.
     PYTHONPATH=. python scripts/bench_engine.py --dtypes float32 --variants eager,cuda_graph,gpuloom \
         --models resnet101,googlenet,efficientnet_b5,densenet121,nasnetalarge,bert_base --out run_fp32.json
     python scripts/merge_engine_results.py run_fp32_tc.json run_fp32.json --out docs/results/engine_h200.json
+
+With ``--prewarm-jobs 4`` the torch.compile graphs of every row are first compiled by four children
+at once into a shared Inductor cache; the rows are then timed one at a time as above, their
+torch.compile loading from the cache (``torch_compile_s`` is then that warm time; each row's cold
+compile time is under ``prewarm``). Every row with torch.compile in fewer device calls:
+
+    PYTHONPATH=. python scripts/bench_engine.py --prewarm-jobs 4 --out run_all_tc.json
 """
 
 from __future__ import annotations
@@ -242,6 +249,64 @@ def run_child(name: str, dtype_name: str, args: argparse.Namespace) -> dict:
         return res
 
 
+def run_parallel(cmds: list[list[str]], jobs: int, timeout_s: float, env: dict | None = None) -> list[dict]:
+    """Run ``cmds`` as child processes, at most ``jobs`` at once; per command, in order: its return code
+    (None: killed at ``timeout_s``), wall seconds and the tail of its output."""
+    import subprocess
+
+    results: list[dict | None] = [None] * len(cmds)
+    running: dict[int, tuple[subprocess.Popen, float]] = {}
+    pending = list(range(len(cmds)))
+    while pending or running:
+        while pending and len(running) < max(1, jobs):
+            i = pending.pop(0)
+            running[i] = (subprocess.Popen(cmds[i], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                           env=env), time.perf_counter())
+        time.sleep(0.05)
+        for i, (proc, t0) in list(running.items()):
+            over = time.perf_counter() - t0 > timeout_s
+            if proc.poll() is None and not over:
+                continue
+            if proc.poll() is None:
+                proc.kill()
+            out = proc.communicate()[0] or ""
+            results[i] = {"rc": None if over else proc.returncode, "seconds": round(time.perf_counter() - t0, 1),
+                          "tail": out[-1500:]}
+            del running[i]
+    return results  # type: ignore[return-value]
+
+
+def prewarm_torch_compile(pairs: list[tuple[str, str]], args: argparse.Namespace) -> list[dict]:
+    """Compile torch.compile's graphs of every (model, dtype) in ``args.prewarm_jobs`` parallel children
+    into the shared Inductor cache (``TORCHINDUCTOR_CACHE_DIR``), so the timed children, one at a time,
+    load them instead of compiling: each build took 13-24 s on the H200 host (fourth session), 40
+    rows' worth more than three 10-minute device calls. Returns what each child took (its cold
+    compile time)."""
+    cmds = [[sys.executable, str(Path(__file__).resolve()), "--no-isolate", "--prewarm-only", "--models", name,
+             "--dtypes", dtype_name, "--batches", args.batches,
+             "--torch-compile-batches", ",".join(str(b) for b in sorted(args.torch_compile_batches))]
+            for name, dtype_name in pairs]
+    done = run_parallel(cmds, args.prewarm_jobs, args.model_timeout)
+    return [{"model": n, "dtype": d, "rc": r["rc"], "seconds": r["seconds"],
+             **({"tail": r["tail"]} if r["rc"] != 0 else {})} for (n, d), r in zip(pairs, done)]
+
+
+def compile_only(name: str, dtype: torch.dtype, batches: list[int], args) -> None:
+    """``--prewarm-only``: torch.compile the model for each of its batches and call it 3 times (what
+    fills the Inductor cache); nothing timed."""
+    model, shape = build(name)
+    model = model.eval().cuda().to(dtype)
+    compiled = torch.compile(model, mode="reduce-overhead", dynamic=False)
+    for b in sorted(args.torch_compile_batches & set(batches)):
+        x = torch.randn(b, *shape, device="cuda", dtype=dtype)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            for _ in range(3):
+                compiled(x)
+        torch.cuda.synchronize()
+        print(f"  prewarmed {name} {dtype} batch {b} in {time.perf_counter() - t0:.1f} s", flush=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="resnet50,resnet101,inception_v3,googlenet,mobilenet_v2,efficientnet_b0,"
@@ -262,6 +327,12 @@ def main() -> int:
                    help="run every (model, dtype) in this process (default: each in a child process, so a CUDA "
                         "error -- which poisons the process's context -- loses only that model)")
     p.add_argument("--model-timeout", type=float, default=900.0, help="seconds per (model, dtype) child (default 900)")
+    p.add_argument("--prewarm-jobs", type=int, default=0,
+                   help="first compile every row's torch.compile graphs in this many parallel children into the "
+                        "shared Inductor cache, then time the rows one at a time (default 0: no prewarm)")
+    p.add_argument("--inductor-cache", default="/tmp/gpuloom_inductor_cache",
+                   help="TORCHINDUCTOR_CACHE_DIR for this run and its children (with --prewarm-jobs)")
+    p.add_argument("--prewarm-only", action="store_true", help=argparse.SUPPRESS)  # a prewarm child
     args = p.parse_args()
     args.variants = set(args.variants.split(","))
     batches = [int(b) for b in args.batches.split(",")]
@@ -272,6 +343,21 @@ def main() -> int:
     # all 32 hardware workqueues unless CUDA_DEVICE_MAX_CONNECTIONS says otherwise (gpuloom/gpu/connections.py)
     connections = prefer_all_connections()
     torch.backends.cudnn.benchmark = True
+    if args.prewarm_only:
+        for dtype_name in args.dtypes.split(","):
+            for name in args.models.split(","):
+                compile_only(name, getattr(torch, dtype_name), batches, args)
+        return 0
+    prewarm = None
+    if args.prewarm_jobs > 0 and args.isolate and "torch_compile" in args.variants:
+        import os
+
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = args.inductor_cache  # the children inherit it
+        pairs = [(n, d) for d in args.dtypes.split(",") for n in args.models.split(",")]
+        t0 = time.perf_counter()
+        prewarm = {"jobs": args.prewarm_jobs, "cache": args.inductor_cache, "children": prewarm_torch_compile(pairs, args)}
+        prewarm["seconds"] = round(time.perf_counter() - t0, 1)
+        print(f"prewarmed {len(pairs)} (model, dtype) in {prewarm['seconds']} s, {args.prewarm_jobs} at once", flush=True)
     out = {
         "benchmark": "engine",
         **connections.as_meta(),
@@ -286,6 +372,7 @@ def main() -> int:
                    "median of %d per variant, per call incl. input copy + output clone" % (
                        args.rounds, args.iters // args.rounds, args.warmup, args.iters)),
         "results": [],
+        **({"prewarm": prewarm} if prewarm else {}),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     for dtype_name in args.dtypes.split(","):
