@@ -80,10 +80,14 @@ class ProfiledFakeLayer(FakeDeviceLayer):
         return list(ticket.model.fn(ticket.batch)), float(ticket.model.latency_ms)
 
 
-def _profile_threads() -> None:
+def _profile_threads(cpu_time: bool = False) -> None:
     """Run every thread started from now on, and this one, under cProfile (``--cprofile``; Python
-    < 3.12, where each thread may have its own profiler: ``scripts/profile_threads.py``)."""
+    < 3.12, where each thread may have its own profiler: ``scripts/profile_threads.py``); with
+    ``cpu_time``, on each thread's CPU clock (``--cprofile-cpu``)."""
     import profile_threads
+
+    if cpu_time:
+        profile_threads.TIMER = time.thread_time
 
     profile_threads.install("", main=True).enable()
 
@@ -135,10 +139,12 @@ def main() -> int:
     ap.add_argument("--cprofile", default=None, metavar="DIR",
                     help="profile every thread with cProfile (slows the host: for where the CPU goes, not for "
                          "attainment); DIR/<policy>_<scale>_<thread>.prof, and the top functions printed")
+    ap.add_argument("--cprofile-cpu", action="store_true",
+                    help="with --cprofile: charge CPU time (time.thread_time), not wall time, to functions")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     if a.cprofile:
-        _profile_threads()
+        _profile_threads(a.cprofile_cpu)
     wl = load_workload(a.workload)
     store = ProfileStore.builtin("h200")
     import dataclasses
