@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import time
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_engine.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("bench_engine", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from script_loader import load_script
 
 
 def test_prewarm_children_run_in_parallel_in_order_and_a_hung_one_is_killed():
-    eng = load_script()
+    eng = load_script("bench_engine")
     sleep = [sys.executable, "-c", "import time; time.sleep(0.6); print('done')"]
     fail = [sys.executable, "-c", "import sys; print('bad'); sys.exit(3)"]
     hang = [sys.executable, "-c", "import time; time.sleep(30)"]

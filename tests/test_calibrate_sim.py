@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "calibrate_sim.py"
+from script_loader import load_script as _load
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("calibrate_sim", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return _load("calibrate_sim")
 
 
 def test_a_point_counts_as_late_by_its_flag_else_by_its_lateness_else_not():
@@ -56,9 +50,7 @@ def test_a_measured_variant_is_simulated_with_its_policy_options_and_plain_dstac
 
 
 def test_the_measured_hold_and_slowdown_of_a_point_are_batch_weighted():
-    spec = importlib.util.spec_from_file_location("sim_measured_hold", SCRIPT.parent / "sim_measured_hold.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _load("sim_measured_hold")
     point = {"layouts": [{"batches": 30, "gap_ms": 1.0, "shared": False}, {"batches": 10, "gap_ms": 3.0, "shared": False},
                          {"batches": 0, "gap_ms": None, "shared": False}],
              "profile_check": [{"profile_ms": 1.0, "measured_ms": 1.2, "batches": 10},
