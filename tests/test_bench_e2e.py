@@ -380,3 +380,24 @@ def test_each_policy_serves_its_first_load_unmeasured_before_its_points(tmp_path
     calls.clear()
     assert run_bench(tmp_path, "--policy", "triton", "--warmup", "0", "--no-simulate")[0] == 0
     assert calls == [("triton", 1.0, 0.6)]
+
+
+def test_a_point_counts_the_requests_shed_as_over_the_plans_share_apart_from_other_refusals(tmp_path, monkeypatch):
+    from gpuloom.runtime import service as service_mod
+
+    real, n = service_mod.InferenceService.submit, [0]
+
+    def submit(self, name, inputs, **kw):  # every third request of alpha is over the plan's share
+        if name == "alpha":
+            n[0] += 1
+            if n[0] % 3 == 0:
+                raise service_mod.Shed("over its planned share", retry_after_s=0.05)
+        return real(self, name, inputs, **kw)
+
+    monkeypatch.setattr(service_mod.InferenceService, "submit", submit)
+    rc, rep = run_bench(tmp_path, "--policy", "triton", "--no-simulate")
+    assert rc == 0
+    by = {m["model"]: m for m in rep["policies"]["triton"]["points"][0]["models"]}
+    alpha = by["alpha"]  # (the service's warm-up call counts in n too: a third, give or take one)
+    assert alpha["shed"] == alpha["rejected"] > 0 and abs(alpha["shed"] - alpha["submitted"] / 3) <= 1
+    assert by["beta"]["shed"] == 0

@@ -84,6 +84,7 @@ class ModelPoint:
     # waiting to be dispatched vs dispatch to outputs on the host; mean and the p99's bucket bound, ms
     queue_ms: dict = field(default_factory=dict)
     compute_ms: dict = field(default_factory=dict)
+    shed: int = 0  # of rejected: refused as over the plan's share of an overloaded GPU (Shed)
 
 
 @dataclass(frozen=True)
@@ -315,13 +316,17 @@ def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s:
     late_ms: list[float] = []  # per request: submitted this long after its arrival time
     from gpuloom.runtime.service import ServiceError
 
+    shed = {m: 0 for m in times}  # of rejected: over the plan's share (Shed)
+    from gpuloom.runtime.service import Shed
+
     def send(i: int, t: float, m: str) -> None:
         sent = time.monotonic()
         late_ms.append((sent - t0 - t) * 1000.0)
         try:
             f = svc.submit(m, pools[m][i % seed_inputs])
-        except ServiceError:
+        except ServiceError as e:
             rejected[m] += 1
+            shed[m] += isinstance(e, Shed)
             return
         f.add_done_callback(record(m, sent))
         futs.append(f)
@@ -377,7 +382,7 @@ def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s:
         served.sort()
         all_ok_ms.extend(served)
         models.append(ModelPoint(
-            model=m, submitted=submitted, rejected=rejected[m], served=len(served), on_time=on_time,
+            model=m, submitted=submitted, rejected=rejected[m], shed=shed[m], served=len(served), on_time=on_time,
             dropped=sum(v for k, v in errors.items() if k in ("Dropped", "DeadlineExceeded")),
             failed=errors.get("ModelFailed", 0), offered_rps=submitted / duration_s,
             goodput_rps=on_time / duration_s, slo_attainment=on_time / submitted if submitted else 1.0,
