@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -73,6 +74,8 @@ def main() -> int:
     ap.add_argument("--host-request", default="0", help="host_request_ms grid (that same host, per request)")
     ap.add_argument("--host-arrival", default="0",
                     help="host_arrival_ms grid (that same host, per request that enters, dropped ones too)")
+    ap.add_argument("--gil-request", default="0", help="gil_request_ms grid (shared interpreter, per request)")
+    ap.add_argument("--gil-batch", default="0", help="gil_batch_ms grid (shared interpreter, per batch)")
     ap.add_argument("--variants", default="",
                     help="comma-separated variant keys whose points are kept (e.g. pinned_inputs,complete_on); points "
                          "of any other variant (policy:key=value) are left out, as the simulator would not know them")
@@ -109,13 +112,11 @@ def main() -> int:
         sys.exit(f"calibrate_sim: none of the {len(points)} points read qualifies for the fit (attainment >= "
                  f"{a.min_attainment}, client on schedule); points of variants are kept only with --variants KEY,...")
     grid = []
-    combos = [(float(ov), float(df), float(it), float(hl), float(hr), float(ha)) for ov in a.overheads.split(",")
-              for df in a.demand_fractions.split(",") for it in a.interference.split(",")
-              for hl in a.host_launch.split(",") for hr in a.host_request.split(",")
-              for ha in a.host_arrival.split(",")]
-    for ov, df, it, hl, hr, ha in combos:
+    grids = (a.overheads, a.demand_fractions, a.interference, a.host_launch, a.host_request, a.host_arrival,
+             a.gil_request, a.gil_batch)
+    for ov, df, it, hl, hr, ha, gr, gb in itertools.product(*[[float(v) for v in g.split(",")] for g in grids]):
         cm = ContentionModel(batch_overhead_ms=ov, demand_fraction=df, interference=it, host_launch_ms=hl,
-                             host_request_ms=hr, host_arrival_ms=ha)
+                             host_request_ms=hr, host_arrival_ms=ha, gil_request_ms=gr, gil_batch_ms=gb)
         rows = []
         for pt in points:
             wl = dataclasses.replace(pt["wl"].scaled(pt["scale"]), duration_s=pt["duration"])
@@ -133,20 +134,21 @@ def main() -> int:
         fitted = [abs(r["goodput_error"]) for r in rows if r["fitted"] and r["goodput_error"] is not None]
         over = [abs(r["goodput_error"]) for r in rows if not r["fitted"] and r["goodput_error"] is not None]
         grid.append({"batch_overhead_ms": ov, "demand_fraction": df, "interference": it, "host_launch_ms": hl,
-                     "host_request_ms": hr, "host_arrival_ms": ha,
+                     "host_request_ms": hr, "host_arrival_ms": ha, "gil_request_ms": gr, "gil_batch_ms": gb,
                      "worst_abs_error_fitted": round(max(fitted), 4) if fitted else None,
                      "mean_abs_error_fitted": round(sum(fitted) / len(fitted), 4) if fitted else None,
                      "median_abs_error_unfitted": round(sorted(over)[len(over) // 2], 4) if over else None,
                      "points": rows})
         print(f"overhead {ov:.2f} ms, demand_fraction {df:.2f}, interference {it:.3f}, host launch {hl:.2f} ms, "
-              f"host per request {hr:.3f} ms, per arrival {ha:.3f} ms: "
+              f"host per request {hr:.3f} ms, per arrival {ha:.3f} ms, GIL per request {gr:.3f} / batch {gb:.3f} ms: "
               f"worst |error| {max(fitted):.3f}, mean {sum(fitted) / len(fitted):.3f} over {len(fitted)} fitted "
               f"points; median |error| {grid[-1]['median_abs_error_unfitted']} over {len(over)} points in collapse",
               flush=True)
     best = min(grid, key=lambda g: (g["worst_abs_error_fitted"], g["mean_abs_error_fitted"]))
     print(f"best: batch_overhead_ms={best['batch_overhead_ms']}, demand_fraction={best['demand_fraction']}, "
           f"interference={best['interference']}, host_launch_ms={best['host_launch_ms']}, "
-          f"host_request_ms={best['host_request_ms']}, host_arrival_ms={best['host_arrival_ms']}")
+          f"host_request_ms={best['host_request_ms']}, host_arrival_ms={best['host_arrival_ms']}, "
+          f"gil_request_ms={best['gil_request_ms']}, gil_batch_ms={best['gil_batch_ms']}")
     for r in best["points"]:
         print(f"  {r['policy']:9s} x{r['scale']:<6.3g} measured {r['measured_goodput']:7.0f}/s "
               f"simulated {r['simulated_goodput']:7.0f}/s error {r['goodput_error']:+.3f}"

@@ -169,6 +169,30 @@ def test_every_arrival_costs_the_host_before_the_launches_behind_it():
         ContentionModel(host_arrival_ms=-0.1)
 
 
+def test_a_busy_interpreter_stretches_turnarounds_by_its_load_over_the_last_window():
+    from gpuloom.runtime.sim import GIL_RHO_MAX, GIL_WINDOW_MS
+
+    backend = SimBackend({"toy": toy_profile()}, contention=ContentionModel(gil_request_ms=GIL_WINDOW_MS / 4))
+    assert backend._gil_stretch() == 1.0  # idle
+    backend.note_arrival()
+    backend.note_arrival()  # two requests: half the window's interpreter time
+    assert backend._gil_stretch() == pytest.approx(2.0)
+    for _ in range(10):
+        backend.note_arrival()
+    assert backend._gil_stretch() == pytest.approx(1 / (1 - GIL_RHO_MAX))  # capped
+    backend.loop.now = GIL_WINDOW_MS + 1.0  # the window has moved past them all
+    assert backend._gil_stretch() == 1.0
+    # a batch's turnaround: one request entered, its batch launched, the lane held 1 ms x 1 / (1 - 0.3)
+    reqs = [Request(0, "toy", 0.0, 10.0)]
+    cm = ContentionModel(batch_overhead_ms=1.0, gil_request_ms=0.1 * GIL_WINDOW_MS, gil_batch_ms=0.2 * GIL_WINDOW_MS)
+    rec = toy_run(_TwoPartitions(), reqs, until_ms=1.0, contention=cm)
+    plain = toy_run(_TwoPartitions(), reqs, until_ms=1.0, contention=ContentionModel(batch_overhead_ms=1.0))
+    assert plain.results[0].finish_ms == pytest.approx(2.0 + 1.0)  # 2 ms on 8 SMs, then the 1 ms turnaround
+    assert rec.results[0].finish_ms == pytest.approx(2.0 + 1.0 / (1 - 0.3))
+    with pytest.raises(ValueError, match="gil_request_ms"):
+        ContentionModel(gil_request_ms=-1.0)
+
+
 def test_no_slowdown_while_the_knees_fit_and_efficiency_scales_oversubscription():
     reqs = [Request(0, "toy", 0.0, 10.0), Request(1, "toy", 0.0, 10.0)]
     rec = toy_run(_TwoLanes(), reqs, until_ms=1.0, contention=ContentionModel(efficiency=0.8))

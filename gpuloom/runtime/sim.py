@@ -57,6 +57,12 @@ against the GPU, issue 5). Its parameters live in :class:`ContentionModel`.
   charged). ``host_request_ms`` charges only requests that run; on the overloaded mix 75% of them
   were dropped at their deadlines, each after costing the interpreter a queue entry, a wake-up and
   an answer (runs 50-51, sixteenth session). Off by default.
+* **Shared interpreter** (``gil_request_ms``, ``gil_batch_ms``): not a queue but a share. Every
+  request that enters and every batch launched costs the interpreter this much; over the last
+  :data:`GIL_WINDOW_MS` that is its load ``rho`` (at most :data:`GIL_RHO_MAX`), and every batch's
+  turnaround (its batch overhead) is stretched by ``1 / (1 - rho)``, as the waits of threads that
+  take turns on one lock grow with its load. On the H200 the turnaround grew from 0.5 ms to 2-7 ms
+  on the overloaded mix (run 50). Off by default.
 
 Utilization: a batch *uses* ``min(partition SMs, knee)`` SMs on an exclusive partition (SMs past the
 knee do not make it faster); shared batches together use ``min(A, K)``. ``busy_sm_ms`` integrates
@@ -70,6 +76,7 @@ both.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
@@ -77,6 +84,12 @@ from ..profile.store import Profile
 from .backend import Backend
 from .events import COMPLETION, EventLoop
 from ..policy.types import Completion, Decision, Layout, Partition, Request
+
+
+#: the shared interpreter's load is measured over this many ms of simulated time ...
+GIL_WINDOW_MS = 50.0
+#: ... and capped here (a turnaround stretched at most 1 / (1 - 0.95) = 20x)
+GIL_RHO_MAX = 0.95
 
 
 @dataclass(frozen=True)
@@ -92,6 +105,8 @@ class ContentionModel:
     host_launch_ms: float = 0.0  # per batch, time of the ONE host thread that launches every batch (serialized)
     host_request_ms: float = 0.0  # per request of a batch, time of that same host (the interpreter, serialized)
     host_arrival_ms: float = 0.0  # per request that enters (served, late or dropped), time of that same host
+    gil_request_ms: float = 0.0  # per request that enters, interpreter time that stretches every turnaround
+    gil_batch_ms: float = 0.0  # per batch launched, likewise (see "Shared interpreter" above)
     model_overhead_ms: tuple[tuple[str, float], ...] = ()  # (model, ms): batch_overhead_ms for that model
 
     def __post_init__(self) -> None:
@@ -100,12 +115,13 @@ class ContentionModel:
         if not (0.0 < self.demand_fraction <= 1.0):
             raise ValueError(f"ContentionModel.demand_fraction must be in (0, 1], found {self.demand_fraction}")
         if min(self.interference, self.knee_eps, self.switch_ms, self.batch_overhead_ms, self.host_launch_ms,
-               self.host_request_ms, self.host_arrival_ms) < 0:
+               self.host_request_ms, self.host_arrival_ms, self.gil_request_ms, self.gil_batch_ms) < 0:
             raise ValueError(
                 "ContentionModel: knee_eps, interference, switch_ms, batch_overhead_ms, host_launch_ms, "
-                f"host_request_ms and host_arrival_ms must be >= 0, found {self.knee_eps}, {self.interference}, "
-                f"{self.switch_ms}, {self.batch_overhead_ms}, {self.host_launch_ms}, {self.host_request_ms}, "
-                f"{self.host_arrival_ms}"
+                f"host_request_ms, host_arrival_ms, gil_request_ms and gil_batch_ms must be >= 0, found "
+                f"{self.knee_eps}, {self.interference}, {self.switch_ms}, {self.batch_overhead_ms}, "
+                f"{self.host_launch_ms}, {self.host_request_ms}, {self.host_arrival_ms}, {self.gil_request_ms}, "
+                f"{self.gil_batch_ms}"
             )
         bad = [(m, ms) for m, ms in self.model_overhead_ms if not (isinstance(m, str) and ms >= 0)]
         if bad:
@@ -202,6 +218,9 @@ class SimBackend(Backend):
         self._launcher_free = 0.0  # when the one host launching thread is next free (host_launch_ms)
         # whether batches queue on that one host thread at all (off by default; see _through_host)
         self._arrival_ms = self.contention.host_arrival_ms
+        self._gil = self.contention.gil_request_ms > 0.0 or self.contention.gil_batch_ms > 0.0
+        self._gil_log: deque[tuple[float, float]] = deque()  # (time, interpreter ms) in the window
+        self._gil_sum = 0.0
         self._one_host = self.contention.host_launch_ms > 0.0 or self.contention.host_request_ms > 0.0 \
             or self._arrival_ms > 0.0
 
@@ -248,7 +267,11 @@ class SimBackend(Backend):
             base = self._through_host(base, len(requests))
         self._settle()
         # the tail: the lane is busy after the GPU work, the GPU is not
-        run = _Run(decision, part, self.loop.now, base, demand, useful, self._tails[decision.model])
+        tail = self._tails[decision.model]
+        if self._gil:
+            self._gil_add(self.contention.gil_batch_ms)
+            tail *= self._gil_stretch()
+        run = _Run(decision, part, self.loop.now, base, demand, useful, tail)
         self._seq += 1
         run.seq = self._seq
         self._running[decision.partition] = run
@@ -265,6 +288,21 @@ class SimBackend(Backend):
     def note_arrival(self) -> None:
         if self._arrival_ms > 0.0:  # the one host's backlog, which later launches wait behind
             self._launcher_free = max(self.loop.now, self._launcher_free) + self._arrival_ms
+        if self._gil:
+            self._gil_add(self.contention.gil_request_ms)
+
+    def _gil_add(self, ms: float) -> None:
+        if ms > 0.0:
+            self._gil_log.append((self.loop.now, ms))
+            self._gil_sum += ms
+
+    def _gil_stretch(self) -> float:
+        """``1 / (1 - rho)``: the shared interpreter's load over the last window stretches turnarounds."""
+        log, start = self._gil_log, self.loop.now - GIL_WINDOW_MS
+        while log and log[0][0] < start:
+            self._gil_sum -= log.popleft()[1]
+        rho = min(GIL_RHO_MAX, max(0.0, self._gil_sum) / GIL_WINDOW_MS)
+        return 1.0 / (1.0 - rho)
 
     def _through_host(self, base: float, n_requests: int) -> float:
         """``base`` (ms the batch holds its lane) plus what the one host thread delays it by
