@@ -100,13 +100,14 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         console.print("[green]every model gets its demand within its SLO[/]")
-    from gpuloom.policy.dstack import AUTO_SHARED_ABOVE, DEFAULT_TURNAROUND_MS, turnaround_share
+    from gpuloom.policy.dstack import AUTO_SHARED_ABOVE, DEFAULT_TURNAROUND_MS, auto_lanes, turnaround_share
 
     share = turnaround_share(schedule)
+    where = {"shared": "shared lanes", "partitions": "partitions"}[auto_lanes(share)]
     console.print(
         f"turnaround share {share:.3f}: the partitions would idle that much of the GPU's SM-time through "
-        f"{DEFAULT_TURNAROUND_MS:g} ms batch turnarounds; dstack (lanes=auto, its default) would run a plan with this share on "
-        + ("shared lanes" if share > AUTO_SHARED_ABOVE else "partitions") + f" (shared above {AUTO_SHARED_ABOVE:g})"
+        f"{DEFAULT_TURNAROUND_MS:g} ms batch turnarounds; dstack (lanes=auto, its default) would run a plan "
+        f"with this share on {where} (shared above {AUTO_SHARED_ABOVE:g})"
     )
 
     out = Path(args.out)

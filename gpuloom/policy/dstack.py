@@ -183,6 +183,17 @@ DEFAULT_LANES = "auto"
 DEFAULT_TURNAROUND_MS = 0.55
 
 
+def auto_lanes(share: float, current: str | None = None) -> str:
+    """``lanes="auto"``'s choice for a plan of turnaround ``share``: shared lanes above
+    :data:`AUTO_SHARED_ABOVE`, else partitions; a re-plan running on ``current`` leaves it only beyond
+    :data:`AUTO_BAND` of the threshold."""
+    if current == "shared" and share >= AUTO_SHARED_ABOVE - AUTO_BAND:
+        return "shared"
+    if current == "partitions" and share <= AUTO_SHARED_ABOVE + AUTO_BAND:
+        return "partitions"
+    return "shared" if share > AUTO_SHARED_ABOVE else "partitions"
+
+
 def turnaround_share(sched: Schedule, turnaround_ms: float = DEFAULT_TURNAROUND_MS) -> float:
     """The share of the GPU's SM-time ``sched``'s partitions would idle through batch turnarounds:
     each model's batches per second (its demand, up to what the plan serves, over its planned batch)
@@ -374,13 +385,8 @@ class DStackPolicy(Policy):
         """What ``sched`` runs on: the ``lanes`` option, or for ``"auto"`` the rule in the docstring."""
         if self.lanes != "auto":
             return self.lanes
-        share = turnaround_share(sched, self.turnaround_ms)
-        if self._planned:  # a re-plan: leave the current mode only outside the band
-            if self.mode == "shared" and share >= AUTO_SHARED_ABOVE - AUTO_BAND:
-                return "shared"
-            if self.mode == "partitions" and share <= AUTO_SHARED_ABOVE + AUTO_BAND:
-                return "partitions"
-        return "shared" if share > AUTO_SHARED_ABOVE else "partitions"
+        # a re-plan leaves the current mode only outside the band
+        return auto_lanes(turnaround_share(sched, self.turnaround_ms), self.mode if self._planned else None)
 
     def _switch_fraction(self, candidate: Schedule) -> float | None:
         """What adopting ``candidate`` rebuilds, for the replanner's switch cost: nothing from shared
