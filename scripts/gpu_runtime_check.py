@@ -20,8 +20,8 @@ timeout still leaves what was measured:
    three, answers a request, and is unloaded; the others see no failures (a capture racing the
    serving threads would show up here).
 5. ``overhead``: the 6-model mix (examples/mix6.yaml models) compiled at max_batch 1 under dstack (its
-   default lanes, and on partitions) and triton: dispatch overhead (host dispatch ms / device ms; target < 5%) and GPU idle ratio with work
-   queued.
+   default lanes, and on partitions) and triton: dispatch overhead (host dispatch ms / device ms;
+   target < 5%) and GPU idle ratio with work queued.
 
 ``--only serve,failure`` runs a subset; ``--quick`` shortens the points.
 """

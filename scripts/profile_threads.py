@@ -30,6 +30,10 @@ _LOCK = threading.Lock()
 TIMER = None
 
 
+def _new_profile() -> cProfile.Profile:
+    return cProfile.Profile(TIMER) if TIMER else cProfile.Profile()
+
+
 def install(workers: str | None, main: bool = True) -> cProfile.Profile | None:
     """Profile every thread started from now on whose name starts with ``workers`` ("" = every
     thread, None = none; each its own profile); with ``main``, return the main thread's profile
@@ -39,7 +43,7 @@ def install(workers: str | None, main: bool = True) -> cProfile.Profile | None:
     def profiled(self):
         if workers is None or not self.name.startswith(workers):
             return run(self)
-        prof = cProfile.Profile(TIMER) if TIMER else cProfile.Profile()
+        prof = _new_profile()
         with _LOCK:
             PROFILES.append((self.name, prof))
         prof.enable()
@@ -51,7 +55,7 @@ def install(workers: str | None, main: bool = True) -> cProfile.Profile | None:
     threading.Thread.run = profiled
     if not main:
         return None
-    prof = cProfile.Profile(TIMER) if TIMER else cProfile.Profile()
+    prof = _new_profile()
     PROFILES.append(("MainThread", prof))
     return prof
 

@@ -301,6 +301,7 @@ def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s:
     lock = threading.Lock()
     lat: dict[str, list[tuple[bool, float, str]]] = {m: [] for m in times}  # (ok, ms, error kind)
     rejected = {m: 0 for m in times}
+    shed = {m: 0 for m in times}  # of rejected: over the plan's share (Shed)
     before = service_snapshot(svc)
     t0 = time.monotonic()
 
@@ -314,10 +315,7 @@ def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s:
 
     futs = []
     late_ms: list[float] = []  # per request: submitted this long after its arrival time
-    from gpuloom.runtime.service import ServiceError
-
-    shed = {m: 0 for m in times}  # of rejected: over the plan's share (Shed)
-    from gpuloom.runtime.service import Shed
+    from gpuloom.runtime.service import ServiceError, Shed
 
     def send(i: int, t: float, m: str) -> None:
         sent = time.monotonic()

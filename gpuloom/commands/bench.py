@@ -158,7 +158,8 @@ def run(args: argparse.Namespace) -> int:
 
     def write_report() -> dict:
         meta = {"torch": torch.__version__, "tiny": args.tiny, "max_batch": args.max_batch,
-                "duration_s": args.duration, "warmup_s": min(args.warmup, args.duration), "seconds": round(time.monotonic() - t0, 1), "argv": sys.argv[1:],
+                "duration_s": args.duration, "warmup_s": min(args.warmup, args.duration),
+                "seconds": round(time.monotonic() - t0, 1), "argv": sys.argv[1:],
                 # what plain "dstack" meant in this run (reports before the key planned down to 8 SMs: 0)
                 "dstack_min_sms_default": DEFAULT_MIN_SMS,
                 "dstack_remainder_default": DEFAULT_REMAINDER,

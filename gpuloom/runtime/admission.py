@@ -26,10 +26,15 @@ class TokenBucket:
         self.tokens: float | None = None  # None: full
         self.at = 0.0
 
+    @staticmethod
+    def _fill_cap(rate: float) -> tuple[float, float]:
+        """Rows per second the bucket refills at, and the most it holds."""
+        fill = rate * ADMIT_SLACK
+        return fill, max(1.0, fill * ADMIT_BURST_S)
+
     def take(self, rate: float, n: int, now_s: float) -> bool:
         """Whether ``n`` rows may enter at ``now_s`` (seconds) when the plan serves ``rate`` per second."""
-        fill = rate * ADMIT_SLACK
-        cap = max(1.0, fill * ADMIT_BURST_S)
+        fill, cap = self._fill_cap(rate)
         tokens = cap if self.tokens is None else min(cap, self.tokens + max(0.0, now_s - self.at) * fill)
         self.at = now_s
         ok = tokens >= min(float(n), cap)
@@ -38,9 +43,8 @@ class TokenBucket:
 
     def wait_s(self, rate: float, n: int) -> float:
         """Seconds from the last :meth:`take` until ``n`` rows may enter (a refusal's Retry-After)."""
-        fill = rate * ADMIT_SLACK
+        fill, cap = self._fill_cap(rate)
         if fill <= 0:
             return 1.0
-        cap = max(1.0, fill * ADMIT_BURST_S)
         short = min(float(n), cap) - (cap if self.tokens is None else self.tokens)
         return max(0.001, short / fill)

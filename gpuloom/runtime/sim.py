@@ -308,15 +308,13 @@ class SimBackend(Backend):
 
     def _through_host(self, base: float, n_requests: int) -> float:
         """``base`` (ms the batch holds its lane) plus what the one host thread delays it by
-        (``host_launch_ms``, ``host_request_ms``): FIFO, the batch waits for the host's backlog, then
-        launches."""
+        (``host_launch_ms``, ``host_request_ms``, and the arrivals' ``host_arrival_ms`` already in its
+        backlog): FIFO, the batch waits for the host's backlog, then launches. Only with ``_one_host``."""
         h = self.contention.host_launch_ms
-        h_req = self.contention.host_request_ms * n_requests
-        if self._one_host:
-            start = max(self.loop.now, self._launcher_free)
-            self._launcher_free = start + h + h_req  # the requests' share adds to the backlog ...
-            base += start - self.loop.now + h  # ... but holds the lane only through what it delays
-        return base
+        start = max(self.loop.now, self._launcher_free)
+        # the requests' share adds to the backlog ...
+        self._launcher_free = start + h + self.contention.host_request_ms * n_requests
+        return base + start - self.loop.now + h  # ... but holds the lane only through what it delays
 
     def _independent(self, run: _Run) -> bool:
         """An exclusive batch without interference neither slows nor is slowed by anything."""
