@@ -85,6 +85,9 @@ class Policy(ABC):
     #: miss their deadline. Replaced (never mutated) when the plan changes: client threads read it.
     #: Empty: admit everything.
     admit_rps: Mapping[str, float] = {}
+    #: True: the runtime reports what became of each batch's and each drop's requests
+    #: (:meth:`on_outcomes`); off by default, as it costs a look at every request's deadline
+    wants_outcomes: bool = False
 
     def setup(self, ctx: PolicyContext) -> Layout:
         """Remember ``ctx`` and return the layout to start with."""
@@ -102,6 +105,11 @@ class Policy(ABC):
 
     def on_completion(self, completion: Completion, now_ms: float) -> None:
         """A batch finished. Default: nothing."""
+
+    def on_outcomes(self, model: str, on_time: int, missed: int, now_ms: float) -> None:
+        """With :attr:`wants_outcomes`: ``on_time`` requests of ``model`` were served by their deadline
+        and ``missed`` were served after it or dropped at it (a finished batch, or a ``"deadline"``
+        drop). Default: nothing."""
 
     def on_refused(self, model: str, n: int, now_ms: float) -> None:
         """``n`` requests of ``model`` were refused at submission (:attr:`admit_rps`): they are

@@ -70,6 +70,12 @@ the host, not the GPU, was saturated (run 50: 0.061 of the SLO for every policy)
 still count as demand for re-planning (:meth:`on_refused`). A model the plan gives no slot at all
 (``planned_rps`` 0) is not shed: it is served best effort on whatever is free, as before.
 
+**Admission at the delivered rate** (``adapt=True``, off by default until measured on a GPU). The
+plan's rates assume the host keeps up; on the overloaded mix at x0.5 it did not (run 54: nothing
+shed, 0.51 of the SLO). With ``adapt`` the runtime reports what became of each model's requests
+(:meth:`on_outcomes`), and a model missing more than a fifth of them is admitted at the rate it
+delivered on time, then probed upwards while it keeps up (:class:`~gpuloom.policy.delivery.DeliveryCap`).
+
 A request is dropped (reason ``"deadline"``) only when it can no longer meet its deadline on any
 partition, even as a batch of one started now. Arrivals feed a
 :class:`~gpuloom.plan.RateEstimator`; every ``check_ms`` the :class:`~gpuloom.plan.Replanner`
@@ -106,6 +112,7 @@ from ..plan.planner import REMAINDERS
 from ..plan.slowdown import SlowdownEstimator, load_slowdowns, slowed_store
 from ..profile.store import ProfileStore
 from .base import Action, Policy, PolicyContext, Queues, hopeless, register
+from .delivery import DeliveryCap
 from .types import Decision, Drop, Layout, Partition
 
 
@@ -241,6 +248,7 @@ class DStackPolicy(Policy):
         lanes: str | None = None,
         turnaround_ms: float = DEFAULT_TURNAROUND_MS,
         shed: bool = True,
+        adapt: bool = False,
     ) -> None:
         if headroom < 0 or check_ms <= 0 or not batch_overhead_ms >= 0 or not 0 <= slo_margin < 1:
             raise ValueError(f"dstack: need headroom >= 0, check_ms > 0, batch_overhead_ms >= 0 and 0 <= slo_margin < 1, "
@@ -248,7 +256,8 @@ class DStackPolicy(Policy):
         if grow == "auto":
             grow = None
         for flag, v in (("replan", replan), ("ahead_full", ahead_full), ("learn_slowdown", learn_slowdown),
-                        ("grow", True if grow is None else grow), ("shed", shed)):
+                        ("grow", True if grow is None else grow), ("shed", shed),
+                        ("adapt", adapt)):
             if not isinstance(v, bool):  # "False" from a command line must not read as True
                 also = " or auto (on shared lanes only)" if flag == "grow" else ""
                 raise ValueError(f"dstack: {flag} must be true or false{also}, found {v!r}")
@@ -279,6 +288,11 @@ class DStackPolicy(Policy):
         self._filling: set[str] = set()  # models holding a partial batch back to fill it
         self.grow_rule = grow  # None: grow on shared lanes only (module docstring)
         self.shed = shed  # refuse a short model's requests beyond its planned rate (module docstring)
+        if adapt and not shed:
+            raise ValueError("dstack: adapt=true needs shed=true (it lowers the rates that shedding admits)")
+        self.adapt = adapt  # also cap each model at what it delivers on time while it misses (module docstring)
+        self.wants_outcomes = adapt
+        self.delivery: DeliveryCap | None = None
         self.ahead_full = bool(ahead_full)  # launch ahead only batches of the planned size (module docstring)
         self._ahead_parts: set[int] = set()  # offered ahead (on_free), their batch still running
         self.headroom = float(headroom)
@@ -334,6 +348,7 @@ class DStackPolicy(Policy):
         self.estimator = RateEstimator(self.window_s)
         self.slowness = SlowdownEstimator(window=200, min_batches=30) if self.learn_slowdown and self.replan else None
         self._arrived = {m: 0 for m in ctx.models}  # arrivals since the last check
+        self.delivery = DeliveryCap(ctx.models) if self.adapt else None
         self._next_check = self.check_ms
         return self._adopt(sched, 0.0)
 
@@ -349,8 +364,9 @@ class DStackPolicy(Policy):
         self.mode = self._mode_for(sched)
         self._planned = True
         self.schedule = sched
-        self.admit_rps = {mp.model: mp.planned_rps for mp in sched.models
-                          if 0 < mp.planned_rps < mp.demand_rps} if self.shed else {}
+        self._plan_admit = {mp.model: mp.planned_rps for mp in sched.models
+                            if 0 < mp.planned_rps < mp.demand_rps} if self.shed else {}
+        self.admit_rps = self.delivery.admit(self._plan_admit) if self.delivery is not None else self._plan_admit
         self.epoch = now_ms
         self.cycle = sched.cycle_ms
         self._ahead_parts = set()  # a new layout's partitions start empty
@@ -434,10 +450,17 @@ class DStackPolicy(Policy):
     def on_refused(self, model: str, n: int, now_ms: float) -> None:
         if model in self._arrived:
             self._arrived[model] += n  # demand all the same: re-plans see it
+        if self.delivery is not None:
+            self.delivery.arrived(model, n)
+
+    def on_outcomes(self, model: str, on_time: int, missed: int, now_ms: float) -> None:
+        self.delivery.outcome(model, on_time, missed)  # only called with adapt (wants_outcomes)
 
     def on_arrival(self, request, now_ms: float) -> None:
         m = request.model
         self._arrived[m] += 1  # fed to the rate estimator at the next check (every check_ms)
+        if self.delivery is not None:
+            self.delivery.arrived(m)
         if m not in self._waiting or self._ahead_parts or m in self._filling:
             # had nothing queued: it may fit somewhere now; or a partition offered ahead, or a batch
             # held back to fill (fill_wait), waits for a full batch, which this arrival may complete
@@ -688,6 +711,9 @@ class DStackPolicy(Policy):
         return t
 
     def layout_change(self) -> Layout | None:
+        delivery = self.delivery
+        if delivery is not None and delivery.due(self._now) and delivery.update(self._now):
+            self.admit_rps = delivery.admit(self._plan_admit)  # replaced, never mutated: client threads read it
         if self.replanner is None or self._now < self._next_check:
             return None
         now_s = self._now / 1000.0
@@ -745,5 +771,8 @@ class DStackPolicy(Policy):
             "short": list(self.schedule.short),
             "grow": self.grow,
             "fill_wait": self.fill_wait,
-            "admit_rps": {m: round(r, 1) for m, r in sorted(self.admit_rps.items())},
+            "admit_rps": {m: round(r, 1) for m, r in sorted(self._plan_admit.items())},
+            "adapt": self.adapt,
+            **({"delivery_caps": {m: round(r, 1) for m, r in sorted(self.delivery.caps.items())},
+                "delivery_cuts": self.delivery.cuts} if self.delivery is not None else {}),
         }

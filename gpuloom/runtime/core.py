@@ -440,7 +440,10 @@ class Runtime:
         if self._trace_on:
             self._log("complete", d.model, d.partition, d.request_ids)
         if pol is self.policy:  # a replaced policy's batch means nothing to its successor
-            self.policy.on_completion(c, self.loop.now)
+            if pol.wants_outcomes and not error:
+                late = sum(r.deadline_ms < end_ms for r in reqs)
+                pol.on_outcomes(d.model, len(reqs) - late, late, self.loop.now)
+            pol.on_completion(c, self.loop.now)
 
     @staticmethod
     def _lane_position(lane: list | None, d: Decision) -> int:
@@ -595,6 +598,8 @@ class Runtime:
     def _drop(self, drop: Drop) -> None:
         now, reason = self.loop.now, drop.reason
         self._finish_all([Result(r, _DROPPED, now, reason) for r in self._take(drop.model, drop.request_ids)])
+        if reason == "deadline" and self.policy.wants_outcomes:
+            self.policy.on_outcomes(drop.model, 0, len(drop.request_ids), now)
         if self._trace_on:
             self._log("drop", drop.model, drop.request_ids, drop.reason)
 

@@ -662,8 +662,9 @@ class InferenceService:
             wait = self._admit(m, admit[name], len(rows))
             if wait is not None:
                 rt.note_refused(name, len(rows))
-                raise Shed(f"model {name!r} is over its planned share: the plan serves {admit[name]:.0f} "
-                           f"requests/s of it, less than its demand (the GPU is overloaded)", retry_after_s=wait)
+                raise Shed(f"model {name!r} is over its planned share: the policy admits {admit[name]:.0f} "
+                           f"requests/s of it, less than its demand (the GPU, or its host, is overloaded)",
+                           retry_after_s=wait)
         layer = self.device
         if layer.stages:  # CUDA: rows into pinned memory on this (the client's) thread, outside any lock
             if layer.is_pinned(rows[0] + rows[-1]):  # already there (a worker's arena): launched in place
