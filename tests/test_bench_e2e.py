@@ -401,3 +401,31 @@ def test_a_point_counts_the_requests_shed_as_over_the_plans_share_apart_from_oth
     alpha = by["alpha"]  # (the service's warm-up call counts in n too: a third, give or take one)
     assert alpha["shed"] == alpha["rejected"] > 0 and abs(alpha["shed"] - alpha["submitted"] / 3) <= 1
     assert by["beta"]["shed"] == 0
+
+
+def test_the_report_compares_goodput_at_each_shared_load_where_no_policy_holds_the_target():
+    # overload (runs 51-54): nobody holds 99%, so the highest loads say nothing; goodput per load does
+    from gpuloom.bench.e2e import Point, PolicyResult, to_json
+    from gpuloom.bench.workload import Arrival, ModelSpec, Workload
+    from gpuloom.commands.bench import summary_line
+
+    def point(policy, scale, goodput, attainment):
+        return Point(policy, scale, 5.0, 1000.0 * scale, goodput, attainment, 1.0, 2.0, 1.0, 0.5, 0.0, 0.0, 0.0, ())
+
+    results = [PolicyResult("dstack", [point("dstack", 1.0, 2001.0, 0.16), point("dstack", 0.5, 3266.0, 0.51)], 0.0, 0.0),
+               PolicyResult("triton", [point("triton", 0.5, 1309.0, 0.21), point("triton", 1.0, 762.0, 0.06)], 0.0, 0.0),
+               PolicyResult("nexus", [point("nexus", 0.5, 1897.0, 0.30)], 0.0, 0.0)]
+    w = Workload((ModelSpec("m", 50, arrival=Arrival("poisson", rate=100)),), duration_s=1.0)
+    r = to_json(w, results, device="cpu", target=0.99)["dstack_vs_best_baseline"]
+    assert r["load_ratio"] is None
+    assert [(g["scale"], g["baseline"]) for g in r["goodput_by_scale"]] == [(0.5, "nexus"), (1.0, "triton")]
+    assert r["goodput_by_scale"][0]["ratio"] == pytest.approx(3266 / 1897)
+    line = summary_line(r, 0.99)
+    assert "no policy held 99%" in line and "x0.5 1.72x (nexus)" in line and "x1 2.63x (triton)" in line
+
+    results[0] = PolicyResult("dstack", results[0].points, 0.5, 500.0)  # dstack held it at x0.5, nobody else
+    r = to_json(w, results, device="cpu", target=0.99)["dstack_vs_best_baseline"]
+    assert r["load_ratio"] is None and "dstack held 99% up to x0.5, no baseline" in summary_line(r, 0.99)
+    results[1] = PolicyResult("triton", results[1].points, 0.25, 250.0)
+    r = to_json(w, results, device="cpu", target=0.99)["dstack_vs_best_baseline"]
+    assert r["load_ratio"] == 2.0 and summary_line(r, 0.99).startswith("dstack / best baseline: highest load at 99%: 2.00x (triton)")

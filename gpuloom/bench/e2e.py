@@ -703,11 +703,30 @@ def to_json(workload: Workload, results: Sequence[PolicyResult], *, device: str,
         best = max(base, key=lambda r: r.max_scale)
         out["dstack_vs_best_baseline"] = {
             "baseline": best.policy,
-            "load_ratio": ds.max_scale / best.max_scale if best.max_scale > 0 else math.inf,
+            # None where no baseline held the target at any load measured (an overloaded mix, by construction)
+            "load_ratio": ds.max_scale / best.max_scale if best.max_scale > 0 else None,
+            "dstack_max_scale": ds.max_scale,
+            "baseline_max_scale": best.max_scale,
             # a dstack sweep cut short by an error gives a lower bound, not its highest load
             "dstack_complete": not ds.error,
+            "goodput_by_scale": goodput_ratios(ds, base),
         }
     return _clean(out)
+
+
+def goodput_ratios(ds: PolicyResult, base: Sequence[PolicyResult]) -> list[dict]:
+    """At each load both dstack and some baseline measured: dstack's goodput over the best baseline's
+    there. What compares policies where none holds the SLO target (overload), and at every load of a
+    rate sweep where the highest loads alone say little."""
+    out = []
+    for p in sorted(ds.points, key=lambda p: p.scale):
+        rivals = [(q.goodput_rps, r.policy) for r in base for q in r.points if q.scale == p.scale]
+        if not rivals:
+            continue
+        g, name = max(rivals)
+        out.append({"scale": p.scale, "baseline": name, "dstack_goodput_rps": p.goodput_rps,
+                    "baseline_goodput_rps": g, "ratio": p.goodput_rps / g if g > 0 else None})
+    return out
 
 
 def _clean(v: Any) -> Any:
@@ -721,5 +740,5 @@ def _clean(v: Any) -> Any:
     return v
 
 
-__all__ = ["ModelPoint", "Point", "PolicyResult", "bench_policy", "build_models", "run_point", "simulate_point",
-           "tiny_module", "to_json"]
+__all__ = ["ModelPoint", "Point", "PolicyResult", "bench_policy", "build_models", "goodput_ratios", "run_point",
+           "simulate_point", "tiny_module", "to_json"]

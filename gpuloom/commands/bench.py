@@ -70,6 +70,21 @@ def parse_policy_spec(spec: str) -> tuple[str, dict, dict]:
     return name, policy_options, service_options
 
 
+def summary_line(r: dict, target: float) -> str:
+    """The bench's last line: dstack against the best baseline, at its highest load within ``target``
+    and in goodput at each load both measured."""
+    ratio, bound = r["load_ratio"], "" if r["dstack_complete"] else " (at least: dstack's sweep was cut short)"
+    if ratio is not None:
+        head = f"highest load at {target:.0%}: {ratio:.2f}x ({r['baseline']}){bound}"
+    elif r.get("dstack_max_scale"):
+        head = f"dstack held {target:.0%} up to x{r['dstack_max_scale']:g}{bound}, no baseline at any load measured"
+    else:
+        head = f"no policy held {target:.0%} at any load measured"
+    goodput = [f"x{g['scale']:g} {g['ratio']:.2f}x ({g['baseline']})" for g in r.get("goodput_by_scale", ())
+               if g["ratio"] is not None]
+    return "dstack / best baseline: " + head + ("; goodput " + ", ".join(goodput) if goodput else "")
+
+
 def sim_policy(spec: str, meta: dict, plan: dict | None = None) -> tuple[str, dict]:
     """The policy a measured variant ``spec`` ran, as the simulator builds it again from a bench
     report's ``meta``: its name and policy options (service keys configure the real runtime, not the
@@ -214,9 +229,7 @@ def run(args: argparse.Namespace) -> int:
         if r.error:
             console.print(f"[red]{r.policy} stopped:[/red] {r.error}")
     if "dstack_vs_best_baseline" in report:
-        r = report["dstack_vs_best_baseline"]
-        bound = "" if r["dstack_complete"] else " (at least: dstack's sweep was cut short)"
-        Console().print(f"dstack / best baseline ({r['baseline']}): {r['load_ratio']}{bound}")
+        Console().print(summary_line(report["dstack_vs_best_baseline"], args.target))
     if args.out:
         console.print(f"wrote {args.out}")
     return 0 if not any(r.error for r in results) else 1
