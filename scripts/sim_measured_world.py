@@ -1,0 +1,91 @@
+"""dstack variants in a simulated GPU that runs as a measured point did (issue 5).
+
+For each dstack point of the given ``gpuloom bench`` reports, the simulated GPU runs each model as
+slowly as that point measured (device time over profile) and holds each batch's partition as long as
+it measured, per model (``sim_measured_hold.per_model``): bert_base's batches, with 3-6 MB of
+outputs, held theirs 2.6-4.4 ms beyond their device time on the H200, the others 0.6-1.6 ms. Each
+variant (``--variant`` JSON: dstack options; ``"told": true`` adds the point's own slowdowns as
+``slowdowns=``) plans from the profiles as on the GPU, and runs in that world. The simulation is
+circular (it takes the point's own holds and slowdowns), so it says what a variant may win on the
+GPU, not what it wins.
+
+    python scripts/sim_measured_world.py docs/results/runtime/bench_overload_h200_run54_warmup.json \\
+        --variant '{}' --variant '{"adapt": true}' --variant '{"batch_overhead_ms": 1.0}' \\
+        --out docs/results/runtime/sim_measured_world_session17.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from sim_measured_hold import measured, per_model  # noqa: E402
+
+from gpuloom.bench.e2e import save_json  # noqa: E402
+from gpuloom.bench.experiment import simulate  # noqa: E402
+from gpuloom.bench.workload import workload_from_dict  # noqa: E402
+from gpuloom.commands.bench import sim_policy  # noqa: E402
+from gpuloom.plan.slowdown import slowed  # noqa: E402
+from gpuloom.profile.store import ProfileStore  # noqa: E402
+from gpuloom.runtime.service import trim_profile  # noqa: E402
+from gpuloom.runtime.sim import ContentionModel  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("bench", nargs="+", help="gpuloom bench JSONs measured on the GPU")
+    ap.add_argument("--variant", action="append", default=None,
+                    help='dstack options as JSON, e.g. \'{"adapt": true}\' (repeatable; default: plain dstack)')
+    ap.add_argument("--demand-fraction", type=float, default=0.89)
+    ap.add_argument("--duration", type=float, default=4.0, help="seconds of arrivals per point")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    variants = [json.loads(v) for v in (a.variant or ["{}"])]
+    store = ProfileStore.builtin("h200")
+    rows = []
+    for path in a.bench:
+        d = json.loads(Path(path).read_text())
+        wl = workload_from_dict(d["workload"])
+        profs = {m.name: trim_profile(store.get(m.name), int(d["meta"]["max_batch"])) for m in wl.models}
+        name, options = sim_policy("dstack", d["meta"])
+        for p in d["policies"]["dstack"]["points"]:
+            hold, slow, _ = measured(p)
+            holds, slows, _ = per_model(p)
+            factors = {m: slows.get(m, slow) for m in profs}
+            cm = ContentionModel(demand_fraction=a.demand_fraction, batch_overhead_ms=hold,
+                                 model_overhead_ms=tuple(sorted(holds.items())))
+            device = {m: slowed(pr, factors[m]) for m, pr in profs.items()}
+            w = dataclasses.replace(wl.scaled(p["scale"]), duration_s=a.duration)
+            row = {"file": Path(path).name, "scale": p["scale"], "measured_attainment": round(p["slo_attainment"], 4),
+                   "measured_goodput_rps": round(p["goodput_rps"], 1),
+                   "holds_ms": {m: round(h, 3) for m, h in sorted(holds.items())},
+                   "slowdowns": {m: round(f, 3) for m, f in sorted(factors.items())}, "variants": []}
+            print(f"{row['file'][:44]:44s} x{p['scale']:<6g} measured {p['slo_attainment']:.3f} "
+                  f"({p['goodput_rps']:.0f}/s)", flush=True)
+            for v in variants:
+                opts = dict(v)
+                if opts.pop("told", False):
+                    opts["slowdowns"] = factors
+                run = simulate(w, profs, name, contention=cm, options={**options, **opts}, device_profiles=device)
+                m = run.metrics
+                row["variants"].append({"options": v, "slo_attainment": round(m.slo_attainment, 4),
+                                        "goodput_rps": round(m.goodput_rps, 1),
+                                        "admit_rps": run.policy.get("admit_rps"), "batch": run.policy.get("batch")})
+                print(f"    {json.dumps(v):40s} attainment {m.slo_attainment:.3f} goodput {m.goodput_rps:7.0f}/s",
+                      flush=True)
+            rows.append(row)
+    if a.out:
+        save_json(a.out, {"method": __doc__.split("\n\n")[1].replace("\n", " "), "bench": a.bench,
+                          "demand_fraction": a.demand_fraction, "duration_s": a.duration, "points": rows})
+        print("wrote", a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
