@@ -10,7 +10,7 @@ without shedding, and is too slow on mix6 and light3: docs/reports/runtime.md).
 What it can show on a CPU: that ``adapt`` sheds where a saturated host makes a model miss, and
 leaves a host that keeps up alone. The gain on the GPU needs the GPU.
 
-    .venv/bin/python scripts/sim_adaptive_admission.py --out docs/results/runtime/sim_adapt_session17.json
+    .venv/bin/python scripts/sim_adaptive_admission.py --duration 4 --out docs/results/runtime/sim_adapt_session17.json
 """
 
 from __future__ import annotations

@@ -42,6 +42,11 @@ def test_a_measured_variant_is_simulated_with_its_policy_options_and_plain_dstac
     meta16 = {**meta, "dstack_lanes_default": "auto", "dstack_grow_default": "auto", "dstack_shed_default": True}
     assert cal.sim_policy("dstack:shed=false", meta16)[1] == {"min_sms": 16, "remainder": "largest", **now,
                                                               "shed": False}
+    # adapt needs shedding: a report whose plain dstack did not shed still simulates its adapt variant
+    assert cal.sim_policy("dstack:adapt=true", meta)[1] == {"min_sms": 16, "remainder": "largest", **before,
+                                                           "shed": True, "adapt": True}
+    meta17 = {**meta16, "dstack_adapt_default": False}
+    assert cal.sim_policy("dstack", meta17)[1] == {"min_sms": 16, "remainder": "largest", **now, "adapt": False}
     learning = cal.sim_policy("dstack:learn_slowdown=true", meta16)  # as dstack itself: partitions
     assert learning[1]["lanes"] == "partitions"
     from gpuloom.policy import make_policy

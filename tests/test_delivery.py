@@ -32,45 +32,66 @@ def test_a_model_missing_over_a_fifth_is_capped_at_what_it_delivered_on_time():
     assert c.admit({"a": 900.0, "b": 50.0}) == {"a": 900.0, "b": 50.0}  # the plan's lower rate stands
 
 
-def test_no_cap_below_the_trigger_or_on_too_few_outcomes():
+def test_no_cut_below_the_trigger_or_on_too_few_outcomes():
     c = DeliveryCap(["a"])
     assert not window(c, 250, "a", 500, 400, 80)  # 16.7% missed: under the trigger
     assert not window(c, 500, "a", 20, 5, 14)  # 19 outcomes: too few to judge
     assert c.caps == {}
 
 
-def test_a_cut_is_at_most_a_halving_and_never_below_the_floor_of_demand():
-    c = DeliveryCap(["a"], tolerance=1.0)  # every cut pays here: the rules of the cut alone
-    window(c, 250, "a", 500, 300, 100)
-    assert c.caps["a"] == pytest.approx(1200.0)
-    window(c, 500, "a", 500, 50, 200)  # 200/s on time: halved, not cut to 200
-    assert c.caps["a"] == pytest.approx(600.0)
-    window(c, 750, "a", 4000, 10, 100)  # 16,000/s arrive: a tenth of that is the floor
-    assert c.caps["a"] == pytest.approx(600.0)  # the floor (1600) is above the cap: no cut
+def test_a_cut_that_pays_stays_and_a_second_cut_at_most_halves_the_cap():
+    c = DeliveryCap(["a"])
+    window(c, 250, "a", 1000, 600, 400)  # 40% missed: cut to 2400/s
+    assert c.caps["a"] == pytest.approx(2400.0)
+    window(c, 500, "a", 1000, 100, 30)  # 23% missed, under 2/3 of 40%: the cut paid; 400/s on time: cut again
+    assert c.caps["a"] == pytest.approx(1200.0) and c.undone == 0  # halved, not cut to 400
+    window(c, 750, "a", 1000, 50, 200)  # 80% missed after the second cut: undone
+    assert c.caps == {} and c.undone == 1
+
+
+def test_a_cut_is_never_under_the_floor_of_demand_nor_zero():
+    c = DeliveryCap(["a"])
+    window(c, 250, "a", 4000, 10, 100)  # 16,000/s arrive, 40/s on time: a tenth of demand is the floor
+    assert c.caps["a"] == pytest.approx(1600.0)
+    c = DeliveryCap(["a"])
+    window(c, 250, "a", 0, 0, 30)  # a burst's misses after its arrivals ended: nothing on time, no demand
+    assert c.caps["a"] == pytest.approx(1.0)  # the lowest cap, not zero
+    window(c, 500, "a", 400, 0, 0)  # 1,600/s arrive, too few outcomes to judge: raised by a tenth of demand
+    assert c.caps["a"] == pytest.approx(161.0)
 
 
 def test_the_cap_rises_while_the_model_keeps_up_and_goes_at_its_demand():
     c = DeliveryCap(["a"])
-    window(c, 250, "a", 500, 300, 100)  # cap 1200/s; usual rate 1200/s
+    window(c, 250, "a", 500, 300, 100)  # cap 1200/s
     assert window(c, 500, "a", 400, 300, 5)  # kept up (1.6% missed): x1.25
     assert c.caps["a"] == pytest.approx(1500.0)
-    assert window(c, 750, "a", 500, 400, 0)
-    assert c.caps["a"] == pytest.approx(1875.0)
-    assert window(c, 1000, "a", 500, 470, 0)  # 1875 * 1.25 >= 2000/s arriving: no cap
+    assert window(c, 750, "a", 500, 400, 40)  # 9% missed: creeps x1.05, or a tenth of demand (200/s) if more
+    assert c.caps["a"] == pytest.approx(1700.0)
+    assert window(c, 1000, "a", 500, 470, 0)  # 1700 * 1.25 >= 2000/s arriving: no cap
     assert c.caps == {}
 
 
-def test_a_cut_that_does_not_pay_is_undone_and_not_tried_again_for_a_while():
+def test_a_cut_after_which_the_model_misses_as_much_is_undone_and_not_tried_again_for_a_while():
     c = DeliveryCap(["a"], block_ms=1000)
-    window(c, 250, "a", 700, 500, 100)  # uncapped: 2000/s on time, 16.7% missed
-    window(c, 500, "a", 700, 450, 200)  # 30.8% missed: cut to 1800/s
+    window(c, 250, "a", 700, 450, 200)  # 30.8% missed: cut to 1800/s
     assert c.caps["a"] == pytest.approx(1800.0)
-    assert window(c, 750, "a", 700, 300, 130)  # capped, 1200/s on time: below its usual 1940/s
-    assert c.caps == {}
-    window(c, 1000, "a", 700, 450, 200)
-    assert c.caps == {}  # blocked until 1750 ms
-    window(c, 1750, "a", 700, 450, 200)
+    assert window(c, 500, "a", 500, 300, 130)  # capped, still 30.2% missed: the misses are not the load's
+    assert c.caps == {} and c.undone == 1
+    window(c, 750, "a", 700, 450, 200)
+    assert c.caps == {}  # blocked until 1500 ms
+    window(c, 1500, "a", 700, 450, 200)
     assert "a" in c.caps
+
+
+def test_a_restart_forgets_the_window_and_the_pending_judgement_but_keeps_the_caps():
+    c = DeliveryCap(["a"])
+    window(c, 250, "a", 700, 450, 200)
+    c.outcome("a", 0, 500)  # a layout switch drains the GPU: misses that say nothing about the host
+    c.restart(300)
+    assert c.caps["a"] == pytest.approx(1800.0)
+    assert not c.due(500) and c.due(550)
+    window(c, 550, "a", 700, 300, 130)  # 30% missed: no judgement pending, so a cut, not an undo
+    assert c.undone == 0 and c.caps["a"] == pytest.approx(1200.0)
 
 
 def test_bad_settings_are_refused():
@@ -113,3 +134,55 @@ def test_dstack_adapt_needs_shedding_and_is_off_by_default():
         make_policy("dstack", adapt=True, shed=False)
     with pytest.raises(ValueError, match="adapt must be true or false"):
         make_policy("dstack", adapt="yes")
+
+
+def test_the_runtime_reports_each_batchs_and_each_deadline_drops_outcomes_to_a_policy_that_asks():
+    from gpuloom.policy.types import Status
+
+    host = ContentionModel(batch_overhead_ms=0.25, gil_request_ms=0.06, gil_batch_ms=0.6)
+    seen = {"on_time": 0, "missed": 0}
+    for asks in (True, False):
+        pol = make_policy("dstack")
+        pol.wants_outcomes = asks
+
+        def on_outcomes(model, on_time, missed, now_ms, asks=asks):
+            assert asks, "a policy that did not ask heard of outcomes"
+            seen["on_time"] += on_time
+            seen["missed"] += missed
+
+        pol.on_outcomes = on_outcomes
+        store = ProfileStore.builtin("h200")
+        w = load_workload(EXAMPLES / "light3.yaml")
+        run = simulate(dataclasses.replace(w.scaled(8.0), duration_s=1.0),
+                       {m.name: trim_profile(store.get(m.name), 16) for m in w.models}, pol, contention=host)
+        if asks:
+            res = run.record.results
+            served = [r for r in res if r.status is Status.SERVED]
+            on_time = sum(r.finish_ms <= r.request.deadline_ms for r in served)
+            dropped = sum(r.status is Status.DROPPED and r.reason == "deadline" for r in res)
+            assert dropped > 0 and len(served) - on_time > 0  # both kinds of miss happened
+            assert seen == {"on_time": on_time, "missed": len(served) - on_time + dropped}
+
+
+def test_dstack_adapt_replaces_its_admitted_rates_and_reports_plan_and_caps_apart():
+    host = ContentionModel(batch_overhead_ms=0.25, gil_request_ms=0.06, gil_batch_ms=0.6)
+    pol = make_policy("dstack", adapt=True)
+    seen = []
+    real = pol._close_window
+
+    def spy(now_ms):
+        before = pol.admit_rps
+        real(now_ms)
+        if pol.admit_rps is not before:
+            seen.append((before, dict(before), pol.admit_rps))
+
+    pol._close_window = spy
+    store = ProfileStore.builtin("h200")
+    w = load_workload(EXAMPLES / "light3.yaml")
+    run = simulate(dataclasses.replace(w.scaled(8.0), duration_s=1.0),
+                   {m.name: trim_profile(store.get(m.name), 16) for m in w.models}, pol, contention=host)
+    assert seen  # the caps changed at least once ...
+    assert all(old == kept for old, kept, _ in seen)  # ... each time in a new mapping, the old one untouched
+    d = run.policy
+    assert d["adapt"] is True and d["admit_rps"] == {}  # the plan serves every demand: it sheds nothing itself
+    assert d["delivery_cuts"] >= 1 and set(d) >= {"delivery_caps", "delivery_undone"}

@@ -709,7 +709,8 @@ def to_json(workload: Workload, results: Sequence[PolicyResult], *, device: str,
             "baseline_max_scale": best.max_scale,
             # a dstack sweep cut short by an error gives a lower bound, not its highest load
             "dstack_complete": not ds.error,
-            "goodput_by_scale": goodput_ratios(ds, base),
+            # every baseline's points, a run cut short by an error too: what it measured stands
+            "goodput_by_scale": goodput_ratios(ds, [r for r in results if r.policy.split(":")[0] != "dstack"]),
         }
     return _clean(out)
 
@@ -720,7 +721,7 @@ def goodput_ratios(ds: PolicyResult, base: Sequence[PolicyResult]) -> list[dict]
     rate sweep where the highest loads alone say little."""
     out = []
     for p in sorted(ds.points, key=lambda p: p.scale):
-        rivals = [(q.goodput_rps, r.policy) for r in base for q in r.points if q.scale == p.scale]
+        rivals = [(q.goodput_rps, r.policy) for r in base for q in r.points if math.isclose(q.scale, p.scale)]
         if not rivals:
             continue
         g, name = max(rivals)

@@ -80,8 +80,8 @@ def summary_line(r: dict, target: float) -> str:
         head = f"dstack held {target:.0%} up to x{r['dstack_max_scale']:g}{bound}, no baseline at any load measured"
     else:
         head = f"no policy held {target:.0%} at any load measured"
-    goodput = [f"x{g['scale']:g} {g['ratio']:.2f}x ({g['baseline']})" for g in r.get("goodput_by_scale", ())
-               if g["ratio"] is not None]
+    goodput = [f"x{g['scale']:g} " + (f"{g['ratio']:.2f}x" if g["ratio"] is not None else "n/a (baseline served none)")
+               + f" ({g['baseline']})" for g in r.get("goodput_by_scale", ())]
     return "dstack / best baseline: " + head + ("; goodput " + ", ".join(goodput) if goodput else "")
 
 
@@ -102,7 +102,11 @@ def sim_policy(spec: str, meta: dict, plan: dict | None = None) -> tuple[str, di
         options.setdefault("lanes", str(meta.get("dstack_lanes_default", "auto")) if new and not learning
                            else "partitions")
         options.setdefault("grow", meta.get("dstack_grow_default", "auto") if new else False)
-        options.setdefault("shed", bool(meta.get("dstack_shed_default", True)) if new else False)
+        # a variant asking for adapt sheds (adapt needs it), whatever the report's default
+        options.setdefault("shed", True if options.get("adapt") is True
+                           else bool(meta.get("dstack_shed_default", True)) if new else False)
+        if "dstack_adapt_default" in meta:  # before the key, dstack had no adapt (its default now: off)
+            options.setdefault("adapt", bool(meta["dstack_adapt_default"]))
     return name, options
 
 
@@ -179,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
                 "dstack_min_sms_default": DEFAULT_MIN_SMS,
                 "dstack_remainder_default": DEFAULT_REMAINDER,
                 "dstack_lanes_default": DEFAULT_LANES, "dstack_grow_default": "auto", "dstack_shed_default": True,
+                "dstack_adapt_default": False,
                 # hardware queues the driver opens for the process (8 by default; gpuloom asks for 32)
                 **connections_in_effect().as_meta()}
         if device.startswith("cuda"):

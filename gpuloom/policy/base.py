@@ -53,7 +53,10 @@ class Policy(ABC):
 
     * :meth:`setup` once before the first event; returns the partition layout the policy wants.
     * :meth:`on_arrival` after each request is appended to its model's queue.
-    * :meth:`on_completion` after a batch finished and its requests were recorded.
+    * :meth:`on_completion` after a batch finished and its requests were recorded; before it, with
+      :attr:`wants_outcomes`, :meth:`on_outcomes` (also after a ``"deadline"`` drop).
+    * :meth:`on_refused` for requests refused at submission (:attr:`admit_rps`; in the service, with
+      the next arrivals).
     * :meth:`on_free` when a partition running a batch takes the next one early (launch-ahead:
       ``Runtime.lookahead_ms``); a completion frees a partition without it.
     * :meth:`decide` after all events of one instant were handled, when at least one partition is
@@ -79,8 +82,9 @@ class Policy(ABC):
     simulation_only: ClassVar[bool] = False
     #: True: a layout from :meth:`layout_change` takes effect at :meth:`adopt_layout` (class docstring)
     defers_layout_change: ClassVar[bool] = False
-    #: Per model, the requests per second the policy plans to serve where that is less than the
-    #: model's demand. The service refuses that model's requests beyond it at submission
+    #: Per model, the requests per second the policy admits where that is less than the model's
+    #: demand (dstack: what its plan serves, or what the model delivers on time with ``adapt``).
+    #: The service refuses that model's requests beyond it at submission
     #: (``Overloaded``, HTTP 429), which costs the host next to nothing, instead of queueing them to
     #: miss their deadline. Replaced (never mutated) when the plan changes: client threads read it.
     #: Empty: admit everything.

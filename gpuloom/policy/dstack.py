@@ -68,13 +68,15 @@ model's requests beyond the planned rate at submission (:attr:`~gpuloom.policy.b
 GPU serves) queued every request, dropped 75% at their deadlines and served most of the rest late:
 the host, not the GPU, was saturated (run 50: 0.061 of the SLO for every policy). Refused requests
 still count as demand for re-planning (:meth:`on_refused`). A model the plan gives no slot at all
-(``planned_rps`` 0) is not shed: it is served best effort on whatever is free, as before.
+(``planned_rps`` 0) is not shed by the plan: it is served best effort on whatever is free, as before
+(with ``adapt``, a cap may still shed it).
 
 **Admission at the delivered rate** (``adapt=True``, off by default until measured on a GPU). The
 plan's rates assume the host keeps up; on the overloaded mix at x0.5 it did not (run 54: nothing
 shed, 0.51 of the SLO). With ``adapt`` the runtime reports what became of each model's requests
 (:meth:`on_outcomes`), and a model missing more than a fifth of them is admitted at the rate it
-delivered on time, then probed upwards while it keeps up (:class:`~gpuloom.policy.delivery.DeliveryCap`).
+delivered on time, then probed upwards while it keeps up; a cut after which the model misses as
+large a share is undone (:class:`~gpuloom.policy.delivery.DeliveryCap`). Caps survive re-plans.
 
 A request is dropped (reason ``"deadline"``) only when it can no longer meet its deadline on any
 partition, even as a batch of one started now. Arrivals feed a
@@ -366,7 +368,11 @@ class DStackPolicy(Policy):
         self.schedule = sched
         self._plan_admit = {mp.model: mp.planned_rps for mp in sched.models
                             if 0 < mp.planned_rps < mp.demand_rps} if self.shed else {}
-        self.admit_rps = self.delivery.admit(self._plan_admit) if self.delivery is not None else self._plan_admit
+        if self.delivery is not None:  # caps survive a re-plan; the window's outcomes do not (a switch drains)
+            self.delivery.restart(now_ms)
+            self.admit_rps = self.delivery.admit(self._plan_admit)
+        else:
+            self.admit_rps = self._plan_admit
         self.epoch = now_ms
         self.cycle = sched.cycle_ms
         self._ahead_parts = set()  # a new layout's partitions start empty
@@ -452,15 +458,24 @@ class DStackPolicy(Policy):
             self._arrived[model] += n  # demand all the same: re-plans see it
         if self.delivery is not None:
             self.delivery.arrived(model, n)
+            self._close_window(now_ms)
 
     def on_outcomes(self, model: str, on_time: int, missed: int, now_ms: float) -> None:
         self.delivery.outcome(model, on_time, missed)  # only called with adapt (wants_outcomes)
+        self._close_window(now_ms)
+
+    def _close_window(self, now_ms: float) -> None:
+        """adapt: at the end of each window, the caps from its outcomes (policy/delivery.py)."""
+        delivery = self.delivery
+        if delivery.due(now_ms) and delivery.update(now_ms):
+            self.admit_rps = delivery.admit(self._plan_admit)  # replaced, never mutated: client threads read it
 
     def on_arrival(self, request, now_ms: float) -> None:
         m = request.model
         self._arrived[m] += 1  # fed to the rate estimator at the next check (every check_ms)
         if self.delivery is not None:
             self.delivery.arrived(m)
+            self._close_window(now_ms)
         if m not in self._waiting or self._ahead_parts or m in self._filling:
             # had nothing queued: it may fit somewhere now; or a partition offered ahead, or a batch
             # held back to fill (fill_wait), waits for a full batch, which this arrival may complete
@@ -711,9 +726,6 @@ class DStackPolicy(Policy):
         return t
 
     def layout_change(self) -> Layout | None:
-        delivery = self.delivery
-        if delivery is not None and delivery.due(self._now) and delivery.update(self._now):
-            self.admit_rps = delivery.admit(self._plan_admit)  # replaced, never mutated: client threads read it
         if self.replanner is None or self._now < self._next_check:
             return None
         now_s = self._now / 1000.0
@@ -774,5 +786,6 @@ class DStackPolicy(Policy):
             "admit_rps": {m: round(r, 1) for m, r in sorted(self._plan_admit.items())},
             "adapt": self.adapt,
             **({"delivery_caps": {m: round(r, 1) for m, r in sorted(self.delivery.caps.items())},
-                "delivery_cuts": self.delivery.cuts} if self.delivery is not None else {}),
+                "delivery_cuts": self.delivery.cuts, "delivery_undone": self.delivery.undone}
+               if self.delivery is not None else {}),
         }

@@ -174,8 +174,9 @@ class Overloaded(ServiceError):
 
 
 class Shed(Overloaded):
-    """The model is over its planned share of an overloaded GPU (the policy's ``admit_rps``): refused
-    at once rather than queued to miss its deadline; retry after ``retry_after_s`` seconds."""
+    """The model is over its planned share of an overloaded GPU or host (the policy's ``admit_rps``:
+    dstack's plan, or with ``adapt`` what the model delivers on time): refused at once rather than
+    queued to miss its deadline; retry after ``retry_after_s`` seconds."""
 
 
 class DeadlineExceeded(ServiceError):
