@@ -186,3 +186,20 @@ def test_dstack_adapt_replaces_its_admitted_rates_and_reports_plan_and_caps_apar
     d = run.policy
     assert d["adapt"] is True and d["admit_rps"] == {}  # the plan serves every demand: it sheds nothing itself
     assert d["delivery_cuts"] >= 1 and set(d) >= {"delivery_caps", "delivery_undone"}
+
+
+def test_dstack_asks_to_be_woken_for_a_replan_check_that_is_already_due():
+    # layout_change() has no clock: on a bare wake-up it sees the last decide's time and skips a due
+    # check; next_wakeup must then ask for a time after now (the runtime ignores the past), not the check's
+    from gpuloom.bench.experiment import make_context
+
+    store = ProfileStore.builtin("h200")
+    w = load_workload(EXAMPLES / "light3.yaml")
+    pol = make_policy("dstack")
+    pol.setup(make_context(w, {m.name: trim_profile(store.get(m.name), 16) for m in w.models}))
+    pol._now = 100.0  # the last decide
+    pol._next_check = 250.0
+    assert pol.layout_change() is None  # at the wake-up for 250 ms, with no decide before it
+    wake = pol.next_wakeup(260.0)
+    assert 260.0 < wake < 260.1
+    assert pol._now == 260.0 and pol._next_check <= pol._now  # the wake-up's layout_change runs the check

@@ -721,7 +721,10 @@ class DStackPolicy(Policy):
         self._now = now_ms
         t = self._wake if self._wake is not None and self._wake > now_ms else None
         if self.replanner is not None:
-            check = self._next_check
+            # a check already due was missed: layout_change() ran on a bare wake-up, with the last
+            # decide's time. Ask to be woken just after now, or the runtime (which ignores wake-ups
+            # not in the future) would leave the check to the next completion
+            check = max(self._next_check, now_ms + 1e-3)
             t = check if t is None or check < t else t  # the sooner
         return t
 
