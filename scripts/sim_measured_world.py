@@ -5,7 +5,8 @@ slowly as that point measured (device time over profile) and holds each batch's 
 it measured, per model (``sim_measured_hold.per_model``): bert_base's batches, with 3-6 MB of
 outputs, held theirs 2.6-4.4 ms beyond their device time on the H200, the others 0.6-1.6 ms. Each
 variant (``--variant`` JSON: dstack options; ``"told": true`` adds the point's own slowdowns as
-``slowdowns=``) plans from the profiles as on the GPU, and runs in that world. The simulation is
+``slowdowns=``, ``"told_holds": true`` the report's measured holds as ``holds=``) plans from the
+profiles as on the GPU, and runs in that world. The simulation is
 circular (it takes the point's own holds and slowdowns), so it says what a variant may win on the
 GPU, not what it wins.
 
@@ -72,6 +73,8 @@ def main() -> int:
                 opts = dict(v)
                 if opts.pop("told", False):
                     opts["slowdowns"] = factors
+                if opts.pop("told_holds", False):
+                    opts["holds"] = path  # the report's own (every dstack point), as dstack:holds=PATH reads it
                 run = simulate(w, profs, name, contention=cm, options={**options, **opts}, device_profiles=device)
                 m = run.metrics
                 row["variants"].append({"options": v, "slo_attainment": round(m.slo_attainment, 4),

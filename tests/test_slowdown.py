@@ -195,3 +195,53 @@ def test_a_switch_that_could_not_be_set_up_is_reverted_and_tried_again_after_the
     rp.revert()
     rp.revert()  # a second revert has nothing to take back
     assert rp.schedule is before
+
+
+def test_holds_load_from_a_map_or_from_a_bench_reports_dstack_points(tmp_path):
+    from gpuloom.plan.slowdown import load_holds
+
+    f = tmp_path / "h.json"
+    f.write_text(json.dumps({"bert_base": 3.1, "vgg16": 0}))
+    assert load_holds(f) == {"bert_base": 3.1, "vgg16": 0.0}
+    report = {"policies": {
+        "dstack": {"points": [{"profile_check": [
+            {"model": "bert_base", "batches": 3, "hold_ms": 4.0},
+            {"model": "bert_base", "batches": 1, "hold_ms": 0.0},
+            {"model": "vgg16", "batches": 5, "measured_ms": 1.0, "profile_ms": 1.0}]}]},  # before hold_ms
+        "triton": {"points": [{"profile_check": [{"model": "bert_base", "batches": 100, "hold_ms": 50.0}]}]}}}
+    f.write_text(json.dumps(report))
+    assert load_holds(f) == {"bert_base": pytest.approx(3.0)}
+    for bad in ({"a": -1}, {"a": True}, [], {"policies": {"dstack": {"points": []}}}):
+        f.write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match="holds"):
+            load_holds(f)
+
+
+def test_a_models_own_hold_is_planned_into_its_slots_and_the_others_keep_the_common_one():
+    from gpuloom.plan import PlanError
+
+    base = plan(DEMANDS, ZOO, batch_overhead_ms=0.5)
+    held = plan(DEMANDS, ZOO, batch_overhead_ms=0.5, model_overhead_ms={"resnet50": 4.0})
+    lat = {s: {mp.model: mp.latency_ms for mp in s.models} for s in (base, held)}
+    r = held.model("resnet50")
+    assert r.latency_ms == pytest.approx(ZOO.get("resnet50").latency(r.batch, r.sms) + 4.0)  # its own hold
+    v = held.model("vgg16")
+    assert v.latency_ms == pytest.approx(ZOO.get("vgg16").latency(v.batch, v.sms) + 0.5)  # the common one
+    assert lat[held]["resnet50"] > lat[base]["resnet50"]
+    with pytest.raises(PlanError, match="model_overhead_ms"):
+        plan(DEMANDS, ZOO, model_overhead_ms={"resnet50": -1.0})
+
+
+def test_dstack_plans_and_dispatches_with_each_models_hold():
+    from gpuloom.bench.experiment import make_context
+
+    w = Workload((ModelSpec("resnet50", 25.0, arrival=Arrival("poisson", rate=600.0)),
+                  ModelSpec("vgg16", 100.0, arrival=Arrival("poisson", rate=100.0))), duration_s=1.0)
+    pol = make_policy("dstack", holds={"resnet50": 3.0}, batch_overhead_ms=0.25)
+    pol.setup(make_context(w, {m.name: ZOO.get(m.name) for m in w.models}))
+    r, v = pol.schedule.model("resnet50"), pol.schedule.model("vgg16")
+    assert r.latency_ms == pytest.approx(ZOO.get("resnet50").latency(r.batch, r.sms) + 3.0)
+    assert pol._hold_ms("resnet50", 1, 16) == pytest.approx(ZOO.get("resnet50").latency(1, 16) + 3.0)
+    assert pol._hold_ms("vgg16", 1, 16) == pytest.approx(ZOO.get("vgg16").latency(1, 16) + 0.25)
+    with pytest.raises(ValueError, match="holds"):
+        make_policy("dstack", holds={"resnet50": -2})

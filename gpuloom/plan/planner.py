@@ -67,7 +67,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from gpuloom.profile.store import Profile, ProfileError, ProfileStore
 
@@ -168,10 +168,11 @@ class _Planner:
     """Packing state shared by the cycle search and the fairness search (caches options)."""
 
     def __init__(self, demands: Sequence[Demand], profiles: ProfileStore, gpu_sms: int, g: int, headroom: float,
-                 batch_overhead_ms: float = 0.0, min_sms: int = 0):
+                 batch_overhead_ms: float = 0.0, min_sms: int = 0, model_overhead_ms: Mapping[str, float] | None = None):
         self.g = g
         self.headroom = headroom
-        self.overhead = batch_overhead_ms  # added to every slot: the partition is held that much longer
+        # added to every slot: the partition is held that much longer (per model where given)
+        self.overhead = {d.model: (model_overhead_ms or {}).get(d.model, batch_overhead_ms) for d in demands}
         self.gpu_sms = gpu_sms
         self.U = gpu_sms // g
         self.rem = gpu_sms - self.U * g
@@ -179,11 +180,12 @@ class _Planner:
         for d in demands:
             prof = profiles.get(d.model)
             lat: dict[int, list[float | None]] = {}
+            h = self.overhead[d.model]
             for b in prof.batches:
                 row: list[float | None] = [None]
                 for u in range(1, self.U + 1):
                     s = self.size(u)
-                    row.append(prof.latency(b, s) + batch_overhead_ms if s >= max(prof.sms[0], min_sms) else None)
+                    row.append(prof.latency(b, s) + h if s >= max(prof.sms[0], min_sms) else None)
                 lat[b] = row
             self.models[d.model] = _Model(d, prof, d.rate * (1.0 + headroom), lat)
         self._opt_cache: dict[tuple[str, float, float], dict[int, _Opt]] = {}
@@ -195,7 +197,7 @@ class _Planner:
 
     def latency(self, name: str, b: int, sms: int) -> float:
         """How long one slot of batch ``b`` holds a partition of ``sms``: the profile plus the overhead."""
-        return self.models[name].profile.latency(b, sms) + self.overhead
+        return self.models[name].profile.latency(b, sms) + self.overhead[name]
 
     def periods(self, name: str, f: float, ladder: Sequence[float]) -> list[float]:
         """Periods a model may run at, all dividing the cycle ``ladder[0]``, shorter than its SLO
@@ -419,6 +421,7 @@ def _setup(
     headroom: float,
     batch_overhead_ms: float = 0.0,
     min_sms: int = 0,
+    model_overhead_ms: Mapping[str, float] | None = None,
 ) -> tuple[_Planner, list[Demand], list[list[float]]]:
     """Check the inputs once; the packing state, the models with demand, the candidate ladders."""
     demands = list(demands)
@@ -433,6 +436,10 @@ def _setup(
         raise PlanError(f"headroom must be >= 0, found {headroom}")
     if not batch_overhead_ms >= 0:
         raise PlanError(f"batch_overhead_ms must be >= 0, found {batch_overhead_ms}")
+    bad = {m: h for m, h in (model_overhead_ms or {}).items()
+           if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0 <= h < math.inf}
+    if bad:
+        raise PlanError(f"model_overhead_ms must map model names to ms >= 0, found {bad}")
     profs = []
     for d in demands:
         try:
@@ -445,7 +452,7 @@ def _setup(
         raise PlanError(f"need 1 <= granularity <= gpu_sms, found granularity={g}, gpu_sms={gpu_sms}")
     if not (isinstance(min_sms, int) and 0 <= min_sms <= gpu_sms):
         raise PlanError(f"min_sms must be an integer in [0, gpu_sms={gpu_sms}], found {min_sms!r}")
-    pl = _Planner(demands, profiles, gpu_sms, g, headroom, batch_overhead_ms, min_sms)
+    pl = _Planner(demands, profiles, gpu_sms, g, headroom, batch_overhead_ms, min_sms, model_overhead_ms)
     active = [d for d in demands if d.rate > 0]
     s_min = min(d.slo_ms for d in (active or demands))
     s_max = max(d.slo_ms for d in (active or demands))
@@ -468,6 +475,7 @@ def fits(
     headroom: float = 0.0,
     batch_overhead_ms: float = 0.0,
     min_sms: int = 0,
+    model_overhead_ms: Mapping[str, float] | None = None,
 ) -> bool:
     """True when the planner's packing search places every demand in full (admission control).
 
@@ -475,7 +483,8 @@ def fits(
     also the yardstick its fairness claims are checked against. (``plan`` can occasionally serve a
     demand that ``fits`` rejects: rounding batches up to buckets may leave enough capacity.)
     """
-    pl, active, ladders = _setup(demands, profiles, gpu_sms, granularity, cycle_ms, headroom, batch_overhead_ms, min_sms)
+    pl, active, ladders = _setup(demands, profiles, gpu_sms, granularity, cycle_ms, headroom, batch_overhead_ms, min_sms,
+                                 model_overhead_ms)
     return not active or pl.feasible({d.model: 1.0 for d in active}, ladders)
 
 
@@ -492,6 +501,7 @@ def plan(
     batch_overhead_ms: float = 0.0,
     min_sms: int = 0,
     remainder: str = "largest",
+    model_overhead_ms: Mapping[str, float] | None = None,
 ) -> Schedule:
     """Plan one GPU for ``demands``: disjoint SM partitions, each a repeating cycle of slots.
 
@@ -499,7 +509,9 @@ def plan(
     ``granularity`` default to the profiles' GPU. ``cycle_ms`` fixes the cycle (partition periods
     are then ``cycle_ms / 2**i``) instead of searching for it. ``headroom`` plans capacity for
     ``rate * (1 + headroom)``. ``batch_overhead_ms`` is added to every slot: the time a batch holds
-    its partition beyond its device time (the runtime's launch and turnaround). ``min_sms``: no
+    its partition beyond its device time (the runtime's launch and turnaround); ``model_overhead_ms``
+    gives a model its own (on the H200 bert_base's batches, which return 3-6 MB, held theirs 2.6-4.4
+    ms, the others 0.6-1.6 ms; ``gpuloom.plan.slowdown.load_holds``). ``min_sms``: no
     partition smaller than this (on the H200, 8-SM partitions need a second carving for cuDNN and
     ran every partition of their layout slower; docs/reports/runtime.md, ninth session). Under
     overload, served fractions are weighted max-min fair to within ``fair_step`` (a fraction of
@@ -515,7 +527,8 @@ def plan(
     if remainder not in REMAINDERS:
         raise PlanError(f"remainder must be one of {REMAINDERS} (the partition that takes the SMs left under the "
                         f"granularity), found {remainder!r}")
-    pl, active, ladders = _setup(demands, profiles, gpu_sms, granularity, cycle_ms, headroom, batch_overhead_ms, min_sms)
+    pl, active, ladders = _setup(demands, profiles, gpu_sms, granularity, cycle_ms, headroom, batch_overhead_ms, min_sms,
+                                 model_overhead_ms)
     if not active:
         return _build(pl, [], {}, ladders[0][0], eps, t0, {}, remainder)
 

@@ -106,6 +106,39 @@ def dstack_rows(report: dict) -> list[dict]:
             for point in res.get("points", []) for r in point.get("profile_check") or []]
 
 
+def held_beyond(rows) -> dict[str, float]:
+    """``{model: ms a batch held its partition beyond its device time}`` of ``profile_check`` rows,
+    weighted by their batches; rows without ``hold_ms`` (reports before the eleventh session) skipped."""
+    sums: dict[str, list[float]] = {}
+    for r in rows:
+        if r.get("hold_ms") is not None and r.get("batches"):
+            s = sums.setdefault(r["model"], [0.0, 0.0])
+            s[0] += r["hold_ms"] * r["batches"]
+            s[1] += r["batches"]
+    return {m: h / n for m, (h, n) in sorted(sums.items())}
+
+
+def load_holds(path: str | Path) -> dict[str, float]:
+    """Per-model holds to plan with (``plan(model_overhead_ms=...)``, ``dstack:holds=PATH``), from
+    ``path``: a JSON object ``{model: ms}``, or a ``gpuloom bench`` report, whose dstack points'
+    ``profile_check`` rows give how long each model's batches held their partition beyond their device
+    time (weighted by batches, over every dstack variant and load of the report)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"holds: could not read {path}: {e}") from None
+    if isinstance(data, dict) and "policies" in data:
+        holds = held_beyond(dstack_rows(data))
+        if not holds:
+            raise ValueError(f"holds: {path} is a bench report without dstack points that have hold_ms rows")
+        return holds
+    if not (isinstance(data, dict) and data and all(isinstance(m, str) and isinstance(h, (int, float))
+                                                    and not isinstance(h, bool) and 0 <= h < float("inf")
+                                                    for m, h in data.items())):
+        raise ValueError(f"holds: {path} must hold {{model: ms >= 0}} or a gpuloom bench report")
+    return {m: float(h) for m, h in data.items()}
+
+
 def load_slowdowns(path: str | Path) -> dict[str, float]:
     """Slowdowns to plan with, from ``path``: a JSON object ``{model: factor}``, or a ``gpuloom
     bench`` report, whose dstack points' ``profile_check`` rows give each model's device time over

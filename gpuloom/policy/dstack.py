@@ -95,6 +95,14 @@ and at each check the replanner re-plans when one moved by more than 5% from wha
 unless the new plan serves less (:class:`~gpuloom.plan.Replanner`). Off by default until measured
 on a GPU.
 
+**Holds.** A batch holds its partition beyond its device time (launch, copies, the completion's way
+back): on the H200 0.6-1.6 ms, and 2.6-4.4 ms for bert_base, whose batches return 3-6 MB
+(runs 53-54). ``batch_overhead_ms`` plans one hold for every model; ``holds=PATH`` plans each
+model's own, from ``PATH``: ``{model: ms}``, or a ``gpuloom bench`` report whose dstack points
+measured them (:func:`~gpuloom.plan.slowdown.load_holds`). Off by default until measured on a GPU:
+on the overloaded mix at x0.5 every partition ran 93-98% busy where the plan counted neither hold
+nor slowdown (run 54).
+
 **Re-plans serve on.** dstack defers its layout changes (``defers_layout_change``): after proposing
 a re-plan's layout it goes on deciding for its current schedule until the runtime has the new
 layout set up (:meth:`adopt_layout`); on a GPU the current layout serves while the new one's graphs
@@ -111,7 +119,7 @@ from typing import Mapping, Sequence
 from ..plan import Demand, RateEstimator, Replanner, Schedule, plan
 from ..plan.schedule import Partition as PlanPartition
 from ..plan.planner import REMAINDERS
-from ..plan.slowdown import SlowdownEstimator, load_slowdowns, slowed_store
+from ..plan.slowdown import SlowdownEstimator, load_holds, load_slowdowns, slowed_store
 from ..profile.store import ProfileStore
 from .base import Action, Policy, PolicyContext, Queues, hopeless, register
 from .delivery import DeliveryCap
@@ -251,6 +259,7 @@ class DStackPolicy(Policy):
         turnaround_ms: float = DEFAULT_TURNAROUND_MS,
         shed: bool = True,
         adapt: bool = False,
+        holds: str | Mapping[str, float] | None = None,
     ) -> None:
         if headroom < 0 or check_ms <= 0 or not batch_overhead_ms >= 0 or not 0 <= slo_margin < 1:
             raise ValueError(f"dstack: need headroom >= 0, check_ms > 0, batch_overhead_ms >= 0 and 0 <= slo_margin < 1, "
@@ -312,6 +321,10 @@ class DStackPolicy(Policy):
         if learn_slowdown and not replan:
             raise ValueError("dstack: learn_slowdown=true needs replan=true (what it learns takes effect in a re-plan)")
         self._slow: dict[str, float] = dict(self._given_slow)
+        # per-model holds planned into each model's slots instead of batch_overhead_ms (module docstring)
+        self.holds = dict(load_holds(holds) if isinstance(holds, str) else (holds or {}))
+        if any(isinstance(h, bool) or not (isinstance(h, (int, float)) and 0 <= h < math.inf) for h in self.holds.values()):
+            raise ValueError(f"dstack: holds must be ms >= 0 per model, found {self.holds}")
         self.slowness: SlowdownEstimator | None = None
         self._sms_of: dict[int, int] = {}  # id(decision) -> its partition's SMs, while it runs (learn_slowdown)
         self._pending: tuple[Layout, Schedule, dict[str, float]] | None = None  # a re-plan being set up
@@ -338,6 +351,7 @@ class DStackPolicy(Policy):
         demands = [Demand(m, i.rate, i.slo_ms * (1.0 - self.slo_margin), i.weight) for m, i in ctx.models.items()]
         kwargs = {"gpu_sms": ctx.gpu_sms, "granularity": ctx.granularity, "eps": ctx.knee_eps, "headroom": self.headroom,
                   "batch_overhead_ms": self.batch_overhead_ms, "min_sms": self.floor_sms(ctx.gpu_sms),
+                  "model_overhead_ms": {m: h for m, h in self.holds.items() if m in ctx.models} or None,
                   "remainder": self.remainder}
         self._slow = {m: f for m, f in self._given_slow.items() if m in ctx.models}
         planning = slowed_store(self.store, self._slow) if self._slow else self.store
@@ -715,7 +729,7 @@ class DStackPolicy(Policy):
         """How long a batch of ``b`` of ``m`` holds a partition of ``sms``: its profiled latency (times
         the slowdown the schedule was planned with) plus the planned batch overhead (what the planner
         puts in every slot)."""
-        return self.ctx.models[m].profile.latency(b, sms) * self._slow.get(m, 1.0) + self.batch_overhead_ms
+        return self.ctx.models[m].profile.latency(b, sms) * self._slow.get(m, 1.0) + self.holds.get(m, self.batch_overhead_ms)
 
     def next_wakeup(self, now_ms: float) -> float | None:
         self._now = now_ms
