@@ -54,7 +54,9 @@ def main() -> int:
         d = json.loads(Path(path).read_text())
         wl = workload_from_dict(d["workload"])
         profs = {m.name: trim_profile(store.get(m.name), int(d["meta"]["max_batch"])) for m in wl.models}
-        name, options = sim_policy("dstack", d["meta"])
+        if "dstack" not in d["policies"]:
+            print(f"{path}: no plain dstack points; skipped", flush=True)
+            continue
         for p in d["policies"]["dstack"]["points"]:
             hold, slow, _ = measured(p)
             holds, slows, _ = per_model(p)
@@ -75,7 +77,17 @@ def main() -> int:
                     opts["slowdowns"] = factors
                 if opts.pop("told_holds", False):
                     opts["holds"] = path  # the report's own (every dstack point), as dstack:holds=PATH reads it
-                run = simulate(w, profs, name, contention=cm, options={**options, **opts}, device_profiles=device)
+                # the variant's own options, with the report's defaults for the rest (an old report's
+                # dstack did not shed, and adapt needs shedding: sim_policy sees to it)
+                spec = ":".join(["dstack"] + [f"{k}={json.dumps(x) if not isinstance(x, str) else x}"
+                                              for k, x in opts.items() if not isinstance(x, dict)])
+                name, options = sim_policy(spec, d["meta"])
+                options.update({k: x for k, x in opts.items() if isinstance(x, dict)})
+                try:
+                    run = simulate(w, profs, name, contention=cm, options=options, device_profiles=device)
+                except ValueError as e:  # e.g. told_holds on a report without hold_ms rows
+                    print(f"    {json.dumps(v):40s} skipped: {e}", flush=True)
+                    continue
                 m = run.metrics
                 row["variants"].append({"options": v, "slo_attainment": round(m.slo_attainment, 4),
                                         "goodput_rps": round(m.goodput_rps, 1),

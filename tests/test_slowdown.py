@@ -245,3 +245,21 @@ def test_dstack_plans_and_dispatches_with_each_models_hold():
     assert pol._hold_ms("vgg16", 1, 16) == pytest.approx(ZOO.get("vgg16").latency(1, 16) + 0.25)
     with pytest.raises(ValueError, match="holds"):
         make_policy("dstack", holds={"resnet50": -2})
+
+
+def test_a_replan_keeps_each_models_hold_and_a_report_reads_what_a_point_planned_with():
+    from gpuloom.bench.experiment import make_context
+    from gpuloom.commands.bench import sim_policy
+
+    w = Workload((ModelSpec("resnet50", 25.0, arrival=Arrival("poisson", rate=600.0)),
+                  ModelSpec("vgg16", 100.0, arrival=Arrival("poisson", rate=100.0))), duration_s=1.0)
+    pol = make_policy("dstack", holds={"resnet50": 3.0})
+    pol.setup(make_context(w, {m.name: ZOO.get(m.name) for m in w.models}))
+    assert pol.replanner.plan_kwargs["model_overhead_ms"] == {"resnet50": 3.0}
+    again = plan([Demand("resnet50", 900.0, 25.0), Demand("vgg16", 100.0, 100.0)], ZOO, **pol.replanner.plan_kwargs)
+    r = again.model("resnet50")
+    assert r.latency_ms == pytest.approx(ZOO.get("resnet50").latency(r.batch, r.sms) + 3.0)
+    assert pol.describe()["holds"] == {"resnet50": 3.0}
+    meta = {"dstack_lanes_default": "auto", "dstack_shed_default": True, "dstack_adapt_default": False}
+    # re-simulating a holds=PATH variant takes what the point planned with, not the file as it is now
+    assert sim_policy("dstack:holds=gone.json", meta, {"holds": {"resnet50": 3.0}})[1]["holds"] == {"resnet50": 3.0}

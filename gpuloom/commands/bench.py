@@ -107,6 +107,8 @@ def sim_policy(spec: str, meta: dict, plan: dict | None = None) -> tuple[str, di
                            else bool(meta.get("dstack_shed_default", True)) if new else False)
         if "dstack_adapt_default" in meta:  # before the key, dstack had no adapt (its default now: off)
             options.setdefault("adapt", bool(meta["dstack_adapt_default"]))
+        if isinstance(options.get("holds"), str) and plan is not None and plan.get("holds"):
+            options["holds"] = dict(plan["holds"])  # what the point planned with, not the file as it is now
     return name, options
 
 

@@ -115,7 +115,8 @@ def held_beyond(rows) -> dict[str, float]:
             s = sums.setdefault(r["model"], [0.0, 0.0])
             s[0] += r["hold_ms"] * r["batches"]
             s[1] += r["batches"]
-    return {m: h / n for m, (h, n) in sorted(sums.items())}
+    # a hold is busy time less device time, each from its own clock: a few rows come out below zero
+    return {m: max(0.0, h / n) for m, (h, n) in sorted(sums.items())}
 
 
 def load_holds(path: str | Path) -> dict[str, float]:

@@ -15,13 +15,16 @@ only on windows with at least ``min_outcomes`` outcomes:
 * **Judge the cut.** Not every miss is the host's. A model whose batches are too slow for its SLO
   at some arrivals misses as large a share at any rate (in the simulated overloaded mix at x0.5,
   mobilenet_v2, 10 ms SLO, missed 30% uncapped and capped alike), and cutting it only sheds
-  requests it would have served. So in the first judged window after a cut, a model still missing
-  more than ``trigger`` and more than ``keep`` of the share it missed when cut has its cap removed,
-  and is not cut again for ``block_ms``.
+  requests it would have served. So a cut holds for one judged window (which still resolves
+  requests admitted before it), and in the next, a model still missing more than ``trigger`` and
+  more than ``keep`` of the share it missed when cut has its cap removed, and is not cut again for
+  ``block_ms``.
 * **Raise.** At most ``recover`` missed: the cap rises by ``raise_factor``; at most ``trigger``:
   by ``creep``; each time by at least ``floor`` of its demand, so a cap near zero recovers too. A
-  cap at or above the demand goes. A capped model with too few outcomes to judge is raised as well:
-  little traffic is no reason to refuse.
+  cap at or above the demand goes. A capped model with too few outcomes to judge is raised as well
+  when few requests arrived (little traffic is no reason to refuse); when many arrived, its cap is
+  what keeps the outcomes few, and its counts carry over to the next windows until they suffice
+  (for up to :data:`CARRY_MS`; then it is raised all the same).
 
 Caps survive a re-plan (the host's capacity did not change); the window's counts and a cut's
 pending judgement do not (:meth:`restart`): a layout switch drains the GPU and its misses say
@@ -34,6 +37,10 @@ from typing import Iterable, Mapping
 
 #: the lowest cap, requests/s: a cap that reached zero could never learn it was wrong
 MIN_CAP_RPS = 1.0
+#: judged windows a cut waits before it is judged: the first still resolves requests admitted before it
+JUDGE_AFTER = 1
+#: longest a capped model's counts carry over for want of outcomes (ms); then it is raised as if idle
+CARRY_MS = 1000.0
 
 
 class DeliveryCap:
@@ -65,7 +72,9 @@ class DeliveryCap:
         self._demand = {m: 0 for m in models}  # requests that arrived (admitted or refused) this window
         self._on_time = dict.fromkeys(self._demand, 0)
         self._missed = dict.fromkeys(self._demand, 0)
-        self._judge: dict[str, float] = {}  # model -> the share it missed when last cut (judged next window)
+        # model -> (the share it missed when last cut, judged windows to hold before judging the cut)
+        self._judge: dict[str, tuple[float, int]] = {}
+        self._carried: dict[str, float] = {}  # model -> ms of counts carried over (a capped model's few outcomes)
         self._blocked: dict[str, float] = {}  # model -> until when it is not cut again (ms)
         self.caps: dict[str, float] = {}  # requests/s; a model without a cap is admitted as the plan says
         self._since = 0.0  # the window's start (ms)
@@ -88,30 +97,43 @@ class DeliveryCap:
         """Forget the window so far and any cut's pending judgement; keep the caps."""
         self._since = now_ms
         self._judge.clear()
+        self._carried.clear()
         for counts in (self._demand, self._on_time, self._missed):
             for m in counts:
                 counts[m] = 0
 
     def update(self, now_ms: float) -> bool:
         """Close the window ending at ``now_ms``: adjust the caps; True when they changed."""
-        dt_s = (now_ms - self._since) / 1000.0
-        if dt_s <= 0:
+        dt_ms = now_ms - self._since
+        if dt_ms <= 0:
             return False
         self._since = now_ms
         changed = cut = False
         for m, demand in self._demand.items():
             on_time, missed = self._on_time[m], self._missed[m]
-            self._demand[m] = self._on_time[m] = self._missed[m] = 0
             resolved = on_time + missed
             cap = self.caps.get(m)
-            demand_rps = demand / dt_s
-            if resolved < self.min_outcomes:  # too few to judge: no cut; a cap is no reason to refuse little traffic
+            span_s = (self._carried.pop(m, 0.0) + dt_ms) / 1000.0
+            if (resolved < self.min_outcomes and cap is not None and demand >= self.min_outcomes
+                    and span_s * 1000.0 < CARRY_MS):
+                # the cap itself keeps the outcomes few while requests keep coming: carry the counts
+                # over until there are enough to judge it (for up to CARRY_MS), rather than raise it blind
+                self._carried[m] = span_s * 1000.0
+                continue
+            self._demand[m] = self._on_time[m] = self._missed[m] = 0
+            demand_rps = demand / span_s
+            if resolved < self.min_outcomes:  # too few to judge, and little traffic: no reason to refuse it
                 if cap is not None:
                     changed |= self._raise(m, cap, self.raise_factor, demand_rps)
                 continue
             share = missed / resolved
-            at_cut = self._judge.pop(m, None)
-            if at_cut is not None and share > self.trigger and share > self.keep * at_cut:
+            judge = self._judge.get(m)
+            if judge is not None and cap is not None and judge[1] > 0:
+                # the first judged window after a cut still resolves requests admitted before it: hold
+                self._judge[m] = (judge[0], judge[1] - 1)
+                continue
+            self._judge.pop(m, None)
+            if judge is not None and cap is not None and share > self.trigger and share > self.keep * judge[0]:
                 del self.caps[m]  # the cut did not pay: its misses are not the load's
                 self._blocked[m] = now_ms + self.block_ms
                 self.undone += 1
@@ -119,12 +141,12 @@ class DeliveryCap:
             elif share > self.trigger:
                 if now_ms < self._blocked.get(m, 0.0):
                     continue
-                new = max(on_time / dt_s, self.floor * demand_rps, MIN_CAP_RPS)
+                new = max(on_time / span_s, self.floor * demand_rps, MIN_CAP_RPS)
                 if cap is not None:
                     new = min(cap, max(new, cap / 2.0))  # at most halved per window: one bad window is not a trend
                 if cap is None or new < cap:
                     self.caps[m] = new
-                    self._judge[m] = share
+                    self._judge[m] = (share, JUDGE_AFTER)
                     changed = cut = True
             elif cap is not None:
                 changed |= self._raise(m, cap, self.raise_factor if share <= self.recover else self.creep, demand_rps)
@@ -134,7 +156,8 @@ class DeliveryCap:
     def _raise(self, m: str, cap: float, factor: float, demand_rps: float) -> bool:
         new = max(cap * factor, cap + self.floor * demand_rps)
         if new >= demand_rps:
-            del self.caps[m]  # it may take what arrives: no cap
+            del self.caps[m]  # it may take what arrives: no cap (and no cut left to judge)
+            self._judge.pop(m, None)
         else:
             self.caps[m] = new
         return True

@@ -304,6 +304,8 @@ class DStackPolicy(Policy):
         self.adapt = adapt  # also cap each model at what it delivers on time while it misses (module docstring)
         self.wants_outcomes = adapt
         self.delivery: DeliveryCap | None = None
+        self._settling = False  # adapt: a new layout waits for its first decision (_adopt)
+        self._quiet_until: float | None = None  # adapt: outcomes before this do not count (_adopt)
         self.ahead_full = bool(ahead_full)  # launch ahead only batches of the planned size (module docstring)
         self._ahead_parts: set[int] = set()  # offered ahead (on_free), their batch still running
         self.headroom = float(headroom)
@@ -382,8 +384,10 @@ class DStackPolicy(Policy):
         self.schedule = sched
         self._plan_admit = {mp.model: mp.planned_rps for mp in sched.models
                             if 0 < mp.planned_rps < mp.demand_rps} if self.shed else {}
-        if self.delivery is not None:  # caps survive a re-plan; the window's outcomes do not (a switch drains)
-            self.delivery.restart(now_ms)
+        if self.delivery is not None:
+            # caps survive a re-plan; outcomes do not count until a window after the new layout's
+            # first decision: the switch drains the GPU, and what was queued meanwhile misses
+            self._settling, self._quiet_until = True, math.inf
             self.admit_rps = self.delivery.admit(self._plan_admit)
         else:
             self.admit_rps = self._plan_admit
@@ -475,12 +479,21 @@ class DStackPolicy(Policy):
             self._close_window(now_ms)
 
     def on_outcomes(self, model: str, on_time: int, missed: int, now_ms: float) -> None:
+        quiet = self._quiet_until
+        if quiet is not None and now_ms < quiet:
+            return  # a layout switch's drain and its aftermath (_adopt)
         self.delivery.outcome(model, on_time, missed)  # only called with adapt (wants_outcomes)
         self._close_window(now_ms)
 
     def _close_window(self, now_ms: float) -> None:
         """adapt: at the end of each window, the caps from its outcomes (policy/delivery.py)."""
         delivery = self.delivery
+        if self._quiet_until is not None:  # settling after a new layout: count from its end
+            if now_ms < self._quiet_until:
+                return
+            self._quiet_until = None
+            delivery.restart(now_ms)
+            return
         if delivery.due(now_ms) and delivery.update(now_ms):
             self.admit_rps = delivery.admit(self._plan_admit)  # replaced, never mutated: client threads read it
 
@@ -513,6 +526,8 @@ class DStackPolicy(Policy):
     # -- deciding ---------------------------------------------------------------------------
     def decide(self, now_ms: float, queues: Queues, free: Sequence[Partition]) -> list[Action]:
         self._now = now_ms
+        if self._settling:  # adapt: the new layout's first decision; outcomes count a window later
+            self._settling, self._quiet_until = False, now_ms + self.delivery.window_ms
         # Incremental decisions: only models that may have become dispatchable are examined -- a
         # model whose queue was empty at the last call (new arrivals), and, when a partition came
         # free, every model left waiting. A wake-up (a waiting model's slot begins) or a new layout
@@ -802,6 +817,7 @@ class DStackPolicy(Policy):
             "fill_wait": self.fill_wait,
             "admit_rps": {m: round(r, 1) for m, r in sorted(self._plan_admit.items())},
             "adapt": self.adapt,
+            **({"holds": {m: round(h, 3) for m, h in sorted(self.holds.items())}} if self.holds else {}),
             **({"delivery_caps": {m: round(r, 1) for m, r in sorted(self.delivery.caps.items())},
                 "delivery_cuts": self.delivery.cuts, "delivery_undone": self.delivery.undone}
                if self.delivery is not None else {}),
