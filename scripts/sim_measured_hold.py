@@ -86,6 +86,18 @@ def per_model(point: dict) -> tuple[dict[str, float], dict[str, float], bool]:
     return mean_by(held), slow, False
 
 
+def measured_world(point: dict, profiles: dict, demand_fraction: float):
+    """The simulated GPU of one measured point: ``(ContentionModel, device profiles, slowdowns, holds)``,
+    running each model as slowly, and holding each batch's partition as long, as that point measured
+    (a model without its own figure gets the point's mean)."""
+    hold, slow, _ = measured(point)
+    holds, slows, _ = per_model(point)
+    factors = {m: slows.get(m, slow) for m in profiles}
+    cm = ContentionModel(demand_fraction=demand_fraction, batch_overhead_ms=hold,
+                         model_overhead_ms=tuple(sorted(holds.items())))
+    return cm, {m: slowed(pr, factors[m]) for m, pr in profiles.items()}, factors, holds
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("bench", help="a gpuloom bench JSON measured on the GPU")

@@ -26,16 +26,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sim_measured_hold import measured, per_model  # noqa: E402
+from sim_measured_hold import measured_world  # noqa: E402
 
 from gpuloom.bench.e2e import save_json  # noqa: E402
 from gpuloom.bench.experiment import simulate  # noqa: E402
 from gpuloom.bench.workload import workload_from_dict  # noqa: E402
 from gpuloom.commands.bench import sim_policy  # noqa: E402
-from gpuloom.plan.slowdown import slowed  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
 from gpuloom.runtime.service import trim_profile  # noqa: E402
-from gpuloom.runtime.sim import ContentionModel  # noqa: E402
 
 
 def main() -> int:
@@ -58,12 +56,7 @@ def main() -> int:
             print(f"{path}: no plain dstack points; skipped", flush=True)
             continue
         for p in d["policies"]["dstack"]["points"]:
-            hold, slow, _ = measured(p)
-            holds, slows, _ = per_model(p)
-            factors = {m: slows.get(m, slow) for m in profs}
-            cm = ContentionModel(demand_fraction=a.demand_fraction, batch_overhead_ms=hold,
-                                 model_overhead_ms=tuple(sorted(holds.items())))
-            device = {m: slowed(pr, factors[m]) for m, pr in profs.items()}
+            cm, device, factors, holds = measured_world(p, profs, a.demand_fraction)
             w = dataclasses.replace(wl.scaled(p["scale"]), duration_s=a.duration)
             row = {"file": Path(path).name, "scale": p["scale"], "measured_attainment": round(p["slo_attainment"], 4),
                    "measured_goodput_rps": round(p["goodput_rps"], 1),

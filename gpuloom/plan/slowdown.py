@@ -119,41 +119,34 @@ def held_beyond(rows) -> dict[str, float]:
     return {m: max(0.0, h / n) for m, (h, n) in sorted(sums.items())}
 
 
+def _load_per_model(path: str | Path, what: str, from_rows, rows_needed: str, ok, values: str) -> dict[str, float]:
+    """``{model: value}`` from ``path``: a JSON object of them, or a ``gpuloom bench`` report whose
+    dstack points' ``profile_check`` rows ``from_rows`` turns into them. Errors name ``what``."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{what}: could not read {path}: {e}") from None
+    if isinstance(data, dict) and "policies" in data:
+        out = from_rows(dstack_rows(data))
+        if not out:
+            raise ValueError(f"{what}: {path} is a bench report without dstack points that have {rows_needed} rows")
+        return out
+    if not (isinstance(data, dict) and data and all(isinstance(m, str) and isinstance(v, (int, float))
+                                                    and not isinstance(v, bool) and ok(v) for m, v in data.items())):
+        raise ValueError(f"{what}: {path} must hold {{model: {values}}} or a gpuloom bench report")
+    return {m: float(v) for m, v in data.items()}
+
+
 def load_holds(path: str | Path) -> dict[str, float]:
     """Per-model holds to plan with (``plan(model_overhead_ms=...)``, ``dstack:holds=PATH``), from
     ``path``: a JSON object ``{model: ms}``, or a ``gpuloom bench`` report, whose dstack points'
     ``profile_check`` rows give how long each model's batches held their partition beyond their device
     time (weighted by batches, over every dstack variant and load of the report)."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(f"holds: could not read {path}: {e}") from None
-    if isinstance(data, dict) and "policies" in data:
-        holds = held_beyond(dstack_rows(data))
-        if not holds:
-            raise ValueError(f"holds: {path} is a bench report without dstack points that have hold_ms rows")
-        return holds
-    if not (isinstance(data, dict) and data and all(isinstance(m, str) and isinstance(h, (int, float))
-                                                    and not isinstance(h, bool) and 0 <= h < float("inf")
-                                                    for m, h in data.items())):
-        raise ValueError(f"holds: {path} must hold {{model: ms >= 0}} or a gpuloom bench report")
-    return {m: float(h) for m, h in data.items()}
+    return _load_per_model(path, "holds", held_beyond, "hold_ms", lambda h: 0 <= h < float("inf"), "ms >= 0")
 
 
 def load_slowdowns(path: str | Path) -> dict[str, float]:
     """Slowdowns to plan with, from ``path``: a JSON object ``{model: factor}``, or a ``gpuloom
     bench`` report, whose dstack points' ``profile_check`` rows give each model's device time over
     its profile (weighted by batches, over every dstack variant and load of the report)."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(f"slowdowns: could not read {path}: {e}") from None
-    if isinstance(data, dict) and "policies" in data:
-        factors = device_over_profile(dstack_rows(data))
-        if not factors:
-            raise ValueError(f"slowdowns: {path} is a bench report without dstack points that have profile_check rows")
-        return factors
-    if not (isinstance(data, dict) and data and all(isinstance(m, str) and isinstance(f, (int, float))
-                                                    and not isinstance(f, bool) and f > 0 for m, f in data.items())):
-        raise ValueError(f"slowdowns: {path} must hold {{model: factor > 0}} or a gpuloom bench report")
-    return {m: float(f) for m, f in data.items()}
+    return _load_per_model(path, "slowdowns", device_over_profile, "profile_check", lambda f: f > 0, "factor > 0")
