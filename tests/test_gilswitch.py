@@ -114,7 +114,13 @@ def test_next_to_a_busy_thread_a_gil_releasing_call_is_held_off_for_about_the_sh
     if len(default) < 10:  # the spinner hardly ever took the GIL (an overloaded machine): nothing to remove
         pytest.skip(f"no convoy at the default interval on this machine now ({len(default)} hold-offs)")
     assert float(np.median(default)) > 3e-3, sorted(default)  # the default's hold-offs are its 5 ms
-    short = hold_offs_s(0.5)
-    # a hold-off of more than half the default interval under the short one is the OS's, not the GIL's
-    long_default, long_short = (sum(t > 2.5e-3 for t in h) for h in (default, short))
+    # a hold-off of more than half the default interval under the short one is the OS's, not the GIL's.
+    # The OS preempts at will on a busy 2-core CI machine (once 5 such against the default's 14): a
+    # fresh sample of both, up to three times. An interval that is not applied fails every one.
+    for _ in range(3):
+        short = hold_offs_s(0.5)
+        long_default, long_short = (sum(t > 2.5e-3 for t in h) for h in (default, short))
+        if long_short * 3 <= long_default:
+            break
+        default = hold_offs_s(5.0)
     assert long_short * 3 <= long_default, (sorted(short), sorted(default))
