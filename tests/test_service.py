@@ -777,3 +777,41 @@ def test_the_admission_bucket_admits_the_rate_with_slack_and_a_short_burst():
         if i % 20 == 5 and mixed.take(rate, 8, t):
             rows, large = rows + 8, large + 1
     assert large == 50 and rows <= 10 * rate * ADMIT_SLACK + rate * ADMIT_SLACK * ADMIT_BURST_S
+
+
+def test_dstack_adapt_online_sheds_a_model_that_misses_and_answers_every_request_it_admits():
+    # the plan believes the crude profile measured at load (1 ms a row); the model then runs 15 ms a
+    # row, so the plan admits everything and most of it misses: adapt caps it at what it delivers
+    from gpuloom.runtime.device import FakeModel
+
+    lat = {"ms": 1.0}
+    svc = InferenceService(policy="dstack", device_layer=FakeDeviceLayer(),
+                           policy_options={"adapt": True, "replan": False})
+    svc.start()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # no profile: a crude one
+            svc.load(ModelConfig("slow", X4, Y4, max_batch=8, slo_ms=40, rate_hint=100.0),
+                     FakeModel(lambda xs: [xs[0] * 2], lambda n: lat["ms"] * n))
+        lat["ms"] = 15.0
+        x = {"x": np.ones((1, 4), np.float32)}
+        futures, shed = [], 0
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:  # ~200 requests/s, about three times what it can serve
+            try:
+                futures.append(svc.submit("slow", x))
+            except Shed as e:
+                shed += 1
+                assert "planned share" in str(e)
+            time.sleep(0.005)
+        for f in futures:
+            try:
+                f.result(10)
+            except Exception:  # noqa: BLE001 - late ones are answered with their error; answered all the same
+                pass
+        plan = svc._runtime.policy.describe()
+        assert plan["delivery_cuts"] >= 1 and shed > 0
+        st = assert_books(svc)
+        assert st["models"]["slow"]["shed"] == shed
+    finally:
+        svc.close()
