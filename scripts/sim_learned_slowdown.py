@@ -29,15 +29,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sim_measured_hold import measured_world  # noqa: E402
+from sim_measured_hold import load_report, measured_world  # noqa: E402
 
 from gpuloom.bench.e2e import save_json  # noqa: E402
 from gpuloom.bench.experiment import simulate  # noqa: E402
-from gpuloom.bench.workload import workload_from_dict  # noqa: E402
 from gpuloom.commands.bench import sim_policy  # noqa: E402
 from gpuloom.plan.slowdown import device_over_profile, dstack_rows  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
-from gpuloom.runtime.service import trim_profile  # noqa: E402
 
 
 def main() -> int:
@@ -58,9 +56,7 @@ def main() -> int:
     store = ProfileStore.builtin("h200")
     rows = []
     for path in a.bench:
-        d = json.loads(Path(path).read_text())
-        wl = workload_from_dict(d["workload"])
-        profs = {m.name: trim_profile(store.get(m.name), int(d["meta"]["max_batch"])) for m in wl.models}
+        d, wl, profs = load_report(path, store)
         name, options = sim_policy(a.policy, d["meta"])
         for p in d["policies"][a.policy]["points"]:
             cm, device, factors, holds = measured_world(p, profs, a.demand_fraction)

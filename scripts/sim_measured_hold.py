@@ -28,7 +28,7 @@ from gpuloom.bench.e2e import save_json  # noqa: E402
 from gpuloom.bench.experiment import simulate  # noqa: E402
 from gpuloom.bench.workload import workload_from_dict  # noqa: E402
 from gpuloom.commands.bench import sim_policy  # noqa: E402
-from gpuloom.plan.slowdown import device_over_profile, slowed  # noqa: E402
+from gpuloom.plan.slowdown import device_over_profile, mean_by, slowed  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
 from gpuloom.runtime.service import trim_profile  # noqa: E402
 from gpuloom.runtime.sim import ContentionModel  # noqa: E402
@@ -39,16 +39,6 @@ def slowdown(rows: list[dict]) -> float | None:
     rows = [r for r in rows if r.get("profile_ms")]
     prof = sum(r["profile_ms"] * r["batches"] for r in rows)
     return sum(r["measured_ms"] * r["batches"] for r in rows) / prof if prof else None
-
-
-def mean_by(items) -> dict:
-    """``{key: mean of value weighted by n}`` over ``(key, value, n)`` items."""
-    acc: dict = {}
-    for key, value, n in items:
-        t = acc.setdefault(key, [0.0, 0])
-        t[0] += value * n
-        t[1] += n
-    return {k: t / n for k, (t, n) in acc.items() if n}
 
 
 def measured(point: dict) -> tuple[float, float, int]:
@@ -86,6 +76,14 @@ def per_model(point: dict) -> tuple[dict[str, float], dict[str, float], bool]:
     return mean_by(held), slow, False
 
 
+def load_report(path: str | Path, store: ProfileStore) -> tuple[dict, object, dict]:
+    """A bench report, its workload, and the H200 ``store``'s profiles of its models cut to the
+    report's max batch (as the bench ran them)."""
+    d = json.loads(Path(path).read_text())
+    wl = workload_from_dict(d["workload"])
+    return d, wl, {m.name: trim_profile(store.get(m.name), int(d["meta"]["max_batch"])) for m in wl.models}
+
+
 def measured_world(point: dict, profiles: dict, demand_fraction: float):
     """The simulated GPU of one measured point: ``(ContentionModel, device profiles, slowdowns, holds)``,
     running each model as slowly, and holding each batch's partition as long, as that point measured
@@ -105,10 +103,7 @@ def main() -> int:
     ap.add_argument("--demand-fraction", type=float, default=0.89)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    d = json.loads(Path(a.bench).read_text())
-    wl = workload_from_dict(d["workload"])
-    store = ProfileStore.builtin("h200")
-    profs = {m.name: trim_profile(store.get(m.name), int(d["meta"]["max_batch"])) for m in wl.models}
+    d, wl, profs = load_report(a.bench, ProfileStore.builtin("h200"))
     name, options = sim_policy(a.policy, d["meta"])
     rows = []
     for p in d["policies"][a.policy]["points"]:

@@ -130,20 +130,27 @@ def test_bad_settings_are_refused():
         DeliveryCap(["a"], trigger=0.1, recover=0.2)
 
 
-def _light3(opts, contention, scale=8.0, duration_s=1.0):
+#: the shared-interpreter host fitted to the overloaded mix (sixteenth session): light3 at x8 saturates it
+INTERPRETER = ContentionModel(batch_overhead_ms=0.25, gil_request_ms=0.06, gil_batch_ms=0.6)
+
+
+def _light3_models():
+    """light3 and its H200 profiles cut at batch 16, as the bench runs them."""
     store = ProfileStore.builtin("h200")
     w = load_workload(EXAMPLES / "light3.yaml")
-    wl = dataclasses.replace(w.scaled(scale), duration_s=duration_s)
-    profs = {m.name: trim_profile(store.get(m.name), 16) for m in w.models}
-    return simulate(wl, profs, "dstack", contention=contention, options=opts)
+    return w, {m.name: trim_profile(store.get(m.name), 16) for m in w.models}
+
+
+def _light3(policy, contention, opts=None, scale=8.0, duration_s=1.0):
+    w, profs = _light3_models()
+    return simulate(dataclasses.replace(w.scaled(scale), duration_s=duration_s), profs, policy,
+                    contention=contention, options=opts)
 
 
 def test_dstack_adapt_sheds_what_a_saturated_host_cannot_serve_and_serves_more():
-    # the shared-interpreter host fitted to the overloaded mix (sixteenth session): light3 at x8
-    # saturates it, and the plan, which serves every demand, sheds nothing
-    host = ContentionModel(batch_overhead_ms=0.25, gil_request_ms=0.06, gil_batch_ms=0.6)
-    plain = _light3({}, host, duration_s=3.0)  # the first window after the layout's first decision does not count
-    adapt = _light3({"adapt": True}, host, duration_s=3.0)
+    # light3 at x8 saturates the interpreter host, and the plan, which serves every demand, sheds nothing
+    plain = _light3("dstack", INTERPRETER, duration_s=3.0)  # the first window after the layout's first decision does not count
+    adapt = _light3("dstack", INTERPRETER, {"adapt": True}, duration_s=3.0)
     assert not any(r.reason == "shed" for r in plain.record.results)
     assert sum(r.reason == "shed" for r in adapt.record.results) > 0.05 * len(adapt.record.results)
     assert adapt.policy["delivery_cuts"] > 0
@@ -152,8 +159,8 @@ def test_dstack_adapt_sheds_what_a_saturated_host_cannot_serve_and_serves_more()
 
 def test_dstack_adapt_leaves_a_host_that_keeps_up_alone():
     host = ContentionModel(batch_overhead_ms=0.25)
-    plain = _light3({}, host, scale=4.0)
-    adapt = _light3({"adapt": True}, host, scale=4.0)
+    plain = _light3("dstack", host, scale=4.0)
+    adapt = _light3("dstack", host, {"adapt": True}, scale=4.0)
     assert adapt.policy["delivery_caps"] == {} and adapt.policy["delivery_cuts"] == 0
     assert adapt.metrics.goodput_rps == plain.metrics.goodput_rps
 
@@ -170,7 +177,6 @@ def test_dstack_adapt_needs_shedding_and_is_off_by_default():
 def test_the_runtime_reports_each_batchs_and_each_deadline_drops_outcomes_to_a_policy_that_asks():
     from gpuloom.policy.types import Status
 
-    host = ContentionModel(batch_overhead_ms=0.25, gil_request_ms=0.06, gil_batch_ms=0.6)
     seen = {"on_time": 0, "missed": 0}
     for asks in (True, False):
         pol = make_policy("dstack")
@@ -182,10 +188,7 @@ def test_the_runtime_reports_each_batchs_and_each_deadline_drops_outcomes_to_a_p
             seen["missed"] += missed
 
         pol.on_outcomes = on_outcomes
-        store = ProfileStore.builtin("h200")
-        w = load_workload(EXAMPLES / "light3.yaml")
-        run = simulate(dataclasses.replace(w.scaled(8.0), duration_s=1.0),
-                       {m.name: trim_profile(store.get(m.name), 16) for m in w.models}, pol, contention=host)
+        run = _light3(pol, INTERPRETER)
         if asks:
             res = run.record.results
             served = [r for r in res if r.status is Status.SERVED]
@@ -196,7 +199,6 @@ def test_the_runtime_reports_each_batchs_and_each_deadline_drops_outcomes_to_a_p
 
 
 def test_dstack_adapt_replaces_its_admitted_rates_and_reports_plan_and_caps_apart():
-    host = ContentionModel(batch_overhead_ms=0.25, gil_request_ms=0.06, gil_batch_ms=0.6)
     pol = make_policy("dstack", adapt=True)
     seen = []
     real = pol._close_window
@@ -208,10 +210,7 @@ def test_dstack_adapt_replaces_its_admitted_rates_and_reports_plan_and_caps_apar
             seen.append((before, dict(before), pol.admit_rps))
 
     pol._close_window = spy
-    store = ProfileStore.builtin("h200")
-    w = load_workload(EXAMPLES / "light3.yaml")
-    run = simulate(dataclasses.replace(w.scaled(8.0), duration_s=1.0),
-                   {m.name: trim_profile(store.get(m.name), 16) for m in w.models}, pol, contention=host)
+    run = _light3(pol, INTERPRETER)
     assert seen  # the caps changed at least once ...
     assert all(old == kept for old, kept, _ in seen)  # ... each time in a new mapping, the old one untouched
     d = run.policy
@@ -224,10 +223,9 @@ def test_dstack_asks_to_be_woken_for_a_replan_check_that_is_already_due():
     # check; next_wakeup must then ask for a time after now (the runtime ignores the past), not the check's
     from gpuloom.bench.experiment import make_context
 
-    store = ProfileStore.builtin("h200")
-    w = load_workload(EXAMPLES / "light3.yaml")
+    w, profs = _light3_models()
     pol = make_policy("dstack")
-    pol.setup(make_context(w, {m.name: trim_profile(store.get(m.name), 16) for m in w.models}))
+    pol.setup(make_context(w, profs))
     pol._now = 100.0  # the last decide
     pol._next_check = 250.0
     assert pol.layout_change() is None  # at the wake-up for 250 ms, with no decide before it
@@ -242,10 +240,9 @@ def test_dstack_adapt_counts_no_outcome_until_a_window_after_a_new_layouts_first
 
     from gpuloom.bench.experiment import make_context
 
-    store = ProfileStore.builtin("h200")
-    w = load_workload(EXAMPLES / "light3.yaml")
+    w, profs = _light3_models()
     pol = make_policy("dstack", adapt=True)
-    pol.setup(make_context(w, {m.name: trim_profile(store.get(m.name), 16) for m in w.models}))
+    pol.setup(make_context(w, profs))
     m = w.models[0].name
     for t in (10.0, 50.0):  # before the layout's first decision
         pol.on_outcomes(m, 0, 100, t)

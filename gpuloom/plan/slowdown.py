@@ -106,17 +106,23 @@ def dstack_rows(report: dict) -> list[dict]:
             for point in res.get("points", []) for r in point.get("profile_check") or []]
 
 
+def mean_by(items) -> dict:
+    """``{key: mean of value weighted by n}`` over ``(key, value, n)`` items."""
+    acc: dict = {}
+    for key, value, n in items:
+        t = acc.setdefault(key, [0.0, 0])
+        t[0] += value * n
+        t[1] += n
+    return {k: t / n for k, (t, n) in acc.items() if n}
+
+
 def held_beyond(rows) -> dict[str, float]:
     """``{model: ms a batch held its partition beyond its device time}`` of ``profile_check`` rows,
     weighted by their batches; rows without ``hold_ms`` (reports before the eleventh session) skipped."""
-    sums: dict[str, list[float]] = {}
-    for r in rows:
-        if r.get("hold_ms") is not None and r.get("batches"):
-            s = sums.setdefault(r["model"], [0.0, 0.0])
-            s[0] += r["hold_ms"] * r["batches"]
-            s[1] += r["batches"]
+    means = mean_by((r["model"], r["hold_ms"], r["batches"]) for r in rows
+                    if r.get("hold_ms") is not None and r.get("batches"))
     # a hold is busy time less device time, each from its own clock: a few rows come out below zero
-    return {m: max(0.0, h / n) for m, (h, n) in sorted(sums.items())}
+    return {m: max(0.0, h) for m, h in sorted(means.items())}
 
 
 def _load_per_model(path: str | Path, what: str, from_rows, rows_needed: str, ok, values: str) -> dict[str, float]:

@@ -304,8 +304,8 @@ class DStackPolicy(Policy):
         self.adapt = adapt  # also cap each model at what it delivers on time while it misses (module docstring)
         self.wants_outcomes = adapt
         self.delivery: DeliveryCap | None = None
-        self._settling = False  # adapt: a new layout waits for its first decision (_adopt)
-        self._quiet_until: float | None = None  # adapt: outcomes before this do not count (_adopt)
+        # adapt: outcomes before this do not count; inf until a new layout's first decision (_adopt)
+        self._quiet_until: float | None = None
         self.ahead_full = bool(ahead_full)  # launch ahead only batches of the planned size (module docstring)
         self._ahead_parts: set[int] = set()  # offered ahead (on_free), their batch still running
         self.headroom = float(headroom)
@@ -387,7 +387,7 @@ class DStackPolicy(Policy):
         if self.delivery is not None:
             # caps survive a re-plan; outcomes do not count until a window after the new layout's
             # first decision: the switch drains the GPU, and what was queued meanwhile misses
-            self._settling, self._quiet_until = True, math.inf
+            self._quiet_until = math.inf
             self.admit_rps = self.delivery.admit(self._plan_admit)
         else:
             self.admit_rps = self._plan_admit
@@ -526,8 +526,8 @@ class DStackPolicy(Policy):
     # -- deciding ---------------------------------------------------------------------------
     def decide(self, now_ms: float, queues: Queues, free: Sequence[Partition]) -> list[Action]:
         self._now = now_ms
-        if self._settling:  # adapt: the new layout's first decision; outcomes count a window later
-            self._settling, self._quiet_until = False, now_ms + self.delivery.window_ms
+        if self._quiet_until == math.inf:  # adapt: the new layout's first decision; outcomes count a window later
+            self._quiet_until = now_ms + self.delivery.window_ms
         # Incremental decisions: only models that may have become dispatchable are examined -- a
         # model whose queue was empty at the last call (new arrivals), and, when a partition came
         # free, every model left waiting. A wake-up (a waiting model's slot begins) or a new layout
