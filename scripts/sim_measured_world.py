@@ -80,9 +80,10 @@ def main() -> int:
                 m = run.metrics
                 row["variants"].append({"options": v, "slo_attainment": round(m.slo_attainment, 4),
                                         "goodput_rps": round(m.goodput_rps, 1),
-                                        "admit_rps": run.policy.get("admit_rps"), "batch": run.policy.get("batch")})
-                print(f"    {json.dumps(v):40s} attainment {m.slo_attainment:.3f} goodput {m.goodput_rps:7.0f}/s",
-                      flush=True)
+                                        "admit_rps": run.policy.get("admit_rps"), "batch": run.policy.get("batch"),
+                                        "replans": run.policy.get("replans")})
+                print(f"    {json.dumps(v):40s} attainment {m.slo_attainment:.3f} goodput {m.goodput_rps:7.0f}/s "
+                      f"re-plans {run.policy.get('replans')}", flush=True)
             rows.append(row)
     if a.out:
         save_json(a.out, {"method": __doc__.split("\n\n")[1].replace("\n", " "), "bench": a.bench,

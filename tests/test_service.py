@@ -815,3 +815,18 @@ def test_dstack_adapt_online_sheds_a_model_that_misses_and_answers_every_request
         assert st["models"]["slow"]["shed"] == shed
     finally:
         svc.close()
+
+
+def test_what_dstack_learned_outlives_a_retune():
+    svc = fake_service(policy="dstack", policy_options={"learn_holds": True, "learn_slowdown": True})
+    try:
+        before = svc._runtime.policy
+        assert before.hold_learner is not None and before.slowness is not None
+        svc.retune({"twice": 50.0, "plus": 5.0})
+        after = svc._runtime.policy
+        assert after is not before  # a fresh policy for the new rates ...
+        assert after.hold_learner is before.hold_learner and after.slowness is before.slowness  # ... same host
+        y = svc.infer("plus", {"x": np.ones((2, 4), np.float32)})
+        np.testing.assert_array_equal(y["y"], np.full((2, 4), 2, np.float32))
+    finally:
+        svc.close()

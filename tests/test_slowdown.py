@@ -11,7 +11,7 @@ from gpuloom.bench.experiment import simulate
 from gpuloom.bench.workload import Arrival, ModelSpec, Workload
 from gpuloom.plan import Demand, Replanner, plan
 from gpuloom.plan.replan import broken_guarantees, served_under
-from gpuloom.plan.slowdown import SlowdownEstimator, load_slowdowns, slowed, slowed_store
+from gpuloom.plan.slowdown import HoldEstimator, SlowdownEstimator, load_slowdowns, slowed, slowed_store
 from gpuloom.policy import make_policy
 from gpuloom.profile.store import ProfileStore
 from gpuloom.profile.synthetic import zoo
@@ -112,18 +112,64 @@ def test_the_replanner_stops_waiting_for_an_unmeasured_model_after_hold_s():
     assert rp.check(3.1, rates, {"resnet50": 2.0}).replan
 
 
-def test_a_plan_with_the_slowdowns_that_serves_less_is_not_adopted_but_they_are_remembered():
-    over = [Demand("resnet50", 3000.0, 25.0), Demand("vgg16", 400.0, 100.0)]  # the GPU is full already
+def test_a_plan_with_the_slowdowns_that_serves_less_is_not_adopted_where_the_current_one_still_holds():
+    # an overload the planner shares out: resnet50 6% slower leaves the current plan's guarantees
+    # standing, and a plan made for it would serve fewer requests/s than the current one still does
+    over = [Demand("resnet50", 2000.0, 25.0), Demand("mobilenet_v2", 3000.0, 10.0), Demand("vgg16", 300.0, 100.0)]
     rp = Replanner(over, ZOO, hold_s=0.0, cooldown_s=0.0)
     rates = {d.model: d.rate for d in over}
     before = rp.schedule
-    candidate = plan([Demand("resnet50", 3000.0, 25.0), Demand("vgg16", 400.0, 100.0)],
-                     slowed_store(ZOO, {"resnet50": 1.1, "vgg16": 3.0}))
-    if rp.served(candidate, rates) >= served_under(before, {"resnet50": 1.1, "vgg16": 3.0}, rates):
-        pytest.skip("the planner found a plan serving as much: nothing to refuse here")
-    d = rp.check(1.0, rates, {"resnet50": 1.1, "vgg16": 3.0})
+    slow = {"resnet50": 1.06}
+    assert broken_guarantees(before, slow) == []
+    candidate = plan(over, slowed_store(ZOO, slow))
+    assert rp.served(candidate, rates) < served_under(before, slow, rates)
+    d = rp.check(1.0, rates, slow)
     assert not d.replan and rp.schedule is before and "serves less" in rp.slowdown_note
-    assert rp.slowdowns == {"resnet50": 1.1, "vgg16": 3.0}
+    assert rp.slowdowns == slow  # remembered: the next plan, whichever, is made with them
+
+
+def test_a_plan_with_the_measurements_is_adopted_where_they_break_the_current_one_even_if_it_serves_less():
+    # the GPU is full already; vgg16 3x slower breaks the current plan's guarantees, so what that
+    # plan would serve is a promise the GPU does not keep (on the H200's overloaded mix, run 57)
+    over = [Demand("resnet50", 3000.0, 25.0), Demand("vgg16", 400.0, 100.0)]
+    rp = Replanner(over, ZOO, hold_s=0.0, cooldown_s=0.0)
+    rates = {d.model: d.rate for d in over}
+    before = rp.schedule
+    slow = {"resnet50": 1.1, "vgg16": 3.0}
+    assert "vgg16" in broken_guarantees(before, slow)
+    assert rp.served(plan(over, slowed_store(ZOO, slow)), rates) < served_under(before, slow, rates)
+    d = rp.check(1.0, rates, slow)
+    assert d.replan and rp.schedule is not before and "bound broken for ['resnet50', 'vgg16']" in rp.slowdown_note
+    assert rp.slowdowns == slow
+
+
+def test_a_plan_that_serves_less_than_the_models_whose_guarantees_stand_is_refused_even_if_one_broke():
+    # vgg16's batches hold its partition 4 ms longer: its guarantee breaks, but a plan made for that
+    # would serve fewer requests/s than the current one still keeps for resnet50 and mobilenet_v2
+    over = [Demand("resnet50", 2000.0, 25.0), Demand("mobilenet_v2", 3000.0, 10.0), Demand("vgg16", 300.0, 100.0)]
+    rp = Replanner(over, ZOO, hold_s=0.0, cooldown_s=0.0)
+    rates = {d.model: d.rate for d in over}
+    before = rp.schedule
+    holds = {"resnet50": 0.0, "mobilenet_v2": 0.0, "vgg16": 4.0}
+    broken = broken_guarantees(before, {}, {"vgg16": 4.0})
+    assert "vgg16" in broken and "resnet50" not in broken
+    kept = served_under(before, {}, {m: r for m, r in rates.items() if m not in broken}, {"vgg16": 4.0})
+    d = rp.check(1.0, rates, None, holds)
+    assert not d.replan and rp.schedule is before
+    assert f"keeps its guarantees for {kept:.0f}" in rp.slowdown_note
+    assert rp.holds == {"vgg16": 4.0}  # remembered: the next plan, whichever, is made with them
+
+
+def test_learning_both_waits_for_the_holds_before_planning_for_the_slowdowns():
+    rp = Replanner(DEMANDS, ZOO, hold_s=2.0, cooldown_s=5.0)
+    rates = {d.model: d.rate for d in DEMANDS}
+    slow = {"resnet50": 2.0, "mobilenet_v2": 1.0, "vgg16": 1.0}
+    # holds are learned but none is known yet ({}): wait for them (up to hold_s) to plan once for both
+    assert not rp.check(1.0, rates, slow, {}).replan
+    assert rp.check(3.1, rates, slow, {}).replan  # not for ever
+    # not learned (None): no wait
+    rp2 = Replanner(DEMANDS, ZOO, hold_s=2.0, cooldown_s=5.0)
+    assert rp2.check(1.0, rates, slow, None).replan
 
 
 def _mix(scale: float = 1.0, duration_s: float = 8.0) -> Workload:
@@ -255,11 +301,127 @@ def test_a_replan_keeps_each_models_hold_and_a_report_reads_what_a_point_planned
                   ModelSpec("vgg16", 100.0, arrival=Arrival("poisson", rate=100.0))), duration_s=1.0)
     pol = make_policy("dstack", holds={"resnet50": 3.0})
     pol.setup(make_context(w, {m.name: ZOO.get(m.name) for m in w.models}))
-    assert pol.replanner.plan_kwargs["model_overhead_ms"] == {"resnet50": 3.0}
-    again = plan([Demand("resnet50", 900.0, 25.0), Demand("vgg16", 100.0, 100.0)], ZOO, **pol.replanner.plan_kwargs)
+    assert pol.replanner.holds == {"resnet50": 3.0}
+    assert pol.replanner.plan_options()["model_overhead_ms"] == {"resnet50": 3.0}
+    again = plan([Demand("resnet50", 900.0, 25.0), Demand("vgg16", 100.0, 100.0)], ZOO, **pol.replanner.plan_options())
     r = again.model("resnet50")
     assert r.latency_ms == pytest.approx(ZOO.get("resnet50").latency(r.batch, r.sms) + 3.0)
     assert pol.describe()["holds"] == {"resnet50": 3.0}
     meta = {"dstack_lanes_default": "auto", "dstack_shed_default": True, "dstack_adapt_default": False}
     # re-simulating a holds=PATH variant takes what the point planned with, not the file as it is now
     assert sim_policy("dstack:holds=gone.json", meta, {"holds": {"resnet50": 3.0}})[1]["holds"] == {"resnet50": 3.0}
+
+
+def test_the_hold_estimator_averages_busy_less_device_time_over_its_window_and_clamps_each():
+    est = HoldEstimator(window=4, min_batches=3, clamp_ms=(0.0, 10.0))
+    est.observe("a", 5.0, 4.0)
+    est.observe("a", 6.0, 4.0)
+    assert est.hold("a") is None and est.holds() == {}
+    est.observe("a", 7.0, 4.0)
+    assert est.hold("a") == pytest.approx(2.0)  # (1 + 2 + 3) / 3
+    for _ in range(4):  # the window slides past them
+        est.observe("a", 4.5, 4.0)
+    assert est.hold("a") == pytest.approx(0.5) and est.batches("a") == 4
+    for busy, dev in ((math.nan, 1.0), (5.0, math.nan), (5.0, 0.0), (math.inf, 1.0)):  # not evidence
+        est.observe("a", busy, dev)
+    assert est.batches("a") == 4
+    est.observe("b", 1.0, 3.0)  # two clocks: busy below device time is no hold, not a negative one
+    est.observe("b", 500.0, 3.0)  # a host stall counts as the clamp, not 497 ms
+    est.observe("b", 4.0, 3.0)
+    assert est.holds() == {"a": pytest.approx(0.5), "b": pytest.approx((0.0 + 10.0 + 1.0) / 3)}
+    with pytest.raises(ValueError, match="min_batches <= window"):
+        HoldEstimator(window=2, min_batches=3)
+    with pytest.raises(ValueError, match="clamp_ms"):
+        HoldEstimator(clamp_ms=(2.0, 1.0))
+
+
+def test_the_replanner_replans_for_holds_that_moved_beyond_the_band_and_plans_them_into_the_slots():
+    rp = Replanner(DEMANDS, ZOO, hold_s=0.0, cooldown_s=5.0, plan_kwargs={"batch_overhead_ms": 0.25})
+    rates = {d.model: d.rate for d in DEMANDS}
+    assert rp.assumed_hold("vgg16") == 0.25 and rp.holds == {}
+    # within 0.5 ms of what the plan assumed: nothing moved
+    assert not rp.check(1.0, rates, None, {"resnet50": 0.6, "mobilenet_v2": 0.3, "vgg16": 0.7}).replan
+    before = rp.schedule
+    d = rp.check(2.0, rates, None, {"resnet50": 3.0, "mobilenet_v2": 0.3, "vgg16": 0.7})
+    assert d.replan and "resnet50 holds 3.00 ms" in d.reason and rp.slowdown_switches == 1
+    assert rp.holds == {"resnet50": 3.0} and rp.assumed_hold("resnet50") == 3.0
+    r = rp.schedule.model("resnet50")
+    assert r.latency_ms == pytest.approx(ZOO.get("resnet50").latency(r.batch, r.sms) + 3.0)
+    v = rp.schedule.model("vgg16")  # the others keep the common hold
+    assert v.latency_ms == pytest.approx(ZOO.get("vgg16").latency(v.batch, v.sms) + 0.25)
+    # the old plan, with resnet50's batches 2.75 ms longer, serves no more than the new one
+    assert served_under(before, {}, rates, {"resnet50": 2.75}) <= rp.served(rp.schedule, rates) + 1e-9
+    # the same holds again: nothing moved; a switch that could not be set up takes them back
+    assert not rp.check(20.0, rates, None, {"resnet50": 3.2, "mobilenet_v2": 0.3, "vgg16": 0.7}).replan
+    rp.revert()
+    assert rp.schedule is before and rp.holds == {}
+    with pytest.raises(ValueError, match="hold_band_ms"):
+        Replanner(DEMANDS, ZOO, hold_band_ms=0.0)
+
+
+def test_holds_and_slowdowns_that_moved_together_make_one_plan():
+    rp = Replanner(DEMANDS, ZOO, hold_s=2.0, cooldown_s=5.0)
+    rates = {d.model: d.rate for d in DEMANDS}
+    # every model's slowdown is known but no hold yet: wait (up to hold_s) to plan once for both
+    assert not rp.check(1.0, rates, {"resnet50": 2.0, "mobilenet_v2": 1.0, "vgg16": 1.0}, {"resnet50": 2.0}).replan
+    d = rp.check(1.5, rates, {"resnet50": 2.0, "mobilenet_v2": 1.0, "vgg16": 1.0},
+                 {"resnet50": 2.0, "mobilenet_v2": 0.1, "vgg16": 0.1})
+    assert d.replan and rp.switches == 1
+    assert rp.slowdowns == {"resnet50": 2.0} and rp.holds == {"resnet50": 2.0}
+    r = rp.schedule.model("resnet50")
+    assert r.latency_ms == pytest.approx(2.0 * ZOO.get("resnet50").latency(r.batch, r.sms) + 2.0)
+
+
+def test_dstack_learns_its_hosts_holds_and_replans_once_as_if_told():
+    from gpuloom.runtime.sim import ContentionModel
+
+    wl = _mix(0.9)
+    held = {"resnet50": 2.0, "mobilenet_v2": 1.5, "vgg16": 3.0}
+    host = ContentionModel(model_overhead_ms=tuple(held.items()))
+    learned = simulate(wl, ZOO, "dstack", options={"learn_holds": True}, contention=host)
+    assert learned.policy["replans"] == 1 and "holds" in learned.policy["measured_note"]
+    for m, h in held.items():
+        assert learned.policy["holds"][m] == pytest.approx(h, abs=0.05)
+        assert learned.policy["learned_holds"][m] == pytest.approx(h, abs=0.05)
+    told = simulate(wl, ZOO, "dstack", options={"holds": held, "lanes": "partitions"}, contention=host)
+    assert told.policy["replans"] == 0
+    assert learned.policy["partitions"] == told.policy["partitions"]  # the plan it learned is the one it was told
+    # a host that holds nothing beyond the GPU work: nothing to learn, nothing to re-plan
+    same = simulate(wl, ZOO, "dstack", options={"learn_holds": True})
+    assert same.policy["replans"] == 0 and "holds" not in same.policy
+    assert all(h == pytest.approx(0.0, abs=1e-6) for h in same.policy["learned_holds"].values())
+
+
+def test_dstack_refuses_learning_holds_where_it_cannot():
+    with pytest.raises(ValueError, match="learn_holds must be true or false"):
+        make_policy("dstack", learn_holds="yes")
+    with pytest.raises(ValueError, match="learn_holds=true needs replan=true"):
+        make_policy("dstack", learn_holds=True, replan=False)
+    with pytest.raises(ValueError, match="learn_holds=true needs lanes=partitions"):
+        make_policy("dstack", learn_holds=True, lanes="shared")
+    assert make_policy("dstack", learn_holds=True).lanes == "partitions"
+
+
+def test_a_dstack_that_replaces_another_plans_at_once_with_what_that_one_learned():
+    from gpuloom.runtime.sim import ContentionModel
+
+    wl = _mix(0.9)
+    held = {"resnet50": 2.0, "mobilenet_v2": 1.5, "vgg16": 3.0}
+    host = ContentionModel(model_overhead_ms=tuple(held.items()))
+    first = make_policy("dstack", learn_holds=True, learn_slowdown=True)
+    assert simulate(wl, ZOO, first, contention=host).policy["replans"] == 1
+    learned = first.hold_learner.holds()
+    then = make_policy("dstack", learn_holds=True, learn_slowdown=True)
+    then.carry_over(first)  # as the runtime does when a load, an unload or a retune replaces it
+    run = simulate(wl, ZOO, then, contention=host)
+    assert run.policy["replans"] == 0  # nothing left to learn: its first plan had them
+    assert run.policy["holds"] == {m: round(h, 3) for m, h in sorted(learned.items())}
+    told = simulate(wl, ZOO, "dstack", options={"holds": learned, "lanes": "partitions"}, contention=host)
+    assert run.policy["partitions"] == told.policy["partitions"]
+    # another policy, or a dstack that does not learn, takes nothing
+    plain = make_policy("dstack")
+    plain.carry_over(first)
+    assert plain.hold_learner is None and plain.slowness is None
+    other = make_policy("dstack", learn_holds=True)
+    other.carry_over(make_policy("triton"))
+    assert other.hold_learner is None

@@ -98,7 +98,8 @@ def sim_policy(spec: str, meta: dict, plan: dict | None = None) -> tuple[str, di
         options.setdefault("min_sms", int(meta.get("dstack_min_sms_default", 0)))
         options.setdefault("remainder", str(meta.get("dstack_remainder_default", "smallest")))
         new = "dstack_lanes_default" in meta or (plan is not None and "admit_rps" in plan)
-        learning = options.get("learn_slowdown") is True  # needs partitions, as dstack's own default says
+        # learning needs partitions, as dstack's own default says
+        learning = options.get("learn_slowdown") is True or options.get("learn_holds") is True
         options.setdefault("lanes", str(meta.get("dstack_lanes_default", "auto")) if new and not learning
                            else "partitions")
         options.setdefault("grow", meta.get("dstack_grow_default", "auto") if new else False)
@@ -107,8 +108,11 @@ def sim_policy(spec: str, meta: dict, plan: dict | None = None) -> tuple[str, di
                            else bool(meta.get("dstack_shed_default", True)) if new else False)
         if "dstack_adapt_default" in meta:  # before the key, dstack had no adapt (its default now: off)
             options.setdefault("adapt", bool(meta["dstack_adapt_default"]))
-        if isinstance(options.get("holds"), str) and plan is not None and plan.get("holds"):
-            options["holds"] = dict(plan["holds"])  # what the point planned with, not the file as it is now
+        if isinstance(options.get("holds"), str) and plan is not None:
+            # what the point planned with, not the file as it is now (learning: what it started from)
+            given = plan.get("given_holds") if options.get("learn_holds") is True else plan.get("holds")
+            if given:
+                options["holds"] = dict(given)
     return name, options
 
 

@@ -74,6 +74,50 @@ class SlowdownEstimator:
         return out
 
 
+class HoldEstimator:
+    """How long each model's batches hold their partition beyond their device time (ms): the mean
+    over its last ``window`` batches, once ``min_batches`` have been seen.
+
+    A hold is the host's part of a batch (launch, copies, the completion's way back to the runtime):
+    busy time (dispatch to outputs on the host) less device time (CUDA events). On the H200 it was
+    0.6-2.4 ms on one machine and 1.7-5.5 ms on another for the same mix (runs 57-60), so it is
+    learned where the service runs rather than read from another machine's report. Each hold is
+    clamped to ``clamp_ms`` (busy and device time come from two clocks; a host stall is not a hold)."""
+
+    def __init__(self, window: int = 200, min_batches: int = 50, *, clamp_ms: tuple[float, float] = (0.0, 50.0)) -> None:
+        if not (isinstance(window, int) and isinstance(min_batches, int) and 1 <= min_batches <= window):
+            raise ValueError(f"HoldEstimator: need integers 1 <= min_batches <= window, found {min_batches}, {window}")
+        if not 0 <= clamp_ms[0] < clamp_ms[1]:
+            raise ValueError(f"HoldEstimator: clamp_ms must be (lo, hi) with 0 <= lo < hi, found {clamp_ms}")
+        self.window, self.min_batches, self.clamp_ms = window, min_batches, clamp_ms
+        self._holds: dict[str, deque[float]] = {}
+        self._sums: dict[str, float] = {}
+
+    def observe(self, model: str, busy_ms: float, device_ms: float) -> None:
+        """One batch of ``model``: ``busy_ms`` from its dispatch to its outputs on the host,
+        ``device_ms`` its device time. Batches without both measurements are ignored."""
+        if not (math.isfinite(busy_ms) and math.isfinite(device_ms) and device_ms > 0):
+            return
+        lo, hi = self.clamp_ms
+        h = min(hi, max(lo, busy_ms - device_ms))
+        q = self._holds.setdefault(model, deque())
+        q.append(h)
+        self._sums[model] = self._sums.get(model, 0.0) + h
+        if len(q) > self.window:
+            self._sums[model] -= q.popleft()
+
+    def batches(self, model: str) -> int:
+        return len(self._holds.get(model, ()))
+
+    def hold(self, model: str) -> float | None:
+        """``model``'s mean hold (ms) over its window, or None before ``min_batches``."""
+        n = self.batches(model)
+        return max(0.0, self._sums[model] / n) if n >= self.min_batches else None
+
+    def holds(self) -> dict[str, float]:
+        """Every model's hold that is known yet."""
+        return {m: h for m in self._holds if (h := self.hold(m)) is not None}
+
 
 def slowed(profile: Profile, factor: float) -> Profile:
     """``profile`` with every latency ``factor`` times longer: the model as slow as measured."""

@@ -51,6 +51,8 @@ class Policy(ABC):
 
     Who calls what, and when (the runtime, from one thread, in this order):
 
+    * :meth:`carry_over` before :meth:`setup` when this policy replaces another in a running
+      runtime (a model loaded or unloaded, ``retune``): with the one it replaces.
     * :meth:`setup` once before the first event; returns the partition layout the policy wants.
     * :meth:`on_arrival` after each request is appended to its model's queue.
     * :meth:`on_completion` after a batch finished and its requests were recorded; before it, with
@@ -92,6 +94,11 @@ class Policy(ABC):
     #: True: the runtime reports what became of each batch's and each drop's requests
     #: (:meth:`on_outcomes`); off by default, as it costs a look at every request's deadline
     wants_outcomes: bool = False
+
+    def carry_over(self, previous: Policy) -> None:
+        """Before :meth:`setup`: take from ``previous``, the policy this one replaces on the same host
+        and GPU, what it measured that outlives its plan (dstack: the holds and slowdowns it learned).
+        Default: nothing."""
 
     def setup(self, ctx: PolicyContext) -> Layout:
         """Remember ``ctx`` and return the layout to start with."""

@@ -99,9 +99,17 @@ on a GPU.
 back): on the H200 0.6-1.6 ms, and 2.6-4.4 ms for bert_base, whose batches return 3-6 MB
 (runs 53-54). ``batch_overhead_ms`` plans one hold for every model; ``holds=PATH`` plans each
 model's own, from ``PATH``: ``{model: ms}``, or a ``gpuloom bench`` report whose dstack points
-measured them (:func:`~gpuloom.plan.slowdown.load_holds`). Off by default until measured on a GPU:
-on the overloaded mix at x0.5 every partition ran 93-98% busy where the plan counted neither hold
-nor slowdown (run 54).
+measured them (:func:`~gpuloom.plan.slowdown.load_holds`). On the overloaded mix (run 57), planning
+another run's holds and slowdowns served 1.40x / 2.18x plain dstack's goodput at x0.5 / x1: the plan
+then knew what the GPU could serve and shed the rest. But holds are the host's: one machine's were
+2-3x another's, and a slow machine's holds planned mix6 as overloaded on a fast one (-0.078, run 59).
+``learn_holds=True`` learns them while serving, each batch's busy less device time on its
+partition (a :class:`~gpuloom.plan.slowdown.HoldEstimator`, last 200 batches per model, known
+after 30; a batch launched ahead counts from its predecessor's end, as the backend reports it and
+the bench's ``hold_ms`` counts it), and at each check re-plans when one moved by more than 0.5 ms
+from what the plan assumed, under the rule of ``learn_slowdown`` (:class:`~gpuloom.plan.Replanner`).
+What was learned outlives a re-plan for new rates or models (:meth:`carry_over`). Off by default
+until measured on a GPU.
 
 **Re-plans serve on.** dstack defers its layout changes (``defers_layout_change``): after proposing
 a re-plan's layout it goes on deciding for its current schedule until the runtime has the new
@@ -119,7 +127,7 @@ from typing import Mapping, Sequence
 from ..plan import Demand, RateEstimator, Replanner, Schedule, plan
 from ..plan.schedule import Partition as PlanPartition
 from ..plan.planner import REMAINDERS
-from ..plan.slowdown import SlowdownEstimator, load_holds, load_slowdowns, slowed_store
+from ..plan.slowdown import HoldEstimator, SlowdownEstimator, load_holds, load_slowdowns, slowed_store
 from ..profile.store import ProfileStore
 from .base import Action, Policy, PolicyContext, Queues, hopeless, register
 from .delivery import DeliveryCap
@@ -260,6 +268,7 @@ class DStackPolicy(Policy):
         shed: bool = True,
         adapt: bool = False,
         holds: str | Mapping[str, float] | None = None,
+        learn_holds: bool = False,
     ) -> None:
         if headroom < 0 or check_ms <= 0 or not batch_overhead_ms >= 0 or not 0 <= slo_margin < 1:
             raise ValueError(f"dstack: need headroom >= 0, check_ms > 0, batch_overhead_ms >= 0 and 0 <= slo_margin < 1, "
@@ -268,7 +277,7 @@ class DStackPolicy(Policy):
             grow = None
         for flag, v in (("replan", replan), ("ahead_full", ahead_full), ("learn_slowdown", learn_slowdown),
                         ("grow", True if grow is None else grow), ("shed", shed),
-                        ("adapt", adapt)):
+                        ("adapt", adapt), ("learn_holds", learn_holds)):
             if not isinstance(v, bool):  # "False" from a command line must not read as True
                 also = " or auto (on shared lanes only)" if flag == "grow" else ""
                 raise ValueError(f"dstack: {flag} must be true or false{also}, found {v!r}")
@@ -282,7 +291,7 @@ class DStackPolicy(Policy):
         if isinstance(fill_wait, bool) or not isinstance(fill_wait, (int, float)) or not 0 <= fill_wait < 1:
             raise ValueError(f"dstack: fill_wait is a fraction of the SLO, 0 <= fill_wait < 1, found {fill_wait!r}")
         if lanes is None:  # measured learning reads a batch's time on its own partition
-            lanes = "partitions" if learn_slowdown else DEFAULT_LANES
+            lanes = "partitions" if learn_slowdown or learn_holds else DEFAULT_LANES
         if lanes not in ("partitions", "shared", "auto"):
             raise ValueError(f"dstack: lanes must be 'partitions' (the plan's disjoint SM partitions), 'shared' "
                              f"(a stream per model over the whole GPU) or 'auto' (per plan), found {lanes!r}")
@@ -292,9 +301,10 @@ class DStackPolicy(Policy):
         self.mode = "shared" if lanes == "shared" else "partitions"
         self._planned = False  # a first plan's mode is chosen without the re-plans' band
         self.turnaround_ms = float(turnaround_ms)
-        if learn_slowdown and lanes != "partitions":
-            raise ValueError("dstack: learn_slowdown=true needs lanes=partitions (on shared lanes a batch's time on "
-                             "the contended whole GPU says nothing about its planned partition)")
+        for flag, v in (("learn_slowdown", learn_slowdown), ("learn_holds", learn_holds)):
+            if v and lanes != "partitions":
+                raise ValueError(f"dstack: {flag}=true needs lanes=partitions (on shared lanes a batch's time on "
+                                 "the contended whole GPU says nothing about its planned partition)")
         self.fill_wait = float(fill_wait)  # a partial batch waits this fraction of its SLO to fill (module docstring)
         self._filling: set[str] = set()  # models holding a partial batch back to fill it
         self.grow_rule = grow  # None: grow on shared lanes only (module docstring)
@@ -320,16 +330,22 @@ class DStackPolicy(Policy):
         if any(isinstance(f, bool) or not (isinstance(f, (int, float)) and 0 < f < math.inf)
                for f in self._given_slow.values()):
             raise ValueError(f"dstack: slowdowns must be finite factors > 0, found {self._given_slow}")
-        if learn_slowdown and not replan:
-            raise ValueError("dstack: learn_slowdown=true needs replan=true (what it learns takes effect in a re-plan)")
+        for flag, v in (("learn_slowdown", learn_slowdown), ("learn_holds", learn_holds)):
+            if v and not replan:
+                raise ValueError(f"dstack: {flag}=true needs replan=true (what it learns takes effect in a re-plan)")
+        self.learn_holds = learn_holds  # re-plan with measured holds (module docstring)
         self._slow: dict[str, float] = dict(self._given_slow)
         # per-model holds planned into each model's slots instead of batch_overhead_ms (module docstring)
-        self.holds = dict(load_holds(holds) if isinstance(holds, str) else (holds or {}))
-        if any(isinstance(h, bool) or not (isinstance(h, (int, float)) and 0 <= h < math.inf) for h in self.holds.values()):
-            raise ValueError(f"dstack: holds must be ms >= 0 per model, found {self.holds}")
+        self._given_holds = dict(load_holds(holds) if isinstance(holds, str) else (holds or {}))
+        if any(isinstance(h, bool) or not (isinstance(h, (int, float)) and 0 <= h < math.inf)
+               for h in self._given_holds.values()):
+            raise ValueError(f"dstack: holds must be ms >= 0 per model, found {self._given_holds}")
+        self.holds: dict[str, float] = dict(self._given_holds)  # the current plan's (learn_holds: learned)
         self.slowness: SlowdownEstimator | None = None
-        self._sms_of: dict[int, int] = {}  # id(decision) -> its partition's SMs, while it runs (learn_slowdown)
-        self._pending: tuple[Layout, Schedule, dict[str, float]] | None = None  # a re-plan being set up
+        self.hold_learner: HoldEstimator | None = None
+        self._sent: dict[int, int] = {}  # id(decision) -> its partition's SMs, while it runs (learning)
+        # a re-plan being set up: its layout, schedule, slowdowns and holds
+        self._pending: tuple[Layout, Schedule, dict[str, float], dict[str, float]] | None = None
         self.check_ms = float(check_ms)
         self.window_s, self.band, self.hold_s, self.switch_cost_s = window_s, band, hold_s, switch_cost_s
         self._given = schedule
@@ -343,6 +359,16 @@ class DStackPolicy(Policy):
         self.replans = 0
 
     # -- setup ------------------------------------------------------------------------------
+    def carry_over(self, previous: Policy) -> None:
+        """Keep learning where ``previous`` (a dstack this one replaces in the same runtime) left off:
+        its slowdown and hold estimators, so that the first plan already uses what they know instead
+        of learning it again and re-planning (a GPU re-plan captures a new layout: seconds)."""
+        if isinstance(previous, DStackPolicy):
+            if self.learn_slowdown and self.replan and previous.slowness is not None:
+                self.slowness = previous.slowness
+            if self.learn_holds and self.replan and previous.hold_learner is not None:
+                self.hold_learner = previous.hold_learner
+
     def floor_sms(self, gpu_sms: int) -> int:
         """The smallest partition to plan on a GPU of ``gpu_sms`` SMs: the chosen ``min_sms``, else
         :data:`DEFAULT_MIN_SMS` (no more than the GPU has)."""
@@ -351,11 +377,20 @@ class DStackPolicy(Policy):
     def layout(self, ctx: PolicyContext) -> Layout:
         self.store = ProfileStore(profiles=[i.profile for i in ctx.models.values()])
         demands = [Demand(m, i.rate, i.slo_ms * (1.0 - self.slo_margin), i.weight) for m, i in ctx.models.items()]
+        self._sent.clear()  # a previous run's batches that never completed
+        if self.learn_slowdown and self.replan and self.slowness is None:
+            self.slowness = SlowdownEstimator(window=200, min_batches=30)
+        if self.learn_holds and self.replan and self.hold_learner is None:
+            self.hold_learner = HoldEstimator(window=200, min_batches=30)
+        # what was given, overridden by what learning carried over from a predecessor knows already
+        holds = {**self._given_holds, **(self.hold_learner.holds() if self.hold_learner is not None else {})}
+        slow = {**self._given_slow, **(self.slowness.factors() if self.slowness is not None else {})}
         kwargs = {"gpu_sms": ctx.gpu_sms, "granularity": ctx.granularity, "eps": ctx.knee_eps, "headroom": self.headroom,
                   "batch_overhead_ms": self.batch_overhead_ms, "min_sms": self.floor_sms(ctx.gpu_sms),
-                  "model_overhead_ms": {m: h for m, h in self.holds.items() if m in ctx.models} or None,
+                  "model_overhead_ms": {m: h for m, h in holds.items() if m in ctx.models} or None,
                   "remainder": self.remainder}
-        self._slow = {m: f for m, f in self._given_slow.items() if m in ctx.models}
+        self._slow = {m: f for m, f in slow.items() if m in ctx.models}
+        self.holds = dict(kwargs["model_overhead_ms"] or {})
         planning = slowed_store(self.store, self._slow) if self._slow else self.store
         sched = self._given or plan(demands, planning, **kwargs)
         self.replanner = Replanner(
@@ -364,7 +399,6 @@ class DStackPolicy(Policy):
             switch_fraction=self._switch_fraction,
         ) if self.replan else None
         self.estimator = RateEstimator(self.window_s)
-        self.slowness = SlowdownEstimator(window=200, min_batches=30) if self.learn_slowdown and self.replan else None
         self._arrived = {m: 0 for m in ctx.models}  # arrivals since the last check
         self.delivery = DeliveryCap(ctx.models) if self.adapt else None
         self._next_check = self.check_ms
@@ -512,11 +546,13 @@ class DStackPolicy(Policy):
         d = completion.decision
         self._fresh_parts.add(d.partition)  # this partition came free
         self._ahead_parts.discard(d.partition)
-        if self.slowness is not None:
-            # the SMs it ran on, noted at dispatch: after a re-plan a partition index means other SMs
-            sms = self._sms_of.pop(id(d), None)
-            if sms is not None and completion.device_ms > 0:
+        # the SMs it ran on, noted at dispatch: after a re-plan a partition index means other SMs
+        sms = self._sent.pop(id(d), None) if self._sent else None
+        if sms is not None and completion.device_ms > 0:
+            if self.slowness is not None:
                 self.slowness.observe(d.model, completion.device_ms, self.ctx.models[d.model].profile.latency(d.batch, sms))
+            if self.hold_learner is not None:
+                self.hold_learner.observe(d.model, completion.end_ms - completion.start_ms, completion.device_ms)
 
     def on_free(self, partition: int, now_ms: float) -> None:
         self._fresh_parts.add(partition)  # it takes its next batch ahead of its running one's end
@@ -627,8 +663,8 @@ class DStackPolicy(Policy):
                     self._ahead_parts.discard(idx)
                     dec = Decision(m, _ids(q, j, k), k, idx)
                     out.append(dec)
-                    if self.slowness is not None:  # its SMs, for its device time when it completes
-                        self._sms_of[id(dec)] = pp.sms
+                    if self.slowness is not None or self.hold_learner is not None:  # read when it completes
+                        self._sent[id(dec)] = pp.sms
                     free_idx.discard(idx)
                     if first_left == i and j == i:  # nothing passed over: the oldest left moves on
                         first_left = j + k
@@ -769,7 +805,8 @@ class DStackPolicy(Policy):
         if self._pending is not None:
             return None  # one re-plan at a time: its layout is still being set up (a GPU build takes seconds)
         rates = {m: self.estimator.rate(m, now_s) for m in self.ctx.models}
-        d = self.replanner.check(now_s, rates, self.slowness.factors() if self.slowness is not None else None)
+        d = self.replanner.check(now_s, rates, self.slowness.factors() if self.slowness is not None else None,
+                                 self.hold_learner.holds() if self.hold_learner is not None else None)
         if not d.replan:
             return None
         self.replans += 1
@@ -777,7 +814,7 @@ class DStackPolicy(Policy):
         if self.mode == "shared" and mode == "shared":
             # the lanes stay the same (one per model over the whole GPU): take the new plan's batches and
             # latencies now, with no layout change for the runtime to drain and set up
-            self._slow = dict(self.replanner.slowdowns)
+            self._slow, self.holds = dict(self.replanner.slowdowns), dict(self.replanner.holds)
             self._dirty = True
             self._adopt(d.schedule, self._now)
             self._wake = self._now + 1e-3  # decide again at once for the new plan, not at the old wake-up
@@ -785,14 +822,14 @@ class DStackPolicy(Policy):
         # decide for the current schedule until the runtime has the new one set up (adopt_layout): on a
         # GPU it goes on serving the old layout while the new one's graphs are captured
         layout = self._layout_of(d.schedule, mode)
-        self._pending = (layout, d.schedule, dict(self.replanner.slowdowns))
+        self._pending = (layout, d.schedule, dict(self.replanner.slowdowns), dict(self.replanner.holds))
         return layout
 
     def adopt_layout(self, layout: Layout, now_ms: float) -> None:
         if self._pending is None or self._pending[0] is not layout:
             return
-        _, sched, slow = self._pending
-        self._slow = slow  # dispatch with the latencies the new plan assumed
+        _, sched, slow, holds = self._pending
+        self._slow, self.holds = slow, holds  # dispatch with the latencies the new plan assumed
         self._dirty = True
         self._adopt(sched, now_ms)
 
@@ -818,6 +855,12 @@ class DStackPolicy(Policy):
             "admit_rps": {m: round(r, 1) for m, r in sorted(self._plan_admit.items())},
             "adapt": self.adapt,
             **({"holds": {m: round(h, 3) for m, h in sorted(self.holds.items())}} if self.holds else {}),
+            # what learning measured and the last look at it concluded (learn_slowdown, learn_holds)
+            **({"learned_holds": {m: round(h, 3) for m, h in sorted(self.hold_learner.holds().items())},
+                "given_holds": {m: round(h, 3) for m, h in sorted(self._given_holds.items())}}
+               if self.hold_learner is not None else {}),
+            **({"measured_note": self.replanner.slowdown_note}
+               if (self.slowness is not None or self.hold_learner is not None) and self.replanner is not None else {}),
             **({"delivery_caps": {m: round(r, 1) for m, r in sorted(self.delivery.caps.items())},
                 "delivery_cuts": self.delivery.cuts, "delivery_undone": self.delivery.undone}
                if self.delivery is not None else {}),

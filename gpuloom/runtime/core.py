@@ -327,6 +327,8 @@ class Runtime:
         the old policy keeps dispatching on the old layout until the new one is built, then both
         switch at once (:meth:`_switch`): a model loaded or unloaded does not stop the others for
         the build. Else the switch is immediate and nothing is dispatched until the build is done."""
+        if self.policy is not policy:
+            policy.carry_over(self.policy)  # what the old one measured of this host and GPU
         if not (self.backend.builds_while_serving and self._parts and not self._preparing and not self._broken):
             self._switch(policy, ctx, None, 0)
             return
