@@ -96,6 +96,11 @@ def test_bench_serves_tiny_models_on_cpu_and_reports_every_metric(tmp_path):
                 assert m["queue_ms"]["mean"] >= 0 and m["compute_ms"]["mean"] > 0
                 assert m["compute_ms"]["p99_bucket"] is None or m["compute_ms"]["p99_bucket"] > 0  # None: over the top bound
     assert rep["dstack_vs_best_baseline"]["baseline"] == "triton"
+    # which host ran it and how fast, at the start and at the end (runs 57-58's machine was slower)
+    for when in ("start", "end"):
+        mach = rep["meta"]["machine"][when]
+        assert mach["cpu"] and mach["usable_cpus"] >= 1
+        assert mach["python_loop_us"] > 0 and mach["thread_wake_us"] > 0 and "cuda_sync_us" not in mach
 
 
 def test_bench_sweep_finds_a_load_factor_and_rejects_unknown_policies(tmp_path):

@@ -176,6 +176,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for w in warns:
         console.print(f"[yellow]warning:[/yellow] {w}")
+    from gpuloom.bench.machine import describe_machine, summary
+
+    sync = torch.cuda.synchronize if device.startswith("cuda") else None
+    machine = {"start": describe_machine(sync)}  # which host, how fast: figures from two machines differ
+    console.print(summary(machine["start"]))
     t0 = time.monotonic()
     models = build_models(workload, tiny=args.tiny, device=device, max_batch=args.max_batch,
                           progress=lambda s: console.print(s))
@@ -191,7 +196,9 @@ def run(args: argparse.Namespace) -> int:
                 "dstack_lanes_default": DEFAULT_LANES, "dstack_grow_default": "auto", "dstack_shed_default": True,
                 "dstack_adapt_default": False,
                 # hardware queues the driver opens for the process (8 by default; gpuloom asks for 32)
-                **connections_in_effect().as_meta()}
+                **connections_in_effect().as_meta(),
+                # the host's CPU and speed probes at the start (and the end, once every policy ran)
+                "machine": dict(machine)}
         if device.startswith("cuda"):
             meta["gpu"] = torch.cuda.get_device_name(0)
         rep = to_json(workload, results, device=device, target=args.target, meta=meta)
@@ -219,6 +226,8 @@ def run(args: argparse.Namespace) -> int:
                                         on_point=save_partial if args.out else None,
                                         warmup_s=min(args.warmup, args.duration)))
         write_report()
+    machine["end"] = describe_machine(sync)
+    console.print(summary(machine["end"]) + " (at the end)")
     report = write_report()
 
     table = Table(title=f"gpuloom bench {Path(args.workload).name} on {device}"

@@ -1,0 +1,24 @@
+"""The host probes a bench report carries (gpuloom.bench.machine)."""
+
+from __future__ import annotations
+
+import time
+
+from gpuloom.bench.machine import describe_machine, python_loop_us, summary, sync_us, thread_wake_us
+
+
+def test_the_probes_measure_what_they_name():
+    loop = python_loop_us(repeats=3)
+    assert 0 < loop < 5e6  # 100,000 additions: microseconds to a second, never zero
+    assert 0 < thread_wake_us(round_trips=50) < 1e6
+    # a synchronize that sleeps 2 ms is timed as at least that
+    assert sync_us(lambda: time.sleep(0.002), repeats=5) >= 2000
+
+
+def test_the_machine_description_is_plain_data_with_a_one_line_summary():
+    m = describe_machine(sync=lambda: None)
+    assert isinstance(m["cpu"], str) and m["cpus"] >= m["usable_cpus"] >= 1
+    assert m["cuda_sync_us"] >= 0
+    line = summary(m)
+    assert line.startswith("host: ") and "thread wake-up" in line and "CUDA synchronize" in line
+    assert "CUDA" not in summary(describe_machine())
