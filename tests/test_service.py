@@ -820,12 +820,18 @@ def test_dstack_adapt_online_sheds_a_model_that_misses_and_answers_every_request
 def test_what_dstack_learned_outlives_a_retune():
     svc = fake_service(policy="dstack", policy_options={"learn_holds": True, "learn_slowdown": True})
     try:
+        x = {"x": np.ones((1, 4), np.float32)}
+        for _ in range(40):  # one batch each: the fake device reports each batch's device time
+            svc.infer("twice", x)
+            svc.infer("plus", x)
         before = svc._runtime.policy
-        assert before.hold_learner is not None and before.slowness is not None
+        learned = before.hold_learner.holds()
+        assert set(learned) == {"twice", "plus"}
         svc.retune({"twice": 50.0, "plus": 5.0})
         after = svc._runtime.policy
-        assert after is not before  # a fresh policy for the new rates ...
-        assert after.hold_learner is before.hold_learner and after.slowness is before.slowness  # ... same host
+        assert after is not before  # a fresh policy for the new rates, on the same host:
+        assert after.hold_learner.batches("twice") >= 40  # it keeps what its predecessor learned ...
+        assert after.describe()["holds"] == {m: round(h, 3) for m, h in sorted(learned.items())}  # ... and plans with it
         y = svc.infer("plus", {"x": np.ones((2, 4), np.float32)})
         np.testing.assert_array_equal(y["y"], np.full((2, 4), 2, np.float32))
     finally:

@@ -424,4 +424,50 @@ def test_a_dstack_that_replaces_another_plans_at_once_with_what_that_one_learned
     assert plain.hold_learner is None and plain.slowness is None
     other = make_policy("dstack", learn_holds=True)
     other.carry_over(make_policy("triton"))
-    assert other.hold_learner is None
+    assert simulate(wl, ZOO, other, contention=host).policy["replans"] == 1  # learns from scratch
+    # a model unloaded (not in the successor's models) is forgotten: one loaded again may be another
+    fewer = make_policy("dstack", learn_holds=True)
+    fewer.carry_over(first)
+    two = Workload(tuple(m for m in wl.models if m.name != "vgg16"), duration_s=1.0, seed=3)
+    simulate(two, ZOO, fewer, contention=host)
+    assert fewer.hold_learner.batches("vgg16") == 0 and fewer.hold_learner.batches("resnet50") > 0
+    assert first.hold_learner.batches("vgg16") > 0  # a copy: the predecessor's own is untouched
+
+
+def test_a_plan_that_gives_up_most_of_the_load_is_refused_even_where_every_bound_broke():
+    # both models 4x slower than planned: every guarantee breaks, and the plan made for that cannot
+    # fit mobilenet_v2's 3 ms SLO at all; the current plan still serves a good part of the load
+    over = [Demand("mobilenet_v2", 3000.0, 3.0), Demand("resnet50", 600.0, 25.0)]
+    rp = Replanner(over, ZOO, hold_s=0.0, cooldown_s=0.0)
+    rates = {d.model: d.rate for d in over}
+    before = rp.schedule
+    slow = {"mobilenet_v2": 4.0, "resnet50": 4.0}
+    assert set(broken_guarantees(before, slow)) == set(rates)
+    now = served_under(before, slow, rates)
+    then = rp.served(plan(over, slowed_store(ZOO, slow)), rates)
+    if then >= 0.5 * now:
+        pytest.skip("the planner found a plan serving half as much: nothing to refuse here")
+    d = rp.check(1.0, rates, slow)
+    assert not d.replan and rp.schedule is before and "give up over 50%" in rp.slowdown_note
+
+
+def test_a_refused_plans_measurements_are_held_against_what_the_running_plan_was_made_with():
+    over = [Demand("resnet50", 2000.0, 25.0), Demand("mobilenet_v2", 3000.0, 10.0), Demand("vgg16", 300.0, 100.0)]
+    rp = Replanner(over, ZOO, hold_s=0.0, cooldown_s=0.0)
+    rates = {d.model: d.rate for d in over}
+    before = rp.schedule
+    assert not rp.check(1.0, rates, {"resnet50": 1.06}).replan  # refused (the first test of this kind)
+    assert rp.slowdowns == {"resnet50": 1.06}  # remembered ...
+    d = rp.check(2.0, rates, {"resnet50": 1.13})
+
+    def floor(f: float) -> float:  # what the running plan keeps with resnet50 f x slower
+        broken = broken_guarantees(before, {"resnet50": f})
+        kept = served_under(before, {"resnet50": f}, {m: r for m, r in rates.items() if m not in broken})
+        return max(kept, 0.5 * served_under(before, {"resnet50": f}, rates))
+
+    # ... but the running plan was made with none: it is judged 1.13x slower, not 1.13 / 1.06
+    assert f"{served_under(before, {'resnet50': 1.13}, rates):.0f}" != f"{served_under(before, {'resnet50': 1.13 / 1.06}, rates):.0f}"
+    if d.replan:
+        assert f"old plan's {served_under(before, {'resnet50': 1.13}, rates):.0f}" in rp.slowdown_note
+    else:
+        assert f"< {floor(1.13):.0f} requests/s" in rp.slowdown_note

@@ -148,6 +148,14 @@ def served_under(schedule: Schedule, factors: Mapping[str, float], rates: Mappin
                if any(mp.model == m for mp in schedule.models))
 
 
+#: A plan made with measurements that break the current plan's guarantees may plan to serve less
+#: than the current one (which cannot keep its promise), but not less than this share of it: on the
+#: H200's overloaded mix the winning plan planned 0.82x (run 54's world, simulated; 1.40x more on
+#: time on the GPU, run 57); a plan that gives up most of the load (in the extreme, no partition)
+#: is no remedy for bounds that may break by a hair. Not tuned beyond that.
+MIN_KEPT_SHARE = 0.5
+
+
 class Replanner:
     """Keeps a schedule in step with measured rates, with hysteresis and a switch cost.
 
@@ -299,17 +307,22 @@ class Replanner:
         # where the measurements break a model's guarantee, what the current plan "serves" of it is a
         # promise the GPU does not keep: only the models whose guarantees stand count against the new plan
         kept = served_under(self.schedule, relative, {m: r for m, r in rates.items() if m not in broken}, extra)
+        # ... but a plan that gives up most of the load is not the remedy for bounds that broke
+        # (every model's may break by a hair): a floor of MIN_KEPT_SHARE of what the current one serves
+        floor = max(kept, MIN_KEPT_SHARE * now_served)
         then_served = self.served(candidate, rates)
-        if then_served < kept:
-            why = (f"the current one keeps its guarantees for {kept:.0f} of them" if broken
-                   else "the current one's guarantees still hold")
+        if then_served < floor:
+            why = (f"the current one keeps its guarantees for {kept:.0f} of them" if floor == kept and broken
+                   else f"it would give up over {1 - MIN_KEPT_SHARE:.0%} of the {now_served:.0f} the current one serves"
+                   if broken else "the current one's guarantees still hold")
             self.slowdown_note = (f"measured ({said}): a plan with them serves less ({then_served:.0f} < "
-                                  f"{kept:.0f} requests/s); kept the current one: {why}")
+                                  f"{floor:.0f} requests/s); kept the current one: {why}")
             return None
         self._switch_to(candidate, now, self.planned_rates)
         self.slowdown_switches += 1
         self.slowdown_note = (f"measured ({said}): re-planned with them ({then_served:.0f} requests/s planned; the "
-                              f"old plan's {now_served:.0f}, its bound broken for {broken})")
+                              f"old plan's {now_served:.0f}, "
+                              + (f"its bound broken for {broken})" if broken else "its guarantees standing)"))
         return ReplanDecision(True, self.slowdown_note, candidate, (then_served - now_served) * self.horizon_s, 0.0)
 
     def _switch_to(self, candidate: Schedule, now: float, rates: Mapping[str, float]) -> None:

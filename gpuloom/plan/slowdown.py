@@ -73,6 +73,12 @@ class SlowdownEstimator:
                 out[m] = f
         return out
 
+    def forget_all_but(self, models) -> None:
+        """Drop what was seen of models not in ``models`` (unloaded: one loaded again under the
+        same name may be another model)."""
+        for m in [m for m in self._pairs if m not in models]:
+            del self._pairs[m], self._sums[m]
+
 
 class HoldEstimator:
     """How long each model's batches hold their partition beyond their device time (ms): the mean
@@ -117,6 +123,11 @@ class HoldEstimator:
     def holds(self) -> dict[str, float]:
         """Every model's hold that is known yet."""
         return {m: h for m in self._holds if (h := self.hold(m)) is not None}
+
+    def forget_all_but(self, models) -> None:
+        """Drop what was seen of models not in ``models`` (as :meth:`SlowdownEstimator.forget_all_but`)."""
+        for m in [m for m in self._holds if m not in models]:
+            del self._holds[m], self._sums[m]
 
 
 def slowed(profile: Profile, factor: float) -> Profile:

@@ -120,6 +120,7 @@ are captured, which takes seconds.
 from __future__ import annotations
 
 import bisect
+import copy
 import dataclasses
 import math
 from typing import Mapping, Sequence
@@ -363,11 +364,13 @@ class DStackPolicy(Policy):
         """Keep learning where ``previous`` (a dstack this one replaces in the same runtime) left off:
         its slowdown and hold estimators, so that the first plan already uses what they know instead
         of learning it again and re-planning (a GPU re-plan captures a new layout: seconds)."""
+        # a copy: the old policy serves on while the new layout builds, and what it sees then (a host
+        # busy capturing graphs) is not what this one's plan should start from
         if isinstance(previous, DStackPolicy):
             if self.learn_slowdown and self.replan and previous.slowness is not None:
-                self.slowness = previous.slowness
+                self.slowness = copy.deepcopy(previous.slowness)
             if self.learn_holds and self.replan and previous.hold_learner is not None:
-                self.hold_learner = previous.hold_learner
+                self.hold_learner = copy.deepcopy(previous.hold_learner)
 
     def floor_sms(self, gpu_sms: int) -> int:
         """The smallest partition to plan on a GPU of ``gpu_sms`` SMs: the chosen ``min_sms``, else
@@ -382,9 +385,14 @@ class DStackPolicy(Policy):
             self.slowness = SlowdownEstimator(window=200, min_batches=30)
         if self.learn_holds and self.replan and self.hold_learner is None:
             self.hold_learner = HoldEstimator(window=200, min_batches=30)
+        for est in (self.slowness, self.hold_learner):
+            if est is not None:  # a model unloaded and loaded again under its name may be another model
+                est.forget_all_but(ctx.models)
         # what was given, overridden by what learning carried over from a predecessor knows already
-        holds = {**self._given_holds, **(self.hold_learner.holds() if self.hold_learner is not None else {})}
-        slow = {**self._given_slow, **(self.slowness.factors() if self.slowness is not None else {})}
+        # (not for a schedule given ready-made: it was planned without them)
+        learned = self._given is None
+        holds = {**self._given_holds, **(self.hold_learner.holds() if learned and self.hold_learner is not None else {})}
+        slow = {**self._given_slow, **(self.slowness.factors() if learned and self.slowness is not None else {})}
         kwargs = {"gpu_sms": ctx.gpu_sms, "granularity": ctx.granularity, "eps": ctx.knee_eps, "headroom": self.headroom,
                   "batch_overhead_ms": self.batch_overhead_ms, "min_sms": self.floor_sms(ctx.gpu_sms),
                   "model_overhead_ms": {m: h for m, h in holds.items() if m in ctx.models} or None,
