@@ -18,6 +18,14 @@ from gpuloom.profile.synthetic import zoo
 
 ZOO = ProfileStore(profiles=zoo())
 DEMANDS = [Demand("resnet50", 600.0, 25.0), Demand("mobilenet_v2", 400.0, 10.0), Demand("vgg16", 100.0, 100.0)]
+# an overload the planner shares out: its plan's guarantees stand, with no slack to spare
+SHARED_OUT = [Demand("resnet50", 2000.0, 25.0), Demand("mobilenet_v2", 3000.0, 10.0), Demand("vgg16", 300.0, 100.0)]
+
+
+def _at_once(demands=SHARED_OUT):
+    """A replanner for ``demands`` that decides at once, their rates, and its first schedule."""
+    rp = Replanner(demands, ZOO, hold_s=0.0, cooldown_s=0.0)
+    return rp, {d.model: d.rate for d in demands}, rp.schedule
 
 
 def test_the_estimator_knows_a_factor_only_after_min_batches_and_forgets_beyond_its_window():
@@ -115,13 +123,10 @@ def test_the_replanner_stops_waiting_for_an_unmeasured_model_after_hold_s():
 def test_a_plan_with_the_slowdowns_that_serves_less_is_not_adopted_where_the_current_one_still_holds():
     # an overload the planner shares out: resnet50 6% slower leaves the current plan's guarantees
     # standing, and a plan made for it would serve fewer requests/s than the current one still does
-    over = [Demand("resnet50", 2000.0, 25.0), Demand("mobilenet_v2", 3000.0, 10.0), Demand("vgg16", 300.0, 100.0)]
-    rp = Replanner(over, ZOO, hold_s=0.0, cooldown_s=0.0)
-    rates = {d.model: d.rate for d in over}
-    before = rp.schedule
+    rp, rates, before = _at_once()
     slow = {"resnet50": 1.06}
     assert broken_guarantees(before, slow) == []
-    candidate = plan(over, slowed_store(ZOO, slow))
+    candidate = plan(SHARED_OUT, slowed_store(ZOO, slow))
     assert rp.served(candidate, rates) < served_under(before, slow, rates)
     d = rp.check(1.0, rates, slow)
     assert not d.replan and rp.schedule is before and "serves less" in rp.slowdown_note
@@ -132,9 +137,7 @@ def test_a_plan_with_the_measurements_is_adopted_where_they_break_the_current_on
     # the GPU is full already; vgg16 3x slower breaks the current plan's guarantees, so what that
     # plan would serve is a promise the GPU does not keep (on the H200's overloaded mix, run 57)
     over = [Demand("resnet50", 3000.0, 25.0), Demand("vgg16", 400.0, 100.0)]
-    rp = Replanner(over, ZOO, hold_s=0.0, cooldown_s=0.0)
-    rates = {d.model: d.rate for d in over}
-    before = rp.schedule
+    rp, rates, before = _at_once(over)
     slow = {"resnet50": 1.1, "vgg16": 3.0}
     assert "vgg16" in broken_guarantees(before, slow)
     assert rp.served(plan(over, slowed_store(ZOO, slow)), rates) < served_under(before, slow, rates)
@@ -146,10 +149,7 @@ def test_a_plan_with_the_measurements_is_adopted_where_they_break_the_current_on
 def test_a_plan_that_serves_less_than_the_models_whose_guarantees_stand_is_refused_even_if_one_broke():
     # vgg16's batches hold its partition 4 ms longer: its guarantee breaks, but a plan made for that
     # would serve fewer requests/s than the current one still keeps for resnet50 and mobilenet_v2
-    over = [Demand("resnet50", 2000.0, 25.0), Demand("mobilenet_v2", 3000.0, 10.0), Demand("vgg16", 300.0, 100.0)]
-    rp = Replanner(over, ZOO, hold_s=0.0, cooldown_s=0.0)
-    rates = {d.model: d.rate for d in over}
-    before = rp.schedule
+    rp, rates, before = _at_once()
     holds = {"resnet50": 0.0, "mobilenet_v2": 0.0, "vgg16": 4.0}
     broken = broken_guarantees(before, {}, {"vgg16": 4.0})
     assert "vgg16" in broken and "resnet50" not in broken
@@ -438,9 +438,7 @@ def test_a_plan_that_gives_up_most_of_the_load_is_refused_even_where_every_bound
     # both models 4x slower than planned: every guarantee breaks, and the plan made for that cannot
     # fit mobilenet_v2's 3 ms SLO at all; the current plan still serves a good part of the load
     over = [Demand("mobilenet_v2", 3000.0, 3.0), Demand("resnet50", 600.0, 25.0)]
-    rp = Replanner(over, ZOO, hold_s=0.0, cooldown_s=0.0)
-    rates = {d.model: d.rate for d in over}
-    before = rp.schedule
+    rp, rates, before = _at_once(over)
     slow = {"mobilenet_v2": 4.0, "resnet50": 4.0}
     assert set(broken_guarantees(before, slow)) == set(rates)
     now = served_under(before, slow, rates)
@@ -452,10 +450,7 @@ def test_a_plan_that_gives_up_most_of_the_load_is_refused_even_where_every_bound
 
 
 def test_a_refused_plans_measurements_are_held_against_what_the_running_plan_was_made_with():
-    over = [Demand("resnet50", 2000.0, 25.0), Demand("mobilenet_v2", 3000.0, 10.0), Demand("vgg16", 300.0, 100.0)]
-    rp = Replanner(over, ZOO, hold_s=0.0, cooldown_s=0.0)
-    rates = {d.model: d.rate for d in over}
-    before = rp.schedule
+    rp, rates, before = _at_once()
     assert not rp.check(1.0, rates, {"resnet50": 1.06}).replan  # refused (the first test of this kind)
     assert rp.slowdowns == {"resnet50": 1.06}  # remembered ...
     d = rp.check(2.0, rates, {"resnet50": 1.13})
