@@ -20,6 +20,16 @@ TESTS=${TESTS:-"tests/test_exec_backend_gpu.py tests/test_gpu_partition.py tests
 BENCH_ARGS=${BENCH_ARGS:-"--sweep --duration 3 --steps 4"}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv | tee "$OUT/logs/gpu.txt"
 python3 -c "import torch; print(torch.__version__, torch.version.cuda)" | tee -a "$OUT/logs/gpu.txt"
+# the GPU's clocks, power and clock-event reasons every second of the call (summed up in gpu.txt at
+# the end; the raw samples go into the tarball): was a slow machine's GPU held back? (runs 57-58)
+MON=$(mktemp -d)/gpu_monitor.csv
+MON_FIELDS=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,clocks_event_reasons.active
+nvidia-smi --query-gpu=$MON_FIELDS --format=csv,noheader -c 1 > /dev/null 2>&1 \
+  || MON_FIELDS=${MON_FIELDS%,clocks_event_reasons.active},clocks_throttle_reasons.active
+nvidia-smi --query-gpu=$MON_FIELDS --format=csv,noheader -c 1 > /dev/null 2>&1 \
+  || MON_FIELDS=${MON_FIELDS%,clocks_throttle_reasons.active}
+nvidia-smi --query-gpu=$MON_FIELDS --format=csv,noheader -l 1 > "$MON" 2>&1 &
+MON_PID=$!
 for s in $STEPS; do
   echo "=== $s $(date +%T)"
   case $s in
@@ -45,5 +55,8 @@ for s in $STEPS; do
     *) echo "unknown step $s" ;;
   esac
 done
-tar czf "$OUT/session.tgz" -C "$OUT" logs $(cd "$OUT" && ls -d check overhead bench engine serve diag 2>/dev/null)
+kill "$MON_PID" 2>/dev/null; wait "$MON_PID" 2>/dev/null
+python3 scripts/gpu_monitor_summary.py "$MON" | tee -a "$OUT/logs/gpu.txt"
+tar czf "$OUT/session.tgz" -C "$OUT" logs $(cd "$OUT" && ls -d check overhead bench engine serve diag 2>/dev/null) \
+  -C "$(dirname "$MON")" gpu_monitor.csv
 echo "=== done $(date +%T)"
