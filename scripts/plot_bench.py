@@ -12,7 +12,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
+
+
+def short_name(policy: str) -> str:
+    """``policy`` for a legend: an option naming a file (``holds=docs/.../bench_x_run54_warmup.json``)
+    shows the run it came from (``holds=run54``), or the file's stem without its folders."""
+    parts = []
+    for part in policy.split(":"):
+        key, sep, value = part.partition("=")
+        if sep and ("/" in value or value.endswith(".json")):
+            stem = Path(value).stem
+            run = re.search(r"run\d+", stem)
+            value = run.group(0) if run else stem
+        parts.append(f"{key}{sep}{value}")
+    return ":".join(parts)
 
 
 def main() -> int:
@@ -46,7 +61,7 @@ def main() -> int:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for pol, runs in sorted(series.items()):
         for stem, pts in runs:
-            label = pol if len(runs) == 1 else f"{pol} ({stem})"
+            label = short_name(pol) if len(runs) == 1 else f"{short_name(pol)} ({stem})"
             x = [p["offered_rps"] for p in pts]
             style = dict(marker="o", lw=2.5 if pol.split(",")[0] == "dstack" else 1.2,
                          ls=":" if pol.endswith(", 8 hw queues") else "-")
