@@ -276,6 +276,29 @@ def test_a_point_reports_the_device_layers_counters_over_the_point_and_its_build
     assert "device_counters" not in host_split({**base, "counters": zero}, {**base, "counters": zero}, 1000.0)
 
 
+def test_a_point_splits_each_models_copies_and_wake_up_per_batch():
+    """Where a model's hold beyond its device time goes (CUDA: ``copy_ms_by_model``), per batch of the
+    point; a model without batches in the point is left out."""
+    from gpuloom.bench.e2e import host_split
+    from gpuloom.runtime.device import book_copies
+
+    before = {"host_ms": 0.0, "batches": 0, "copy_ms": {}, "copy_ms_by_model": {}}
+    book_copies(before["copy_ms"], 1.0, 1.0, 1.0, 1.0)
+    book_copies(before["copy_ms_by_model"].setdefault("bert", {}), 1.0, 1.0, 1.0, 1.0)
+    book_copies(before["copy_ms_by_model"].setdefault("idle", {}), 1.0, 1.0, 1.0, 1.0)
+    after = {"host_ms": 0.0, "batches": 2, "copy_ms": dict(before["copy_ms"]),
+             "copy_ms_by_model": {m: dict(v) for m, v in before["copy_ms_by_model"].items()}}
+    for model, out in (("bert", 2.5), ("bert", 1.5), ("resnet", 0.2)):
+        for sums in (after["copy_ms"], after["copy_ms_by_model"].setdefault(model, {})):
+            book_copies(sums, 0.01, 0.2, out, 0.6)
+    got = host_split(before, after, 1000.0)
+    assert got["copy_ms_per_batch"]["host_out"] == pytest.approx((2.5 + 1.5 + 0.2) / 3)
+    by = got["copy_ms_per_batch_by_model"]
+    assert set(by) == {"bert", "resnet"}  # "idle" ran no batch in the point
+    assert by["bert"] == {"h2d": 0.01, "d2h": 0.2, "host_out": 2.0, "wake": 0.6}
+    assert by["resnet"]["host_out"] == pytest.approx(0.2)
+
+
 def test_a_run_killed_in_the_middle_of_a_policy_keeps_every_point_it_measured(tmp_path, monkeypatch):
     """The device machine's time limit kills a bench mid-policy: the JSON written so far holds the
     finished policies and the points of the one being measured, marked as in progress."""

@@ -212,6 +212,7 @@ def service_snapshot(svc) -> dict:
             "layout_swaps": st.get("layout_swaps", 0), "layouts_built": be.get("layouts_built", 0),
             "launch_ms": dict(be.get("launch_ms", {})), "batches": sum(be.get("model_batches", {}).values()),
             "raw_launch": bool(be.get("raw_launch", False)), "copy_ms": dict(be.get("copy_ms", {})),
+            "copy_ms_by_model": {m: dict(v) for m, v in be.get("copy_ms_by_model", {}).items()},
             "wake_split": dict(be.get("wake_split", {})), "workqueues": be.get("workqueues", ""),
             "complete_on": be.get("complete_on", "watcher"), "loop_completions": be.get("loop_completions", 0),
             "threads": thread_cpu(),
@@ -485,6 +486,14 @@ def host_split(before: dict, after: dict, wall_ms: float) -> dict:
     copies = per_count("copy_ms", "batches")  # device ms of the input/output copies, watcher host ms, wake-up
     if copies is not None:
         out["copy_ms_per_batch"] = copies
+        by_model = {}  # the same per model: where each model's hold beyond its device time goes
+        for m in after.get("copy_ms_by_model", {}):
+            a, b = after["copy_ms_by_model"][m], before.get("copy_ms_by_model", {}).get(m, {})
+            n = a.get("batches", 0) - b.get("batches", 0)
+            if n > 0:
+                by_model[m] = {k: round((a[k] - b.get(k, 0.0)) / n, 4) for k in a if k != "batches"}
+        if by_model:
+            out["copy_ms_per_batch_by_model"] = by_model
     # the wake-up's two halves per batch (CUDA, lanes with a clock anchor): "start", from the launch's
     # first call to the GPU starting the batch; "back", from the GPU finishing it to the host running
     split = per_count("wake_split", "batches")
@@ -608,6 +617,13 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
             if split:  # CUDA: where a batch's wake-up went (a queue on the GPU side, or the host's GIL)
                 say(f"{name}: x{s:.3g} wake-up per batch: GPU start {split['start']:.2f} ms, way back "
                     f"{split['back']:.2f} ms")
+            by_model = (p.host or {}).get("copy_ms_per_batch_by_model")
+            if by_model:  # CUDA: the models whose batches spend longest outside their graph, and on what
+                worst = sorted(by_model.items(), key=lambda kv: -sum(kv[1].values()))[:3]
+                say(f"{name}: x{s:.3g} outside the graph per batch (copy in / out on the GPU, outputs off "
+                    f"the pinned buffers, wake-up), ms: " + "; ".join(
+                        f"{m} {c.get('h2d', 0):.2f} / {c.get('d2h', 0):.2f} / {c.get('host_out', 0):.2f} / "
+                        f"{c.get('wake', 0):.2f}" for m, c in worst))
             held = [q for q in p.layouts or () if q.get("hold_p99_ms") is not None and not q.get("shared")]
             if held:  # exclusive partitions: the tail of a batch's hold beyond its device time
                 worst = max(held, key=lambda q: q["hold_p99_ms"])

@@ -629,6 +629,15 @@ class _CudaLane:
         return list({id(gs): gs for sets in self.graphs.values() for gs in sets.values()}.values())
 
 
+def book_copies(sums: dict[str, float], h2d: float, d2h: float, host_out: float, wake: float) -> None:
+    """Add one batch's copy and wake-up ms to ``sums`` (``CudaDeviceLayer.copy_ms`` and its per-model
+    twin): device ms copying inputs in and outputs out, host ms copying outputs off the pinned
+    buffers, host ms from launch to the watcher awake beyond the device's work."""
+    for key, ms in (("h2d", h2d), ("d2h", d2h), ("host_out", host_out), ("wake", wake)):
+        sums[key] = sums.get(key, 0.0) + ms
+    sums["batches"] = sums.get("batches", 0) + 1
+
+
 @dataclass
 class _EagerTicket:
     """A model without a graph on this lane: run it eagerly on the lane's stream in the watcher."""
@@ -651,6 +660,7 @@ class _CudaTicket:
     stream: int = 0  # the lane stream's driver handle, where launched by raw driver calls (else 0)
     began: float = 0.0  # perf_counter when the launch's first call was made
     anchor: tuple | None = None  # the lane's clock anchor at launch (_CudaLane.anchor)
+    model: str = ""  # whose batch: the copies and the wake-up are booked per model too
 
 
 class CudaDeviceLayer(DeviceLayer):
@@ -732,6 +742,9 @@ class CudaDeviceLayer(DeviceLayer):
         # ms copying outputs off the pinned buffers (watcher), host ms from launch to the watcher
         # awake beyond the device's copies and graph (wake), summed over batches (issue 5: the gap)
         self.copy_ms = {"h2d": 0.0, "d2h": 0.0, "host_out": 0.0, "wake": 0.0, "batches": 0}
+        # the same per model: a model's hold beyond its device time (bert_base's 3 ms on the H200, its
+        # batches returning 3-6 MB) splits into these parts (book_copies)
+        self.copy_ms_by_model: dict[str, dict[str, float]] = {}
         # the wake-up split in two, for batches whose lane has a clock anchor: "start" from the launch's
         # first call to the GPU starting the batch (a queue on the GPU side: the lane's stream, or a
         # hardware workqueue shared with other partitions), "back" from the GPU finishing it to the
@@ -1176,7 +1189,7 @@ class CudaDeviceLayer(DeviceLayer):
         # the ticket holds the rows: raw copies read their pinned memory without torch knowing, so it
         # must not be freed (and reused) before the batch's event has fired
         return _CudaTicket(n, done, t0, t1, t_in, lane.np_out[(model, slot)], rows, c3, plan.stream if plan else 0,
-                           c0, lane.anchor)
+                           c0, lane.anchor, model)
 
     def _anchor(self, lane: _CudaLane, stream: Any) -> None:
         """Tie the lane's GPU clock to the host's: on an idle stream an event runs as soon as it is
@@ -1289,12 +1302,8 @@ class CudaDeviceLayer(DeviceLayer):
         outs = [o[: ticket.n].copy() for o in ticket.out]
         host = (time.perf_counter() - c0) * 1e3
         with self._copy_lock:  # watchers of several lanes
-            cm = self.copy_ms
-            cm["h2d"] += h2d
-            cm["d2h"] += d2h
-            cm["host_out"] += host
-            cm["wake"] += wake
-            cm["batches"] += 1
+            book_copies(self.copy_ms, h2d, d2h, host, wake)
+            book_copies(self.copy_ms_by_model.setdefault(ticket.model, {}), h2d, d2h, host, wake)
         return outs, float(ms)
 
     def pinned_empty(self, shape: Sequence[int], dtype: Any) -> Any:

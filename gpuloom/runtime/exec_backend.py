@@ -445,6 +445,8 @@ class ExecBackend(Backend):
                 "carving_checks": list(getattr(self.device, "carving_checks", ())),
                 "launch_ms": dict(getattr(self.device, "launch_ms", {})),  # CUDA: host ms per launch phase
                 "copy_ms": dict(getattr(self.device, "copy_ms", {})),  # CUDA: device copy ms, watcher host ms
+                # CUDA: the same per model
+                "copy_ms_by_model": {m: dict(v) for m, v in getattr(self.device, "copy_ms_by_model", {}).items()},
                 # CUDA: the wake-up split into the GPU's start latency and the way back to the host
                 "wake_split": dict(getattr(self.device, "wake_split", {})),
                 "raw_launch": bool(getattr(self.device, "raw_launch", False)),  # CUDA: driver calls, not torch
