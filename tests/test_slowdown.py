@@ -466,3 +466,18 @@ def test_a_refused_plans_measurements_are_held_against_what_the_running_plan_was
         assert f"old plan's {served_under(before, {'resnet50': 1.13}, rates):.0f}" in rp.slowdown_note
     else:
         assert f"< {floor(1.13):.0f} requests/s" in rp.slowdown_note
+
+
+def test_a_rate_drift_judges_the_current_plan_at_the_latencies_measured_so_far():
+    rp, rates, before = _at_once()
+    # every model drifts down to what the plan serves of it: it serves all of that at its planned latencies
+    lower = {mp.model: mp.planned_rps for mp in before.models}
+    fresh, _, _ = _at_once()
+    assert not fresh.check(1.0, lower).replan and fresh.skipped == 1 and fresh.evaluations == 0
+    # vgg16's batches hold 4 ms more: its plan was refused, the holds are remembered
+    assert not rp.check(1.0, rates, None, {"resnet50": 0.0, "mobilenet_v2": 0.0, "vgg16": 4.0}).replan
+    assert rp.evaluations == 1 and rp.holds == {"vgg16": 4.0}
+    # the same drift now: at the measured holds the current plan does not serve every rate, so a
+    # candidate is weighed instead of the shortcut "it serves every rate already"
+    rp.check(2.0, lower)
+    assert rp.skipped == 0 and rp.evaluations == 2

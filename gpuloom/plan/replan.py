@@ -265,6 +265,16 @@ class Replanner:
         """The hold (ms) plans are made with for ``model``: its own, else ``batch_overhead_ms``."""
         return self.holds.get(model, float(self.plan_kwargs.get("batch_overhead_ms", 0.0)))
 
+    def _against_plan(self, slowdowns: Mapping[str, float],
+                      holds: Mapping[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+        """The current schedule as the GPU runs it: each measured slowdown relative to, and each
+        measured hold's ms beyond, what the schedule was planned with (not measurements remembered
+        since, which a plan was not adopted for)."""
+        planned_slow, planned_holds = self._planned_with
+        base_hold = float(self.plan_kwargs.get("batch_overhead_ms", 0.0))
+        return ({m: f / planned_slow.get(m, 1.0) for m, f in slowdowns.items()},
+                {m: h - planned_holds.get(m, base_hold) for m, h in holds.items()})
+
     def _check_measured(self, now: float, slowdowns: Mapping[str, float] | None,
                         holds: Mapping[str, float] | None) -> ReplanDecision | None:
         """The switch to a plan made with the measured slowdowns and holds (None: not measured; empty:
@@ -287,12 +297,7 @@ class Replanner:
         if now - self._last_switch < self.cooldown_s:
             return None  # looked at again after the cooldown
         self._slow_since = None
-        # the current schedule as the GPU runs it: every measurement against what it was planned with
-        # (not against measurements remembered since, which a plan was not adopted for)
-        planned_slow, planned_holds = self._planned_with
-        base_hold = float(self.plan_kwargs.get("batch_overhead_ms", 0.0))
-        relative = {m: f / planned_slow.get(m, 1.0) for m, f in (slowdowns or {}).items()}
-        extra = {m: h - planned_holds.get(m, base_hold) for m, h in (holds or {}).items()}
+        relative, extra = self._against_plan(slowdowns or {}, holds or {})
         broken = broken_guarantees(self.schedule, relative, extra)
         # the next plan, whichever, is made with them
         self.slowdowns = {**self.slowdowns, **moved}
@@ -371,7 +376,10 @@ class Replanner:
             return ReplanDecision(False, f"cooling down after the switch at {self._last_switch:.1f} s")
         # models inside the band keep their planned rate: their deviation is noise, not a trend
         rates = {m: (r if m in drifting else self.planned_rates[m]) for m, r in rates.items()}
-        if all(r <= self.schedule.model(m).planned_rps for m, r in rates.items()):
+        # the current schedule at the latencies measured so far (none remembered: at its planned rates)
+        relative, extra = self._against_plan(self.slowdowns, self.holds)
+        now_served = served_under(self.schedule, relative, rates, extra)
+        if now_served >= sum(rates.values()) * (1 - 1e-9):
             # the current schedule serves every rate already, so no candidate can gain (gain <= 0 <=
             # cost): the same answer as evaluating one, without computing a plan. Serving, that plan
             # took 4-5 ms of the runtime's thread every hold_s while a model ran below its planned
@@ -383,7 +391,6 @@ class Replanner:
         candidate = plan(
             [dataclasses.replace(self.base[m], rate=r) for m, r in rates.items()], self._store(), **self.plan_options()
         )
-        now_served = self.served(self.schedule, rates)
         gain = (self.served(candidate, rates) - now_served) * self.horizon_s
         cost = self.switch_cost_s * self.switch_fraction(candidate) * now_served
         self._since = {m: now for m in drifting}  # wait another hold_s before re-evaluating
