@@ -26,61 +26,71 @@ from typing import Mapping
 from gpuloom.profile.store import Profile, ProfileStore
 
 
-class SlowdownEstimator:
-    """Device time over profiled time per model, over its last ``window`` batches."""
+class _Windows:
+    """Per model, the last ``window`` observations (tuples of numbers) and their running sums; what
+    is known of a model once ``min_batches`` were seen. The bookkeeping both estimators share."""
 
-    def __init__(self, window: int = 200, min_batches: int = 50, *, clamp: tuple[float, float] = (0.5, 4.0)) -> None:
+    def __init__(self, window: int, min_batches: int, width: int) -> None:
         if not (isinstance(window, int) and isinstance(min_batches, int) and 1 <= min_batches <= window):
-            raise ValueError(f"SlowdownEstimator: need integers 1 <= min_batches <= window, found {min_batches}, {window}")
-        if not 0 < clamp[0] <= 1 <= clamp[1]:
-            raise ValueError(f"SlowdownEstimator: clamp must be (lo, hi) with 0 < lo <= 1 <= hi, found {clamp}")
-        self.window, self.min_batches, self.clamp = window, min_batches, clamp
-        self._pairs: dict[str, deque[tuple[float, float]]] = {}
-        self._sums: dict[str, list[float]] = {}  # model -> [device ms, profiled ms] over its window
+            raise ValueError(f"{type(self).__name__}: need integers 1 <= min_batches <= window, "
+                             f"found {min_batches}, {window}")
+        self.window, self.min_batches, self._width = window, min_batches, width
+        self._seen: dict[str, deque[tuple[float, ...]]] = {}
+        self._sums: dict[str, list[float]] = {}  # model -> each position's sum over its window
 
-    def observe(self, model: str, device_ms: float, profile_ms: float) -> None:
-        """One batch of ``model``: ``device_ms`` measured, ``profile_ms`` its profile's latency for the
-        same batch size and SMs. Batches without a usable measurement are ignored."""
-        if not (device_ms > 0 and profile_ms > 0 and math.isfinite(device_ms) and math.isfinite(profile_ms)):
-            return
-        q = self._pairs.setdefault(model, deque())
-        s = self._sums.setdefault(model, [0.0, 0.0])
-        q.append((device_ms, profile_ms))
-        s[0] += device_ms
-        s[1] += profile_ms
+    def _add(self, model: str, values: tuple[float, ...]) -> None:
+        q = self._seen.setdefault(model, deque())
+        s = self._sums.setdefault(model, [0.0] * self._width)
+        q.append(values)
+        for i, v in enumerate(values):
+            s[i] += v
         if len(q) > self.window:
-            d, p = q.popleft()
-            s[0] -= d
-            s[1] -= p
+            for i, v in enumerate(q.popleft()):
+                s[i] -= v
 
     def batches(self, model: str) -> int:
-        return len(self._pairs.get(model, ()))
+        return len(self._seen.get(model, ()))
 
-    def factor(self, model: str) -> float | None:
-        """``model``'s device time over its profile (clamped), or None before ``min_batches``."""
-        if self.batches(model) < self.min_batches:
-            return None
-        d, p = self._sums[model]
-        lo, hi = self.clamp
-        return min(hi, max(lo, d / p))
-
-    def factors(self) -> dict[str, float]:
-        """Every model's factor that is known yet."""
-        out = {}
-        for m in self._pairs:
-            f = self.factor(m)
-            if f is not None:
-                out[m] = f
-        return out
+    def _known_sums(self, model: str) -> list[float] | None:
+        """``model``'s sums over its window, or None before ``min_batches``."""
+        return self._sums[model] if self.batches(model) >= self.min_batches else None
 
     def forget_all_but(self, models) -> None:
         """Drop what was seen of models not in ``models`` (unloaded: one loaded again under the
         same name may be another model)."""
-        for m in [m for m in self._pairs if m not in models]:
-            del self._pairs[m], self._sums[m]
+        for m in [m for m in self._seen if m not in models]:
+            del self._seen[m], self._sums[m]
 
 
-class HoldEstimator:
+class SlowdownEstimator(_Windows):
+    """Device time over profiled time per model, over its last ``window`` batches."""
+
+    def __init__(self, window: int = 200, min_batches: int = 50, *, clamp: tuple[float, float] = (0.5, 4.0)) -> None:
+        super().__init__(window, min_batches, 2)  # [device ms, profiled ms] summed over the window
+        if not 0 < clamp[0] <= 1 <= clamp[1]:
+            raise ValueError(f"SlowdownEstimator: clamp must be (lo, hi) with 0 < lo <= 1 <= hi, found {clamp}")
+        self.clamp = clamp
+
+    def observe(self, model: str, device_ms: float, profile_ms: float) -> None:
+        """One batch of ``model``: ``device_ms`` measured, ``profile_ms`` its profile's latency for the
+        same batch size and SMs. Batches without a usable measurement are ignored."""
+        if device_ms > 0 and profile_ms > 0 and math.isfinite(device_ms) and math.isfinite(profile_ms):
+            self._add(model, (device_ms, profile_ms))
+
+    def factor(self, model: str) -> float | None:
+        """``model``'s device time over its profile (clamped), or None before ``min_batches``."""
+        sums = self._known_sums(model)
+        if sums is None:
+            return None
+        lo, hi = self.clamp
+        return min(hi, max(lo, sums[0] / sums[1]))
+
+    def factors(self) -> dict[str, float]:
+        """Every model's factor that is known yet."""
+        return {m: f for m in self._seen if (f := self.factor(m)) is not None}
+
+
+class HoldEstimator(_Windows):
     """How long each model's batches hold their partition beyond their device time (ms): the mean
     over its last ``window`` batches, once ``min_batches`` have been seen.
 
@@ -91,43 +101,26 @@ class HoldEstimator:
     clamped to ``clamp_ms`` (busy and device time come from two clocks; a host stall is not a hold)."""
 
     def __init__(self, window: int = 200, min_batches: int = 50, *, clamp_ms: tuple[float, float] = (0.0, 50.0)) -> None:
-        if not (isinstance(window, int) and isinstance(min_batches, int) and 1 <= min_batches <= window):
-            raise ValueError(f"HoldEstimator: need integers 1 <= min_batches <= window, found {min_batches}, {window}")
+        super().__init__(window, min_batches, 1)
         if not 0 <= clamp_ms[0] < clamp_ms[1]:
             raise ValueError(f"HoldEstimator: clamp_ms must be (lo, hi) with 0 <= lo < hi, found {clamp_ms}")
-        self.window, self.min_batches, self.clamp_ms = window, min_batches, clamp_ms
-        self._holds: dict[str, deque[float]] = {}
-        self._sums: dict[str, float] = {}
+        self.clamp_ms = clamp_ms
 
     def observe(self, model: str, busy_ms: float, device_ms: float) -> None:
         """One batch of ``model``: ``busy_ms`` from its dispatch to its outputs on the host,
         ``device_ms`` its device time. Batches without both measurements are ignored."""
-        if not (math.isfinite(busy_ms) and math.isfinite(device_ms) and device_ms > 0):
-            return
-        lo, hi = self.clamp_ms
-        h = min(hi, max(lo, busy_ms - device_ms))
-        q = self._holds.setdefault(model, deque())
-        q.append(h)
-        self._sums[model] = self._sums.get(model, 0.0) + h
-        if len(q) > self.window:
-            self._sums[model] -= q.popleft()
-
-    def batches(self, model: str) -> int:
-        return len(self._holds.get(model, ()))
+        if math.isfinite(busy_ms) and math.isfinite(device_ms) and device_ms > 0:
+            lo, hi = self.clamp_ms
+            self._add(model, (min(hi, max(lo, busy_ms - device_ms)),))
 
     def hold(self, model: str) -> float | None:
         """``model``'s mean hold (ms) over its window, or None before ``min_batches``."""
-        n = self.batches(model)
-        return max(0.0, self._sums[model] / n) if n >= self.min_batches else None
+        sums = self._known_sums(model)
+        return None if sums is None else max(0.0, sums[0] / self.batches(model))
 
     def holds(self) -> dict[str, float]:
         """Every model's hold that is known yet."""
-        return {m: h for m in self._holds if (h := self.hold(m)) is not None}
-
-    def forget_all_but(self, models) -> None:
-        """Drop what was seen of models not in ``models`` (as :meth:`SlowdownEstimator.forget_all_but`)."""
-        for m in [m for m in self._holds if m not in models]:
-            del self._holds[m], self._sums[m]
+        return {m: h for m in self._seen if (h := self.hold(m)) is not None}
 
 
 def slowed(profile: Profile, factor: float) -> Profile:
