@@ -464,6 +464,12 @@ def lane_deltas(before: list[dict], after: list[dict]) -> list[dict]:
     return out
 
 
+def _increase_per(a: dict, b: dict, count: str) -> dict | None:
+    """Each sum's increase from ``b`` to ``a``, divided by that of ``a[count]``; None if it did not grow."""
+    n = a.get(count, 0) - b.get(count, 0)
+    return {k: (a[k] - b.get(k, 0.0)) / n for k in a if k != count} if n > 0 else None
+
+
 def host_split(before: dict, after: dict, wall_ms: float) -> dict:
     """Where the runtime thread's launch time went during a point: batches started per second, ms
     of that thread per second spent launching (1000 = saturated), and ms per launch by phase (CUDA:
@@ -472,9 +478,7 @@ def host_split(before: dict, after: dict, wall_ms: float) -> dict:
     of a lane's gap that are not the launch; and the device layer's counters (``DEVICE_COUNTERS``)."""
     def per_count(key: str, count: str) -> dict | None:
         """The point's increase of each sum in ``after[key]``, divided by that of its ``count``."""
-        a, b = after.get(key, {}), before.get(key, {})
-        n = a.get(count, 0) - b.get(count, 0)
-        return {k: (a[k] - b.get(k, 0.0)) / n for k in a if k != count} if n > 0 else None
+        return _increase_per(after.get(key, {}), before.get(key, {}), count)
 
     out = {"batches_per_s": (after.get("batches", 0) - before.get("batches", 0)) / wall_ms * 1000.0,
            "launch_ms_per_s": (after["host_ms"] - before["host_ms"]) / wall_ms * 1000.0}
@@ -487,11 +491,10 @@ def host_split(before: dict, after: dict, wall_ms: float) -> dict:
     if copies is not None:
         out["copy_ms_per_batch"] = copies
         by_model = {}  # the same per model: where each model's hold beyond its device time goes
-        for m in after.get("copy_ms_by_model", {}):
-            a, b = after["copy_ms_by_model"][m], before.get("copy_ms_by_model", {}).get(m, {})
-            n = a.get("batches", 0) - b.get("batches", 0)
-            if n > 0:
-                by_model[m] = {k: round((a[k] - b.get(k, 0.0)) / n, 4) for k in a if k != "batches"}
+        for m, a in after.get("copy_ms_by_model", {}).items():
+            got = _increase_per(a, before.get("copy_ms_by_model", {}).get(m, {}), "batches")
+            if got is not None:
+                by_model[m] = {k: round(v, 4) for k, v in got.items()}
         if by_model:
             out["copy_ms_per_batch_by_model"] = by_model
     # the wake-up's two halves per batch (CUDA, lanes with a clock anchor): "start", from the launch's
