@@ -175,19 +175,30 @@ def bench_model(name: str, dtype: torch.dtype, batches: list[int], args) -> dict
                 cp, total = lower_bound_ms(cm, b)
             row["critical_path_ms"] = round(cp, 4)
             row["kernel_sum_ms"] = round(total, 4)
-        eager = row["eager_ms"]
-        for key in list(row):
-            if key.endswith("_ms") and key not in ("eager_ms", "critical_path_ms", "kernel_sum_ms"):
-                row[f"speedup_{key[:-3]}"] = round(eager / row[key], 3)
-        row["multi_over_single_graph"] = round(row["cuda_graph_ms"] / row["gpuloom_multi_ms"], 3)
-        row["auto_over_single_graph"] = round(row["cuda_graph_ms"] / row["gpuloom_auto_ms"], 3)
-        if "critical_path_ms" in row:
-            row["multi_over_critical_path"] = round(row["gpuloom_multi_ms"] / row["critical_path_ms"], 3)
+        add_ratios(row)
         rec["rows"].append(row)
         print(f"  {name} {rec['dtype']} b{b}: " + ", ".join(
             f"{k[:-3]} {v:.3f}" for k, v in row.items() if k.endswith("_ms")), flush=True)
     del cm, gs_single, gs_multi, compiled, reinplaced
     return rec
+
+
+def add_ratios(row: dict) -> None:
+    """Speedups over eager and the graph ratios, each only where both of its variants were timed.
+
+    `--variants` may leave out eager or the CUDA graph (the torch.compile-only calls do); a ratio with a
+    missing side is left out rather than failing the row after its timing is done.
+    """
+    def put(key: str, num: str, den: str) -> None:
+        if row.get(num) and row.get(den):
+            row[key] = round(row[num] / row[den], 3)
+
+    for key in list(row):
+        if key.endswith("_ms") and key not in ("eager_ms", "critical_path_ms", "kernel_sum_ms"):
+            put(f"speedup_{key[:-3]}", "eager_ms", key)
+    put("multi_over_single_graph", "cuda_graph_ms", "gpuloom_multi_ms")
+    put("auto_over_single_graph", "cuda_graph_ms", "gpuloom_auto_ms")
+    put("multi_over_critical_path", "gpuloom_multi_ms", "critical_path_ms")
 
 
 def geomean(values: list[float]) -> float:

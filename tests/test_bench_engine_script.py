@@ -22,3 +22,20 @@ def test_prewarm_children_run_in_parallel_in_order_and_a_hung_one_is_killed():
     # after another would take 1.8 s of sleeps plus the hang's 2 s
     assert wall < 3.3
     assert 1.9 <= res[4]["seconds"] < 4.0
+
+
+def test_ratios_skip_variants_that_were_not_timed():
+    """A torch.compile-only call (`--variants eager,gpuloom,torch_compile`) has no CUDA graph column:
+    its rows keep their timings and speedups instead of failing after the timing (run 15 lost six)."""
+    eng = load_script("bench_engine")
+    row = {"batch": 1, "eager_ms": 8.0, "gpuloom_single_ms": 2.0, "gpuloom_multi_ms": 1.0,
+           "gpuloom_auto_ms": 1.0, "torch_compile_ms": 4.0}
+    eng.add_ratios(row)
+    assert row["speedup_torch_compile"] == 2.0 and row["speedup_gpuloom_auto"] == 8.0
+    assert "multi_over_single_graph" not in row and "auto_over_single_graph" not in row
+    row = {"batch": 8, "eager_ms": 6.0, "cuda_graph_ms": 3.0, "gpuloom_multi_ms": 2.0, "gpuloom_auto_ms": 1.5,
+           "critical_path_ms": 1.0}
+    eng.add_ratios(row)
+    assert (row["multi_over_single_graph"], row["auto_over_single_graph"], row["multi_over_critical_path"]) == (
+        1.5, 2.0, 2.0)
+    assert "speedup_critical_path" not in row
