@@ -457,3 +457,37 @@ def test_the_report_compares_goodput_at_each_shared_load_where_no_policy_holds_t
     results[1] = PolicyResult("triton", results[1].points, 0.25, 250.0)
     r = to_json(w, results, device="cpu", target=0.99)["dstack_vs_best_baseline"]
     assert r["load_ratio"] == 2.0 and summary_line(r, 0.99).startswith("dstack / best baseline: highest load at 99%: 2.00x (triton)")
+
+
+def test_a_point_keeps_no_answered_requests_outputs(tmp_path, monkeypatch):
+    """A point lets each answered request (and its outputs) go once it is counted, as a client does:
+    holding every answer to the end of a point kept thousands of batches of outputs alive (and, with
+    the CUDA layer's outputs="views", their page-locked buffers)."""
+    import gc
+    import weakref
+
+    from gpuloom.bench import e2e
+    from gpuloom.runtime.service import InferenceService
+
+    answers: list = []
+    real_submit = InferenceService.submit
+
+    def submit(self, *a, **kw):
+        f = real_submit(self, *a, **kw)
+        answers.append(weakref.ref(f))
+        return f
+
+    alive_at_end: list[int] = []
+    real_snapshot = e2e.service_snapshot
+
+    def snapshot(svc):
+        if answers:  # the snapshot after the point's requests were answered
+            gc.collect()
+            alive_at_end.append(sum(r() is not None for r in answers))
+        return real_snapshot(svc)
+
+    monkeypatch.setattr(InferenceService, "submit", submit)
+    monkeypatch.setattr(e2e, "service_snapshot", snapshot)
+    rc, rep = run_bench(tmp_path, "--policy", "triton")
+    assert rc == 0 and len(answers) >= 10
+    assert alive_at_end and alive_at_end[-1] <= 2, alive_at_end  # at most a straggler still being answered

@@ -227,6 +227,29 @@ def test_loop_completions_match_eager_and_every_batch_is_booked_by_the_loop(poli
         svc.close()
 
 
+@pytest.mark.parametrize("raw_launch", [True, False])
+def test_output_views_stay_each_requests_own_while_later_batches_run(raw_launch, models):
+    """outputs="views": requests get views of their batch's page-locked buffers, not copies. Every
+    output is held until all 60 requests are done, then checked against eager: a buffer handed out
+    and then reused by a later batch of its lane slot would show another batch's rows."""
+    rng = np.random.default_rng(11)
+    svc = serve("dstack", models, outputs="views", raw_launch=raw_launch)
+    try:
+        sent = []
+        for i in range(60):
+            name = "small" if i % 3 else "wide"
+            x = rng.standard_normal((1 + i % 4, 3, 32, 32)).astype(np.float32)
+            sent.append((name, x, svc.submit(name, {"x": x})))
+        got = [(name, x, f.result(30)["output0"]) for name, x, f in sent]  # all held before any check
+        for name, x, y in got:
+            with svc.device.exclusive(), torch.inference_mode():
+                ref = models[name][2](torch.from_numpy(x).cuda()).cpu().numpy()
+            assert np.abs(y - ref).max() <= 1e-2 * max(1e-6, np.abs(ref).max()), name
+        assert svc.stats()["backend"]["outputs"] == "views"
+    finally:
+        svc.close()
+
+
 def test_inputs_in_page_locked_memory_are_launched_in_place_with_eager_outputs(models):
     """device.pinned_empty / register_host: a request whose inputs lie there is not staged at
     submit; its rows are copied to the device from where they are."""

@@ -102,19 +102,23 @@ def test_launch_on_auto_runs_batches_inline_on_the_cpu_and_on_the_loop_elsewhere
         InferenceService(policy="dstack", device="cpu", launch_on="gpu")
 
 
-def test_workqueues_and_lane_streams_reach_the_device_layer_made_for_cuda_and_bad_values_are_refused_at_once(monkeypatch):
+def test_device_options_reach_the_device_layer_made_for_cuda_and_bad_values_are_refused_at_once(monkeypatch):
     from gpuloom.runtime import service as service_mod
 
     made = []
     monkeypatch.setattr(service_mod, "make_device_layer",
                         lambda device, **kw: made.append(kw) or FakeDeviceLayer())
-    svc = InferenceService(policy="dstack", device="cuda", workqueues="balanced", lane_streams="single")
-    assert svc.device is not None and made == [{"raw_launch": True, "workqueues": "balanced", "lane_streams": "single"}]
+    svc = InferenceService(policy="dstack", device="cuda", workqueues="balanced", lane_streams="single",
+                           outputs="views")
+    assert svc.device is not None and made == [
+        {"raw_launch": True, "workqueues": "balanced", "lane_streams": "single", "outputs": "views"}]
     assert svc.stats()["backend"].get("workqueues", "") == ""  # a fake device has no partitions' queues
     with pytest.raises(ValueError, match="balanced"):
         InferenceService(policy="dstack", device="cpu", workqueues="private")
     with pytest.raises(ValueError, match="compiled"):
         InferenceService(policy="dstack", device="cpu", lane_streams="many")
+    with pytest.raises(ValueError, match="copies"):
+        InferenceService(policy="dstack", device="cpu", outputs="borrowed")
 
 
 def test_inputs_are_checked_with_messages_that_say_what_was_expected():

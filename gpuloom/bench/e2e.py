@@ -214,6 +214,7 @@ def service_snapshot(svc) -> dict:
             "raw_launch": bool(be.get("raw_launch", False)), "copy_ms": dict(be.get("copy_ms", {})),
             "copy_ms_by_model": {m: dict(v) for m, v in be.get("copy_ms_by_model", {}).items()},
             "wake_split": dict(be.get("wake_split", {})), "workqueues": be.get("workqueues", ""),
+            "outputs": be.get("outputs", ""),
             "complete_on": be.get("complete_on", "watcher"), "loop_completions": be.get("loop_completions", 0),
             "threads": thread_cpu(),
             "counters": {k: be.get(k, 0) for k in DEVICE_COUNTERS},
@@ -312,9 +313,12 @@ def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s:
             e = f.exception()
             with lock:
                 lat[m].append((e is None, ms, "" if e is None else type(e).__name__))
+                pending.discard(f)  # its outputs go as soon as they are counted, as a client's would
         return cb
 
-    futs = []
+    # the futures not yet answered: a point keeps no answered request's outputs (thousands of batches
+    # of up to 6 MB held to the end of a point would grow the process, and with outputs="views" pin it)
+    pending: set = set()
     late_ms: list[float] = []  # per request: submitted this long after its arrival time
     from gpuloom.runtime.service import ServiceError, Shed
 
@@ -327,8 +331,9 @@ def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s:
             rejected[m] += 1
             shed[m] += isinstance(e, Shed)
             return
+        with lock:
+            pending.add(f)
         f.add_done_callback(record(m, sent))
-        futs.append(f)
 
     if arrivals == "thread":
         for i, (t, m) in enumerate(events):
@@ -359,7 +364,9 @@ def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s:
                                f"{duration_s + 30:.0f} s (arrivals=loop)")
     wait_s = drain_s if drain_s is not None else 2.0 + max(c.slo_ms for c in cfgs.values()) / 1000.0 * 4
     end = time.monotonic() + wait_s
-    for f in futs:
+    with lock:
+        waiting = list(pending)
+    for f in waiting:
         try:
             f.exception(timeout=max(0.0, end - time.monotonic()))
         except Exception:  # noqa: BLE001 - still pending: counted as a miss below
@@ -487,6 +494,7 @@ def host_split(before: dict, after: dict, wall_ms: float) -> dict:
         out["ms_per_launch"] = launch
         out["raw_launch"] = bool(after.get("raw_launch", False))  # driver calls (gpu/launch.py), not torch
         out["workqueues"] = after.get("workqueues", "")  # the partitions' hardware queues: shared or balanced
+        out["outputs"] = after.get("outputs", "")  # a batch's outputs copied off its pinned buffers, or views
     copies = per_count("copy_ms", "batches")  # device ms of the input/output copies, watcher host ms, wake-up
     if copies is not None:
         out["copy_ms_per_batch"] = copies

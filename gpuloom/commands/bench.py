@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 # variant keys that configure the service (and pinned_inputs, the load generator); the rest are policy options
 SERVICE_KEYS = ("lookahead_ms", "tune_gc", "switch_interval_ms", "launch_on", "early_answer", "raw_launch",
-                "workqueues", "lane_streams", "complete_on", "pinned_inputs", "arrivals", "cpus")
+                "workqueues", "lane_streams", "outputs", "complete_on", "pinned_inputs", "arrivals", "cpus")
 
 
 def parse_policy_spec(spec: str) -> tuple[str, dict, dict]:

@@ -453,6 +453,7 @@ class ExecBackend(Backend):
                 # CUDA: hardware workqueues the partitions got (shared with each other, or balanced)
                 "workqueues": getattr(self.device, "workqueues_used", ""),
                 "lane_streams": getattr(self.device, "lane_streams", ""),  # CUDA: graphs' streams on the lanes
+                "outputs": getattr(self.device, "outputs", ""),  # CUDA: outputs copied off, or views handed out
                 "complete_on": self.complete_on,
                 "loop_completions": self.loop_completions,  # batches the device posted the loop for
                 "torch_launch_plans": getattr(self.device, "torch_launch_plans", 0),  # CUDA: buckets torch launched

@@ -53,7 +53,7 @@ from ..profile.store import GpuInfo, Profile, ProfileStore
 from .admission import TokenBucket
 from .core import Runtime
 from .events import ARRIVAL
-from .device import DeviceLayer, FakeModel, PinnedRow, check_lane_streams, make_device_layer
+from .device import DeviceLayer, FakeModel, PinnedRow, check_lane_streams, check_outputs, make_device_layer
 from .exec_backend import ExecBackend, ExecOutput, check_complete_on, check_launch_on, check_lookahead
 from .gcpause import GcMonitor, RareFullCollections, freeze_loaded, thaw
 from .gilswitch import DEFAULT_MS as DEFAULT_SWITCH_INTERVAL_MS
@@ -347,6 +347,9 @@ class InferenceService:
         lane_streams: on CUDA, ``"single"`` captures every model with one stream on every lane instead
             of each bucket's compile-time choice (``"compiled"``, default); an experiment
             (:class:`~gpuloom.runtime.device.CudaDeviceLayer`). Not measured yet.
+        outputs: on CUDA, ``"views"`` hands requests views of a finished batch's page-locked output
+            buffers instead of copies of their rows (``"copies"``, default); an experiment
+            (:class:`~gpuloom.runtime.device.CudaDeviceLayer`). Not measured yet.
         complete_on: ``"watcher"`` (default) or ``"loop"``: who learns that a batch is done
             (:attr:`ExecBackend.COMPLETE_ON`). ``"loop"``: the GPU wakes the runtime's thread itself
             (a host function posting its semaphore; raw launches only), which books the batch, where
@@ -374,6 +377,7 @@ class InferenceService:
         raw_launch: bool = True,
         workqueues: str = "shared",
         lane_streams: str = "compiled",
+        outputs: str = "copies",
         complete_on: str = "watcher",
         expiry_grace_s: float = 5.0,
     ) -> None:
@@ -386,6 +390,7 @@ class InferenceService:
         self.raw_launch = bool(raw_launch)
         self.workqueues = check_workqueues(workqueues)  # here, not when the device layer is made
         self.lane_streams = check_lane_streams(lane_streams)
+        self.outputs = check_outputs(outputs)
         self.complete_on = check_complete_on(complete_on)
         if not expiry_grace_s > 0:
             raise ValueError(f"expiry_grace_s must be > 0 s, got {expiry_grace_s!r}")
@@ -430,7 +435,7 @@ class InferenceService:
     def device(self) -> DeviceLayer:
         if self._layer is None:
             self._layer = make_device_layer(self._device_arg, raw_launch=self.raw_launch, workqueues=self.workqueues,
-                                            lane_streams=self.lane_streams)
+                                            lane_streams=self.lane_streams, outputs=self.outputs)
             if self.profiles is None and self._layer.kind == "cuda":
                 try:
                     self.profiles = ProfileStore.builtin("h200")
