@@ -5,6 +5,11 @@
 
 Each (model, dtype) comes from exactly one run (the last file that has it), so every ratio in a row
 is measured side by side in one process.
+
+    ... --torch-compile docs/results/engine_runs/run8_fp32_tc.json ...
+
+adds the torch.compile comparison: each (model, dtype, batch) with a ``torch_compile_ms`` from the last
+of these runs that has one, against gpuloom auto timed in the same process (not the main table's run).
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from pathlib import Path
 NIMBLE_V100 = {"resnet50": 4.3, "resnet101": 4.6, "inception_v3": 5.2, "mobilenet_v2": 10.0,
                "efficientnet_b0": 9.0, "efficientnet_b5": 3.8, "nasnetalarge": 5.5}
 BRANCHY = ("inception_v3", "googlenet", "nasnetalarge", "efficientnet_b0")
+#: within this ratio either way a torch.compile row is a tie (the 2% the issue allows streams="auto")
+TIE = 1.02
 
 
 def geomean(xs):
@@ -25,10 +32,44 @@ def geomean(xs):
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
+def torch_compile_rows(paths: list[str]) -> list[dict]:
+    """One row per (model, dtype, batch) timed with torch.compile: the last run in ``paths`` that has it."""
+    rows: dict[tuple[str, str, int], dict] = {}
+    for path in paths:
+        for rec in json.loads(Path(path).read_text())["results"]:
+            for row in rec.get("rows", ()):
+                if row.get("torch_compile_ms") and row.get("gpuloom_auto_ms"):
+                    gl, tc = row["gpuloom_auto_ms"], row["torch_compile_ms"]
+                    ratio = tc / gl if gl <= tc else gl / tc
+                    rows[(rec["model"], rec["dtype"], row["batch"])] = {
+                        "model": rec["model"], "dtype": rec["dtype"], "batch": row["batch"],
+                        "eager_ms": row.get("eager_ms"), "gpuloom_auto_ms": gl, "torch_compile_ms": tc,
+                        "torch_compile_s": row.get("torch_compile_s"),
+                        "winner": "tie" if ratio < TIE else "gpuloom" if gl < tc else "torch_compile",
+                        "ratio": round(ratio, 3), "run": Path(path).name}
+    return sorted(rows.values(), key=lambda r: (r["dtype"] != "float32", r["model"], r["batch"]))
+
+
+def torch_compile_summary(tc: list[dict], results: list[dict]) -> dict:
+    """Who wins how many rows; which rows of the main table have no torch.compile figure yet."""
+    have = {(r["model"], r["dtype"], r["batch"]) for r in tc}
+    models = sorted({r["model"] for r in results})  # every model in both dtypes at batch 1 and 8 (issue 2)
+    every = [(m, d, b) for d in ("float32", "float16") for m in models for b in (1, 8)]
+    return {
+        "rows": len(tc),
+        "wins": {w: sum(r["winner"] == w for r in tc) for w in ("gpuloom", "torch_compile", "tie")},
+        "geomean_torch_compile_over_gpuloom_auto": round(geomean(
+            [r["torch_compile_ms"] / r["gpuloom_auto_ms"] for r in tc]), 3),
+        "missing": [f"{m} {d} b{b}" for m, d, b in every if (m, d, b) not in have],
+    }
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("runs", nargs="+")
     p.add_argument("--out", default="docs/results/engine_h200.json")
+    p.add_argument("--torch-compile", nargs="*", default=[], metavar="RUN",
+                   help="runs with a torch.compile column, merged row by row into the torch.compile comparison")
     args = p.parse_args()
     merged: dict[tuple[str, str], dict] = {}
     meta = None
@@ -55,7 +96,11 @@ def main() -> int:
                 "auto_slower_than_cuda_graph_by_more_than_2pct": sorted(
                     m for m, row in rows if row["auto_over_single_graph"] < 0.98),
             }
-    out = {**meta, "runs": sorted({r["run"] for r in results}), "results": results, "summary": summary}
+    tc = torch_compile_rows(args.torch_compile)
+    if tc:
+        summary["torch_compile"] = torch_compile_summary(tc, results)
+    out = {**meta, "runs": sorted({r["run"] for r in results}), "results": results, "summary": summary,
+           **({"torch_compile": tc} if tc else {})}
     Path(args.out).write_text(json.dumps(out, indent=1))
 
     print("| model | dtype | batch | eager | cuda graph | gpuloom 1 stream | gpuloom multi | gpuloom auto "
@@ -82,6 +127,15 @@ def main() -> int:
             row = next(row for row in r["rows"] if row["batch"] == 1)
             ok = "met" if row["speedup_gpuloom_auto"] >= NIMBLE_V100[r["model"]] else "missed"
             print(f"| {r['model']} | {NIMBLE_V100[r['model']]}x | {row['speedup_gpuloom_auto']:.2f}x ({ok}) |")
+    if tc:
+        print()
+        print("| model | dtype | batch | eager | gpuloom auto | torch.compile | winner | run |")
+        print("|" + "---|" * 8)
+        for r in tc:
+            win = "tie" if r["winner"] == "tie" else f"{r['winner'].replace('_', '.')} {r['ratio']:.2f}x"
+            eager = f"{r['eager_ms']:.3f}" if r["eager_ms"] else "-"
+            print(f"| {r['model']} | {r['dtype'].replace('float', 'fp')} | {r['batch']} | {eager} "
+                  f"| {r['gpuloom_auto_ms']:.3f} | {r['torch_compile_ms']:.3f} | {win} | {r['run']} |")
     print()
     print(json.dumps(summary, indent=1))
     return 0

@@ -39,3 +39,29 @@ def test_ratios_skip_variants_that_were_not_timed():
     assert (row["multi_over_single_graph"], row["auto_over_single_graph"], row["multi_over_critical_path"]) == (
         1.5, 2.0, 2.0)
     assert "speedup_critical_path" not in row
+
+
+def test_torch_compile_rows_merge_last_run_first_and_name_the_rows_still_missing(tmp_path):
+    import json
+
+    merge = load_script("merge_engine_results")
+
+    def run(name, rows):
+        path = tmp_path / name
+        path.write_text(json.dumps({"results": [
+            {"model": m, "dtype": "float32", "rows": [{"batch": b, "eager_ms": 5.0, "gpuloom_auto_ms": g,
+                                                       "torch_compile_ms": t}]} for m, b, g, t in rows]}))
+        return str(path)
+
+    old = run("old.json", [("resnet50", 1, 1.0, 0.5), ("googlenet", 1, 1.0, 2.0)])
+    new = run("new.json", [("resnet50", 1, 1.0, 1.01), ("resnet50", 8, 2.0, 1.0)])
+    tc = merge.torch_compile_rows([old, new])
+    got = {(r["model"], r["batch"]): (r["winner"], r["ratio"], r["run"]) for r in tc}
+    assert got == {("resnet50", 1): ("tie", 1.01, "new.json"),  # the later run's figure, within 2%
+                   ("resnet50", 8): ("torch_compile", 2.0, "new.json"),
+                   ("googlenet", 1): ("gpuloom", 2.0, "old.json")}
+    results = [{"model": m, "dtype": "float32", "rows": [{"batch": 1}, {"batch": 8}]} for m in ("resnet50", "googlenet")]
+    s = merge.torch_compile_summary(tc, results)
+    assert s["wins"] == {"gpuloom": 1, "torch_compile": 1, "tie": 1}
+    assert "googlenet float32 b8" in s["missing"] and "resnet50 float16 b1" in s["missing"]
+    assert "resnet50 float32 b8" not in s["missing"] and len(s["missing"]) == 8 - 3
