@@ -103,6 +103,20 @@ def test_bench_serves_tiny_models_on_cpu_and_reports_every_metric(tmp_path):
         assert mach["python_loop_us"] > 0 and mach["thread_wake_us"] > 0 and "cuda_sync_us" not in mach
 
 
+def test_each_policy_says_where_its_wall_time_went(tmp_path, capsys):
+    """setup (models loaded, first layout), re-plans, warm-up and points, in the report and printed:
+    on the H200 most of a device call was not load, and this says how much was captures."""
+    rc, rep = run_bench(tmp_path, "--policy", "dstack,triton", "--scale", "0.5,1", "--warmup", "0.3")
+    assert rc == 0
+    for name in ("dstack", "triton"):
+        sec = rep["policies"][name]["seconds"]
+        assert set(sec) == {"setup", "replan", "warmup", "points"} and all(v >= 0 for v in sec.values())
+        assert sec["points"] >= 2 * 0.6 and sec["warmup"] >= 0.3  # two points of 0.6 s, their drains
+    cap = capsys.readouterr()
+    said = " ".join((cap.out + cap.err).split())  # the console wraps long lines
+    assert "dstack: " in said and "re-plans" in said and "warm-up" in said
+
+
 def test_bench_sweep_finds_a_load_factor_and_rejects_unknown_policies(tmp_path):
     rc, rep = run_bench(tmp_path, "--policy", "gslice", "--sweep", "--steps", "2", "--target", "0.5")
     assert rc == 0

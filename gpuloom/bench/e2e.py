@@ -554,6 +554,15 @@ class PolicyResult:
     max_scale: float  # highest load factor with attainment >= target (0 if none)
     max_load_rps: float  # that factor x the workload's total rate
     error: str = ""
+    # where the policy's wall time went, s: "setup" (service start, models loaded, first layout
+    # captured, first requests), "replan" (retunes before points: re-planning and capturing new layouts),
+    # "warmup", "points" (measured load and its drain). On the H200 the GPU sat idle most of a device
+    # call (run 61: loaded in 111 of 541 s): this says how much of that was captures.
+    seconds: dict = field(default_factory=dict)
+
+
+def rounded(seconds: dict) -> dict:
+    return {k: round(v, 1) for k, v in seconds.items()}
 
 
 def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, Any]], *, device: str,
@@ -592,12 +601,15 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
                            queue_limit=queue_limit, **service_options)
     name = label or policy
     points: list[Point] = []
+    seconds = {"setup": 0.0, "replan": 0.0, "warmup": 0.0, "points": 0.0}
+    clock = time.monotonic
 
     def best_scale() -> float:
         """The highest load factor measured at the target so far (0 if none)."""
         return max((p.scale for p in points if p.ok(target)), default=0.0)
 
     try:
+        t_setup = clock()
         svc.start()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # crude profiles for tiny models
@@ -608,12 +620,17 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
                            deadline_ms=60_000).result(60)
             except Exception as e:  # noqa: BLE001
                 say(f"{name}: warm-up of {cfg.name} failed: {e}")
+        seconds["setup"] = clock() - t_setup
 
         def measure(s: float) -> Point:
             if retune:  # every policy plans for the offered rates of this point, not the last point's
+                t = clock()
                 svc.retune({m.name: workload.mean_rate(m) * s for m in workload.models})
+                seconds["replan"] += clock() - t
+            t = clock()
             p = run_point(svc, workload, name, scale=s, duration_s=duration_s, pinned_inputs=pinned_inputs,
                           arrivals=arrivals)
+            seconds["points"] += clock() - t
             if simulate:
                 try:
                     sim = simulate_point(svc, workload, policy, scale=s, duration_s=duration_s)
@@ -654,15 +671,19 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
             if on_point is not None:
                 best_so_far = best_scale()
                 on_point(PolicyResult(name, list(points), best_so_far, best_so_far * workload.total_rate(),
-                                      error=IN_PROGRESS))
+                                      error=IN_PROGRESS, seconds=rounded(seconds)))
             return p
 
         first = (scales or [1.0])[0]
         if warmup_s > 0:  # unmeasured: the process's and the service's first seconds under load
             if retune:
+                t = clock()
                 svc.retune({m.name: workload.mean_rate(m) * first for m in workload.models})
+                seconds["replan"] += clock() - t
+            t = clock()
             run_point(svc, workload, name, scale=first, duration_s=warmup_s, pinned_inputs=pinned_inputs,
                       arrivals=arrivals)
+            seconds["warmup"] = clock() - t
             say(f"{name}: warmed up for {warmup_s:g} s at x{first:.3g}")
         for s in scales or ([] if sweep else [1.0]):
             measure(s)
@@ -690,12 +711,16 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
             best = lo
         else:
             best = best_scale()
-        return PolicyResult(name, points, best, best * workload.total_rate())
+        say(f"{name}: {sum(seconds.values()):.0f} s: setup {seconds['setup']:.0f} s (models loaded, first layout "
+            f"captured), re-plans {seconds['replan']:.0f} s, warm-up {seconds['warmup']:.0f} s, points "
+            f"{seconds['points']:.0f} s")
+        return PolicyResult(name, points, best, best * workload.total_rate(), seconds=rounded(seconds))
     except Exception as e:  # noqa: BLE001 - one policy's failure must not lose the others' results
         say(f"{name}: FAILED: {type(e).__name__}: {e}")
         # what was measured before the failure still counts (a sweep cut short is a lower bound)
         best = best_scale()
-        return PolicyResult(name, points, best, best * workload.total_rate(), error=f"{type(e).__name__}: {e}")
+        return PolicyResult(name, points, best, best * workload.total_rate(), error=f"{type(e).__name__}: {e}",
+                            seconds=rounded(seconds))
     finally:
         svc.close(drain=False, timeout_s=10)
 
@@ -720,7 +745,7 @@ def to_json(workload: Workload, results: Sequence[PolicyResult], *, device: str,
         "target": target,
         "meta": meta or {},
         "policies": {r.policy: {"max_scale": r.max_scale, "max_load_rps": r.max_load_rps, "error": r.error,
-                                "points": [_clean({**dataclasses.asdict(p), "offered_as_scheduled": p.offered_as_scheduled})
+                                "seconds": r.seconds, "points": [_clean({**dataclasses.asdict(p), "offered_as_scheduled": p.offered_as_scheduled})
                                            for p in r.points]} for r in results},
     }
     # variants of a policy ("dstack:lookahead_ms=0") are not baselines
