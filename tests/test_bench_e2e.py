@@ -505,3 +505,33 @@ def test_a_point_keeps_no_answered_requests_outputs(tmp_path, monkeypatch):
     rc, rep = run_bench(tmp_path, "--policy", "triton")
     assert rc == 0 and len(answers) >= 10
     assert alive_at_end and alive_at_end[-1] <= 2, alive_at_end  # at most a straggler still being answered
+
+
+def test_share_device_serves_every_policy_on_one_layer_and_captures_an_equal_layout_once(tmp_path, monkeypatch):
+    """--share-device: one layer per set of device options, left open between policies and closed at
+    the end; a second policy whose layout equals the first's builds nothing (its graphs are cached)."""
+    from gpuloom.runtime import device as device_mod
+    from gpuloom.runtime import service as service_mod
+
+    made, builds, closed = [], [], []
+    real_make = device_mod.make_device_layer
+
+    def make(device, **kw):
+        layer = real_make(device, **kw)
+        made.append(kw)
+        i, real_build, real_close = len(made), layer._build, layer.close
+        layer._build = lambda lanes: (builds.append(i), real_build(lanes))[1]
+        layer.close = lambda: (closed.append(i), real_close())[1]
+        return layer
+
+    monkeypatch.setattr(device_mod, "make_device_layer", make)  # the bench's
+    monkeypatch.setattr(service_mod, "make_device_layer", make)  # a service's own
+    rc, rep = run_bench(tmp_path, "--policy", "triton,triton:lookahead_ms=0,triton:raw_launch=false",
+                        "--share-device")
+    assert rc == 0 and all(rep["policies"][p]["points"] for p in rep["policies"])
+    assert made == [{}, {"raw_launch": False}]  # the third variant's device options differ: a layer of its own
+    assert builds == [1, 2] and sorted(closed) == [1, 2]  # the second policy built nothing; both closed once
+    builds.clear()
+    made.clear()
+    rc, _ = run_bench(tmp_path, "--policy", "triton,triton:lookahead_ms=0")  # default: a layer per policy
+    assert rc == 0 and len(made) == 2 and builds == [1, 2]  # each service made its own, and captured anew

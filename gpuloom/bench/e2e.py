@@ -571,8 +571,12 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
                  policy_options: dict | None = None, queue_limit: int = 1024, simulate: bool = True,
                  retune: bool = True, progress: Callable[[str], None] | None = None,
                  service_options: dict | None = None, label: str | None = None,
-                 on_point: Callable[[PolicyResult], None] | None = None, warmup_s: float = 0.0) -> PolicyResult:
+                 on_point: Callable[[PolicyResult], None] | None = None, warmup_s: float = 0.0,
+                 device_layer: Any = None) -> PolicyResult:
     """Serve ``workload`` under ``policy``: the given ``scales``, and/or a rate sweep.
+
+    ``device_layer``: serve on this layer (left open) instead of one made for the policy, so that
+    layouts it captured for an earlier policy are served again without capturing them anew.
 
     ``on_point``: called after every point with the result so far (``error`` says it is in
     progress), so a caller can save it: a run killed mid-policy keeps every point it measured.
@@ -598,7 +602,7 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
     pinned_inputs = bool(service_options.pop("pinned_inputs", True))
     arrivals = str(service_options.pop("arrivals", "thread"))  # likewise
     svc = InferenceService(policy=policy, device=device, profiles=profiles, policy_options=policy_options,
-                           queue_limit=queue_limit, **service_options)
+                           queue_limit=queue_limit, device_layer=device_layer, **service_options)
     name = label or policy
     points: list[Point] = []
     seconds = {"setup": 0.0, "replan": 0.0, "warmup": 0.0, "points": 0.0}

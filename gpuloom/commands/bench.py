@@ -40,9 +40,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default 2; 0: none): on the H200 the first policy of a process lost to itself run later")
     p.add_argument("--no-simulate", action="store_true",
                    help="skip running each point through the simulator too (simulated vs measured goodput, p99)")
+    p.add_argument("--share-device", action="store_true",
+                   help="one device layer for every policy with the same device options (raw_launch, workqueues, "
+                        "lane_streams, outputs): a layout captured for one policy is served to the next without "
+                        "capturing it again (captures are never part of a point; this saves device time)")
     p.add_argument("--out", metavar="FILE", default=None, help="write the JSON report here")
 
 
+# variant keys that configure the device layer the service makes (one layer per set of them with --share-device)
+DEVICE_KEYS = ("raw_launch", "workqueues", "lane_streams", "outputs")
 # variant keys that configure the service (and pinned_inputs, the load generator); the rest are policy options
 SERVICE_KEYS = ("lookahead_ms", "tune_gc", "switch_interval_ms", "launch_on", "early_answer", "raw_launch",
                 "workqueues", "lane_streams", "outputs", "complete_on", "pinned_inputs", "arrivals", "cpus")
@@ -213,19 +219,35 @@ def run(args: argparse.Namespace) -> int:
         finally:
             results.pop()
 
-    for pol in policies:
-        name, opts, service_opts = specs[pol]
-        service_opts = dict(service_opts)
-        cpus = service_opts.pop("cpus", None)  # the whole process's CPUs while this variant runs
-        with pinned(parse_cpus(str(cpus)) if cpus is not None else None):
-            results.append(bench_policy(workload, name, models, device=device, profiles=profiles,
-                                        duration_s=args.duration, scales=scales, sweep=args.sweep,
-                                        target=args.target, steps=args.steps, queue_limit=args.queue_limit,
-                                        simulate=not args.no_simulate, progress=lambda s: console.print(s),
-                                        policy_options=opts or None, label=pol, service_options=service_opts,
-                                        on_point=save_partial if args.out else None,
-                                        warmup_s=min(args.warmup, args.duration)))
-        write_report()
+    layers: dict[tuple, object] = {}  # --share-device: device options -> the layer every such policy serves on
+
+    def shared_layer(service_opts: dict):
+        from gpuloom.runtime.device import make_device_layer
+
+        opts = {k: service_opts[k] for k in DEVICE_KEYS if k in service_opts}
+        key = tuple(sorted((k, repr(v)) for k, v in opts.items()))
+        if key not in layers:
+            layers[key] = make_device_layer(device, **opts)
+        return layers[key]
+
+    try:
+        for pol in policies:
+            name, opts, service_opts = specs[pol]
+            service_opts = dict(service_opts)
+            cpus = service_opts.pop("cpus", None)  # the whole process's CPUs while this variant runs
+            layer = shared_layer(service_opts) if args.share_device else None
+            with pinned(parse_cpus(str(cpus)) if cpus is not None else None):
+                results.append(bench_policy(workload, name, models, device=device, profiles=profiles,
+                                            duration_s=args.duration, scales=scales, sweep=args.sweep,
+                                            target=args.target, steps=args.steps, queue_limit=args.queue_limit,
+                                            simulate=not args.no_simulate, progress=lambda s: console.print(s),
+                                            policy_options=opts or None, label=pol, service_options=service_opts,
+                                            on_point=save_partial if args.out else None,
+                                            warmup_s=min(args.warmup, args.duration), device_layer=layer))
+            write_report()
+    finally:
+        for layer in layers.values():
+            layer.close()
     machine["end"] = describe_machine(sync)
     console.print(summary(machine["end"]) + " (at the end)")
     report = write_report()

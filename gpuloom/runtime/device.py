@@ -208,7 +208,12 @@ class DeviceLayer(ABC):
 
     # -- models ---------------------------------------------------------------------------------
     def add_model(self, name: str, model: Any) -> None:
+        """``model`` under ``name``; builds with an earlier model of that name are no longer served.
+        The very model already there (another service on a shared layer loading the same compiled
+        model) changes nothing: the builds that hold its graphs stay cached."""
         with self._lock:
+            if self.models.get(name) is model:
+                return
             self.models[name] = model
             self._gen[name] = self._gen.get(name, 0) + 1
             self._evict_unused(lambda ln: name in ln.models)

@@ -310,7 +310,9 @@ class InferenceService:
             profiles on CUDA, none on CPU); without one a crude profile is measured at load (warning).
         queue_limit: accepted-but-unanswered requests per model before :class:`Overloaded`.
         policy_options: keyword options of the policy's constructor.
-        device_layer: a ready :class:`DeviceLayer` instead of ``device`` (tests: ``FakeDeviceLayer``).
+        device_layer: a ready :class:`DeviceLayer` instead of ``device`` (tests: ``FakeDeviceLayer``;
+            ``gpuloom bench --share-device``: one layer, and its captured layouts, for every policy). It
+            stays open when the service closes: its owner closes it. A layer the service made, it closes.
         lookahead_ms: launch-ahead on exclusive partitions (a partition takes its next batch this
             long before its running one is predicted to end; 0 = only when idle; see
             ExecBackend.DEFAULT_LOOKAHEAD_MS for the default and why). See
@@ -409,6 +411,7 @@ class InferenceService:
         self.queue_limit = queue_limit
         self._device_arg = device
         self._layer = device_layer
+        self._owns_layer = device_layer is None  # close() closes only a layer it made
         self.profiles = profiles
         self.load_timeout_s = load_timeout_s
         self._models: dict[str, _Model] = {}
@@ -486,8 +489,8 @@ class InferenceService:
         if self._layer is not None and self._layer.expected_ms == self._expected_ms:
             self._layer.expected_ms = None  # a layer handed to another service checks against its profiles
         if self._backend is not None:
-            self._backend.close()
-        elif self._layer is not None:
+            self._backend.close(keep_device=not self._owns_layer)
+        elif self._layer is not None and self._owns_layer:
             self._layer.close()
         self._started = False
         if self._gc_held:
