@@ -275,6 +275,7 @@ def check_memory(models):
         return {"refused": True, "message": str(e)[:400], "live": svc.is_live()}
     finally:
         svc.close(drain=False, timeout_s=5)
+        layer.close()  # handed to the service, so not closed by it
 
 
 def check_load_while_serving(models, duration):

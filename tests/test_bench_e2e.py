@@ -526,10 +526,12 @@ def test_share_device_serves_every_policy_on_one_layer_and_captures_an_equal_lay
 
     monkeypatch.setattr(device_mod, "make_device_layer", make)  # the bench's
     monkeypatch.setattr(service_mod, "make_device_layer", make)  # a service's own
-    rc, rep = run_bench(tmp_path, "--policy", "triton,triton:lookahead_ms=0,triton:raw_launch=false",
+    rc, rep = run_bench(tmp_path, "--policy", "triton,triton:raw_launch=true,triton:raw_launch=false",
                         "--share-device")
     assert rc == 0 and all(rep["policies"][p]["points"] for p in rep["policies"])
-    assert made == [{}, {"raw_launch": False}]  # the third variant's device options differ: a layer of its own
+    defaults = {"raw_launch": True, "workqueues": "shared", "lane_streams": "compiled", "outputs": "copies"}
+    # the default spelled out shares the first layer; other device options get a layer of their own
+    assert made == [defaults, {**defaults, "raw_launch": False}]
     assert builds == [1, 2] and sorted(closed) == [1, 2]  # the second policy built nothing; both closed once
     builds.clear()
     made.clear()

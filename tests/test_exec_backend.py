@@ -184,6 +184,28 @@ def test_a_build_finished_for_a_layout_no_longer_wanted_is_released():
     be.close()
 
 
+@pytest.mark.parametrize("build_delay_s", [0.0, 0.3])
+def test_closing_on_a_layer_kept_open_releases_builds_ready_or_still_running(build_delay_s):
+    """A backend closed with ``keep_device=True`` (its service was handed a layer, e.g. ``gpuloom bench
+    --share-device``) while a re-plan's build is ready but not swapped in, or still running: every
+    build it asked for ends up evictable (no users) in the layer that stays open."""
+    from gpuloom.policy import Partition
+
+    dev = fake(latency_ms=1.0)
+    be = ExecBackend(dev)
+    be.configure(Layout((Partition(0, 0, 132, shared=False),), 132))
+    dev.build_delay_s = build_delay_s
+    built = threading.Event()
+    halves = Layout((Partition(0, 0, 64, shared=False), Partition(1, 64, 68, shared=False)), 132)
+    assert be.prepare(halves, built.set)
+    if not build_delay_s:
+        assert built.wait(5)  # ready, not yet configured
+    be.close(keep_device=True)
+    assert built.wait(5)  # a build still running finishes, sees it is no longer wanted, releases
+    assert dev._cache and all(ln.users == 0 for ln in dev._cache.values()), [ln.users for ln in dev._cache.values()]
+    dev.close()
+
+
 def test_a_layout_that_cannot_be_built_fails_requests_with_the_reason_instead_of_hanging():
     dev = FakeDeviceLayer(memory_limit_bytes=10)
     dev.add_model("good", FakeModel(lambda xs: xs, 1.0, graph_bytes=30))
@@ -626,3 +648,15 @@ def test_lane_launches_happen_on_the_watcher_threads_and_the_loop_keeps_none():
         ExecBackend(fake(), launch_on="gpu")
     with pytest.raises(ValueError, match="complete_on"):
         ExecBackend(fake(), complete_on="gpu")
+
+
+def test_trim_frees_every_cached_build_nobody_uses_and_keeps_the_one_in_use():
+    from gpuloom.policy import Partition
+
+    dev = fake()
+    whole = dev.build(Layout((Partition(0, 0, 132, shared=False),), 132))
+    halves = dev.build(Layout((Partition(0, 0, 64, shared=False), Partition(1, 64, 68, shared=False)), 132))
+    dev.release(whole)
+    assert dev.trim() == 1 and list(dev._cache.values()) == [halves] and whole.state is None
+    dev.release(halves)
+    assert dev.trim() == 1 and not dev._cache

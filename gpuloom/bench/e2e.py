@@ -715,9 +715,8 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
             best = lo
         else:
             best = best_scale()
-        say(f"{name}: {sum(seconds.values()):.0f} s: setup {seconds['setup']:.0f} s (models loaded, first layout "
-            f"captured), re-plans {seconds['replan']:.0f} s, warm-up {seconds['warmup']:.0f} s, points "
-            f"{seconds['points']:.0f} s")
+        say(f"{name}: time by phase: setup {seconds['setup']:.0f} s (models loaded, first layout captured), "
+            f"re-plans {seconds['replan']:.0f} s, warm-up {seconds['warmup']:.0f} s, points {seconds['points']:.0f} s")
         return PolicyResult(name, points, best, best * workload.total_rate(), seconds=rounded(seconds))
     except Exception as e:  # noqa: BLE001 - one policy's failure must not lose the others' results
         say(f"{name}: FAILED: {type(e).__name__}: {e}")

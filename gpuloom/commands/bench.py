@@ -47,8 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="FILE", default=None, help="write the JSON report here")
 
 
-# variant keys that configure the device layer the service makes (one layer per set of them with --share-device)
-DEVICE_KEYS = ("raw_launch", "workqueues", "lane_streams", "outputs")
+# variant keys that configure the device layer the service makes, with the service's defaults (one layer
+# per set of them with --share-device)
+DEVICE_KEYS = {"raw_launch": True, "workqueues": "shared", "lane_streams": "compiled", "outputs": "copies"}
 # variant keys that configure the service (and pinned_inputs, the load generator); the rest are policy options
 SERVICE_KEYS = ("lookahead_ms", "tune_gc", "switch_interval_ms", "launch_on", "early_answer", "raw_launch",
                 "workqueues", "lane_streams", "outputs", "complete_on", "pinned_inputs", "arrivals", "cpus")
@@ -222,10 +223,16 @@ def run(args: argparse.Namespace) -> int:
     layers: dict[tuple, object] = {}  # --share-device: device options -> the layer every such policy serves on
 
     def shared_layer(service_opts: dict):
+        """The layer for these device options (spelled out or left to their defaults alike). The
+        other layers give back their cached builds first: a policy never serves beside another
+        layer's graphs and green contexts, and within a layer's own memory budget."""
         from gpuloom.runtime.device import make_device_layer
 
-        opts = {k: service_opts[k] for k in DEVICE_KEYS if k in service_opts}
+        opts = {k: service_opts.get(k, default) for k, default in DEVICE_KEYS.items()}
         key = tuple(sorted((k, repr(v)) for k, v in opts.items()))
+        for other_key, other in layers.items():
+            if other_key != key:
+                other.trim()
         if key not in layers:
             layers[key] = make_device_layer(device, **opts)
         return layers[key]
@@ -247,7 +254,10 @@ def run(args: argparse.Namespace) -> int:
             write_report()
     finally:
         for layer in layers.values():
-            layer.close()
+            try:
+                layer.close()
+            except Exception as e:  # noqa: BLE001 - close the others; the results are written already
+                console.print(f"[yellow]warning:[/yellow] closing a shared device layer: {e}")
     machine["end"] = describe_machine(sync)
     console.print(summary(machine["end"]) + " (at the end)")
     report = write_report()

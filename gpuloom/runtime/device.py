@@ -306,6 +306,14 @@ class DeviceLayer(ABC):
                 return True
         return False
 
+    def trim(self) -> int:
+        """Free every cached build no backend uses (its graph memory, its green contexts); how many.
+        For a layer kept open between services while another layer serves meanwhile."""
+        with self._lock, self._device_lock:
+            before = len(self._cache)
+            self._evict_unused(lambda ln: True)
+            return before - len(self._cache)
+
     def _evict_unused(self, pred: Callable[[Lanes], bool]) -> None:
         for key, ln in list(self._cache.items()):
             if pred(ln) and ln.users == 0:
@@ -636,6 +644,9 @@ class _CudaLane:
     events: list[tuple] = field(default_factory=list)  # per slot: (t_in, t0, t1, done)
     in_shapes: dict[str, list[tuple]] = field(default_factory=dict)  # model -> (shape, dtype) per input, max_batch rows
     launches: int = 0  # batches launched on the lane (slot = launches % LANE_SLOTS)
+    # outputs="views": buffers of launches that failed after a copy into them may have been queued,
+    # kept until the lane is freed so torch's host cache never hands them out under that copy
+    orphans: list = field(default_factory=list)
     # (event, perf_counter) recorded together on the idle stream: any later event of the lane is at
     # perf_counter time anchor[1] + elapsed(anchor[0], event) (CudaDeviceLayer._anchor)
     anchor: tuple | None = None
@@ -677,8 +688,7 @@ class _CudaTicket:
     began: float = 0.0  # perf_counter when the launch's first call was made
     anchor: tuple | None = None  # the lane's clock anchor at launch (_CudaLane.anchor)
     model: str = ""  # whose batch: the copies and the wake-up are booked per model too
-    lane: Any = None  # the lane and (model, slot) whose output buffers these are (outputs="views": refilled)
-    slot_key: tuple = ()
+    views: bool = False  # ``out`` are this batch's own buffers (outputs="views"): handed out, not copied
 
 
 class CudaDeviceLayer(DeviceLayer):
@@ -718,11 +728,14 @@ class CudaDeviceLayer(DeviceLayer):
     driver library does not load, or per bucket where a buffer is not contiguous.
 
     ``outputs="copies"`` (default) copies a finished batch's rows off the slot's pinned buffers, which
-    the slot's next batch reuses. ``outputs="views"`` hands the requests views of the pinned buffers
-    themselves and gives the slot fresh ones (torch's caching host allocator returns a buffer to its
-    cache once the last view of it is dropped): no copy on the way back, at the price of page-locked
-    memory held as long as a caller keeps an output. On the H200 the copy was 3.5-4.7 ms of bert_base's
-    5-7 ms hold per batch of 16 (6 MB; run 61). An experiment until measured side by side.
+    the slot's next batch reuses. ``outputs="views"`` gives each batch page-locked output buffers of
+    its own at launch, from torch's caching host allocator (a cache hit costs microseconds on the
+    launching thread; a miss, milliseconds), and hands its requests views of them: no copy on the way
+    back, and a buffer returns to the cache only once its ticket and every view of it are gone, at the
+    price of page-locked memory held as long as a caller keeps an output. Where that memory runs out,
+    the batch copies out of the slot's buffers instead (:attr:`views_refused`). On the H200 the copy
+    was 3.1-4.7 ms of bert_base's 5-7 ms hold per batch (up to 16 rows, 6 MB; run 61). An experiment
+    until measured side by side.
     """
 
     kind = "cuda"
@@ -778,6 +791,7 @@ class CudaDeviceLayer(DeviceLayer):
         # watcher (or the loop) running (the GIL), in ms summed over "batches"
         self.wake_split = {"start": 0.0, "back": 0.0, "batches": 0}
         self.inplace_batches = 0  # batches launched from their requests' own page-locked memory (PinnedRow)
+        self.views_refused = 0  # outputs="views": batches copied out because page-locked memory ran out
         self._copy_lock = threading.Lock()
         self.torch_launch_plans = 0  # (lane, model, bucket)s launched through torch although raw_launch is on
         from ..gpu.connections import prefer_all_connections
@@ -1149,8 +1163,9 @@ class CudaDeviceLayer(DeviceLayer):
                      for r in rows)
         if staged and type(rows[0]) is PinnedRow:
             self.inplace_batches += 1
+        # the slot's count moves on only once the batch is queued (at the end): a launch that fails
+        # leaves its slot to the next batch, never the running batch's slot to a third one
         slot = lane.launches % LANE_SLOTS
-        lane.launches += 1
         if not staged:
             key = (model, slot)
             if key not in lane.np_in:  # callers that did not stage() their rows: once per (model, slot)
@@ -1177,36 +1192,48 @@ class CudaDeviceLayer(DeviceLayer):
         clock = time.perf_counter
         if lane.anchor is None or clock() - lane.anchor[1] > ANCHOR_S:
             self._anchor(lane, st)
+        key = (model, slot)
+        out_t, out_np, out_ptr = lane.pinned_out[key], lane.np_out[key], lane.ptr_out[key]
+        views = self.outputs == "views" and self._fresh_outputs(lane, key)
+        if views:
+            out_t, out_np, out_ptr = views
         c0 = clock()
-        if plan is not None:  # the same steps as below, in raw driver calls (gpu/launch.py: why)
-            drv = self._driver
-            drv.ensure_context()
-            if staged:
-                plan.copy_inputs(drv, n, t_in.cuda_event, rows_in=[[_host_span(t) for t in r] for r in rows])
-            else:
-                plan.copy_inputs(drv, n, t_in.cuda_event, batch_in=lane.ptr_in[(model, slot)])
-            c1 = clock()
-            plan.replay(drv, t0.cuda_event, t1.cuda_event)
-            c2 = clock()
-            plan.copy_outputs(drv, n, lane.ptr_out[(model, slot)], done.cuda_event)
-        else:
-            with torch.cuda.stream(st):
-                t_in.record(st)
-                if staged:  # one async copy per row and input, straight from the request's pinned row
-                    for i, r in enumerate(rows):
-                        for dst, src in zip(entry.inputs, r):
-                            dst[i].copy_(torch.from_numpy(src) if isinstance(src, np.ndarray) else src, non_blocking=True)
+        try:
+            if plan is not None:  # the same steps as below, in raw driver calls (gpu/launch.py: why)
+                drv = self._driver
+                drv.ensure_context()
+                if staged:
+                    plan.copy_inputs(drv, n, t_in.cuda_event, rows_in=[[_host_span(t) for t in r] for r in rows])
                 else:
-                    for dst, src in zip(entry.inputs, lane.pinned_in[(model, slot)]):
-                        dst[:n].copy_(src[:n], non_blocking=True)
+                    plan.copy_inputs(drv, n, t_in.cuda_event, batch_in=lane.ptr_in[key])
                 c1 = clock()
-                t0.record(st)
-                entry.graph.replay()
-                t1.record(st)
+                plan.replay(drv, t0.cuda_event, t1.cuda_event)
                 c2 = clock()
-                for dst, src in zip(lane.pinned_out[(model, slot)], static_out):
-                    dst[:n].copy_(src[:n], non_blocking=True)
-                done.record(st)
+                plan.copy_outputs(drv, n, out_ptr, done.cuda_event)
+            else:
+                with torch.cuda.stream(st):
+                    t_in.record(st)
+                    if staged:  # one async copy per row and input, straight from the request's pinned row
+                        for i, r in enumerate(rows):
+                            for dst, src in zip(entry.inputs, r):
+                                dst[i].copy_(torch.from_numpy(src) if isinstance(src, np.ndarray) else src,
+                                             non_blocking=True)
+                    else:
+                        for dst, src in zip(entry.inputs, lane.pinned_in[key]):
+                            dst[:n].copy_(src[:n], non_blocking=True)
+                    c1 = clock()
+                    t0.record(st)
+                    entry.graph.replay()
+                    t1.record(st)
+                    c2 = clock()
+                    for dst, src in zip(out_t, static_out):
+                        dst[:n].copy_(src[:n], non_blocking=True)
+                    done.record(st)
+        except BaseException:
+            if views:  # a copy into them may be queued: they must not go back to torch's cache
+                lane.orphans.append(out_t)
+            raise
+        lane.launches += 1
         c3 = clock()
         ph = self.launch_ms  # where a launch's host time goes (issue 5: dispatch overhead)
         ph["inputs"] += (c1 - c0) * 1e3
@@ -1215,8 +1242,8 @@ class CudaDeviceLayer(DeviceLayer):
         ph["launches"] += 1
         # the ticket holds the rows: raw copies read their pinned memory without torch knowing, so it
         # must not be freed (and reused) before the batch's event has fired
-        return _CudaTicket(n, done, t0, t1, t_in, lane.np_out[(model, slot)], rows, c3, plan.stream if plan else 0,
-                           c0, lane.anchor, model, lane, (model, slot))
+        return _CudaTicket(n, done, t0, t1, t_in, out_np, rows, c3, plan.stream if plan else 0,
+                           c0, lane.anchor, model, bool(views))
 
     def _anchor(self, lane: _CudaLane, stream: Any) -> None:
         """Tie the lane's GPU clock to the host's: on an idle stream an event runs as soon as it is
@@ -1326,10 +1353,9 @@ class CudaDeviceLayer(DeviceLayer):
         # negative figure)
         wake = (c0 - ticket.launched) * 1e3 - (h2d + ms + d2h)  # t_in -> done, in its three parts
         self._split_wake(ticket, c0)
-        if self.outputs == "views":
+        if ticket.views:  # the batch's own page-locked buffers: its requests get views of them
             outs = [o[: ticket.n] for o in ticket.out]
-            self._refill_outputs(ticket.lane, ticket.slot_key)
-        else:
+        else:  # the lane slot's buffers, which its next batch reuses
             outs = [o[: ticket.n].copy() for o in ticket.out]
         host = (time.perf_counter() - c0) * 1e3
         with self._copy_lock:  # watchers of several lanes
@@ -1337,17 +1363,22 @@ class CudaDeviceLayer(DeviceLayer):
             book_copies(self.copy_ms_by_model.setdefault(ticket.model, {}), h2d, d2h, host, wake)
         return outs, float(ms)
 
-    def _refill_outputs(self, lane: _CudaLane, key: tuple[str, int]) -> None:
-        """outputs="views": the slot's buffers now belong to its finished batch's requests; give the slot
-        fresh ones for its next batch. Safe here: the runtime launches a slot's next batch only after
-        its previous batch's :meth:`finish` returned (``LANE_SLOTS``). A buffer a caller still holds
-        views of stays out of the cache; the lane holds the latest ones, so none is freed while a copy
-        may still write into it."""
+    def _fresh_outputs(self, lane: _CudaLane, key: tuple[str, int]) -> tuple | None:
+        """outputs="views": page-locked output buffers for one batch alone (tensors, numpy views,
+        addresses), shaped as the slot's, from torch's caching host allocator, which takes a buffer
+        back only once the batch's ticket and every view handed out of it are gone; so no later
+        batch writes where a request's output lies. None (the batch copies out of the slot's buffers
+        instead) when page-locked memory runs out, e.g. while callers hold many outputs."""
         torch = self._torch
-        pin = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in lane.pinned_out[key]]
-        lane.np_out[key] = [t.numpy() for t in pin]  # a numpy view keeps its tensor (and block) alive
-        lane.ptr_out[key] = [t.data_ptr() for t in pin]
-        lane.pinned_out[key] = pin
+        try:
+            pin = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in lane.pinned_out[key]]
+        except RuntimeError as e:
+            self.views_refused += 1
+            if self.views_refused == 1:
+                log.warning("outputs=views: no page-locked memory for a batch's outputs (%s); copying instead "
+                            "while it lasts", e)
+            return None
+        return pin, [t.numpy() for t in pin], [t.data_ptr() for t in pin]  # a numpy view keeps its tensor
 
     def pinned_empty(self, shape: Sequence[int], dtype: Any) -> Any:
         """A numpy view of a page-locked torch tensor (alive as long as the view); its span is
@@ -1434,6 +1465,7 @@ class CudaDeviceLayer(DeviceLayer):
                       lane.ptr_in, lane.ptr_out, lane.plans):
                 d.clear()
             lane.events.clear()
+            lane.orphans.clear()  # after the synchronize above: no copy into them is left
         part = state.get("partitioner")
         state["lanes"].clear()
         del state

@@ -393,6 +393,11 @@ class ExecBackend(Backend):
         builds and close the device layer (``keep_device=True``: leave it open for another backend)."""
         self._wait_quiet()
         with self._lock:
+            # a re-plan's build ready but not swapped in, or still running (it releases its own when
+            # done, seeing it is no longer wanted): on a layer that stays open for another service,
+            # builds left in use could never be evicted
+            self._wanted = None
+            self._drop_built()
             for ws in self._watchers.values():
                 for w in ws:
                     w.q.put(None)
@@ -454,6 +459,7 @@ class ExecBackend(Backend):
                 "workqueues": getattr(self.device, "workqueues_used", ""),
                 "lane_streams": getattr(self.device, "lane_streams", ""),  # CUDA: graphs' streams on the lanes
                 "outputs": getattr(self.device, "outputs", ""),  # CUDA: outputs copied off, or views handed out
+                "views_refused": getattr(self.device, "views_refused", 0),  # CUDA: views wanted, copied (no memory)
                 "complete_on": self.complete_on,
                 "loop_completions": self.loop_completions,  # batches the device posted the loop for
                 "torch_launch_plans": getattr(self.device, "torch_launch_plans", 0),  # CUDA: buckets torch launched

@@ -313,6 +313,7 @@ class InferenceService:
         device_layer: a ready :class:`DeviceLayer` instead of ``device`` (tests: ``FakeDeviceLayer``;
             ``gpuloom bench --share-device``: one layer, and its captured layouts, for every policy). It
             stays open when the service closes: its owner closes it. A layer the service made, it closes.
+            One service at a time on a layer.
         lookahead_ms: launch-ahead on exclusive partitions (a partition takes its next batch this
             long before its running one is predicted to end; 0 = only when idle; see
             ExecBackend.DEFAULT_LOOKAHEAD_MS for the default and why). See
@@ -412,6 +413,7 @@ class InferenceService:
         self._device_arg = device
         self._layer = device_layer
         self._owns_layer = device_layer is None  # close() closes only a layer it made
+        self._profiles_resolved = False  # the shipped profiles looked up once the layer's kind is known
         self.profiles = profiles
         self.load_timeout_s = load_timeout_s
         self._models: dict[str, _Model] = {}
@@ -439,6 +441,8 @@ class InferenceService:
         if self._layer is None:
             self._layer = make_device_layer(self._device_arg, raw_launch=self.raw_launch, workqueues=self.workqueues,
                                             lane_streams=self.lane_streams, outputs=self.outputs)
+        if not self._profiles_resolved:  # a layer made here or handed in: the same profiles either way
+            self._profiles_resolved = True
             if self.profiles is None and self._layer.kind == "cuda":
                 try:
                     self.profiles = ProfileStore.builtin("h200")
