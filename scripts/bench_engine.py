@@ -136,6 +136,13 @@ def bench_model(name: str, dtype: torch.dtype, batches: list[int], args) -> dict
     if "gpuloom_reinplace" in args.variants:  # experiment: in-place ReLU/add on single-reader inputs
         reinplaced = gpuloom.compile(model, (examples[batches[0]],), max_batch=max(batches), buckets=batches,
                                      streams="auto", reinplace=True)
+    channels_last = None
+    if "gpuloom_cl" in args.variants:  # experiment: convolution weights NHWC (torch.compile's layout)
+        t1 = time.perf_counter()
+        channels_last = gpuloom.compile(model, (examples[batches[0]],), max_batch=max(batches), buckets=batches,
+                                        streams="auto", channels_last=True)
+        rec["compile_s_cl"] = round(time.perf_counter() - t1, 2)
+        rec["auto_choice_cl"] = {str(b): k for b, k in channels_last.stream_choice.items()}
     compiled = None
     rec["torch_compile_batches"] = sorted(args.torch_compile_batches & set(batches)) \
         if "torch_compile" in args.variants else []
@@ -153,6 +160,8 @@ def bench_model(name: str, dtype: torch.dtype, batches: list[int], args) -> dict
         }
         if reinplaced is not None:
             variants["gpuloom_reinplace"] = lambda v: reinplaced(v)
+        if channels_last is not None:
+            variants["gpuloom_cl"] = lambda v: channels_last(v)
         if compiled is not None and b in args.torch_compile_batches:
             tc = time.perf_counter()
             for _ in range(3):
@@ -179,7 +188,7 @@ def bench_model(name: str, dtype: torch.dtype, batches: list[int], args) -> dict
         rec["rows"].append(row)
         print(f"  {name} {rec['dtype']} b{b}: " + ", ".join(
             f"{k[:-3]} {v:.3f}" for k, v in row.items() if k.endswith("_ms")), flush=True)
-    del cm, gs_single, gs_multi, compiled, reinplaced
+    del cm, gs_single, gs_multi, compiled, reinplaced, channels_last
     return rec
 
 
@@ -325,7 +334,8 @@ def main() -> int:
     p.add_argument("--dtypes", default="float32,float16")
     p.add_argument("--batches", default="1,8")
     p.add_argument("--variants", default="eager,torch_compile,cuda_graph,gpuloom",
-                   help="drop torch_compile to save its compile time; add gpuloom_reinplace for that experiment")
+                   help="drop torch_compile to save its compile time; add gpuloom_reinplace or gpuloom_cl "
+                        "(convolution weights channels-last) for those experiments")
     p.add_argument("--torch-compile-batches", default="1,8",
                    help="batches on which the torch_compile variant runs (it compiles once per batch size)")
     p.add_argument("--warmup", type=int, default=50, help="untimed calls per variant before timing")

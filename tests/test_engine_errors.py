@@ -155,6 +155,49 @@ def test_reinplaced_graph_equals_eager(name):
         torch.testing.assert_close(cm.run_eager_plan(*xs), want, rtol=1e-4, atol=1e-5)
 
 
+class SpatialFlatten(nn.Module):
+    """Convolutions, then a flatten of the whole feature map (VGG's classifier): a view that an NHWC
+    map cannot give, so channels_last must turn it into a reshape."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                                      nn.Conv2d(8, 8, 3, stride=2, padding=1), nn.ReLU())
+        self.head = nn.Linear(8 * 8 * 8, 5)
+
+    def forward(self, x):
+        return self.head(self.features(x).flatten(1))
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v3_small", "spatial_flatten", "transformer_encoder"])
+def test_channels_last_graph_equals_eager_and_stores_conv_weights_nhwc(name):
+    from engine_models import zoo
+
+    if name == "spatial_flatten":
+        model, shapes, dtype = SpatialFlatten(), [(3, 16, 16)], torch.float32
+    else:
+        model, shapes, dtype = zoo()[name]
+    model = model.eval()
+    xs = tuple(torch.randn(2, *s, dtype=dtype) for s in shapes)
+    cm = gpuloom.compile(model, xs, max_batch=4, channels_last=True)
+    gm = cm.graph.module
+    conv_weights = [n.args[1] for n in gm.graph.nodes if n.op == "call_function" and "conv" in str(n.target)
+                    and len(n.args) > 1 and getattr(n.args[1], "op", "") == "get_attr"]
+    weights = [gm.get_parameter(w.target) if w.target in dict(gm.named_parameters()) else gm.get_buffer(w.target)
+               for w in conv_weights]
+    if name == "transformer_encoder":
+        assert not weights  # no convolution: the graph is left as it is
+    else:
+        assert weights and all(w.is_contiguous(memory_format=torch.channels_last) for w in weights if w.dim() == 4)
+        assert not any(n.op == "call_function" and n.target is torch.ops.aten.view.default for n in gm.graph.nodes)
+    for batch in (1, 3):
+        xs = tuple(torch.randn(batch, *s, dtype=dtype) for s in shapes)
+        with torch.no_grad():
+            want = model(*xs)
+        torch.testing.assert_close(cm(*xs), want, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(cm.run_eager_plan(*xs), want, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("bad, error, message", [
     (lambda x, y: (x.double(), y), ValueError, r"dtype torch.float64.*never casts"),
     (lambda x, y: (x, torch.randn(2, 5, 10)), ValueError, r"shape \(2, 5, 10\)"),

@@ -310,6 +310,7 @@ def compile(
     input_names: Sequence[str] | None = None,
     fold_batchnorm: bool = True,
     reinplace: bool = False,
+    channels_last: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> CompiledModel:
     """Compile ``model`` ahead of time into multi-stream CUDA graphs, one per batch bucket.
@@ -329,6 +330,10 @@ def compile(
             instead of two; results differ from eager only by rounding).
         reinplace: run ReLU / residual adds whose input has no other reader in place
             (experimental, off until measured on the GPU).
+        channels_last: store the convolution weights NHWC, so the convolutions and the activations
+            between them run channels-last (tensor-core friendly; torch.compile's layout for
+            convolution nets, which won most batch-8 rows). Experimental, off until measured on the
+            GPU. The model's own forward, a candidate of ``streams="auto"``, keeps its layout.
         progress: called with a short message at each compile stage.
 
     Raises:
@@ -365,7 +370,7 @@ def compile(
 
     say("capturing the operator graph")
     graph = capture_graph(model, example_inputs, max_batch=max_batch, fold_batchnorm=fold_batchnorm,
-                          reinplace=reinplace)
+                          reinplace=reinplace, channels_last=channels_last)
     graph.module.to(dev)
     names = list(input_names) if input_names else [
         n.name for n in graph.module.graph.nodes if n.op == "placeholder"

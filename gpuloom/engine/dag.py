@@ -73,11 +73,13 @@ def capture_graph(
     max_batch: int,
     fold_batchnorm: bool = True,
     reinplace: bool = False,
+    channels_last: bool = False,
 ) -> OpGraph:
     """Capture ``model`` as an FX graph and build its operator DAG (see the module docstring).
 
     ``fold_batchnorm`` folds inference BatchNorms into the convolutions they follow; ``reinplace``
-    runs single-reader elementwise ops in place (both export path only; see ``fold``).
+    runs single-reader elementwise ops in place; ``channels_last`` stores convolution weights NHWC
+    (all three export path only; see ``fold``).
     """
     export_error: BaseException | None = None
     try:
@@ -87,6 +89,8 @@ def capture_graph(
         fold.restore_batchnorm(gm)
         if reinplace:
             fold.reinplace_elementwise(gm)
+        if channels_last:
+            fold.channels_last(gm)
     except Exception as e:  # export fails in many ways; we report it below if fx fails too
         export_error = e
         try:

@@ -14,6 +14,11 @@ differs from eager only by rounding.
 concatenation or an activation, as in DenseNet) into ``_native_batch_norm_legit_no_training``, which
 always runs PyTorch's own kernel; eager ``aten.batch_norm`` picks cuDNN's, measured faster on the
 H200. In inference mode ``batch_norm`` mutates nothing, so putting it back keeps the graph pure.
+
+``channels_last``: every 2-D convolution weight stored NHWC, so that the convolutions run in NHWC
+and the activations between them stay NHWC (cuDNN follows the weight's layout; Inductor makes the
+same choice for convolution nets). A ``view`` may then meet a tensor it cannot view (a flatten of an
+NHWC map), so every view becomes a ``reshape``: a view where one exists, a copy only where not.
 """
 
 from __future__ import annotations
@@ -33,6 +38,18 @@ def _attr(gm: fx.GraphModule, node) -> torch.Tensor | None:
     if not isinstance(node, fx.Node) or node.op != "get_attr":
         raise LookupError
     return operator.attrgetter(node.target)(gm)
+
+
+def _set_attr(gm: fx.GraphModule, target: str, value: torch.Tensor) -> None:
+    """Replace the parameter or buffer ``target`` (a dotted path) of ``gm`` with ``value``."""
+    path, _, name = target.rpartition(".")
+    owner = gm.get_submodule(path) if path else gm
+    if name in owner._parameters:
+        owner._parameters[name] = torch.nn.Parameter(value, requires_grad=False)
+    elif name in owner._buffers:
+        owner._buffers[name] = value
+    else:
+        setattr(owner, name, value)
 
 
 def _first_output_users(bn: fx.Node) -> list[fx.Node] | None:
@@ -164,3 +181,31 @@ def reinplace_elementwise(gm: fx.GraphModule) -> int:
     if rewritten:
         gm.recompile()
     return rewritten
+
+
+_CONV2D = {torch.ops.aten.conv2d.default, torch.ops.aten.convolution.default}
+_STRIDED_VIEWS = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default}
+
+
+def channels_last(gm: fx.GraphModule) -> int:
+    """Store every 4-D convolution weight of ``gm`` channels-last, in place, and turn its views into
+    reshapes (see the module docstring). Returns how many weights; a graph without 2-D convolutions
+    is left as it is."""
+    converted: set[str] = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in _CONV2D or len(node.args) < 2:
+            continue
+        w = node.args[1]
+        if not isinstance(w, fx.Node) or w.op != "get_attr" or w.target in converted:
+            continue
+        weight = _attr(gm, w)
+        if weight is None or weight.dim() != 4:
+            continue
+        _set_attr(gm, w.target, weight.detach().contiguous(memory_format=torch.channels_last))
+        converted.add(w.target)
+    if converted:
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and node.target in _STRIDED_VIEWS:
+                node.target = torch.ops.aten.reshape.default
+        gm.recompile()
+    return len(converted)
