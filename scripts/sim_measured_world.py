@@ -13,6 +13,11 @@ GPU, not what it wins.
     python scripts/sim_measured_world.py docs/results/runtime/bench_overload_h200_run54_warmup.json \\
         --variant '{}' --variant '{"adapt": true}' --variant '{"batch_overhead_ms": 1.0}' \\
         --out docs/results/runtime/sim_measured_world_session17.json
+
+``--predict OTHER.json`` makes it a prediction instead (not circular): the world is measured in the
+given reports, and each variant whose JSON names ``"measured_as": "<policy>"`` is compared with that
+policy's goodput at the same load in OTHER, a later run on another machine (issue 5's simulator
+validation: goodput error <= 10%).
 """
 
 from __future__ import annotations
@@ -41,8 +46,11 @@ def main() -> int:
                     help='dstack options as JSON, e.g. \'{"adapt": true}\' (repeatable; default: plain dstack)')
     ap.add_argument("--demand-fraction", type=float, default=0.89)
     ap.add_argument("--duration", type=float, default=4.0, help="seconds of arrivals per point")
+    ap.add_argument("--predict", default=None, metavar="OTHER",
+                    help="a later bench report: compare each variant with its \"measured_as\" policy there")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    other = json.loads(Path(a.predict).read_text())["policies"] if a.predict else {}
     variants = [json.loads(v) for v in (a.variant or ["{}"])]
     store = ProfileStore.builtin("h200")
     rows = []
@@ -62,6 +70,7 @@ def main() -> int:
                   f"({p['goodput_rps']:.0f}/s)", flush=True)
             for v in variants:
                 opts = dict(v)
+                measured_as = opts.pop("measured_as", None)
                 if opts.pop("told", False):
                     opts["slowdowns"] = factors
                 if opts.pop("told_holds", False):
@@ -78,15 +87,24 @@ def main() -> int:
                     print(f"    {json.dumps(v):40s} skipped: {e}", flush=True)
                     continue
                 m = run.metrics
-                row["variants"].append({"options": v, "slo_attainment": round(m.slo_attainment, 4),
-                                        "goodput_rps": round(m.goodput_rps, 1),
-                                        "admit_rps": run.policy.get("admit_rps"), "batch": run.policy.get("batch"),
-                                        "replans": run.policy.get("replans")})
+                got = {"options": v, "slo_attainment": round(m.slo_attainment, 4),
+                       "goodput_rps": round(m.goodput_rps, 1),
+                       "admit_rps": run.policy.get("admit_rps"), "batch": run.policy.get("batch"),
+                       "replans": run.policy.get("replans")}
+                there = next((q for q in other.get(measured_as, {}).get("points", ()) if q["scale"] == p["scale"]),
+                             None) if measured_as else None
+                said = ""
+                if there is not None and there["goodput_rps"]:
+                    got["predicted_run_goodput_rps"] = round(there["goodput_rps"], 1)
+                    got["goodput_error"] = round((m.goodput_rps - there["goodput_rps"]) / there["goodput_rps"], 4)
+                    said = f" | {Path(a.predict).name} measured {there['goodput_rps']:.0f}/s: error {got['goodput_error']:+.1%}"
+                row["variants"].append(got)
                 print(f"    {json.dumps(v):40s} attainment {m.slo_attainment:.3f} goodput {m.goodput_rps:7.0f}/s "
-                      f"re-plans {run.policy.get('replans')}", flush=True)
+                      f"re-plans {run.policy.get('replans')}{said}", flush=True)
             rows.append(row)
     if a.out:
         save_json(a.out, {"method": __doc__.split("\n\n")[1].replace("\n", " "), "bench": a.bench,
+                          "predict": a.predict,
                           "demand_fraction": a.demand_fraction, "duration_s": a.duration, "points": rows})
         print("wrote", a.out)
     return 0
