@@ -136,6 +136,16 @@ def test_batchnorm_folds_into_convolutions():
     torch.testing.assert_close(plain(x), want, rtol=1e-4, atol=1e-5)
 
 
+def _assert_equal_eager(model, cm, shapes, dtype, atol):
+    """At batches 1 and 3 on fresh inputs: the compiled call and the eager run of its plan equal eager."""
+    for batch in (1, 3):
+        xs = tuple(torch.randn(batch, *s, dtype=dtype) for s in shapes)
+        with torch.no_grad():
+            want = model(*xs)
+        torch.testing.assert_close(cm(*xs), want, rtol=1e-4, atol=atol)
+        torch.testing.assert_close(cm.run_eager_plan(*xs), want, rtol=1e-4, atol=atol)
+
+
 @pytest.mark.parametrize("name", ["resnet18", "mobilenet_v3_small", "transformer_encoder"])
 def test_reinplaced_graph_equals_eager(name):
     from engine_models import zoo
@@ -147,12 +157,7 @@ def test_reinplaced_graph_equals_eager(name):
     inplace_ops = [n for n in cm.graph.ops if str(n.target).endswith("_.default") or str(n.target).endswith("_.Tensor")]
     if name == "resnet18":
         assert len(inplace_ops) >= 17  # every ReLU after a conv and the residual adds
-    for batch in (1, 3):
-        xs = tuple(torch.randn(batch, *s, dtype=dtype) for s in shapes)
-        with torch.no_grad():
-            want = model(*xs)
-        torch.testing.assert_close(cm(*xs), want, rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(cm.run_eager_plan(*xs), want, rtol=1e-4, atol=1e-5)
+    _assert_equal_eager(model, cm, shapes, dtype, atol=1e-5)
 
 
 class SpatialFlatten(nn.Module):
@@ -190,12 +195,7 @@ def test_channels_last_graph_equals_eager_and_stores_conv_weights_nhwc(name):
     else:
         assert weights and all(w.is_contiguous(memory_format=torch.channels_last) for w in weights if w.dim() == 4)
         assert not any(n.op == "call_function" and n.target is torch.ops.aten.view.default for n in gm.graph.nodes)
-    for batch in (1, 3):
-        xs = tuple(torch.randn(batch, *s, dtype=dtype) for s in shapes)
-        with torch.no_grad():
-            want = model(*xs)
-        torch.testing.assert_close(cm(*xs), want, rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(cm.run_eager_plan(*xs), want, rtol=1e-4, atol=1e-4)
+    _assert_equal_eager(model, cm, shapes, dtype, atol=1e-4)
 
 
 @pytest.mark.parametrize("bad, error, message", [

@@ -26,43 +26,9 @@ def _flat(v):
     return list(v) if isinstance(v, (tuple, list)) else [v]
 
 
-@pytest.mark.parametrize("name", sorted(zoo(224)))
-def test_graphs_equal_eager_on_gpu(name):
-    model, shapes, dtype = zoo(224)[name]
-    model = model.eval().cuda()
-    mk = lambda b: tuple(torch.randn(b, *s, device="cuda", dtype=dtype) for s in shapes)
-    cm = gpuloom.compile(model, mk(1), max_batch=8, streams="auto")
-    assert cm.memory_bytes > 0
-    graphsets = {"single": cm.capture(streams=1), "multi": cm.capture(streams="max"),
-                 "forward": cm.capture(streams="forward")}
-    assert all(e.kind == "multi" for e in graphsets["multi"].buckets.values()) or cm.plan.num_streams == 1
-    assert all(e.kind == "forward" and e.num_streams == 1 for e in graphsets["forward"].buckets.values())
-    # "auto" timed the DAG on one stream, on the plan's streams (where it has several) and the forward
-    assert set(cm.stream_choice.values()) <= {"single", "multi", "forward"} and not cm._graphs.skipped
-    for batch in (1, 3, 8):
-        xs = mk(batch)
-        with torch.no_grad():
-            want = _flat(model(*xs))
-        for g, w in zip(_flat(cm(*xs)), want):  # the user path: pad to bucket 4/8, slice back
-            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
-        if batch in cm.buckets:
-            for kind, gs in graphsets.items():
-                for static, x in zip(gs.inputs(batch), xs):
-                    static.copy_(x)
-                gs.replay(batch, stream=torch.cuda.current_stream())
-                for g, w in zip(_flat(gs.outputs(batch)), want):
-                    torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4, msg=lambda m: f"{kind}: {m}")
-
-
-@pytest.mark.parametrize("name", ["resnet18", "googlenet", "mobilenet_v3_small"])
-def test_channels_last_graphs_equal_eager_on_gpu(name):
-    """compile(channels_last=True): the DAG's single- and multi-stream graphs (NHWC convolutions)
-    and the user path equal eager."""
-    model, shapes, dtype = zoo(224)[name]
-    model = model.eval().cuda()
-    mk = lambda b: tuple(torch.randn(b, *s, device="cuda", dtype=dtype) for s in shapes)
-    cm = gpuloom.compile(model, mk(1), max_batch=8, streams="auto", channels_last=True)
-    graphsets = {"single": cm.capture(streams=1), "multi": cm.capture(streams="max")}
+def _assert_equal_eager(model, cm, graphsets, mk):
+    """At batches 1, 3 and 8: the user path (padded to bucket 4/8, sliced back) and each graph set's
+    replay of a captured bucket equal eager."""
     for batch in (1, 3, 8):
         xs = mk(batch)
         with torch.no_grad():
@@ -76,6 +42,34 @@ def test_channels_last_graphs_equal_eager_on_gpu(name):
                 gs.replay(batch, stream=torch.cuda.current_stream())
                 for g, w in zip(_flat(gs.outputs(batch)), want):
                     torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4, msg=lambda m: f"{kind}: {m}")
+
+
+@pytest.mark.parametrize("name", sorted(zoo(224)))
+def test_graphs_equal_eager_on_gpu(name):
+    model, shapes, dtype = zoo(224)[name]
+    model = model.eval().cuda()
+    mk = lambda b: tuple(torch.randn(b, *s, device="cuda", dtype=dtype) for s in shapes)
+    cm = gpuloom.compile(model, mk(1), max_batch=8, streams="auto")
+    assert cm.memory_bytes > 0
+    graphsets = {"single": cm.capture(streams=1), "multi": cm.capture(streams="max"),
+                 "forward": cm.capture(streams="forward")}
+    assert all(e.kind == "multi" for e in graphsets["multi"].buckets.values()) or cm.plan.num_streams == 1
+    assert all(e.kind == "forward" and e.num_streams == 1 for e in graphsets["forward"].buckets.values())
+    # "auto" timed the DAG on one stream, on the plan's streams (where it has several) and the forward
+    assert set(cm.stream_choice.values()) <= {"single", "multi", "forward"} and not cm._graphs.skipped
+    _assert_equal_eager(model, cm, graphsets, mk)
+
+
+@pytest.mark.parametrize("name", ["resnet18", "googlenet", "mobilenet_v3_small"])
+def test_channels_last_graphs_equal_eager_on_gpu(name):
+    """compile(channels_last=True): the DAG's single- and multi-stream graphs (NHWC convolutions)
+    and the user path equal eager."""
+    model, shapes, dtype = zoo(224)[name]
+    model = model.eval().cuda()
+    mk = lambda b: tuple(torch.randn(b, *s, device="cuda", dtype=dtype) for s in shapes)
+    cm = gpuloom.compile(model, mk(1), max_batch=8, streams="auto", channels_last=True)
+    graphsets = {"single": cm.capture(streams=1), "multi": cm.capture(streams="max")}
+    _assert_equal_eager(model, cm, graphsets, mk)
 
 
 class _SyncsOnlyEagerly(torch.nn.Module):
