@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -50,12 +51,16 @@ def main() -> int:
                     help="a later bench report: compare each variant with its \"measured_as\" policy there")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    other = json.loads(Path(a.predict).read_text())["policies"] if a.predict else {}
+    later = json.loads(Path(a.predict).read_text()) if a.predict else {}
+    other = later.get("policies", {})
     variants = [json.loads(v) for v in (a.variant or ["{}"])]
     store = ProfileStore.builtin("h200")
     rows = []
     for path in a.bench:
         d, wl, profs = load_report(path, store)
+        if later and later.get("workload") != d.get("workload"):
+            print(f"{path}: another workload than {a.predict}'s; skipped", flush=True)
+            continue
         if "dstack" not in d["policies"]:
             print(f"{path}: no plain dstack points; skipped", flush=True)
             continue
@@ -91,9 +96,11 @@ def main() -> int:
                        "goodput_rps": round(m.goodput_rps, 1),
                        "admit_rps": run.policy.get("admit_rps"), "batch": run.policy.get("batch"),
                        "replans": run.policy.get("replans")}
-                there = next((q for q in other.get(measured_as, {}).get("points", ()) if q["scale"] == p["scale"]),
-                             None) if measured_as else None
+                there = next((q for q in other.get(measured_as, {}).get("points", ())
+                              if math.isclose(q["scale"], p["scale"])), None) if measured_as else None
                 said = ""
+                if measured_as and there is None:
+                    said = f" | no {measured_as!r} point at x{p['scale']:g} in {a.predict}"
                 if there is not None and there["goodput_rps"]:
                     got["predicted_run_goodput_rps"] = round(there["goodput_rps"], 1)
                     got["goodput_error"] = round((m.goodput_rps - there["goodput_rps"]) / there["goodput_rps"], 4)
@@ -103,7 +110,8 @@ def main() -> int:
                       f"re-plans {run.policy.get('replans')}{said}", flush=True)
             rows.append(row)
     if a.out:
-        save_json(a.out, {"method": __doc__.split("\n\n")[1].replace("\n", " "), "bench": a.bench,
+        method = __doc__.split("\n\n")[3 if a.predict else 1].replace("\n", " ")
+        save_json(a.out, {"method": method, "bench": a.bench,
                           "predict": a.predict,
                           "demand_fraction": a.demand_fraction, "duration_s": a.duration, "points": rows})
         print("wrote", a.out)

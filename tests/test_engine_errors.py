@@ -198,6 +198,52 @@ def test_channels_last_graph_equals_eager_and_stores_conv_weights_nhwc(name):
     _assert_equal_eager(model, cm, shapes, dtype, atol=1e-4)
 
 
+class PatchTransformer(nn.Module):
+    """A patch-embedding convolution, then a transformer (ViT's shape): only the flatten of the
+    convolution's map needs a reshape; the transformer's views stay views (and no DAG nodes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, 16, 4, stride=4)
+        self.block = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True, dropout=0.0)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.head(self.block(self.patch(x).flatten(2).transpose(1, 2)).mean(1))
+
+
+class ConvMap(nn.Module):
+    """A model whose output is a convolution's 4-D map."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 1))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def test_channels_last_rewrites_only_the_views_of_nhwc_maps_and_returns_eagers_strides():
+    vit = PatchTransformer().eval()
+    x = torch.randn(2, 3, 16, 16)
+    plain = gpuloom.compile(vit, x, max_batch=4)
+    cl = gpuloom.compile(vit, x, max_batch=4, channels_last=True)
+    nodes = lambda cm, op: sum(n.op == "call_function" and n.target is op for n in cm.graph.module.graph.nodes)
+    assert cl.graph.channels_last_weights == 1
+    assert nodes(cl, torch.ops.aten.reshape.default) == 1  # the patch map's flatten
+    assert nodes(cl, torch.ops.aten.view.default) == nodes(plain, torch.ops.aten.view.default) - 1 > 0
+    assert len(cl.graph.ops) <= len(plain.graph.ops) + 1
+    _assert_equal_eager(vit, cl, [(3, 16, 16)], torch.float32, atol=1e-4)
+    conv = ConvMap().eval()
+    cm = gpuloom.compile(conv, x, max_batch=4, channels_last=True)
+    y = torch.randn(3, 3, 16, 16)
+    with torch.no_grad():
+        want = conv(y)
+    got = cm(y)
+    assert got.is_contiguous() and got.stride() == want.stride()  # eager's strides, not NHWC
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("bad, error, message", [
     (lambda x, y: (x.double(), y), ValueError, r"dtype torch.float64.*never casts"),
     (lambda x, y: (x, torch.randn(2, 5, 10)), ValueError, r"shape \(2, 5, 10\)"),

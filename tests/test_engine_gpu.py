@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import statistics
 
 import pytest
@@ -68,6 +69,11 @@ def test_channels_last_graphs_equal_eager_on_gpu(name):
     model = model.eval().cuda()
     mk = lambda b: tuple(torch.randn(b, *s, device="cuda", dtype=dtype) for s in shapes)
     cm = gpuloom.compile(model, mk(1), max_batch=8, streams="auto", channels_last=True)
+    assert cm.graph.method == "export" and cm.graph.channels_last_weights > 0  # the pass ran
+    gm = cm.graph.module
+    nhwc = [operator.attrgetter(n.args[1].target)(gm) for n in gm.graph.nodes
+            if n.op == "call_function" and "conv" in str(n.target) and getattr(n.args[1], "op", "") == "get_attr"]
+    assert nhwc and all(t.is_cuda and t.is_contiguous(memory_format=torch.channels_last) for t in nhwc)
     graphsets = {"single": cm.capture(streams=1), "multi": cm.capture(streams="max")}
     _assert_equal_eager(model, cm, graphsets, mk)
 

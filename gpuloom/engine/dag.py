@@ -89,8 +89,6 @@ def capture_graph(
         fold.restore_batchnorm(gm)
         if reinplace:
             fold.reinplace_elementwise(gm)
-        if channels_last:
-            fold.channels_last(gm)
     except Exception as e:  # export fails in many ways; we report it below if fx fails too
         export_error = e
         try:
@@ -106,8 +104,11 @@ def capture_graph(
                 "Python branches on tensor values) cannot be compiled ahead of time; move that logic "
                 "out of forward() or make it static."
             ) from fx_error
+    # asked for: a failure here is the caller's error, not a fallback to fx
+    nhwc = fold.channels_last(gm) if channels_last and method == "export" else 0
     graph = _build_dag(gm, method)
     graph.folded_batchnorms = folded
+    graph.channels_last_weights = nhwc  # 0 where the fx fallback took the model (no pass applies)
     return graph
 
 

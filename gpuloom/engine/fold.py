@@ -183,29 +183,52 @@ def reinplace_elementwise(gm: fx.GraphModule) -> int:
     return rewritten
 
 
-_CONV2D = {torch.ops.aten.conv2d.default, torch.ops.aten.convolution.default}
+_CONV2D = {torch.ops.aten.conv2d.default, torch.ops.aten.conv2d.padding, torch.ops.aten.convolution.default}
 _STRIDED_VIEWS = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default}
 
 
+def _four_d(node: fx.Node) -> bool:
+    """Whether ``node``'s value is a 4-D tensor (the layouts NHWC applies to); unknown counts as yes."""
+    val = node.meta.get("val")
+    return not isinstance(val, torch.Tensor) or val.dim() == 4
+
+
 def channels_last(gm: fx.GraphModule) -> int:
-    """Store every 4-D convolution weight of ``gm`` channels-last, in place, and turn its views into
-    reshapes (see the module docstring). Returns how many weights; a graph without 2-D convolutions
-    is left as it is."""
+    """Store every 4-D convolution weight of ``gm`` channels-last, in place (see the module
+    docstring). Layout is followed forward from those convolutions through 4-D values: a view of such
+    a value becomes a reshape (a view elsewhere, as in a transformer after its patch embedding, stays
+    a view and no DAG node), and a 4-D graph output is made contiguous again, so callers get eager's
+    strides. Returns how many weights; a graph without such convolutions is left as it is."""
     converted: set[str] = set()
+    nhwc: set[fx.Node] = set()  # values that may now be channels-last
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.target not in _CONV2D or len(node.args) < 2:
             continue
         w = node.args[1]
-        if not isinstance(w, fx.Node) or w.op != "get_attr" or w.target in converted:
+        if not isinstance(w, fx.Node) or w.op != "get_attr":
             continue
-        weight = _attr(gm, w)
-        if weight is None or weight.dim() != 4:
+        if w.target not in converted:
+            weight = _attr(gm, w)
+            if weight is None or weight.dim() != 4:
+                continue
+            _set_attr(gm, w.target, weight.detach().contiguous(memory_format=torch.channels_last))
+            converted.add(w.target)
+        nhwc.add(node)
+    if not converted:
+        return 0
+    for node in gm.graph.nodes:  # in graph order: producers before their users
+        if node in nhwc or node.op != "call_function" or not any(a in nhwc for a in node.all_input_nodes):
             continue
-        _set_attr(gm, w.target, weight.detach().contiguous(memory_format=torch.channels_last))
-        converted.add(w.target)
-    if converted:
-        for node in gm.graph.nodes:
-            if node.op == "call_function" and node.target in _STRIDED_VIEWS:
-                node.target = torch.ops.aten.reshape.default
-        gm.recompile()
+        if node.target in _STRIDED_VIEWS:
+            node.target = torch.ops.aten.reshape.default
+        if _four_d(node):
+            nhwc.add(node)
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    for value in [a for a in output.all_input_nodes if a in nhwc and _four_d(a)]:
+        with gm.graph.inserting_before(output):
+            dense = gm.graph.call_function(torch.ops.aten.clone.default, (value,),
+                                           {"memory_format": torch.contiguous_format})
+        dense.meta = dict(value.meta)
+        output.replace_input_with(value, dense)
+    gm.recompile()
     return len(converted)

@@ -644,9 +644,6 @@ class _CudaLane:
     events: list[tuple] = field(default_factory=list)  # per slot: (t_in, t0, t1, done)
     in_shapes: dict[str, list[tuple]] = field(default_factory=dict)  # model -> (shape, dtype) per input, max_batch rows
     launches: int = 0  # batches launched on the lane (slot = launches % LANE_SLOTS)
-    # outputs="views": buffers of launches that failed after a copy into them may have been queued,
-    # kept until the lane is freed so torch's host cache never hands them out under that copy
-    orphans: list = field(default_factory=list)
     # (event, perf_counter) recorded together on the idle stream: any later event of the lane is at
     # perf_counter time anchor[1] + elapsed(anchor[0], event) (CudaDeviceLayer._anchor)
     anchor: tuple | None = None
@@ -1194,9 +1191,13 @@ class CudaDeviceLayer(DeviceLayer):
             self._anchor(lane, st)
         key = (model, slot)
         out_t, out_np, out_ptr = lane.pinned_out[key], lane.np_out[key], lane.ptr_out[key]
-        views = self.outputs == "views" and self._fresh_outputs(lane, key)
-        if views:
-            out_t, out_np, out_ptr = views
+        views = None
+        if self.outputs == "views":
+            ca = clock()
+            views = self._fresh_outputs(lane, key)
+            self.launch_ms["alloc"] = self.launch_ms.get("alloc", 0.0) + (clock() - ca) * 1e3  # a cache miss: ms
+            if views:
+                out_t, out_np, out_ptr = views
         c0 = clock()
         try:
             if plan is not None:  # the same steps as below, in raw driver calls (gpu/launch.py: why)
@@ -1230,8 +1231,12 @@ class CudaDeviceLayer(DeviceLayer):
                         dst[:n].copy_(src[:n], non_blocking=True)
                     done.record(st)
         except BaseException:
-            if views:  # a copy into them may be queued: they must not go back to torch's cache
-                lane.orphans.append(out_t)
+            # part of the batch may be queued: copies reading the request rows (raw copies: torch does
+            # not know) and writing these output buffers. Let it finish before either can be freed
+            try:
+                st.synchronize()
+            except Exception:  # noqa: BLE001 - a broken context runs nothing more either
+                log.debug("synchronizing lane %s after a failed launch", lane.part, exc_info=True)
             raise
         lane.launches += 1
         c3 = clock()
@@ -1373,6 +1378,8 @@ class CudaDeviceLayer(DeviceLayer):
         try:
             pin = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in lane.pinned_out[key]]
         except RuntimeError as e:
+            if "out of memory" not in str(e).lower():
+                raise  # a CUDA error, not a lack of page-locked memory: the batch fails with it
             self.views_refused += 1
             if self.views_refused == 1:
                 log.warning("outputs=views: no page-locked memory for a batch's outputs (%s); copying instead "
@@ -1465,7 +1472,6 @@ class CudaDeviceLayer(DeviceLayer):
                       lane.ptr_in, lane.ptr_out, lane.plans):
                 d.clear()
             lane.events.clear()
-            lane.orphans.clear()  # after the synchronize above: no copy into them is left
         part = state.get("partitioner")
         state["lanes"].clear()
         del state

@@ -398,6 +398,11 @@ class ExecBackend(Backend):
             # builds left in use could never be evicted
             self._wanted = None
             self._drop_built()
+        # a build still capturing: let it end before the layer goes to another service (or closes)
+        if self._build_lock.acquire(timeout=self.quiet_timeout_s):
+            self._build_lock.release()
+        with self._lock:
+            self._drop_built()
             for ws in self._watchers.values():
                 for w in ws:
                     w.q.put(None)
