@@ -196,6 +196,8 @@ def test_dstack_replans_when_the_rate_shifts(store):
     pol, with_replan = run(True)
     _, without = run(False)
     assert pol.replans >= 1
+    checks = pol.describe()["replan_checks"]  # their host time, reported (on a GPU: the runtime's thread)
+    assert checks["checks"] >= pol.replans and 0 < checks["max_ms"] <= checks["total_ms"] + 0.05
     assert pol.schedule.model("mobilenet_v2").planned_rps >= 1000  # the new plan serves the new rate
     assert with_replan.meta["layouts"] == 1 + pol.replans
     assert with_replan.slo_attainment >= without.slo_attainment - 0.01  # switching costs next to nothing

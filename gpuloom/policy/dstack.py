@@ -123,6 +123,7 @@ import bisect
 import copy
 import dataclasses
 import math
+import time
 from typing import Mapping, Sequence
 
 from ..plan import Demand, RateEstimator, Replanner, Schedule, plan
@@ -358,6 +359,9 @@ class DStackPolicy(Policy):
         self._fresh_parts: set[int] = set()  # partitions freed since the last decision
         self._fresh_models: set[str] = set()  # models whose queue filled since the last decision
         self.replans = 0
+        # host time of the re-plan checks (a check that plans runs the planner): on a GPU they run on
+        # the runtime's thread, holding the interpreter while requests wait to be submitted and launched
+        self.check_wall_ms = {"checks": 0, "total": 0.0, "max": 0.0}
 
     # -- setup ------------------------------------------------------------------------------
     def carry_over(self, previous: Policy) -> None:
@@ -813,8 +817,14 @@ class DStackPolicy(Policy):
         if self._pending is not None:
             return None  # one re-plan at a time: its layout is still being set up (a GPU build takes seconds)
         rates = {m: self.estimator.rate(m, now_s) for m in self.ctx.models}
+        t0 = time.perf_counter()
         d = self.replanner.check(now_s, rates, self.slowness.factors() if self.slowness is not None else None,
                                  self.hold_learner.holds() if self.hold_learner is not None else None)
+        took = (time.perf_counter() - t0) * 1e3
+        cw = self.check_wall_ms
+        cw["checks"] += 1
+        cw["total"] += took
+        cw["max"] = max(cw["max"], took)
         if not d.replan:
             return None
         self.replans += 1
@@ -856,6 +866,8 @@ class DStackPolicy(Policy):
             "turnaround_share": round(turnaround_share(self.schedule, self.turnaround_ms), 4),
             "batch": dict(self.cap),
             "replans": self.replans,
+            "replan_checks": {"checks": self.check_wall_ms["checks"], "max_ms": round(self.check_wall_ms["max"], 2),
+                              "total_ms": round(self.check_wall_ms["total"], 1)},
             "slowdowns": {m: round(f, 3) for m, f in sorted(self._slow.items())},
             "short": list(self.schedule.short),
             "grow": self.grow,
