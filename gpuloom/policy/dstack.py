@@ -866,8 +866,11 @@ class DStackPolicy(Policy):
             "turnaround_share": round(turnaround_share(self.schedule, self.turnaround_ms), 4),
             "batch": dict(self.cap),
             "replans": self.replans,
-            "replan_checks": {"checks": self.check_wall_ms["checks"], "max_ms": round(self.check_wall_ms["max"], 2),
-                              "total_ms": round(self.check_wall_ms["total"], 1)},
+            # served for real only: in a simulation the host's time is no part of the result (and would
+            # make two runs of one simulation differ)
+            **({"replan_checks": {"checks": self.check_wall_ms["checks"], "max_ms": round(self.check_wall_ms["max"], 2),
+                                  "total_ms": round(self.check_wall_ms["total"], 1)}}
+               if not self.ctx.simulated else {}),
             "slowdowns": {m: round(f, 3) for m, f in sorted(self._slow.items())},
             "short": list(self.schedule.short),
             "grow": self.grow,
