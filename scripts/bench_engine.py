@@ -119,8 +119,14 @@ def bench_model(name: str, dtype: torch.dtype, batches: list[int], args) -> dict
     model = model.eval().cuda().to(dtype)
     rec: dict = {"model": name, "dtype": str(dtype).removeprefix("torch."), "input_shape": list(shape), "rows": []}
     examples = {b: torch.randn(b, *shape, device="cuda", dtype=dtype) for b in batches}
+
+    def compiled_with(**option):
+        """gpuloom auto for this row's batches, with an experimental option if one is given."""
+        return gpuloom.compile(model, (examples[batches[0]],), max_batch=max(batches), buckets=batches,
+                               streams="auto", **option)
+
     t0 = time.perf_counter()
-    cm = gpuloom.compile(model, (examples[batches[0]],), max_batch=max(batches), buckets=batches, streams="auto")
+    cm = compiled_with()
     rec["compile_s"] = round(time.perf_counter() - t0, 2)
     rec["ops"] = len(cm.graph.ops)
     rec["capture_method"] = cm.graph.method
@@ -134,13 +140,11 @@ def bench_model(name: str, dtype: torch.dtype, batches: list[int], args) -> dict
     rec["graph_memory_mib_multi"] = round(gs_multi.memory_bytes / 2**20, 1)
     reinplaced = None
     if "gpuloom_reinplace" in args.variants:  # experiment: in-place ReLU/add on single-reader inputs
-        reinplaced = gpuloom.compile(model, (examples[batches[0]],), max_batch=max(batches), buckets=batches,
-                                     streams="auto", reinplace=True)
+        reinplaced = compiled_with(reinplace=True)
     channels_last = None
     if "gpuloom_cl" in args.variants:  # experiment: convolution weights NHWC (torch.compile's layout)
         t1 = time.perf_counter()
-        channels_last = gpuloom.compile(model, (examples[batches[0]],), max_batch=max(batches), buckets=batches,
-                                        streams="auto", channels_last=True)
+        channels_last = compiled_with(channels_last=True)
         rec["compile_s_cl"] = round(time.perf_counter() - t1, 2)
         rec["auto_choice_cl"] = {str(b): k for b, k in channels_last.stream_choice.items()}
     compiled = None

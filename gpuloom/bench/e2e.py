@@ -612,6 +612,13 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
         """The highest load factor measured at the target so far (0 if none)."""
         return max((p.scale for p in points if p.ok(target)), default=0.0)
 
+    def retune_to(s: float) -> None:
+        """Plan for the offered rates at load ``s`` (the same information for every policy), timed."""
+        if retune:
+            t = clock()
+            svc.retune({m.name: workload.mean_rate(m) * s for m in workload.models})
+            seconds["replan"] += clock() - t
+
     try:
         t_setup = clock()
         svc.start()
@@ -627,10 +634,7 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
         seconds["setup"] = clock() - t_setup
 
         def measure(s: float) -> Point:
-            if retune:  # every policy plans for the offered rates of this point, not the last point's
-                t = clock()
-                svc.retune({m.name: workload.mean_rate(m) * s for m in workload.models})
-                seconds["replan"] += clock() - t
+            retune_to(s)  # every policy plans for the offered rates of this point, not the last point's
             t = clock()
             p = run_point(svc, workload, name, scale=s, duration_s=duration_s, pinned_inputs=pinned_inputs,
                           arrivals=arrivals)
@@ -680,10 +684,7 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
 
         first = (scales or [1.0])[0]
         if warmup_s > 0:  # unmeasured: the process's and the service's first seconds under load
-            if retune:
-                t = clock()
-                svc.retune({m.name: workload.mean_rate(m) * first for m in workload.models})
-                seconds["replan"] += clock() - t
+            retune_to(first)
             t = clock()
             run_point(svc, workload, name, scale=first, duration_s=warmup_s, pinned_inputs=pinned_inputs,
                       arrivals=arrivals)

@@ -47,12 +47,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="FILE", default=None, help="write the JSON report here")
 
 
-# variant keys that configure the device layer the service makes, with the service's defaults (one layer
-# per set of them with --share-device)
-DEVICE_KEYS = {"raw_launch": True, "workqueues": "shared", "lane_streams": "compiled", "outputs": "copies"}
+# variant keys that configure the device layer the service makes (one layer per set of them with --share-device)
+DEVICE_KEYS = ("raw_launch", "workqueues", "lane_streams", "outputs")
 # variant keys that configure the service (and pinned_inputs, the load generator); the rest are policy options
-SERVICE_KEYS = ("lookahead_ms", "tune_gc", "switch_interval_ms", "launch_on", "early_answer", "raw_launch",
-                "workqueues", "lane_streams", "outputs", "complete_on", "pinned_inputs", "arrivals", "cpus")
+SERVICE_KEYS = ("lookahead_ms", "tune_gc", "switch_interval_ms", "launch_on", "early_answer", *DEVICE_KEYS,
+                "complete_on", "pinned_inputs", "arrivals", "cpus")
 
 
 def parse_policy_spec(spec: str) -> tuple[str, dict, dict]:
@@ -226,9 +225,13 @@ def run(args: argparse.Namespace) -> int:
         """The layer for these device options (spelled out or left to their defaults alike). The
         other layers give back their cached builds first: a policy never serves beside another
         layer's graphs and green contexts, and within a layer's own memory budget."""
-        from gpuloom.runtime.device import make_device_layer
+        import inspect
 
-        opts = {k: service_opts.get(k, default) for k, default in DEVICE_KEYS.items()}
+        from gpuloom.runtime.device import make_device_layer
+        from gpuloom.runtime.service import InferenceService
+
+        defaults = inspect.signature(InferenceService).parameters  # what a service would make its layer with
+        opts = {k: service_opts.get(k, defaults[k].default) for k in DEVICE_KEYS}
         key = tuple(sorted((k, repr(v)) for k, v in opts.items()))
         for other_key, other in layers.items():
             if other_key != key:

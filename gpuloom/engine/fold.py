@@ -15,10 +15,11 @@ concatenation or an activation, as in DenseNet) into ``_native_batch_norm_legit_
 always runs PyTorch's own kernel; eager ``aten.batch_norm`` picks cuDNN's, measured faster on the
 H200. In inference mode ``batch_norm`` mutates nothing, so putting it back keeps the graph pure.
 
-``channels_last``: every 2-D convolution weight stored NHWC, so that the convolutions run in NHWC
+``channels_last``: every 4-D convolution weight stored NHWC, so that the convolutions run in NHWC
 and the activations between them stay NHWC (cuDNN follows the weight's layout; Inductor makes the
-same choice for convolution nets). A ``view`` may then meet a tensor it cannot view (a flatten of an
-NHWC map), so every view becomes a ``reshape``: a view where one exists, a copy only where not.
+same choice for convolution nets). A ``view`` of such an activation may meet strides it cannot view
+(a flatten of an NHWC map), so those views become ``reshape`` (a view where one exists, a copy only
+where not); views elsewhere stay views.
 """
 
 from __future__ import annotations

@@ -1163,8 +1163,8 @@ class CudaDeviceLayer(DeviceLayer):
         # the slot's count moves on only once the batch is queued (at the end): a launch that fails
         # leaves its slot to the next batch, never the running batch's slot to a third one
         slot = lane.launches % LANE_SLOTS
+        key = (model, slot)
         if not staged:
-            key = (model, slot)
             if key not in lane.np_in:  # callers that did not stage() their rows: once per (model, slot)
                 pin = lane.pinned_in[key] = [torch.empty(sh, dtype=dt, pin_memory=True) for sh, dt in lane.in_shapes[model]]
                 lane.np_in[key] = [t.numpy() for t in pin]
@@ -1189,7 +1189,6 @@ class CudaDeviceLayer(DeviceLayer):
         clock = time.perf_counter
         if lane.anchor is None or clock() - lane.anchor[1] > ANCHOR_S:
             self._anchor(lane, st)
-        key = (model, slot)
         out_t, out_np, out_ptr = lane.pinned_out[key], lane.np_out[key], lane.ptr_out[key]
         views = None
         if self.outputs == "views":

@@ -393,15 +393,13 @@ class ExecBackend(Backend):
         builds and close the device layer (``keep_device=True``: leave it open for another backend)."""
         self._wait_quiet()
         with self._lock:
-            # a re-plan's build ready but not swapped in, or still running (it releases its own when
-            # done, seeing it is no longer wanted): on a layer that stays open for another service,
-            # builds left in use could never be evicted
-            self._wanted = None
-            self._drop_built()
+            self._wanted = None  # a build still running releases its own when done (no longer wanted)
         # a build still capturing: let it end before the layer goes to another service (or closes)
         if self._build_lock.acquire(timeout=self.quiet_timeout_s):
             self._build_lock.release()
         with self._lock:
+            # the re-plan builds ready but never swapped in: on a layer that stays open for another
+            # service, builds left in use could never be evicted
             self._drop_built()
             for ws in self._watchers.values():
                 for w in ws:
