@@ -119,6 +119,15 @@ def test_device_options_reach_the_device_layer_made_for_cuda_and_bad_values_are_
         InferenceService(policy="dstack", device="cpu", lane_streams="many")
     with pytest.raises(ValueError, match="copies"):
         InferenceService(policy="dstack", device="cpu", outputs="borrowed")
+    with pytest.raises(ValueError, match="raw_launch=True"):  # run 62: torch launches + views aborted
+        InferenceService(policy="dstack", device="cpu", outputs="views", raw_launch=False)
+
+
+def test_the_cuda_layer_refuses_views_with_torch_launches_before_it_touches_cuda():
+    from gpuloom.runtime.device import CudaDeviceLayer
+
+    with pytest.raises(ValueError, match="raw_launch=True"):
+        CudaDeviceLayer(outputs="views", raw_launch=False)
 
 
 def test_inputs_are_checked_with_messages_that_say_what_was_expected():

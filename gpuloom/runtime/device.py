@@ -610,10 +610,15 @@ LANE_STREAMS = ("compiled", "single")
 OUTPUTS = ("copies", "views")
 
 
-def check_outputs(outputs: str) -> str:
-    """``outputs`` unchanged, or ValueError unless it is one of :data:`OUTPUTS`."""
+def check_outputs(outputs: str, raw_launch: bool = True) -> str:
+    """``outputs`` unchanged, or ValueError unless it is one of :data:`OUTPUTS` (and "views" comes with
+    raw launches: see :class:`CudaDeviceLayer`)."""
     if outputs not in OUTPUTS:
         raise ValueError(f"outputs: expected one of {OUTPUTS}, got {outputs!r}")
+    if outputs == "views" and not raw_launch:
+        raise ValueError("outputs='views' needs raw_launch=True: torch's copy ties a view's page-locked "
+                         "buffer to the lane's stream, and freeing it after the layout closed aborts the "
+                         "process; use outputs='copies' with torch launches")
     return outputs
 
 
@@ -731,8 +736,13 @@ class CudaDeviceLayer(DeviceLayer):
     back, and a buffer returns to the cache only once its ticket and every view of it are gone, at the
     price of page-locked memory held as long as a caller keeps an output. Where that memory runs out,
     the batch copies out of the slot's buffers instead (:attr:`views_refused`). On the H200 the copy
-    was 3.1-4.7 ms of bert_base's 5-7 ms hold per batch (up to 16 rows, 6 MB; run 61). An experiment
-    until measured side by side.
+    was 3.1-4.7 ms of bert_base's 5-7 ms hold per batch (up to 16 rows, 6 MB; run 61); with views,
+    0.1 ms (run 62). Views need raw launches: torch's asynchronous copy into a buffer of its caching
+    host allocator ties the buffer to the lane's stream, and freeing it after that stream's green
+    context is gone (a caller still holding an output when the layout closes) aborted the process
+    (run 62). So ``outputs="views"`` with ``raw_launch=False`` is refused, and a batch that launches
+    through torch anyway (no driver library, or a bucket with a non-contiguous buffer) copies
+    (:attr:`views_torch_copies`).
     """
 
     kind = "cuda"
@@ -748,7 +758,7 @@ class CudaDeviceLayer(DeviceLayer):
         from ..gpu.partition import check_workqueues
 
         self.lane_streams = check_lane_streams(lane_streams)
-        self.outputs = check_outputs(outputs)
+        self.outputs = check_outputs(outputs, raw_launch)
         self.workqueues = check_workqueues(workqueues)
         self.workqueues_used = ""  # what the last carving got ("" before any)
         self.workqueue_error = ""
@@ -789,6 +799,7 @@ class CudaDeviceLayer(DeviceLayer):
         self.wake_split = {"start": 0.0, "back": 0.0, "batches": 0}
         self.inplace_batches = 0  # batches launched from their requests' own page-locked memory (PinnedRow)
         self.views_refused = 0  # outputs="views": batches copied out because page-locked memory ran out
+        self.views_torch_copies = 0  # outputs="views": batches copied out because they launched through torch
         self._copy_lock = threading.Lock()
         self.torch_launch_plans = 0  # (lane, model, bucket)s launched through torch although raw_launch is on
         from ..gpu.connections import prefer_all_connections
@@ -829,6 +840,9 @@ class CudaDeviceLayer(DeviceLayer):
             except (OSError, AttributeError, DriverError) as e:
                 log.warning("raw launches off, launching through torch: the CUDA driver library did not load (%s)", e)
         self.raw_launch = self._driver is not None
+        if self.outputs == "views" and not self.raw_launch:
+            log.warning("outputs=views: every batch copies its outputs out, as with outputs=copies (views need "
+                        "raw launches, and the driver library did not load)")
 
     def _estimate(self, layout: Layout, models: Sequence[str]) -> float:
         per = {m: max(int(getattr(self.models[m], "memory_bytes", 0) or 0), 1 << 20) for m in models}
@@ -1191,7 +1205,9 @@ class CudaDeviceLayer(DeviceLayer):
             self._anchor(lane, st)
         out_t, out_np, out_ptr = lane.pinned_out[key], lane.np_out[key], lane.ptr_out[key]
         views = None
-        if self.outputs == "views":
+        if self.outputs == "views" and plan is None:  # torch's copy would tie the buffer to the stream
+            self.views_torch_copies += 1
+        elif self.outputs == "views":
             ca = clock()
             views = self._fresh_outputs(lane, key)
             self.launch_ms["alloc"] = self.launch_ms.get("alloc", 0.0) + (clock() - ca) * 1e3  # a cache miss: ms

@@ -463,6 +463,7 @@ class ExecBackend(Backend):
                 "lane_streams": getattr(self.device, "lane_streams", ""),  # CUDA: graphs' streams on the lanes
                 "outputs": getattr(self.device, "outputs", ""),  # CUDA: outputs copied off, or views handed out
                 "views_refused": getattr(self.device, "views_refused", 0),  # CUDA: views wanted, copied (no memory)
+                "views_torch_copies": getattr(self.device, "views_torch_copies", 0),  # views wanted, torch launch: copied
                 "complete_on": self.complete_on,
                 "loop_completions": self.loop_completions,  # batches the device posted the loop for
                 "torch_launch_plans": getattr(self.device, "torch_launch_plans", 0),  # CUDA: buckets torch launched

@@ -393,7 +393,7 @@ class InferenceService:
         self.raw_launch = bool(raw_launch)
         self.workqueues = check_workqueues(workqueues)  # here, not when the device layer is made
         self.lane_streams = check_lane_streams(lane_streams)
-        self.outputs = check_outputs(outputs)
+        self.outputs = check_outputs(outputs, self.raw_launch)
         self.complete_on = check_complete_on(complete_on)
         if not expiry_grace_s > 0:
             raise ValueError(f"expiry_grace_s must be > 0 s, got {expiry_grace_s!r}")
