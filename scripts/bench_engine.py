@@ -138,15 +138,14 @@ def bench_model(name: str, dtype: torch.dtype, batches: list[int], args) -> dict
     gs_multi = cm.capture(streams="max")
     rec["graph_memory_mib_single"] = round(gs_single.memory_bytes / 2**20, 1)
     rec["graph_memory_mib_multi"] = round(gs_multi.memory_bytes / 2**20, 1)
-    reinplaced = None
-    if "gpuloom_reinplace" in args.variants:  # experiment: in-place ReLU/add on single-reader inputs
-        reinplaced = compiled_with(reinplace=True)
-    channels_last = None
-    if "gpuloom_cl" in args.variants:  # experiment: convolution weights NHWC (torch.compile's layout)
-        t1 = time.perf_counter()
-        channels_last = compiled_with(channels_last=True)
-        rec["compile_s_cl"] = round(time.perf_counter() - t1, 2)
-        rec["auto_choice_cl"] = {str(b): k for b, k in channels_last.stream_choice.items()}
+    experiments = {}  # variant -> gpuloom auto compiled with that experiment's option
+    for key, option in EXPERIMENTS.items():
+        if key in args.variants:
+            t1 = time.perf_counter()
+            experiments[key] = compiled_with(**option)
+            suffix = key.removeprefix("gpuloom_")
+            rec[f"compile_s_{suffix}"] = round(time.perf_counter() - t1, 2)
+            rec[f"auto_choice_{suffix}"] = {str(b): k for b, k in experiments[key].stream_choice.items()}
     compiled = None
     rec["torch_compile_batches"] = sorted(args.torch_compile_batches & set(batches)) \
         if "torch_compile" in args.variants else []
@@ -162,10 +161,7 @@ def bench_model(name: str, dtype: torch.dtype, batches: list[int], args) -> dict
             "gpuloom_multi": graphset_call(gs_multi, b),
             "gpuloom_auto": lambda v: cm(v),
         }
-        if reinplaced is not None:
-            variants["gpuloom_reinplace"] = lambda v: reinplaced(v)
-        if channels_last is not None:
-            variants["gpuloom_cl"] = lambda v: channels_last(v)
+        variants.update(experiments)
         if compiled is not None and b in args.torch_compile_batches:
             tc = time.perf_counter()
             for _ in range(3):
@@ -192,8 +188,16 @@ def bench_model(name: str, dtype: torch.dtype, batches: list[int], args) -> dict
         rec["rows"].append(row)
         print(f"  {name} {rec['dtype']} b{b}: " + ", ".join(
             f"{k[:-3]} {v:.3f}" for k, v in row.items() if k.endswith("_ms")), flush=True)
-    del cm, gs_single, gs_multi, compiled, reinplaced, channels_last
+    del cm, gs_single, gs_multi, compiled, experiments
     return rec
+
+
+#: experimental variants: gpuloom auto compiled with one more option each
+EXPERIMENTS = {
+    "gpuloom_reinplace": {"reinplace": True},  # in-place ReLU/add on single-reader inputs
+    "gpuloom_cl": {"channels_last": True},  # convolution weights NHWC (torch.compile's layout)
+    "gpuloom_cl_auto": {"channels_last": "auto"},  # both layouts timed, the faster kept per bucket
+}
 
 
 def add_ratios(row: dict) -> None:
@@ -338,8 +342,9 @@ def main() -> int:
     p.add_argument("--dtypes", default="float32,float16")
     p.add_argument("--batches", default="1,8")
     p.add_argument("--variants", default="eager,torch_compile,cuda_graph,gpuloom",
-                   help="drop torch_compile to save its compile time; add gpuloom_reinplace or gpuloom_cl "
-                        "(convolution weights channels-last) for those experiments")
+                   help="drop torch_compile to save its compile time; add gpuloom_reinplace, gpuloom_cl "
+                        "(convolution weights channels-last) or gpuloom_cl_auto (both layouts timed, the faster "
+                        "kept per bucket) for those experiments")
     p.add_argument("--torch-compile-batches", default="1,8",
                    help="batches on which the torch_compile variant runs (it compiles once per batch size)")
     p.add_argument("--warmup", type=int, default=50, help="untimed calls per variant before timing")

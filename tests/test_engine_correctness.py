@@ -95,6 +95,10 @@ def test_lanes_and_the_profiler_capture_each_bucket_as_compile_kept_it():
     assert capture_groups(cm) == {"forward": [1], "max": [2, 8], 1: [4]}  # no choice (8): Nimble's streams
     assert capture_groups(cm, single=True) == {"forward": [1], 1: [2, 4, 8]}
     assert capture_groups(types.SimpleNamespace(buckets=(1, 2), stream_choice={})) == {"max": [1, 2]}
+    # compile(channels_last="auto"): the channels-last kinds are captured again as themselves
+    cl = types.SimpleNamespace(buckets=(1, 2, 4), stream_choice={1: "single", 2: "multi_cl", 4: "single_cl"})
+    assert capture_groups(cl) == {1: [1], "multi_cl": [2], "single_cl": [4]}
+    assert capture_groups(cl, single=True) == {1: [1], "single_cl": [2, 4]}
 
 
 def test_a_host_read_in_a_forward_is_caught_before_any_capture():

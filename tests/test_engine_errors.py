@@ -244,6 +244,64 @@ def test_channels_last_rewrites_only_the_views_of_nhwc_maps_and_returns_eagers_s
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+def test_the_channels_last_variant_shares_all_but_the_convolution_weights_and_equals_eager():
+    """compile(channels_last="auto") times a second DAG with NHWC convolutions beside the first. The
+    variant must leave the first graph's weights as they were, hold only the converted weights twice,
+    and compute what eager does (run here without graphs: on the CPU there is nothing to time)."""
+    import operator
+
+    from gpuloom.engine.capture import InputSpec
+    from gpuloom.engine.compiled import CompiledModel
+    from gpuloom.engine.dag import capture_graph, channels_last_variant
+    from engine_models import zoo
+
+    model, shapes, dtype = zoo()["resnet18"]
+    model = model.eval()
+    x = torch.randn(2, *shapes[0], dtype=dtype)
+    graph = capture_graph(model, (x,), max_batch=4)
+    variant = channels_last_variant(graph)
+    assert variant is not None and variant.channels_last_weights > 0 and graph.channels_last_weights == 0
+    tensor = lambda g, target: operator.attrgetter(target)(g.module)
+    reads = {n.target for n in graph.module.graph.nodes if n.op == "get_attr"}
+    conv_weights = {n.args[1].target for n in graph.module.graph.nodes
+                    if n.op == "call_function" and "conv" in str(n.target) and getattr(n.args[1], "op", "") == "get_attr"}
+    assert conv_weights and conv_weights < reads
+    for target in reads:
+        first, second = tensor(graph, target), tensor(variant, target)
+        if target in conv_weights:
+            assert first.is_contiguous() and second.is_contiguous(memory_format=torch.channels_last)
+            # a 1x1 kernel is already both: it is shared as it is; every other one is a copy
+            assert (first.data_ptr() == second.data_ptr()) == first.is_contiguous(memory_format=torch.channels_last)
+        else:
+            assert first.data_ptr() == second.data_ptr()  # shared, not copied
+    cm = CompiledModel(graph, [InputSpec("x", tuple(shapes[0]), dtype, x.device)], [x], max_batch=4,
+                       buckets=(1, 2, 4), streams="auto", device=x.device, graph_cl=variant)
+    for ex in cm._executors.values():
+        ex.refresh_attrs()
+    y = torch.randn(3, *shapes[0], dtype=dtype)
+    with torch.no_grad():
+        want = model(y)
+    for streams in ("max", 1, "multi_cl", "single_cl"):
+        torch.testing.assert_close(cm.run_eager_plan(y, streams=streams), want, rtol=1e-4, atol=1e-4)
+    assert channels_last_variant(capture_graph(nn.Sequential(nn.Linear(4, 2)).eval(), (torch.randn(2, 4),),
+                                               max_batch=4)) is None  # no convolution: no variant
+    plain = CompiledModel(graph, cm.specs, [x], max_batch=4, buckets=(1, 2, 4), streams="auto", device=x.device)
+    with pytest.raises(ValueError, match="channels_last='auto'"):
+        plain.run_eager_plan(y, streams="multi_cl")
+
+
+def test_channels_last_auto_is_a_timed_choice_and_bad_values_are_refused():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
+    x = torch.randn(2, 3, 8, 8)
+    cm = gpuloom.compile(model, x, max_batch=4, channels_last="auto")  # CPU: nothing to time, plain DAG
+    assert cm.graph_cl is None and cm.graph.channels_last_weights == 0
+    _assert_equal_eager(model, cm, [(3, 8, 8)], torch.float32, atol=1e-5)
+    with pytest.raises(ValueError, match="streams='auto'"):
+        gpuloom.compile(model, x, max_batch=4, streams=1, channels_last="auto")
+    with pytest.raises(ValueError, match="False, True or 'auto'"):
+        gpuloom.compile(model, x, max_batch=4, channels_last="yes")
+
+
 @pytest.mark.parametrize("bad, error, message", [
     (lambda x, y: (x.double(), y), ValueError, r"dtype torch.float64.*never casts"),
     (lambda x, y: (x, torch.randn(2, 5, 10)), ValueError, r"shape \(2, 5, 10\)"),

@@ -61,6 +61,33 @@ def test_graphs_equal_eager_on_gpu(name):
     _assert_equal_eager(model, cm, graphsets, mk)
 
 
+@pytest.mark.parametrize("name", ["resnet18", "googlenet"])
+def test_channels_last_auto_keeps_a_layout_per_bucket_and_every_candidate_equals_eager_on_gpu(name):
+    """compile(channels_last="auto"): each bucket keeps one of the five candidates (the DAG on one or
+    Nimble's streams in either layout, or the forward); the NHWC DAG's graphs, captured again by
+    kind as the runtime's lanes do, equal eager, and so does the user path."""
+    from gpuloom.engine.compiled import capture_groups
+
+    model, shapes, dtype = zoo(224)[name]
+    model = model.eval().cuda()
+    mk = lambda b: tuple(torch.randn(b, *s, device="cuda", dtype=dtype) for s in shapes)
+    cm = gpuloom.compile(model, mk(1), max_batch=8, streams="auto", channels_last="auto")
+    assert cm.graph_cl is not None and cm.graph_cl.channels_last_weights > 0 and cm.graph.channels_last_weights == 0
+    assert set(cm.stream_choice.values()) <= {"single", "multi", "forward", "single_cl", "multi_cl"}
+    _assert_equal_eager(model, cm, {k: cm.capture(streams=k) for k in ("single_cl", "multi_cl")}, mk)
+    for streams, buckets in capture_groups(cm).items():  # as the lanes capture it again
+        gs = cm.capture(streams=streams, buckets=buckets)
+        for b in buckets:
+            xs = mk(b)
+            with torch.no_grad():
+                want = _flat(model(*xs))
+            for static, x in zip(gs.inputs(b), xs):
+                static.copy_(x)
+            gs.replay(b, stream=torch.cuda.current_stream())
+            for g, w in zip(_flat(gs.outputs(b)), want):
+                torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4, msg=lambda m: f"{streams} b{b}: {m}")
+
+
 @pytest.mark.parametrize("name", ["resnet18", "googlenet", "mobilenet_v3_small"])
 def test_channels_last_graphs_equal_eager_on_gpu(name):
     """compile(channels_last=True): the DAG's single- and multi-stream graphs (NHWC convolutions)

@@ -63,7 +63,8 @@ class CapturedBucket:
     graph: torch.cuda.CUDAGraph
     inputs: list[torch.Tensor]
     outputs: Any
-    kind: str  # "single", "multi" (the DAG on one stream or on its plan's) or "forward" (the model's own)
+    kind: str  # "single", "multi" (the DAG on one stream or on its plan's), "forward" (the model's own),
+    # "single_cl" / "multi_cl" (the channels-last DAG, compile(channels_last="auto"))
     num_streams: int
     latency_ms: float | None = None  # measured at compile time when streams="auto"
 
@@ -228,8 +229,9 @@ def capture_graphs(
 ) -> GraphSet:
     """Capture one graph per bucket.
 
-    ``executors`` maps "single" / "multi" (and optionally "forward") to executors; ``choice`` is one
-    of those or "auto": capture each candidate, time it, keep the fastest per bucket. In "auto" the
+    ``executors`` maps "single" / "multi" (and optionally "forward", "single_cl" / "multi_cl") to
+    executors; ``choice`` is one of those or "auto": capture each candidate, time it, keep the fastest
+    per bucket. In "auto" the
     DAG's candidates must capture; the forward is skipped, with the reason in ``skipped``, where it
     cannot (a host sync in the user's code that the DAG does not have). Streams come from
     ``stream_factory`` (default: new torch streams on the current device), the first one being the
@@ -246,6 +248,8 @@ def capture_graphs(
     if choice == "auto":
         kinds = ["single"] + (["multi"] if executors["multi"].plan.num_streams > 1 else [])
         kinds += ["forward"] if "forward" in executors else []
+        if "single_cl" in executors:  # compile(channels_last="auto"): the NHWC DAG competes too
+            kinds += ["single_cl"] + (["multi_cl"] if executors["multi_cl"].plan.num_streams > 1 else [])
     skipped: dict[int, str] = {}
     skipped_kinds: dict[str, str] = {}  # an optional candidate that failed once, and why
     cudnn_benchmark = torch.backends.cudnn.benchmark

@@ -16,17 +16,19 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .capture import GraphSet, InputSpec, StreamFactory, capture_graphs
-from .dag import CaptureError, OpGraph, capture_graph
+from .dag import CaptureError, OpGraph, capture_graph, channels_last_variant
 from .executor import ForwardExecutor, StreamExecutor
 from .streams import StreamPlan, assign_streams, single_stream_plan
 
 __all__ = ["compile", "CompiledModel", "CaptureError", "capture_groups", "default_buckets"]
 
 # the user's ``streams`` option -> which executor's graphs are captured ("auto": time the candidates, keep
-# the fastest per bucket; "forward", for CompiledModel.capture only: the plain graph of the model's forward)
-_CAPTURE_KIND = {"auto": "auto", "max": "multi", 1: "single", "forward": "forward"}
+# the fastest per bucket; "forward", for CompiledModel.capture only: the plain graph of the model's forward;
+# "single_cl" / "multi_cl", likewise: the channels-last DAG of compile(channels_last="auto"))
+_CAPTURE_KIND = {"auto": "auto", "max": "multi", 1: "single", "forward": "forward",
+                 "single_cl": "single_cl", "multi_cl": "multi_cl"}
 # CompiledModel.stream_choice's kinds -> the ``streams`` that captures that kind again
-STREAMS_OF_KIND = {"single": 1, "multi": "max", "forward": "forward"}
+STREAMS_OF_KIND = {"single": 1, "multi": "max", "forward": "forward", "single_cl": "single_cl", "multi_cl": "multi_cl"}
 # bound on CompiledModel._accepted (signatures are at most max_batch per input type; this is a guard)
 _MAX_ACCEPTED = 4096
 
@@ -46,8 +48,9 @@ class CompiledModel:
 
     Attributes: ``plan`` (the multi-stream :class:`StreamPlan`), ``buckets``, ``memory_bytes`` (graph
     memory), ``device``, ``stream_choice`` (bucket -> "single"/"multi"/"forward" actually kept: the DAG
-    on one stream, on Nimble's streams, or the model's own forward), ``graph`` (the operator DAG),
-    ``compile_seconds``.
+    on one stream, on Nimble's streams, or the model's own forward; with ``channels_last="auto"`` also
+    "single_cl"/"multi_cl", the channels-last DAG), ``graph`` (the operator DAG), ``graph_cl`` (the
+    channels-last DAG, or None), ``compile_seconds``.
     """
 
     def __init__(
@@ -61,8 +64,10 @@ class CompiledModel:
         streams: str | int,
         device: torch.device,
         module: torch.nn.Module | None = None,
+        graph_cl: OpGraph | None = None,
     ) -> None:
         self.graph = graph
+        self.graph_cl = graph_cl
         self.specs = specs
         self.max_batch = max_batch
         self.buckets = buckets
@@ -79,6 +84,10 @@ class CompiledModel:
         }
         if module is not None:  # the user's forward: a candidate of "auto" (see ForwardExecutor)
             self._executors["forward"] = ForwardExecutor(module, single_stream_plan(1, [], names=["forward"]))
+        if graph_cl is not None:  # candidates of "auto" too: the same DAG with NHWC convolutions
+            n_cl, edges_cl, names_cl = len(graph_cl.ops), graph_cl.edges, graph_cl.names
+            self._executors["multi_cl"] = StreamExecutor(graph_cl, assign_streams(n_cl, edges_cl, names=names_cl))
+            self._executors["single_cl"] = StreamExecutor(graph_cl, single_stream_plan(n_cl, edges_cl, names=names_cl))
         self._graphs: GraphSet | None = None
         self.compile_seconds = 0.0
 
@@ -97,8 +106,9 @@ class CompiledModel:
         """Capture graphs for ``buckets`` (default: all) on streams from ``stream_factory``.
 
         Pass a partition's stream factory to confine every kernel to that partition's SMs. ``streams``
-        overrides the compile-time choice ("auto", "max", 1, or "forward": the plain graph of the
-        model's own forward, where compile kept the model); ``warmup`` eager runs precede each
+        overrides the compile-time choice ("auto", "max", 1, "forward": the plain graph of the
+        model's own forward, where compile kept the model, or "single_cl"/"multi_cl": the
+        channels-last DAG of ``channels_last="auto"``); ``warmup`` eager runs precede each
         capture (cuDNN picks its algorithms there). The returned :class:`GraphSet` owns its
         static buffers and pool; keep it alive as long as you replay it.
         """
@@ -106,11 +116,14 @@ class CompiledModel:
             raise RuntimeError("CompiledModel.capture needs a CUDA device; this model was compiled for "
                                f"{self.device}")
         if streams is not None and streams not in _CAPTURE_KIND:
-            raise ValueError(f"streams must be one of 'auto', 'max', 1 or 'forward', got {streams!r}")
+            raise ValueError(f"streams must be one of {', '.join(map(repr, _CAPTURE_KIND))}, got {streams!r}")
         choice = self.choice if streams is None else _CAPTURE_KIND[streams]
         if choice == "forward" and "forward" not in self._executors:
             raise ValueError("streams='forward' needs the model's own forward, which compile did not keep "
                              "(its parameters were not all on the compile device)")
+        if choice.endswith("_cl") and choice not in self._executors:
+            raise ValueError(f"streams={choice!r} needs the channels-last DAG of compile(channels_last='auto'), "
+                             "which this model does not have (not asked for, or no convolution to convert)")
         wanted = tuple(buckets) if buckets is not None else self.buckets
         unknown = [b for b in wanted if b not in self.buckets]
         if unknown:
@@ -243,9 +256,14 @@ class CompiledModel:
         return _slice(out, n, b, copy=not zero_copy)
 
     def run_eager_plan(self, *inputs: torch.Tensor, streams: str | int = "max") -> Any:
-        """Run the DAG without graphs (debugging): on CPU in order, on GPU on the plan's streams."""
+        """Run the DAG without graphs (debugging): on CPU in order, on GPU on the plan's streams.
+        ``streams``: "max", 1, or "multi_cl"/"single_cl" (the channels-last DAG, where compiled)."""
         self._check(inputs)
-        ex = self._executors["single" if streams == 1 else "multi"]
+        kind = {1: "single", "max": "multi"}.get(streams, streams)
+        if kind not in ("single", "multi", "single_cl", "multi_cl") or kind not in self._executors:
+            raise ValueError(f"streams must be 'max' or 1 (or 'multi_cl'/'single_cl' after compile(channels_last="
+                             f"'auto') of a model with convolutions), got {streams!r}")
+        ex = self._executors[kind]
         if self.device.type != "cuda":
             return ex.run(inputs)
         with torch.no_grad():
@@ -277,13 +295,14 @@ def _slice(value: Any, n: int, bucket: int, *, copy: bool) -> Any:
 def capture_groups(cm: Any, *, single: bool = False) -> dict[Any, list[int]]:
     """``cm``'s buckets grouped by the ``streams`` argument of ``cm.capture`` that captures each again
     the way compile kept it (``stream_choice``: "single" -> 1, "multi" -> "max", "forward" ->
-    "forward"; a bucket without a choice, "max"). ``single``: multi-stream buckets get 1 instead."""
+    "forward", the channels-last kinds -> themselves; a bucket without a choice, "max"). ``single``:
+    multi-stream buckets get one stream instead (1, or "single_cl")."""
     choice = dict(getattr(cm, "stream_choice", None) or {})
     groups: dict[Any, list[int]] = {}
     for b in cm.buckets:
         kind = choice.get(b, "multi")
-        if single and kind == "multi":
-            kind = "single"
+        if single and kind.startswith("multi"):
+            kind = kind.replace("multi", "single")
         groups.setdefault(STREAMS_OF_KIND[kind], []).append(b)
     return groups
 
@@ -310,7 +329,7 @@ def compile(
     input_names: Sequence[str] | None = None,
     fold_batchnorm: bool = True,
     reinplace: bool = False,
-    channels_last: bool = False,
+    channels_last: bool | str = False,
     progress: Callable[[str], None] | None = None,
 ) -> CompiledModel:
     """Compile ``model`` ahead of time into multi-stream CUDA graphs, one per batch bucket.
@@ -332,8 +351,13 @@ def compile(
             (experimental, off until measured on the GPU).
         channels_last: store the convolution weights NHWC, so the convolutions and the activations
             between them run channels-last (tensor-core friendly; torch.compile's layout for
-            convolution nets, which won most batch-8 rows). Experimental, off until measured on the
-            GPU. The model's own forward, a candidate of ``streams="auto"``, keeps its layout.
+            convolution nets, which won most batch-8 rows). The model's own forward, a candidate of
+            ``streams="auto"``, keeps its layout. ``"auto"`` (with ``streams="auto"``, on the GPU): time
+            the channels-last DAG's graphs beside the others and keep the fastest per bucket (the
+            convolution weights are then held in both layouts). On the H200 channels-last ran
+            resnet50, resnet101, inception_v3 and nasnetalarge 1.24-1.48x faster at batch 1 (float32)
+            and mobilenet_v2, efficientnet_b0 and googlenet 11-18% slower. Off by default until the
+            runtime's profiles are measured with it.
         progress: called with a short message at each compile stage.
 
     Raises:
@@ -354,6 +378,11 @@ def compile(
         raise TypeError("example_inputs must be a tensor or a tuple of tensors with a batch dimension first")
     if streams not in ("auto", "max", 1):
         raise ValueError(f"streams must be one of 'auto', 'max' or 1, got {streams!r}")
+    if not (isinstance(channels_last, bool) or channels_last == "auto"):
+        raise ValueError(f"channels_last must be False, True or 'auto', got {channels_last!r}")
+    if channels_last == "auto" and streams != "auto":
+        raise ValueError("channels_last='auto' times both layouts, which only streams='auto' does; "
+                         f"got streams={streams!r} (pass channels_last=True or False with it)")
     if not isinstance(max_batch, int) or max_batch < 1:
         raise ValueError(f"max_batch must be a positive int, got {max_batch!r}")
     dev = torch.device(device) if device is not None else _model_device(model, example_inputs)
@@ -370,8 +399,12 @@ def compile(
 
     say("capturing the operator graph")
     graph = capture_graph(model, example_inputs, max_batch=max_batch, fold_batchnorm=fold_batchnorm,
-                          reinplace=reinplace, channels_last=channels_last)
+                          reinplace=reinplace, channels_last=channels_last is True)
     graph.module.to(dev)
+    graph_cl = None
+    if channels_last == "auto" and dev.type == "cuda":  # a timed choice: there is nothing to time on the CPU
+        say("building the channels-last variant of the graph")
+        graph_cl = channels_last_variant(graph)
     names = list(input_names) if input_names else [
         n.name for n in graph.module.graph.nodes if n.op == "placeholder"
     ]
@@ -380,7 +413,7 @@ def compile(
     specs = [InputSpec(nm, tuple(x.shape[1:]), x.dtype, dev) for nm, x in zip(names, example_inputs)]
     cm = CompiledModel(graph, specs, [x.detach() for x in example_inputs], max_batch=max_batch,
                        buckets=bucket_list, streams=streams, device=dev,
-                       module=model if _all_on(model, dev) else None)
+                       module=model if _all_on(model, dev) else None, graph_cl=graph_cl)
     for ex in cm._executors.values():
         ex.refresh_attrs()
     if dev.type == "cuda":

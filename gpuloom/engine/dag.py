@@ -13,6 +13,7 @@ through any chain of free nodes, a value produced by op ``a``.
 
 from __future__ import annotations
 
+import copy
 import operator
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -57,6 +58,7 @@ class OpGraph:
     edges: list[tuple[int, int]]
     op_index: dict[fx.Node, int] = field(default_factory=dict)
     folded_batchnorms: int = 0  # BatchNorms folded into convolutions
+    channels_last_weights: int = 0  # convolution weights stored NHWC (fold.channels_last)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -110,6 +112,24 @@ def capture_graph(
     graph.folded_batchnorms = folded
     graph.channels_last_weights = nhwc  # 0 where the fx fallback took the model (no pass applies)
     return graph
+
+
+def channels_last_variant(graph: OpGraph) -> OpGraph | None:
+    """A second DAG of ``graph``'s model with its convolution weights channels-last (``fold``), for
+    ``compile(channels_last="auto")`` to time beside the first: a copy of the graph on a module of its
+    own that shares every tensor except the convolution weights it stores NHWC, so the first graph is
+    unchanged and only those weights take memory twice. None where no pass applies (an fx-captured
+    model, or one without 4-D convolution weights)."""
+    if graph.method != "export":
+        return None
+    gm = fx.GraphModule(graph.module, copy.deepcopy(graph.module.graph))  # shares the tensors it reads
+    converted = fold.channels_last(gm)
+    if not converted:
+        return None
+    variant = _build_dag(gm, "export")
+    variant.folded_batchnorms = graph.folded_batchnorms
+    variant.channels_last_weights = converted
+    return variant
 
 
 def _export(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], max_batch: int) -> fx.GraphModule:

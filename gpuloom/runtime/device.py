@@ -1100,7 +1100,8 @@ class CudaDeviceLayer(DeviceLayer):
             sum(gs.memory_bytes for ln in state["lanes"] for gs in ln.graph_sets()))
 
     def _stream_groups(self, cm: Any) -> dict[Any, list[int]]:
-        """Buckets by the ``streams`` to capture them with (1, "max" or "forward"). compile() already
+        """Buckets by the ``streams`` to capture them with (1, "max", "forward", or "single_cl" /
+        "multi_cl" for a model compiled with ``channels_last="auto"``). compile() already
         chose per bucket (timed on the whole GPU); each group is captured with its choice, from a
         fresh factory of the lane's few streams. ``lane_streams="single"``: no multi-stream graph."""
         from ..engine.compiled import capture_groups
