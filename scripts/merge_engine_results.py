@@ -10,6 +10,13 @@ is measured side by side in one process.
 
 adds the torch.compile comparison: each (model, dtype, batch) with a ``torch_compile_ms`` from the last
 of these runs that has one, against gpuloom auto timed in the same process (not the main table's run).
+
+    ... --layouts docs/results/engine_runs/run18_fp32_b1_channels_last.json ...
+
+adds the channels-last comparison the same way: each row with a ``gpuloom_cl_ms`` (``compile(channels_last=
+True)``) against gpuloom auto and eager of its own process, with the geometric means over eager of auto,
+channels-last and the faster of the two per row (what ``channels_last="auto"`` keeps where its
+compile-time timing agrees), and the Nimble targets for each.
 """
 
 from __future__ import annotations
@@ -64,12 +71,50 @@ def torch_compile_summary(tc: list[dict], results: list[dict]) -> dict:
     }
 
 
+def layout_rows(paths: list[str]) -> list[dict]:
+    """One row per (model, dtype, batch) timed with channels-last weights: the last run in ``paths`` that has it."""
+    rows: dict[tuple[str, str, int], dict] = {}
+    for path in paths:
+        for rec in json.loads(Path(path).read_text())["results"]:
+            for row in rec.get("rows", ()):
+                if row.get("gpuloom_cl_ms") and row.get("gpuloom_auto_ms") and row.get("eager_ms"):
+                    auto, cl = row["gpuloom_auto_ms"], row["gpuloom_cl_ms"]
+                    rows[(rec["model"], rec["dtype"], row["batch"])] = {
+                        "model": rec["model"], "dtype": rec["dtype"], "batch": row["batch"],
+                        "eager_ms": row["eager_ms"], "gpuloom_auto_ms": auto, "gpuloom_cl_ms": cl,
+                        "gpuloom_cl_auto_ms": row.get("gpuloom_cl_auto_ms"),
+                        "cl_over_auto": round(auto / cl, 3), "run": Path(path).name}
+    return sorted(rows.values(), key=lambda r: (r["dtype"] != "float32", r["model"], r["batch"]))
+
+
+def layout_summary(rows: list[dict]) -> dict:
+    """Per (dtype, batch): geometric means over eager of auto, channels-last and the faster of the two,
+    and, at float32 batch 1, each Nimble target met by which."""
+    out = {}
+    for dtype, batch in sorted({(r["dtype"], r["batch"]) for r in rows}):
+        sel = [r for r in rows if (r["dtype"], r["batch"]) == (dtype, batch)]
+        speed = {k: {r["model"]: r["eager_ms"] / ms(r) for r in sel} for k, ms in (
+            ("auto", lambda r: r["gpuloom_auto_ms"]), ("channels_last", lambda r: r["gpuloom_cl_ms"]),
+            ("faster", lambda r: min(r["gpuloom_auto_ms"], r["gpuloom_cl_ms"])))}
+        entry = {"models": len(sel), **{f"geomean_{k}_over_eager": round(geomean(v.values()), 3) for k, v in speed.items()},
+                 "channels_last_faster": sorted(r["model"] for r in sel if r["cl_over_auto"] > TIE),  # beyond noise
+                 "channels_last_slower": sorted(r["model"] for r in sel if r["cl_over_auto"] < 1 / TIE),
+                 "geomean_cl_over_auto": round(geomean([r["cl_over_auto"] for r in sel]), 3)}
+        if (dtype, batch) == ("float32", 1):
+            entry["nimble_targets"] = {m: {"target": t, **{k: round(v[m], 2) for k, v in speed.items()}}
+                                       for m, t in NIMBLE_V100.items() if m in speed["auto"]}
+        out[f"{dtype}_b{batch}"] = entry
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("runs", nargs="+")
     p.add_argument("--out", default="docs/results/engine_h200.json")
     p.add_argument("--torch-compile", nargs="*", default=[], metavar="RUN",
                    help="runs with a torch.compile column, merged row by row into the torch.compile comparison")
+    p.add_argument("--layouts", nargs="*", default=[], metavar="RUN",
+                   help="runs with a gpuloom_cl column, merged row by row into the channels-last comparison")
     args = p.parse_args()
     merged: dict[tuple[str, str], dict] = {}
     meta = None
@@ -99,8 +144,11 @@ def main() -> int:
     tc = torch_compile_rows(args.torch_compile)
     if tc:
         summary["torch_compile"] = torch_compile_summary(tc, results)
+    layouts = layout_rows(args.layouts)
+    if layouts:
+        summary["channels_last"] = layout_summary(layouts)
     out = {**meta, "runs": sorted({r["run"] for r in results}), "results": results, "summary": summary,
-           **({"torch_compile": tc} if tc else {})}
+           **({"torch_compile": tc} if tc else {}), **({"channels_last": layouts} if layouts else {})}
     Path(args.out).write_text(json.dumps(out, indent=1))
 
     print("| model | dtype | batch | eager | cuda graph | gpuloom 1 stream | gpuloom multi | gpuloom auto "
@@ -136,6 +184,13 @@ def main() -> int:
             eager = f"{r['eager_ms']:.3f}" if r["eager_ms"] else "-"
             print(f"| {r['model']} | {r['dtype'].replace('float', 'fp')} | {r['batch']} | {eager} "
                   f"| {r['gpuloom_auto_ms']:.3f} | {r['torch_compile_ms']:.3f} | {win} | {r['run']} |")
+    if layouts:
+        print()
+        print("| model | dtype | batch | eager | gpuloom auto | channels-last | channels-last vs auto | run |")
+        print("|" + "---|" * 8)
+        for r in layouts:
+            print(f"| {r['model']} | {r['dtype'].replace('float', 'fp')} | {r['batch']} | {r['eager_ms']:.3f} "
+                  f"| {r['gpuloom_auto_ms']:.3f} | {r['gpuloom_cl_ms']:.3f} | {r['cl_over_auto']:.2f}x | {r['run']} |")
     print()
     print(json.dumps(summary, indent=1))
     return 0

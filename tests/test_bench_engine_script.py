@@ -65,3 +65,31 @@ def test_torch_compile_rows_merge_last_run_first_and_name_the_rows_still_missing
     assert s["wins"] == {"gpuloom": 1, "torch_compile": 1, "tie": 1}
     assert "googlenet float32 b8" in s["missing"] and "resnet50 float16 b1" in s["missing"]
     assert "resnet50 float32 b8" not in s["missing"] and len(s["missing"]) == 8 - 3
+
+
+def test_layout_rows_take_the_last_run_and_the_summary_keeps_the_faster_layout_per_row(tmp_path):
+    import json
+    import math
+
+    merge = load_script("merge_engine_results")
+
+    def run(name, rows):
+        path = tmp_path / name
+        path.write_text(json.dumps({"results": [
+            {"model": m, "dtype": "float32", "rows": [{"batch": 1, "eager_ms": e, "gpuloom_auto_ms": a,
+                                                       "gpuloom_cl_ms": c}]} for m, e, a, c in rows]}))
+        return str(path)
+
+    old = run("old.json", [("resnet50", 8.0, 1.0, 0.5)])
+    new = run("new.json", [("resnet50", 8.0, 1.0, 0.8), ("mobilenet_v2", 4.0, 0.4, 0.5),
+                           ("googlenet", 4.0, 0.5, None)])  # no channels-last figure: not a row
+    rows = merge.layout_rows([old, new])
+    assert [(r["model"], r["gpuloom_cl_ms"], r["run"]) for r in rows] == [
+        ("mobilenet_v2", 0.5, "new.json"), ("resnet50", 0.8, "new.json")]
+    s = merge.layout_summary(rows)["float32_b1"]
+    assert s["channels_last_faster"] == ["resnet50"] and s["channels_last_slower"] == ["mobilenet_v2"]
+    assert s["models"] == 2
+    assert math.isclose(s["geomean_auto_over_eager"], math.sqrt(8.0 * 10.0), rel_tol=1e-3)
+    assert math.isclose(s["geomean_channels_last_over_eager"], math.sqrt(10.0 * 8.0), rel_tol=1e-3)
+    assert math.isclose(s["geomean_faster_over_eager"], math.sqrt(10.0 * 10.0), rel_tol=1e-3)
+    assert s["nimble_targets"]["resnet50"] == {"target": 4.3, "auto": 8.0, "channels_last": 10.0, "faster": 10.0}
