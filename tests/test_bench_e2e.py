@@ -180,6 +180,10 @@ def test_a_malformed_or_unknown_policy_variant_is_refused_with_the_expected_spel
     assert "no_such_option" in capsys.readouterr().err
     assert bench.run(p.parse_args([str(tmp_path / "two.yaml"), "--tiny", "--policy", "dstack:arrivals=later"])) == 2
     assert "arrivals must be thread or loop" in capsys.readouterr().err
+    # refused before any policy is measured, not when its turn comes
+    assert bench.run(p.parse_args([str(tmp_path / "two.yaml"), "--tiny", "--policy",
+                                   "triton,dstack:raw_launch=false:outputs=views"])) == 2
+    assert "raw_launch=True" in capsys.readouterr().err
 
 
 def test_arrivals_on_the_runtime_loop_submit_every_request_from_the_loop_thread(tmp_path, monkeypatch):

@@ -286,8 +286,13 @@ def test_the_channels_last_variant_shares_all_but_the_convolution_weights_and_eq
     assert channels_last_variant(capture_graph(nn.Sequential(nn.Linear(4, 2)).eval(), (torch.randn(2, 4),),
                                                max_batch=4)) is None  # no convolution: no variant
     plain = CompiledModel(graph, cm.specs, [x], max_batch=4, buckets=(1, 2, 4), streams="auto", device=x.device)
-    with pytest.raises(ValueError, match="channels_last='auto'"):
+    with pytest.raises(ValueError, match="channels_last='auto'.*not asked for"):
         plain.run_eager_plan(y, streams="multi_cl")
+    cm.drop_channels_last()  # what compile does where no bucket kept it
+    assert cm.graph_cl is None and not any(k.endswith("_cl") for k in cm._executors)
+    with pytest.raises(ValueError, match="no bucket kept it"):
+        cm.run_eager_plan(y, streams="single_cl")
+    torch.testing.assert_close(cm.run_eager_plan(y), want, rtol=1e-4, atol=1e-4)
 
 
 def test_channels_last_auto_is_a_timed_choice_and_bad_values_are_refused():

@@ -255,6 +255,37 @@ def test_output_views_stay_each_requests_own_while_later_batches_run(models):
     gc.collect()
 
 
+def test_batches_launched_through_torch_copy_and_leave_callers_page_locked_memory_untied(models, monkeypatch):
+    """With the driver loaded but no raw plan for a bucket, a batch launches through torch: with
+    outputs="views" it copies its outputs out (views_torch_copies), and inputs lying in the caller's
+    page-locked memory (pinned_empty) go through the lane's own buffers. Either torch copy would tie
+    the caller's memory to the lane's stream, and freeing it after the service closed aborted the
+    process (run 63): here every input and output is freed only after close."""
+    from gpuloom.runtime.device import CudaDeviceLayer
+
+    monkeypatch.setattr(CudaDeviceLayer, "_raw_plan", lambda self, *a, **k: None)
+    rng = np.random.default_rng(5)
+    svc = serve("dstack", models, outputs="views")
+    try:
+        dev = svc.device
+        xs = []
+        for i in range(24):
+            x = dev.pinned_empty((1 + i % 4, 3, 32, 32), np.float32)
+            x[...] = rng.standard_normal(x.shape)
+            xs.append(x)
+        got = [(x, svc.submit("wide", {"x": x}).result(30)["output0"]) for x in xs]
+        for x, y in got:
+            with dev.exclusive(), torch.inference_mode():
+                ref = models["wide"][2](torch.from_numpy(np.array(x)).cuda()).cpu().numpy()
+            assert np.abs(y - ref).max() <= 1e-2 * max(1e-6, np.abs(ref).max())
+        be = svc.stats()["backend"]
+        assert be["views_torch_copies"] > 0 and be["batches"] > 0 and be["inplace_batches"] == 0, be
+    finally:
+        svc.close()
+    del got, xs, x
+    gc.collect()
+
+
 def test_inputs_in_page_locked_memory_are_launched_in_place_with_eager_outputs(models):
     """device.pinned_empty / register_host: a request whose inputs lie there is not staged at
     submit; its rows are copied to the device from where they are."""

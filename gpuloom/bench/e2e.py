@@ -197,7 +197,7 @@ def build_models(workload: Workload, *, tiny: bool, device: str, max_batch: int 
 
 # the device layer's counters a point reports: how its batches ran, as the point's increase, and
 # the layout's build history, as totals at its end
-BATCH_COUNTERS = ("eager_batches", "inplace_batches", "torch_launch_plans")
+BATCH_COUNTERS = ("eager_batches", "inplace_batches", "torch_launch_plans", "views_refused", "views_torch_copies")
 BUILD_COUNTERS = ("heuristic_captures", "skipped_captures", "recarved_layouts", "slow_carvings", "short_carvings")
 DEVICE_COUNTERS = BATCH_COUNTERS + BUILD_COUNTERS
 

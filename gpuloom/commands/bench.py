@@ -137,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuloom.bench.workload import WorkloadError, load_workload
     from gpuloom.policy import make_policy, policy_names
     from gpuloom.runtime.affinity import parse_cpus, pinned
+    from gpuloom.runtime.device import check_outputs
 
     console = Console(stderr=True)
     try:
@@ -162,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             make_policy(name, **opts)
             check_arrivals(service_opts.get("arrivals", "thread"))
+            check_outputs(service_opts.get("outputs", "copies"), bool(service_opts.get("raw_launch", True)))
             if "cpus" in service_opts:
                 parse_cpus(str(service_opts["cpus"]))
         except (TypeError, ValueError) as e:

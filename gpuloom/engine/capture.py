@@ -22,6 +22,8 @@ from .dag import CaptureError, with_batch
 from .executor import ForwardExecutor, StreamExecutor
 
 StreamFactory = Callable[[], torch.cuda.Stream]
+#: candidates of "auto" that may fail to capture without failing the compile (the DAG's own must not)
+OPTIONAL_KINDS = ("forward", "single_cl", "multi_cl")
 
 # cuDNN's autotuner runs during each capture's warm-up. On a small SM partition (a green context of
 # 8-16 SMs) some of the algorithms it tries fail to launch (CUDNN_STATUS_EXECUTION_FAILED, seen on
@@ -77,7 +79,7 @@ class GraphSet:
     streams: list[torch.cuda.Stream]
     pool: Any
     memory_bytes: int  # graph pool + static buffers, bytes
-    skipped: dict[int, str] = field(default_factory=dict)  # bucket -> why "auto" left its forward out
+    skipped: dict[int, str] = field(default_factory=dict)  # bucket -> which optional candidates "auto" left out, why
 
     @property
     def stream(self) -> torch.cuda.Stream:
@@ -231,9 +233,10 @@ def capture_graphs(
 
     ``executors`` maps "single" / "multi" (and optionally "forward", "single_cl" / "multi_cl") to
     executors; ``choice`` is one of those or "auto": capture each candidate, time it, keep the fastest
-    per bucket. In "auto" the
-    DAG's candidates must capture; the forward is skipped, with the reason in ``skipped``, where it
-    cannot (a host sync in the user's code that the DAG does not have). Streams come from
+    per bucket. In "auto" the DAG's candidates must capture; the forward and the channels-last DAG
+    (:data:`OPTIONAL_KINDS`) are skipped, with the reason in ``skipped``, where they cannot (a host
+    sync in the user's code that the DAG does not have; a convolution that fails channels-last).
+    Streams come from
     ``stream_factory`` (default: new torch streams on the current device), the first one being the
     capture stream. Buckets are captured largest first so smaller ones reuse the shared pool's memory.
     """
@@ -264,20 +267,21 @@ def capture_graphs(
                 best: CapturedBucket | None = None
                 for kind in kinds:
                     if kind in skipped_kinds:
-                        skipped[b] = skipped_kinds[kind]
+                        skipped[b] = "; ".join(filter(None, (skipped.get(b), skipped_kinds[kind])))
                         continue
                     ex = executors[kind]
-                    optional = kind == "forward" and len(kinds) > 1
+                    optional = kind in OPTIONAL_KINDS and len(kinds) > 1
                     try:
                         graph, out = _capture_one(ex, streams, static_in, pool, warmup, strict_sync=kind == "forward")
                     except Exception as e:  # noqa: BLE001 - only the optional candidate may fail
                         if not optional:
                             raise
-                        # try no other bucket's forward (what failed here fails there)
+                        # try this candidate in no other bucket (what failed here fails there)
                         torch.cuda.synchronize()
-                        skipped[b] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                        why = f"{kind}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                        skipped[b] = "; ".join(filter(None, (skipped.get(b), why)))
                         if not isinstance(e, torch.cuda.OutOfMemoryError):  # a smaller bucket may fit
-                            skipped_kinds[kind] = skipped[b]
+                            skipped_kinds[kind] = why
                         continue
                     entry = CapturedBucket(b, graph, static_in, out, kind, ex.plan.num_streams)
                     if len(kinds) > 1:

@@ -89,6 +89,7 @@ class CompiledModel:
             self._executors["multi_cl"] = StreamExecutor(graph_cl, assign_streams(n_cl, edges_cl, names=names_cl))
             self._executors["single_cl"] = StreamExecutor(graph_cl, single_stream_plan(n_cl, edges_cl, names=names_cl))
         self._graphs: GraphSet | None = None
+        self._cl_dropped = False  # compile timed the channels-last DAG, no bucket kept it, it was freed
         self.compile_seconds = 0.0
 
     # -- construction ---------------------------------------------------------------------------
@@ -123,7 +124,7 @@ class CompiledModel:
                              "(its parameters were not all on the compile device)")
         if choice.endswith("_cl") and choice not in self._executors:
             raise ValueError(f"streams={choice!r} needs the channels-last DAG of compile(channels_last='auto'), "
-                             "which this model does not have (not asked for, or no convolution to convert)")
+                             f"which this model does not have: {self._no_channels_last_why()}")
         wanted = tuple(buckets) if buckets is not None else self.buckets
         unknown = [b for b in wanted if b not in self.buckets]
         if unknown:
@@ -131,6 +132,19 @@ class CompiledModel:
         with torch.cuda.device(self.device):
             return capture_graphs(self._executors, self._examples, wanted, choice=choice,
                                   stream_factory=stream_factory, warmup=warmup)
+
+    def drop_channels_last(self) -> None:
+        """Free the channels-last DAG (its NHWC weights) once no bucket uses it."""
+        self.graph_cl = None
+        self._executors.pop("single_cl", None)
+        self._executors.pop("multi_cl", None)
+        self._cl_dropped = True
+
+    def _no_channels_last_why(self) -> str:
+        if self._cl_dropped:
+            return "compile timed it and no bucket kept it, so it was freed"
+        return ("not asked for, compiled for the CPU (nothing to time there), captured with torch.fx, or no 4-D "
+                "convolution weight to convert")
 
     @property
     def memory_bytes(self) -> int:
@@ -260,9 +274,11 @@ class CompiledModel:
         ``streams``: "max", 1, or "multi_cl"/"single_cl" (the channels-last DAG, where compiled)."""
         self._check(inputs)
         kind = {1: "single", "max": "multi"}.get(streams, streams)
-        if kind not in ("single", "multi", "single_cl", "multi_cl") or kind not in self._executors:
-            raise ValueError(f"streams must be 'max' or 1 (or 'multi_cl'/'single_cl' after compile(channels_last="
-                             f"'auto') of a model with convolutions), got {streams!r}")
+        if kind not in ("single", "multi", "single_cl", "multi_cl"):
+            raise ValueError(f"streams must be 'max', 1, 'multi_cl' or 'single_cl', got {streams!r}")
+        if kind not in self._executors:
+            raise ValueError(f"streams={streams!r} needs the channels-last DAG of compile(channels_last='auto'), "
+                             f"which this model does not have: {self._no_channels_last_why()}")
         ex = self._executors[kind]
         if self.device.type != "cuda":
             return ex.run(inputs)
@@ -356,8 +372,9 @@ def compile(
             the channels-last DAG's graphs beside the others and keep the fastest per bucket (the
             convolution weights are then held in both layouts). On the H200 channels-last ran
             resnet50, resnet101, inception_v3 and nasnetalarge 1.24-1.48x faster at batch 1 (float32)
-            and mobilenet_v2, efficientnet_b0 and googlenet 11-18% slower. Off by default until the
-            runtime's profiles are measured with it.
+            and mobilenet_v2, efficientnet_b0 and googlenet 11-18% slower. Where no bucket keeps it,
+            the channels-last DAG is freed after compile. Off by default: the runtime compiles
+            without it, and its shipped profiles were measured without it.
         progress: called with a short message at each compile stage.
 
     Raises:
@@ -403,8 +420,9 @@ def compile(
     graph.module.to(dev)
     graph_cl = None
     if channels_last == "auto" and dev.type == "cuda":  # a timed choice: there is nothing to time on the CPU
-        say("building the channels-last variant of the graph")
         graph_cl = channels_last_variant(graph)
+        say("built the channels-last variant of the graph" if graph_cl is not None else
+            "no channels-last variant: no 4-D convolution weight to convert, or the model was captured with torch.fx")
     names = list(input_names) if input_names else [
         n.name for n in graph.module.graph.nodes if n.op == "placeholder"
     ]
@@ -420,6 +438,9 @@ def compile(
         say(f"capturing CUDA graphs for buckets {bucket_list}")
         cm._graphs = cm.capture()
         for b, why in sorted(cm._graphs.skipped.items()):
-            say(f"bucket {b}: the model's own forward could not be captured, timed the DAG only ({why})")
+            say(f"bucket {b}: timed without the candidates that could not be captured ({why})")
+        if cm.graph_cl is not None and not any(k.endswith("_cl") for k in cm.stream_choice.values()):
+            cm.drop_channels_last()
+            say("no bucket kept the channels-last graph: its weights are freed")
     cm.compile_seconds = time.perf_counter() - t0
     return cm

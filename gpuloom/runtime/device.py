@@ -1169,9 +1169,20 @@ class CudaDeviceLayer(DeviceLayer):
         n = len(rows)
         b = self.models[model].bucket_for(n)
         gs = sets[b]
+        st = gs.stream
+        entry = gs.buckets[b]
+        static_out = lane.static_out.get((model, b))
+        if static_out is None:
+            from ..engine.dag import flat_tensors
+
+            static_out = lane.static_out[(model, b)] = flat_tensors(entry.outputs)
+        plan = self._raw_plan(lane, model, b, entry, static_out, st) if self._driver is not None else None
         # rows already in page-locked memory: pinned torch tensors from stage(), or PinnedRows (numpy
-        # views of memory from pinned_empty/register_host) on the raw path
-        staged = all(not isinstance(r[0], np.ndarray) or (type(r) is PinnedRow and self._driver is not None)
+        # views of memory from pinned_empty/register_host) on the raw path. A torch copy out of the
+        # caller's page-locked memory would tie it to the lane's stream, and freeing it after the
+        # layout closed aborts the process (run 63): without a raw plan, PinnedRows go through the
+        # lane's own buffers
+        staged = all(not isinstance(r[0], np.ndarray) or (type(r) is PinnedRow and plan is not None)
                      for r in rows)
         if staged and type(rows[0]) is PinnedRow:
             self.inplace_batches += 1
@@ -1186,13 +1197,6 @@ class CudaDeviceLayer(DeviceLayer):
                 lane.ptr_in[key] = [t.data_ptr() for t in pin]
             for j, buf in enumerate(lane.np_in[key]):
                 np.stack([r[j] for r in rows], out=buf[:n])
-        st = gs.stream
-        entry = gs.buckets[b]
-        static_out = lane.static_out.get((model, b))
-        if static_out is None:
-            from ..engine.dag import flat_tensors
-
-            static_out = lane.static_out[(model, b)] = flat_tensors(entry.outputs)
         while len(lane.events) <= slot:
             evs = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True),
                    torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True, blocking=self.blocking_sync))
@@ -1200,7 +1204,6 @@ class CudaDeviceLayer(DeviceLayer):
                 e.record(st)
             lane.events.append(evs)
         t_in, t0, t1, done = lane.events[slot]
-        plan = self._raw_plan(lane, model, b, entry, static_out, st) if self._driver is not None else None
         clock = time.perf_counter
         if lane.anchor is None or clock() - lane.anchor[1] > ANCHOR_S:
             self._anchor(lane, st)

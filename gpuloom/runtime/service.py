@@ -351,8 +351,10 @@ class InferenceService:
             of each bucket's compile-time choice (``"compiled"``, default); an experiment
             (:class:`~gpuloom.runtime.device.CudaDeviceLayer`). Not measured yet.
         outputs: on CUDA, ``"views"`` hands requests views of a finished batch's page-locked output
-            buffers instead of copies of their rows (``"copies"``, default); an experiment
-            (:class:`~gpuloom.runtime.device.CudaDeviceLayer`). Not measured yet.
+            buffers instead of copies of their rows (``"copies"``, default); off by default until
+            measured on more than one machine (run 62: bert_base's copy 1.94 -> 0.10 ms a batch).
+            Needs ``raw_launch=True`` (refused otherwise: see
+            :class:`~gpuloom.runtime.device.CudaDeviceLayer`).
         complete_on: ``"watcher"`` (default) or ``"loop"``: who learns that a batch is done
             (:attr:`ExecBackend.COMPLETE_ON`). ``"loop"``: the GPU wakes the runtime's thread itself
             (a host function posting its semaphore; raw launches only), which books the batch, where
