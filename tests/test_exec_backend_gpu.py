@@ -41,6 +41,16 @@ def models():
     return out
 
 
+def pinned_inputs(dev, rng, n):
+    """``n`` random batches of 1-4 rows for the test nets, each in page-locked memory of its own."""
+    xs = []
+    for i in range(n):
+        x = dev.pinned_empty((1 + i % 4, 3, 32, 32), np.float32)
+        x[...] = rng.standard_normal(x.shape)
+        xs.append(x)
+    return xs
+
+
 def serve(policy, models, **kw):
     from gpuloom.runtime.service import InferenceService
 
@@ -268,11 +278,7 @@ def test_batches_launched_through_torch_copy_and_leave_callers_page_locked_memor
     svc = serve("dstack", models, outputs="views")
     try:
         dev = svc.device
-        xs = []
-        for i in range(24):
-            x = dev.pinned_empty((1 + i % 4, 3, 32, 32), np.float32)
-            x[...] = rng.standard_normal(x.shape)
-            xs.append(x)
+        xs = pinned_inputs(dev, rng, 24)
         got = [(x, svc.submit("wide", {"x": x}).result(30)["output0"]) for x in xs]
         for x, y in got:
             with dev.exclusive(), torch.inference_mode():
@@ -295,11 +301,7 @@ def test_inputs_in_page_locked_memory_are_launched_in_place_with_eager_outputs(m
     svc = serve("dstack", models)
     try:
         dev = svc.device
-        xs = []
-        for i in range(20):
-            x = dev.pinned_empty((1 + i % 4, 3, 32, 32), np.float32)
-            x[...] = rng.standard_normal(x.shape)
-            xs.append(x)
+        xs = pinned_inputs(dev, rng, 20)
         arena = (ctypes.c_char * (1 << 20))()  # plain host memory, page-locked in place (a worker's arena)
         a = np.frombuffer(arena, np.float32)[: 2 * 3 * 32 * 32].reshape(2, 3, 32, 32)
         a[...] = rng.standard_normal(a.shape)
