@@ -30,6 +30,17 @@ def test_example_repository_reads_and_builds_with_its_weights():
     assert not module.training
 
 
+def test_channels_last_reaches_the_model_config(tmp_path):
+    text = (REPO / "tiny_cnn.yaml").read_text() + "\nchannels_last: auto\n"
+    path = tmp_path / "tiny_cnn.yaml"
+    path.write_text(text)
+    (tmp_path / "nets.py").write_text((REPO / "nets.py").read_text())
+    config, _ = load_repository(path).models["tiny_cnn"].build()
+    assert config.channels_last == "auto"
+    default, _ = load_repository(REPO / "tiny_cnn.yaml").models["tiny_cnn"].build()
+    assert default.channels_last is False
+
+
 def test_outputs_are_found_by_running_the_model_when_not_written():
     config, _ = load_repository(REPO / "tiny_cnn.yaml").models["tiny_cnn"].build()
     assert [(o.name, o.shape, o.dtype) for o in config.outputs] == [("logits", (10,), "float32"), ("embedding", (8,), "float32")]
@@ -50,6 +61,8 @@ def _write(tmp_path, text, name="m.yaml"):
     ("name: a\nsource: x:y\ninputs: [{name: x, shape: [3]}]\nmax_batch: 0\n", "max_batch must be a positive integer"),
     ("models: [{name: a, source: 'x:y', inputs: [{name: x}]}, {name: a, source: 'x:y', inputs: [{name: x}]}]\n", "defined twice"),
     ("name: [\n", "not valid YAML"),
+    ("name: a\nsource: x:y\ninputs: [{name: x, shape: [3]}]\nchannels_last: yes please\n",
+     "channels_last must be true, false or auto"),
 ])
 def test_repository_mistakes_name_the_field(tmp_path, text, needle):
     with pytest.raises(RepositoryError, match=None) as e:

@@ -70,6 +70,35 @@ def test_cpu_end_to_end_two_tiny_models_match_eager_for_every_request(launch_on)
     svc.close()
 
 
+def test_a_model_configured_channels_last_is_compiled_so_and_served_equal_to_eager():
+    """ModelConfig.channels_last reaches gpuloom.compile (on the CPU True applies the pass; "auto" is a
+    timed choice made only on the GPU) and the served outputs stay eager's; a bad value is refused."""
+    import torch
+
+    torch.manual_seed(0)
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                               torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 5)).eval()
+    spec = (TensorSpec("x", (3, 6, 6), "float32"),)
+    svc = InferenceService(policy="triton", device="cpu")
+    svc.start()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            svc.load(ModelConfig("nhwc", spec, max_batch=4, slo_ms=500, channels_last=True), conv)
+            svc.load(ModelConfig("auto", spec, max_batch=4, slo_ms=500, channels_last="auto"), conv)
+        assert svc._models["nhwc"].runner.graph.channels_last_weights == 1
+        assert svc._models["auto"].runner.graph_cl is None  # nothing to time on the CPU
+        x = np.random.default_rng(1).standard_normal((3, 3, 6, 6)).astype(np.float32)
+        with torch.no_grad():
+            want = conv(torch.from_numpy(x)).numpy()
+        for name in ("nhwc", "auto"):
+            np.testing.assert_allclose(svc.submit(name, {"x": x}).result(20)["output0"], want, rtol=1e-4, atol=1e-4)
+    finally:
+        svc.close()
+    with pytest.raises(ValueError, match="channels_last must be false, true or 'auto'"):
+        ModelConfig("bad", spec, channels_last="yes")
+
+
 def test_launch_on_auto_runs_batches_inline_on_the_cpu_and_on_the_loop_elsewhere():
     """The default (``"auto"``): on the CPU device the runtime's thread runs each batch itself (no
     watcher hand-off); on any other device (here the fake) the watcher waits for it as before."""

@@ -115,6 +115,9 @@ class ModelConfig:
     slo_ms: float = 100.0  # latency objective of a request, ms (its default deadline)
     weight: float = 1.0  # fairness weight when the GPU is short
     rate_hint: float = 50.0  # expected requests/s, for the first plan
+    # gpuloom.compile's channels_last for this model: False, True (convolutions NHWC) or "auto" (both
+    # layouts timed per bucket on the GPU). The planner's profile stays the one looked up by name
+    channels_last: bool | str = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))
@@ -133,6 +136,9 @@ class ModelConfig:
                 raise ValueError(f"model {self.name!r}: {what} must be a positive number, got {v!r}")
         if not (isinstance(self.rate_hint, (int, float)) and self.rate_hint >= 0):
             raise ValueError(f"model {self.name!r}: rate_hint must be >= 0 requests/s, got {self.rate_hint!r}")
+        if not (isinstance(self.channels_last, bool) or self.channels_last == "auto"):
+            raise ValueError(f"model {self.name!r}: channels_last must be false, true or 'auto', "
+                             f"got {self.channels_last!r}")
 
     @functools.cached_property
     def _input_names(self) -> frozenset[str]:
@@ -1113,7 +1119,7 @@ class InferenceService:
         elif isinstance(module, torch.nn.Module):
             module = module.eval().to(dev)
             cm = gpuloom.compile(module, tuple(examples), max_batch=config.max_batch, device=dev,
-                                 input_names=[t.name for t in config.inputs])
+                                 input_names=[t.name for t in config.inputs], channels_last=config.channels_last)
         else:
             raise TypeError(f"load expects a torch.nn.Module, got {type(module).__name__}")
         want_in = [(t.shape, t.dtype) for t in config.inputs]

@@ -15,6 +15,7 @@ A repository is one YAML file or a directory of them (``*.yaml``/``*.yml`` direc
         weight: 1.0          # share of the GPU under oversubscription (fairness weight)
         rate_hint: 50        # expected requests/s before the runtime has measured any
         seed: 0              # optional: torch.manual_seed before building (reproducible random init)
+        channels_last: false # optional: true runs the convolutions NHWC, auto times both layouts (GPU)
 
 Paths (weights, ``file.py`` sources) are relative to the YAML file. Weights are never unpickled as
 objects: safetensors, or ``torch.load(weights_only=True)`` which refuses anything but tensors and plain
@@ -37,6 +38,7 @@ __all__ = ["RepositoryError", "TensorEntry", "ModelEntry", "Repository", "load_r
 
 _ALLOWED_KEYS = {
     "name", "source", "kwargs", "weights", "inputs", "outputs", "max_batch", "slo_ms", "weight", "rate_hint", "seed",
+    "channels_last",
 }
 
 
@@ -72,6 +74,7 @@ class ModelEntry:
     kwargs: dict = field(default_factory=dict, hash=False, compare=False)
     origin: Path | None = None  # the YAML file it came from
     seed: int | None = None  # torch.manual_seed before the factory runs (random-init models reproducible)
+    channels_last: bool | str = False  # gpuloom.compile's option: False, True or "auto"
 
     # -- building ---------------------------------------------------------------------------
     def build(self):
@@ -105,6 +108,7 @@ class ModelEntry:
             slo_ms=self.slo_ms,
             weight=self.weight,
             rate_hint=self.rate_hint,
+            channels_last=self.channels_last,
         )
         return config, module
 
@@ -254,8 +258,12 @@ def parse_model(m: Any, origin: Path | None) -> ModelEntry:
     seed = m.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise RepositoryError(f"{where}: seed must be a non-negative integer, found {seed!r}")
+    channels_last = m.get("channels_last", False)
+    if not (isinstance(channels_last, bool) or channels_last == "auto"):
+        raise RepositoryError(f"{where}: channels_last must be true, false or auto, found {channels_last!r}")
     return ModelEntry(
         seed=seed,
+        channels_last=channels_last,
         name=name,
         source=source,
         inputs=_tensors(m.get("inputs"), f"{where}: inputs"),
