@@ -40,6 +40,20 @@ def test_profile_command_on_cpu_exits_nonzero_with_a_clear_message(monkeypatch, 
     assert "needs a CUDA GPU" in capsys.readouterr().out
 
 
+def test_a_channels_last_profile_compiles_so_and_says_so_in_its_runner():
+    """A model served with channels_last needs a profile timed that way: the engine runner compiles
+    with the option and names it (the profile's ``runner``); a plain graph cannot apply it."""
+    from gpuloom.profile.profiler import EngineRunner, make_runner
+
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()).eval()
+    spec = ModelSpec("conv", conv, ((3, 8, 8),), (torch.float32,))
+    runner = EngineRunner(spec, (1, 2), device="cpu", channels_last=True)
+    assert runner.cm.graph.channels_last_weights == 1 and runner.kind == "engine:channels_last=true"
+    assert EngineRunner(spec, (1, 2), device="cpu").kind == "engine"
+    with pytest.raises(ValueError, match="needs runner 'engine' or 'auto'"):
+        make_runner(spec, (1, 2), runner="graph", device="cpu", channels_last=True)
+
+
 def test_profile_command_rejects_a_bad_batch_list(capsys):
     from gpuloom.cli import main
 

@@ -40,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="engine: gpuloom.compile graphs; graph: single-stream CUDA graph of the eager model; "
                         "auto: engine, falling back to graph")
     p.add_argument("--input-shape", type=_shape, default=None, help="input shape without batch, e.g. 3x224x224")
+    p.add_argument("--channels-last", choices=("false", "true", "auto"), default="false",
+                   help="compile as a served model with this channels_last would be (repository key "
+                        "channels_last): true runs convolutions NHWC, auto times both layouts per bucket")
     p.add_argument("--out", default="out/profiles", help="directory for <model>.json and <model>.png")
     p.add_argument("--store", default=None, help="also put the profiles into this ProfileStore directory")
     p.add_argument("--no-png", action="store_true", help="skip the plots")
@@ -64,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     for name in args.models:
         spec = load_model(name, device=f"cuda:{args.device}", input_shape=args.input_shape)
         prof_run = profile_model(spec, batches=args.batch, sms=args.sms, runner=args.runner, device=args.device,
-                                 eps=args.eps, log=console.print)
+                                 eps=args.eps, log=console.print,
+                                 channels_last={"false": False, "true": True}.get(args.channels_last, "auto"))
         paths = write_outputs(prof_run, args.out, eps=args.eps, png=not args.no_png)
         if store is not None:
             store.put(prof_run.profile)

@@ -250,13 +250,15 @@ class EngineRunner:
     kind = "engine"
 
     def __init__(self, spec: ModelSpec, buckets: Sequence[int], device: str | torch.device = "cuda",
-                 streams: str | int = "auto") -> None:
+                 streams: str | int = "auto", channels_last: bool | str = False) -> None:
         import gpuloom
 
         self.spec, self.buckets = spec, tuple(sorted(buckets))
+        # the profile says what was timed: a model served with channels_last needs a profile made so
+        self.kind = "engine" if channels_last is False else f"engine:channels_last={str(channels_last).lower()}"
         example = spec.make_inputs(1, device)
         self.cm = gpuloom.compile(spec.module, tuple(example), max_batch=self.buckets[-1], streams=streams,
-                                  device=device, buckets=self.buckets)
+                                  device=device, buckets=self.buckets, channels_last=channels_last)
         from ..engine.compiled import capture_groups
 
         self.choice = {b: ch for ch, bs in capture_groups(self.cm).items() for b in bs}
@@ -284,13 +286,16 @@ class EngineRunner:
 
 
 def make_runner(spec: ModelSpec, buckets: Sequence[int], *, runner: str = "auto", device: str = "cuda",
-                log: Callable[[str], None] = print) -> Runner:
-    """``runner="engine"``, ``"graph"`` or ``"auto"`` (the engine, falling back to a plain graph)."""
+                log: Callable[[str], None] = print, channels_last: bool | str = False) -> Runner:
+    """``runner="engine"``, ``"graph"`` or ``"auto"`` (the engine, falling back to a plain graph).
+    ``channels_last``: the engine's option (``gpuloom.compile``); a plain graph keeps the model's layout."""
     if runner not in ("auto", "engine", "graph"):
         raise ValueError(f"runner: expected 'auto', 'engine' or 'graph', got {runner!r}")
+    if channels_last is not False and runner == "graph":
+        raise ValueError("channels_last is gpuloom.compile's option: it needs runner 'engine' or 'auto'")
     if runner in ("auto", "engine"):
         try:
-            return EngineRunner(spec, buckets, device)
+            return EngineRunner(spec, buckets, device, channels_last=channels_last)
         except Exception as e:  # noqa: BLE001 - the fallback is documented; say why it was taken
             if runner == "engine":
                 raise
@@ -359,7 +364,8 @@ class ProfileRun:
 def profile_model(spec: ModelSpec, *, batches: Sequence[int] = DEFAULT_BATCHES, sms: Sequence[int] | None = None,
                   runner: str | Runner = "auto", device: int = 0, eps: float = 0.1, progress: bool = True,
                   predict: bool = True, knee_method: str = DEFAULT_VARIANT, warmup: int = 2, min_reps: int = 5,
-                  max_reps: int = 40, target_ms: float = 40.0, log: Callable[[str], None] = print) -> ProfileRun:
+                  max_reps: int = 40, target_ms: float = 40.0, log: Callable[[str], None] = print,
+                  channels_last: bool | str = False) -> ProfileRun:
     """Measure ``spec``'s latency on every (batch, SM count) of the grid, inside real partitions.
 
     ``sms`` defaults to the device's grid (granularity steps up to the whole device). Returns a
@@ -375,7 +381,8 @@ def profile_model(spec: ModelSpec, *, batches: Sequence[int] = DEFAULT_BATCHES, 
     batches = tuple(sorted(set(int(b) for b in batches)))
     t0 = time.perf_counter()
     if isinstance(runner, str):
-        run_obj = make_runner(spec, batches, runner=runner, device=f"cuda:{device}", log=log)
+        run_obj = make_runner(spec, batches, runner=runner, device=f"cuda:{device}", log=log,
+                              channels_last=channels_last)
     else:
         run_obj = runner
     setup = time.perf_counter() - t0

@@ -116,7 +116,8 @@ class ModelConfig:
     weight: float = 1.0  # fairness weight when the GPU is short
     rate_hint: float = 50.0  # expected requests/s, for the first plan
     # gpuloom.compile's channels_last for this model: False, True (convolutions NHWC) or "auto" (both
-    # layouts timed per bucket on the GPU). The planner's profile stays the one looked up by name
+    # layouts timed per bucket on the GPU). The planner's profile stays the one looked up by name (the
+    # shipped ones were timed without it; `gpuloom profile --channels-last` times one with it)
     channels_last: bool | str = False
 
     def __post_init__(self) -> None:
