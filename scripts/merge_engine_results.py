@@ -39,22 +39,34 @@ def geomean(xs):
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
-def torch_compile_rows(paths: list[str]) -> list[dict]:
-    """One row per (model, dtype, batch) timed with torch.compile: the last run in ``paths`` that has it."""
+def last_rows(paths: list[str], make_row) -> list[dict]:
+    """One row per (model, dtype, batch) that ``make_row(rec, row)`` makes (None: the row lacks what it
+    needs), from the last run in ``paths`` that has it, tagged with that run; float32 first."""
     rows: dict[tuple[str, str, int], dict] = {}
     for path in paths:
         for rec in json.loads(Path(path).read_text())["results"]:
             for row in rec.get("rows", ()):
-                if row.get("torch_compile_ms") and row.get("gpuloom_auto_ms"):
-                    gl, tc = row["gpuloom_auto_ms"], row["torch_compile_ms"]
-                    ratio = tc / gl if gl <= tc else gl / tc
+                made = make_row(rec, row)
+                if made is not None:
                     rows[(rec["model"], rec["dtype"], row["batch"])] = {
-                        "model": rec["model"], "dtype": rec["dtype"], "batch": row["batch"],
-                        "eager_ms": row.get("eager_ms"), "gpuloom_auto_ms": gl, "torch_compile_ms": tc,
-                        "torch_compile_s": row.get("torch_compile_s"),
-                        "winner": "tie" if ratio < TIE else "gpuloom" if gl < tc else "torch_compile",
-                        "ratio": round(ratio, 3), "run": Path(path).name}
+                        "model": rec["model"], "dtype": rec["dtype"], "batch": row["batch"], **made,
+                        "run": Path(path).name}
     return sorted(rows.values(), key=lambda r: (r["dtype"] != "float32", r["model"], r["batch"]))
+
+
+def torch_compile_rows(paths: list[str]) -> list[dict]:
+    """One row per (model, dtype, batch) timed with torch.compile: the last run in ``paths`` that has it."""
+    def make_row(rec: dict, row: dict) -> dict | None:
+        if not (row.get("torch_compile_ms") and row.get("gpuloom_auto_ms")):
+            return None
+        gl, tc = row["gpuloom_auto_ms"], row["torch_compile_ms"]
+        ratio = tc / gl if gl <= tc else gl / tc
+        return {"eager_ms": row.get("eager_ms"), "gpuloom_auto_ms": gl, "torch_compile_ms": tc,
+                "torch_compile_s": row.get("torch_compile_s"),
+                "winner": "tie" if ratio < TIE else "gpuloom" if gl < tc else "torch_compile",
+                "ratio": round(ratio, 3)}
+
+    return last_rows(paths, make_row)
 
 
 def torch_compile_summary(tc: list[dict], results: list[dict]) -> dict:
@@ -73,18 +85,14 @@ def torch_compile_summary(tc: list[dict], results: list[dict]) -> dict:
 
 def layout_rows(paths: list[str]) -> list[dict]:
     """One row per (model, dtype, batch) timed with channels-last weights: the last run in ``paths`` that has it."""
-    rows: dict[tuple[str, str, int], dict] = {}
-    for path in paths:
-        for rec in json.loads(Path(path).read_text())["results"]:
-            for row in rec.get("rows", ()):
-                if row.get("gpuloom_cl_ms") and row.get("gpuloom_auto_ms") and row.get("eager_ms"):
-                    auto, cl = row["gpuloom_auto_ms"], row["gpuloom_cl_ms"]
-                    rows[(rec["model"], rec["dtype"], row["batch"])] = {
-                        "model": rec["model"], "dtype": rec["dtype"], "batch": row["batch"],
-                        "eager_ms": row["eager_ms"], "gpuloom_auto_ms": auto, "gpuloom_cl_ms": cl,
-                        "gpuloom_cl_auto_ms": row.get("gpuloom_cl_auto_ms"),
-                        "cl_over_auto": round(auto / cl, 3), "run": Path(path).name}
-    return sorted(rows.values(), key=lambda r: (r["dtype"] != "float32", r["model"], r["batch"]))
+    def make_row(rec: dict, row: dict) -> dict | None:
+        if not (row.get("gpuloom_cl_ms") and row.get("gpuloom_auto_ms") and row.get("eager_ms")):
+            return None
+        auto, cl = row["gpuloom_auto_ms"], row["gpuloom_cl_ms"]
+        return {"eager_ms": row["eager_ms"], "gpuloom_auto_ms": auto, "gpuloom_cl_ms": cl,
+                "gpuloom_cl_auto_ms": row.get("gpuloom_cl_auto_ms"), "cl_over_auto": round(auto / cl, 3)}
+
+    return last_rows(paths, make_row)
 
 
 def layout_summary(rows: list[dict]) -> dict:
