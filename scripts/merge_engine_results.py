@@ -108,6 +108,14 @@ def layout_summary(rows: list[dict]) -> dict:
                  "channels_last_faster": sorted(r["model"] for r in sel if r["cl_over_auto"] > TIE),  # beyond noise
                  "channels_last_slower": sorted(r["model"] for r in sel if r["cl_over_auto"] < 1 / TIE),
                  "geomean_cl_over_auto": round(geomean([r["cl_over_auto"] for r in sel]), 3)}
+        both = [r for r in sel if r["gpuloom_cl_auto_ms"]]  # rows that also timed channels_last="auto"
+        if both:  # does its compile-time choice keep the faster layout when timed again?
+            entry["cl_auto"] = {
+                "models": len(both),
+                "geomean_over_eager": round(geomean([r["eager_ms"] / r["gpuloom_cl_auto_ms"] for r in both]), 3),
+                "geomean_over_auto": round(geomean([r["gpuloom_auto_ms"] / r["gpuloom_cl_auto_ms"] for r in both]), 3),
+                "worst_over_faster": min((round(min(r["gpuloom_auto_ms"], r["gpuloom_cl_ms"]) / r["gpuloom_cl_auto_ms"], 3),
+                                          r["model"]) for r in both)}
         if (dtype, batch) == ("float32", 1):
             entry["nimble_targets"] = {m: {"target": t, **{k: round(v[m], 2) for k, v in speed.items()}}
                                        for m, t in NIMBLE_V100.items() if m in speed["auto"]}
@@ -194,11 +202,14 @@ def main() -> int:
                   f"| {r['gpuloom_auto_ms']:.3f} | {r['torch_compile_ms']:.3f} | {win} | {r['run']} |")
     if layouts:
         print()
-        print("| model | dtype | batch | eager | gpuloom auto | channels-last | channels-last vs auto | run |")
-        print("|" + "---|" * 8)
+        print("| model | dtype | batch | eager | gpuloom auto | channels-last | channels-last vs auto "
+              "| channels_last=\"auto\" | run |")
+        print("|" + "---|" * 9)
         for r in layouts:
+            cl_auto = f"{r['gpuloom_cl_auto_ms']:.3f}" if r["gpuloom_cl_auto_ms"] else "-"
             print(f"| {r['model']} | {r['dtype'].replace('float', 'fp')} | {r['batch']} | {r['eager_ms']:.3f} "
-                  f"| {r['gpuloom_auto_ms']:.3f} | {r['gpuloom_cl_ms']:.3f} | {r['cl_over_auto']:.2f}x | {r['run']} |")
+                  f"| {r['gpuloom_auto_ms']:.3f} | {r['gpuloom_cl_ms']:.3f} | {r['cl_over_auto']:.2f}x | {cl_auto} "
+                  f"| {r['run']} |")
     print()
     print(json.dumps(summary, indent=1))
     return 0

@@ -93,3 +93,22 @@ def test_layout_rows_take_the_last_run_and_the_summary_keeps_the_faster_layout_p
     assert math.isclose(s["geomean_channels_last_over_eager"], math.sqrt(10.0 * 8.0), rel_tol=1e-3)
     assert math.isclose(s["geomean_faster_over_eager"], math.sqrt(10.0 * 10.0), rel_tol=1e-3)
     assert s["nimble_targets"]["resnet50"] == {"target": 4.3, "auto": 8.0, "channels_last": 10.0, "faster": 10.0}
+    assert "cl_auto" not in s  # no row timed channels_last="auto"
+
+
+def test_layout_summary_checks_channels_last_auto_against_the_faster_layout_of_its_row(tmp_path):
+    """Rows that also timed ``channels_last="auto"``: its geomeans, and the row where it is furthest
+    behind the faster of the two layouts timed beside it (does its compile-time choice hold?)."""
+    import json
+    import math
+
+    merge = load_script("merge_engine_results")
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"results": [
+        {"model": m, "dtype": "float32", "rows": [{"batch": 1, "eager_ms": e, "gpuloom_auto_ms": a,
+                                                   "gpuloom_cl_ms": c, "gpuloom_cl_auto_ms": ca}]}
+        for m, e, a, c, ca in [("resnet50", 8.0, 1.0, 0.8, 0.8), ("mobilenet_v2", 4.0, 0.4, 0.5, 0.5)]]}))
+    s = merge.layout_summary(merge.layout_rows([str(path)]))["float32_b1"]["cl_auto"]
+    assert s["models"] == 2 and s["worst_over_faster"] == (0.8, "mobilenet_v2")  # it kept the slower layout
+    assert math.isclose(s["geomean_over_eager"], math.sqrt(10.0 * 8.0), rel_tol=1e-3)
+    assert math.isclose(s["geomean_over_auto"], math.sqrt(1.25 * 0.8), rel_tol=1e-3)
