@@ -170,6 +170,17 @@ def test_policy_variants_run_side_by_side_under_their_own_names_and_are_not_base
     assert rep["dstack_vs_best_baseline"]["baseline"] == "triton"  # a dstack variant is no baseline
 
 
+def test_a_policy_listed_twice_keeps_both_runs_and_a_repeated_dstack_is_no_baseline(tmp_path):
+    """An A/B/A on order (``triton,dstack,triton``): each run has its own entry in the report (run 67's
+    JSON kept only its second triton), and a repeat of dstack is compared, not counted as a rival."""
+    rc, rep = run_bench(tmp_path, "--policy", "triton,dstack,triton,dstack", "--scale", "0.5")
+    assert rc == 0
+    assert list(rep["policies"]) == ["triton", "dstack", "triton#2", "dstack#2"]
+    assert all(pol["points"] and not pol["error"] for pol in rep["policies"].values())
+    assert rep["dstack_vs_best_baseline"]["baseline"] in ("triton", "triton#2")
+    assert {r["baseline"] for r in rep["dstack_vs_best_baseline"]["goodput_by_scale"]} <= {"triton", "triton#2"}
+
+
 def test_a_malformed_or_unknown_policy_variant_is_refused_with_the_expected_spelling(tmp_path, capsys):
     (tmp_path / "two.yaml").write_text(WORKLOAD)
     p = argparse.ArgumentParser()

@@ -752,8 +752,8 @@ def to_json(workload: Workload, results: Sequence[PolicyResult], *, device: str,
                                 "seconds": r.seconds, "points": [_clean({**dataclasses.asdict(p), "offered_as_scheduled": p.offered_as_scheduled})
                                            for p in r.points]} for r in results},
     }
-    # variants of a policy ("dstack:lookahead_ms=0") are not baselines
-    base = [r for r in results if r.policy.split(":")[0] != "dstack" and not r.error]
+    # variants of a policy ("dstack:lookahead_ms=0") and repeats ("dstack#2") are not baselines
+    base = [r for r in results if policy_of(r.policy) != "dstack" and not r.error]
     ds = next((r for r in results if r.policy == "dstack"), None)
     if ds is not None and base:
         best = max(base, key=lambda r: r.max_scale)
@@ -766,9 +766,14 @@ def to_json(workload: Workload, results: Sequence[PolicyResult], *, device: str,
             # a dstack sweep cut short by an error gives a lower bound, not its highest load
             "dstack_complete": not ds.error,
             # every baseline's points, a run cut short by an error too: what it measured stands
-            "goodput_by_scale": goodput_ratios(ds, [r for r in results if r.policy.split(":")[0] != "dstack"]),
+            "goodput_by_scale": goodput_ratios(ds, [r for r in results if policy_of(r.policy) != "dstack"]),
         }
     return _clean(out)
+
+
+def policy_of(label: str) -> str:
+    """The policy a run's label names: ``"dstack:outputs=views#2"`` -> ``"dstack"``."""
+    return label.split(":")[0].split("#")[0]
 
 
 def goodput_ratios(ds: PolicyResult, base: Sequence[PolicyResult]) -> list[dict]:

@@ -54,6 +54,17 @@ SERVICE_KEYS = ("lookahead_ms", "tune_gc", "switch_interval_ms", "launch_on", "e
                 "complete_on", "pinned_inputs", "arrivals", "cpus")
 
 
+def run_labels(policies: list[str]) -> list[str]:
+    """Each run's name in the report: a variant listed again (an A/B/A on order) is ``triton#2``, so
+    that no run's points overwrite another's (run 67 lost its first triton run that way)."""
+    seen: dict[str, int] = {}
+    out = []
+    for p in policies:
+        seen[p] = seen.get(p, 0) + 1
+        out.append(p if seen[p] == 1 else f"{p}#{seen[p]}")
+    return out
+
+
 def parse_policy_spec(spec: str) -> tuple[str, dict, dict]:
     """``"dstack:lookahead_ms=0:replan=false"`` -> ``("dstack", {"replan": False}, {"lookahead_ms": 0.0})``.
 
@@ -243,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
         return layers[key]
 
     try:
-        for pol in policies:
+        for pol, label in zip(policies, run_labels(policies)):
             name, opts, service_opts = specs[pol]
             service_opts = dict(service_opts)
             cpus = service_opts.pop("cpus", None)  # the whole process's CPUs while this variant runs
@@ -253,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
                                             duration_s=args.duration, scales=scales, sweep=args.sweep,
                                             target=args.target, steps=args.steps, queue_limit=args.queue_limit,
                                             simulate=not args.no_simulate, progress=lambda s: console.print(s),
-                                            policy_options=opts or None, label=pol, service_options=service_opts,
+                                            policy_options=opts or None, label=label, service_options=service_opts,
                                             on_point=save_partial if args.out else None,
                                             warmup_s=min(args.warmup, args.duration), device_layer=layer))
             write_report()
