@@ -88,7 +88,7 @@ def build(names, max_batch):
         else:
             ms = load_model(name, device="cuda")
         ex = tuple(torch.randn((1, *s), device=DEV).to(dt) for s, dt in zip(ms.input_shapes, ms.input_dtypes))
-        cm = gpuloom.compile(ms.module, ex, max_batch=max_batch, device=DEV,
+        cm = gpuloom.compile(ms.module, ex, max_batch=max_batch, device=DEV, channels_last=False,  # as served
                              input_names=[f"input{i}" for i in range(len(ex))])
         specs = tuple(TensorSpec(f"input{i}", tuple(s), str(dt).removeprefix("torch."))
                       for i, (s, dt) in enumerate(zip(ms.input_shapes, ms.input_dtypes)))

@@ -307,6 +307,22 @@ def test_channels_last_auto_is_a_timed_choice_and_bad_values_are_refused():
         gpuloom.compile(model, x, max_batch=4, channels_last="yes")
 
 
+def test_channels_last_defaults_to_a_timed_choice_where_streams_auto_times_candidates():
+    """The default: both layouts timed with streams="auto" (run 19: the faster kept on every row);
+    the model's own layout where one streams choice is forced, so ``compile(model, x, streams=1)``
+    still compiles instead of refusing an option its caller never gave."""
+    from gpuloom.engine.compiled import resolve_channels_last
+
+    assert resolve_channels_last(None, "auto") == "auto"
+    assert resolve_channels_last(None, 1) is False and resolve_channels_last(None, "max") is False
+    assert resolve_channels_last(True, 1) is True and resolve_channels_last(False, "auto") is False
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
+    x = torch.randn(2, 3, 8, 8)
+    cm = gpuloom.compile(model, x, max_batch=4, streams=1)  # the default with a forced choice
+    assert cm.graph.channels_last_weights == 0 and cm.graph_cl is None
+    _assert_equal_eager(model, cm, [(3, 8, 8)], torch.float32, atol=1e-5)
+
+
 @pytest.mark.parametrize("bad, error, message", [
     (lambda x, y: (x.double(), y), ValueError, r"dtype torch.float64.*never casts"),
     (lambda x, y: (x, torch.randn(2, 5, 10)), ValueError, r"shape \(2, 5, 10\)"),

@@ -36,7 +36,8 @@ def models():
     out = {}
     for name, width in (("small", 16), ("wide", 64)):
         m = net(width)
-        cm = gpuloom.compile(m, torch.randn(1, 3, 32, 32, device="cuda"), max_batch=8, input_names=["x"])
+        cm = gpuloom.compile(m, torch.randn(1, 3, 32, 32, device="cuda"), max_batch=8, input_names=["x"],
+                             channels_last=False)  # the layout the service compiles in by default
         out[name] = (ModelConfig(name, (TensorSpec("x", (3, 32, 32), "float32"),), max_batch=8, slo_ms=200), cm, m)
     return out
 

@@ -334,6 +334,16 @@ def _model_device(model: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> tor
     return inputs[0].device if inputs else torch.device("cpu")
 
 
+def resolve_channels_last(channels_last: bool | str | None, streams: str | int) -> bool | str:
+    """compile's ``channels_last`` as given, or for None (the default) what the streams choice allows:
+    both layouts timed where ``streams="auto"`` times candidates anyway, the model's own otherwise."""
+    if channels_last is None:
+        return "auto" if streams == "auto" else False
+    if not (isinstance(channels_last, bool) or channels_last == "auto"):
+        raise ValueError(f"channels_last must be False, True or 'auto', got {channels_last!r}")
+    return channels_last
+
+
 def compile(
     model: torch.nn.Module,
     example_inputs: torch.Tensor | Sequence[torch.Tensor],
@@ -345,7 +355,7 @@ def compile(
     input_names: Sequence[str] | None = None,
     fold_batchnorm: bool = True,
     reinplace: bool = False,
-    channels_last: bool | str = False,
+    channels_last: bool | str | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> CompiledModel:
     """Compile ``model`` ahead of time into multi-stream CUDA graphs, one per batch bucket.
@@ -370,11 +380,13 @@ def compile(
             convolution nets, which won most batch-8 rows). The model's own forward, a candidate of
             ``streams="auto"``, keeps its layout. ``"auto"`` (with ``streams="auto"``, on the GPU): time
             the channels-last DAG's graphs beside the others and keep the fastest per bucket (the
-            convolution weights are then held in both layouts). On the H200 channels-last ran
-            resnet50, resnet101, inception_v3 and nasnetalarge 1.24-1.48x faster at batch 1 (float32)
-            and mobilenet_v2, efficientnet_b0 and googlenet 11-18% slower. Where no bucket keeps it,
-            the channels-last DAG is freed after compile. Off by default: the runtime compiles
-            without it, and its shipped profiles were measured without it.
+            convolution weights are held in both layouts while compiling; where no bucket keeps the
+            channels-last DAG, it is freed). On the H200 channels-last ran resnet50, resnet101,
+            inception_v3 and nasnetalarge 1.24-1.55x faster at batch 1 (float32) and googlenet
+            11-25% slower, and ``"auto"`` kept the faster layout on every row measured. Default
+            (None): ``"auto"`` with ``streams="auto"``, else False. The runtime passes each model's
+            own setting (False unless its config says otherwise: its shipped profiles were measured
+            in NCHW).
         progress: called with a short message at each compile stage.
 
     Raises:
@@ -395,8 +407,7 @@ def compile(
         raise TypeError("example_inputs must be a tensor or a tuple of tensors with a batch dimension first")
     if streams not in ("auto", "max", 1):
         raise ValueError(f"streams must be one of 'auto', 'max' or 1, got {streams!r}")
-    if not (isinstance(channels_last, bool) or channels_last == "auto"):
-        raise ValueError(f"channels_last must be False, True or 'auto', got {channels_last!r}")
+    channels_last = resolve_channels_last(channels_last, streams)
     if channels_last == "auto" and streams != "auto":
         raise ValueError("channels_last='auto' times both layouts, which only streams='auto' does; "
                          f"got streams={streams!r} (pass channels_last=True or False with it)")
