@@ -78,6 +78,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=30.0, help="HTTP client timeout per request, s (default 30)")
     p.add_argument("--torch-launch", action="store_true",
                    help="launch batches through torch calls instead of raw driver calls (InferenceService(raw_launch=False))")
+    p.add_argument("--outputs", choices=("copies", "views"), default="copies",
+                   help="InferenceService(outputs=...) for both legs: outputs copied off the page-locked buffers "
+                        "(default) or views of them (gpuloom serve --outputs)")
     p.add_argument("--complete-on", choices=("watcher", "loop"), default=None,
                    help="who learns that a batch is done (InferenceService(complete_on=...); default: the service's)")
     p.add_argument("--lookahead-ms", type=float, default=None,
@@ -101,6 +104,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.client_spec is None:
         if not args.workload:
             p.error("the workload file is required")
+        if args.outputs == "views" and args.torch_launch:
+            p.error("--outputs views needs raw CUDA launches: drop --torch-launch or use --outputs copies")
         try:
             args.scales = [float(x) for x in args.scale.split(",") if x.strip()]
         except ValueError:
@@ -431,6 +436,8 @@ def run(args: argparse.Namespace) -> int:
         extra["raw_launch"] = False
     if args.complete_on:
         extra["complete_on"] = args.complete_on
+    if args.outputs != "copies":
+        extra["outputs"] = args.outputs
     svc = InferenceService(policy=args.policy, device=device, profiles=profiles, queue_limit=args.queue_limit, **extra)
     server = None
     points: list[dict] = []
@@ -452,7 +459,7 @@ def run(args: argparse.Namespace) -> int:
             "duration_s": args.duration, "device": device, "tiny": args.tiny, "max_batch": args.max_batch,
             "clients": clients, "http_workers": args.http_workers, "lookahead_ms": svc.lookahead_ms,
             "raw_launch": bool(getattr(svc.device, "raw_launch", False)), "complete_on": svc.complete_on,
-            "target": TARGET, "ok": ok, "error": error,
+            "outputs": svc.outputs, "target": TARGET, "ok": ok, "error": error,
             "summary": [{"scale": p["scale"], "offered_rps": p["offered_rps"],
                          "inprocess_goodput_rps": p["inprocess"]["goodput_rps"],
                          "http_goodput_rps": p["http"]["goodput_rps"], "ratio": p["ratio"]["goodput"],

@@ -167,6 +167,23 @@ def test_launch_on_and_switch_interval_reach_the_service(tmp_path, monkeypatch):
         p.parse_args([repo, "--launch-on", "gpu"])
 
 
+def test_outputs_reach_the_service_and_views_with_torch_launches_are_refused_with_the_reason(
+        tmp_path, monkeypatch, capsys):
+    """``--outputs views`` reaches the InferenceService (copies by default); with ``--torch-launch``
+    serve refuses it before it loads anything, says why in its own flags, and exits 2."""
+    from gpuloom.commands import serve
+
+    p, repo = _serve_parser_and_repo(tmp_path)
+    assert serve.run(p.parse_args([repo, "--outputs", "views", "--torch-launch"])) == 2
+    assert "drop --torch-launch" in capsys.readouterr().err
+    seen = _record_service(monkeypatch)
+    assert serve.run(p.parse_args([repo, "--outputs", "views"])) == 2
+    assert serve.run(p.parse_args([repo])) == 2
+    assert seen[0]["outputs"] == "views" and seen[1]["outputs"] == "copies"
+    with pytest.raises(SystemExit):
+        p.parse_args([repo, "--outputs", "both"])
+
+
 def test_policy_options_reach_the_service_and_bad_ones_are_refused_before_loading(tmp_path, monkeypatch, capsys):
     from gpuloom.commands import serve
 

@@ -50,6 +50,7 @@ def test_every_http_request_is_answered_and_the_server_books_balance(report):
     assert rc == 0 and rep["ok"] and not rep["error"]
     assert [p["scale"] for p in rep["points"]] == [1.0, 0.5]
     assert rep["meta"]["inprocess_inputs"] == "pinned"  # the in-process reference skips the copy, as HTTP does
+    assert rep["outputs"] == "copies"  # the service's default, for both legs
     for pt in rep["points"]:
         expected = _expected_arrivals(pt["scale"])
         assert sum(expected.values()) > 10
@@ -125,3 +126,11 @@ def test_a_run_killed_after_its_first_scale_keeps_that_point(tmp_path):
     rep = json.loads(out.read_text())
     assert rep["error"].startswith("in progress") and not rep["ok"]
     assert len(rep["points"]) >= 1 and rep["points"][0]["scale"] == 0.5
+
+
+def test_views_with_torch_launches_are_refused_before_anything_is_built(tmp_path):
+    wl = tmp_path / "three.yaml"
+    wl.write_text(WORKLOAD)
+    p = subprocess.run([sys.executable, str(SCRIPT), str(wl), "--tiny", "--device", "cpu", "--outputs", "views",
+                        "--torch-launch"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert p.returncode == 2 and "drop --torch-launch" in p.stderr
