@@ -35,7 +35,6 @@ import argparse
 import datetime
 import gc
 import json
-import math
 import sys
 import time
 import traceback
@@ -46,6 +45,7 @@ import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import gpuloom  # noqa: E402
+from gpuloom.bench.metrics import geomean  # noqa: E402
 from gpuloom.engine.critical import lower_bound_ms  # noqa: E402
 from gpuloom.gpu.connections import prefer_all_connections  # noqa: E402
 from gpuloom.gpu.timing import median_ms_interleaved  # noqa: E402
@@ -218,10 +218,6 @@ def add_ratios(row: dict) -> None:
     put("multi_over_single_graph", "cuda_graph_ms", "gpuloom_multi_ms")
     put("auto_over_single_graph", "cuda_graph_ms", "gpuloom_auto_ms")
     put("multi_over_critical_path", "gpuloom_multi_ms", "critical_path_ms")
-
-
-def geomean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
 def summarize(results: list[dict]) -> dict:

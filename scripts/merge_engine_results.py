@@ -23,20 +23,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from gpuloom.bench.metrics import geomean  # noqa: E402  (torch-free: the merge runs anywhere)
 
 NIMBLE_V100 = {"resnet50": 4.3, "resnet101": 4.6, "inception_v3": 5.2, "mobilenet_v2": 10.0,
                "efficientnet_b0": 9.0, "efficientnet_b5": 3.8, "nasnetalarge": 5.5}
 BRANCHY = ("inception_v3", "googlenet", "nasnetalarge", "efficientnet_b0")
 #: within this ratio either way a torch.compile row is a tie (the 2% the issue allows streams="auto")
 TIE = 1.02
-
-
-def geomean(xs):
-    xs = [x for x in xs if x and x > 0]
-    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
 def last_rows(paths: list[str], make_row) -> list[dict]:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from gpuloom.bench.metrics import compute_metrics, jain, percentile
+from gpuloom.bench.metrics import compute_metrics, geomean, jain, percentile
 from gpuloom.policy import Request, Result, Status
 from gpuloom.runtime.core import RunRecord
 
@@ -31,6 +31,12 @@ def test_jain_index_is_one_for_equal_shares_and_one_over_n_for_a_monopoly():
     assert jain([0.5, 0.5, 0.5]) == pytest.approx(1.0)
     assert jain([1.0, 0.0, 0.0, 0.0]) == pytest.approx(0.25)
     assert jain([]) == 1.0
+
+
+def test_geomean_leaves_out_values_that_were_not_measured():
+    assert geomean([2.0, 8.0]) == pytest.approx(4.0)
+    assert geomean([2.0, None, 0.0, 8.0]) == pytest.approx(4.0)  # a speedup not measured is no zero
+    assert math.isnan(geomean([])) and math.isnan(geomean([None]))
 
 
 def test_goodput_attainment_drops_and_utilization_from_a_record():

@@ -90,6 +90,14 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
+def geomean(xs) -> float:
+    """Geometric mean of the positive values of ``xs`` (a speedup that was not measured, None or 0, is
+    left out rather than failing the summary; callers report how many values they averaged); NaN
+    when none is left."""
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
+
+
 def jain(xs: Sequence[float]) -> float:
     """Jain's fairness index of ``xs`` (1.0 for equal values; 1.0 for an empty or all-zero list)."""
     xs = list(xs)
