@@ -181,6 +181,19 @@ def test_a_policy_listed_twice_keeps_both_runs_and_a_repeated_dstack_is_no_basel
     assert {r["baseline"] for r in rep["dstack_vs_best_baseline"]["goodput_by_scale"]} <= {"triton", "triton#2"}
 
 
+def test_a_repeats_label_names_the_same_variant_for_the_simulator():
+    """Reports are simulated again from their labels (calibrate_sim, sim_measured_world): ``#2``
+    is no part of a variant's options."""
+    from gpuloom.bench.e2e import policy_of, spec_of
+
+    assert spec_of("dstack:replan=false#2") == "dstack:replan=false" and spec_of("triton") == "triton"
+    assert spec_of("dstack:holds=a#b.json") == "dstack:holds=a#b.json"  # only a trailing repeat number
+    assert policy_of("dstack:outputs=views#3") == "dstack" and policy_of("triton#2") == "triton"
+    meta = {"dstack_min_sms_default": 16}
+    assert bench.sim_policy("dstack:replan=false#2", meta) == bench.sim_policy("dstack:replan=false", meta)
+    assert bench.sim_policy("triton#2", meta) == ("triton", {})
+
+
 def test_a_malformed_or_unknown_policy_variant_is_refused_with_the_expected_spelling(tmp_path, capsys):
     (tmp_path / "two.yaml").write_text(WORKLOAD)
     p = argparse.ArgumentParser()

@@ -54,17 +54,6 @@ SERVICE_KEYS = ("lookahead_ms", "tune_gc", "switch_interval_ms", "launch_on", "e
                 "complete_on", "pinned_inputs", "arrivals", "cpus")
 
 
-def run_labels(policies: list[str]) -> list[str]:
-    """Each run's name in the report: a variant listed again (an A/B/A on order) is ``triton#2``, so
-    that no run's points overwrite another's (run 67 lost its first triton run that way)."""
-    seen: dict[str, int] = {}
-    out = []
-    for p in policies:
-        seen[p] = seen.get(p, 0) + 1
-        out.append(p if seen[p] == 1 else f"{p}#{seen[p]}")
-    return out
-
-
 def parse_policy_spec(spec: str) -> tuple[str, dict, dict]:
     """``"dstack:lookahead_ms=0:replan=false"`` -> ``("dstack", {"replan": False}, {"lookahead_ms": 0.0})``.
 
@@ -110,7 +99,9 @@ def sim_policy(spec: str, meta: dict, plan: dict | None = None) -> tuple[str, di
     ``meta.dstack_remainder_default`` gave the remainder to the smallest partition, and those before
     ``meta.dstack_lanes_default`` ran on partitions without growing or shedding, unless the point's
     ``plan`` (the policy's description) reports ``admit_rps`` (run 51 had the new defaults, not the keys)."""
-    name, options, _ = parse_policy_spec(spec)
+    from ..bench.e2e import spec_of
+
+    name, options, _ = parse_policy_spec(spec_of(spec))  # a repeat's label ("dstack#2") names the same variant
     if name == "dstack":
         options.setdefault("min_sms", int(meta.get("dstack_min_sms_default", 0)))
         options.setdefault("remainder", str(meta.get("dstack_remainder_default", "smallest")))
@@ -144,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuloom.gpu.connections import connections_in_effect
     from gpuloom.policy.dstack import DEFAULT_LANES, DEFAULT_MIN_SMS, DEFAULT_REMAINDER
     from gpuloom.bench.e2e import (bench_policy, build_models, check_arrivals, resolve_device_and_profiles,
-                                   save_json, to_json)
+                                   run_labels, save_json, to_json)
     from gpuloom.bench.workload import WorkloadError, load_workload
     from gpuloom.policy import make_policy, policy_names
     from gpuloom.runtime.affinity import parse_cpus, pinned
