@@ -184,7 +184,7 @@ def test_a_policy_listed_twice_keeps_both_runs_and_a_repeated_dstack_is_no_basel
 def test_a_repeats_label_names_the_same_variant_for_the_simulator():
     """Reports are simulated again from their labels (calibrate_sim, sim_measured_world): ``#2``
     is no part of a variant's options."""
-    from gpuloom.bench.e2e import policy_of, spec_of
+    from gpuloom.bench.labels import policy_of, spec_of
 
     assert spec_of("dstack:replan=false#2") == "dstack:replan=false" and spec_of("triton") == "triton"
     assert spec_of("dstack:holds=a#b.json") == "dstack:holds=a#b.json"  # only a trailing repeat number

@@ -93,6 +93,14 @@ def test_a_model_configured_channels_last_is_compiled_so_and_served_equal_to_eag
             want = conv(torch.from_numpy(x)).numpy()
         for name in ("nhwc", "auto"):
             np.testing.assert_allclose(svc.submit(name, {"x": x}).result(20)["output0"], want, rtol=1e-4, atol=1e-4)
+        # a model compiled already must run the layout its config names (the profile the plan takes)
+        nhwc = svc._models["nhwc"].runner
+        assert nhwc.channels_last is True and svc._models["auto"].runner.channels_last is False
+        with pytest.raises(ValueError, match="runs channels_last=True but ModelConfig.channels_last is False"):
+            svc.load(ModelConfig("mismatch", spec, max_batch=4, slo_ms=500), nhwc)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # no profile for a test model: a crude one, said in a warning
+            svc.load(ModelConfig("nhwc_again", spec, max_batch=4, slo_ms=500, channels_last=True), nhwc)
     finally:
         svc.close()
     with pytest.raises(ValueError, match="channels_last must be false, true or 'auto'"):

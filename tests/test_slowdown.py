@@ -76,6 +76,10 @@ def test_slowdowns_load_from_a_factor_map_or_from_a_bench_reports_dstack_points(
             {"model": "bert_base", "batches": 100, "measured_ms": 30.0, "profile_ms": 10.0}]}]}}}
     f.write_text(json.dumps(report))
     assert load_slowdowns(f) == {"bert_base": pytest.approx((36 + 8) / 40)}
+    report["policies"]["dstack#2"] = {"points": [{"profile_check": [  # a repeat (A/B/A) counts as dstack
+        {"model": "bert_base", "batches": 4, "measured_ms": 10.0, "profile_ms": 10.0}]}]}
+    f.write_text(json.dumps(report))
+    assert load_slowdowns(f) == {"bert_base": pytest.approx((36 + 8 + 40) / 80)}
     for bad in ({"a": -1}, {"a": "x"}, [], {"policies": {"triton": {"points": []}}}):
         f.write_text(json.dumps(bad))
         with pytest.raises(ValueError, match="slowdowns"):

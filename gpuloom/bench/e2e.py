@@ -36,6 +36,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..runtime import loghist
+from .labels import policy_of
 from ..runtime.gcpause import GcMonitor
 from ..runtime.threadcpu import cpu_share, thread_cpu
 from .metrics import jain, percentile
@@ -773,29 +774,6 @@ def to_json(workload: Workload, results: Sequence[PolicyResult], *, device: str,
     return _clean(out)
 
 
-def run_labels(specs: Sequence[str]) -> list[str]:
-    """Each run's name in the report: a variant listed again (an A/B/A on order) is ``triton#2``, so
-    that no run's points overwrite another's (run 67 lost its first triton run that way)."""
-    seen: dict[str, int] = {}
-    out = []
-    for spec in specs:
-        seen[spec] = seen.get(spec, 0) + 1
-        out.append(spec if seen[spec] == 1 else f"{spec}#{seen[spec]}")
-    return out
-
-
-def spec_of(label: str) -> str:
-    """The variant a run's label names, without its repeat number: ``"dstack:replan=false#2"`` ->
-    ``"dstack:replan=false"``."""
-    head, sep, tail = label.rpartition("#")
-    return head if sep and tail.isdigit() else label
-
-
-def policy_of(label: str) -> str:
-    """The policy a run's label names: ``"dstack:outputs=views#2"`` -> ``"dstack"``."""
-    return spec_of(label).split(":")[0]
-
-
 def goodput_ratios(ds: PolicyResult, base: Sequence[PolicyResult]) -> list[dict]:
     """At each load both dstack and some baseline measured: dstack's goodput over the best baseline's
     there. What compares policies where none holds the SLO target (overload), and at every load of a
@@ -822,5 +800,5 @@ def _clean(v: Any) -> Any:
     return v
 
 
-__all__ = ["ModelPoint", "Point", "PolicyResult", "bench_policy", "build_models", "goodput_ratios", "policy_of",
-           "run_labels", "run_point", "simulate_point", "spec_of", "tiny_module", "to_json"]
+__all__ = ["ModelPoint", "Point", "PolicyResult", "bench_policy", "build_models", "goodput_ratios", "run_point",
+           "simulate_point", "tiny_module", "to_json"]

@@ -99,7 +99,7 @@ def sim_policy(spec: str, meta: dict, plan: dict | None = None) -> tuple[str, di
     ``meta.dstack_remainder_default`` gave the remainder to the smallest partition, and those before
     ``meta.dstack_lanes_default`` ran on partitions without growing or shedding, unless the point's
     ``plan`` (the policy's description) reports ``admit_rps`` (run 51 had the new defaults, not the keys)."""
-    from ..bench.e2e import spec_of
+    from ..bench.labels import spec_of
 
     name, options, _ = parse_policy_spec(spec_of(spec))  # a repeat's label ("dstack#2") names the same variant
     if name == "dstack":
@@ -135,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
     from gpuloom.gpu.connections import connections_in_effect
     from gpuloom.policy.dstack import DEFAULT_LANES, DEFAULT_MIN_SMS, DEFAULT_REMAINDER
     from gpuloom.bench.e2e import (bench_policy, build_models, check_arrivals, resolve_device_and_profiles,
-                                   run_labels, save_json, to_json)
+                                   save_json, to_json)
+    from gpuloom.bench.labels import run_labels
     from gpuloom.bench.workload import WorkloadError, load_workload
     from gpuloom.policy import make_policy, policy_names
     from gpuloom.runtime.affinity import parse_cpus, pinned

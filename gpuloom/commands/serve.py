@@ -36,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--outputs", choices=("copies", "views"), default="copies",
                    help="how a request gets its outputs from the GPU's page-locked buffers: copies (default) or "
                         "views of them, held until the response is written (no host copy per batch; on the H200 "
-                        "+0.04-0.12 SLO attainment on mix6 and +14%% goodput on the overloaded mix in-process; "
+                        "+0.00-0.12 SLO attainment on mix6 and +14%% goodput on the overloaded mix in-process; "
                         "needs raw launches, so not with --torch-launch)")
     from ..gpu.partition import WORKQUEUES  # no torch: imported only when a partition is made
 
@@ -114,6 +114,10 @@ def run(args: argparse.Namespace) -> int:
     from gpuloom.serve.repository import RepositoryError, load_repository
     from gpuloom.serve.server import ServeError, Server
 
+    if args.outputs == "views" and args.torch_launch:
+        print("error: --outputs views needs raw CUDA launches (a torch copy would tie the views' page-locked "
+              "buffers to a lane's stream); drop --torch-launch or use --outputs copies", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     worker_cpus = None
     if getattr(args, "cpus", None):
@@ -140,10 +144,6 @@ def run(args: argparse.Namespace) -> int:
 
     from gpuloom.commands.bench import parse_policy_spec
 
-    if args.outputs == "views" and args.torch_launch:
-        print("error: --outputs views needs raw CUDA launches (a torch copy would tie the views' page-locked "
-              "buffers to a lane's stream); drop --torch-launch or use --outputs copies", file=sys.stderr)
-        return 2
     try:
         policy, policy_options, service_options = parse_policy_spec(args.policy)
         if service_options:

@@ -140,6 +140,14 @@ class CompiledModel:
         self._executors.pop("multi_cl", None)
         self._cl_dropped = True
 
+    @property
+    def channels_last(self) -> bool | str:
+        """The layouts this model's graphs run in: True (every convolution NHWC), "auto" (the
+        channels-last DAG kept for some buckets) or False (the model's own layout only)."""
+        if self.graph.channels_last_weights:
+            return True
+        return "auto" if self.graph_cl is not None else False
+
     def _no_channels_last_why(self) -> str:
         if self._cl_dropped:
             return "compile timed it and no bucket kept it, so it was freed"
@@ -382,8 +390,10 @@ def compile(
             the channels-last DAG's graphs beside the others and keep the fastest per bucket (the
             convolution weights are held in both layouts while compiling; where no bucket keeps the
             channels-last DAG, it is freed). On the H200 channels-last ran resnet50, resnet101,
-            inception_v3 and nasnetalarge 1.24-1.55x faster at batch 1 (float32) and googlenet
-            11-25% slower, and ``"auto"`` kept the faster layout on every row measured. Default
+            inception_v3 and nasnetalarge 1.23-1.55x faster at batch 1 (float32) and mobilenet_v2,
+            efficientnet_b0 and googlenet up to 25% slower in some runs, and ``"auto"`` kept the faster
+            layout on every row measured. Where a bucket keeps the channels-last DAG, both DAGs (and
+            the convolution weights in both layouts) stay after compile. Default
             (None): ``"auto"`` with ``streams="auto"``, else False. The runtime passes each model's
             own setting (False unless its config says otherwise: its shipped profiles were measured
             in NCHW).

@@ -23,6 +23,7 @@ from collections import deque
 from pathlib import Path
 from typing import Mapping
 
+from gpuloom.bench.labels import policy_of
 from gpuloom.profile.store import Profile, ProfileStore
 
 
@@ -150,7 +151,7 @@ def device_over_profile(rows) -> dict[str, float]:
 def dstack_rows(report: dict) -> list[dict]:
     """The ``profile_check`` rows of every dstack point (any variant, any load) of a bench report:
     batches on exclusive partitions, whose slowdown is the partition's and not shared streams' contention."""
-    return [r for name, res in report.get("policies", {}).items() if name.split(":")[0] == "dstack"
+    return [r for name, res in report.get("policies", {}).items() if policy_of(name) == "dstack"
             for point in res.get("points", []) for r in point.get("profile_check") or []]
 
 

@@ -1117,6 +1117,12 @@ class InferenceService:
             if cm.device.type != dev.type or cm.max_batch != config.max_batch:
                 raise ValueError(f"model {config.name!r}: the CompiledModel is for {cm.device} with max_batch "
                                  f"{cm.max_batch}; expected {dev} and max_batch {config.max_batch}")
+            if config.channels_last != "auto" and cm.channels_last != config.channels_last:
+                # the plan takes the model's profile by name, made in the layout its config names
+                raise ValueError(f"model {config.name!r}: the CompiledModel runs channels_last={cm.channels_last!r} "
+                                 f"but ModelConfig.channels_last is {config.channels_last!r} (the layout its profile "
+                                 f"was made in); compile it with channels_last={config.channels_last!r} or set "
+                                 f"ModelConfig(channels_last=...) to match")
         elif isinstance(module, torch.nn.Module):
             module = module.eval().to(dev)
             cm = gpuloom.compile(module, tuple(examples), max_batch=config.max_batch, device=dev,
