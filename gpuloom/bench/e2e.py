@@ -36,9 +36,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..runtime import loghist
-from .labels import policy_of
 from ..runtime.gcpause import GcMonitor
 from ..runtime.threadcpu import cpu_share, thread_cpu
+from .labels import policy_of
 from .metrics import jain, percentile
 from .workload import Workload, arrival_times
 
