@@ -181,6 +181,15 @@ def test_a_policy_listed_twice_keeps_both_runs_and_a_repeated_dstack_is_no_basel
     assert {r["baseline"] for r in rep["dstack_vs_best_baseline"]["goodput_by_scale"]} <= {"triton", "triton#2"}
 
 
+def test_the_summary_table_names_every_variant_in_full_in_a_log(tmp_path, capsys):
+    """Printed to a pipe or a log (no terminal), the table is wide enough for variant names: the
+    device runs' logs showed "dsta…" three times for three different dstack variants."""
+    rc, _ = run_bench(tmp_path, "--policy", "dstack:replan=false:lookahead_ms=0.5,triton", "--scale", "0.5")
+    out = capsys.readouterr().out
+    assert rc == 0 and "dstack:replan=false:lookahead_ms=0.5" in out and "…" not in out
+    assert "at x" in out and "max load: the highest load factor held" in out
+
+
 def test_a_repeats_label_names_the_same_variant_for_the_simulator():
     """Reports are simulated again from their labels (calibrate_sim, sim_measured_world): ``#2``
     is no part of a variant's options."""

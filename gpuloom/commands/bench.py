@@ -271,20 +271,27 @@ def run(args: argparse.Namespace) -> int:
     report = write_report()
 
     table = Table(title=f"gpuloom bench {Path(args.workload).name} on {device}"
-                        + (" (tiny models)" if args.tiny else ""))
-    for col in ("policy", "max load x", "max req/s", "goodput/s", "attain", "p50 ms", "p99 ms", "SM util",
-                "idle(q)", "dispatch"):
-        table.add_column(col, justify="right" if col != "policy" else "left")
+                        + (" (tiny models)" if args.tiny else ""),
+                  caption=f"max load: the highest load factor held at >= {args.target:.0%} SLO attainment; the "
+                          f"other columns are the point at that load, or at the highest load where none held")
+    for col in ("policy", "max load x", "max req/s", "at x", "goodput/s", "attain", "p50 ms", "p99 ms",
+                "SM util", "idle(q)", "dispatch"):
+        # a variant's name in full (dstack:learn_holds=true:...): wrapped, never cut to "dsta…"
+        table.add_column(col, justify="left" if col == "policy" else "right",
+                         overflow="fold" if col == "policy" else "ellipsis", ratio=3 if col == "policy" else None)
     for r in results:
         last = max(r.points, key=lambda p: (p.ok(args.target), p.scale), default=None)
         if last is None:
-            table.add_row(r.policy, "-", "-", "-", "-", "-", "-", "-", "-", r.error[:30])
+            table.add_row(r.policy, "-", "-", "-", "-", "-", "-", "-", "-", "-", r.error[:30])
             continue
         name = f"{r.policy} (cut short)" if r.error else r.policy  # its max load is a lower bound
-        table.add_row(name, f"{r.max_scale:.3g}", f"{r.max_load_rps:.0f}", f"{last.goodput_rps:.0f}",
+        held = r.max_scale > 0
+        table.add_row(name, f"{r.max_scale:.4g}" if held else "none", f"{r.max_load_rps:.0f}" if held else "-",
+                      f"{last.scale:.4g}", f"{last.goodput_rps:.0f}",
                       f"{last.slo_attainment:.3f}", f"{last.p50_ms:.1f}", f"{last.p99_ms:.1f}",
                       f"{last.sm_utilization:.2f}", f"{last.gpu_idle_ratio:.2f}", f"{last.dispatch_overhead:.3f}")
-    Console().print(table)
+    # a log or a pipe gets the width of a wide terminal, not rich's 80 columns
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
     for r in results:
         if r.error:
             console.print(f"[red]{r.policy} stopped:[/red] {r.error}")
