@@ -137,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuloom.bench.e2e import (bench_policy, build_models, check_arrivals, resolve_device_and_profiles,
                                    save_json, to_json)
     from gpuloom.bench.labels import run_labels
+    from gpuloom.commands.output import table_console
     from gpuloom.bench.workload import WorkloadError, load_workload
     from gpuloom.policy import make_policy, policy_names
     from gpuloom.runtime.affinity import parse_cpus, pinned
@@ -291,7 +292,7 @@ def run(args: argparse.Namespace) -> int:
                       f"{last.slo_attainment:.3f}", f"{last.p50_ms:.1f}", f"{last.p99_ms:.1f}",
                       f"{last.sm_utilization:.2f}", f"{last.gpu_idle_ratio:.2f}", f"{last.dispatch_overhead:.3f}")
     # a log or a pipe gets the width of a wide terminal, not rich's 80 columns
-    Console(width=None if sys.stdout.isatty() else 160).print(table)
+    table_console(160).print(table)
     for r in results:
         if r.error:
             console.print(f"[red]{r.policy} stopped:[/red] {r.error}")

@@ -24,14 +24,14 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
     import torchvision
-    from rich.console import Console
     from rich.table import Table
 
     import gpuloom
+    from gpuloom.commands.output import table_console
     from gpuloom.engine.dag import CaptureError
     from gpuloom.gpu.timing import median_ms
 
-    console = Console()
+    console = table_console(120)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     on_gpu = device.type == "cuda"
     if not on_gpu:
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     table = Table(title=f"gpuloom demo on {torch.cuda.get_device_name(device) if on_gpu else 'CPU'} "
                         f"(batch {args.batch}, {size}x{size}, median of {iters})")
     table.add_column("model", no_wrap=True)
-    for col in ("ops", "streams", "syncs", "eager ms", "gpuloom ms", "speedup", "compile s"):
+    for col in ("ops", "streams", "syncs", "kept", "eager ms", "gpuloom ms", "speedup", "compile s"):
         table.add_column(col, justify="right")
     for name in args.models:
         try:
@@ -68,7 +68,9 @@ def run(args: argparse.Namespace) -> int:
         with torch.no_grad():
             eager = timed(model, x)
             ours = timed(cm, x)
-        table.add_row(name, str(len(cm.graph.ops)), str(cm.plan.num_streams), str(cm.plan.num_syncs),
+        # what streams="auto" kept for this batch's bucket: single / multi / forward, "_cl" for NHWC
+        kept = cm.stream_choice.get(min(b for b in cm.buckets if b >= args.batch), "-") if on_gpu else "-"
+        table.add_row(name, str(len(cm.graph.ops)), str(cm.plan.num_streams), str(cm.plan.num_syncs), kept,
                       f"{eager:.2f}", f"{ours:.2f}", f"{eager / ours:.2f}x", f"{cm.compile_seconds:.1f}")
         console.print(f"[bold]{name}[/]: {cm!r}")
         console.print(str(cm.plan).splitlines()[0])

@@ -30,11 +30,10 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from gpuloom.bench.workload import WorkloadError, load_workload, resolve_profiles, validate
+    from gpuloom.commands.output import table_console
     from gpuloom.plan import PlanError, plan, render_gantt
 
-    console = Console()
-    if not console.is_terminal:  # piped or captured: do not squeeze the tables into 80 columns
-        console = Console(width=120)
+    console = table_console(120)
     err = Console(stderr=True)
     try:
         workload = load_workload(args.workload)

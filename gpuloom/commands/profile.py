@@ -51,10 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import torch
-    from rich.console import Console
+    from gpuloom.commands.output import table_console
     from rich.table import Table
 
-    console = Console()
+    console = table_console(140)
     if not torch.cuda.is_available():
         console.print("[red]gpuloom profile needs a CUDA GPU[/red]: it measures graph replays inside real SM "
                       "partitions, and torch.cuda.is_available() is False here. Profiles measured on an H200 "

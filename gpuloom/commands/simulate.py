@@ -50,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from rich.console import Console
+
+    from gpuloom.commands.output import table_console
     from rich.table import Table
 
     from gpuloom.bench.experiment import fluid_bound, simulate, sweep_rate
@@ -60,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuloom.policy import make_policy, policy_names
     from gpuloom.runtime.sim import ContentionModel
 
-    console = Console() if Console().is_terminal else Console(width=170)
+    console = table_console(170)
     err = Console(stderr=True)
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     try:

@@ -1,0 +1,15 @@
+"""What the commands print through: rich consoles that keep tables readable in a log."""
+
+from __future__ import annotations
+
+
+def table_console(width: int = 160):
+    """A rich Console on stdout: the terminal's own width, or ``width`` columns when the output goes to
+    a pipe or a log, where rich would assume 80 and cut names and headers to "dsta…" and "spee…"."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=width)
+
+
+__all__ = ["table_console"]
