@@ -7,7 +7,7 @@ from gpuloom import cli
 
 
 def test_the_demo_compiles_a_model_and_prints_its_row_with_full_headers(capsys):
-    rc = cli.main(["demo", "mobilenet_v3_small", "--size", "64", "--iters", "1"])
+    rc = cli.main(["demo", "mobilenet_v3_small", "--size", "64", "--iters", "1", "--device", "cpu"])
     out = capsys.readouterr().out
     assert rc == 0
     assert "No CUDA GPU here: running the CPU path" in out
@@ -28,4 +28,4 @@ def test_tables_get_a_wide_console_when_printed_to_a_log():
     from gpuloom.commands.output import table_console
 
     console = table_console(150)  # pytest captures stdout: no terminal
-    assert not console.is_terminal and console.width == 150
+    assert console.width == 150

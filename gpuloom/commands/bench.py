@@ -274,12 +274,13 @@ def run(args: argparse.Namespace) -> int:
     table = Table(title=f"gpuloom bench {Path(args.workload).name} on {device}"
                         + (" (tiny models)" if args.tiny else ""),
                   caption=f"max load: the highest load factor held at >= {args.target:.0%} SLO attainment; the "
-                          f"other columns are the point at that load, or at the highest load where none held")
+                          f"other columns: the highest load measured that held it ('at x'), or the highest "
+                          f"measured where none did")
     for col in ("policy", "max load x", "max req/s", "at x", "goodput/s", "attain", "p50 ms", "p99 ms",
                 "SM util", "idle(q)", "dispatch"):
         # a variant's name in full (dstack:learn_holds=true:...): wrapped, never cut to "dsta…"
         table.add_column(col, justify="left" if col == "policy" else "right",
-                         overflow="fold" if col == "policy" else "ellipsis", ratio=3 if col == "policy" else None)
+                         overflow="fold" if col == "policy" else "ellipsis")
     for r in results:
         last = max(r.points, key=lambda p: (p.ok(args.target), p.scale), default=None)
         if last is None:
@@ -297,7 +298,7 @@ def run(args: argparse.Namespace) -> int:
         if r.error:
             console.print(f"[red]{r.policy} stopped:[/red] {r.error}")
     if "dstack_vs_best_baseline" in report:
-        Console().print(summary_line(report["dstack_vs_best_baseline"], args.target))
+        table_console(160).print(summary_line(report["dstack_vs_best_baseline"], args.target))
     if args.out:
         console.print(f"wrote {args.out}")
     return 0 if not any(r.error for r in results) else 1
