@@ -23,7 +23,6 @@ from collections import deque
 from pathlib import Path
 from typing import Mapping
 
-from gpuloom.bench.labels import policy_of
 from gpuloom.profile.store import Profile, ProfileStore
 
 
@@ -151,8 +150,14 @@ def device_over_profile(rows) -> dict[str, float]:
 def dstack_rows(report: dict) -> list[dict]:
     """The ``profile_check`` rows of every dstack point (any variant, any load) of a bench report:
     batches on exclusive partitions, whose slowdown is the partition's and not shared streams' contention."""
-    return [r for name, res in report.get("policies", {}).items() if policy_of(name) == "dstack"
+    return [r for name, res in report.get("policies", {}).items() if _policy_of(name) == "dstack"
             for point in res.get("points", []) for r in point.get("profile_check") or []]
+
+
+def _policy_of(label: str) -> str:
+    """The policy a report's run label names (``"dstack:outputs=views#2"`` -> ``"dstack"``), as
+    ``gpuloom.bench.labels`` writes them; read here without importing the bench layer, which sits above."""
+    return label.split(":")[0].split("#")[0]
 
 
 def mean_by(items) -> dict:
