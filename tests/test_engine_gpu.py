@@ -95,6 +95,34 @@ def test_channels_last_auto_keeps_a_layout_per_bucket_and_every_candidate_equals
                 torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4, msg=lambda m: f"{streams} b{b}: {m}")
 
 
+@pytest.mark.parametrize("name, dtype", [("resnet18", torch.float16), ("densenet121", torch.float32),
+                                         ("transformer_encoder", torch.float32), ("two_inputs", torch.float32)])
+def test_the_default_compile_times_both_layouts_and_equals_eager_on_gpu(name, dtype):
+    """compile's default since the twenty-first session (channels_last=None: "auto" with
+    streams="auto") on what run 64 did not cover: float16, a dense net, a model without
+    convolutions and one with two inputs and a tuple output. It keeps one of the five candidates per
+    bucket; the user path equals eager."""
+    model, shapes, _ = zoo(64)[name]
+    model = model.eval().cuda().to(dtype)
+    mk = lambda b: tuple(torch.randn(b, *s, device="cuda", dtype=dtype) for s in shapes)
+    cm = gpuloom.compile(model, mk(1), max_batch=8)
+    assert set(cm.stream_choice.values()) <= {"single", "multi", "forward", "single_cl", "multi_cl"}
+    has_conv = any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+    assert cm.channels_last in (("auto", False) if has_conv else (False,))  # no NHWC DAG without a conv
+    for batch in (1, 3, 8):
+        xs = mk(batch)
+        with torch.no_grad():
+            want = _flat(model(*xs))
+            got = _flat(cm(*xs))
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and g.dtype == w.dtype
+            if dtype == torch.float16:  # folded BatchNorm and NHWC change fp16 rounding: compare the whole
+                err = float((g.double() - w.double()).norm() / w.double().norm().clamp_min(1e-30))
+                assert err < 5e-3, f"{name} b{batch}: relative error {err:.1e}"  # bench runs: <= 5e-4
+            else:
+                torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4, msg=lambda m: f"{name} b{batch}: {m}")
+
+
 @pytest.mark.parametrize("name", ["resnet18", "googlenet", "mobilenet_v3_small"])
 def test_channels_last_graphs_equal_eager_on_gpu(name):
     """compile(channels_last=True): the DAG's single- and multi-stream graphs (NHWC convolutions)
