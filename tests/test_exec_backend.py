@@ -14,7 +14,7 @@ from gpuloom.policy import Layout, Status, make_policy
 from gpuloom.policy.base import ModelInfo, PolicyContext
 from gpuloom.profile.synthetic import synthetic_profile
 from gpuloom.runtime.core import Runtime
-from gpuloom.runtime.device import FakeDeviceLayer, FakeModel, GraphMemoryError
+from gpuloom.runtime.device import FakeDeviceLayer, FakeModel, GraphMemoryError, LiveBytes
 from gpuloom.runtime.exec_backend import ExecBackend
 
 POLICIES = ["dstack", "triton", "clipper", "nexus", "gslice", "temporal"]
@@ -660,3 +660,26 @@ def test_trim_frees_every_cached_build_nobody_uses_and_keeps_the_one_in_use():
     assert dev.trim() == 1 and list(dev._cache.values()) == [halves] and whole.state is None
     dev.release(halves)
     assert dev.trim() == 1 and not dev._cache
+
+
+def test_live_bytes_refuse_over_the_limit_and_come_back_when_the_last_view_is_freed():
+    """outputs="views"'s budget of page-locked bytes (LiveBytes): a reservation over the limit is
+    refused; a tracked buffer's bytes return only once every slice of it handed out is gone, from
+    whichever thread drops the last one; a failed allocation gives its reservation back."""
+    import gc
+
+    budget = LiveBytes(1000)
+    assert budget.reserve(600) and not budget.reserve(500) and budget.live == 600
+    buf = np.zeros(600, dtype=np.uint8)
+    budget.track(buf, 600)
+    request_views = [buf[:100], buf[100:300].reshape(2, 100)]  # what requests get: slices of the batch's buffer
+    del buf
+    gc.collect()
+    assert budget.live == 600  # the views keep it
+    t = threading.Thread(target=request_views.clear)  # the last view freed on another thread
+    t.start()
+    t.join()
+    gc.collect()
+    assert budget.live == 0 and budget.reserve(1000)
+    budget.release(1000)  # an allocation that failed after its reservation
+    assert budget.live == 0

@@ -260,10 +260,40 @@ def test_output_views_stay_each_requests_own_while_later_batches_run(models):
             assert np.abs(y - ref).max() <= 1e-2 * max(1e-6, np.abs(ref).max()), name
         be = svc.stats()["backend"]
         assert be["outputs"] == "views" and be["raw_launch"] and be["views_torch_copies"] == 0, be
+        layer = svc.device
+        assert layer.views_bytes.live > 0  # the held outputs' buffers are counted against views_max_bytes
     finally:
         svc.close()
     del got, sent  # the views outlive the partitions their batches ran on
     gc.collect()
+    assert layer.views_bytes.live == 0  # and every byte comes back once the last view is gone
+
+
+def test_views_over_their_byte_limit_copy_and_stay_correct(models):
+    """A layer whose views may hold at most 1 byte: every batch copies its outputs out instead
+    (views_refused), and the answers are still eager's."""
+    from gpuloom.runtime.device import CudaDeviceLayer
+    from gpuloom.runtime.service import InferenceService
+
+    svc = InferenceService(policy="triton", profiles=None, device_layer=CudaDeviceLayer(
+        outputs="views", views_max_bytes=1))
+    svc.start()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # crude profiles
+            for cfg, cm, _ in models.values():
+                svc.load(cfg, cm)
+        rng = np.random.default_rng(3)
+        xs = [rng.standard_normal((1 + i % 4, 3, 32, 32)).astype(np.float32) for i in range(12)]
+        got = [svc.submit("small", {"x": x}).result(30)["output0"] for x in xs]
+        for x, y in zip(xs, got):
+            with svc.device.exclusive(), torch.inference_mode():
+                ref = models["small"][2](torch.from_numpy(x).cuda()).cpu().numpy()
+            assert np.abs(y - ref).max() <= 1e-2 * max(1e-6, np.abs(ref).max())
+        be = svc.stats()["backend"]
+        assert be["views_refused"] == be["batches"] > 0 and svc.device.views_bytes.live == 0, be
+    finally:
+        svc.close()
 
 
 def test_batches_launched_through_torch_copy_and_leave_callers_page_locked_memory_untied(models, monkeypatch):

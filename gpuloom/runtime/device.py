@@ -32,6 +32,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from abc import ABC, abstractmethod
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -610,6 +611,35 @@ LANE_STREAMS = ("compiled", "single")
 OUTPUTS = ("copies", "views")
 
 
+class LiveBytes:
+    """Bytes of buffers handed out and still referenced, under a limit: ``reserve`` before allocating
+    (False over the limit), ``track`` each buffer once made (its bytes come back when the last array
+    onto it is freed, in whichever thread that happens), ``release`` what a failed allocation
+    reserved. ``outputs="views"`` holds its page-locked output buffers to it, so callers keeping
+    outputs cannot page-lock the host's memory without bound: over the limit a batch copies instead."""
+
+    def __init__(self, limit: float) -> None:
+        self.limit = limit
+        self.live = 0
+        self._lock = threading.Lock()
+
+    def reserve(self, nbytes: int) -> bool:
+        with self._lock:
+            if self.live + nbytes > self.limit:
+                return False
+            self.live += nbytes
+            return True
+
+    def release(self, nbytes: int) -> None:
+        with self._lock:
+            self.live -= nbytes
+
+    def track(self, buffer: Any, nbytes: int) -> None:
+        """``buffer``: the array every handed-out view is a slice of (a slice keeps its base alive; a
+        torch tensor would not do: its numpy view outlives it)."""
+        weakref.finalize(buffer, self.release, nbytes)
+
+
 def check_outputs(outputs: str, raw_launch: bool = True) -> str:
     """``outputs`` unchanged, or ValueError unless it is one of :data:`OUTPUTS` (and "views" comes with
     raw launches: see :class:`CudaDeviceLayer`)."""
@@ -735,7 +765,8 @@ class CudaDeviceLayer(DeviceLayer):
     launching thread; a miss, milliseconds), and hands its requests views of them: no copy on the way
     back, and a buffer returns to the cache only once its ticket and every view of it are gone, at the
     price of page-locked memory held as long as a caller keeps an output. Where that memory runs out,
-    the batch copies out of the slot's buffers instead (:attr:`views_refused`). On the H200 the copy
+    or the views still held reach ``views_max_bytes`` (default 4 GiB; :class:`LiveBytes`), the batch
+    copies out of the slot's buffers instead (:attr:`views_refused`). On the H200 the copy
     was 3.1-4.7 ms of bert_base's 5-7 ms hold per batch (up to 16 rows, 6 MB; run 61); with views,
     0.1 ms (run 62). Views need raw launches: torch's asynchronous copy into a buffer of its caching
     host allocator ties the buffer to the lane's stream, and freeing it after that stream's green
@@ -754,7 +785,7 @@ class CudaDeviceLayer(DeviceLayer):
     def __init__(self, device: int = 0, *, memory_limit_bytes: float | None = None, memory_fraction: float = 0.6,
                  warmup: int = 1, blocking_sync: bool = True, cache_layouts: int = 4, capture: str = "all",
                  raw_launch: bool = True, workqueues: str = "shared", lane_streams: str = "compiled",
-                 outputs: str = "copies") -> None:
+                 outputs: str = "copies", views_max_bytes: float = 4 * 2**30) -> None:
         from ..gpu.partition import check_workqueues
 
         self.lane_streams = check_lane_streams(lane_streams)
@@ -799,6 +830,8 @@ class CudaDeviceLayer(DeviceLayer):
         self.wake_split = {"start": 0.0, "back": 0.0, "batches": 0}
         self.inplace_batches = 0  # batches launched from their requests' own page-locked memory (PinnedRow)
         self.views_refused = 0  # outputs="views": batches copied out because page-locked memory ran out
+        # or because the views still held reached views_max_bytes
+        self.views_bytes = LiveBytes(views_max_bytes)
         self.views_torch_copies = 0  # outputs="views": batches copied out because they launched through torch
         self._copy_lock = threading.Lock()
         self.torch_launch_plans = 0  # (lane, model, bucket)s launched through torch although raw_launch is on
@@ -1394,17 +1427,28 @@ class CudaDeviceLayer(DeviceLayer):
         batch writes where a request's output lies. None (the batch copies out of the slot's buffers
         instead) when page-locked memory runs out, e.g. while callers hold many outputs."""
         torch = self._torch
+        sizes = [t.numel() * t.element_size() for t in lane.pinned_out[key]]
+        if not self.views_bytes.reserve(sum(sizes)):
+            self._refuse_views(f"the views still held take {self.views_bytes.live / 2**20:.0f} MiB of at most "
+                               f"{self.views_bytes.limit / 2**20:.0f} (views_max_bytes)")
+            return None
         try:
             pin = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in lane.pinned_out[key]]
         except RuntimeError as e:
+            self.views_bytes.release(sum(sizes))
             if "out of memory" not in str(e).lower():
                 raise  # a CUDA error, not a lack of page-locked memory: the batch fails with it
-            self.views_refused += 1
-            if self.views_refused == 1:
-                log.warning("outputs=views: no page-locked memory for a batch's outputs (%s); copying instead "
-                            "while it lasts", e)
+            self._refuse_views(f"no page-locked memory for a batch's outputs ({e})")
             return None
-        return pin, [t.numpy() for t in pin], [t.data_ptr() for t in pin]  # a numpy view keeps its tensor
+        arrays = [t.numpy() for t in pin]  # a numpy view keeps its tensor's memory
+        for a, n in zip(arrays, sizes):
+            self.views_bytes.track(a, n)
+        return pin, arrays, [t.data_ptr() for t in pin]
+
+    def _refuse_views(self, why: str) -> None:
+        self.views_refused += 1
+        if self.views_refused == 1:
+            log.warning("outputs=views: %s; copying outputs out instead while it lasts", why)
 
     def pinned_empty(self, shape: Sequence[int], dtype: Any) -> Any:
         """A numpy view of a page-locked torch tensor (alive as long as the view); its span is
@@ -1555,5 +1599,5 @@ def make_device_layer(device: str | None = None, *, raw_launch: bool = True, wor
 
 __all__ = [
     "CpuDeviceLayer", "CudaDeviceLayer", "DeviceFault", "DeviceLayer", "FakeDeviceLayer", "FakeModel",
-    "GraphMemoryError", "Lanes", "Rows", "allowed", "layout_key", "make_device_layer",
+    "GraphMemoryError", "Lanes", "LiveBytes", "Rows", "allowed", "layout_key", "make_device_layer",
 ]
