@@ -13,21 +13,27 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from gpuloom.bench.labels import policy_of, spec_of  # noqa: E402
 
 
 def short_name(policy: str) -> str:
     """``policy`` for a legend: an option naming a file (``holds=docs/.../bench_x_run54_warmup.json``)
     shows the run it came from (``holds=run54``), or the file's stem without its folders."""
+    spec = spec_of(policy)
+    repeat = policy[len(spec):]  # "#2" of a variant listed again, kept past the file-name shortening
     parts = []
-    for part in policy.split(":"):
+    for part in spec.split(":"):
         key, sep, value = part.partition("=")
         if sep and ("/" in value or value.endswith(".json")):
             stem = Path(value).stem
             run = re.search(r"run\d+", stem)
             value = run.group(0) if run else stem
         parts.append(f"{key}{sep}{value}")
-    return ":".join(parts)
+    return ":".join(parts) + repeat
 
 
 def main() -> int:
@@ -63,7 +69,7 @@ def main() -> int:
         for stem, pts in runs:
             label = short_name(pol) if len(runs) == 1 else f"{short_name(pol)} ({stem})"
             x = [p["offered_rps"] for p in pts]
-            style = dict(marker="o", lw=2.5 if pol.split(",")[0] == "dstack" else 1.2,
+            style = dict(marker="o", lw=2.5 if policy_of(pol.split(",")[0]) == "dstack" else 1.2,
                          ls=":" if pol.endswith(", 8 hw queues") else "-")
             ax1.plot(x, [p["slo_attainment"] for p in pts], label=label, **style)
             ax2.plot(x, [p["goodput_rps"] for p in pts], label=label, **style)
