@@ -756,7 +756,8 @@ def to_json(workload: Workload, results: Sequence[PolicyResult], *, device: str,
                                            for p in r.points]} for r in results},
     }
     # variants of a policy ("dstack:lookahead_ms=0") and repeats ("dstack#2") are not baselines
-    base = [r for r in results if policy_of(r.policy) != "dstack" and not r.error]
+    rivals = [r for r in results if policy_of(r.policy) != "dstack"]
+    base = [r for r in rivals if not r.error]
     ds = next((r for r in results if r.policy == "dstack"), None)
     if ds is not None and base:
         best = max(base, key=lambda r: r.max_scale)
@@ -769,7 +770,7 @@ def to_json(workload: Workload, results: Sequence[PolicyResult], *, device: str,
             # a dstack sweep cut short by an error gives a lower bound, not its highest load
             "dstack_complete": not ds.error,
             # every baseline's points, a run cut short by an error too: what it measured stands
-            "goodput_by_scale": goodput_ratios(ds, [r for r in results if policy_of(r.policy) != "dstack"]),
+            "goodput_by_scale": goodput_ratios(ds, rivals),
         }
     return _clean(out)
 

@@ -137,8 +137,8 @@ def run(args: argparse.Namespace) -> int:
     from gpuloom.bench.e2e import (bench_policy, build_models, check_arrivals, resolve_device_and_profiles,
                                    save_json, to_json)
     from gpuloom.bench.labels import run_labels
-    from gpuloom.commands.output import table_console
     from gpuloom.bench.workload import WorkloadError, load_workload
+    from gpuloom.commands.output import table_console
     from gpuloom.policy import make_policy, policy_names
     from gpuloom.runtime.affinity import parse_cpus, pinned
     from gpuloom.runtime.device import check_outputs
@@ -292,13 +292,13 @@ def run(args: argparse.Namespace) -> int:
                       f"{last.scale:.4g}", f"{last.goodput_rps:.0f}",
                       f"{last.slo_attainment:.3f}", f"{last.p50_ms:.1f}", f"{last.p99_ms:.1f}",
                       f"{last.sm_utilization:.2f}", f"{last.gpu_idle_ratio:.2f}", f"{last.dispatch_overhead:.3f}")
-    # a log or a pipe gets the width of a wide terminal, not rich's 80 columns
-    table_console(160).print(table)
+    out = table_console(160)  # a log or a pipe gets the width of a wide terminal, not rich's 80 columns
+    out.print(table)
     for r in results:
         if r.error:
             console.print(f"[red]{r.policy} stopped:[/red] {r.error}")
     if "dstack_vs_best_baseline" in report:
-        table_console(160).print(summary_line(report["dstack_vs_best_baseline"], args.target))
+        out.print(summary_line(report["dstack_vs_best_baseline"], args.target))
     if args.out:
         console.print(f"wrote {args.out}")
     return 0 if not any(r.error for r in results) else 1

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
             eager = timed(model, x)
             ours = timed(cm, x)
         # what streams="auto" kept for this batch's bucket: single / multi / forward, "_cl" for NHWC
-        kept = cm.stream_choice.get(min(b for b in cm.buckets if b >= args.batch), "-") if on_gpu else "-"
+        kept = cm.stream_choice.get(cm.bucket_for(args.batch), "-") if on_gpu else "-"
         table.add_row(name, str(len(cm.graph.ops)), str(cm.plan.num_streams), str(cm.plan.num_syncs), kept,
                       f"{eager:.2f}", f"{ours:.2f}", f"{eager / ours:.2f}x", f"{cm.compile_seconds:.1f}")
         console.print(f"[bold]{name}[/]: {cm!r}")

@@ -51,8 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import torch
-    from gpuloom.commands.output import table_console
     from rich.table import Table
+
+    from gpuloom.commands.output import table_console
 
     console = table_console(140)
     if not torch.cuda.is_available():

@@ -255,6 +255,10 @@ def capture_graphs(
             kinds += ["single_cl"] + (["multi_cl"] if executors["multi_cl"].plan.num_streams > 1 else [])
     skipped: dict[int, str] = {}
     skipped_kinds: dict[str, str] = {}  # an optional candidate that failed once, and why
+
+    def skip(bucket: int, why: str) -> None:  # a bucket may leave out several optional candidates
+        skipped[bucket] = "; ".join(filter(None, (skipped.get(bucket), why)))
+
     cudnn_benchmark = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = _CUDNN_AUTOTUNE[0]
     captured: dict[int, CapturedBucket] = {}
@@ -267,7 +271,7 @@ def capture_graphs(
                 best: CapturedBucket | None = None
                 for kind in kinds:
                     if kind in skipped_kinds:
-                        skipped[b] = "; ".join(filter(None, (skipped.get(b), skipped_kinds[kind])))
+                        skip(b, skipped_kinds[kind])
                         continue
                     ex = executors[kind]
                     optional = kind in OPTIONAL_KINDS and len(kinds) > 1
@@ -279,7 +283,7 @@ def capture_graphs(
                         # try this candidate in no other bucket (what failed here fails there)
                         torch.cuda.synchronize()
                         why = f"{kind}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                        skipped[b] = "; ".join(filter(None, (skipped.get(b), why)))
+                        skip(b, why)
                         if not isinstance(e, torch.cuda.OutOfMemoryError):  # a smaller bucket may fit
                             skipped_kinds[kind] = why
                         continue

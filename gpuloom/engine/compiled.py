@@ -122,9 +122,8 @@ class CompiledModel:
         if choice == "forward" and "forward" not in self._executors:
             raise ValueError("streams='forward' needs the model's own forward, which compile did not keep "
                              "(its parameters were not all on the compile device)")
-        if choice.endswith("_cl") and choice not in self._executors:
-            raise ValueError(f"streams={choice!r} needs the channels-last DAG of compile(channels_last='auto'), "
-                             f"which this model does not have: {self._no_channels_last_why()}")
+        if choice.endswith("_cl"):
+            self._require_channels_last(choice)
         wanted = tuple(buckets) if buckets is not None else self.buckets
         unknown = [b for b in wanted if b not in self.buckets]
         if unknown:
@@ -148,11 +147,18 @@ class CompiledModel:
             return True
         return "auto" if self.graph_cl is not None else False
 
-    def _no_channels_last_why(self) -> str:
+    def _require_channels_last(self, kind: str) -> None:
+        """ValueError, saying why, where ``kind`` (an executor) is missing: only the channels-last
+        DAG's can be (``single``/``multi`` always exist)."""
+        if kind in self._executors:
+            return
         if self._cl_dropped:
-            return "compile timed it and no bucket kept it, so it was freed"
-        return ("not asked for, compiled for the CPU (nothing to time there), captured with torch.fx, or no 4-D "
-                "convolution weight to convert")
+            why = "compile timed it and no bucket kept it, so it was freed"
+        else:
+            why = ("not asked for, compiled for the CPU (nothing to time there), captured with torch.fx, or no "
+                   "4-D convolution weight to convert")
+        raise ValueError(f"streams={kind!r} needs the channels-last DAG of compile(channels_last='auto'), "
+                         f"which this model does not have: {why}")
 
     @property
     def memory_bytes(self) -> int:
@@ -284,9 +290,7 @@ class CompiledModel:
         kind = {1: "single", "max": "multi"}.get(streams, streams)
         if kind not in ("single", "multi", "single_cl", "multi_cl"):
             raise ValueError(f"streams must be 'max', 1, 'multi_cl' or 'single_cl', got {streams!r}")
-        if kind not in self._executors:
-            raise ValueError(f"streams={streams!r} needs the channels-last DAG of compile(channels_last='auto'), "
-                             f"which this model does not have: {self._no_channels_last_why()}")
+        self._require_channels_last(kind)
         ex = self._executors[kind]
         if self.device.type != "cuda":
             return ex.run(inputs)
