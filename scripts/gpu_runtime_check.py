@@ -324,7 +324,9 @@ MIX6_RATE = {"resnet50": 800, "mobilenet_v2": 1600, "inception_v3": 400, "effici
              "bert_base": 300}
 
 
-def check_overhead(duration, scale):
+def check_overhead(duration, scale, outputs=("copies",)):
+    """Dispatch overhead at batch 1 per policy, for each way of handing outputs back (``outputs``:
+    "copies", the default, and/or "views": run 70 put views' overhead above copies' at batches up to 16)."""
     global RATE_SCALE_HINT
     from gpuloom.bench.e2e import run_point
 
@@ -334,9 +336,11 @@ def check_overhead(duration, scale):
     wl = workload(MIX6, MIX6_SLO, MIX6_RATE, duration)
     out = {}
     # dstack as it runs by default (lanes per plan) and on partitions, as the sixth session measured it
-    for pol, name, opts in (("dstack", "dstack", {}), ("dstack", "dstack:lanes=partitions", {"lanes": "partitions"}),
-                            ("triton", "triton", {})):
-        svc = service(pol, models, wl, policy_options=opts)
+    runs = [(pol, name + ("" if mode == "copies" else f":outputs={mode}"), opts, mode) for mode in outputs
+            for pol, name, opts in (("dstack", "dstack", {}), ("dstack", "dstack:lanes=partitions", {"lanes": "partitions"}),
+                                    ("triton", "triton", {}))]
+    for pol, name, opts, mode in runs:
+        svc = service(pol, models, wl, policy_options=opts, **({} if mode == "copies" else {"outputs": mode}))
         try:
             p = run_point(svc, wl, name, scale=scale, duration_s=duration)
             be = svc.stats()["backend"]
@@ -357,9 +361,14 @@ def main() -> int:
     ap.add_argument("--only", default="serve,disjoint,failure,memory,loadwhile,overhead")
     ap.add_argument("--quick", action="store_true", help="1.5 s points instead of 3 s")
     ap.add_argument("--overhead-scale", type=float, default=0.25, help="load factor of the mix6 overhead run")
+    ap.add_argument("--overhead-outputs", default="copies",
+                    help="comma-separated: copies and/or views, the outputs modes the overhead check runs (default copies)")
     ap.add_argument("--cpu-dry-run", action="store_true",
                     help="tiny models on the CPU at 2%% of the rates: checks the script, measures nothing")
     a = ap.parse_args()
+    modes = tuple(m.strip() for m in a.overhead_outputs.split(",") if m.strip())
+    if not modes or not set(modes) <= {"copies", "views"}:
+        ap.error(f"--overhead-outputs: expected copies and/or views, got {a.overhead_outputs!r}")
     prefer_all_connections()  # as gpuloom serve and bench do, before CUDA starts
     OUT = Path(a.out)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -396,7 +405,7 @@ def main() -> int:
     if "overhead" in only:
         del light
         torch.cuda.empty_cache()
-        step("overhead", check_overhead, dur, a.overhead_scale)
+        step("overhead", check_overhead, dur, a.overhead_scale, modes)
     R["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     save()
     ok = all(not (isinstance(v, dict) and "error" in v) for k, v in R.items() if k in only)

@@ -5,6 +5,7 @@
 #     SERVE_CMD="python3 scripts/serve_e2e.py ..." bash scripts/gpu_runtime_session.sh
 #   STEPS="tests diag bench" TESTS="tests/test_exec_backend_gpu.py" DIAG_CMD="python3 scripts/diag_wake.py --out \$OUT/diag/w.json" ...
 #   BENCH_ARGS_light3="--scale 8,9 ..." ...   (a workload's own arguments instead of BENCH_ARGS)
+#   OVERHEAD_ARGS="--overhead-outputs copies,views" ...   (more arguments for the overhead check)
 #   BENCH_PREFIX="taskset -c 0-1" ...   (runs the bench under that command: here, on two CPU cores)
 #   BENCH_ENVS="- CUDA_DEVICE_MAX_CONNECTIONS=32 -" ...   (one bench process per entry, "-" = as is: an
 #     A/B/A of a process-wide setting; outputs bench/<workload>_<i>.json)
@@ -40,7 +41,7 @@ for s in $STEPS; do
              --only serve,disjoint,failure,memory,loadwhile > "$OUT/logs/check.txt" 2>&1
            tail -c 3000 "$OUT/logs/check.txt" ;;
     overhead) timeout "$T_OVERHEAD" python3 scripts/gpu_runtime_check.py --out "$OUT/overhead" --quick \
-             --only overhead > "$OUT/logs/overhead.txt" 2>&1; tail -c 2000 "$OUT/logs/overhead.txt" ;;
+             --only overhead ${OVERHEAD_ARGS:-} > "$OUT/logs/overhead.txt" 2>&1; tail -c 2000 "$OUT/logs/overhead.txt" ;;
     bench) for w in $BENCH; do n=$(basename "$w" .yaml); i=0
              own="BENCH_ARGS_$n"; args=${!own:-$BENCH_ARGS}
              for e in ${BENCH_ENVS:--}; do  # one bench process per entry: "-" as is, or NAME=VALUE[,NAME=VALUE]
