@@ -21,7 +21,8 @@ timeout still leaves what was measured:
    serving threads would show up here).
 5. ``overhead``: the 6-model mix (examples/mix6.yaml models) compiled at max_batch 1 under dstack (its
    default lanes, and on partitions) and triton: dispatch overhead (host dispatch ms / device ms;
-   target < 5%) and GPU idle ratio with work queued.
+   target < 5%) and GPU idle ratio with work queued; ``--overhead-outputs views,copies`` runs each
+   for both ways of handing outputs back (runs named ``dstack:outputs=views`` and so on).
 
 ``--only serve,failure`` runs a subset; ``--quick`` shortens the points.
 """
@@ -340,7 +341,7 @@ def check_overhead(duration, scale, outputs=("copies",)):
             for pol, name, opts in (("dstack", "dstack", {}), ("dstack", "dstack:lanes=partitions", {"lanes": "partitions"}),
                                     ("triton", "triton", {}))]
     for pol, name, opts, mode in runs:
-        svc = service(pol, models, wl, policy_options=opts, **({} if mode == "copies" else {"outputs": mode}))
+        svc = service(pol, models, wl, policy_options=opts, outputs=mode)
         try:
             p = run_point(svc, wl, name, scale=scale, duration_s=duration)
             be = svc.stats()["backend"]
@@ -366,7 +367,7 @@ def main() -> int:
     ap.add_argument("--cpu-dry-run", action="store_true",
                     help="tiny models on the CPU at 2%% of the rates: checks the script, measures nothing")
     a = ap.parse_args()
-    modes = tuple(m.strip() for m in a.overhead_outputs.split(",") if m.strip())
+    modes = tuple(dict.fromkeys(m.strip() for m in a.overhead_outputs.split(",") if m.strip()))  # in order, once
     if not modes or not set(modes) <= {"copies", "views"}:
         ap.error(f"--overhead-outputs: expected copies and/or views, got {a.overhead_outputs!r}")
     prefer_all_connections()  # as gpuloom serve and bench do, before CUDA starts
@@ -374,7 +375,11 @@ def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     if a.cpu_dry_run:
         DEV, RATE_SCALE = "cpu", 0.02
-        a.only = ",".join(x for x in a.only.split(",") if x in ("serve", "failure", "loadwhile"))
+        kept = [x for x in a.only.split(",") if x in ("serve", "failure", "loadwhile")]
+        if len(kept) < len([x for x in a.only.split(",") if x]):
+            print(f"--cpu-dry-run runs only serve, failure and loadwhile; skipping the rest of {a.only!r}",
+                  file=sys.stderr)
+        a.only = ",".join(kept)
     elif not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2

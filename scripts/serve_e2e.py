@@ -428,9 +428,11 @@ def run(args: argparse.Namespace) -> int:
         other_cpus = pin_apart(cpus)  # the workers' and the HTTP clients'
         say(f"the service's process on CPUs {sorted(cpus)}; workers and clients on {sorted(other_cpus)}")
     clients = args.clients or min(len(workload.models), max(1, (os.cpu_count() or 2) // 2))
-    # which host, how fast (the bench's probes): HTTP ratios from two machines differ (run 71 against 43)
-    host = describe_machine(torch.cuda.synchronize if device.startswith("cuda") else None)
-    say(summary(host))
+    # which host, how fast, at the start and the end (as the bench): HTTP ratios from two machines
+    # differ (run 71 against 43), and a host can slow within one call (run 70)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else None
+    machine = {"start": describe_machine(sync)}
+    say(summary(machine["start"]))
 
     models = build_models(workload, tiny=args.tiny, device=device, max_batch=args.max_batch, progress=say)
     t_built = time.monotonic()
@@ -453,7 +455,7 @@ def run(args: argparse.Namespace) -> int:
                 "build_s": round(t_built - t_start, 1), "seconds": round(time.monotonic() - t_start, 1),
                 "cpus": os.cpu_count(), "service_cpus": args.cpus, "inprocess_arrivals": args.inprocess_arrivals,
                 "inprocess_inputs": "copied" if args.inprocess_copies else "pinned",
-                "host": host, **connections_in_effect().as_meta()}
+                "machine": dict(machine), **connections_in_effect().as_meta()}
         if device.startswith("cuda"):
             meta["gpu"] = torch.cuda.get_device_name(0)
         ok = bool(points) and not error and all(p["books"]["all_answered"] and p["books"]["server_balanced"]
@@ -544,7 +546,8 @@ def run(args: argparse.Namespace) -> int:
         if server is not None:
             server.stop()
         svc.close(drain=False, timeout_s=10)
-
+    machine["end"] = describe_machine(sync)
+    say(summary(machine["end"]) + " (at the end)")
     report = make_report(error)
     save(report)
     if args.out:

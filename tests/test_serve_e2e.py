@@ -51,7 +51,8 @@ def test_every_http_request_is_answered_and_the_server_books_balance(report):
     assert [p["scale"] for p in rep["points"]] == [1.0, 0.5]
     assert rep["meta"]["inprocess_inputs"] == "pinned"  # the in-process reference skips the copy, as HTTP does
     assert rep["outputs"] == "copies"  # the service's default, for both legs
-    assert rep["meta"]["host"]["python_loop_us"] > 0  # how fast this host was: ratios of two machines differ
+    # how fast this host was, at the start and the end: ratios of two machines (or one slowing) differ
+    assert all(rep["meta"]["machine"][k]["python_loop_us"] > 0 for k in ("start", "end"))
     for pt in rep["points"]:
         expected = _expected_arrivals(pt["scale"])
         assert sum(expected.values()) > 10
