@@ -1428,14 +1428,15 @@ class CudaDeviceLayer(DeviceLayer):
         instead) when page-locked memory runs out, e.g. while callers hold many outputs."""
         torch = self._torch
         sizes = [t.numel() * t.element_size() for t in lane.pinned_out[key]]
-        if not self.views_bytes.reserve(sum(sizes)):
+        total = sum(sizes)
+        if not self.views_bytes.reserve(total):
             self._refuse_views(f"the views still held take {self.views_bytes.live / 2**20:.0f} MiB of at most "
                                f"{self.views_bytes.limit / 2**20:.0f} (views_max_bytes)")
             return None
         try:
             pin = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in lane.pinned_out[key]]
         except RuntimeError as e:
-            self.views_bytes.release(sum(sizes))
+            self.views_bytes.release(total)
             if "out of memory" not in str(e).lower():
                 raise  # a CUDA error, not a lack of page-locked memory: the batch fails with it
             self._refuse_views(f"no page-locked memory for a batch's outputs ({e})")
