@@ -348,7 +348,9 @@ def check_overhead(duration, scale, outputs=("copies",)):
             out[name] = {"scale": scale, "point": point_json(p), "dispatch_overhead": p.dispatch_overhead,
                         "gpu_idle_ratio_with_work_queued": p.gpu_idle_ratio, "idle_ratio": p.idle_ratio,
                         "host_dispatch_ms": be["host_dispatch_ms"], "device_ms": be["device_ms"],
-                        "batches": be["batches"], "target_overhead_met": p.dispatch_overhead < 0.05}
+                        "batches": be["batches"], "target_overhead_met": p.dispatch_overhead < 0.05,
+                        # host ms per launch phase (views: "alloc", their buffers), and the views' pool
+                        "launch_ms": be.get("launch_ms"), "views_buffers": be.get("views_buffers")}
         finally:
             svc.close(drain=True, timeout_s=10)
         save()

@@ -14,7 +14,7 @@ from gpuloom.policy import Layout, Status, make_policy
 from gpuloom.policy.base import ModelInfo, PolicyContext
 from gpuloom.profile.synthetic import synthetic_profile
 from gpuloom.runtime.core import Runtime
-from gpuloom.runtime.device import FakeDeviceLayer, FakeModel, GraphMemoryError, LiveBytes
+from gpuloom.runtime.device import BufferPool, FakeDeviceLayer, FakeModel, GraphMemoryError, LiveBytes
 from gpuloom.runtime.exec_backend import ExecBackend
 
 POLICIES = ["dstack", "triton", "clipper", "nexus", "gslice", "temporal"]
@@ -660,6 +660,48 @@ def test_trim_frees_every_cached_build_nobody_uses_and_keeps_the_one_in_use():
     assert dev.trim() == 1 and list(dev._cache.values()) == [halves] and whole.state is None
     dev.release(halves)
     assert dev.trim() == 1 and not dev._cache
+
+
+def test_buffer_pool_reuses_a_buffer_only_once_every_view_of_its_lease_is_freed():
+    """outputs="views"'s pool (BufferPool): a buffer lent out is not handed to the next batch while a
+    request still holds a view of it (the next batch would write over that request's output); once
+    the last view is freed (on any thread) the next take of its shape gets it back with no new
+    allocation; another shape never does."""
+    import gc
+
+    pool = BufferPool()
+    made = []
+
+    def make(n=8):
+        made.append(np.zeros(n, np.float32))  # stands for a page-locked torch tensor
+        return made[-1]
+
+    def lease(buf):  # what the layer hands a batch: a fresh array over the buffer (as tensor.numpy())
+        return np.frombuffer(memoryview(buf), dtype=buf.dtype)
+
+    sig = ((8,), "float32")
+    first = pool.take(sig, make)
+    arr = lease(first)
+    pool.lend(sig, first, arr)
+    request_view = arr[:2]  # a request keeps its output
+    del arr
+    gc.collect()
+    second = pool.take(sig, make)
+    assert second is not first and pool.made == 2 and pool.reused == 0
+    pool.give_back(sig, second)  # never handed out
+    views = [request_view]
+    del request_view
+    t = threading.Thread(target=views.clear)  # the last view freed on another thread
+    t.start()
+    t.join()
+    gc.collect()
+    assert pool.free_count() == 2
+    again = [pool.take(sig, make), pool.take(sig, make)]
+    assert {id(b) for b in again} == {id(first), id(second)} and pool.made == 2 and pool.reused == 2
+    other = pool.take(((4,), "float32"), lambda: make(4))
+    assert other is not first and other is not second and pool.made == 3
+    pool.clear()
+    assert pool.free_count() == 0
 
 
 def test_live_bytes_refuse_over_the_limit_and_come_back_when_the_last_view_is_freed():

@@ -464,6 +464,7 @@ class ExecBackend(Backend):
                 "outputs": getattr(self.device, "outputs", ""),  # CUDA: outputs copied off, or views handed out
                 "views_refused": getattr(self.device, "views_refused", 0),  # CUDA: views wanted, copied (no memory)
                 "views_torch_copies": getattr(self.device, "views_torch_copies", 0),  # views wanted, torch launch: copied
+                "views_buffers": dict(getattr(self.device, "views_buffers", {})),  # CUDA: views' buffers made, reused
                 "complete_on": self.complete_on,
                 "loop_completions": self.loop_completions,  # batches the device posted the loop for
                 "torch_launch_plans": getattr(self.device, "torch_launch_plans", 0),  # CUDA: buckets torch launched
