@@ -20,7 +20,6 @@ spread (min, max) over ``--repeat`` runs, each with a fresh bridge and client.
 
     .venv/bin/python scripts/diag_bridge_cost.py --repeat 5 --out /tmp/bridge.json
     .venv/bin/python scripts/diag_bridge_cost.py --window 4 --rate 1700 --repeat 5
-    .venv/bin/python scripts/diag_bridge_cost.py --window 8 --rate 1700 --replies direct,writer --repeat 5
 """
 
 from __future__ import annotations
@@ -47,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpuloom.runtime.threadcpu import stat_cpu_s, thread_cpu  # noqa: E402
 from gpuloom.serve import arena as arena_mod  # noqa: E402
-from gpuloom.serve.frontend import FRAME, REPLIES, InferBridge, pack  # noqa: E402
+from gpuloom.serve.frontend import FRAME, InferBridge, pack  # noqa: E402
 
 
 class StandInCore:
@@ -159,11 +158,11 @@ def _proc_cpu(pid: int) -> float:
 
 
 # -- one measured run ----------------------------------------------------------------------------
-def run_once(args, replies: str = "direct") -> dict:
+def run_once(args) -> dict:
     core = StandInCore(args.out_bytes)
     tmp = tempfile.mkdtemp(prefix="gpuloom-bridge-")
     path = os.path.join(tmp, "bridge.sock")
-    bridge = InferBridge(core, path, replies=replies)
+    bridge = InferBridge(core, path)
     stop = threading.Event()
     busy = None
     if args.busy_us > 0:
@@ -189,7 +188,7 @@ def run_once(args, replies: str = "direct") -> dict:
     def us(role: str) -> float:
         return round((c1.get(role, 0.0) - c0.get(role, 0.0)) / n * 1e6, 2)
 
-    return {"replies": replies, "requests_per_s": round(n / wall, 1), "requests": n,
+    return {"requests_per_s": round(n / wall, 1), "requests": n,
             "bridge_us_per_req": us("gpuloom-bridge"),
             "reader_us_per_req": round((b1.get("gpuloom-bridge", 0) - b0.get("gpuloom-bridge", 0)) / n * 1e6, 2),
             "writer_us_per_req": round((b1.get("gpuloom-bridge-write", 0) - b0.get("gpuloom-bridge-write", 0)) / n * 1e6, 2), "runtime_standin_us_per_req": us("gpuloom-runtime"),
@@ -198,12 +197,10 @@ def run_once(args, replies: str = "direct") -> dict:
 
 
 def summarize(runs: list[dict]) -> dict:
-    """Median, min and max of every figure, per way of sending replies."""
-    out: dict = {}
-    for mode in dict.fromkeys(r["replies"] for r in runs):
-        mine = [r for r in runs if r["replies"] == mode]
-        out[mode] = {k: {"median": round(statistics.median(r[k] for r in mine), 4), "min": min(r[k] for r in mine),
-                         "max": max(r[k] for r in mine)} for k in mine[0] if k != "replies"}
+    out = {}
+    for k in runs[0]:
+        vals = [r[k] for r in runs]
+        out[k] = {"median": round(statistics.median(vals), 4), "min": min(vals), "max": max(vals)}
     return out
 
 
@@ -218,9 +215,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=4.0, help="measured seconds per run")
     ap.add_argument("--warmup-s", type=float, default=1.0)
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--replies", default="direct",
-                    help="how the bridge sends replies (InferBridge(replies=...)): direct, writer, or a comma list "
-                         "to take turns run by run (an A/B in one process)")
     ap.add_argument("--label", default="")
     ap.add_argument("--out", default=None, help="write the runs and their summary here (JSON)")
     ap.add_argument("--client", default=None, help=argparse.SUPPRESS)  # internal: run as the client
@@ -228,15 +222,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.client:
         client(args.client, args.window, args.rate, args.in_bytes, args.inline)
         return 0
-    modes = [m.strip() for m in args.replies.split(",") if m.strip()]
-    if not modes or any(m not in REPLIES for m in modes):
-        ap.error(f"--replies: expected a comma list of {REPLIES}, got {args.replies!r}")
     runs = []
     for i in range(args.repeat):
-        for mode in modes:
-            r = run_once(args, mode)
-            runs.append(r)
-            print(json.dumps({"run": i, **r}), flush=True)
+        r = run_once(args)
+        runs.append(r)
+        print(json.dumps({"run": i, **r}), flush=True)
     summary = summarize(runs)
     print(json.dumps({"summary": summary}, indent=1))
     if args.out:

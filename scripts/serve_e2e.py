@@ -57,7 +57,6 @@ TARGET = 0.9  # issue 6: HTTP goodput >= 90% of in-process goodput
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from gpuloom.bench.e2e import ARRIVALS
-    from gpuloom.serve.frontend import REPLIES
 
     p = argparse.ArgumentParser(prog="serve_e2e.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -82,9 +81,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--outputs", choices=("copies", "views"), default="copies",
                    help="InferenceService(outputs=...) for both legs: outputs copied off the page-locked buffers "
                         "(default) or views of them (gpuloom serve --outputs)")
-    p.add_argument("--bridge-replies", choices=REPLIES, default="direct",
-                   help="how the runtime's process sends the HTTP workers their replies: from the thread that "
-                        "answers (default) or through a writer thread per worker (as before the twenty-third session)")
     p.add_argument("--complete-on", choices=("watcher", "loop"), default=None,
                    help="who learns that a batch is done (InferenceService(complete_on=...); default: the service's)")
     p.add_argument("--lookahead-ms", type=float, default=None,
@@ -467,8 +463,7 @@ def run(args: argparse.Namespace) -> int:
         report = _clean({
             "schema": SCHEMA, "workload": args.workload, "policy": args.policy, "scales": args.scales,
             "duration_s": args.duration, "device": device, "tiny": args.tiny, "max_batch": args.max_batch,
-            "clients": clients, "http_workers": args.http_workers, "bridge_replies": args.bridge_replies,
-            "lookahead_ms": svc.lookahead_ms,
+            "clients": clients, "http_workers": args.http_workers, "lookahead_ms": svc.lookahead_ms,
             "raw_launch": bool(getattr(svc.device, "raw_launch", False)), "complete_on": svc.complete_on,
             "outputs": svc.outputs, "target": TARGET, "ok": ok, "error": error,
             "summary": [{"scale": p["scale"], "offered_rps": p["offered_rps"],
@@ -496,7 +491,7 @@ def run(args: argparse.Namespace) -> int:
                        deadline_ms=60_000).result(60)
         core = ServeCore(svc, None)
         server = Server(core, host="127.0.0.1", http_port=0, grpc_port=None, http_workers=args.http_workers,
-                        worker_cpus=other_cpus, bridge_replies=args.bridge_replies)
+                        worker_cpus=other_cpus)
         addr = server.start()
         http_warmup(addr.http_url, svc.models())
         say(f"HTTP server on http://{addr.http_url} (the gpuloom serve code, in this process)")
@@ -537,10 +532,7 @@ def run(args: argparse.Namespace) -> int:
             bridge = getattr(server, "_bridge", None)
             if bridge is not None:  # requests through a worker's arena, page-locked or not, or inline
                 http["bridge"] = {"arena_requests": bridge.arena_requests, "inline_requests": bridge.inline_requests,
-                                  "pinned_arenas": bridge.pinned_arenas, "replies": bridge.replies,
-                                  # replies sent whole by the answering thread, or left to a writer (cumulative)
-                                  "replies_direct": sum(p.direct for p in bridge.pipes),
-                                  "replies_deferred": sum(p.deferred for p in bridge.pipes)}
+                                  "pinned_arenas": bridge.pinned_arenas}
             points.append(make_point(scale, args.duration, inproc, http, books_delta(books0, core.books.snapshot()), times, used))
             say(f"x{scale:g}: goodput in-process {inproc['goodput_rps']:.1f}/s, HTTP {http['goodput_rps']:.1f}/s, "
                 f"ratio {points[-1]['ratio']['goodput']}")

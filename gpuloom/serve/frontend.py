@@ -26,6 +26,7 @@ import asyncio
 import json
 import logging
 import os
+import queue
 import signal
 import socket
 import struct
@@ -44,7 +45,6 @@ log = logging.getLogger(__name__)
 FRAME = struct.Struct("!IQ")
 _READ_BUF = 1 << 16  # bytes the bridge's reader asks the socket for per call
 _JOIN_MAX = 1 << 16  # reply parts smaller than this are joined into one send; bigger go as they are
-REPLIES = ("direct", "writer")  # how the bridge sends replies: from the answering thread, or a writer thread's
 _HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
 
 
@@ -99,21 +99,17 @@ class InferBridge:
 
     One thread per worker connection reads frames (``recv_into`` releases the GIL) and submits each
     request through ``core``; the future's callback (on the runtime's thread) books the outcome and
-    sends the reply frame through the connection's :class:`_ReplyPipe`: at once where the socket takes
-    it, else through the pipe's writer thread, so a worker slow to read never holds up the runtime.
-    ``replies="writer"`` sends every reply through the writer thread (as before the pipe), to compare.
+    queues the reply frame for the connection's writer thread: socket writes, which block while the
+    worker is slow to read, never hold up the runtime.
     """
 
-    def __init__(self, core: Any, path: str, replies: str = "direct") -> None:
-        if replies not in REPLIES:
-            raise ValueError(f"replies: expected one of {REPLIES}, got {replies!r}")
-        self.core, self.path, self.replies = core, path, replies
+    def __init__(self, core: Any, path: str) -> None:
+        self.core, self.path = core, path
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.bind(path)
         self._sock.listen(64)
         self._conns: list[socket.socket] = []
-        self._threads: list[threading.Thread] = []  # one reader per worker connection
-        self.pipes: list[_ReplyPipe] = []  # each connection's replies (and how they were sent)
+        self._threads: list[threading.Thread] = []  # one per worker connection
         self._closed = False
         self.arena_requests = 0  # requests whose tensors came through a worker's shared memory
         self.inline_requests = 0  # ... and over the socket
@@ -132,10 +128,11 @@ class InferBridge:
             t.start()
 
     def _serve(self, conn: socket.socket) -> None:
-        replies = _ReplyPipe(conn, direct=self.replies == "direct")
-        self.pipes.append(replies)
+        out: queue.SimpleQueue = queue.SimpleQueue()  # reply frames; None stops the writer
         pinned = None
         in_arena = _Outstanding()  # requests whose rows the device may still read from the arena
+        writer = threading.Thread(target=self._write, args=(conn, out), name="gpuloom-bridge-write", daemon=True)
+        writer.start()
         try:
             shared = _recv_hello(conn)  # the worker's arena (a memoryview), or None
             if shared is False:
@@ -151,18 +148,18 @@ class InferBridge:
                 off = meta.get("arena")
                 if off is None:
                     self.inline_requests += 1
-                    self._submit(replies, meta, payload)
+                    self._submit(out, meta, payload)
                     continue
                 self.arena_requests += 1
                 n = payload_bytes(meta)
                 if shared is None or not (isinstance(off, int) and 0 <= off and off + n <= len(shared)):
-                    replies.send(_internal_error_frame(meta["id"], ValueError(f"bad arena block {off!r} (+{n} bytes)")))
+                    out.put(_internal_error_frame(meta["id"], ValueError(f"bad arena block {off!r} (+{n} bytes)")))
                     continue
-                self._submit(replies, meta, shared[off:off + n], in_arena)  # the tensors in place: no copy here
+                self._submit(out, meta, shared[off:off + n], in_arena)  # the tensors in place: no copy here
         except OSError:
             return
         finally:
-            replies.close()  # the writer sends what is still queued, then closes the connection
+            out.put(None)  # the writer sends what is queued, then closes the connection
             if pinned is not None:
                 self._unpin(pinned, in_arena)
 
@@ -190,7 +187,41 @@ class InferBridge:
         self.core.service.device.unregister_host(addr)
         self.pinned_arenas -= 1
 
-    def _submit(self, replies: "_ReplyPipe", meta: dict, payload: memoryview,
+    @staticmethod
+    def _write(conn: socket.socket, out: queue.SimpleQueue) -> None:
+        """Send the queued reply frames: every frame already queued goes out with this one, their small
+        parts joined into one ``sendall`` (one GIL release, not one per part and frame); parts of
+        ``_JOIN_MAX`` bytes or more are sent as they are (no copy)."""
+        try:
+            stop = False
+            while not stop:
+                frame = out.get()
+                parts: list[Any] = []
+                size = 0
+                while True:
+                    if frame is None:  # the reader is done: send what is gathered, then close
+                        stop = True
+                        break
+                    for b in frame:  # bytes, or memoryviews cast to "B": len() is the byte count
+                        if len(b) >= _JOIN_MAX:
+                            if parts:
+                                conn.sendall(b"".join(parts))
+                                parts, size = [], 0
+                            conn.sendall(b)
+                        else:
+                            parts.append(b)
+                            size += len(b)
+                    if size >= _JOIN_MAX or out.empty():  # this thread alone takes from ``out``
+                        break
+                    frame = out.get_nowait()
+                if parts:
+                    conn.sendall(b"".join(parts))
+        except OSError:  # the worker is gone; its client's connection went with it
+            pass
+        finally:
+            conn.close()
+
+    def _submit(self, out: queue.SimpleQueue, meta: dict, payload: memoryview,
                 in_arena: "_Outstanding | None" = None) -> None:
         rid, name, version = meta["id"], meta["model"], meta.get("version")
         t0 = time.perf_counter()
@@ -199,10 +230,10 @@ class InferBridge:
             self.core.check_outputs(name, version, meta.get("outputs"))
             fut, _ = self.core.submit(name, version, inputs, meta.get("deadline_ms"))
         except ProtocolError as e:
-            replies.send(_error_frame(rid, e))
+            out.put(_error_frame(rid, e))
             return
         except Exception as e:  # noqa: BLE001 - a malformed frame: answered, never a dead worker
-            replies.send(_internal_error_frame(rid, e))
+            out.put(_internal_error_frame(rid, e))
             return
         rows = next(iter(inputs.values())).shape[0]
 
@@ -215,7 +246,7 @@ class InferBridge:
                 frame = _error_frame(rid, e)
             except Exception as e:  # noqa: BLE001 - e.g. outputs that cannot be framed: still answered
                 frame = _internal_error_frame(rid, e)
-            replies.send(frame)
+            out.put(frame)
 
         if in_arena is not None:
             in_arena.add()
@@ -237,121 +268,6 @@ class InferBridge:
         deadline = time.monotonic() + 10.0  # let each connection unlock its arena (bounded)
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
-
-
-class _ReplyPipe:
-    """One worker connection's replies, sent from the thread that makes them.
-
-    Why: a writer thread per connection woke, and took the GIL, once per reply burst: on the H200 at
-    2,000 requests/s the bridge's threads used a third of the runtime's interpreter, mostly wake-ups
-    and GIL hand-offs (``docs/reports/serving.md``). A reply is now sent at once by whoever makes it
-    (the runtime's thread, through the future's callback) with a send that never blocks
-    (``MSG_DONTWAIT``: a Unix socket takes a whole small frame or nothing). What the socket cannot take
-    now (the worker reads slowly) goes to a backlog that the connection's writer thread drains with
-    blocking sends; while a backlog exists, later frames queue behind it, so frames stay whole and in
-    order and the runtime's thread never blocks on a slow worker.
-    """
-
-    def __init__(self, conn: socket.socket, direct: bool = True) -> None:
-        self._conn = conn
-        self._direct = direct  # False: every frame goes through the writer (the bridge before this class)
-        self._cv = threading.Condition()
-        self._backlog: list[memoryview] = []  # bytes the writer still has to send, in order
-        self._writing = False  # the writer holds bytes taken from the backlog, not yet sent
-        self._closing = False  # the reader is done: send the backlog, then close
-        self._broken = False  # a send failed: the worker is gone, further frames are dropped
-        self.direct = 0  # frames sent whole by the thread that made them
-        self.deferred = 0  # frames (or their tails) left to the writer
-        self._writer = threading.Thread(target=self._drain, name="gpuloom-bridge-write", daemon=True)
-        self._writer.start()
-
-    def send(self, frame: list[Any]) -> None:
-        """Send ``frame`` (buffers: bytes or byte memoryviews) now if the socket takes it, else queue it."""
-        with self._cv:
-            if self._broken or self._closing and not (self._backlog or self._writing):
-                return
-            if self._backlog or self._writing or not self._direct:  # behind frames not yet sent: keep the order
-                self._backlog.extend(memoryview(b).cast("B") for b in frame)
-                self.deferred += 1
-                self._cv.notify()
-                return
-            try:
-                sent = self._conn.sendmsg(frame, [], socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                sent = 0
-            except OSError:
-                self._broken = True
-                return
-            rest = _skip(frame, sent)
-            if not rest:
-                self.direct += 1
-                return
-            self._backlog.extend(rest)
-            self.deferred += 1
-            self._cv.notify()
-
-    def close(self) -> None:
-        """No more frames will come from the reader: the writer sends the backlog, then closes."""
-        with self._cv:
-            self._closing = True
-            self._cv.notify()
-
-    def _drain(self) -> None:
-        conn = self._conn
-        try:
-            while True:
-                with self._cv:
-                    while not self._backlog and not self._closing:
-                        self._cv.wait()
-                    if not self._backlog:  # closing, nothing left
-                        return
-                    parts, self._backlog = self._backlog, []
-                    self._writing = True
-                try:
-                    for chunk in _joined(parts):
-                        conn.sendall(chunk)
-                except OSError:  # the worker is gone; its client's connection went with it
-                    with self._cv:
-                        self._broken = True
-                    return
-                finally:
-                    with self._cv:
-                        self._writing = False
-        finally:
-            conn.close()
-
-
-def _skip(frame: list[Any], n: int) -> list[memoryview]:
-    """The bytes of ``frame`` after its first ``n``, as byte views (no copy)."""
-    rest: list[memoryview] = []
-    for b in frame:
-        v = memoryview(b).cast("B")
-        if n >= len(v):
-            n -= len(v)
-            continue
-        rest.append(v[n:])
-        n = 0
-    return rest
-
-
-def _joined(parts: list[memoryview]):
-    """``parts`` as few sends: small ones joined up to ``_JOIN_MAX`` bytes, big ones as they are."""
-    small: list[memoryview] = []
-    size = 0
-    for p in parts:
-        if len(p) >= _JOIN_MAX:
-            if small:
-                yield b"".join(small)
-                small, size = [], 0
-            yield p
-            continue
-        small.append(p)
-        size += len(p)
-        if size >= _JOIN_MAX:
-            yield b"".join(small)
-            small, size = [], 0
-    if small:
-        yield b"".join(small)
 
 
 class _Outstanding:

@@ -59,13 +59,8 @@ class Server:
 
     def __init__(self, core: ServeCore, *, host: str = "127.0.0.1", http_port: int = 8000, grpc_port: int | None = 8001,
                  drain_timeout_s: float = 30.0, listen_backlog: int = 2048, http_workers: int = 0,
-                 worker_arena_mb: int | None = None, worker_cpus: set[int] | None = None,
-                 bridge_replies: str = "direct"):
+                 worker_arena_mb: int | None = None, worker_cpus: set[int] | None = None):
         self.core = core
-        if bridge_replies not in frontend.REPLIES:
-            raise ValueError(f"bridge_replies: expected one of {frontend.REPLIES}, got {bridge_replies!r}")
-        # how the runtime's process sends the workers their replies (frontend.InferBridge)
-        self.bridge_replies = bridge_replies
         # the CPUs the front-end workers run on (None: those of this process when it starts them)
         self.worker_cpus = worker_cpus
         if not isinstance(http_workers, int) or http_workers < 0:
@@ -163,7 +158,7 @@ class Server:
 
         self._sockdir = tempfile.mkdtemp(prefix="gpuloom-")
         path = os.path.join(self._sockdir, "bridge.sock")
-        self._bridge = frontend.InferBridge(self.core, path, replies=self.bridge_replies)
+        self._bridge = frontend.InferBridge(self.core, path)
         cmd = [sys.executable, "-m", "gpuloom.serve.frontend", "--socket", path, "--host", self.host,
                "--port", str(port), "--upstream", f"http://127.0.0.1:{internal}",
                "--max-body", str(int(self.core.max_body_bytes)), "--backlog", str(self.listen_backlog),
