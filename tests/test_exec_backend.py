@@ -663,65 +663,42 @@ def test_trim_frees_every_cached_build_nobody_uses_and_keeps_the_one_in_use():
 
 
 def test_buffer_pool_reuses_a_buffer_only_once_every_view_of_its_lease_is_freed():
-    """outputs="views"'s pool (BufferPool): a buffer lent out is not handed to the next batch while a
-    request still holds a view of it (the next batch would write over that request's output); once
-    the last view is freed (on any thread) the next take of its shape gets it back with no new
-    allocation; another shape never does."""
+    """outputs="views"'s pool (BufferPool) and byte budget (LiveBytes): a buffer lent out is not
+    handed to the next batch while a request still holds a view of it (the next batch would write
+    over that request's output); once the last view is freed (on any thread) the next take of its
+    shape gets it back with no new allocation, and its bytes return to the budget; another shape
+    never gets it; a reservation over the budget's limit is refused."""
     import gc
 
-    pool = BufferPool()
+    pool, budget = BufferPool(), LiveBytes(1000)
     made = []
 
     def make(n=8):
         made.append(np.zeros(n, np.float32))  # stands for a page-locked torch tensor
         return made[-1]
 
-    def lease(buf):  # what the layer hands a batch: a fresh array over the buffer (as tensor.numpy())
-        return np.frombuffer(memoryview(buf), dtype=buf.dtype)
-
     sig = ((8,), "float32")
+    assert budget.reserve(600) and not budget.reserve(500) and budget.live == 600
     first = pool.take(sig, make)
-    arr = lease(first)
-    pool.lend(sig, first, arr)
-    request_view = arr[:2]  # a request keeps its output
-    del arr
+    memory = memoryview(first).cast("B")  # made once per buffer, as the layer's _OutBuffer does
+    flat = np.frombuffer(memory, np.float32)  # what the layer hands a batch: a fresh array, base no array
+    batch_out = flat.reshape(2, 4)
+    pool.lend(sig, first, flat, budget.release, 600)
+    request_views = [batch_out[:1], batch_out[1:2].reshape(2, 2)]  # what requests get: slices of it
+    del flat, batch_out
     gc.collect()
+    assert budget.live == 600  # the views keep it
     second = pool.take(sig, make)
     assert second is not first and pool.made == 2 and pool.reused == 0
     pool.give_back(sig, second)  # never handed out
-    views = [request_view]
-    del request_view
-    t = threading.Thread(target=views.clear)  # the last view freed on another thread
+    t = threading.Thread(target=request_views.clear)  # the last view freed on another thread
     t.start()
     t.join()
     gc.collect()
-    assert pool.free_count() == 2
+    assert pool.free_count() == 2 and budget.live == 0 and budget.reserve(1000)
     again = [pool.take(sig, make), pool.take(sig, make)]
     assert {id(b) for b in again} == {id(first), id(second)} and pool.made == 2 and pool.reused == 2
     other = pool.take(((4,), "float32"), lambda: make(4))
     assert other is not first and other is not second and pool.made == 3
     pool.clear()
     assert pool.free_count() == 0
-
-
-def test_live_bytes_refuse_over_the_limit_and_come_back_when_the_last_view_is_freed():
-    """outputs="views"'s budget of page-locked bytes (LiveBytes): a reservation over the limit is
-    refused; a tracked buffer's bytes return only once every slice of it handed out is gone, from
-    whichever thread drops the last one; a failed allocation gives its reservation back."""
-    import gc
-
-    budget = LiveBytes(1000)
-    assert budget.reserve(600) and not budget.reserve(500) and budget.live == 600
-    buf = np.zeros(600, dtype=np.uint8)
-    budget.track(buf, 600)
-    request_views = [buf[:100], buf[100:300].reshape(2, 100)]  # what requests get: slices of the batch's buffer
-    del buf
-    gc.collect()
-    assert budget.live == 600  # the views keep it
-    t = threading.Thread(target=request_views.clear)  # the last view freed on another thread
-    t.start()
-    t.join()
-    gc.collect()
-    assert budget.live == 0 and budget.reserve(1000)
-    budget.release(1000)  # an allocation that failed after its reservation
-    assert budget.live == 0

@@ -612,11 +612,11 @@ OUTPUTS = ("copies", "views")
 
 
 class LiveBytes:
-    """Bytes of buffers handed out and still referenced, under a limit: ``reserve`` before allocating
-    (False over the limit), ``track`` each buffer once made (its bytes come back when the last array
-    onto it is freed, in whichever thread that happens), ``release`` what a failed allocation
-    reserved. ``outputs="views"`` holds its page-locked output buffers to it, so callers keeping
-    outputs cannot page-lock the host's memory without bound: over the limit a batch copies instead."""
+    """Bytes of buffers handed out and still referenced, under a limit: ``reserve`` before handing one
+    out (False over the limit), ``release`` when it is freed (``BufferPool.lend``'s ``on_free``, in
+    whichever thread that happens) or was never handed out. ``outputs="views"`` holds its page-locked
+    output buffers to it, so callers keeping outputs cannot page-lock the host's memory without bound:
+    over the limit a batch copies instead."""
 
     def __init__(self, limit: float) -> None:
         self.limit = limit
@@ -633,11 +633,6 @@ class LiveBytes:
     def release(self, nbytes: int) -> None:
         with self._lock:
             self.live -= nbytes
-
-    def track(self, buffer: Any, nbytes: int) -> None:
-        """``buffer``: the array every handed-out view is a slice of (a slice keeps its base alive; a
-        torch tensor would not do: its numpy view outlives it)."""
-        weakref.finalize(buffer, self.release, nbytes)
 
 
 class BufferPool:
@@ -675,9 +670,16 @@ class BufferPool:
         with self._lock:
             self._free.setdefault(signature, []).append(buf)
 
-    def lend(self, signature: Any, buf: Any, array: Any) -> None:
-        """``buf`` comes back when ``array`` (a numpy array over ``buf`` whose views keep it alive) is freed."""
-        weakref.finalize(array, self.give_back, signature, buf)
+    def lend(self, signature: Any, buf: Any, array: Any, on_free: Callable[..., Any] | None = None,
+             *args: Any) -> None:
+        """``buf`` comes back when ``array`` (a numpy array over ``buf`` whose views keep it alive) is
+        freed; then ``on_free(*args)`` runs, if given (one finalizer for both: each costs microseconds)."""
+        weakref.finalize(array, self._back, signature, buf, on_free, args)
+
+    def _back(self, signature: Any, buf: Any, on_free: Callable[..., Any] | None, args: tuple) -> None:
+        self.give_back(signature, buf)
+        if on_free is not None:
+            on_free(*args)
 
     def free_count(self) -> int:
         with self._lock:
@@ -687,6 +689,20 @@ class BufferPool:
         """Forget the free buffers (those still lent come back later, and are kept)."""
         with self._lock:
             self._free.clear()
+
+
+class _OutBuffer:
+    """A page-locked output buffer shaped as ``like`` (a torch tensor), with what a launch needs of it
+    made once: its bytes (numpy arrays are made over them per batch) and its address."""
+
+    __slots__ = ("tensor", "memory", "ptr")
+
+    def __init__(self, like: Any) -> None:
+        import torch
+
+        self.tensor = torch.empty(like.shape, dtype=like.dtype, pin_memory=True)
+        self.memory = memoryview(self.tensor.numpy()).cast("B")  # keeps the tensor's memory alive
+        self.ptr = self.tensor.data_ptr()
 
 
 def check_outputs(outputs: str, raw_launch: bool = True) -> str:
@@ -1483,32 +1499,36 @@ class CudaDeviceLayer(DeviceLayer):
         handed out of it are gone; so no later batch writes where a request's output lies. None (the
         batch copies out of the slot's buffers instead) when page-locked memory runs out, e.g. while
         callers hold many outputs."""
-        torch = self._torch
-        sizes = [t.numel() * t.element_size() for t in lane.pinned_out[key]]
-        total = sum(sizes)
+        import numpy as np
+
+        slot = lane.np_out[key]  # numpy views of the slot's buffers: shape, dtype, nbytes without torch calls
+        total = sum(a.nbytes for a in slot)
         if not self.views_bytes.reserve(total):
             self._refuse_views(f"the views still held take {self.views_bytes.live / 2**20:.0f} MiB of at most "
                                f"{self.views_bytes.limit / 2**20:.0f} (views_max_bytes)")
             return None
-        pin: list[Any] = []
+        bufs: list[_OutBuffer] = []
         try:
-            for t in lane.pinned_out[key]:
-                sig = (tuple(t.shape), t.dtype)
-                pin.append(self._out_pool.take(
-                    sig, lambda t=t: torch.empty(t.shape, dtype=t.dtype, pin_memory=True)))
+            for i, a in enumerate(slot):
+                bufs.append(self._out_pool.take((a.shape, a.dtype), lambda i=i: _OutBuffer(lane.pinned_out[key][i])))
         except RuntimeError as e:
-            for t in pin:  # never handed out: free again at once
-                self._out_pool.give_back((tuple(t.shape), t.dtype), t)
+            for a, buf in zip(slot, bufs):  # never handed out: free again at once
+                self._out_pool.give_back((a.shape, a.dtype), buf)
             self.views_bytes.release(total)
             if "out of memory" not in str(e).lower():
                 raise  # a CUDA error, not a lack of page-locked memory: the batch fails with it
             self._refuse_views(f"no page-locked memory for a batch's outputs ({e})")
             return None
-        arrays = [t.numpy() for t in pin]  # a fresh array per batch: its views keep it (and so the lease) alive
-        for t, a, n in zip(pin, arrays, sizes):
-            self.views_bytes.track(a, n)
-            self._out_pool.lend((tuple(t.shape), t.dtype), t, a)
-        return pin, arrays, [t.data_ptr() for t in pin]
+        # a fresh array per batch over the buffer's bytes whose base is no array (frombuffer: a
+        # memoryview), so every view handed out of it, reshaped or sliced, keeps it (and so the lease)
+        # alive, and the buffer comes back when the last one dies. (np.ndarray(buffer=...) would not
+        # do: its base is the tensor's array, which the pool keeps, so the lease would end at once.)
+        arrays = []
+        for a, buf in zip(slot, bufs):
+            flat = np.frombuffer(buf.memory, a.dtype)
+            arrays.append(flat.reshape(a.shape))
+            self._out_pool.lend((a.shape, a.dtype), buf, flat, self.views_bytes.release, a.nbytes)
+        return [buf.tensor for buf in bufs], arrays, [buf.ptr for buf in bufs]
 
     def _refuse_views(self, why: str) -> None:
         self.views_refused += 1
