@@ -700,5 +700,7 @@ def test_buffer_pool_reuses_a_buffer_only_once_every_view_of_its_lease_is_freed(
     assert {id(b) for b in again} == {id(first), id(second)} and pool.made == 2 and pool.reused == 2
     other = pool.take(((4,), "float32"), lambda: make(4))
     assert other is not first and other is not second and pool.made == 3
+    assert pool.fill(sig, make, 3) == 3 and pool.free_count(sig) == 3 and pool.made == 6  # ahead of the takes
+    assert pool.fill(sig, make, 2) == 0 and pool.take(sig, make) is made[-1] and pool.made == 6
     pool.clear()
     assert pool.free_count() == 0
