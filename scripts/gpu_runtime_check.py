@@ -326,11 +326,21 @@ MIX6_RATE = {"resnet50": 800, "mobilenet_v2": 1600, "inception_v3": 400, "effici
 
 
 def _delta(after, before):
-    """``after - before`` key by key (counters of a stats dict), or None where there is none."""
-    if not after:
+    """``after - before`` key by key for the numbers of a stats dict (nested dicts likewise; other
+    values as they are after), or ``after`` itself where it is no dict."""
+    if not isinstance(after, dict):
         return after
-    before = before or {}
-    return {k: v - before.get(k, 0) for k, v in after.items()}
+    before = before if isinstance(before, dict) else {}
+    out = {}
+    for k, v in after.items():
+        b = before.get(k)
+        if isinstance(v, dict):
+            out[k] = _delta(v, b)
+        elif isinstance(v, (int, float)) and not isinstance(v, bool) and isinstance(b, (int, float)):
+            out[k] = v - b
+        else:
+            out[k] = v
+    return out
 
 
 def check_overhead(duration, scale, outputs=("copies",)):

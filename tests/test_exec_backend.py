@@ -14,7 +14,7 @@ from gpuloom.policy import Layout, Status, make_policy
 from gpuloom.policy.base import ModelInfo, PolicyContext
 from gpuloom.profile.synthetic import synthetic_profile
 from gpuloom.runtime.core import Runtime
-from gpuloom.runtime.device import BufferPool, FakeDeviceLayer, FakeModel, GraphMemoryError, LiveBytes
+from gpuloom.runtime.device import BufferPool, FakeDeviceLayer, FakeModel, GraphMemoryError, LiveBytes, lease_views
 from gpuloom.runtime.exec_backend import ExecBackend
 
 POLICIES = ["dstack", "triton", "clipper", "nexus", "gslice", "temporal"]
@@ -662,45 +662,94 @@ def test_trim_frees_every_cached_build_nobody_uses_and_keeps_the_one_in_use():
     assert dev.trim() == 1 and not dev._cache
 
 
-def test_buffer_pool_reuses_a_buffer_only_once_every_view_of_its_lease_is_freed():
-    """outputs="views"'s pool (BufferPool) and byte budget (LiveBytes): a buffer lent out is not
-    handed to the next batch while a request still holds a view of it (the next batch would write
-    over that request's output); once the last view is freed (on any thread) the next take of its
-    shape gets it back with no new allocation, and its bytes return to the budget; another shape
-    never gets it; a reservation over the budget's limit is refused."""
+class _HostBuffer:
+    """Stands for the layer's page-locked output buffer (``_OutBuffer``): bytes behind a memoryview."""
+
+    def __init__(self, like):
+        self.array = np.zeros(like.shape, like.dtype)
+        self.memory = memoryview(self.array).cast("B")
+
+
+def test_views_lease_holds_a_buffer_until_every_request_view_of_it_is_freed():
+    """outputs="views"'s buffers (``lease_views``, what the CUDA layer calls per batch, over a
+    BufferPool and a LiveBytes budget): a buffer lent to a batch is not handed to the next one while a
+    request still holds a view of its output, reshaped or sliced (the next batch would write over
+    it); once the last view is freed (on another thread) the next batch of that shape reuses it, with
+    no new buffer, and its bytes return to the budget; another shape never gets it."""
     import gc
 
-    pool, budget = BufferPool(), LiveBytes(1000)
+    pool, budget = BufferPool(), LiveBytes(10_000)
+    slot = [np.zeros((2, 4), np.float32)]  # the lane slot's outputs: what a batch's are shaped as
     made = []
 
-    def make(n=8):
-        made.append(np.zeros(n, np.float32))  # stands for a page-locked torch tensor
+    def make(i):
+        made.append(_HostBuffer(slot[i]))
         return made[-1]
 
-    sig = ((8,), "float32")
-    assert budget.reserve(600) and not budget.reserve(500) and budget.live == 600
-    first = pool.take(sig, make)
-    memory = memoryview(first).cast("B")  # made once per buffer, as the layer's _OutBuffer does
-    flat = np.frombuffer(memory, np.float32)  # what the layer hands a batch: a fresh array, base no array
-    batch_out = flat.reshape(2, 4)
-    pool.lend(sig, first, flat, budget.release, 600)
-    request_views = [batch_out[:1], batch_out[1:2].reshape(2, 2)]  # what requests get: slices of it
-    del flat, batch_out
+    bufs, arrays = lease_views(pool, budget, slot, make)
+    assert budget.live == 32 and np.shares_memory(arrays[0], bufs[0].array)
+    request_views = [arrays[0][:1], arrays[0][1:2].reshape(2, 2)]  # what the batch's two requests keep
+    del arrays
     gc.collect()
-    assert budget.live == 600  # the views keep it
-    second = pool.take(sig, make)
-    assert second is not first and pool.made == 2 and pool.reused == 0
-    pool.give_back(sig, second)  # never handed out
+    assert budget.live == 32 and pool.free_count() == 0  # the views keep it lent
+    bufs2, arrays2 = lease_views(pool, budget, slot, make)
+    assert bufs2[0] is not bufs[0] and len(made) == 2
+    del bufs2, arrays2
+    gc.collect()
+    assert pool.free_count() == 1 and budget.live == 32  # the second batch's buffer is back
     t = threading.Thread(target=request_views.clear)  # the last view freed on another thread
     t.start()
     t.join()
     gc.collect()
-    assert pool.free_count() == 2 and budget.live == 0 and budget.reserve(1000)
-    again = [pool.take(sig, make), pool.take(sig, make)]
-    assert {id(b) for b in again} == {id(first), id(second)} and pool.made == 2 and pool.reused == 2
-    other = pool.take(((4,), "float32"), lambda: make(4))
-    assert other is not first and other is not second and pool.made == 3
-    assert pool.fill(sig, make, 3) == 3 and pool.free_count(sig) == 3 and pool.made == 6  # ahead of the takes
-    assert pool.fill(sig, make, 2) == 0 and pool.take(sig, make) is made[-1] and pool.made == 6
-    pool.clear()
+    assert pool.free_count() == 2 and budget.live == 0
+    again = [lease_views(pool, budget, slot, make) for _ in range(2)]
+    assert {id(b[0][0]) for b in again} == {id(m) for m in made} and len(made) == 2 and pool.reused == 2
+    other = lease_views(pool, budget, [np.zeros(3, np.float32)], lambda i: _HostBuffer(np.zeros(3, np.float32)))
+    assert other[0][0] not in made and pool.made == 3
+
+
+def test_views_lease_refuses_over_its_budget_and_gives_back_on_out_of_memory():
+    """Over ``views_max_bytes`` a batch gets no views (it copies instead) and nothing is reserved;
+    a buffer that cannot be made for lack of page-locked memory gives back what the batch already
+    took, and its reservation; any other error is the batch's own and is raised."""
+    pool, budget = BufferPool(), LiveBytes(40)
+    slot = [np.zeros(4, np.float32), np.zeros(4, np.float32)]  # 32 bytes a batch
+    held = lease_views(pool, budget, slot, lambda i: _HostBuffer(slot[i]))
+    why = lease_views(pool, budget, slot, lambda i: _HostBuffer(slot[i]))
+    assert isinstance(why, str) and "views_max_bytes" in why and budget.live == 32
+    del held
+    import gc
+
+    gc.collect()
+    assert budget.live == 0 and pool.free_count() == 2
+
+    def oom(i):
+        if i == 1:
+            raise RuntimeError("CUDA error: out of memory")
+        return _HostBuffer(slot[i])
+
+    pool2, budget2 = BufferPool(), LiveBytes(1000)
+    why = lease_views(pool2, budget2, slot, oom)
+    assert isinstance(why, str) and "no page-locked memory" in why
+    assert budget2.live == 0 and pool2.free_count() == 1  # the first output's buffer is free again
+
+    def broken(i):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        lease_views(pool2, budget2, [np.zeros(8, np.float32)], broken)
+    assert budget2.live == 0
+
+
+def test_buffer_pool_keeps_free_buffers_up_to_its_bound_and_none_once_closed():
+    pool = BufferPool(max_free_bytes=100)
+    pool.give_back("a", object(), 60)
+    pool.give_back("b", object(), 60)  # over the bound: dropped (freed)
+    assert pool.free_count() == 1 and pool.dropped == 1
+    kept = pool.take("a", lambda: None)
+    assert kept is not None and pool.reused == 1
+    pool.give_back("a", kept, 60)
+    pool.close()
     assert pool.free_count() == 0
+    pool.give_back("a", kept, 60)  # a view freed after the layer closed: not kept
+    assert pool.free_count() == 0 and pool.dropped == 2

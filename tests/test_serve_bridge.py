@@ -183,7 +183,11 @@ def test_a_worker_that_does_not_read_its_replies_holds_up_no_other_worker(bridge
     n_slow = 40
     for rid in range(n_slow):
         slow.sendall(_frame(rid, big))
-    time.sleep(0.2)  # let the core answer them (10 MB the slow worker does not read)
+    deadline = time.monotonic() + 10
+    while bridge.inline_requests < n_slow and time.monotonic() < deadline:  # all submitted ...
+        time.sleep(0.01)
+    assert bridge.inline_requests == n_slow
+    time.sleep(0.1)  # ... and answered by the core's thread (10 MB the slow worker does not read)
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     fast.sendall(_frame(1000, x))
     meta, outs = _replies(fast, 1)[1000]
@@ -191,3 +195,5 @@ def test_a_worker_that_does_not_read_its_replies_holds_up_no_other_worker(bridge
     got = _replies(slow, n_slow)  # once it reads, every reply arrives whole (and the framing holds)
     assert sorted(got) == list(range(n_slow))
     assert all(m["status"] == 200 and np.array_equal(o["y"], big * 2) for m, o in got.values())
+    slow.close()
+    fast.close()

@@ -644,64 +644,99 @@ class BufferPool:
     host allocator, 0.07-0.13 ms per launch on the H200 (run 70's ``alloc``), on the runtime's thread;
     views then cost more dispatch time than the copies they save (5.5-5.9% of GPU busy time against
     3.1-3.3%). A buffer taken back here is reused by the next batch of its shape with no allocator
-    call. The pool holds at most what was lent at once (free buffers are kept, never freed before
-    :meth:`clear`), so a bound on what is lent bounds it too.
+    call. At most ``max_free_bytes`` of free buffers are kept (one given back beyond that is dropped,
+    and so freed), and none once the pool is closed.
     """
 
-    def __init__(self) -> None:
-        self._free: dict[Any, list[Any]] = {}
+    def __init__(self, max_free_bytes: float = float("inf")) -> None:
+        self.max_free_bytes = max_free_bytes
+        self._free: dict[Any, list[tuple[Any, int]]] = {}  # signature -> [(buffer, bytes)]
+        self._free_bytes = 0
+        self._closed = False
         self._lock = threading.RLock()  # a give-back can run inside take (a finalizer the GC fires)
         self.made = 0
         self.reused = 0
+        self.dropped = 0  # buffers given back over max_free_bytes, or after close: freed
 
     def take(self, signature: Any, make: Callable[[], Any]) -> Any:
         with self._lock:
             free = self._free.get(signature)
             if free:
                 self.reused += 1
-                return free.pop()
+                buf, nbytes = free.pop()
+                self._free_bytes -= nbytes
+                return buf
         buf = make()  # outside the lock: an allocation can take milliseconds
         with self._lock:
             self.made += 1
         return buf
 
-    def give_back(self, signature: Any, buf: Any) -> None:
-        """``buf`` is free again (nothing handed out reads or writes it any more)."""
+    def give_back(self, signature: Any, buf: Any, nbytes: int = 0) -> None:
+        """``buf`` (``nbytes`` long) is free again: nothing handed out reads or writes it any more."""
         with self._lock:
-            self._free.setdefault(signature, []).append(buf)
+            if self._closed or self._free_bytes + nbytes > self.max_free_bytes:
+                self.dropped += 1
+                return
+            self._free.setdefault(signature, []).append((buf, nbytes))
+            self._free_bytes += nbytes
 
-    def lend(self, signature: Any, buf: Any, array: Any, on_free: Callable[..., Any] | None = None,
-             *args: Any) -> None:
+    def lend(self, signature: Any, buf: Any, array: Any, nbytes: int = 0,
+             on_free: Callable[[int], Any] | None = None) -> None:
         """``buf`` comes back when ``array`` (a numpy array over ``buf`` whose views keep it alive) is
-        freed; then ``on_free(*args)`` runs, if given (one finalizer for both: each costs microseconds)."""
-        weakref.finalize(array, self._back, signature, buf, on_free, args)
+        freed; then ``on_free(nbytes)`` runs, if given (one finalizer for both: each costs microseconds)."""
+        weakref.finalize(array, self._back, signature, buf, nbytes, on_free)
 
-    def _back(self, signature: Any, buf: Any, on_free: Callable[..., Any] | None, args: tuple) -> None:
-        self.give_back(signature, buf)
+    def _back(self, signature: Any, buf: Any, nbytes: int, on_free: Callable[[int], Any] | None) -> None:
+        self.give_back(signature, buf, nbytes)
         if on_free is not None:
-            on_free(*args)
+            on_free(nbytes)
 
-    def fill(self, signature: Any, make: Callable[[], Any], count: int) -> int:
-        """Make buffers until ``count`` of ``signature`` are free (ahead of the takes); how many were made."""
-        made = 0
-        while self.free_count(signature) < count:
-            self.give_back(signature, make())
-            made += 1
+    def free_count(self) -> int:
         with self._lock:
-            self.made += made
-        return made
-
-    def free_count(self, signature: Any = None) -> int:
-        """Free buffers of ``signature``, or of every signature."""
-        with self._lock:
-            if signature is not None:
-                return len(self._free.get(signature, ()))
             return sum(len(v) for v in self._free.values())
 
-    def clear(self) -> None:
-        """Forget the free buffers (those still lent come back later, and are kept)."""
+    def close(self) -> None:
+        """Free the free buffers, and every buffer given back from now on."""
         with self._lock:
+            self._closed = True
             self._free.clear()
+            self._free_bytes = 0
+
+
+def lease_views(pool: BufferPool, budget: "LiveBytes", like: Sequence[Any],
+                make: Callable[[int], Any]) -> tuple[list[Any], list[Any]] | str:
+    """Buffers for one batch's outputs shaped as the numpy arrays ``like`` (``make(i)`` makes one for
+    ``like[i]``: an object with a ``memory`` memoryview of its bytes), and a fresh numpy array over
+    each, lent (:meth:`BufferPool.lend`) and held to ``budget``. Or why not (a str): over the budget,
+    or a ``make`` that ran out of memory (RuntimeError saying "out of memory"; any other error is raised).
+
+    Each array is made with ``np.frombuffer`` over the buffer's memoryview, so its base is no array:
+    every view handed out of it, reshaped or sliced, keeps it (and so the lease) alive, and the buffer
+    comes back only when the last one dies. (``np.ndarray(buffer=...)`` would not do: numpy makes the
+    buffer's own array the base, which the pool keeps, and the lease would end at once.)"""
+    import numpy as np
+
+    total = sum(a.nbytes for a in like)
+    if not budget.reserve(total):
+        return (f"the views still held take {budget.live / 2**20:.0f} MiB of at most "
+                f"{budget.limit / 2**20:.0f} (views_max_bytes)")
+    bufs: list[Any] = []
+    try:
+        for i, a in enumerate(like):
+            bufs.append(pool.take((a.shape, a.dtype), lambda i=i: make(i)))
+    except RuntimeError as e:
+        for a, buf in zip(like, bufs):  # never handed out: free again at once
+            pool.give_back((a.shape, a.dtype), buf, a.nbytes)
+        budget.release(total)
+        if "out of memory" not in str(e).lower():
+            raise  # a CUDA error, not a lack of page-locked memory: the batch fails with it
+        return f"no page-locked memory for a batch's outputs ({e})"
+    arrays = []
+    for a, buf in zip(like, bufs):
+        flat = np.frombuffer(buf.memory, a.dtype)
+        arrays.append(flat.reshape(a.shape))
+        pool.lend((a.shape, a.dtype), buf, flat, a.nbytes, budget.release)
+    return bufs, arrays
 
 
 class _OutBuffer:
@@ -839,10 +874,10 @@ class CudaDeviceLayer(DeviceLayer):
 
     ``outputs="copies"`` (default) copies a finished batch's rows off the slot's pinned buffers, which
     the slot's next batch reuses. ``outputs="views"`` gives each batch page-locked output buffers of
-    its own at launch, from torch's caching host allocator (a cache hit costs microseconds on the
-    launching thread; a miss, milliseconds), and hands its requests views of them: no copy on the way
-    back, and a buffer returns to the cache only once its ticket and every view of it are gone, at the
-    price of page-locked memory held as long as a caller keeps an output. Where that memory runs out,
+    its own at launch, from the layer's :class:`BufferPool` (reused: microseconds on the launching
+    thread; a miss allocates page-locked memory, milliseconds), and hands its requests views of them:
+    no copy on the way back, and a buffer returns to the pool only once its ticket and every view of
+    it are gone, at the price of page-locked memory held as long as a caller keeps an output. Where that memory runs out,
     or the views still held reach ``views_max_bytes`` (default 4 GiB; :class:`LiveBytes`), the batch
     copies out of the slot's buffers instead (:attr:`views_refused`). On the H200 the copy
     was 3.1-4.7 ms of bert_base's 5-7 ms hold per batch (up to 16 rows, 6 MB; run 61); with views,
@@ -910,7 +945,8 @@ class CudaDeviceLayer(DeviceLayer):
         self.views_refused = 0  # outputs="views": batches copied out because page-locked memory ran out
         # or because the views still held reached views_max_bytes
         self.views_bytes = LiveBytes(views_max_bytes)
-        self._out_pool = BufferPool()  # outputs="views": page-locked output buffers, reused once freed
+        # outputs="views": page-locked output buffers, reused once freed; free ones up to the views' bound
+        self._out_pool = BufferPool(max_free_bytes=views_max_bytes)
         self.views_torch_copies = 0  # outputs="views": batches copied out because they launched through torch
         self._copy_lock = threading.Lock()
         self.torch_launch_plans = 0  # (lane, model, bucket)s launched through torch although raw_launch is on
@@ -1264,12 +1300,6 @@ class CudaDeviceLayer(DeviceLayer):
             pin = lane.pinned_out[(model, slot)] = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in outs]
             lane.np_out[(model, slot)] = [t.numpy() for t in pin]
             lane.ptr_out[(model, slot)] = [t.data_ptr() for t in pin]
-        if self.outputs == "views" and self.raw_launch:
-            # a lane's batches in flight get their own buffers: make them now, not on the runtime's
-            # thread (a page-locked allocation takes milliseconds; run 74 gave 10-14 of them, about
-            # 20 us per launch over a 1.5 s point, to the launches)
-            for t, a in zip(pin, lane.np_out[(model, 0)]):
-                self._out_pool.fill((a.shape, a.dtype), lambda t=t: _OutBuffer(t), LANE_SLOTS)
 
     def _launch(self, lanes: Lanes, index: int, model: str, rows: Rows) -> Any:
         """Runtime thread. Rows -> pinned buffers (host), then on the lane's main stream: async H2D
@@ -1426,7 +1456,7 @@ class CudaDeviceLayer(DeviceLayer):
 
     def close(self) -> None:
         super().close()
-        self._out_pool.clear()
+        self._out_pool.close()
         if self._driver is not None:
             self._driver.close()
             self._driver = None
@@ -1509,7 +1539,8 @@ class CudaDeviceLayer(DeviceLayer):
     @property
     def views_buffers(self) -> dict[str, int]:
         """outputs="views": output buffers made (page-locked allocations) and reused from the pool."""
-        return {"made": self._out_pool.made, "reused": self._out_pool.reused}
+        pool = self._out_pool
+        return {"made": pool.made, "reused": pool.reused, "dropped": pool.dropped}
 
     def _fresh_outputs(self, lane: _CudaLane, key: tuple[str, int]) -> tuple | None:
         """outputs="views": page-locked output buffers for one batch alone (tensors, numpy views,
@@ -1518,35 +1549,12 @@ class CudaDeviceLayer(DeviceLayer):
         handed out of it are gone; so no later batch writes where a request's output lies. None (the
         batch copies out of the slot's buffers instead) when page-locked memory runs out, e.g. while
         callers hold many outputs."""
-        import numpy as np
-
-        slot = lane.np_out[key]  # numpy views of the slot's buffers: shape, dtype, nbytes without torch calls
-        total = sum(a.nbytes for a in slot)
-        if not self.views_bytes.reserve(total):
-            self._refuse_views(f"the views still held take {self.views_bytes.live / 2**20:.0f} MiB of at most "
-                               f"{self.views_bytes.limit / 2**20:.0f} (views_max_bytes)")
+        like = lane.np_out[key]  # numpy views of the slot's buffers: shape, dtype, nbytes without torch calls
+        leased = lease_views(self._out_pool, self.views_bytes, like, lambda i: _OutBuffer(lane.pinned_out[key][i]))
+        if isinstance(leased, str):
+            self._refuse_views(leased)
             return None
-        bufs: list[_OutBuffer] = []
-        try:
-            for i, a in enumerate(slot):
-                bufs.append(self._out_pool.take((a.shape, a.dtype), lambda i=i: _OutBuffer(lane.pinned_out[key][i])))
-        except RuntimeError as e:
-            for a, buf in zip(slot, bufs):  # never handed out: free again at once
-                self._out_pool.give_back((a.shape, a.dtype), buf)
-            self.views_bytes.release(total)
-            if "out of memory" not in str(e).lower():
-                raise  # a CUDA error, not a lack of page-locked memory: the batch fails with it
-            self._refuse_views(f"no page-locked memory for a batch's outputs ({e})")
-            return None
-        # a fresh array per batch over the buffer's bytes whose base is no array (frombuffer: a
-        # memoryview), so every view handed out of it, reshaped or sliced, keeps it (and so the lease)
-        # alive, and the buffer comes back when the last one dies. (np.ndarray(buffer=...) would not
-        # do: its base is the tensor's array, which the pool keeps, so the lease would end at once.)
-        arrays = []
-        for a, buf in zip(slot, bufs):
-            flat = np.frombuffer(buf.memory, a.dtype)
-            arrays.append(flat.reshape(a.shape))
-            self._out_pool.lend((a.shape, a.dtype), buf, flat, self.views_bytes.release, a.nbytes)
+        bufs, arrays = leased
         return [buf.tensor for buf in bufs], arrays, [buf.ptr for buf in bufs]
 
     def _refuse_views(self, why: str) -> None:
@@ -1702,6 +1710,6 @@ def make_device_layer(device: str | None = None, *, raw_launch: bool = True, wor
 
 
 __all__ = [
-    "CpuDeviceLayer", "CudaDeviceLayer", "DeviceFault", "DeviceLayer", "FakeDeviceLayer", "FakeModel",
-    "GraphMemoryError", "Lanes", "LiveBytes", "Rows", "allowed", "layout_key", "make_device_layer",
+    "BufferPool", "CpuDeviceLayer", "CudaDeviceLayer", "DeviceFault", "DeviceLayer", "FakeDeviceLayer", "FakeModel",
+    "GraphMemoryError", "Lanes", "LiveBytes", "Rows", "allowed", "layout_key", "lease_views", "make_device_layer",
 ]
