@@ -348,18 +348,20 @@ def check_overhead(duration, scale, outputs=("copies",)):
     "copies", the default, and/or "views": run 70 put views' overhead above copies' at batches up to 16)."""
     global RATE_SCALE_HINT
     from gpuloom.bench.e2e import run_point
+    from gpuloom.commands.bench import parse_policy_spec
 
     RATE_SCALE_HINT = scale
 
     models = build(MIX6, max_batch=1)
     wl = workload(MIX6, MIX6_SLO, MIX6_RATE, duration)
     out = {}
-    # dstack as it runs by default (lanes per plan) and on partitions, as the sixth session measured it
-    runs = [(pol, name + ("" if mode == "copies" else f":outputs={mode}"), opts, mode) for mode in outputs
-            for pol, name, opts in (("dstack", "dstack", {}), ("dstack", "dstack:lanes=partitions", {"lanes": "partitions"}),
-                                    ("triton", "triton", {}))]
-    for pol, name, opts, mode in runs:
-        svc = service(pol, models, wl, policy_options=opts, outputs=mode)
+    # dstack as it runs by default (lanes per plan) and on partitions, as the sixth session measured it;
+    # named as gpuloom bench names its variants (copies, the default, unnamed)
+    names = [base + ("" if mode == "copies" else f":outputs={mode}") for mode in outputs
+             for base in ("dstack", "dstack:lanes=partitions", "triton")]
+    for name in names:
+        pol, opts, service_opts = parse_policy_spec(name)
+        svc = service(pol, models, wl, policy_options=opts, **service_opts)
         try:
             # unmeasured first: a process's and a service's first second under load is slower (the
             # first policy of a bench loses to itself, runs 51-52), and views' buffers are made then
