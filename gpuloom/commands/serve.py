@@ -36,8 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--outputs", choices=("copies", "views"), default="copies",
                    help="how a request gets its outputs from the GPU's page-locked buffers: copies (default) or "
                         "views of them, held until the response is written (no host copy per batch; on the H200 "
-                        "+0.00-0.12 SLO attainment on mix6 and +14%% goodput on the overloaded mix in-process; "
-                        "needs raw launches, so not with --torch-launch)")
+                        "+0.00-0.12 SLO attainment on mix6 and +14%% goodput on the overloaded mix in-process, "
+                        "no gain measured over HTTP; needs raw launches, so not with --torch-launch)")
     from ..gpu.partition import WORKQUEUES  # no torch: imported only when a partition is made
 
     p.add_argument("--workqueues", choices=WORKQUEUES, default="shared",
