@@ -15,13 +15,16 @@ worker's semaphore per drain (``sem_post`` keeps the GIL: no hand-off).
 Both transports carry what ``diag_bridge_cost.py`` sends: a request whose tensor lies in the worker's
 arena (only its JSON travels), parsed with the bridge's own ``unpack_tensors``; a reply of
 ``--out-bytes`` bytes of outputs made with the bridge's ``pack``; each request's future answered by
-a stand-in runtime at once. ``--transport ring,socket`` takes turns run by run in this one process
-(the socket runs are ``diag_bridge_cost.run_once``: the real ``InferBridge``). For each run: requests
+a stand-in runtime at once. ``--transport ring,ring-thread,socket`` takes turns run by run in this
+one process (the socket runs are ``diag_bridge_cost.run_once``: the real ``InferBridge``;
+``ring-thread`` drains the ring on a bridge thread of its own and hands each request to a stand-in
+runtime thread, which replies: the ring without touching the runtime's loop). For each run: requests
 per s, CPU microseconds per request of the whole process and of its threads, and of the client
 process. x86 only (the ring relies on stores not being reordered, as x86 guarantees).
 
     .venv/bin/python scripts/diag_ring_bridge.py --window 8 --rate 1700 --repeat 5 --out /tmp/ring.json
     .venv/bin/python scripts/diag_ring_bridge.py --window 64 --repeat 5      # saturation
+    .venv/bin/python scripts/diag_ring_bridge.py --transport ring,ring-thread,socket --window 8 --rate 1700
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ import diag_bridge_cost  # noqa: E402
 from gpuloom.runtime.threadcpu import stat_cpu_s, thread_cpu  # noqa: E402
 from gpuloom.serve.frontend import pack, payload_bytes, unpack_tensors  # noqa: E402
 
+TRANSPORTS = ("ring", "ring-thread", "socket")
 SLOTS = 1024  # ring entries (a power of two); a window never exceeds it
 REQ_SLOT = 512  # bytes per request entry: length, then the request's JSON
 _SEM, _IDX = 64, 64  # bytes per semaphore, per ring index (one cache line each)
@@ -102,15 +106,27 @@ REQ_TAIL, REQ_HEAD, REP_TAIL, REP_HEAD = range(4)
 
 class RingLoop:
     """The runtime's loop thread in the ring design: sleeps on its semaphore, drains the request ring,
-    answers each request's future at once (the stand-in runtime), writes each reply, posts once."""
+    answers each request's future at once (the stand-in runtime), writes each reply, posts once.
 
-    def __init__(self, sh: Shared, out_bytes: int) -> None:
+    ``separate_runtime``: the ``ring-thread`` variant, which leaves the runtime's loop alone. This
+    thread is then a bridge thread of its own, and each future is answered on a stand-in runtime thread
+    (as ``diag_bridge_cost``'s), which writes the reply and posts the worker once per reply."""
+
+    def __init__(self, sh: Shared, out_bytes: int, separate_runtime: bool = False) -> None:
         self.sh = sh
         self.outputs = {"y": np.zeros((1, max(1, out_bytes // 4)), np.float32)}
         self.answered = 0
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="gpuloom-ring-loop", daemon=True)
+        self._runtime = diag_bridge_cost.StandInCore(out_bytes) if separate_runtime else None
+        name = "gpuloom-bridge-ring" if separate_runtime else "gpuloom-ring-loop"
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        if self._runtime is not None:
+            self._runtime.close()
 
     def _run(self) -> None:
         sh, view = self.sh, self.sh.view
@@ -127,13 +143,19 @@ class RingLoop:
                 meta = json.loads(bytes(view[at + 4:at + 4 + n]))
                 off = meta["arena"]
                 inputs = unpack_tensors(meta, arena[off:off + payload_bytes(meta)])  # as the bridge does
-                fut: cf.Future = cf.Future()  # the runtime's future, answered at once by the stand-in
                 assert inputs["x"].shape == (1, 1024)
-                fut.add_done_callback(lambda f, rid=meta["id"]: self._reply(rid, f.result()))
-                fut.set_result(self.outputs)
+                if self._runtime is None:
+                    fut: cf.Future = cf.Future()  # the runtime's future, answered at once by the stand-in
+                    fut.add_done_callback(lambda f, rid=meta["id"]: self._reply(rid, f.result()))
+                    fut.set_result(self.outputs)
+                else:  # submitted to the runtime's thread, which answers it and replies
+                    fut, _ = self._runtime.submit("m", None, inputs, None)
+                    fut.add_done_callback(lambda f, rid=meta["id"]: (self._reply(rid, f.result()),
+                                                                     sh.post(CLIENT_SEM)))
                 head += 1
             req_head[0] = head
-            sh.post(CLIENT_SEM)  # one wake of the worker per drain
+            if self._runtime is None:
+                sh.post(CLIENT_SEM)  # one wake of the worker per drain
 
     def _reply(self, rid: int, outs: dict) -> None:
         """Write the reply frame (the bridge's ``pack``) into the next reply entry."""
@@ -192,12 +214,12 @@ def ring_client(sh: Shared, window: int, rate: float, stop_at: float) -> None:
         rep_head[0] = answered
 
 
-def run_ring(args) -> dict:
+def run_ring(args, transport: str = "ring") -> dict:
     sh = Shared(args.out_bytes, 4096)
     end = time.perf_counter() + args.warmup_s + args.seconds + 0.5
     proc = mp.get_context("fork").Process(target=ring_client, args=(sh, args.window, args.rate, end))
     proc.start()  # before this process starts threads (fork copies only the calling thread)
-    loop = RingLoop(sh, args.out_bytes)
+    loop = RingLoop(sh, args.out_bytes, separate_runtime=transport == "ring-thread")
     stop = threading.Event()
     if args.busy_us > 0:
         threading.Thread(target=diag_bridge_cost._busy, args=(stop, args.busy_us), name="busy-python",
@@ -212,15 +234,18 @@ def run_ring(args) -> dict:
     finally:
         proc.join(10)
         stop.set()
-        loop.stop.set()
-        loop.thread.join(5)
+        loop.close()
     n, wall = n1 - n0, t1 - t0
 
     def us(role: str) -> float:
         return round((c1.get(role, 0.0) - c0.get(role, 0.0)) / n * 1e6, 2)
 
-    return {"transport": "ring", "requests_per_s": round(n / wall, 1), "requests": n,
-            "bridge_us_per_req": 0.0, "runtime_us_per_req": us("gpuloom-ring"),
+    if transport == "ring":
+        bridge, runtime = 0.0, us("gpuloom-ring")
+    else:
+        bridge, runtime = us("gpuloom-bridge"), us("gpuloom-runtime")
+    return {"transport": transport, "requests_per_s": round(n / wall, 1), "requests": n,
+            "bridge_us_per_req": bridge, "runtime_us_per_req": runtime,
             "process_us_per_req": us("process"), "client_us_per_req": round((k1 - k0) / n * 1e6, 2)}
 
 
@@ -233,7 +258,10 @@ def run_socket(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--transport", default="ring,socket", help="ring, socket, or a comma list taking turns (default both)")
+    ap.add_argument("--transport", default="ring,socket",
+                    help="a comma list of ring (drained by the runtime's loop thread), ring-thread (drained by "
+                         "a bridge thread of its own) and socket (InferBridge), taking turns run by run "
+                         "(default ring,socket)")
     ap.add_argument("--window", type=int, default=64, help="requests outstanding (default 64)")
     ap.add_argument("--rate", type=float, default=0.0, help="pace sends to this many requests/s (0: as fast as answered)")
     ap.add_argument("--out-bytes", type=int, default=4096, help="reply tensor bytes (default 4096)")
@@ -248,12 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.window <= SLOTS // 2:
         ap.error(f"--window must be in 1..{SLOTS // 2}")
     modes = [m.strip() for m in args.transport.split(",") if m.strip()]
-    if not modes or any(m not in ("ring", "socket") for m in modes):
-        ap.error(f"--transport: expected ring and/or socket, got {args.transport!r}")
+    if not modes or any(m not in TRANSPORTS for m in modes):
+        ap.error(f"--transport: expected a comma list of {TRANSPORTS}, got {args.transport!r}")
     runs = []
     for i in range(args.repeat):
         for m in modes:
-            r = run_ring(args) if m == "ring" else run_socket(args)
+            r = run_socket(args) if m == "socket" else run_ring(args, m)
             runs.append(r)
             print(json.dumps({"run": i, **r}), flush=True)
     summary = {m: {k: round(statistics.median(r[k] for r in runs if r["transport"] == m), 2)
