@@ -877,11 +877,11 @@ class CudaDeviceLayer(DeviceLayer):
     its own at launch, from the layer's :class:`BufferPool` (reused: microseconds on the launching
     thread; a miss allocates page-locked memory, milliseconds), and hands its requests views of them:
     no copy on the way back, and a buffer returns to the pool only once its ticket and every view of
-    it are gone, at the price of page-locked memory held as long as a caller keeps an output. Where that memory runs out,
-    or the views still held reach ``views_max_bytes`` (default 4 GiB; :class:`LiveBytes`), the batch
-    copies out of the slot's buffers instead (:attr:`views_refused`). On the H200 the copy
-    was 3.1-4.7 ms of bert_base's 5-7 ms hold per batch (up to 16 rows, 6 MB; run 61); with views,
-    0.1 ms (run 62). Views need raw launches: torch's asynchronous copy into a buffer of its caching
+    it are gone, at the price of page-locked memory held as long as a caller keeps an output. Where
+    that memory runs out, or the views still held reach ``views_max_bytes`` (default 4 GiB;
+    :class:`LiveBytes`), the batch copies out of the slot's buffers instead (:attr:`views_refused`).
+    On the H200 the copy was 3.1-4.7 ms of bert_base's 5-7 ms hold per batch (up to 16 rows, 6 MB;
+    run 61); with views, 0.1 ms (run 62). Views need raw launches: torch's asynchronous copy into a buffer of its caching
     host allocator ties the buffer to the lane's stream, and freeing it after that stream's green
     context is gone (a caller still holding an output when the layout closes) aborted the process
     (run 62). So ``outputs="views"`` with ``raw_launch=False`` is refused, and a batch that launches
