@@ -720,22 +720,23 @@ def lease_views(pool: BufferPool, budget: "LiveBytes", like: Sequence[Any],
     if not budget.reserve(total):
         return (f"the views still held take {budget.live / 2**20:.0f} MiB of at most "
                 f"{budget.limit / 2**20:.0f} (views_max_bytes)")
+    sigs = [(a.shape, a.dtype) for a in like]
     bufs: list[Any] = []
     try:
-        for i, a in enumerate(like):
-            bufs.append(pool.take((a.shape, a.dtype), lambda i=i: make(i)))
+        for i, sig in enumerate(sigs):
+            bufs.append(pool.take(sig, lambda i=i: make(i)))
     except RuntimeError as e:
-        for a, buf in zip(like, bufs):  # never handed out: free again at once
-            pool.give_back((a.shape, a.dtype), buf, a.nbytes)
+        for a, sig, buf in zip(like, sigs, bufs):  # never handed out: free again at once
+            pool.give_back(sig, buf, a.nbytes)
         budget.release(total)
         if "out of memory" not in str(e).lower():
             raise  # a CUDA error, not a lack of page-locked memory: the batch fails with it
         return f"no page-locked memory for a batch's outputs ({e})"
     arrays = []
-    for a, buf in zip(like, bufs):
+    for a, sig, buf in zip(like, sigs, bufs):
         flat = np.frombuffer(buf.memory, a.dtype)
         arrays.append(flat.reshape(a.shape))
-        pool.lend((a.shape, a.dtype), buf, flat, a.nbytes, budget.release)
+        pool.lend(sig, buf, flat, a.nbytes, budget.release)
     return bufs, arrays
 
 
