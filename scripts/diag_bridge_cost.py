@@ -38,7 +38,9 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -172,28 +174,57 @@ def run_once(args) -> dict:
            "--in-bytes", str(args.in_bytes)] + (["--inline"] if args.inline else [])
     proc = subprocess.Popen(cmd)
     try:
-        time.sleep(args.warmup_s)
-        if core.answered == 0:
-            raise SystemExit("no request answered during the warm-up")
-        n0, c0, t0, k0, b0 = core.answered, thread_cpu(), time.perf_counter(), _proc_cpu(proc.pid), _named_cpu()
-        time.sleep(args.seconds)
-        n1, c1, t1, k1, b1 = core.answered, thread_cpu(), time.perf_counter(), _proc_cpu(proc.pid), _named_cpu()
+        w = measure_window(lambda: core.answered, proc.pid, args.warmup_s, args.seconds)
     finally:
         bridge.close()
         proc.wait(10)
         stop.set()
         core.close()
-    n, wall = n1 - n0, t1 - t0
+    return {"requests_per_s": round(w.n / w.wall, 1), "requests": w.n,
+            "bridge_us_per_req": w.us("gpuloom-bridge"),
+            "reader_us_per_req": w.named_us("gpuloom-bridge"), "writer_us_per_req": w.named_us("gpuloom-bridge-write"),
+            "runtime_standin_us_per_req": w.us("gpuloom-runtime"),
+            "process_us_per_req": w.us("process"), "client_us_per_req": round(w.client_s / w.n * 1e6, 2),
+            "bridge_cpu_s_per_s": round(w.cpu_s("gpuloom-bridge") / w.wall, 4)}
 
-    def us(role: str) -> float:
-        return round((c1.get(role, 0.0) - c0.get(role, 0.0)) / n * 1e6, 2)
 
-    return {"requests_per_s": round(n / wall, 1), "requests": n,
-            "bridge_us_per_req": us("gpuloom-bridge"),
-            "reader_us_per_req": round((b1.get("gpuloom-bridge", 0) - b0.get("gpuloom-bridge", 0)) / n * 1e6, 2),
-            "writer_us_per_req": round((b1.get("gpuloom-bridge-write", 0) - b0.get("gpuloom-bridge-write", 0)) / n * 1e6, 2), "runtime_standin_us_per_req": us("gpuloom-runtime"),
-            "process_us_per_req": us("process"), "client_us_per_req": round((k1 - k0) / n * 1e6, 2),
-            "bridge_cpu_s_per_s": round((c1.get("gpuloom-bridge", 0) - c0.get("gpuloom-bridge", 0)) / wall, 4)}
+@dataclass
+class Window:
+    """Requests answered and CPU used over one measured window (:func:`measure_window`)."""
+
+    n: int  # requests answered
+    wall: float  # s
+    client_s: float  # CPU s of the client process
+    cpu0: dict  # this process's CPU s per thread role (``thread_cpu``), at the start ...
+    cpu1: dict  # ... and at the end
+    named0: dict  # the bridge's threads' CPU s by full name (``_named_cpu``), at the start ...
+    named1: dict  # ... and at the end
+
+    def cpu_s(self, role: str) -> float:
+        return self.cpu1.get(role, 0.0) - self.cpu0.get(role, 0.0)
+
+    def us(self, role: str) -> float:
+        """CPU microseconds per request of the threads of ``role`` (or "process")."""
+        return round(self.cpu_s(role) / self.n * 1e6, 2)
+
+    def named_us(self, name: str) -> float:
+        """CPU microseconds per request of the bridge thread(s) named exactly ``name``."""
+        return round((self.named1.get(name, 0.0) - self.named0.get(name, 0.0)) / self.n * 1e6, 2)
+
+
+def measure_window(answered: Callable[[], int], client_pid: int, warmup_s: float, seconds: float) -> Window:
+    """Sleep ``warmup_s`` (SystemExit if nothing was answered by then), then measure ``seconds``."""
+    time.sleep(warmup_s)
+    if answered() == 0:
+        raise SystemExit("no request answered during the warm-up")
+
+    def snap() -> tuple:
+        return answered(), thread_cpu(), time.perf_counter(), _proc_cpu(client_pid), _named_cpu()
+
+    n0, c0, t0, k0, b0 = snap()
+    time.sleep(seconds)
+    n1, c1, t1, k1, b1 = snap()
+    return Window(n1 - n0, t1 - t0, k1 - k0, c0, c1, b0, b1)
 
 
 def summarize(runs: list[dict]) -> dict:

@@ -50,7 +50,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import diag_bridge_cost  # noqa: E402
-from gpuloom.runtime.threadcpu import stat_cpu_s, thread_cpu  # noqa: E402
 from gpuloom.serve.frontend import pack, payload_bytes, unpack_tensors  # noqa: E402
 
 TRANSPORTS = ("ring", "ring-thread", "socket")
@@ -225,28 +224,18 @@ def run_ring(args, transport: str = "ring") -> dict:
         threading.Thread(target=diag_bridge_cost._busy, args=(stop, args.busy_us), name="busy-python",
                          daemon=True).start()
     try:
-        time.sleep(args.warmup_s)
-        if loop.answered == 0:
-            raise SystemExit("no request answered during the warm-up")
-        n0, c0, t0, k0 = loop.answered, thread_cpu(), time.perf_counter(), stat_cpu_s(f"/proc/{proc.pid}/stat") or 0.0
-        time.sleep(args.seconds)
-        n1, c1, t1, k1 = loop.answered, thread_cpu(), time.perf_counter(), stat_cpu_s(f"/proc/{proc.pid}/stat") or 0.0
+        w = diag_bridge_cost.measure_window(lambda: loop.answered, proc.pid, args.warmup_s, args.seconds)
     finally:
         proc.join(10)
         stop.set()
         loop.close()
-    n, wall = n1 - n0, t1 - t0
-
-    def us(role: str) -> float:
-        return round((c1.get(role, 0.0) - c0.get(role, 0.0)) / n * 1e6, 2)
-
     if transport == "ring":
-        bridge, runtime = 0.0, us("gpuloom-ring")
+        bridge, runtime = 0.0, w.us("gpuloom-ring")
     else:
-        bridge, runtime = us("gpuloom-bridge"), us("gpuloom-runtime")
-    return {"transport": transport, "requests_per_s": round(n / wall, 1), "requests": n,
+        bridge, runtime = w.us("gpuloom-bridge"), w.us("gpuloom-runtime")
+    return {"transport": transport, "requests_per_s": round(w.n / w.wall, 1), "requests": w.n,
             "bridge_us_per_req": bridge, "runtime_us_per_req": runtime,
-            "process_us_per_req": us("process"), "client_us_per_req": round((k1 - k0) / n * 1e6, 2)}
+            "process_us_per_req": w.us("process"), "client_us_per_req": round(w.client_s / w.n * 1e6, 2)}
 
 
 def run_socket(args) -> dict:
