@@ -13,7 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import serve_fake  # noqa: E402
 
-from gpuloom.serve import arena  # noqa: E402
+from gpuloom.serve import arena, ring  # noqa: E402
 from gpuloom.serve.core import ServeCore  # noqa: E402
 from gpuloom.serve.repository import load_repository  # noqa: E402
 from gpuloom.serve.server import Server  # noqa: E402
@@ -70,15 +70,16 @@ def _infer(url: str, x: np.ndarray, deadline_ms: float | None = None) -> np.ndar
     return np.asarray(out["data"], np.float32).reshape(out["shape"])
 
 
-@pytest.mark.parametrize("arena_mb", ["16", "0"], ids=["arena", "inline"])
-def test_requests_through_the_arena_or_inline_give_eager_outputs(arena_mb):
+@pytest.mark.parametrize("arena_mb, ring_kb", [("16", 8192), ("16", 0), ("0", 8192)], ids=["rings", "arena", "inline"])
+def test_requests_through_the_arena_or_inline_give_eager_outputs(arena_mb, ring_kb):
     import torch
 
     repo = load_repository(REPO / "tiny_mlp.yaml")
     service = serve_fake.make_service()
     core = ServeCore(service, repo)
     core.load("tiny_mlp")
-    server = Server(core, http_port=0, grpc_port=None, http_workers=1, worker_arena_mb=int(arena_mb))
+    server = Server(core, http_port=0, grpc_port=None, http_workers=1, worker_arena_mb=int(arena_mb),
+                    worker_ring_kb=ring_kb)
     addr = server.start()
     try:
         module = repo.models["tiny_mlp"].build()[1]
@@ -89,10 +90,12 @@ def test_requests_through_the_arena_or_inline_give_eager_outputs(arena_mb):
                 want = module(torch.from_numpy(x)).numpy()
             np.testing.assert_allclose(_infer(addr.http_url, x), want, rtol=1e-5, atol=1e-6)
         bridge = server._bridge
-        if arena_mb == "0":
-            assert bridge.arena_requests == 0 and bridge.inline_requests == 20
+        if arena_mb == "0":  # no arena: no rings either (a ring frame carries no tensors)
+            assert bridge.arena_requests == 0 and bridge.inline_requests == 20 and bridge.ring_requests == 0
         else:
             assert bridge.arena_requests == 20 and bridge.inline_requests == 0
+            rings = ring_kb and ring.supported()
+            assert (bridge.ring_requests, bridge.ring_replies) == ((20, 20) if rings else (0, 0))
     finally:
         server.stop()
 
@@ -106,6 +109,8 @@ def test_concurrent_requests_each_get_the_output_of_their_own_input(monkeypatch)
 
     monkeypatch.setenv("GPULOOM_WORKER_ARENA_MB", "1")  # small, so blocks are reused many times over (the
     # workers read the variable at start: the default when Server(worker_arena_mb=...) is not given)
+    monkeypatch.setenv("GPULOOM_WORKER_RING_KB", "16")  # rings of 4 and 12 KiB: wrapped around many times,
+    # and a request that finds the request ring full goes over the socket
     repo = load_repository(REPO / "tiny_mlp.yaml")
     service = serve_fake.make_service()
     core = ServeCore(service, repo)
@@ -123,7 +128,10 @@ def test_concurrent_requests_each_get_the_output_of_their_own_input(monkeypatch)
             with torch.no_grad():
                 want = module(torch.from_numpy(x)).numpy()
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-        assert server._bridge.arena_requests == 200
+        bridge = server._bridge
+        assert bridge.arena_requests == 200
+        if ring.supported():
+            assert bridge.ring_requests > 0 and bridge.ring_replies > 0
     finally:
         server.stop()
 

@@ -62,6 +62,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--http-worker-arena-mb", type=arena_mb_arg, default=None, metavar="MIB",
                    help="shared memory per front-end worker that request tensors pass through to the runtime's "
                         "process (default 256; 0: over the socket; a request that does not fit goes over the socket)")
+    p.add_argument("--http-worker-ring-kb", type=ring_kb_arg, default=None, metavar="KIB",
+                   help="shared rings per front-end worker that request and reply frames pass through, with no "
+                        "thread of this process woken per request or reply (default 8192; 0: over the socket; "
+                        "used with the arena, on x86-64 Linux; a frame that does not fit goes over the socket)")
 
 
 def default_http_workers(cpus: int | None) -> int:
@@ -94,6 +98,11 @@ def cpus_arg(text: str) -> set[int]:
 def arena_mb_arg(text: str) -> int:
     """A non-negative integer of MiB (argparse type)."""
     return _non_negative(text, "a non-negative integer of MiB (0: no arena)")
+
+
+def ring_kb_arg(text: str) -> int:
+    """A non-negative integer of KiB (argparse type)."""
+    return _non_negative(text, "a non-negative integer of KiB (0: no rings)")
 
 
 def http_workers_arg(text: str) -> int:
@@ -170,7 +179,8 @@ def run(args: argparse.Namespace) -> int:
             return 1
     server = Server(core, host=args.host, http_port=args.http_port, grpc_port=None if args.no_grpc else args.grpc_port,
                     drain_timeout_s=args.drain_timeout, http_workers=args.http_workers,
-                    worker_arena_mb=args.http_worker_arena_mb, worker_cpus=worker_cpus)
+                    worker_arena_mb=args.http_worker_arena_mb, worker_ring_kb=args.http_worker_ring_kb,
+                    worker_cpus=worker_cpus)
 
     def started(addr):
         grpc = f", gRPC on {addr.grpc_url}" if addr.grpc_port else ""

@@ -53,12 +53,18 @@ class SemaphoreWaker:
 
     _keep: list = []  # every semaphore ever made (a few dozen bytes each), see above
 
-    def __init__(self) -> None:
+    def __init__(self, memory=None, *, create: bool = True) -> None:
+        """``memory``: a writable buffer of at least 64 bytes shared with another process (a
+        ``MAP_SHARED`` mapping): the semaphore lives there, process-shared, so that process can post
+        it or wait on it (``gpuloom.serve.ring``). ``create=False`` uses the semaphore the other
+        process already initialised there. Default: a semaphore of this process alone."""
         name = ctypes.util.find_library("c") or "libc.so.6"
         self._fast = ctypes.PyDLL(name, use_errno=True)  # sem_post / sem_trywait never block: keep the GIL
         slow = ctypes.CDLL(name, use_errno=True)  # the waits release the GIL
-        self._sem = (ctypes.c_uint64 * 8)()  # sem_t is 32 bytes on 64-bit glibc; 64, aligned, to be safe
-        SemaphoreWaker._keep.append(self._sem)
+        # sem_t is 32 bytes on 64-bit glibc; 64, aligned, to be safe
+        self._sem = (ctypes.c_uint64 * 8)() if memory is None else (ctypes.c_uint64 * 8).from_buffer(memory)
+        if memory is None:  # (a shared one lives in its mapping, which from_buffer keeps alive with it)
+            SemaphoreWaker._keep.append(self._sem)
         ptr = ctypes.c_void_p
         self._post_fn = self._fast.sem_post
         self._post_fn.argtypes, self._post_fn.restype = [ptr], ctypes.c_int
@@ -71,7 +77,7 @@ class SemaphoreWaker:
         self._clockwait.restype = ctypes.c_int
         init = self._fast.sem_init
         init.argtypes, init.restype = [ptr, ctypes.c_int, ctypes.c_uint], ctypes.c_int
-        if init(ctypes.addressof(self._sem), 0, 0) != 0:
+        if create and init(ctypes.addressof(self._sem), int(memory is not None), 0) != 0:
             raise OSError(ctypes.get_errno(), "sem_init failed")
         self._addr = ctypes.addressof(self._sem)
         self.c_post = (ctypes.cast(self._post_fn, ctypes.c_void_p).value, self._addr)

@@ -14,7 +14,10 @@ server on an internal loopback port.
 Frame on the socket, both ways: ``!IQ`` (JSON length, payload length), the JSON, then the payload
 (the tensors' raw little-endian bytes, back to back, in the order the JSON lists them). A worker's
 first frame is a hello carrying its shared-memory arena (``gpuloom.serve.arena``) as a descriptor;
-a request whose tensors it wrote there says ``"arena": offset`` and has an empty payload.
+a request whose tensors it wrote there says ``"arena": offset`` and has an empty payload. With
+rings (``gpuloom.serve.ring``, the default where supported) the hello also carries the rings'
+block and an eventfd; the runtime answers it with a frame saying whether it mapped them, and from
+then on the same frames travel through the rings, the socket taking only what does not fit.
 
     python -m gpuloom.serve.frontend --socket PATH --host H --port P --upstream http://127.0.0.1:Q
 """
@@ -33,7 +36,7 @@ import struct
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -97,10 +100,13 @@ def unpack_tensors(meta: dict, payload: memoryview) -> dict[str, np.ndarray]:
 class InferBridge:
     """Runtime-process end: a Unix socket where workers send parsed infer requests.
 
-    One thread per worker connection reads frames (``recv_into`` releases the GIL) and submits each
-    request through ``core``; the future's callback (on the runtime's thread) books the outcome and
-    queues the reply frame for the connection's writer thread: socket writes, which block while the
-    worker is slow to read, never hold up the runtime.
+    A worker with shared rings (``gpuloom.serve.ring``: the default) writes each request into its
+    request ring; one drain thread per worker, woken through the ring's semaphore, takes every queued
+    request and submits it through ``core``. The future's callback (on the runtime's thread) books the
+    outcome and writes the reply into the reply ring, waking the worker, with no thread hand-off and
+    without releasing the GIL. What does not fit in a ring goes over the socket: one thread per worker
+    connection reads frames there (``recv_into`` releases the GIL), and a writer thread sends replies,
+    so socket writes, which block while the worker is slow to read, never hold up the runtime.
     """
 
     def __init__(self, core: Any, path: str) -> None:
@@ -113,6 +119,8 @@ class InferBridge:
         self._closed = False
         self.arena_requests = 0  # requests whose tensors came through a worker's shared memory
         self.inline_requests = 0  # ... and over the socket
+        self.ring_requests = 0  # requests taken from a worker's request ring (their tensors in its arena)
+        self.ring_replies = 0  # replies written into a worker's reply ring (the rest went over the socket)
         self.pinned_arenas = 0  # worker arenas page-locked now (launched from in place)
         threading.Thread(target=self._accept, name="gpuloom-bridge-accept", daemon=True).start()
 
@@ -128,40 +136,86 @@ class InferBridge:
             t.start()
 
     def _serve(self, conn: socket.socket) -> None:
-        out: queue.SimpleQueue = queue.SimpleQueue()  # reply frames; None stops the writer
-        pinned = None
+        out: queue.SimpleQueue = queue.SimpleQueue()  # reply frames for the socket; None stops the writer
+        pinned = rings = drain = None
         in_arena = _Outstanding()  # requests whose rows the device may still read from the arena
         writer = threading.Thread(target=self._write, args=(conn, out), name="gpuloom-bridge-write", daemon=True)
         writer.start()
         try:
-            shared = _recv_hello(conn)  # the worker's arena (a memoryview), or None
-            if shared is False:
+            hello = _recv_hello(conn)
+            if hello is False:
                 return
+            shared, rings, offered = hello  # the worker's arena (a memoryview) or None; its rings or None
+            if offered:  # the worker waits for this before it writes into its rings
+                out.put(pack({"hello": 1, "ring": rings is not None, "names": []}, []))
+            send = out.put if rings is None else (lambda frame: self._reply(rings, out, frame))
             pinned = self._pin(shared) if shared is not None else None
+            if rings is not None:
+                drain = threading.Thread(target=self._drain, args=(rings, send, shared, in_arena),
+                                         name="gpuloom-bridge-ring", daemon=True)
+                drain.start()
             frames = _FrameReader(conn)
             while True:
                 frame = frames.next()
                 if frame is None:  # the worker went away (between frames or mid-frame)
                     return
                 js, payload = frame
-                meta = json.loads(js)
-                off = meta.get("arena")
-                if off is None:
-                    self.inline_requests += 1
-                    self._submit(out, meta, payload)
-                    continue
-                self.arena_requests += 1
-                n = payload_bytes(meta)
-                if shared is None or not (isinstance(off, int) and 0 <= off and off + n <= len(shared)):
-                    out.put(_internal_error_frame(meta["id"], ValueError(f"bad arena block {off!r} (+{n} bytes)")))
-                    continue
-                self._submit(out, meta, shared[off:off + n], in_arena)  # the tensors in place: no copy here
+                self._take(send, json.loads(js), payload, shared, in_arena)
         except OSError:
             return
         finally:
+            if rings is not None:
+                rings.close()  # no more replies into the ring; the drain thread ends
+                if drain is not None:
+                    drain.join(5.0)
             out.put(None)  # the writer sends what is queued, then closes the connection
             if pinned is not None:
                 self._unpin(pinned, in_arena)
+
+    def _take(self, send: Callable[[list], None], meta: dict, payload: memoryview, shared: memoryview | None,
+              in_arena: "_Outstanding") -> None:
+        """Submit one request frame: its tensors inline in ``payload``, or in the arena."""
+        off = meta.get("arena")
+        if off is None:
+            self.inline_requests += 1
+            self._submit(send, meta, payload)
+            return
+        self.arena_requests += 1
+        n = payload_bytes(meta)
+        if shared is None or not (isinstance(off, int) and 0 <= off and off + n <= len(shared)):
+            send(_internal_error_frame(meta["id"], ValueError(f"bad arena block {off!r} (+{n} bytes)")))
+            return
+        self._submit(send, meta, shared[off:off + n], in_arena)  # the tensors in place: no copy here
+
+    def _drain(self, rings: Any, send: Callable[[list], None], shared: memoryview | None,
+               in_arena: "_Outstanding") -> None:
+        """A worker's request ring: sleep on its semaphore, then submit every request queued."""
+
+        def take(record: memoryview) -> None:
+            try:
+                jlen, plen = FRAME.unpack_from(record)
+                meta = json.loads(bytes(record[FRAME.size:FRAME.size + jlen]))
+            except Exception:  # noqa: BLE001 - no id to answer: the worker's request times out
+                log.exception("a malformed frame in a worker's request ring")
+                return
+            self.ring_requests += 1
+            try:
+                if plen:
+                    raise ValueError("a request in the ring must carry its tensors in the arena")
+                self._take(send, meta, memoryview(b""), shared, in_arena)
+            except Exception as e:  # noqa: BLE001 - answered, and the drain goes on
+                send(_internal_error_frame(meta.get("id"), e))
+
+        while rings.open:
+            rings.wake.wait(0.5)
+            rings.requests.take(take)
+
+    def _reply(self, rings: Any, out: queue.SimpleQueue, frame: list) -> None:
+        """Into the worker's reply ring; over the socket when it does not fit there."""
+        if rings.reply(frame):
+            self.ring_replies += 1
+        else:
+            out.put(frame)
 
     def _pin(self, shared: memoryview) -> int | None:
         """Page-lock the worker's arena where the device can (CUDA): its requests' rows are then
@@ -221,7 +275,7 @@ class InferBridge:
         finally:
             conn.close()
 
-    def _submit(self, out: queue.SimpleQueue, meta: dict, payload: memoryview,
+    def _submit(self, send: Callable[[list], None], meta: dict, payload: memoryview,
                 in_arena: "_Outstanding | None" = None) -> None:
         rid, name, version = meta["id"], meta["model"], meta.get("version")
         t0 = time.perf_counter()
@@ -230,10 +284,10 @@ class InferBridge:
             self.core.check_outputs(name, version, meta.get("outputs"))
             fut, _ = self.core.submit(name, version, inputs, meta.get("deadline_ms"))
         except ProtocolError as e:
-            out.put(_error_frame(rid, e))
+            send(_error_frame(rid, e))
             return
         except Exception as e:  # noqa: BLE001 - a malformed frame: answered, never a dead worker
-            out.put(_internal_error_frame(rid, e))
+            send(_internal_error_frame(rid, e))
             return
         rows = next(iter(inputs.values())).shape[0]
 
@@ -246,7 +300,7 @@ class InferBridge:
                 frame = _error_frame(rid, e)
             except Exception as e:  # noqa: BLE001 - e.g. outputs that cannot be framed: still answered
                 frame = _internal_error_frame(rid, e)
-            out.put(frame)
+            send(frame)
 
         if in_arena is not None:
             in_arena.add()
@@ -301,12 +355,13 @@ def _internal_error_frame(rid: int, e: Exception) -> list[Any]:
     return _error_frame(rid, ProtocolError(f"internal error: {type(e).__name__}: {e}", 500))
 
 
-def _recv_hello(conn: socket.socket) -> memoryview | None | bool:
-    """A worker's first frame: its arena (mapped here, as a memoryview), None when it has none, or
-    False when the connection closed or the frame is not a hello."""
-    from . import arena
+def _recv_hello(conn: socket.socket) -> tuple[memoryview | None, Any, bool] | bool:
+    """A worker's first frame: its arena (mapped here, as a memoryview, or None), its rings
+    (``ring.RuntimeRings``, or None), and whether it offered rings; False when the connection closed
+    or the frame is not a hello. Descriptors: the arena's, then the rings' block and eventfd."""
+    from . import arena, ring
 
-    data, fds, _, _ = socket.recv_fds(conn, FRAME.size, 1)
+    data, fds, _, _ = socket.recv_fds(conn, FRAME.size, 3)
     try:
         if len(data) < FRAME.size:
             rest = _recv_exact(conn, FRAME.size - len(data))
@@ -318,13 +373,24 @@ def _recv_hello(conn: socket.socket) -> memoryview | None | bool:
         if js is None or plen:
             return False
         hello = json.loads(bytes(js))
-        size = int(hello.get("arena_bytes", 0))
-        if "hello" not in hello:
+        size, ring_size = int(hello.get("arena_bytes", 0)), int(hello.get("ring_bytes", 0))
+        if "hello" not in hello or len(fds) != bool(size) + 2 * bool(ring_size):
             return False
-        if not size or not fds:
-            return None
-        fd, fds = fds[0], fds[1:]
-        return memoryview(arena.attach(fd, size))
+        shared = rings = None
+        if size:
+            fd, fds = fds[0], fds[1:]
+            shared = memoryview(arena.attach(fd, size))
+        if ring_size:
+            (fd, efd), fds = fds, []
+            if ring.supported():
+                try:
+                    rings = ring.RuntimeRings(fd, efd, ring_size)  # closes both descriptors, even when it fails
+                except (OSError, ValueError):
+                    log.exception("a worker's rings could not be mapped; its requests go over the socket")
+            else:
+                os.close(fd)
+                os.close(efd)
+        return shared, rings, bool(ring_size)
     finally:
         for fd in fds:
             os.close(fd)
@@ -417,51 +483,72 @@ def reserve_port(host: str, port: int) -> socket.socket:
 
 
 # -- a worker process ---------------------------------------------------------------------------
-def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_bytes: int = 0):
+def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_bytes: int = 0, ring_bytes: int = 0):
     """The worker's aiohttp app: infer over the bridge, everything else forwarded to ``upstream``.
-    ``arena_bytes``: size of the shared memory the tensors go through (0: inline on the socket)."""
+    ``arena_bytes``: size of the shared memory the tensors go through (0: inline on the socket).
+    ``ring_bytes``: size of the shared rings request and reply frames go through (``ring.py``; only
+    with an arena; 0: over the socket)."""
     import aiohttp
     from aiohttp import web
 
     from . import arena as arena_mod
+    from . import ring as ring_mod
     from .http_server import CORE_KEY, DEADLINE_HEADER, HEADER_LEN, _error, _errors, infer_response
     from .protocol import deadline_ms_from_parameters, parse_infer_body
 
-    state: dict[str, Any] = {"pending": {}, "next": 0, "blocks": {}, "arena": None}
+    state: dict[str, Any] = {"pending": {}, "next": 0, "blocks": {}, "arena": None, "rings": None, "up": True}
 
     async def on_startup(app):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(sock_path)
         shared = arena_mod.Arena(arena_bytes) if arena_bytes > 0 and arena_mod.supported() else None
-        js = json.dumps({"hello": 1, "arena_bytes": shared.size if shared else 0}).encode()
-        socket.send_fds(sock, [FRAME.pack(len(js), 0) + js], [shared.fd] if shared else [])
-        state["arena"] = shared
+        rings = ring_mod.WorkerRings(ring_bytes) if shared and ring_bytes > 0 and ring_mod.supported() else None
+        js = json.dumps({"hello": 1, "arena_bytes": shared.size if shared else 0,
+                         "ring_bytes": rings.size if rings else 0}).encode()
+        socket.send_fds(sock, [FRAME.pack(len(js), 0) + js], ([shared.fd] if shared else []) + (rings.fds if rings else []))
+        if rings is not None and not _recv_ack(sock):  # the runtime could not map them: the socket it is
+            rings.close()
+            rings = None
+        state["arena"], state["rings"] = shared, rings
         reader, writer = await asyncio.open_unix_connection(sock=sock)
         state["writer"], state["lock"] = writer, asyncio.Lock()
         state["reader_task"] = asyncio.create_task(read_replies(reader))
         state["session"] = aiohttp.ClientSession(auto_decompress=False)
+        if rings is not None:
+            asyncio.get_running_loop().add_reader(rings.event_fd, rings.take_replies, ring_reply)
 
     async def on_cleanup(app):
         state["reader_task"].cancel()
         state["writer"].close()
         await state["session"].close()
+        if state["rings"] is not None:
+            asyncio.get_running_loop().remove_reader(state["rings"].event_fd)
+            state["rings"].close()
         if state["arena"] is not None:
             state["arena"].close()
+
+    def deliver(meta: dict, payload: memoryview) -> None:
+        block = state["blocks"].pop(meta["id"], None)
+        if block is not None:  # the runtime is done with the request's inputs
+            state["arena"].free(block)
+        fut = state["pending"].pop(meta["id"], None)
+        if fut is not None and not fut.done():
+            fut.set_result((meta, payload))
+
+    def ring_reply(record: memoryview) -> None:
+        """A reply frame from the reply ring: copied out, since the ring reuses its bytes."""
+        jlen, plen = FRAME.unpack_from(record)
+        meta = json.loads(bytes(record[FRAME.size:FRAME.size + jlen]))
+        deliver(meta, memoryview(bytes(record[FRAME.size + jlen:FRAME.size + jlen + plen])))
 
     async def read_replies(reader):
         try:
             while True:
                 jlen, plen = FRAME.unpack(await reader.readexactly(FRAME.size))
                 body = await reader.readexactly(jlen + plen)  # JSON and payload in one read
-                meta = json.loads(body[:jlen])
-                payload = memoryview(body)[jlen:]
-                block = state["blocks"].pop(meta["id"], None)
-                if block is not None:  # the runtime is done with the request's inputs
-                    state["arena"].free(block)
-                fut = state["pending"].pop(meta["id"], None)
-                if fut is not None and not fut.done():
-                    fut.set_result((meta, payload))
+                deliver(json.loads(body[:jlen]), memoryview(body)[jlen:])
         except (asyncio.IncompleteReadError, ConnectionError):
+            state["up"] = False  # nothing more goes into the rings either: nobody would answer
             for fut in state["pending"].values():
                 if not fut.done():
                     fut.set_exception(ProtocolError("the runtime process closed the connection", 503, retry_after_s=1.0))
@@ -472,6 +559,8 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_b
         body = await request.read()
         req = parse_infer_body(body, request.headers.get(HEADER_LEN))
         deadline = deadline_ms_from_parameters(req.parameters, request.headers.get(DEADLINE_HEADER))
+        if not state["up"]:
+            raise ProtocolError("the runtime process is not reachable (its connection closed)", 503, retry_after_s=1.0)
         state["next"] += 1
         rid = state["next"]
         fut = asyncio.get_running_loop().create_future()
@@ -480,23 +569,24 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_b
                 "outputs": list(req.outputs) if req.outputs is not None else None, "names": list(req.inputs)}
         arrays = list(req.inputs.values())
         nbytes = sum(a.nbytes for a in arrays)
-        shared = state["arena"]
+        shared, rings = state["arena"], state["rings"]
         block = shared.alloc(nbytes) if shared is not None else None
         if block is None:  # no arena, or full: inline on the socket
             frame = pack(meta, arrays)
         else:
-            state["blocks"][rid] = block  # freed when the reply comes back (read_replies)
+            state["blocks"][rid] = block  # freed when the reply comes back (deliver)
             frame = pack(dict(meta, arena=block), arrays, into=shared.view(block, nbytes))
         t_bridge = time.perf_counter()
-        try:
-            async with state["lock"]:
-                state["writer"].writelines(frame)
-                await state["writer"].drain()
-        except (ConnectionError, RuntimeError) as e:  # the runtime's process is gone or stopping
-            state["pending"].pop(rid, None)
-            if state["blocks"].pop(rid, None) is not None:
-                shared.free(block)
-            raise ProtocolError(f"the runtime process is not reachable: {e}", 503, retry_after_s=1.0) from None
+        if block is None or rings is None or not rings.send(frame):  # the ring is full: the socket
+            try:
+                async with state["lock"]:
+                    state["writer"].writelines(frame)
+                    await state["writer"].drain()
+            except (ConnectionError, RuntimeError) as e:  # the runtime's process is gone or stopping
+                state["pending"].pop(rid, None)
+                if state["blocks"].pop(rid, None) is not None:
+                    shared.free(block)
+                raise ProtocolError(f"the runtime process is not reachable: {e}", 503, retry_after_s=1.0) from None
         meta, payload = await fut
         if meta["status"] != 200:
             return _error(meta["error"], meta["status"], meta.get("retry_after_s"))
@@ -532,6 +622,29 @@ class _Limits:
         self.max_body_bytes = max_body_bytes
 
 
+def _recv_ack(sock: socket.socket, timeout_s: float = 30.0) -> bool:
+    """The runtime's answer to a hello that offered rings: whether it mapped them."""
+    sock.settimeout(timeout_s)
+    try:
+        head = _recv_exact(sock, FRAME.size)
+        if head is None:
+            raise ConnectionError("the runtime process closed the connection during the hello")
+        jlen, plen = FRAME.unpack(head)
+        js = _recv_exact(sock, jlen + plen)
+        if js is None:
+            raise ConnectionError("the runtime process closed the connection during the hello")
+        return bool(json.loads(bytes(js[:jlen])).get("ring"))
+    finally:
+        sock.settimeout(None)
+
+
+def ring_kb_default() -> int:
+    """``GPULOOM_WORKER_RING_KB`` (0: requests and replies over the socket), else 8 MiB per worker."""
+    from .ring import DEFAULT_KB
+
+    return int(os.environ.get("GPULOOM_WORKER_RING_KB", str(DEFAULT_KB)))
+
+
 def arena_mb_default() -> int:
     """``GPULOOM_WORKER_ARENA_MB`` (0 turns the arena off), else 256 MiB per worker: memory is
     taken only as requests touch it, and a request that does not fit goes inline."""
@@ -551,6 +664,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drain-timeout", type=float, default=30.0)
     ap.add_argument("--arena-mb", type=int, default=arena_mb_default(),
                     help="shared memory for request tensors, MiB (0: send them over the socket)")
+    ap.add_argument("--ring-kb", type=int, default=ring_kb_default(),
+                    help="shared rings for request and reply frames, KiB (0: over the socket; needs the arena)")
     ap.add_argument("--cpus", default=None, help="run on these CPUs (a taskset -c list; default: as started)")
     args = ap.parse_args(argv)
     if args.cpus:  # not the runtime's: gpuloom serve --cpus pins the runtime's process, which started this one
@@ -559,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
         pin_process(parse_cpus(args.cpus))
 
     async def run() -> None:
-        app = build_worker_app(args.socket, args.upstream, args.max_body, args.arena_mb << 20)
+        app = build_worker_app(args.socket, args.upstream, args.max_body, args.arena_mb << 20, args.ring_kb << 10)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=args.drain_timeout)
         await runner.setup()
         site = web.TCPSite(runner, args.host, args.port, reuse_port=True, backlog=args.backlog)

@@ -59,7 +59,8 @@ class Server:
 
     def __init__(self, core: ServeCore, *, host: str = "127.0.0.1", http_port: int = 8000, grpc_port: int | None = 8001,
                  drain_timeout_s: float = 30.0, listen_backlog: int = 2048, http_workers: int = 0,
-                 worker_arena_mb: int | None = None, worker_cpus: set[int] | None = None):
+                 worker_arena_mb: int | None = None, worker_ring_kb: int | None = None,
+                 worker_cpus: set[int] | None = None):
         self.core = core
         # the CPUs the front-end workers run on (None: those of this process when it starts them)
         self.worker_cpus = worker_cpus
@@ -70,6 +71,11 @@ class Server:
         # shared memory each worker passes request tensors through (frontend.py, arena.py); None:
         # the worker's default (GPULOOM_WORKER_ARENA_MB, else 256)
         self.worker_arena_mb = worker_arena_mb
+        if worker_ring_kb is not None and (not isinstance(worker_ring_kb, int) or worker_ring_kb < 0):
+            raise ValueError(f"worker_ring_kb: expected a non-negative int (KiB; 0 = over the socket), got {worker_ring_kb!r}")
+        # shared rings each worker's request and reply frames go through (ring.py); None: the
+        # worker's default (GPULOOM_WORKER_RING_KB, else 8 MiB)
+        self.worker_ring_kb = worker_ring_kb
         # 0: this process serves HTTP. N > 0: N front-end processes parse HTTP on the public port and
         # pass tensors over a Unix socket (frontend.py); this process serves HTTP on a loopback port
         # for the routes they forward.
@@ -165,6 +171,8 @@ class Server:
                "--drain-timeout", str(self.drain_timeout_s)]
         if self.worker_arena_mb is not None:
             cmd += ["--arena-mb", str(self.worker_arena_mb)]
+        if self.worker_ring_kb is not None:
+            cmd += ["--ring-kb", str(self.worker_ring_kb)]
         if self.worker_cpus:
             cmd += ["--cpus", ",".join(str(c) for c in sorted(self.worker_cpus))]
         self._worker_cmd = cmd

@@ -1,0 +1,242 @@
+"""The shared rings between an HTTP front-end worker and the runtime's process (``gpuloom.serve.ring``),
+and the bridge's use of them over a raw Unix socket. CPU only, no worker process."""
+
+from __future__ import annotations
+
+import collections
+import json
+import multiprocessing as mp
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_serve_bridge import EchoCore, _arena_frame, _recv_exact  # noqa: E402
+
+from gpuloom.serve import arena, ring  # noqa: E402
+from gpuloom.serve.frontend import FRAME, InferBridge, pack, unpack_tensors  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not ring.supported(), reason="shared rings need x86-64 Linux (memfd, eventfd)")
+
+
+def _pair(total: int = 64 << 10) -> tuple[ring.WorkerRings, ring.RuntimeRings]:
+    w = ring.WorkerRings(total)
+    return w, ring.RuntimeRings(os.dup(w.fd), os.dup(w.event_fd), w.size)
+
+
+def test_records_come_out_in_order_and_whole_through_many_wrap_arounds_and_full_rings():
+    w, r = _pair(4096 * 8)  # a request ring of 4 KiB
+    rng = np.random.default_rng(0)
+    pending: collections.deque[bytes] = collections.deque()  # put, not yet taken
+    taken = refused = 0
+
+    def take(v: memoryview) -> None:
+        nonlocal taken
+        assert bytes(v) == pending.popleft()  # the oldest record, whole
+        taken += 1
+
+    try:
+        for _ in range(5000):
+            if rng.random() < 0.55:  # a little more put than take: the ring fills now and then
+                rec = rng.bytes(int(rng.integers(0, 700)))
+                if w.requests.put([rec[:10], rec[10:]]):  # a record of two parts, written back to back
+                    pending.append(rec)
+                else:  # refused only when full: never with room for twice the record (a wrap wastes less)
+                    refused += 1
+                    used = r.requests._tail.value - r.requests._head.value
+                    assert used + 2 * (len(rec) + 16) > r.requests.size
+            else:
+                r.requests.take(take)
+        r.requests.take(take)
+        assert not pending and taken > 1000 and refused > 10
+        assert r.requests._tail.value > 10 * r.requests.size  # wrapped around many times
+    finally:
+        r.close()
+        w.close()
+
+
+def test_a_record_bigger_than_the_ring_is_refused_and_leaves_the_ring_as_it_was():
+    w, r = _pair()
+    try:
+        tail = r.replies._tail.value
+        assert not r.replies.put([b"x" * (r.replies.size + 1)])
+        assert r.replies._tail.value == tail
+        assert r.reply([b"small"])  # still works
+        got: list[bytes] = []
+        assert w.take_replies(lambda v: got.append(bytes(v))) == 1 and got == [b"small"]
+    finally:
+        r.close()
+        w.close()
+
+
+def _child(w: ring.WorkerRings, n: int, delay_s: float, q) -> None:
+    time.sleep(delay_s)
+    for i in range(n):
+        assert w.send([json.dumps({"i": i}).encode()])
+    got: list[int] = []
+    deadline = time.monotonic() + 10
+    import select
+
+    while len(got) < n and time.monotonic() < deadline:
+        select.select([w.event_fd], [], [], 1.0)  # the eventfd the parent posts per reply
+        w.take_replies(lambda v: got.append(json.loads(bytes(v))["i"]))
+    q.put(got)
+
+
+def test_the_semaphore_and_the_eventfd_wake_the_other_process():
+    ctx = mp.get_context("fork")
+    w, r = _pair()
+    q = ctx.Queue()
+    child = ctx.Process(target=_child, args=(w, 50, 0.3, q))
+    try:
+        child.start()
+        t0 = time.monotonic()
+        r.wake.wait(5.0)  # the child's first post ends this wait, long before its timeout
+        waited = time.monotonic() - t0
+        assert 0.2 < waited < 3.0
+        got: list[int] = []
+        deadline = time.monotonic() + 10
+        while len(got) < 50 and time.monotonic() < deadline:
+            r.requests.take(lambda v: got.append(json.loads(bytes(v))["i"]))
+            r.wake.wait(0.5)
+        assert got == list(range(50))
+        for i in got:
+            assert r.reply([json.dumps({"i": i * 2}).encode()])
+        assert q.get(timeout=10) == [2 * i for i in range(50)]
+    finally:
+        child.join(10)
+        r.close()
+        w.close()
+    assert child.exitcode == 0
+
+
+def test_after_close_the_runtime_end_refuses_replies_so_they_go_over_the_socket():
+    w, r = _pair()
+    try:
+        r.close()
+        assert not r.open and not r.reply([b"late"])
+    finally:
+        w.close()
+
+
+# -- the bridge with a worker's rings, over a raw socket ----------------------------------------
+@pytest.fixture
+def bridge(tmp_path):
+    core = EchoCore()
+    b = InferBridge(core, str(tmp_path / "bridge.sock"))
+    yield b
+    b.close()
+    core.close()
+
+
+def _connect_with_rings(b: InferBridge, shared: arena.Arena, rings: ring.WorkerRings) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(30)
+    s.connect(b.path)
+    js = json.dumps({"hello": 1, "arena_bytes": shared.size, "ring_bytes": rings.size}).encode()
+    socket.send_fds(s, [FRAME.pack(len(js), 0) + js], [shared.fd, *rings.fds])
+    jlen, plen = FRAME.unpack(_recv_exact(s, FRAME.size))
+    ack = json.loads(_recv_exact(s, jlen + plen)[:jlen])
+    assert ack["hello"] == 1 and ack["ring"] is True  # the runtime mapped them: requests may go there
+    return s
+
+
+def _ring_replies(rings: ring.WorkerRings, n: int, timeout_s: float = 10.0) -> dict[int, tuple[dict, dict]]:
+    import select
+
+    out: dict[int, tuple[dict, dict]] = {}
+
+    def take(rec: memoryview) -> None:
+        jlen, plen = FRAME.unpack_from(rec)
+        meta = json.loads(bytes(rec[FRAME.size:FRAME.size + jlen]))
+        payload = memoryview(bytes(rec[FRAME.size + jlen:FRAME.size + jlen + plen]))
+        out[meta["id"]] = (meta, unpack_tensors(meta, payload) if meta["status"] == 200 else {})
+
+    deadline = time.monotonic() + timeout_s
+    while len(out) < n and time.monotonic() < deadline:
+        select.select([rings.event_fd], [], [], 0.5)
+        rings.take_replies(take)
+    return out
+
+
+def test_requests_through_the_rings_are_answered_through_them_with_their_own_outputs(bridge):
+    shared, rings = arena.Arena(1 << 20), ring.WorkerRings(256 << 10)
+    s = _connect_with_rings(bridge, shared, rings)
+    try:
+        xs = {i: np.full((1 + i % 3, 4), i, np.float32) for i in range(100)}
+        for i, x in xs.items():
+            frame = _arena_frame(i, x, shared)
+            assert rings.send([frame])
+        got = _ring_replies(rings, 100)
+        assert sorted(got) == list(xs)
+        for i, x in xs.items():
+            np.testing.assert_array_equal(got[i][1]["y"], 2 * x)
+        assert bridge.ring_requests == 100 and bridge.ring_replies == 100 and bridge.inline_requests == 0
+    finally:
+        s.close()
+        rings.close()
+        shared.close()
+
+
+def test_a_bad_ring_request_is_answered_with_an_error_and_the_drain_goes_on(bridge):
+    shared, rings = arena.Arena(1 << 16), ring.WorkerRings(256 << 10)
+    s = _connect_with_rings(bridge, shared, rings)
+    try:
+        x = np.ones((1, 4), np.float32)
+        meta = {"id": 1, "model": "m", "version": None, "deadline_ms": None, "outputs": None, "names": ["x"],
+                "arena": 1 << 30}  # beyond the arena
+        assert rings.send(pack(meta, [x], into=memoryview(bytearray(x.nbytes))))
+        assert rings.send(pack(dict(meta, id=2, names=["x"], arena=None), [x]))  # tensors inline in a ring frame
+        assert rings.send([b"not a frame"])  # no id to answer: logged, skipped
+        assert rings.send([_arena_frame(3, x, shared)])
+        got = _ring_replies(rings, 3)
+        assert got[1][0]["status"] == 500 and "bad arena block" in got[1][0]["error"]
+        assert got[2][0]["status"] == 500 and "arena" in got[2][0]["error"]
+        np.testing.assert_array_equal(got[3][1]["y"], 2 * x)
+    finally:
+        s.close()
+        rings.close()
+        shared.close()
+
+
+def test_replies_that_do_not_fit_in_the_reply_ring_come_over_the_socket(bridge):
+    shared, rings = arena.Arena(1 << 22), ring.WorkerRings(40 << 10)  # a reply ring of 35 KiB
+    s = _connect_with_rings(bridge, shared, rings)
+    try:
+        x = np.ones((1, 1024), np.float32)  # 4 KiB replies: about eight fit while nobody takes them
+        for i in range(20):
+            assert rings.send([_arena_frame(i, x, shared)])
+        socket_ids = []
+        while len(socket_ids) + bridge.ring_replies < 20:  # the socket's read times out if one is lost
+            jlen, plen = FRAME.unpack(_recv_exact(s, FRAME.size))
+            meta = json.loads(_recv_exact(s, jlen))
+            np.testing.assert_array_equal(unpack_tensors(meta, memoryview(_recv_exact(s, plen)))["y"], 2 * x)
+            socket_ids.append(meta["id"])
+        in_ring = _ring_replies(rings, bridge.ring_replies)
+        assert 1 <= len(in_ring) < 20 and len(socket_ids) == 20 - len(in_ring)
+        assert sorted([*in_ring, *socket_ids]) == list(range(20))  # each answered once, one way or the other
+    finally:
+        s.close()
+        rings.close()
+        shared.close()
+
+
+def test_a_worker_that_goes_away_ends_its_drain_thread(bridge):
+    import threading
+
+    shared, rings = arena.Arena(1 << 16), ring.WorkerRings(64 << 10)
+    s = _connect_with_rings(bridge, shared, rings)
+    assert rings.send([_arena_frame(0, np.ones((1, 4), np.float32), shared)])
+    assert _ring_replies(rings, 1)
+    s.close()
+    deadline = time.monotonic() + 5
+    while any(t.name == "gpuloom-bridge-ring" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(t.name == "gpuloom-bridge-ring" for t in threading.enumerate())
+    rings.close()
+    shared.close()
