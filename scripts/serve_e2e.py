@@ -76,6 +76,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--worker-ring-kb", type=int, default=None, metavar="KIB",
                    help="the front-end workers' shared rings (gpuloom serve --http-worker-ring-kb; 0: requests and "
                         "replies over the socket bridge; default: the server's)")
+    p.add_argument("--ring-drain-on", choices=("loop", "thread"), default="loop",
+                   help="who takes requests from the workers' rings: the runtime's loop thread (default) or a "
+                        "drain thread per worker (Server(ring_drain_on=...))")
     p.add_argument("--clients", type=int, default=0,
                    help="client processes driving HTTP (default: min(models, CPUs // 2), at least 1)")
     p.add_argument("--timeout", type=float, default=30.0, help="HTTP client timeout per request, s (default 30)")
@@ -494,7 +497,7 @@ def run(args: argparse.Namespace) -> int:
                        deadline_ms=60_000).result(60)
         core = ServeCore(svc, None)
         server = Server(core, host="127.0.0.1", http_port=0, grpc_port=None, http_workers=args.http_workers,
-                        worker_ring_kb=args.worker_ring_kb, worker_cpus=other_cpus)
+                        worker_ring_kb=args.worker_ring_kb, worker_cpus=other_cpus, ring_drain_on=args.ring_drain_on)
         addr = server.start()
         http_warmup(addr.http_url, svc.models())
         say(f"HTTP server on http://{addr.http_url} (the gpuloom serve code, in this process)")
@@ -535,7 +538,8 @@ def run(args: argparse.Namespace) -> int:
             bridge = getattr(server, "_bridge", None)
             if bridge is not None:  # requests through a worker's arena, page-locked or not, or inline
                 http["bridge"] = {"arena_requests": bridge.arena_requests, "inline_requests": bridge.inline_requests,
-                                  "ring_requests": bridge.ring_requests, "ring_replies": bridge.ring_replies,
+                                  "ring_requests": bridge.ring_requests, "loop_requests": bridge.loop_requests,
+                                  "ring_replies": bridge.ring_replies,
                                   "pinned_arenas": bridge.pinned_arenas}
             points.append(make_point(scale, args.duration, inproc, http, books_delta(books0, core.books.snapshot()), times, used))
             say(f"x{scale:g}: goodput in-process {inproc['goodput_rps']:.1f}/s, HTTP {http['goodput_rps']:.1f}/s, "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -96,6 +97,8 @@ def test_requests_through_the_arena_or_inline_give_eager_outputs(arena_mb, ring_
             assert bridge.arena_requests == 20 and bridge.inline_requests == 0
             rings = ring_kb and ring.supported()
             assert (bridge.ring_requests, bridge.ring_replies) == ((20, 20) if rings else (0, 0))
+            # the service's loop takes them (a drain thread only while the loop does not run)
+            assert bridge.loop_requests == (20 if rings else 0)
     finally:
         server.stop()
 
@@ -259,3 +262,38 @@ def test_memory_from_pinned_empty_stays_known_while_any_array_onto_it_lives():
     del view
     gc.collect()
     assert not layer._pinned
+
+
+@pytest.mark.skipif(not ring.supported(), reason="shared rings need x86-64 Linux")
+def test_ring_requests_are_answered_while_no_model_runs_and_taken_by_the_new_loop_after_a_load():
+    """The runtime's loop takes the rings' requests; with the last model unloaded no loop runs, and
+    the drain thread answers them (404); after a load the new runtime's loop takes them again."""
+    import urllib.error
+
+    import torch
+
+    repo = load_repository(REPO / "tiny_mlp.yaml")
+    service = serve_fake.make_service()
+    core = ServeCore(service, repo)
+    core.load("tiny_mlp")
+    server = Server(core, http_port=0, grpc_port=None, http_workers=1, worker_arena_mb=16, worker_ring_kb=256)
+    addr = server.start()
+    try:
+        x = np.ones((2, 16), np.float32)
+        _infer(addr.http_url, x)
+        bridge = server._bridge
+        assert bridge.loop_requests == 1
+        core.unload("tiny_mlp")
+        t0 = time.monotonic()
+        with pytest.raises(urllib.error.HTTPError) as e:
+            _infer(addr.http_url, x)
+        assert e.value.code == 404 and time.monotonic() - t0 < 5.0
+        assert bridge.loop_requests == 1 and bridge.ring_requests == 2  # the drain thread took it
+        core.load("tiny_mlp")
+        module = repo.models["tiny_mlp"].build()[1]
+        with torch.no_grad():
+            want = module(torch.from_numpy(x)).numpy()
+        np.testing.assert_allclose(_infer(addr.http_url, x), want, rtol=1e-5, atol=1e-6)
+        assert bridge.loop_requests == 2  # the new loop has the ring too
+    finally:
+        server.stop()

@@ -69,7 +69,9 @@ class RealtimeLoop(EventLoop):
     from :class:`EventLoop`.
     """
 
-    def __init__(self, start_ms: float = 0.0) -> None:
+    def __init__(self, start_ms: float = 0.0, waker: Any = None) -> None:
+        """``waker``: what the loop's thread sleeps on (default: a new ``make_waker()``); a service
+        passes its own so that other processes holding it wake every loop it runs."""
         import threading
         import time
 
@@ -81,9 +83,9 @@ class RealtimeLoop(EventLoop):
         self._mu = threading.Lock()  # guards _posted, _expected, _open
         #: what the loop's thread sleeps on; other threads (and, through ``waker.c_post``, a CUDA
         #: stream) post it (gpuloom/runtime/waker.py)
-        self.waker = make_waker()
+        self.waker = waker if waker is not None else make_waker()
         self._owner = 0  # thread id of the loop's thread (posts from it need no wake-up)
-        self._pollers: list[Callable[[], float]] = []
+        self._pollers: tuple[Callable[[], float], ...] = ()  # replaced, never changed in place: any thread adds
         self._posted: list[tuple[int, Callable[..., Any], tuple]] = []
         self._expected = 0  # posts announced with expect() and not yet arrived
         self._open = False  # online serving: keep waiting for posts even with nothing expected
@@ -120,8 +122,15 @@ class RealtimeLoop(EventLoop):
         """Call ``poll()`` on the loop's thread each time it wakes, before it takes posts. ``poll``
         may :meth:`post`; it returns the wall time (ms) by which it wants to be called again, or
         ``inf``. (The execution backend books completions this way when the GPU posts the
-        :attr:`waker` itself.)"""
-        self._pollers.append(poll)
+        :attr:`waker` itself; the HTTP workers' requests are taken this way, ``serve/frontend.py``.)
+        Any thread may add or remove a poller while the loop runs."""
+        with self._mu:
+            self._pollers = (*self._pollers, poll)
+        self.waker.post()  # a sleeping loop calls it at once
+
+    def remove_poller(self, poll: Callable[[], float]) -> None:
+        with self._mu:
+            self._pollers = tuple(p for p in self._pollers if p is not poll)
 
     def wall_ms(self) -> float:
         return (self._time.monotonic() - self._t0) * 1000.0

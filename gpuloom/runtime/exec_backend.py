@@ -165,7 +165,9 @@ class ExecBackend(Backend):
 
     def __init__(self, device: DeviceLayer, *, knee: Callable[[str, int], int] | None = None,
                  quiet_timeout_s: float = 60.0, lookahead_ms: float = DEFAULT_LOOKAHEAD_MS,
-                 launch_on: str = "loop", complete_on: str = "watcher") -> None:
+                 launch_on: str = "loop", complete_on: str = "watcher", waker: Any = None) -> None:
+        """``waker``: what the loop sleeps on (``RealtimeLoop``'s; a service's own, shared with the HTTP
+        workers, stays the same across the backends it makes)."""
         self.lookahead_ms = check_lookahead(lookahead_ms)
         self.launch_on = check_launch_on(launch_on)
         self.complete_on = check_complete_on(complete_on)
@@ -174,7 +176,7 @@ class ExecBackend(Backend):
         # its result callback for the same request too; the receiver answers once)
         self.on_served: Callable[[Result, "ExecOutput"], None] | None = None
         self.device = device
-        self.loop = RealtimeLoop()
+        self.loop = RealtimeLoop(waker=waker)
         self.gpu_sms = device.gpu_sms
         self.granularity = device.granularity
         self.knee = knee

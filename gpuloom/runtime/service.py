@@ -36,12 +36,14 @@ import functools
 import heapq
 import logging
 import math
+import os
 import threading
 import time
 import warnings
+import weakref
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -58,6 +60,7 @@ from .exec_backend import ExecBackend, ExecOutput, check_complete_on, check_laun
 from .gcpause import GcMonitor, RareFullCollections, freeze_loaded, thaw
 from .gilswitch import DEFAULT_MS as DEFAULT_SWITCH_INTERVAL_MS
 from .gilswitch import ShortSwitchInterval, check_interval_ms
+from .waker import make_waker
 
 log = logging.getLogger(__name__)
 
@@ -443,6 +446,11 @@ class InferenceService:
         self._closed = False
         self._t_start = time.monotonic()
         self._backend_stats: list[dict] = []  # of runtimes stopped when the last model left
+        # what the runtime's loop sleeps on, the same for every backend this service makes (one is made
+        # anew when a model is loaded after the last one left): other processes hold it (add_intake)
+        self._waker = make_waker(shared=True)
+        weakref.finalize(self, self._waker.close)
+        self._intakes: list[Callable[[], float]] = []  # pollers on every runtime loop (add_intake)
 
     # -- lifecycle ----------------------------------------------------------------------------
     @property
@@ -944,6 +952,30 @@ class InferenceService:
         else:
             loop.post(ARRIVAL, schedule)
 
+    def add_intake(self, poll: Callable[[], float]) -> int | None:
+        """Run ``poll()`` on the runtime's loop thread each time it wakes, now and after any re-plan
+        (``RealtimeLoop.add_poller``'s contract: it returns when it wants to be called again, ms, or
+        ``inf``). A source of requests that other processes queue in shared memory (the HTTP workers'
+        rings, ``serve/frontend.py``): submitted from the loop's own thread, with no thread to wake and
+        no GIL hand-off. Returns a new descriptor of the loop's semaphore (the caller passes it on and
+        closes it): a process that maps it (``SemaphoreWaker.attach``) and posts it wakes the loop.
+        None when the loop cannot be woken from another process: ``poll`` is then not registered."""
+        fd = self._waker.share_fd
+        if fd is None:
+            return None
+        with self._lock:
+            self._intakes.append(poll)
+            if self._backend is not None:
+                self._backend.loop.add_poller(poll)
+        return os.dup(fd)
+
+    def remove_intake(self, poll: Callable[[], float]) -> None:
+        with self._lock:
+            if poll in self._intakes:
+                self._intakes.remove(poll)
+            if self._backend is not None:
+                self._backend.loop.remove_poller(poll)
+
     def loop_lag(self, since: float) -> dict:
         """How late the runtime's loop took submissions and completions since monotonic ``since`` (s):
         counts over 1 / 5 / 20 ms and the longest (ms); see ``RealtimeLoop.lag_since``."""
@@ -1062,7 +1094,11 @@ class InferenceService:
             self._layout_waiting.add(id(policy))
         if self._runtime is None:
             self._backend = ExecBackend(self.device, knee=self._knee, lookahead_ms=self.lookahead_ms,
-                                        launch_on=self.resolved_launch_on(), complete_on=self.complete_on)
+                                        launch_on=self.resolved_launch_on(), complete_on=self.complete_on,
+                                        waker=self._waker)
+            with self._lock:
+                for poll in self._intakes:
+                    self._backend.loop.add_poller(poll)
             if self.early_answer:
                 self._backend.on_served = self._on_result  # answers once: the runtime's later call finds it done
             self._runtime = Runtime(policy, self._backend, ctx)

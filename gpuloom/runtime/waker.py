@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import mmap
+import os
 import threading
 import time
 
@@ -26,9 +28,13 @@ class EventWaker:
     """``post`` from any thread; ``wait`` on one thread (the loop's). No C entry point."""
 
     c_post: tuple[int, int] | None = None
+    share_fd: int | None = None  # no other process can post it
 
     def __init__(self) -> None:
         self._event = threading.Event()
+
+    def close(self) -> None:
+        pass
 
     def post(self) -> None:
         self._event.set()
@@ -83,6 +89,40 @@ class SemaphoreWaker:
         self.c_post = (ctypes.cast(self._post_fn, ctypes.c_void_p).value, self._addr)
         self._ts = _Timespec()
 
+    share_fd: int | None = None  # a descriptor of the semaphore's memory, for :meth:`in_shared_memory`'s
+
+    @classmethod
+    def in_shared_memory(cls) -> "SemaphoreWaker":
+        """A semaphore in an anonymous memory file (``share_fd``) that another process maps, after the
+        descriptor is passed to it over a Unix socket, to post it (:meth:`attach`): the HTTP workers
+        wake the runtime's loop this way (``gpuloom.serve.ring``). :meth:`close` closes the descriptor;
+        the memory stays mapped, as a host function enqueued on a stream may still post it."""
+        fd = os.memfd_create("gpuloom-waker", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, mmap.PAGESIZE)
+            memory = mmap.mmap(fd, mmap.PAGESIZE)
+            waker = cls(memoryview(memory)[:64], create=True)
+        except BaseException:
+            os.close(fd)
+            raise
+        cls._keep.append(memory)
+        waker.share_fd = fd
+        return waker
+
+    @classmethod
+    def attach(cls, fd: int) -> "SemaphoreWaker":
+        """The other process's end of :meth:`in_shared_memory`: the semaphore behind ``fd`` (closed
+        here; the mapping stays as long as the returned waker)."""
+        try:
+            return cls(memoryview(mmap.mmap(fd, 64))[:64], create=False)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        if self.share_fd is not None:
+            os.close(self.share_fd)
+            self.share_fd = None
+
     def post(self) -> None:
         self._post_fn(self._addr)
 
@@ -101,9 +141,12 @@ class SemaphoreWaker:
             pass
 
 
-def make_waker() -> SemaphoreWaker | EventWaker:
-    """A :class:`SemaphoreWaker` where libc has one, else an :class:`EventWaker`."""
+def make_waker(shared: bool = False) -> SemaphoreWaker | EventWaker:
+    """A :class:`SemaphoreWaker` where libc has one, else an :class:`EventWaker`. ``shared``: one that
+    other processes can post (:meth:`SemaphoreWaker.in_shared_memory`) where memfd exists."""
     try:
+        if shared and hasattr(os, "memfd_create"):
+            return SemaphoreWaker.in_shared_memory()
         return SemaphoreWaker()
     except (OSError, AttributeError):
         return EventWaker()

@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 FRAME = struct.Struct("!IQ")
 _READ_BUF = 1 << 16  # bytes the bridge's reader asks the socket for per call
 _JOIN_MAX = 1 << 16  # reply parts smaller than this are joined into one send; bigger go as they are
+DRAIN_ON = ("loop", "thread")  # InferBridge(drain_on=...)
+_SAFETY_S = 0.02  # how often a drain thread looks at a ring the runtime's loop drains
 _HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
 
 
@@ -109,8 +111,13 @@ class InferBridge:
     so socket writes, which block while the worker is slow to read, never hold up the runtime.
     """
 
-    def __init__(self, core: Any, path: str) -> None:
-        self.core, self.path = core, path
+    def __init__(self, core: Any, path: str, *, drain_on: str = "loop") -> None:
+        """``drain_on``: who takes requests from the workers' rings: the runtime's ``"loop"`` thread
+        (``InferenceService.add_intake``; a drain thread per worker where the service has no such
+        loop) or a drain ``"thread"`` per worker."""
+        if drain_on not in DRAIN_ON:
+            raise ValueError(f"drain_on must be one of {DRAIN_ON}, got {drain_on!r}")
+        self.core, self.path, self.drain_on = core, path, drain_on
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.bind(path)
         self._sock.listen(64)
@@ -120,6 +127,7 @@ class InferBridge:
         self.arena_requests = 0  # requests whose tensors came through a worker's shared memory
         self.inline_requests = 0  # ... and over the socket
         self.ring_requests = 0  # requests taken from a worker's request ring (their tensors in its arena)
+        self.loop_requests = 0  # ... of which the runtime's loop took (the rest: drain threads)
         self.ring_replies = 0  # replies written into a worker's reply ring (the rest went over the socket)
         self.pinned_arenas = 0  # worker arenas page-locked now (launched from in place)
         threading.Thread(target=self._accept, name="gpuloom-bridge-accept", daemon=True).start()
@@ -137,7 +145,7 @@ class InferBridge:
 
     def _serve(self, conn: socket.socket) -> None:
         out: queue.SimpleQueue = queue.SimpleQueue()  # reply frames for the socket; None stops the writer
-        pinned = rings = drain = None
+        pinned = rings = drain = poll = None
         in_arena = _Outstanding()  # requests whose rows the device may still read from the arena
         writer = threading.Thread(target=self._write, args=(conn, out), name="gpuloom-bridge-write", daemon=True)
         writer.start()
@@ -146,14 +154,22 @@ class InferBridge:
             if hello is False:
                 return
             shared, rings, offered = hello  # the worker's arena (a memoryview) or None; its rings or None
-            if offered:  # the worker waits for this before it writes into its rings
-                out.put(pack({"hello": 1, "ring": rings is not None, "names": []}, []))
             send = out.put if rings is None else (lambda frame: self._reply(rings, out, frame))
-            pinned = self._pin(shared) if shared is not None else None
+            pinned = self._pin(shared) if shared is not None else None  # before any request can come
+            wake_fd = None
             if rings is not None:
-                drain = threading.Thread(target=self._drain, args=(rings, send, shared, in_arena),
+                take = self._ring_taker(rings, send, shared, in_arena)
+                intake = getattr(getattr(self.core, "service", None), "add_intake", None)
+                if self.drain_on == "loop" and intake is not None:
+                    poll = self._loop_poll(take)
+                    wake_fd = intake(poll)  # None: this service's loop cannot be woken from the worker
+                    if wake_fd is None:
+                        poll = None
+                drain = threading.Thread(target=self._drain, args=(rings, take, poll is not None),
                                          name="gpuloom-bridge-ring", daemon=True)
                 drain.start()
+            if offered:  # the worker waits for this before it writes into its rings
+                _send_ack(conn, rings is not None, wake_fd)
             frames = _FrameReader(conn)
             while True:
                 frame = frames.next()
@@ -164,6 +180,8 @@ class InferBridge:
         except OSError:
             return
         finally:
+            if poll is not None:
+                self.core.service.remove_intake(poll)
             if rings is not None:
                 rings.close()  # no more replies into the ring; the drain thread ends
                 if drain is not None:
@@ -187,11 +205,14 @@ class InferBridge:
             return
         self._submit(send, meta, shared[off:off + n], in_arena)  # the tensors in place: no copy here
 
-    def _drain(self, rings: Any, send: Callable[[list], None], shared: memoryview | None,
-               in_arena: "_Outstanding") -> None:
-        """A worker's request ring: sleep on its semaphore, then submit every request queued."""
+    def _ring_taker(self, rings: Any, send: Callable[[list], None], shared: memoryview | None,
+                    in_arena: "_Outstanding") -> Callable[[bool], int]:
+        """``take(wait)``: submit every request queued in a worker's request ring. The runtime's loop
+        and the drain thread may both call it; a lock keeps one at a time (``wait=False``: return at
+        once when the other holds it, as it takes what is there)."""
+        lock = threading.Lock()
 
-        def take(record: memoryview) -> None:
+        def one(record: memoryview) -> None:
             try:
                 jlen, plen = FRAME.unpack_from(record)
                 meta = json.loads(bytes(record[FRAME.size:FRAME.size + jlen]))
@@ -206,9 +227,46 @@ class InferBridge:
             except Exception as e:  # noqa: BLE001 - answered, and the drain goes on
                 send(_internal_error_frame(meta.get("id"), e))
 
+        def take(wait: bool) -> int:
+            if not rings.requests.pending() or not lock.acquire(blocking=wait):
+                return 0
+            try:
+                return rings.requests.take(one)
+            finally:
+                lock.release()
+
+        return take
+
+    def _loop_poll(self, take: Callable[[bool], int]) -> Callable[[], float]:
+        """A poller for the runtime's loop (``InferenceService.add_intake``): take the ring's requests
+        on the loop's thread each time it wakes. What it raises is logged: the loop must go on."""
+        inf = float("inf")
+
+        def poll() -> float:
+            try:
+                self.loop_requests += take(True)
+            except Exception:  # noqa: BLE001
+                log.exception("taking requests from a worker's ring on the runtime's loop failed")
+            return inf
+
+        return poll
+
+    @staticmethod
+    def _drain(rings: Any, take: Callable[[bool], int], loop_drains: bool) -> None:
+        """A worker's request ring, from a thread of its own: woken through the ring's semaphore when
+        this thread is the ring's consumer, or every ``_SAFETY_S`` when the runtime's loop drains it
+        (a request is then taken here only when it was already waiting at the last look: the loop is
+        not running, with no model loaded or during a shutdown), until the connection closes."""
+        waiting_at = None  # where the ring's oldest request stood at the last look (loop_drains)
         while rings.open:
-            rings.wake.wait(0.5)
-            rings.requests.take(take)
+            rings.wake.wait(_SAFETY_S if loop_drains else 0.5)
+            if not loop_drains:
+                take(True)
+                continue
+            head = rings.requests.head
+            if head == waiting_at and rings.requests.pending():  # untaken since the last look: the loop is not running
+                take(False)
+            waiting_at = head if rings.requests.pending() else None
 
     def _reply(self, rings: Any, out: queue.SimpleQueue, frame: list) -> None:
         """Into the worker's reply ring; over the socket when it does not fit there."""
@@ -322,6 +380,18 @@ class InferBridge:
         deadline = time.monotonic() + 10.0  # let each connection unlock its arena (bounded)
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
+
+
+def _send_ack(conn: socket.socket, ring_ok: bool, wake_fd: int | None) -> None:
+    """Answer a hello that offered rings: whether they are mapped, and (with ``wake_fd``: then closed
+    here) the runtime loop's semaphore the worker posts per request instead of its ring's own."""
+    js = json.dumps({"hello": 1, "ring": ring_ok, "wake": "loop" if wake_fd is not None else "ring",
+                     "tensors": []}).encode()
+    try:
+        socket.send_fds(conn, [FRAME.pack(len(js), 0) + js], [wake_fd] if wake_fd is not None else [])
+    finally:
+        if wake_fd is not None:
+            os.close(wake_fd)
 
 
 class _Outstanding:
@@ -506,9 +576,15 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_b
         js = json.dumps({"hello": 1, "arena_bytes": shared.size if shared else 0,
                          "ring_bytes": rings.size if rings else 0}).encode()
         socket.send_fds(sock, [FRAME.pack(len(js), 0) + js], ([shared.fd] if shared else []) + (rings.fds if rings else []))
-        if rings is not None and not _recv_ack(sock):  # the runtime could not map them: the socket it is
-            rings.close()
-            rings = None
+        if rings is not None:
+            ok, wake_fd = _recv_ack(sock)
+            if not ok:  # the runtime could not map them: the socket it is
+                rings.close()
+                rings = None
+            elif wake_fd is not None:  # the runtime's loop takes the requests: wake it, not a drain thread
+                from ..runtime.waker import SemaphoreWaker
+
+                rings.runtime_wake = SemaphoreWaker.attach(wake_fd)
         state["arena"], state["rings"] = shared, rings
         reader, writer = await asyncio.open_unix_connection(sock=sock)
         state["writer"], state["lock"] = writer, asyncio.Lock()
@@ -622,19 +698,26 @@ class _Limits:
         self.max_body_bytes = max_body_bytes
 
 
-def _recv_ack(sock: socket.socket, timeout_s: float = 30.0) -> bool:
-    """The runtime's answer to a hello that offered rings: whether it mapped them."""
+def _recv_ack(sock: socket.socket, timeout_s: float = 30.0) -> tuple[bool, int | None]:
+    """The runtime's answer to a hello that offered rings: whether it mapped them, and the
+    descriptor of its loop's semaphore when the loop takes the requests (else None)."""
     sock.settimeout(timeout_s)
+    fds: list[int] = []
     try:
-        head = _recv_exact(sock, FRAME.size)
-        if head is None:
+        head, fds, _, _ = socket.recv_fds(sock, FRAME.size, 1)
+        rest = _recv_exact(sock, FRAME.size - len(head)) if head and len(head) < FRAME.size else b""
+        if not head or rest is None:
             raise ConnectionError("the runtime process closed the connection during the hello")
-        jlen, plen = FRAME.unpack(head)
+        jlen, plen = FRAME.unpack(head + bytes(rest))
         js = _recv_exact(sock, jlen + plen)
         if js is None:
             raise ConnectionError("the runtime process closed the connection during the hello")
-        return bool(json.loads(bytes(js[:jlen])).get("ring"))
+        ack = json.loads(bytes(js[:jlen]))
+        wake = fds.pop(0) if ack.get("wake") == "loop" and fds else None
+        return bool(ack.get("ring")), wake
     finally:
+        for fd in fds:
+            os.close(fd)
         sock.settimeout(None)
 
 

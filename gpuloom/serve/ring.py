@@ -84,6 +84,15 @@ class ByteRing:
         self._tail.value = tail + need  # last: the consumer reads nothing of the record before this
         return True
 
+    @property
+    def head(self) -> int:
+        """Bytes taken so far (it moves when the consumer takes a record)."""
+        return self._head.value
+
+    def pending(self) -> bool:
+        """Whether a record is published and not yet taken (two loads: cheap enough per loop step)."""
+        return self._head.value != self._tail.value
+
     def take(self, handle: Callable[[memoryview], None]) -> int:
         """Call ``handle`` on each record published so far, in order (the view is valid only during
         the call: its bytes are given back to the producer after it); returns how many."""

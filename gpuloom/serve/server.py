@@ -60,7 +60,7 @@ class Server:
     def __init__(self, core: ServeCore, *, host: str = "127.0.0.1", http_port: int = 8000, grpc_port: int | None = 8001,
                  drain_timeout_s: float = 30.0, listen_backlog: int = 2048, http_workers: int = 0,
                  worker_arena_mb: int | None = None, worker_ring_kb: int | None = None,
-                 worker_cpus: set[int] | None = None):
+                 worker_cpus: set[int] | None = None, ring_drain_on: str = "loop"):
         self.core = core
         # the CPUs the front-end workers run on (None: those of this process when it starts them)
         self.worker_cpus = worker_cpus
@@ -76,6 +76,10 @@ class Server:
         # shared rings each worker's request and reply frames go through (ring.py); None: the
         # worker's default (GPULOOM_WORKER_RING_KB, else 8 MiB)
         self.worker_ring_kb = worker_ring_kb
+        if ring_drain_on not in frontend.DRAIN_ON:
+            raise ValueError(f"ring_drain_on: expected one of {frontend.DRAIN_ON}, got {ring_drain_on!r}")
+        # who takes the requests from the workers' rings: the runtime's loop thread, or a thread per worker
+        self.ring_drain_on = ring_drain_on
         # 0: this process serves HTTP. N > 0: N front-end processes parse HTTP on the public port and
         # pass tensors over a Unix socket (frontend.py); this process serves HTTP on a loopback port
         # for the routes they forward.
@@ -164,7 +168,7 @@ class Server:
 
         self._sockdir = tempfile.mkdtemp(prefix="gpuloom-")
         path = os.path.join(self._sockdir, "bridge.sock")
-        self._bridge = frontend.InferBridge(self.core, path)
+        self._bridge = frontend.InferBridge(self.core, path, drain_on=self.ring_drain_on)
         cmd = [sys.executable, "-m", "gpuloom.serve.frontend", "--socket", path, "--host", self.host,
                "--port", str(port), "--upstream", f"http://127.0.0.1:{internal}",
                "--max-body", str(int(self.core.max_body_bytes)), "--backlog", str(self.listen_backlog),
