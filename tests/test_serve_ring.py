@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_serve_bridge import EchoCore, _arena_frame, _recv_exact  # noqa: E402
+from test_serve_bridge import _arena_frame, _recv_exact, bridge  # noqa: E402,F401 - the bridge fixture
 
 from gpuloom.serve import arena, ring  # noqa: E402
 from gpuloom.serve.frontend import FRAME, InferBridge, pack, unpack_tensors  # noqa: E402
@@ -126,12 +126,22 @@ def test_after_close_the_runtime_end_refuses_replies_so_they_go_over_the_socket(
 
 # -- the bridge with a worker's rings, over a raw socket ----------------------------------------
 @pytest.fixture
-def bridge(tmp_path):
-    core = EchoCore()
-    b = InferBridge(core, str(tmp_path / "bridge.sock"))
-    yield b
-    b.close()
-    core.close()
+def worker(bridge):
+    """A stand-in worker connected to ``bridge`` with an arena and rings: ``make(arena_bytes,
+    ring_bytes)`` gives ``(arena, rings, socket)``; all are closed after the test."""
+    made = []
+
+    def make(arena_bytes: int = 1 << 20, ring_bytes: int = 256 << 10):
+        shared, rings = arena.Arena(arena_bytes), ring.WorkerRings(ring_bytes)
+        made.append((shared, rings))
+        s = _connect_with_rings(bridge, shared, rings)
+        made.append((s,))
+        return shared, rings, s
+
+    yield make
+    for objs in reversed(made):
+        for o in objs:
+            o.close()
 
 
 def _connect_with_rings(b: InferBridge, shared: arena.Arena, rings: ring.WorkerRings) -> socket.socket:
@@ -164,73 +174,53 @@ def _ring_replies(rings: ring.WorkerRings, n: int, timeout_s: float = 10.0) -> d
     return out
 
 
-def test_requests_through_the_rings_are_answered_through_them_with_their_own_outputs(bridge):
-    shared, rings = arena.Arena(1 << 20), ring.WorkerRings(256 << 10)
-    s = _connect_with_rings(bridge, shared, rings)
-    try:
-        xs = {i: np.full((1 + i % 3, 4), i, np.float32) for i in range(100)}
-        for i, x in xs.items():
-            frame = _arena_frame(i, x, shared)
-            assert rings.send([frame])
-        got = _ring_replies(rings, 100)
-        assert sorted(got) == list(xs)
-        for i, x in xs.items():
-            np.testing.assert_array_equal(got[i][1]["y"], 2 * x)
-        assert bridge.ring_requests == 100 and bridge.ring_replies == 100 and bridge.inline_requests == 0
-    finally:
-        s.close()
-        rings.close()
-        shared.close()
+def test_requests_through_the_rings_are_answered_through_them_with_their_own_outputs(bridge, worker):
+    shared, rings, _ = worker()
+    xs = {i: np.full((1 + i % 3, 4), i, np.float32) for i in range(100)}
+    for i, x in xs.items():
+        assert rings.send([_arena_frame(i, x, shared)])
+    got = _ring_replies(rings, 100)
+    assert sorted(got) == list(xs)
+    for i, x in xs.items():
+        np.testing.assert_array_equal(got[i][1]["y"], 2 * x)
+    assert bridge.ring_requests == 100 and bridge.ring_replies == 100 and bridge.inline_requests == 0
 
 
-def test_a_bad_ring_request_is_answered_with_an_error_and_the_drain_goes_on(bridge):
-    shared, rings = arena.Arena(1 << 16), ring.WorkerRings(256 << 10)
-    s = _connect_with_rings(bridge, shared, rings)
-    try:
-        x = np.ones((1, 4), np.float32)
-        meta = {"id": 1, "model": "m", "version": None, "deadline_ms": None, "outputs": None, "names": ["x"],
-                "arena": 1 << 30}  # beyond the arena
-        assert rings.send(pack(meta, [x], into=memoryview(bytearray(x.nbytes))))
-        assert rings.send(pack(dict(meta, id=2, names=["x"], arena=None), [x]))  # tensors inline in a ring frame
-        assert rings.send([b"not a frame"])  # no id to answer: logged, skipped
-        assert rings.send([_arena_frame(3, x, shared)])
-        got = _ring_replies(rings, 3)
-        assert got[1][0]["status"] == 500 and "bad arena block" in got[1][0]["error"]
-        assert got[2][0]["status"] == 500 and "arena" in got[2][0]["error"]
-        np.testing.assert_array_equal(got[3][1]["y"], 2 * x)
-    finally:
-        s.close()
-        rings.close()
-        shared.close()
+def test_a_bad_ring_request_is_answered_with_an_error_and_the_drain_goes_on(worker):
+    shared, rings, _ = worker(1 << 16)
+    x = np.ones((1, 4), np.float32)
+    meta = {"id": 1, "model": "m", "version": None, "deadline_ms": None, "outputs": None, "names": ["x"],
+            "arena": 1 << 30}  # beyond the arena
+    assert rings.send(pack(meta, [x], into=memoryview(bytearray(x.nbytes))))
+    assert rings.send(pack(dict(meta, id=2, names=["x"], arena=None), [x]))  # tensors inline in a ring frame
+    assert rings.send([b"not a frame"])  # no id to answer: logged, skipped
+    assert rings.send([_arena_frame(3, x, shared)])
+    got = _ring_replies(rings, 3)
+    assert got[1][0]["status"] == 500 and "bad arena block" in got[1][0]["error"]
+    assert got[2][0]["status"] == 500 and "arena" in got[2][0]["error"]
+    np.testing.assert_array_equal(got[3][1]["y"], 2 * x)
 
 
-def test_replies_that_do_not_fit_in_the_reply_ring_come_over_the_socket(bridge):
-    shared, rings = arena.Arena(1 << 22), ring.WorkerRings(40 << 10)  # a reply ring of 35 KiB
-    s = _connect_with_rings(bridge, shared, rings)
-    try:
-        x = np.ones((1, 1024), np.float32)  # 4 KiB replies: about eight fit while nobody takes them
-        for i in range(20):
-            assert rings.send([_arena_frame(i, x, shared)])
-        socket_ids = []
-        while len(socket_ids) + bridge.ring_replies < 20:  # the socket's read times out if one is lost
-            jlen, plen = FRAME.unpack(_recv_exact(s, FRAME.size))
-            meta = json.loads(_recv_exact(s, jlen))
-            np.testing.assert_array_equal(unpack_tensors(meta, memoryview(_recv_exact(s, plen)))["y"], 2 * x)
-            socket_ids.append(meta["id"])
-        in_ring = _ring_replies(rings, bridge.ring_replies)
-        assert 1 <= len(in_ring) < 20 and len(socket_ids) == 20 - len(in_ring)
-        assert sorted([*in_ring, *socket_ids]) == list(range(20))  # each answered once, one way or the other
-    finally:
-        s.close()
-        rings.close()
-        shared.close()
+def test_replies_that_do_not_fit_in_the_reply_ring_come_over_the_socket(bridge, worker):
+    shared, rings, s = worker(1 << 22, 40 << 10)  # a reply ring of 35 KiB
+    x = np.ones((1, 1024), np.float32)  # 4 KiB replies: about eight fit while nobody takes them
+    for i in range(20):
+        assert rings.send([_arena_frame(i, x, shared)])
+    socket_ids = []
+    while len(socket_ids) + bridge.ring_replies < 20:  # the socket's read times out if one is lost
+        jlen, plen = FRAME.unpack(_recv_exact(s, FRAME.size))
+        meta = json.loads(_recv_exact(s, jlen))
+        np.testing.assert_array_equal(unpack_tensors(meta, memoryview(_recv_exact(s, plen)))["y"], 2 * x)
+        socket_ids.append(meta["id"])
+    in_ring = _ring_replies(rings, bridge.ring_replies)
+    assert 1 <= len(in_ring) < 20 and len(socket_ids) == 20 - len(in_ring)
+    assert sorted([*in_ring, *socket_ids]) == list(range(20))  # each answered once, one way or the other
 
 
-def test_a_worker_that_goes_away_ends_its_drain_thread(bridge):
+def test_a_worker_that_goes_away_ends_its_drain_thread(worker):
     import threading
 
-    shared, rings = arena.Arena(1 << 16), ring.WorkerRings(64 << 10)
-    s = _connect_with_rings(bridge, shared, rings)
+    shared, rings, s = worker(1 << 16, 64 << 10)
     assert rings.send([_arena_frame(0, np.ones((1, 4), np.float32), shared)])
     assert _ring_replies(rings, 1)
     s.close()
@@ -238,5 +228,3 @@ def test_a_worker_that_goes_away_ends_its_drain_thread(bridge):
     while any(t.name == "gpuloom-bridge-ring" for t in threading.enumerate()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(t.name == "gpuloom-bridge-ring" for t in threading.enumerate())
-    rings.close()
-    shared.close()
