@@ -124,6 +124,22 @@ def test_after_close_the_runtime_end_refuses_replies_so_they_go_over_the_socket(
         w.close()
 
 
+def test_a_closed_taker_takes_nothing_more():
+    from gpuloom.serve.frontend import _RingTaker
+
+    w, r = _pair()
+    got: list[bytes] = []
+    take = _RingTaker(r, lambda v: got.append(bytes(v)))
+    try:
+        assert w.send([b"a"]) and take(True) == 1 and got == [b"a"]
+        take.close()  # what the bridge does before it unlocks the worker's arena
+        assert w.send([b"b"]) and take(True) == 0 and take(False) == 0
+        assert got == [b"a"] and r.requests.pending()
+    finally:
+        r.close()
+        w.close()
+
+
 # -- the bridge with a worker's rings, over a raw socket ----------------------------------------
 @pytest.fixture
 def worker(bridge):

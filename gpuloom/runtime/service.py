@@ -1082,6 +1082,12 @@ class InferenceService:
         if ctx is None:  # no model left: stop the runtime (a later load starts a new one)
             if rt is not None:
                 rt.stop(drain=True, timeout_s=self.load_timeout_s)
+                if rt.running:  # its loop thread did not end: it would take the next loop's posts
+                    log.error("the runtime's loop did not stop within %.0f s; the next one sleeps on a new "
+                              "semaphore (front-end workers connected now wake it only through their "
+                              "drain threads)", self.load_timeout_s)
+                    self._waker = make_waker(shared=True)
+                    weakref.finalize(self, self._waker.close)
                 self._fail_outstanding("model unloaded")
                 be, self._backend = self._backend, None
                 if be is not None:

@@ -57,7 +57,7 @@ class SemaphoreWaker:
     enqueued on a stream may still run after its loop is gone, and must not post freed memory.
     """
 
-    _keep: list = []  # every semaphore ever made (a few dozen bytes each), see above
+    _keep: list = []  # every private and loop semaphore ever made (a few dozen bytes each), see above
 
     def __init__(self, memory=None, *, create: bool = True) -> None:
         """``memory``: a writable buffer of at least 64 bytes shared with another process (a

@@ -103,12 +103,14 @@ class InferBridge:
     """Runtime-process end: a Unix socket where workers send parsed infer requests.
 
     A worker with shared rings (``gpuloom.serve.ring``: the default) writes each request into its
-    request ring; one drain thread per worker, woken through the ring's semaphore, takes every queued
-    request and submits it through ``core``. The future's callback (on the runtime's thread) books the
-    outcome and writes the reply into the reply ring, waking the worker, with no thread hand-off and
-    without releasing the GIL. What does not fit in a ring goes over the socket: one thread per worker
-    connection reads frames there (``recv_into`` releases the GIL), and a writer thread sends replies,
-    so socket writes, which block while the worker is slow to read, never hold up the runtime.
+    request ring and posts the runtime loop's semaphore. The loop's thread takes every queued request
+    each time it wakes (``InferenceService.add_intake``) and submits it through ``core``; a drain
+    thread per worker takes what the loop leaves waiting (no loop runs), or is the ring's consumer
+    with ``drain_on="thread"``. The future's callback (on the runtime's thread) books the outcome and
+    writes the reply into the reply ring, waking the worker through an eventfd: no thread hand-off.
+    What does not fit in a ring goes over the socket: one thread per worker connection reads frames
+    there (``recv_into`` releases the GIL), and a writer thread sends replies, so socket writes,
+    which block while the worker is slow to read, never hold up the runtime.
     """
 
     def __init__(self, core: Any, path: str, *, drain_on: str = "loop") -> None:
@@ -145,7 +147,7 @@ class InferBridge:
 
     def _serve(self, conn: socket.socket) -> None:
         out: queue.SimpleQueue = queue.SimpleQueue()  # reply frames for the socket; None stops the writer
-        pinned = rings = drain = poll = None
+        pinned = rings = drain = poll = take = None
         in_arena = _Outstanding()  # requests whose rows the device may still read from the arena
         writer = threading.Thread(target=self._write, args=(conn, out), name="gpuloom-bridge-write", daemon=True)
         writer.start()
@@ -155,7 +157,8 @@ class InferBridge:
                 return
             shared, rings, offered = hello  # the worker's arena (a memoryview) or None; its rings or None
             send = out.put if rings is None else (lambda frame: self._reply(rings, out, frame))
-            pinned = self._pin(shared) if shared is not None else None  # before any request can come
+            if rings is None and shared is not None:  # before any request is read
+                pinned = self._pin(shared)
             wake_fd = None
             if rings is not None:
                 take = self._ring_taker(rings, send, shared, in_arena)
@@ -170,6 +173,10 @@ class InferBridge:
                 drain.start()
             if offered:  # the worker waits for this before it writes into its rings
                 _send_ack(conn, rings is not None, wake_fd)
+            if rings is not None and shared is not None:
+                # after the ack: page-locking waits while a model loads (the device is exclusive),
+                # longer than a worker should wait to start; requests taken meanwhile are copied
+                pinned = self._pin(shared)
             frames = _FrameReader(conn)
             while True:
                 frame = frames.next()
@@ -182,6 +189,8 @@ class InferBridge:
         finally:
             if poll is not None:
                 self.core.service.remove_intake(poll)
+            if take is not None:
+                take.close()  # waits for a take under way (on the loop's thread, say): then no more
             if rings is not None:
                 rings.close()  # no more replies into the ring; the drain thread ends
                 if drain is not None:
@@ -206,16 +215,15 @@ class InferBridge:
         self._submit(send, meta, shared[off:off + n], in_arena)  # the tensors in place: no copy here
 
     def _ring_taker(self, rings: Any, send: Callable[[list], None], shared: memoryview | None,
-                    in_arena: "_Outstanding") -> Callable[[bool], int]:
-        """``take(wait)``: submit every request queued in a worker's request ring. The runtime's loop
-        and the drain thread may both call it; a lock keeps one at a time (``wait=False``: return at
-        once when the other holds it, as it takes what is there)."""
-        lock = threading.Lock()
+                    in_arena: "_Outstanding") -> "_RingTaker":
+        """What submits the requests queued in a worker's request ring (see :class:`_RingTaker`)."""
 
         def one(record: memoryview) -> None:
             try:
                 jlen, plen = FRAME.unpack_from(record)
                 meta = json.loads(bytes(record[FRAME.size:FRAME.size + jlen]))
+                if not isinstance(meta, dict):
+                    raise ValueError(f"a request frame's JSON must be an object, got {type(meta).__name__}")
             except Exception:  # noqa: BLE001 - no id to answer: the worker's request times out
                 log.exception("a malformed frame in a worker's request ring")
                 return
@@ -227,17 +235,9 @@ class InferBridge:
             except Exception as e:  # noqa: BLE001 - answered, and the drain goes on
                 send(_internal_error_frame(meta.get("id"), e))
 
-        def take(wait: bool) -> int:
-            if not rings.requests.pending() or not lock.acquire(blocking=wait):
-                return 0
-            try:
-                return rings.requests.take(one)
-            finally:
-                lock.release()
+        return _RingTaker(rings, one)
 
-        return take
-
-    def _loop_poll(self, take: Callable[[bool], int]) -> Callable[[], float]:
+    def _loop_poll(self, take: "_RingTaker") -> Callable[[], float]:
         """A poller for the runtime's loop (``InferenceService.add_intake``): take the ring's requests
         on the loop's thread each time it wakes. What it raises is logged: the loop must go on."""
         inf = float("inf")
@@ -252,21 +252,25 @@ class InferBridge:
         return poll
 
     @staticmethod
-    def _drain(rings: Any, take: Callable[[bool], int], loop_drains: bool) -> None:
-        """A worker's request ring, from a thread of its own: woken through the ring's semaphore when
-        this thread is the ring's consumer, or every ``_SAFETY_S`` when the runtime's loop drains it
-        (a request is then taken here only when it was already waiting at the last look: the loop is
-        not running, with no model loaded or during a shutdown), until the connection closes."""
+    def _drain(rings: Any, take: "_RingTaker", loop_drains: bool) -> None:
+        """A worker's request ring, from a thread of its own, until the connection closes: woken
+        through the ring's semaphore when this thread is the ring's consumer, or every ``_SAFETY_S``
+        when the runtime's loop drains it. A request is then taken here only when it was already
+        waiting at the last look: the loop is not running (no model loaded, a shutdown) or has
+        stalled that long."""
         waiting_at = None  # where the ring's oldest request stood at the last look (loop_drains)
         while rings.open:
             rings.wake.wait(_SAFETY_S if loop_drains else 0.5)
-            if not loop_drains:
-                take(True)
-                continue
-            head = rings.requests.head
-            if head == waiting_at and rings.requests.pending():  # untaken since the last look: the loop is not running
-                take(False)
-            waiting_at = head if rings.requests.pending() else None
+            try:
+                if not loop_drains:
+                    take(True)
+                    continue
+                head = rings.requests.head
+                if head == waiting_at and rings.requests.pending():  # untaken since the last look
+                    take(False)
+                waiting_at = head if rings.requests.pending() else None
+            except Exception:  # noqa: BLE001 - the thread must go on, or the ring's requests wait forever
+                log.exception("taking requests from a worker's ring failed")
 
     def _reply(self, rings: Any, out: queue.SimpleQueue, frame: list) -> None:
         """Into the worker's reply ring; over the socket when it does not fit there."""
@@ -392,6 +396,31 @@ def _send_ack(conn: socket.socket, ring_ok: bool, wake_fd: int | None) -> None:
     finally:
         if wake_fd is not None:
             os.close(wake_fd)
+
+
+class _RingTaker:
+    """``take(wait)``: hand every request published in a worker's request ring to ``one``; returns
+    how many. The runtime's loop and the drain thread may both call it: a lock keeps one at a time
+    (``wait=False``: return at once while the other holds it, as it takes what is there).
+    :meth:`close` waits for a take under way and refuses later ones, so once it returns no request
+    of this worker can be submitted (its arena may then be unlocked)."""
+
+    def __init__(self, rings: Any, one: Callable[[memoryview], None]) -> None:
+        self._rings, self._one = rings, one
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def __call__(self, wait: bool) -> int:
+        if not self._rings.requests.pending() or not self._lock.acquire(blocking=wait):
+            return 0
+        try:
+            return 0 if self._closed else self._rings.requests.take(self._one)
+        finally:
+            self._lock.release()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
 
 
 class _Outstanding:
@@ -625,6 +654,8 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_b
                 deliver(json.loads(body[:jlen]), memoryview(body)[jlen:])
         except (asyncio.IncompleteReadError, ConnectionError):
             state["up"] = False  # nothing more goes into the rings either: nobody would answer
+            if state["rings"] is not None:  # replies the runtime wrote before it went still count
+                state["rings"].take_replies(ring_reply)
             for fut in state["pending"].values():
                 if not fut.done():
                     fut.set_exception(ProtocolError("the runtime process closed the connection", 503, retry_after_s=1.0))

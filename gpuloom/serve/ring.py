@@ -6,14 +6,16 @@ Unix socket on a reader thread and send each reply on a writer thread. On the H2
 used a third of an interpreter that was 83-86% busy (runs 71-74), mostly wake-ups and GIL hand-offs,
 not work; sending replies from the runtime's own thread lost (run 73: every send releases the GIL).
 Here a reply is written into a ring both processes map and the worker is woken through an eventfd,
-both with the GIL held (``ctypes.PyDLL``): nothing on the runtime's thread gives the GIL away.
-Requests go the other way through a second ring, and a semaphore in the same memory wakes one drain
-thread per worker, which takes every request queued. ``scripts/diag_ring_bridge.py`` measured this
-on the CPU (``docs/reports/serving.md``, twenty-third session): 0.72x the socket bridge's CPU per
-request and 1.56x its requests/s at saturation.
+both with the GIL held (``ctypes.PyDLL``): the runtime's thread gives the GIL away only if another
+thread is writing a reply to the same worker at that moment (they share a lock). Requests go the
+other way through a second ring. The worker posts the runtime loop's semaphore, which the runtime
+passes it in its answer to the hello, and the loop's thread takes every request queued each time it
+wakes (``InferenceService.add_intake``, ``frontend.InferBridge``); without such a loop, a semaphore
+of the block's own wakes a drain thread per worker instead. ``scripts/diag_ring_bridge.py``
+measured both on the CPU first, and ``docs/reports/serving.md`` (twenty-fourth session) on the H200.
 
 One block per worker (an anonymous memory file, passed with the worker's hello like its arena):
-the semaphore the runtime's drain thread sleeps on, then the request ring, then the reply ring. Each
+the semaphore a drain thread would sleep on, then the request ring, then the reply ring. Each
 ring has one producer and one consumer (the runtime's reply writers share one lock) and counts
 bytes in two 64-bit cells, written only after what they publish. That order is what x86's memory
 model keeps for plain stores (``supported`` is False elsewhere: the socket carries everything). A
@@ -94,8 +96,9 @@ class ByteRing:
         return self._head.value != self._tail.value
 
     def take(self, handle: Callable[[memoryview], None]) -> int:
-        """Call ``handle`` on each record published so far, in order (the view is valid only during
-        the call: its bytes are given back to the producer after it); returns how many."""
+        """Call ``handle`` on each record published when the call began, in order (the view is valid
+        only during the call: its bytes are given back to the producer after it); returns how many.
+        Records published meanwhile wait for the next call, so one call's work is bounded."""
         head, tail = self._head.value, self._tail.value
         data, size, count = self._data, self.size, 0
         while head < tail:
@@ -111,8 +114,6 @@ class ByteRing:
                 head += (_REC + n + _REC - 1) // _REC * _REC
                 self._head.value = head
                 count += 1
-            if head == tail:
-                tail = self._tail.value
         return count
 
     def release(self) -> None:
@@ -176,7 +177,8 @@ class WorkerRings:
         return [self.fd, self.event_fd]
 
     def send(self, parts: Sequence) -> bool:
-        """Queue one request frame and wake the runtime's drain thread; False when the ring is full."""
+        """Queue one request frame and wake its consumer (``runtime_wake``: the runtime loop's
+        semaphore once the runtime passed it, else the block's own); False when the ring is full."""
         if not self.requests.put(parts):
             return False
         self.runtime_wake.post()
