@@ -57,6 +57,7 @@ TARGET = 0.9  # issue 6: HTTP goodput >= 90% of in-process goodput
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from gpuloom.bench.e2e import ARRIVALS
+    from gpuloom.serve.frontend import DRAIN_ON
 
     p = argparse.ArgumentParser(prog="serve_e2e.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -76,7 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--worker-ring-kb", type=int, default=None, metavar="KIB",
                    help="the front-end workers' shared rings (gpuloom serve --http-worker-ring-kb; 0: requests and "
                         "replies over the socket bridge; default: the server's)")
-    p.add_argument("--ring-drain-on", choices=("loop", "thread"), default="loop",
+    p.add_argument("--ring-drain-on", choices=DRAIN_ON, default="loop",
                    help="who takes requests from the workers' rings: the runtime's loop thread (default) or a "
                         "drain thread per worker (Server(ring_drain_on=...))")
     p.add_argument("--clients", type=int, default=0,

@@ -448,8 +448,7 @@ class InferenceService:
         self._backend_stats: list[dict] = []  # of runtimes stopped when the last model left
         # what the runtime's loop sleeps on, the same for every backend this service makes (one is made
         # anew when a model is loaded after the last one left): other processes hold it (add_intake)
-        self._waker = make_waker(shared=True)
-        weakref.finalize(self, self._waker.close)
+        self._waker = self._shared_waker()
         self._intakes: list[Callable[[], float]] = []  # pollers on every runtime loop (add_intake)
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -952,6 +951,13 @@ class InferenceService:
         else:
             loop.post(ARRIVAL, schedule)
 
+    def _shared_waker(self) -> Any:
+        """A loop semaphore other processes can post (``make_waker(shared=True)``), its descriptor
+        closed once this service is gone."""
+        waker = make_waker(shared=True)
+        weakref.finalize(self, waker.close)
+        return waker
+
     def add_intake(self, poll: Callable[[], float]) -> int | None:
         """Run ``poll()`` on the runtime's loop thread each time it wakes, now and after any re-plan
         (``RealtimeLoop.add_poller``'s contract: it returns when it wants to be called again, ms, or
@@ -1086,8 +1092,7 @@ class InferenceService:
                     log.error("the runtime's loop did not stop within %.0f s; the next one sleeps on a new "
                               "semaphore (front-end workers connected now wake it only through their "
                               "drain threads)", self.load_timeout_s)
-                    self._waker = make_waker(shared=True)
-                    weakref.finalize(self, self._waker.close)
+                    self._waker = self._shared_waker()
                 self._fail_outstanding("model unloaded")
                 be, self._backend = self._backend, None
                 if be is not None:

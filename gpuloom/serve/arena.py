@@ -36,9 +36,7 @@ class Arena:
         if size <= 0:
             raise ValueError(f"arena size must be positive, got {size}")
         self.size = size
-        self.fd = os.memfd_create("gpuloom-arena", os.MFD_CLOEXEC)
-        os.ftruncate(self.fd, size)
-        self.map = mmap.mmap(self.fd, size)
+        self.fd, self.map = shared_file("gpuloom-arena", size)
         self._free: list[tuple[int, int]] = [(0, size)]  # (offset, length), sorted by offset, coalesced
         self._used: dict[int, int] = {}  # offset -> length of each allocated block
         self.in_use = 0
@@ -82,15 +80,27 @@ class Arena:
         os.close(self.fd)
 
 
-def attach(fd: int, size: int) -> mmap.mmap:
-    """The runtime process's end: map the worker's arena from the descriptor it passed (then closed
-    here: the mapping keeps the memory)."""
+def shared_file(name: str, size: int) -> tuple[int, mmap.mmap]:
+    """An anonymous memory file of ``size`` bytes and this process's mapping of it: the worker's end
+    of an arena, or of its rings (``ring.py``)."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, size)
+        return fd, mmap.mmap(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def attach(fd: int, size: int, what: str = "arena") -> mmap.mmap:
+    """The runtime process's end: map the worker's arena (or other ``what``) from the descriptor it
+    passed (then closed here: the mapping keeps the memory)."""
     try:
         if os.fstat(fd).st_size < size:
-            raise ValueError(f"arena descriptor is {os.fstat(fd).st_size} bytes, the worker said {size}")
+            raise ValueError(f"{what} descriptor is {os.fstat(fd).st_size} bytes, the worker said {size}")
         return mmap.mmap(fd, size)
     finally:
         os.close(fd)
 
 
-__all__ = ["ALIGN", "Arena", "DEFAULT_BYTES", "attach", "supported"]
+__all__ = ["ALIGN", "Arena", "DEFAULT_BYTES", "attach", "shared_file", "supported"]

@@ -454,24 +454,36 @@ def _internal_error_frame(rid: int, e: Exception) -> list[Any]:
     return _error_frame(rid, ProtocolError(f"internal error: {type(e).__name__}: {e}", 500))
 
 
+def _recv_control(conn: socket.socket, max_fds: int) -> tuple[dict | None, list[int]]:
+    """A control frame (a worker's hello, the runtime's answer to it): its JSON object and the
+    descriptors that came with it. None for the object when the connection closed first or the frame
+    is not one (it has a payload, or its JSON is no object); the caller owns the descriptors either way."""
+    data, fds, _, _ = socket.recv_fds(conn, FRAME.size, max_fds)
+    if not data:
+        return None, fds
+    if len(data) < FRAME.size:
+        rest = _recv_exact(conn, FRAME.size - len(data))
+        if rest is None:
+            return None, fds
+        data += bytes(rest)
+    jlen, plen = FRAME.unpack(data)
+    js = _recv_exact(conn, jlen)
+    if js is None or plen:
+        return None, fds
+    obj = json.loads(bytes(js))
+    return (obj if isinstance(obj, dict) else None), fds
+
+
 def _recv_hello(conn: socket.socket) -> tuple[memoryview | None, Any, bool] | bool:
     """A worker's first frame: its arena (mapped here, as a memoryview, or None), its rings
     (``ring.RuntimeRings``, or None), and whether it offered rings; False when the connection closed
     or the frame is not a hello. Descriptors: the arena's, then the rings' block and eventfd."""
     from . import arena, ring
 
-    data, fds, _, _ = socket.recv_fds(conn, FRAME.size, 3)
+    hello, fds = _recv_control(conn, 3)
     try:
-        if len(data) < FRAME.size:
-            rest = _recv_exact(conn, FRAME.size - len(data))
-            if rest is None:
-                return False
-            data += bytes(rest)
-        jlen, plen = FRAME.unpack(data)
-        js = _recv_exact(conn, jlen)
-        if js is None or plen:
+        if hello is None:
             return False
-        hello = json.loads(bytes(js))
         size, ring_size = int(hello.get("arena_bytes", 0)), int(hello.get("ring_bytes", 0))
         if "hello" not in hello or len(fds) != bool(size) + 2 * bool(ring_size):
             return False
@@ -735,15 +747,9 @@ def _recv_ack(sock: socket.socket, timeout_s: float = 30.0) -> tuple[bool, int |
     sock.settimeout(timeout_s)
     fds: list[int] = []
     try:
-        head, fds, _, _ = socket.recv_fds(sock, FRAME.size, 1)
-        rest = _recv_exact(sock, FRAME.size - len(head)) if head and len(head) < FRAME.size else b""
-        if not head or rest is None:
+        ack, fds = _recv_control(sock, 1)
+        if ack is None:
             raise ConnectionError("the runtime process closed the connection during the hello")
-        jlen, plen = FRAME.unpack(head + bytes(rest))
-        js = _recv_exact(sock, jlen + plen)
-        if js is None:
-            raise ConnectionError("the runtime process closed the connection during the hello")
-        ack = json.loads(bytes(js[:jlen]))
         wake = fds.pop(0) if ack.get("wake") == "loop" and fds else None
         return bool(ack.get("ring")), wake
     finally:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import mmap
 import os
 import platform
 from typing import Callable, Sequence
@@ -159,12 +158,11 @@ class WorkerRings:
 
     def __init__(self, total_bytes: int = DEFAULT_KB << 10) -> None:
         from ..runtime.waker import SemaphoreWaker
+        from .arena import shared_file
 
         a, b, end = _layout(total_bytes)
         self.size = end
-        self.fd = os.memfd_create("gpuloom-rings", os.MFD_CLOEXEC)
-        os.ftruncate(self.fd, end)
-        self.map = mmap.mmap(self.fd, end)
+        self.fd, self.map = shared_file("gpuloom-rings", end)
         view = memoryview(self.map)
         self._sem_view = view[:_LINE]
         self.runtime_wake = SemaphoreWaker(self._sem_view, create=True)  # process-shared: the runtime waits on it
@@ -213,19 +211,18 @@ class RuntimeRings:
         import threading
 
         from ..runtime.waker import SemaphoreWaker
+        from .arena import attach
 
+        a, b, end = _layout(size)
+        if end != size:
+            os.close(fd)
+            os.close(event_fd)
+            raise ValueError(f"ring block of {size} bytes does not have the layout of one (would be {end})")
         try:
-            if os.fstat(fd).st_size < size:
-                raise ValueError(f"ring block descriptor is {os.fstat(fd).st_size} bytes, the worker said {size}")
-            a, b, end = _layout(size)
-            if end != size:
-                raise ValueError(f"ring block of {size} bytes does not have the layout of one (would be {end})")
-            self._map = mmap.mmap(fd, size)
+            self._map = attach(fd, size, "ring block")  # closes fd
         except BaseException:
             os.close(event_fd)
             raise
-        finally:
-            os.close(fd)
         view = memoryview(self._map)
         self.wake = SemaphoreWaker(view[:_LINE], create=False)
         self.requests, self.replies = ByteRing(view[a:b]), ByteRing(view[b:end])

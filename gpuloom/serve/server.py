@@ -17,6 +17,8 @@ import os
 import signal
 import threading
 from dataclasses import dataclass
+from typing import Any
+
 from . import frontend
 from .core import ServeCore
 
@@ -66,13 +68,11 @@ class Server:
         self.worker_cpus = worker_cpus
         if not isinstance(http_workers, int) or http_workers < 0:
             raise ValueError(f"http_workers: expected a non-negative int, got {http_workers!r}")
-        if worker_arena_mb is not None and (not isinstance(worker_arena_mb, int) or worker_arena_mb < 0):
-            raise ValueError(f"worker_arena_mb: expected a non-negative int (MiB; 0 = no arena), got {worker_arena_mb!r}")
+        _check_size("worker_arena_mb", worker_arena_mb, "MiB; 0 = no arena")
         # shared memory each worker passes request tensors through (frontend.py, arena.py); None:
         # the worker's default (GPULOOM_WORKER_ARENA_MB, else 256)
         self.worker_arena_mb = worker_arena_mb
-        if worker_ring_kb is not None and (not isinstance(worker_ring_kb, int) or worker_ring_kb < 0):
-            raise ValueError(f"worker_ring_kb: expected a non-negative int (KiB; 0 = over the socket), got {worker_ring_kb!r}")
+        _check_size("worker_ring_kb", worker_ring_kb, "KiB; 0 = over the socket")
         # shared rings each worker's request and reply frames go through (ring.py); None: the
         # worker's default (GPULOOM_WORKER_RING_KB, else 8 MiB)
         self.worker_ring_kb = worker_ring_kb
@@ -320,6 +320,12 @@ class Server:
         self._stopped.wait(timeout_s)
         if self._thread is not None:
             self._thread.join(timeout_s)
+
+
+def _check_size(name: str, value: Any, unit: str) -> None:
+    """None (the worker's default) or a non-negative int; ValueError naming ``name`` otherwise."""
+    if value is not None and (not isinstance(value, int) or value < 0):
+        raise ValueError(f"{name}: expected a non-negative int ({unit}), got {value!r}")
 
 
 def _wait_ready(worker) -> None:
