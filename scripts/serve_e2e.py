@@ -105,6 +105,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cpus", default=None, metavar="LIST",
                    help="run the service's process (both legs) on these CPUs, a taskset -c list; the front-end "
                         "workers and the HTTP clients run on the others (default: no pinning)")
+    p.add_argument("--loop-cpu", action="store_true",
+                   help="charge the runtime loop thread's CPU to each callback and poller it runs, in both legs "
+                        "(InferenceService.loop_cpu; about 1 us per event): where its time goes, per request")
     p.add_argument("--out", metavar="FILE", default=None, help="write the JSON report here")
     p.add_argument("--client-spec", default=None, help=argparse.SUPPRESS)  # internal: run as a client process
     args = p.parse_args(argv)
@@ -511,9 +514,13 @@ def run(args: argparse.Namespace) -> int:
             if args.retune:
                 svc.retune(rates)
             say(f"x{scale:g} in-process: {n / args.duration:.0f} req/s for {args.duration:g} s")
+            cpu0 = svc.loop_cpu(True) if args.loop_cpu else None
+            t_cpu = time.monotonic()
             inproc = inproc_summary(run_point(svc, workload, args.policy, scale=scale, duration_s=args.duration,
                                               arrivals=args.inprocess_arrivals,
                                               pinned_inputs=not args.inprocess_copies))
+            if cpu0 is not None:
+                inproc["loop_cpu"] = loop_cpu_window(svc, cpu0, t_cpu, inproc.get("submitted"), say)
 
             if args.retune:
                 svc.retune(rates)
@@ -522,6 +529,7 @@ def run(args: argparse.Namespace) -> int:
             snap0 = service_snapshot(svc)
             t_leg = time.monotonic()
             say(f"x{scale:g} HTTP: {clients} client process(es)")
+            cpu0 = svc.loop_cpu(True) if args.loop_cpu else None
             with tempfile.TemporaryDirectory(prefix="serve_e2e.") as tmp:
                 res, used = drive_http(addr.http_url, times, slos, clients=clients, timeout_s=args.timeout,
                                        workdir=Path(tmp), cpus=other_cpus)
@@ -536,6 +544,8 @@ def run(args: argparse.Namespace) -> int:
             http["gc"] = GcMonitor.installed().since(t_leg)  # collector pauses in this (the server's) process
             http["loop_lag"] = svc.loop_lag(t_leg)
             http["thread_cpu"] = cpu_share(snap0["threads"], snap1["threads"], snap1["t"] - snap0["t"])  # this process
+            if cpu0 is not None:
+                http["loop_cpu"] = loop_cpu_window(svc, cpu0, t_leg, http.get("submitted"), say)
             bridge = getattr(server, "_bridge", None)
             if bridge is not None:  # requests through a worker's arena, page-locked or not, or inline
                 http["bridge"] = {"arena_requests": bridge.arena_requests, "inline_requests": bridge.inline_requests,
@@ -566,6 +576,25 @@ def run(args: argparse.Namespace) -> int:
     if error:
         print(f"FAILED: {error}")
     return 0 if report["ok"] else 1
+
+
+def loop_cpu_window(svc: Any, before: dict, t0: float, requests: int | None, say: Any) -> dict:
+    """The runtime loop thread's CPU by callback since ``before`` (read at monotonic ``t0``), with its
+    CPU per request of the leg; the largest five are printed."""
+    from gpuloom.runtime.events import cpu_delta
+
+    wall = time.monotonic() - t0
+    d = cpu_delta(before, svc.loop_cpu(), wall)
+    if requests:
+        d["requests"] = requests
+        if d["thread_cpu_s_per_s"] is not None:
+            d["thread_us_per_request"] = d["thread_cpu_s_per_s"] * wall / requests * 1e6
+        for r in d["callbacks"]:
+            r["us_per_request"] = r["cpu_s_per_s"] * wall / requests * 1e6
+    top = ", ".join(f"{r['callback']} {r['cpu_s_per_s']:.3f}" for r in d["callbacks"][:5])
+    thread = d["thread_cpu_s_per_s"]
+    say(f"  loop thread {thread if thread is None else round(thread, 3)} CPU-s/s; by callback: {top}")
+    return d
 
 
 def _settle(core: Any, timeout_s: float = 30.0) -> None:

@@ -99,3 +99,61 @@ def test_the_realtime_loop_measures_how_long_posts_waited_for_a_stalled_loop():
     assert ran == [1]
     assert lag["over_20ms"] == 1 and 20 <= lag["max_ms"] < 200
     assert loop.lag_since(time.monotonic())["over_1ms"] == 0
+
+
+def _spin(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_the_loop_charges_cpu_to_the_callbacks_that_used_it_and_not_to_its_waits():
+    from gpuloom.runtime.events import cpu_delta
+
+    loop = RealtimeLoop()
+    busy_polls = []
+
+    def poll() -> float:
+        busy_polls.append(1)
+        return float("inf")
+
+    def heavy():
+        _spin(0.03)
+
+    def light():
+        pass
+
+    loop.add_poller(poll)
+    loop.open()
+    assert loop.cpu_report() == {"callbacks": {}, "thread_cpu_s": None}  # the loop has not run yet
+    th = threading.Thread(target=lambda: [loop.step() for _ in range(7)])  # the seven posts below
+    loop.account_cpu(True)
+    th.start()
+    time.sleep(0.02)
+    before = loop.cpu_report()
+    t0 = time.monotonic()
+    for _ in range(3):
+        loop.post(COMPLETION, heavy)
+        time.sleep(0.05)  # the loop sleeps on its semaphore in between: no CPU charged for that
+        loop.post(ARRIVAL, light)
+        time.sleep(0.01)
+    after = []
+    loop.post(ARRIVAL, lambda: after.append(loop.cpu_report()))  # while the thread (and its CPU clock) lives
+    th.join(5)
+    assert not th.is_alive()
+    d = cpu_delta(before, after[0], time.monotonic() - t0)
+    rows = {r["callback"]: r for r in d["callbacks"]}
+    heavy_key = next(k for k in rows if k.endswith("heavy"))
+    assert rows[heavy_key]["us_per_call"] > 20_000  # each call spun 30 ms of CPU
+    assert rows[next(k for k in rows if k.endswith("light"))]["us_per_call"] < 5_000
+    assert rows[next(k for k in rows if k.endswith("poll"))]["calls_per_s"] > 0
+    assert rows[heavy_key]["cpu_s_per_s"] == max(r["cpu_s_per_s"] for r in d["callbacks"])  # largest first
+    # the thread's whole CPU is about what was charged: 3 x 30 ms
+    assert 0.09 <= d["thread_cpu_s_per_s"] * (time.monotonic() - t0) < 0.4
+    assert d["unaccounted_cpu_s_per_s"] < d["charged_cpu_s_per_s"]
+    # work between events (the runtime's decisions) is charged through charge(), returning its value
+    assert loop.charge(lambda: 7) == 7
+    assert any(k.endswith("<lambda>") for k in loop.cpu_report()["callbacks"])
+    loop.account_cpu(False)
+    assert loop.charge(lambda: 8) == 8
+    assert loop.cpu is None and loop.cpu_report()["callbacks"] == {}

@@ -29,7 +29,7 @@ def report(tmp_path_factory) -> tuple[int, dict, str]:
     wl.write_text(WORKLOAD)
     out = tmp / "e2e.json"
     p = subprocess.run([sys.executable, str(SCRIPT), str(wl), "--tiny", "--device", "cpu", "--scale", "1,0.5",
-                        "--duration", "1.5", "--max-batch", "4", "--clients", "2", "--out", str(out)],
+                        "--duration", "1.5", "--max-batch", "4", "--clients", "2", "--loop-cpu", "--out", str(out)],
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.exists(), p.stderr[-3000:]
     return p.returncode, json.loads(out.read_text()), p.stdout
@@ -98,6 +98,20 @@ def test_http_time_is_split_into_network_worker_bridge_and_service(report):
                 q, c = leg["models"][m]["queue_ms"], leg["models"][m]["compute_ms"]
                 assert q["n"] == c["n"] == leg["models"][m]["served"] and q["mean"] >= 0 and c["mean"] > 0
     assert "where an HTTP request's time went" in stdout
+
+
+def test_loop_cpu_splits_the_runtime_threads_cpu_by_callback_in_both_legs(report):
+    """--loop-cpu: the runtime loop thread's CPU per request, by what it ran (decisions, completions,
+    arrivals), for the in-process and the HTTP leg alike."""
+    _, rep, _ = report
+    for pt in rep["points"]:
+        for leg in (pt["inprocess"], pt["http"]):
+            lc = leg["loop_cpu"]
+            names = {r["callback"] for r in lc["callbacks"]}
+            assert {"Runtime._decide", "Runtime._on_completion", "Runtime._on_online_arrivals"} <= names
+            assert lc["requests"] == leg["submitted"] and lc["thread_us_per_request"] > 0
+            charged = sum(r["us_per_request"] for r in lc["callbacks"])
+            assert 0 < charged <= lc["thread_us_per_request"] * 1.05  # never more than the thread used (clock reads)
 
 
 def test_bad_scale_is_a_usage_error():

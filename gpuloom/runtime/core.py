@@ -263,7 +263,10 @@ class Runtime:
             while loop.step():
                 now = loop.now
                 if loop.peek() != now:
-                    self._decide()
+                    if loop.cpu is None:
+                        self._decide()
+                    else:  # InferenceService.loop_cpu: the decisions are most of the loop's own work
+                        loop.charge(self._decide)
                 last = self._account(last)
                 if self._closing and self._all_answered():
                     break

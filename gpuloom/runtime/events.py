@@ -95,6 +95,8 @@ class RealtimeLoop(EventLoop):
         from collections import deque
 
         self.slow_posts: deque = deque(maxlen=4096)  # (monotonic s, lag ms) of posts that waited > 1 ms
+        #: callback name -> [CPU s, calls] of what the loop's thread ran, while :meth:`account_cpu` is on
+        self.cpu: dict[str, list] | None = None
 
     def open(self) -> None:
         """Online mode: :meth:`step` waits for posts (submissions from other threads) instead of
@@ -134,6 +136,48 @@ class RealtimeLoop(EventLoop):
 
     def wall_ms(self) -> float:
         return (self._time.monotonic() - self._t0) * 1000.0
+
+    def account_cpu(self, on: bool = True) -> None:
+        """Charge the CPU time of every callback and poller the loop's thread runs to its name
+        (:meth:`cpu_report`), or stop (``on=False``). Two ``thread_time`` reads per event, about
+        1 us: off by default. Unlike a sampler, nothing is charged to where the thread waits."""
+        self.cpu = {} if on else None
+
+    def cpu_report(self) -> dict:
+        """What :meth:`account_cpu` charged so far: per callback ``{"cpu_s", "calls"}``, and the loop
+        thread's whole CPU clock (``thread_cpu_s``, None before the loop first ran): the rest of it is the
+        loop's own work between callbacks (posts, heap, waits) and whatever ran before accounting began."""
+        acct = self.cpu
+        rows = {k: {"cpu_s": v[0], "calls": v[1]} for k, v in (acct.copy() if acct is not None else {}).items()}
+        thread_cpu = None
+        if self._owner:
+            try:
+                thread_cpu = self._time.clock_gettime(self._time.pthread_getcpuclockid(self._owner))
+            except (OSError, AttributeError):  # the thread ended, or no per-thread clocks here
+                thread_cpu = None
+        return {"callbacks": rows, "thread_cpu_s": thread_cpu}
+
+    def charge(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the loop's thread, its CPU charged to its name while :meth:`account_cpu`
+        is on (the runtime's own work between events, its decisions, goes through here)."""
+        acct = self.cpu
+        return fn(*args) if acct is None else self._timed(acct, fn, *args)
+
+    def _timed(self, acct: dict, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``, its CPU time charged to its name in ``acct``."""
+        clock = self._time.thread_time
+        t = clock()
+        try:
+            return fn(*args)
+        finally:
+            used = clock() - t
+            key = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+            row = acct.get(key)
+            if row is None:
+                acct[key] = [used, 1]
+            else:
+                row[0] += used
+                row[1] += 1
 
     def post(self, priority: int, callback: Callable[..., Any], *args: Any) -> None:
         """Thread-safe: run ``callback(*args)`` on the loop's thread as soon as possible.
@@ -180,10 +224,11 @@ class RealtimeLoop(EventLoop):
         announced post is outstanding and the loop is not :meth:`open`."""
         self._owner = self._get_ident()
         inf = float("inf")
+        acct = self.cpu
         while True:
             due = inf
             for poll in self._pollers:
-                due = min(due, poll())
+                due = min(due, poll() if acct is None else self._timed(acct, poll))
             self._drain_posted()
             now = self.wall_ms()
             nxt = min(self._heap[0][0] if self._heap else inf, due)
@@ -198,7 +243,35 @@ class RealtimeLoop(EventLoop):
                 if not (self._expected or self._open):
                     return False
             self.waker.wait(None)
-        return super().step()
+        if acct is None:
+            return super().step()
+        time_ms, _, _, cb, args = heappop(self._heap)  # EventLoop.step, the callback timed
+        self._advance(time_ms)
+        self._timed(acct, cb, *args)
+        return True
 
     def _advance(self, time_ms: float) -> None:
         self.now = max(time_ms, self.now)
+
+
+def cpu_delta(before: dict, after: dict, wall_s: float) -> dict:
+    """What the loop's thread did between two :meth:`RealtimeLoop.cpu_report` readings, ``wall_s``
+    apart: per callback CPU-s per s of wall time, calls per s and us per call, largest first; the
+    thread's whole CPU-s per s; and ``unaccounted`` (its own work between callbacks: posts, the heap,
+    the semaphore). Callbacks are inclusive: what a callback calls is in its figure."""
+    wall_s = max(wall_s, 1e-9)
+    b = before.get("callbacks", {})
+    rows = []
+    for name, a in after.get("callbacks", {}).items():
+        cpu = a["cpu_s"] - b.get(name, {}).get("cpu_s", 0.0)
+        calls = a["calls"] - b.get(name, {}).get("calls", 0)
+        if calls > 0:
+            rows.append({"callback": name, "cpu_s_per_s": cpu / wall_s, "calls_per_s": calls / wall_s,
+                         "us_per_call": cpu / calls * 1e6})
+    rows.sort(key=lambda r: -r["cpu_s_per_s"])
+    thread = None
+    if before.get("thread_cpu_s") is not None and after.get("thread_cpu_s") is not None:
+        thread = (after["thread_cpu_s"] - before["thread_cpu_s"]) / wall_s
+    charged = sum(r["cpu_s_per_s"] for r in rows)
+    return {"thread_cpu_s_per_s": thread, "charged_cpu_s_per_s": charged,
+            "unaccounted_cpu_s_per_s": None if thread is None else thread - charged, "callbacks": rows}

@@ -989,6 +989,19 @@ class InferenceService:
         loop = rt.loop if rt is not None else None
         return loop.lag_since(since) if hasattr(loop, "lag_since") else {}
 
+    def loop_cpu(self, on: bool | None = None) -> dict:
+        """Where the runtime loop's thread spends its CPU, per callback and poller
+        (``RealtimeLoop.account_cpu`` / ``cpu_report``). ``on=True`` starts charging (off by default:
+        about 1 us per event), ``on=False`` stops; either way the report so far is returned (empty
+        when no runtime loop runs). Two reports apart give a window: ``events.cpu_delta``."""
+        rt = self._runtime
+        loop = rt.loop if rt is not None else None
+        if not hasattr(loop, "cpu_report"):
+            return {}
+        if on is not None and (on != (loop.cpu is not None)):
+            loop.account_cpu(on)
+        return loop.cpu_report()
+
     def policy_summary(self, timeout_s: float = 5.0) -> dict:
         """The running policy's own summary (``Policy.describe``: dstack's partitions, batches,
         re-plans and slowdowns), read on the loop's thread (a re-plan there replaces the schedule
