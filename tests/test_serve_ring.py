@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_serve_bridge import _arena_frame, _recv_exact, bridge  # noqa: E402,F401 - the bridge fixture
 
 from gpuloom.serve import arena, ring  # noqa: E402
-from gpuloom.serve.frontend import FRAME, InferBridge, pack, unpack_tensors  # noqa: E402
+from gpuloom.serve.frontend import (FRAME, InferBridge, _Templates, pack, read_ring_reply,  # noqa: E402
+                                   unpack_tensors)
 
 pytestmark = pytest.mark.skipif(not ring.supported(), reason="shared rings need x86-64 Linux (memfd, eventfd)")
 
@@ -177,10 +178,10 @@ def _ring_replies(rings: ring.WorkerRings, n: int, timeout_s: float = 10.0) -> d
 
     out: dict[int, tuple[dict, dict]] = {}
 
+    templates = _Templates(dict)
+
     def take(rec: memoryview) -> None:
-        jlen, plen = FRAME.unpack_from(rec)
-        meta = json.loads(bytes(rec[FRAME.size:FRAME.size + jlen]))
-        payload = memoryview(bytes(rec[FRAME.size + jlen:FRAME.size + jlen + plen]))
+        meta, payload = read_ring_reply(rec, templates)  # a compact record (served) or a frame (an error)
         out[meta["id"]] = (meta, unpack_tensors(meta, payload) if meta["status"] == 200 else {})
 
     deadline = time.monotonic() + timeout_s
@@ -244,3 +245,78 @@ def test_a_worker_that_goes_away_ends_its_drain_thread(worker):
     while any(t.name == "gpuloom-bridge-ring" for t in threading.enumerate()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(t.name == "gpuloom-bridge-ring" for t in threading.enumerate())
+
+
+# -- compact ring records (what workers write, and successful replies) ---------------------------
+def _compact(rid: int, x: np.ndarray, shared: arena.Arena, deadline_ms=None, model: str = "m") -> list:
+    from gpuloom.serve.frontend import _copy_into, _describe, ring_request
+
+    off = shared.alloc(x.nbytes)
+    tensors, bufs = _describe(["x"], [x])
+    _copy_into(shared.view(off, x.nbytes), bufs)
+    return ring_request(rid, {"model": model, "version": None, "outputs": None}, tensors, off, deadline_ms)
+
+
+def test_compact_requests_are_answered_with_compact_replies_and_their_json_is_parsed_once(bridge, worker):
+    shared, rings, _ = worker()
+    seen = []
+    submit = bridge.core.submit
+    bridge.core.submit = lambda name, version, inputs, deadline_ms: (seen.append((name, deadline_ms)),
+                                                                      submit(name, version, inputs, deadline_ms))[1]
+    xs = {i: np.full((1 + i % 3, 4), i, np.float32) for i in range(60)}
+    for i, x in xs.items():
+        assert rings.send(_compact(i, x, shared, deadline_ms=None if i % 2 else 250.0 + i))
+    got = _ring_replies(rings, 60)
+    assert sorted(got) == list(xs)
+    for i, x in xs.items():
+        np.testing.assert_array_equal(got[i][1]["y"], 2 * x)
+        assert got[i][0]["status"] == 200 and got[i][0]["service_ms"] >= 0
+    assert sorted(d for _, d in seen if d is not None) == [250.0 + i for i in range(0, 60, 2)]
+    assert sum(d is None for _, d in seen) == 30
+    assert len(bridge._request_templates._known) == 3  # one JSON text per row count
+    assert bridge.ring_requests == 60 and bridge.ring_replies == 60 and bridge.arena_requests == 60
+
+
+def test_bad_compact_requests_are_answered_or_skipped_and_the_drain_goes_on(worker):
+    from gpuloom.serve.frontend import RING_MAGIC, RING_REQ
+
+    shared, rings, _ = worker(1 << 16)
+    x = np.ones((1, 4), np.float32)
+    good = _compact(3, x, shared)
+    _, jlen, _, off, _ = RING_REQ.unpack(good[0])
+    assert rings.send([RING_REQ.pack(RING_MAGIC, jlen, 1, 1 << 30, float("nan")), good[1]])  # beyond the arena
+    assert rings.send([RING_REQ.pack(RING_MAGIC, 8, 2, off, float("nan")), b"not json"])
+    wrong = good[1].replace(b'"nbytes": 16', b'"nbytes": 12')  # the bytes disagree with the shape
+    assert rings.send([RING_REQ.pack(RING_MAGIC, len(wrong), 4, off, float("nan")), wrong])
+    assert rings.send([RING_MAGIC + b"\0\0"])  # truncated: no id to answer, logged and skipped
+    assert rings.send(good)
+    got = _ring_replies(rings, 4)
+    assert got[1][0]["status"] == 500 and "bad arena block" in got[1][0]["error"]
+    assert got[2][0]["status"] == 500 and got[4][0]["status"] == 500
+    np.testing.assert_array_equal(got[3][1]["y"], 2 * x)
+
+
+def test_reply_records_carry_any_array_layout_and_the_remembered_texts_are_bounded(monkeypatch):
+    from gpuloom.serve import frontend
+    from gpuloom.serve.frontend import _ReplyEncoder
+
+    enc, templates = _ReplyEncoder(), _Templates(dict)
+    base = np.arange(24, dtype=np.float32).reshape(4, 6)
+    arrays = [base[:, ::2], base.astype(">f4"), np.arange(3, dtype=np.int64)]  # strided, big-endian, plain
+    parts = enc.record(7, ["a", "b", "c"], arrays, 1.5)
+    meta, payload = read_ring_reply(memoryview(b"".join(bytes(p) for p in parts)), templates)
+    assert meta["id"] == 7 and meta["status"] == 200 and meta["service_ms"] == 1.5
+    out = unpack_tensors(meta, payload)
+    for name, a in zip("abc", arrays):
+        np.testing.assert_array_equal(out[name], a)
+    # a frame (an error reply) reads the same way
+    frame = pack({"id": 9, "status": 404, "error": "no such model", "names": []}, [])
+    assert read_ring_reply(memoryview(b"".join(frame)), templates)[0]["error"] == "no such model"
+    monkeypatch.setattr(frontend, "_TEMPLATES_MAX", 4)
+    small = _Templates(dict)
+    for i in range(10):
+        small.get(json.dumps({"i": i}).encode())
+        assert len(small._known) <= 4
+    with pytest.raises(json.JSONDecodeError):
+        small.get(b"{")
+    assert b"{" not in small._known

@@ -17,7 +17,14 @@ first frame is a hello carrying its shared-memory arena (``gpuloom.serve.arena``
 a request whose tensors it wrote there says ``"arena": offset`` and has an empty payload. With
 rings (``gpuloom.serve.ring``, the default where supported) the hello also carries the rings'
 block and an eventfd; the runtime answers it with a frame saying whether it mapped them, and from
-then on the same frames travel through the rings, the socket taking only what does not fit.
+then on requests and successful replies travel through the rings as compact records (below), error
+replies as frames, and the socket takes only what does not fit.
+
+Compact ring records: ``RING_MAGIC`` where a frame's JSON length would be, a small struct with what
+changes from request to request (id, arena offset, deadline; id, service time), then JSON that
+repeats (model, tensors' names, types and shapes), which each side parses once per distinct text
+(``_Templates``). On the H200 ``json.loads`` and ``pack`` were a fifth of what HTTP added to the
+runtime thread's CPU per request (twenty-fifth session, ``serve_e2e.py --loop-cpu``).
 
     python -m gpuloom.serve.frontend --socket PATH --host H --port P --upstream http://127.0.0.1:Q
 """
@@ -28,6 +35,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import os
 import queue
 import signal
@@ -46,6 +54,10 @@ from .protocol import ProtocolError, numpy_dtype, v2_dtype
 log = logging.getLogger(__name__)
 
 FRAME = struct.Struct("!IQ")
+RING_MAGIC = b"\xff\xff\xff\xff"  # no frame's JSON is 4 GiB long: a compact ring record follows
+RING_REQ = struct.Struct("<4sIQQd")  # magic, JSON bytes, request id, arena offset, deadline ms (NaN: none)
+RING_OK = struct.Struct("<4sIQQd")  # magic, JSON bytes, payload bytes, request id, service ms
+_TEMPLATES_MAX = 1024  # distinct JSON texts a side remembers (then it starts over)
 _READ_BUF = 1 << 16  # bytes the bridge's reader asks the socket for per call
 _JOIN_MAX = 1 << 16  # reply parts smaller than this are joined into one send; bigger go as they are
 DRAIN_ON = ("loop", "thread")  # InferBridge(drain_on=...)
@@ -53,22 +65,124 @@ _SAFETY_S = 0.02  # how often a drain thread looks at a ring the runtime's loop 
 _HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
 
 
+def _raw(a: np.ndarray) -> memoryview:
+    """The array's bytes, C order, little-endian, as a byte view (a copy only where they are not)."""
+    if not (a.flags.c_contiguous and a.dtype.byteorder != ">"):
+        a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
+    return memoryview(a).cast("B")
+
+
+def _describe(names: list[str], arrays: list[np.ndarray]) -> tuple[list[dict], list[memoryview]]:
+    """The tensors' JSON descriptions (name, datatype, shape, nbytes) and their bytes."""
+    bufs = [_raw(a) for a in arrays]
+    return [{"name": n, "datatype": _v2_name(a.dtype), "shape": list(a.shape), "nbytes": b.nbytes}
+            for n, a, b in zip(names, arrays, bufs)], bufs
+
+
+def _copy_into(into: memoryview, bufs: list[memoryview]) -> None:
+    off = 0
+    for b in bufs:
+        into[off:off + b.nbytes] = b
+        off += b.nbytes
+
+
 def pack(meta: dict, arrays: list[np.ndarray], into: memoryview | None = None) -> list[Any]:
     """A frame as a list of buffers (header, JSON, each tensor's bytes) for ``writelines``/``sendall``.
 
     ``into``: a block of the shared arena (``meta["arena"]`` says where) that takes the tensors'
     bytes instead; the frame then has an empty payload."""
-    bufs = [memoryview(np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))).cast("B") for a in arrays]
-    meta = dict(meta, tensors=[{"name": n, "datatype": _v2_name(a.dtype), "shape": list(a.shape),
-                                "nbytes": b.nbytes} for n, a, b in zip(meta.pop("names"), arrays, bufs)])
-    js = json.dumps(meta).encode()
+    tensors, bufs = _describe(meta.pop("names"), arrays)
+    js = json.dumps(dict(meta, tensors=tensors)).encode()
     if into is not None:
-        off = 0
-        for b in bufs:
-            into[off:off + b.nbytes] = b
-            off += b.nbytes
+        _copy_into(into, bufs)
         return [FRAME.pack(len(js), 0), js]
     return [FRAME.pack(len(js), sum(b.nbytes for b in bufs)), js, *bufs]
+
+
+class _Templates:
+    """JSON texts that repeat across records, parsed once each: ``get(text)`` is ``make(json.loads(
+    text))``, remembered (up to ``_TEMPLATES_MAX`` texts, then forgotten all at once). What ``make``
+    raises is raised again, and nothing is remembered. Any thread may call it (dict get and set)."""
+
+    def __init__(self, make: Callable[[Any], Any]) -> None:
+        self._make, self._known = make, {}
+
+    def get(self, text: bytes) -> Any:
+        made = self._known.get(text)
+        if made is None:
+            made = self._make(json.loads(text))
+            if len(self._known) >= _TEMPLATES_MAX:
+                self._known = {}
+            self._known[text] = made
+        return made
+
+
+class _RequestTemplate:
+    """What a compact request's JSON says, checked once: the model, the outputs asked for, and per
+    input its name, little-endian dtype, shape and byte span in the request's arena block."""
+
+    __slots__ = ("model", "version", "outputs", "inputs", "nbytes")
+
+    def __init__(self, js: Any) -> None:
+        if not isinstance(js, dict) or not isinstance(js.get("model"), str) or not isinstance(js.get("tensors"), list):
+            raise ValueError("a compact ring request's JSON must be an object with a model name and its tensors")
+        self.model, self.version, self.outputs = js["model"], js.get("version"), js.get("outputs")
+        inputs, off = [], 0
+        for t in js["tensors"]:
+            n = int(t["nbytes"])
+            shape = tuple(int(d) for d in t["shape"])
+            inputs.append((str(t["name"]), numpy_dtype(t["datatype"]).newbyteorder("<"), shape, off, off + n))
+            off += n
+        self.inputs, self.nbytes = tuple(inputs), off
+
+    def arrays(self, block: memoryview) -> dict[str, np.ndarray]:
+        """The inputs as arrays viewing ``block`` (no copy); ValueError where a shape and its bytes disagree."""
+        return {name: np.frombuffer(block[a:b], dtype=dt).reshape(shape) for name, dt, shape, a, b in self.inputs}
+
+
+def ring_request(rid: int, meta: dict, tensors: list[dict], arena_offset: int, deadline_ms: float | None) -> list[Any]:
+    """A worker's compact request record (its tensors already in the arena at ``arena_offset``)."""
+    js = json.dumps({"model": meta["model"], "version": meta.get("version"), "outputs": meta.get("outputs"),
+                     "tensors": tensors}).encode()
+    return [RING_REQ.pack(RING_MAGIC, len(js), rid, arena_offset,
+                          math.nan if deadline_ms is None else float(deadline_ms)), js]
+
+
+def _reply_key(names: list[str], arrays: list[np.ndarray]) -> tuple:
+    return tuple((n, a.dtype.str, a.shape) for n, a in zip(names, arrays))
+
+
+class _ReplyEncoder:
+    """Successful replies as compact records: the outputs' JSON description is made once per set of
+    names, dtypes and shapes (a model's batch of n rows always gives the same)."""
+
+    def __init__(self) -> None:
+        self._known: dict[tuple, bytes] = {}
+
+    def record(self, rid: int, names: list[str], arrays: list[np.ndarray], service_ms: float) -> list[Any]:
+        key = _reply_key(names, arrays)
+        js = self._known.get(key)
+        if js is None:
+            tensors, _ = _describe(names, arrays)
+            js = json.dumps({"status": 200, "names": names, "tensors": tensors}).encode()
+            if len(self._known) >= _TEMPLATES_MAX:
+                self._known = {}
+            self._known[key] = js
+        bufs = [_raw(a) for a in arrays]
+        return [RING_OK.pack(RING_MAGIC, len(js), sum(b.nbytes for b in bufs), rid, service_ms), js, *bufs]
+
+
+def read_ring_reply(record: memoryview, templates: "_Templates") -> tuple[dict, memoryview]:
+    """A reply from the reply ring as ``(meta, payload)``, whether a compact record or a frame; the
+    payload is copied out, since the ring reuses its bytes. ``templates``: ``_Templates(dict)``."""
+    if record[:4] == RING_MAGIC:
+        _, jlen, plen, rid, service_ms = RING_OK.unpack_from(record)
+        start = RING_OK.size
+        meta = dict(templates.get(bytes(record[start:start + jlen])), id=rid, service_ms=service_ms)
+        return meta, memoryview(bytes(record[start + jlen:start + jlen + plen]))
+    jlen, plen = FRAME.unpack_from(record)
+    meta = json.loads(bytes(record[FRAME.size:FRAME.size + jlen]))
+    return meta, memoryview(bytes(record[FRAME.size + jlen:FRAME.size + jlen + plen]))
 
 
 _V2_NAMES: dict[str, str] = {}  # numpy dtype name -> v2 name, as found
@@ -132,6 +246,7 @@ class InferBridge:
         self.loop_requests = 0  # ... of which the runtime's loop took (the rest: drain threads)
         self.ring_replies = 0  # replies written into a worker's reply ring (the rest went over the socket)
         self.pinned_arenas = 0  # worker arenas page-locked now (launched from in place)
+        self._request_templates = _Templates(_RequestTemplate)  # compact ring requests' JSON, checked once
         threading.Thread(target=self._accept, name="gpuloom-bridge-accept", daemon=True).start()
 
     def _accept(self) -> None:
@@ -157,11 +272,12 @@ class InferBridge:
                 return
             shared, rings, offered = hello  # the worker's arena (a memoryview) or None; its rings or None
             send = out.put if rings is None else (lambda frame: self._reply(rings, out, frame))
+            ok = self._ok_socket(out) if rings is None else self._ok_ring(rings, out)
             if rings is None and shared is not None:  # before any request is read
                 pinned = self._pin(shared)
             wake_fd = None
             if rings is not None:
-                take = self._ring_taker(rings, send, shared, in_arena)
+                take = self._ring_taker(rings, send, ok, shared, in_arena)
                 intake = getattr(getattr(self.core, "service", None), "add_intake", None)
                 if self.drain_on == "loop" and intake is not None:
                     poll = self._loop_poll(take)
@@ -183,7 +299,7 @@ class InferBridge:
                 if frame is None:  # the worker went away (between frames or mid-frame)
                     return
                 js, payload = frame
-                self._take(send, json.loads(js), payload, shared, in_arena)
+                self._take(send, ok, json.loads(js), payload, shared, in_arena)
         except OSError:
             return
         finally:
@@ -199,26 +315,63 @@ class InferBridge:
             if pinned is not None:
                 self._unpin(pinned, in_arena)
 
-    def _take(self, send: Callable[[list], None], meta: dict, payload: memoryview, shared: memoryview | None,
-              in_arena: "_Outstanding") -> None:
+    def _take(self, send: Callable[[list], None], ok: Callable[..., None], meta: dict, payload: memoryview,
+              shared: memoryview | None, in_arena: "_Outstanding") -> None:
         """Submit one request frame: its tensors inline in ``payload``, or in the arena."""
-        off = meta.get("arena")
+        rid, off = meta["id"], meta.get("arena")
         if off is None:
             self.inline_requests += 1
-            self._submit(send, meta, payload)
+            in_arena = None
+        else:
+            self.arena_requests += 1
+            n = payload_bytes(meta)
+            if shared is None or not (isinstance(off, int) and 0 <= off and off + n <= len(shared)):
+                send(_internal_error_frame(rid, ValueError(f"bad arena block {off!r} (+{n} bytes)")))
+                return
+            payload = shared[off:off + n]  # the tensors in place: no copy here
+        try:
+            inputs = unpack_tensors(meta, payload)
+        except ProtocolError as e:
+            send(_error_frame(rid, e))
             return
-        self.arena_requests += 1
-        n = payload_bytes(meta)
-        if shared is None or not (isinstance(off, int) and 0 <= off and off + n <= len(shared)):
-            send(_internal_error_frame(meta["id"], ValueError(f"bad arena block {off!r} (+{n} bytes)")))
+        except Exception as e:  # noqa: BLE001 - a malformed frame: answered, never a dead worker
+            send(_internal_error_frame(rid, e))
             return
-        self._submit(send, meta, shared[off:off + n], in_arena)  # the tensors in place: no copy here
+        self._submit(send, ok, rid, meta["model"], meta.get("version"), meta.get("outputs"), meta.get("deadline_ms"),
+                     inputs, in_arena)
 
-    def _ring_taker(self, rings: Any, send: Callable[[list], None], shared: memoryview | None,
-                    in_arena: "_Outstanding") -> "_RingTaker":
+    def _take_compact(self, send: Callable[[list], None], ok: Callable[..., None], record: memoryview,
+                      shared: memoryview | None, in_arena: "_Outstanding") -> None:
+        """Submit one compact ring request (``RING_REQ``): its JSON parsed and checked once per text."""
+        try:
+            _, jlen, rid, off, deadline = RING_REQ.unpack_from(record)
+        except struct.error:  # no id to answer: the worker's request times out
+            log.error("a truncated compact record (%d bytes) in a worker's request ring", len(record))
+            return
+        self.ring_requests += 1
+        self.arena_requests += 1
+        try:
+            t = self._request_templates.get(bytes(record[RING_REQ.size:RING_REQ.size + jlen]))
+            if shared is None or off + t.nbytes > len(shared):
+                raise ValueError(f"bad arena block {off!r} (+{t.nbytes} bytes)")
+            inputs = t.arrays(shared[off:off + t.nbytes])
+        except ProtocolError as e:
+            send(_error_frame(rid, e))
+            return
+        except Exception as e:  # noqa: BLE001 - answered, and the drain goes on
+            send(_internal_error_frame(rid, e))
+            return
+        self._submit(send, ok, rid, t.model, t.version, t.outputs, None if math.isnan(deadline) else deadline,
+                     inputs, in_arena)
+
+    def _ring_taker(self, rings: Any, send: Callable[[list], None], ok: Callable[..., None],
+                    shared: memoryview | None, in_arena: "_Outstanding") -> "_RingTaker":
         """What submits the requests queued in a worker's request ring (see :class:`_RingTaker`)."""
 
         def one(record: memoryview) -> None:
+            if record[:4] == RING_MAGIC:  # what workers write (a frame: tests, or an older worker)
+                self._take_compact(send, ok, record, shared, in_arena)
+                return
             try:
                 jlen, plen = FRAME.unpack_from(record)
                 meta = json.loads(bytes(record[FRAME.size:FRAME.size + jlen]))
@@ -231,7 +384,7 @@ class InferBridge:
             try:
                 if plen:
                     raise ValueError("a request in the ring must carry its tensors in the arena")
-                self._take(send, meta, memoryview(b""), shared, in_arena)
+                self._take(send, ok, meta, memoryview(b""), shared, in_arena)
             except Exception as e:  # noqa: BLE001 - answered, and the drain goes on
                 send(_internal_error_frame(meta.get("id"), e))
 
@@ -278,6 +431,30 @@ class InferBridge:
             self.ring_replies += 1
         else:
             out.put(frame)
+
+    @staticmethod
+    def _ok_frame(rid: int, names: list[str], arrays: list[np.ndarray], service_ms: float) -> list[Any]:
+        return pack({"id": rid, "status": 200, "names": names, "service_ms": service_ms}, arrays)
+
+    def _ok_socket(self, out: queue.SimpleQueue) -> Callable[..., None]:
+        """How a successful reply goes back over the socket: a frame."""
+        def ok(rid: int, names: list[str], arrays: list[np.ndarray], service_ms: float) -> None:
+            out.put(self._ok_frame(rid, names, arrays, service_ms))
+
+        return ok
+
+    def _ok_ring(self, rings: Any, out: queue.SimpleQueue) -> Callable[..., None]:
+        """How a successful reply goes back through the reply ring: a compact record (a frame over the
+        socket when it does not fit)."""
+        encoder = _ReplyEncoder()
+
+        def ok(rid: int, names: list[str], arrays: list[np.ndarray], service_ms: float) -> None:
+            if rings.reply(encoder.record(rid, names, arrays, service_ms)):
+                self.ring_replies += 1
+            else:
+                out.put(self._ok_frame(rid, names, arrays, service_ms))
+
+        return ok
 
     def _pin(self, shared: memoryview) -> int | None:
         """Page-lock the worker's arena where the device can (CUDA): its requests' rows are then
@@ -337,14 +514,15 @@ class InferBridge:
         finally:
             conn.close()
 
-    def _submit(self, send: Callable[[list], None], meta: dict, payload: memoryview,
+    def _submit(self, send: Callable[[list], None], ok: Callable[..., None], rid: int, name: str,
+                version: str | None, outputs: Any, deadline_ms: float | None, inputs: dict[str, np.ndarray],
                 in_arena: "_Outstanding | None" = None) -> None:
-        rid, name, version = meta["id"], meta["model"], meta.get("version")
+        """Submit one request's checked ``inputs``; its answer goes back through ``ok`` (served) or as
+        a frame through ``send`` (an error), from the thread that answers the future."""
         t0 = time.perf_counter()
         try:
-            inputs = unpack_tensors(meta, payload)
-            self.core.check_outputs(name, version, meta.get("outputs"))
-            fut, _ = self.core.submit(name, version, inputs, meta.get("deadline_ms"))
+            self.core.check_outputs(name, version, outputs)
+            fut, _ = self.core.submit(name, version, inputs, deadline_ms)
         except ProtocolError as e:
             send(_error_frame(rid, e))
             return
@@ -354,10 +532,13 @@ class InferBridge:
         rows = next(iter(inputs.values())).shape[0]
 
         def done(f: Any) -> None:
+            if in_arena is not None:  # the device has read the request's rows from the arena
+                in_arena.remove()
             try:
                 outs = self.core.outcome(name, f, t0, rows)
-                frame = pack({"id": rid, "status": 200, "names": list(outs),
-                              "service_ms": (time.perf_counter() - t0) * 1e3}, [np.asarray(outs[k]) for k in outs])
+                names = list(outs)
+                ok(rid, names, [np.asarray(outs[k]) for k in names], (time.perf_counter() - t0) * 1e3)
+                return
             except ProtocolError as e:
                 frame = _error_frame(rid, e)
             except Exception as e:  # noqa: BLE001 - e.g. outputs that cannot be framed: still answered
@@ -366,7 +547,6 @@ class InferBridge:
 
         if in_arena is not None:
             in_arena.add()
-            fut.add_done_callback(lambda f: in_arena.remove())
         fut.add_done_callback(done)
 
     def close(self) -> None:
@@ -652,11 +832,11 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_b
         if fut is not None and not fut.done():
             fut.set_result((meta, payload))
 
+    reply_templates = _Templates(dict)
+
     def ring_reply(record: memoryview) -> None:
-        """A reply frame from the reply ring: copied out, since the ring reuses its bytes."""
-        jlen, plen = FRAME.unpack_from(record)
-        meta = json.loads(bytes(record[FRAME.size:FRAME.size + jlen]))
-        deliver(meta, memoryview(bytes(record[FRAME.size + jlen:FRAME.size + jlen + plen])))
+        """A reply from the reply ring (a compact record or a frame)."""
+        deliver(*read_ring_reply(record, reply_templates))
 
     async def read_replies(reader):
         try:
@@ -685,18 +865,23 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_b
         fut = asyncio.get_running_loop().create_future()
         state["pending"][rid] = fut
         meta = {"id": rid, "model": name, "version": version, "deadline_ms": deadline,
-                "outputs": list(req.outputs) if req.outputs is not None else None, "names": list(req.inputs)}
+                "outputs": list(req.outputs) if req.outputs is not None else None}
         arrays = list(req.inputs.values())
         nbytes = sum(a.nbytes for a in arrays)
         shared, rings = state["arena"], state["rings"]
         block = shared.alloc(nbytes) if shared is not None else None
         if block is None:  # no arena, or full: inline on the socket
-            frame = pack(meta, arrays)
+            frame = pack(dict(meta, names=list(req.inputs)), arrays)
         else:
             state["blocks"][rid] = block  # freed when the reply comes back (deliver)
-            frame = pack(dict(meta, arena=block), arrays, into=shared.view(block, nbytes))
+            tensors, bufs = _describe(list(req.inputs), arrays)
+            _copy_into(shared.view(block, nbytes), bufs)
+            frame = None
         t_bridge = time.perf_counter()
-        if block is None or rings is None or not rings.send(frame):  # the ring is full: the socket
+        if block is None or rings is None or not rings.send(ring_request(rid, meta, tensors, block, deadline)):
+            if frame is None:  # the ring is full: the socket, its tensors still in the arena
+                js = json.dumps(dict(meta, arena=block, tensors=tensors)).encode()
+                frame = [FRAME.pack(len(js), 0), js]
             try:
                 async with state["lock"]:
                     state["writer"].writelines(frame)
