@@ -23,8 +23,8 @@ replies as frames, and the socket takes only what does not fit.
 Compact ring records: ``RING_MAGIC`` where a frame's JSON length would be, a small struct with what
 changes from request to request (id, arena offset, deadline; id, service time), then JSON that
 repeats (model, tensors' names, types and shapes), which each side parses once per distinct text
-(``_Templates``). On the H200 ``json.loads`` and ``pack`` were a fifth of what HTTP added to the
-runtime thread's CPU per request (twenty-fifth session, ``serve_e2e.py --loop-cpu``).
+(``_Templates``). ``json.loads`` and ``pack`` had been about a third of what HTTP added to the
+runtime thread's CPU per request (build VM, twenty-fifth session, ``serve_e2e.py --loop-cpu``).
 
     python -m gpuloom.serve.frontend --socket PATH --host H --port P --upstream http://127.0.0.1:Q
 """
