@@ -107,7 +107,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "workers and the HTTP clients run on the others (default: no pinning)")
     p.add_argument("--loop-cpu", action="store_true",
                    help="charge the runtime loop thread's CPU to each callback and poller it runs, in both legs "
-                        "(InferenceService.loop_cpu; about 1 us per event): where its time goes, per request")
+                        "(InferenceService.loop_cpu; about 1.5 us per timed call): where its time goes, per request")
     p.add_argument("--out", metavar="FILE", default=None, help="write the JSON report here")
     p.add_argument("--client-spec", default=None, help=argparse.SUPPRESS)  # internal: run as a client process
     args = p.parse_args(argv)

@@ -288,11 +288,17 @@ def test_bad_compact_requests_are_answered_or_skipped_and_the_drain_goes_on(work
     assert rings.send([RING_REQ.pack(RING_MAGIC, 8, 2, off, float("nan")), b"not json"])
     wrong = good[1].replace(b'"nbytes": 16', b'"nbytes": 12')  # the bytes disagree with the shape
     assert rings.send([RING_REQ.pack(RING_MAGIC, len(wrong), 4, off, float("nan")), wrong])
+    floats = good[1].replace(b'"shape": [1, 4]', b'"shape": [1.0, 4]')  # only integers make a shape
+    assert rings.send([RING_REQ.pack(RING_MAGIC, len(floats), 5, off, float("nan")), floats])
+    unknown = good[1].replace(b'"FP32"', b'"FP99"')  # no such datatype: the client's mistake, a 400
+    assert rings.send([RING_REQ.pack(RING_MAGIC, len(unknown), 6, off, float("nan")), unknown])
     assert rings.send([RING_MAGIC + b"\0\0"])  # truncated: no id to answer, logged and skipped
     assert rings.send(good)
-    got = _ring_replies(rings, 4)
+    got = _ring_replies(rings, 6)
     assert got[1][0]["status"] == 500 and "bad arena block" in got[1][0]["error"]
     assert got[2][0]["status"] == 500 and got[4][0]["status"] == 500
+    assert got[5][0]["status"] == 500 and "integer" in got[5][0]["error"]
+    assert got[6][0]["status"] == 400 and "FP99" in got[6][0]["error"]
     np.testing.assert_array_equal(got[3][1]["y"], 2 * x)
 
 
@@ -317,6 +323,8 @@ def test_reply_records_carry_any_array_layout_and_the_remembered_texts_are_bound
     for i in range(10):
         small.get(json.dumps({"i": i}).encode())
         assert len(small._known) <= 4
+    long = json.dumps({"name": "n" * (frontend._TEMPLATE_BYTES_MAX + 1)}).encode()
+    assert small.get(long)["name"].startswith("n") and long not in small._known  # parsed, not kept
     with pytest.raises(json.JSONDecodeError):
         small.get(b"{")
     assert b"{" not in small._known

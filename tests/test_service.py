@@ -886,3 +886,27 @@ def test_what_dstack_learned_outlives_a_retune():
         np.testing.assert_array_equal(y["y"], np.full((2, 4), 2, np.float32))
     finally:
         svc.close()
+
+
+def test_loop_cpu_charges_the_runtime_threads_work_while_on_and_nothing_while_off():
+    from gpuloom.runtime.events import cpu_delta
+
+    svc = fake_service(latency_ms=1.0)
+    try:
+        assert svc.loop_cpu()["callbacks"] == {}  # off by default
+        before = svc.loop_cpu(True)
+        t0 = time.monotonic()
+        futs = [svc.submit("twice", {"x": np.ones((1, 4), np.float32)}) for _ in range(20)]
+        for f in futs:
+            f.result(10)
+        assert svc.loop_cpu(True)["callbacks"]  # on again: kept, not reset
+        d = cpu_delta(before, svc.loop_cpu(), time.monotonic() - t0)
+        names = {r["callback"] for r in d["callbacks"]}
+        assert {"Runtime._decide", "Runtime._on_completion", "Runtime._on_online_arrivals"} <= names
+        assert d["thread_cpu_s_per_s"] is not None and d["charged_cpu_s_per_s"] > 0
+        svc.loop_cpu(False)
+        assert svc.loop_cpu()["callbacks"] == {}
+    finally:
+        svc.close()
+    svc2 = InferenceService(policy="triton", device_layer=FakeDeviceLayer())
+    assert svc2.loop_cpu(True) == {}  # no runtime before the first load

@@ -263,7 +263,7 @@ class Runtime:
             while loop.step():
                 now = loop.now
                 if loop.peek() != now:
-                    if loop.cpu is None:
+                    if loop.cpu is None:  # (charge() checks too; this spares a call per step)
                         self._decide()
                     else:  # InferenceService.loop_cpu: the decisions are most of the loop's own work
                         loop.charge(self._decide)

@@ -85,6 +85,7 @@ class RealtimeLoop(EventLoop):
         #: stream) post it (gpuloom/runtime/waker.py)
         self.waker = waker if waker is not None else make_waker()
         self._owner = 0  # thread id of the loop's thread (posts from it need no wake-up)
+        self._cpu_clock: int | None = None  # that thread's CPU clock, read on it (cpu_report)
         self._pollers: tuple[Callable[[], float], ...] = ()  # replaced, never changed in place: any thread adds
         self._posted: list[tuple[int, Callable[..., Any], tuple]] = []
         self._expected = 0  # posts announced with expect() and not yet arrived
@@ -139,8 +140,9 @@ class RealtimeLoop(EventLoop):
 
     def account_cpu(self, on: bool = True) -> None:
         """Charge the CPU time of every callback and poller the loop's thread runs to its name
-        (:meth:`cpu_report`), or stop (``on=False``). Two ``thread_time`` reads per event, about
-        1 us: off by default. Unlike a sampler, nothing is charged to where the thread waits."""
+        (:meth:`cpu_report`), or stop (``on=False``). About 1.5 us per timed call (each callback,
+        each poller at each wake-up, each decision): off by default. Unlike a sampler, nothing is
+        charged to where the thread waits."""
         self.cpu = {} if on else None
 
     def cpu_report(self) -> dict:
@@ -150,16 +152,17 @@ class RealtimeLoop(EventLoop):
         acct = self.cpu
         rows = {k: {"cpu_s": v[0], "calls": v[1]} for k, v in (acct.copy() if acct is not None else {}).items()}
         thread_cpu = None
-        if self._owner:
+        if self._cpu_clock is not None:
             try:
-                thread_cpu = self._time.clock_gettime(self._time.pthread_getcpuclockid(self._owner))
-            except (OSError, AttributeError):  # the thread ended, or no per-thread clocks here
+                thread_cpu = self._time.clock_gettime(self._cpu_clock)
+            except OSError:  # the loop's thread has ended: its clock with it
                 thread_cpu = None
         return {"callbacks": rows, "thread_cpu_s": thread_cpu}
 
     def charge(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` on the loop's thread, its CPU charged to its name while :meth:`account_cpu`
-        is on (the runtime's own work between events, its decisions, goes through here)."""
+        """``fn(*args)``, its CPU charged to its name while :meth:`account_cpu` is on. Only the loop's
+        own thread may call it (the runtime's work between events, its decisions, goes through here):
+        it reads the calling thread's clock and updates the books without a lock."""
         acct = self.cpu
         return fn(*args) if acct is None else self._timed(acct, fn, *args)
 
@@ -222,7 +225,13 @@ class RealtimeLoop(EventLoop):
     def step(self) -> bool:
         """Wait for the next event (timer or posted), run it. False when no timer is left, no
         announced post is outstanding and the loop is not :meth:`open`."""
-        self._owner = self._get_ident()
+        ident = self._get_ident()
+        if ident != self._owner:
+            self._owner = ident
+            try:  # read here, on the thread itself: an id read later may be another thread's by then
+                self._cpu_clock = self._time.pthread_getcpuclockid(ident)
+            except (OSError, AttributeError):  # no per-thread CPU clocks on this platform
+                self._cpu_clock = None
         inf = float("inf")
         acct = self.cpu
         while True:

@@ -991,9 +991,11 @@ class InferenceService:
 
     def loop_cpu(self, on: bool | None = None) -> dict:
         """Where the runtime loop's thread spends its CPU, per callback and poller
-        (``RealtimeLoop.account_cpu`` / ``cpu_report``). ``on=True`` starts charging (off by default:
-        about 1 us per event), ``on=False`` stops; either way the report so far is returned (empty
-        when no runtime loop runs). Two reports apart give a window: ``events.cpu_delta``."""
+        (``RealtimeLoop.account_cpu`` / ``cpu_report``). ``on=True`` starts charging (off by default,
+        see its cost there), ``on=False`` stops; either way the report so far is returned (empty while
+        no runtime exists: before the first load, after the last unload). A load after the last
+        unload starts a new runtime, with charging off. Two reports apart give a window:
+        ``events.cpu_delta``."""
         rt = self._runtime
         loop = rt.loop if rt is not None else None
         if not hasattr(loop, "cpu_report"):

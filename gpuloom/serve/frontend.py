@@ -23,8 +23,9 @@ replies as frames, and the socket takes only what does not fit.
 Compact ring records: ``RING_MAGIC`` where a frame's JSON length would be, a small struct with what
 changes from request to request (id, arena offset, deadline; id, service time), then JSON that
 repeats (model, tensors' names, types and shapes), which each side parses once per distinct text
-(``_Templates``). ``json.loads`` and ``pack`` had been about a third of what HTTP added to the
-runtime thread's CPU per request (build VM, twenty-fifth session, ``serve_e2e.py --loop-cpu``).
+(``_Templates``). On the build VM this took the runtime thread's intake from 168-173 to 134-140 us
+per HTTP request, and its replies from 146-154 to 93-105 (twenty-fifth session, ``serve_e2e.py
+--loop-cpu``).
 
     python -m gpuloom.serve.frontend --socket PATH --host H --port P --upstream http://127.0.0.1:Q
 """
@@ -58,6 +59,7 @@ RING_MAGIC = b"\xff\xff\xff\xff"  # no frame's JSON is 4 GiB long: a compact rin
 RING_REQ = struct.Struct("<4sIQQd")  # magic, JSON bytes, request id, arena offset, deadline ms (NaN: none)
 RING_OK = struct.Struct("<4sIQQd")  # magic, JSON bytes, payload bytes, request id, service ms
 _TEMPLATES_MAX = 1024  # distinct JSON texts a side remembers (then it starts over)
+_TEMPLATE_BYTES_MAX = 4096  # longer texts (client-chosen names can be long) are parsed each time, not kept
 _READ_BUF = 1 << 16  # bytes the bridge's reader asks the socket for per call
 _JOIN_MAX = 1 << 16  # reply parts smaller than this are joined into one send; bigger go as they are
 DRAIN_ON = ("loop", "thread")  # InferBridge(drain_on=...)
@@ -101,8 +103,9 @@ def pack(meta: dict, arrays: list[np.ndarray], into: memoryview | None = None) -
 
 class _Templates:
     """JSON texts that repeat across records, parsed once each: ``get(text)`` is ``make(json.loads(
-    text))``, remembered (up to ``_TEMPLATES_MAX`` texts, then forgotten all at once). What ``make``
-    raises is raised again, and nothing is remembered. Any thread may call it (dict get and set)."""
+    text))``, remembered (up to ``_TEMPLATES_MAX`` texts of at most ``_TEMPLATE_BYTES_MAX`` bytes,
+    then forgotten all at once: a few MiB at most, whatever clients send). What ``make`` raises is
+    raised again, and nothing is remembered. Any thread may call it (dict get and set)."""
 
     def __init__(self, make: Callable[[Any], Any]) -> None:
         self._make, self._known = make, {}
@@ -111,9 +114,10 @@ class _Templates:
         made = self._known.get(text)
         if made is None:
             made = self._make(json.loads(text))
-            if len(self._known) >= _TEMPLATES_MAX:
-                self._known = {}
-            self._known[text] = made
+            if len(text) <= _TEMPLATE_BYTES_MAX:
+                if len(self._known) >= _TEMPLATES_MAX:
+                    self._known = {}
+                self._known[text] = made
         return made
 
 
@@ -129,15 +133,22 @@ class _RequestTemplate:
         self.model, self.version, self.outputs = js["model"], js.get("version"), js.get("outputs")
         inputs, off = [], 0
         for t in js["tensors"]:
-            n = int(t["nbytes"])
-            shape = tuple(int(d) for d in t["shape"])
-            inputs.append((str(t["name"]), numpy_dtype(t["datatype"]).newbyteorder("<"), shape, off, off + n))
+            n, shape, name = t["nbytes"], t["shape"], t["name"]
+            if not (_is_int(n) and n >= 0 and isinstance(shape, list) and all(_is_int(d) for d in shape)
+                    and isinstance(name, str)):
+                raise ValueError(f"a tensor of a compact ring request needs a name, integer nbytes and an integer "
+                                 f"shape; got {t!r}")
+            inputs.append((name, numpy_dtype(t["datatype"]).newbyteorder("<"), tuple(shape), off, off + n))
             off += n
         self.inputs, self.nbytes = tuple(inputs), off
 
     def arrays(self, block: memoryview) -> dict[str, np.ndarray]:
         """The inputs as arrays viewing ``block`` (no copy); ValueError where a shape and its bytes disagree."""
         return {name: np.frombuffer(block[a:b], dtype=dt).reshape(shape) for name, dt, shape, a, b in self.inputs}
+
+
+def _is_int(x: Any) -> bool:
+    return type(x) is int  # not bool, not float
 
 
 def ring_request(rid: int, meta: dict, tensors: list[dict], arena_offset: int, deadline_ms: float | None) -> list[Any]:
@@ -349,9 +360,9 @@ class InferBridge:
             log.error("a truncated compact record (%d bytes) in a worker's request ring", len(record))
             return
         self.ring_requests += 1
-        self.arena_requests += 1
         try:
             t = self._request_templates.get(bytes(record[RING_REQ.size:RING_REQ.size + jlen]))
+            self.arena_requests += 1
             if shared is None or off + t.nbytes > len(shared):
                 raise ValueError(f"bad arena block {off!r} (+{t.nbytes} bytes)")
             inputs = t.arrays(shared[off:off + t.nbytes])
@@ -369,10 +380,10 @@ class InferBridge:
         """What submits the requests queued in a worker's request ring (see :class:`_RingTaker`)."""
 
         def one(record: memoryview) -> None:
-            if record[:4] == RING_MAGIC:  # what workers write (a frame: tests, or an older worker)
+            if record[:4] == RING_MAGIC:  # what workers write
                 self._take_compact(send, ok, record, shared, in_arena)
                 return
-            try:
+            try:  # a frame (the tests write some)
                 jlen, plen = FRAME.unpack_from(record)
                 meta = json.loads(bytes(record[FRAME.size:FRAME.size + jlen]))
                 if not isinstance(meta, dict):
@@ -521,6 +532,7 @@ class InferBridge:
         a frame through ``send`` (an error), from the thread that answers the future."""
         t0 = time.perf_counter()
         try:
+            rows = next(iter(inputs.values())).shape[0]  # here, so that nothing can fail once it is submitted
             self.core.check_outputs(name, version, outputs)
             fut, _ = self.core.submit(name, version, inputs, deadline_ms)
         except ProtocolError as e:
@@ -529,7 +541,6 @@ class InferBridge:
         except Exception as e:  # noqa: BLE001 - a malformed frame: answered, never a dead worker
             send(_internal_error_frame(rid, e))
             return
-        rows = next(iter(inputs.values())).shape[0]
 
         def done(f: Any) -> None:
             if in_arena is not None:  # the device has read the request's rows from the arena
