@@ -171,9 +171,12 @@ def client_main(spec_path: str) -> int:
         factory = uvloop.new_event_loop
     except ImportError:
         factory = asyncio.new_event_loop
+    cpu0 = time.process_time()
     with asyncio.Runner(loop_factory=factory) as runner:
         results = runner.run(drive())
-    out = [dict(r.as_dict(), latencies_ms=list(r.latencies_ms)) for r in results]
+    # how busy this client process was while it sent: one near 1 CPU-s/s falls behind its schedule
+    busy = (time.process_time() - cpu0) / max(1e-9, time.monotonic() - start_at)
+    out = [dict(r.as_dict(), latencies_ms=list(r.latencies_ms), client_cpu_s_per_s=busy) for r in results]
     Path(spec["out"]).write_text(json.dumps(out))
     return 0
 
@@ -270,6 +273,7 @@ def http_summary(res: dict[str, dict], slos: dict[str, float], duration_s: float
             "slo_attainment": on_time / sent if sent else 1.0,
             "p50_ms": _pct(lat, 50), "p99_ms": _pct(lat, 99), "client_wall_s": r.get("duration_s"),
             "send_lag_p99_ms": r.get("send_lag_p99_ms"), "send_lag_max_ms": r.get("send_lag_max_ms"),
+            "client_cpu_s_per_s": r.get("client_cpu_s_per_s"),  # of its client process (shared by its models)
             "server_timing_ms": r.get("server_timing_ms") or {},
         }
     all_ms.sort()
@@ -280,6 +284,7 @@ def http_summary(res: dict[str, dict], slos: dict[str, float], duration_s: float
             "submitted": sub, "served": sum(v["served"] for v in models.values()), "on_time": ok,
             "answered": sum(v["answered"] for v in models.values()),
             "send_lag_max_ms": max((v["send_lag_max_ms"] or 0.0 for v in models.values()), default=0.0),
+            "client_cpu_max_s_per_s": max((v["client_cpu_s_per_s"] or 0.0 for v in models.values()), default=0.0),
             "models": models}
 
 
@@ -530,11 +535,13 @@ def run(args: argparse.Namespace) -> int:
             t_leg = time.monotonic()
             say(f"x{scale:g} HTTP: {clients} client process(es)")
             cpu0 = svc.loop_cpu(True) if args.loop_cpu else None
+            workers0 = worker_cpu(server)
             with tempfile.TemporaryDirectory(prefix="serve_e2e.") as tmp:
                 res, used = drive_http(addr.http_url, times, slos, clients=clients, timeout_s=args.timeout,
                                        workdir=Path(tmp), cpus=other_cpus)
             _settle(core, 10.0)
             http = http_summary(res, slos, args.duration)
+            http["worker_cpu_s_per_s"] = worker_cpu_share(workers0, worker_cpu(server), time.monotonic() - t_leg)
             snap1 = service_snapshot(svc)  # re-plans during the leg (each drains the partitions; a new layout is captured)
             http["layout_changes"] = snap1["layout_swaps"] - snap0["layout_swaps"]
             http["layouts_built"] = snap1["layouts_built"] - snap0["layouts_built"]
@@ -555,6 +562,8 @@ def run(args: argparse.Namespace) -> int:
             points.append(make_point(scale, args.duration, inproc, http, books_delta(books0, core.books.snapshot()), times, used))
             say(f"x{scale:g}: goodput in-process {inproc['goodput_rps']:.1f}/s, HTTP {http['goodput_rps']:.1f}/s, "
                 f"ratio {points[-1]['ratio']['goodput']}")
+            say(f"  busiest client process {http['client_cpu_max_s_per_s']:.2f} CPU-s/s; workers "
+                f"{[round(x, 2) for x in http['worker_cpu_s_per_s']]} CPU-s/s")
             save(make_report(IN_PROGRESS))  # a run killed at the next scale keeps this one
     except Exception as e:  # noqa: BLE001 - the points measured so far are still reported
         import traceback
@@ -576,6 +585,25 @@ def run(args: argparse.Namespace) -> int:
     if error:
         print(f"FAILED: {error}")
     return 0 if report["ok"] else 1
+
+
+def worker_cpu(server: Any) -> dict[int, float]:
+    """CPU seconds used so far by each HTTP front-end worker process, by pid (``/proc``; Linux)."""
+    from gpuloom.runtime.threadcpu import stat_cpu_s
+
+    out = {}
+    for pid in server.worker_pids():
+        secs = stat_cpu_s(f"/proc/{pid}/stat")
+        if secs is not None:
+            out[pid] = secs
+    return out
+
+
+def worker_cpu_share(before: dict[int, float], after: dict[int, float], wall_s: float) -> list[float]:
+    """Each worker's CPU-s per s of the leg (workers present at both readings), busiest first: a worker
+    near 1.0 is the HTTP path's limit, whatever the runtime's process has to spare."""
+    wall_s = max(wall_s, 1e-9)
+    return sorted(((after[p] - before[p]) / wall_s for p in after if p in before), reverse=True)
 
 
 def loop_cpu_window(svc: Any, before: dict, t0: float, requests: int | None, say: Any) -> dict:

@@ -537,13 +537,16 @@ def test_a_front_end_worker_that_dies_is_replaced_and_requests_keep_being_answer
     body = _infer_json([{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0] * 4}])
     try:
         victim = server._workers[0]
+        assert sorted(server.worker_pids()) == sorted(w.pid for w in server._workers)
         os.kill(victim.pid, signal.SIGKILL)
         victim.wait(10)
+        assert victim.pid not in server.worker_pids()  # only workers running now
         deadline = time.monotonic() + 20
         while server.workers_restarted < 1 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert server.workers_restarted == 1 and server._workers[0].pid != victim.pid
         assert all(w.poll() is None for w in server._workers)
+        assert len(server.worker_pids()) == 2
         codes = [_post(addr, "/v2/models/slow/infer", body)[0] for _ in range(20)]
         assert codes == [200] * 20
     finally:

@@ -100,6 +100,18 @@ def test_http_time_is_split_into_network_worker_bridge_and_service(report):
     assert "where an HTTP request's time went" in stdout
 
 
+def test_the_http_leg_reports_how_busy_its_client_and_worker_processes_were(report):
+    """Which process limits the HTTP path: each client process's CPU share (every model it drove
+    carries it) and each front-end worker's (none here: no --http-workers)."""
+    _, rep, _ = report
+    for pt in rep["points"]:
+        h = pt["http"]
+        shares = [m["client_cpu_s_per_s"] for m in h["models"].values() if m["submitted"]]
+        assert shares and all(0 < x < 4 for x in shares)
+        assert h["client_cpu_max_s_per_s"] == max(shares)
+        assert h["worker_cpu_s_per_s"] == []
+
+
 def test_loop_cpu_splits_the_runtime_threads_cpu_by_callback_in_both_legs(report):
     """--loop-cpu: the runtime loop thread's CPU per request, by what it ran (decisions, completions,
     arrivals), for the in-process and the HTTP leg alike."""

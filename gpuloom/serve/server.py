@@ -199,6 +199,10 @@ class Server:
             raise
         return w
 
+    def worker_pids(self) -> list[int]:
+        """The process ids of the HTTP front-end workers running now (``http_workers``; empty without)."""
+        return [w.pid for w in list(self._workers) if w.poll() is None]
+
     def _watch_workers(self, period_s: float = 0.5) -> None:
         """Restart a worker that exits while the server runs (the others keep the port meanwhile)."""
         while not self._watch_stop.wait(period_s):
