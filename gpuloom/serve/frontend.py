@@ -342,11 +342,8 @@ class InferBridge:
             payload = shared[off:off + n]  # the tensors in place: no copy here
         try:
             inputs = unpack_tensors(meta, payload)
-        except ProtocolError as e:
-            send(_error_frame(rid, e))
-            return
         except Exception as e:  # noqa: BLE001 - a malformed frame: answered, never a dead worker
-            send(_internal_error_frame(rid, e))
+            send(_failure_frame(rid, e))
             return
         self._submit(send, ok, rid, meta["model"], meta.get("version"), meta.get("outputs"), meta.get("deadline_ms"),
                      inputs, in_arena)
@@ -366,11 +363,8 @@ class InferBridge:
             if shared is None or off + t.nbytes > len(shared):
                 raise ValueError(f"bad arena block {off!r} (+{t.nbytes} bytes)")
             inputs = t.arrays(shared[off:off + t.nbytes])
-        except ProtocolError as e:
-            send(_error_frame(rid, e))
-            return
         except Exception as e:  # noqa: BLE001 - answered, and the drain goes on
-            send(_internal_error_frame(rid, e))
+            send(_failure_frame(rid, e))
             return
         self._submit(send, ok, rid, t.model, t.version, t.outputs, None if math.isnan(deadline) else deadline,
                      inputs, in_arena)
@@ -535,11 +529,8 @@ class InferBridge:
             rows = next(iter(inputs.values())).shape[0]  # here, so that nothing can fail once it is submitted
             self.core.check_outputs(name, version, outputs)
             fut, _ = self.core.submit(name, version, inputs, deadline_ms)
-        except ProtocolError as e:
-            send(_error_frame(rid, e))
-            return
         except Exception as e:  # noqa: BLE001 - a malformed frame: answered, never a dead worker
-            send(_internal_error_frame(rid, e))
+            send(_failure_frame(rid, e))
             return
 
         def done(f: Any) -> None:
@@ -549,12 +540,8 @@ class InferBridge:
                 outs = self.core.outcome(name, f, t0, rows)
                 names = list(outs)
                 ok(rid, names, [np.asarray(outs[k]) for k in names], (time.perf_counter() - t0) * 1e3)
-                return
-            except ProtocolError as e:
-                frame = _error_frame(rid, e)
             except Exception as e:  # noqa: BLE001 - e.g. outputs that cannot be framed: still answered
-                frame = _internal_error_frame(rid, e)
-            send(frame)
+                send(_failure_frame(rid, e))
 
         if in_arena is not None:
             in_arena.add()
@@ -643,6 +630,11 @@ def _error_frame(rid: int, e: ProtocolError) -> list[Any]:
 def _internal_error_frame(rid: int, e: Exception) -> list[Any]:
     """A 500 for what the bridge did not expect: the worker's client is still answered."""
     return _error_frame(rid, ProtocolError(f"internal error: {type(e).__name__}: {e}", 500))
+
+
+def _failure_frame(rid: int, e: Exception) -> list[Any]:
+    """The answer to a request that failed with ``e``: its own status for a ProtocolError, else a 500."""
+    return _error_frame(rid, e) if isinstance(e, ProtocolError) else _internal_error_frame(rid, e)
 
 
 def _recv_control(conn: socket.socket, max_fds: int) -> tuple[dict | None, list[int]]:
