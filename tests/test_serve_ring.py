@@ -300,6 +300,10 @@ def test_bad_compact_requests_are_answered_or_skipped_and_the_drain_goes_on(work
     assert got[5][0]["status"] == 500 and "integer" in got[5][0]["error"]
     assert got[6][0]["status"] == 400 and "FP99" in got[6][0]["error"]
     np.testing.assert_array_equal(got[3][1]["y"], 2 * x)
+    # a scalar input (shape []) reaches the core, which decides: never a 500 from the bridge (fuzzing found one)
+    scalar = _compact(7, np.float32(3.0).reshape(()), shared)
+    assert rings.send(scalar)
+    assert _ring_replies(rings, 1)[7][0]["status"] == 200  # the echo core takes anything
 
 
 def test_reply_records_carry_any_array_layout_and_the_remembered_texts_are_bounded(monkeypatch):

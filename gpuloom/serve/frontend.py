@@ -526,7 +526,8 @@ class InferBridge:
         a frame through ``send`` (an error), from the thread that answers the future."""
         t0 = time.perf_counter()
         try:
-            rows = next(iter(inputs.values())).shape[0]  # here, so that nothing can fail once it is submitted
+            first = next(iter(inputs.values()), None)  # rows for the books; a scalar is refused by submit
+            rows = first.shape[0] if first is not None and first.ndim else 0  # (never fails after submit)
             self.core.check_outputs(name, version, outputs)
             fut, _ = self.core.submit(name, version, inputs, deadline_ms)
         except Exception as e:  # noqa: BLE001 - a malformed frame: answered, never a dead worker
