@@ -340,11 +340,11 @@ def main() -> int:
                                        "efficientnet_b5,densenet121,nasnetalarge,bert_base")
     p.add_argument("--dtypes", default="float32,float16")
     p.add_argument("--batches", default="1,8")
-    p.add_argument("--variants", default="eager,torch_compile,cuda_graph,gpuloom",
-                   help="drop torch_compile to save its compile time; add gpuloom_reinplace, gpuloom_cl "
-                        "(convolution weights channels-last) or gpuloom_cl_auto (both layouts timed, the faster "
-                        "kept per bucket: compile's default since the twenty-first session; gpuloom auto itself "
-                        "stays in the model's own layout, as every earlier run timed it) for those experiments")
+    p.add_argument("--variants", default="eager,torch_compile,cuda_graph,gpuloom,gpuloom_cl_auto",
+                   help="drop torch_compile to save its compile time; gpuloom_cl_auto (in by default since the "
+                        "twenty-fifth session) is compile's default, both layouts timed, the faster kept per bucket; "
+                        "gpuloom auto itself stays in the model's own layout, as every earlier run timed it; add "
+                        "gpuloom_reinplace or gpuloom_cl (convolution weights channels-last) for those experiments")
     p.add_argument("--torch-compile-batches", default="1,8",
                    help="batches on which the torch_compile variant runs (it compiles once per batch size)")
     p.add_argument("--warmup", type=int, default=50, help="untimed calls per variant before timing")

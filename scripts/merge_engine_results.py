@@ -51,17 +51,26 @@ def last_rows(paths: list[str], make_row) -> list[dict]:
     return sorted(rows.values(), key=lambda r: (r["dtype"] != "float32", r["model"], r["batch"]))
 
 
+def _winner(gl: float, tc: float) -> tuple[str, float]:
+    """Who is faster, gpuloom (``gl`` ms) or torch.compile (``tc`` ms), and by what ratio; a tie within 2%."""
+    ratio = tc / gl if gl <= tc else gl / tc
+    return ("tie" if ratio < TIE else "gpuloom" if gl < tc else "torch_compile"), round(ratio, 3)
+
+
 def torch_compile_rows(paths: list[str]) -> list[dict]:
-    """One row per (model, dtype, batch) timed with torch.compile: the last run in ``paths`` that has it."""
+    """One row per (model, dtype, batch) timed with torch.compile: the last run in ``paths`` that has it.
+    ``winner`` is against gpuloom auto in the model's own layout (every run has it); ``winner_default``
+    against compile's default (``channels_last="auto"``, the ``gpuloom_cl_auto`` variant) where the
+    run timed it, else None."""
     def make_row(rec: dict, row: dict) -> dict | None:
         if not (row.get("torch_compile_ms") and row.get("gpuloom_auto_ms")):
             return None
-        gl, tc = row["gpuloom_auto_ms"], row["torch_compile_ms"]
-        ratio = tc / gl if gl <= tc else gl / tc
-        return {"eager_ms": row.get("eager_ms"), "gpuloom_auto_ms": gl, "torch_compile_ms": tc,
-                "torch_compile_s": row.get("torch_compile_s"),
-                "winner": "tie" if ratio < TIE else "gpuloom" if gl < tc else "torch_compile",
-                "ratio": round(ratio, 3)}
+        gl, tc, default = row["gpuloom_auto_ms"], row["torch_compile_ms"], row.get("gpuloom_cl_auto_ms")
+        winner, ratio = _winner(gl, tc)
+        winner_default, ratio_default = _winner(default, tc) if default else (None, None)
+        return {"eager_ms": row.get("eager_ms"), "gpuloom_auto_ms": gl, "gpuloom_cl_auto_ms": default,
+                "torch_compile_ms": tc, "torch_compile_s": row.get("torch_compile_s"),
+                "winner": winner, "ratio": ratio, "winner_default": winner_default, "ratio_default": ratio_default}
 
     return last_rows(paths, make_row)
 
@@ -76,6 +85,9 @@ def torch_compile_summary(tc: list[dict], results: list[dict]) -> dict:
         "wins": {w: sum(r["winner"] == w for r in tc) for w in ("gpuloom", "torch_compile", "tie")},
         "geomean_torch_compile_over_gpuloom_auto": round(geomean(
             [r["torch_compile_ms"] / r["gpuloom_auto_ms"] for r in tc]), 3),
+        # against compile's default (channels_last="auto"), on the rows whose run timed it
+        "default_rows": sum(r["winner_default"] is not None for r in tc),
+        "default_wins": {w: sum(r["winner_default"] == w for r in tc) for w in ("gpuloom", "torch_compile", "tie")},
         "missing": [f"{m} {d} b{b}" for m, d, b in every if (m, d, b) not in have],
     }
 
@@ -190,13 +202,19 @@ def main() -> int:
             print(f"| {r['model']} | {NIMBLE_V100[r['model']]}x | {row['speedup_gpuloom_auto']:.2f}x ({ok}) |")
     if tc:
         print()
-        print("| model | dtype | batch | eager | gpuloom auto | torch.compile | winner | run |")
-        print("|" + "---|" * 8)
+        print("| model | dtype | batch | eager | gpuloom auto | torch.compile | winner | gpuloom default "
+              "(channels_last=\"auto\") | winner vs default | run |")
+        print("|" + "---|" * 10)
+
+        def win(w, ratio):
+            return "-" if w is None else "tie" if w == "tie" else f"{w.replace('_', '.')} {ratio:.2f}x"
+
         for r in tc:
-            win = "tie" if r["winner"] == "tie" else f"{r['winner'].replace('_', '.')} {r['ratio']:.2f}x"
             eager = f"{r['eager_ms']:.3f}" if r["eager_ms"] else "-"
+            default = f"{r['gpuloom_cl_auto_ms']:.3f}" if r.get("gpuloom_cl_auto_ms") else "-"
             print(f"| {r['model']} | {r['dtype'].replace('float', 'fp')} | {r['batch']} | {eager} "
-                  f"| {r['gpuloom_auto_ms']:.3f} | {r['torch_compile_ms']:.3f} | {win} | {r['run']} |")
+                  f"| {r['gpuloom_auto_ms']:.3f} | {r['torch_compile_ms']:.3f} | {win(r['winner'], r['ratio'])} "
+                  f"| {default} | {win(r.get('winner_default'), r.get('ratio_default'))} | {r['run']} |")
     if layouts:
         print()
         print("| model | dtype | batch | eager | gpuloom auto | channels-last | channels-last vs auto "

@@ -112,3 +112,24 @@ def test_layout_summary_checks_channels_last_auto_against_the_faster_layout_of_i
     assert s["models"] == 2 and s["worst_over_faster"] == (0.8, "mobilenet_v2")  # it kept the slower layout
     assert math.isclose(s["geomean_over_eager"], math.sqrt(10.0 * 8.0), rel_tol=1e-3)
     assert math.isclose(s["geomean_over_auto"], math.sqrt(1.25 * 0.8), rel_tol=1e-3)
+
+
+def test_torch_compile_rows_also_judge_compiles_default_where_the_run_timed_it(tmp_path):
+    """Runs that timed ``gpuloom_cl_auto`` (compile's default, channels_last="auto") get a second
+    verdict against it; older runs keep only the NCHW one, and the summary counts them apart."""
+    import json
+
+    merge = load_script("merge_engine_results")
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"results": [
+        {"model": "resnet101", "dtype": "float16", "rows": [
+            {"batch": 1, "eager_ms": 7.0, "gpuloom_auto_ms": 1.6, "gpuloom_cl_auto_ms": 1.0, "torch_compile_ms": 1.1},
+            {"batch": 8, "eager_ms": 7.0, "gpuloom_auto_ms": 2.4, "torch_compile_ms": 1.4}]}]}))
+    tc = merge.torch_compile_rows([str(path)])
+    by = {r["batch"]: r for r in tc}
+    assert (by[1]["winner"], by[1]["winner_default"], by[1]["ratio_default"]) == ("torch_compile", "gpuloom", 1.1)
+    assert by[8]["winner_default"] is None and by[8]["gpuloom_cl_auto_ms"] is None
+    summary = merge.torch_compile_summary(tc, [{"model": "resnet101", "dtype": "float16", "rows": []}])
+    assert summary["default_rows"] == 1 and summary["default_wins"]["gpuloom"] == 1
+    assert summary["wins"]["torch_compile"] == 2
+
