@@ -59,10 +59,18 @@ def test_the_runtime_side_sees_what_the_worker_wrote():
         a.close()
 
 
-def _infer(url: str, x: np.ndarray, deadline_ms: float | None = None) -> np.ndarray:
-    body = json.dumps({"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32",
-                                   "data": x.ravel().tolist()}]}).encode()
-    headers = {"Content-Type": "application/json"}
+def _infer(url: str, x: np.ndarray, deadline_ms: float | None = None, binary: bool = False) -> np.ndarray:
+    """``binary``: the tensor as binary data after the JSON (``Inference-Header-Content-Length``), else
+    as JSON numbers."""
+    if binary:
+        head = json.dumps({"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32",
+                                       "parameters": {"binary_data_size": x.nbytes}}]}).encode()
+        body = head + x.astype("<f4").tobytes()
+        headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(head))}
+    else:
+        body = json.dumps({"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32",
+                                       "data": x.ravel().tolist()}]}).encode()
+        headers = {"Content-Type": "application/json"}
     if deadline_ms is not None:
         headers["X-Gpuloom-Deadline-Ms"] = str(deadline_ms)
     req = urllib.request.Request(f"http://{url}/v2/models/tiny_mlp/infer", data=body, headers=headers)
@@ -80,8 +88,10 @@ def slow_safety_net(monkeypatch):
     monkeypatch.setattr(frontend, "_SAFETY_S", 2.0)
 
 
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
 @pytest.mark.parametrize("arena_mb, ring_kb", [("16", 8192), ("16", 0), ("0", 8192)], ids=["rings", "arena", "inline"])
-def test_requests_through_the_arena_or_inline_give_eager_outputs(arena_mb, ring_kb, slow_safety_net):
+def test_requests_through_the_arena_or_inline_give_eager_outputs(arena_mb, ring_kb, binary, slow_safety_net):
+    """Tensors as JSON numbers and as binary data (``Inference-Header-Content-Length``) alike."""
     import torch
 
     repo = load_repository(REPO / "tiny_mlp.yaml")
@@ -98,7 +108,7 @@ def test_requests_through_the_arena_or_inline_give_eager_outputs(arena_mb, ring_
             x = rng.standard_normal((n, 16)).astype(np.float32)
             with torch.no_grad():
                 want = module(torch.from_numpy(x)).numpy()
-            np.testing.assert_allclose(_infer(addr.http_url, x), want, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(_infer(addr.http_url, x, binary=binary), want, rtol=1e-5, atol=1e-6)
         bridge = server._bridge
         if arena_mb == "0":  # no arena: no rings either (a ring frame carries no tensors)
             assert bridge.arena_requests == 0 and bridge.inline_requests == 20 and bridge.ring_requests == 0
