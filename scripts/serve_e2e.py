@@ -541,7 +541,10 @@ def run(args: argparse.Namespace) -> int:
                                        workdir=Path(tmp), cpus=other_cpus)
             _settle(core, 10.0)
             http = http_summary(res, slos, args.duration)
-            http["worker_cpu_s_per_s"] = worker_cpu_share(workers0, worker_cpu(server), time.monotonic() - t_leg)
+            # each worker's CPU-s per s, busiest first: one near 1.0 is the HTTP path's limit (a worker
+            # started during the leg counts from zero, as cpu_share counts a new thread)
+            shares = cpu_share(workers0, worker_cpu(server), time.monotonic() - t_leg)
+            http["worker_cpu_s_per_s"] = sorted(shares.values(), reverse=True)
             snap1 = service_snapshot(svc)  # re-plans during the leg (each drains the partitions; a new layout is captured)
             http["layout_changes"] = snap1["layout_swaps"] - snap0["layout_swaps"]
             http["layouts_built"] = snap1["layouts_built"] - snap0["layouts_built"]
@@ -597,13 +600,6 @@ def worker_cpu(server: Any) -> dict[int, float]:
         if secs is not None:
             out[pid] = secs
     return out
-
-
-def worker_cpu_share(before: dict[int, float], after: dict[int, float], wall_s: float) -> list[float]:
-    """Each worker's CPU-s per s of the leg (workers present at both readings), busiest first: a worker
-    near 1.0 is the HTTP path's limit, whatever the runtime's process has to spare."""
-    wall_s = max(wall_s, 1e-9)
-    return sorted(((after[p] - before[p]) / wall_s for p in after if p in before), reverse=True)
 
 
 def loop_cpu_window(svc: Any, before: dict, t0: float, requests: int | None, say: Any) -> dict:

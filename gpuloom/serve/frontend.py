@@ -121,30 +121,42 @@ class _Templates:
         return made
 
 
-class _RequestTemplate:
-    """What a compact request's JSON says, checked once: the model, the outputs asked for, and per
-    input its name, little-endian dtype, shape and byte span in the request's arena block."""
+class _Layout:
+    """Where a record's tensors lie in its payload, from their JSON descriptions (``tensors``: name,
+    datatype, shape, nbytes), checked: per tensor its name, little-endian dtype, shape and byte span,
+    back to back; ``nbytes`` in all."""
 
-    __slots__ = ("model", "version", "outputs", "inputs", "nbytes")
+    __slots__ = ("spans", "nbytes")
+
+    def __init__(self, tensors: Any) -> None:
+        if not isinstance(tensors, list):
+            raise ValueError(f"a frame's tensors must be a list of descriptions, got {type(tensors).__name__}")
+        spans, off = [], 0
+        for t in tensors:
+            n, shape, name = t["nbytes"], t["shape"], t["name"]
+            if not (_is_int(n) and n >= 0 and isinstance(shape, list) and all(_is_int(d) for d in shape)
+                    and isinstance(name, str)):
+                raise ValueError(f"a tensor of a frame needs a name, integer nbytes and an integer shape; got {t!r}")
+            spans.append((name, numpy_dtype(t["datatype"]).newbyteorder("<"), tuple(shape), off, off + n))
+            off += n
+        self.spans, self.nbytes = tuple(spans), off
+
+    def arrays(self, payload: memoryview) -> dict[str, np.ndarray]:
+        """The tensors as arrays viewing ``payload`` (no copy); ValueError where a shape and its bytes disagree."""
+        return {name: np.frombuffer(payload[a:b], dtype=dt).reshape(shape) for name, dt, shape, a, b in self.spans}
+
+
+class _RequestTemplate:
+    """What a compact request's JSON says, checked once: the model, the outputs asked for, and where
+    its inputs lie in the request's arena block."""
+
+    __slots__ = ("model", "version", "outputs", "layout")
 
     def __init__(self, js: Any) -> None:
         if not isinstance(js, dict) or not isinstance(js.get("model"), str) or not isinstance(js.get("tensors"), list):
             raise ValueError("a compact ring request's JSON must be an object with a model name and its tensors")
         self.model, self.version, self.outputs = js["model"], js.get("version"), js.get("outputs")
-        inputs, off = [], 0
-        for t in js["tensors"]:
-            n, shape, name = t["nbytes"], t["shape"], t["name"]
-            if not (_is_int(n) and n >= 0 and isinstance(shape, list) and all(_is_int(d) for d in shape)
-                    and isinstance(name, str)):
-                raise ValueError(f"a tensor of a compact ring request needs a name, integer nbytes and an integer "
-                                 f"shape; got {t!r}")
-            inputs.append((name, numpy_dtype(t["datatype"]).newbyteorder("<"), tuple(shape), off, off + n))
-            off += n
-        self.inputs, self.nbytes = tuple(inputs), off
-
-    def arrays(self, block: memoryview) -> dict[str, np.ndarray]:
-        """The inputs as arrays viewing ``block`` (no copy); ValueError where a shape and its bytes disagree."""
-        return {name: np.frombuffer(block[a:b], dtype=dt).reshape(shape) for name, dt, shape, a, b in self.inputs}
+        self.layout = _Layout(js["tensors"])
 
 
 def _is_int(x: Any) -> bool:
@@ -174,12 +186,13 @@ class _ReplyEncoder:
         key = _reply_key(names, arrays)
         js = self._known.get(key)
         if js is None:
-            tensors, _ = _describe(names, arrays)
+            tensors, bufs = _describe(names, arrays)
             js = json.dumps({"status": 200, "names": names, "tensors": tensors}).encode()
             if len(self._known) >= _TEMPLATES_MAX:
                 self._known = {}
             self._known[key] = js
-        bufs = [_raw(a) for a in arrays]
+        else:
+            bufs = [_raw(a) for a in arrays]
         return [RING_OK.pack(RING_MAGIC, len(js), sum(b.nbytes for b in bufs), rid, service_ms), js, *bufs]
 
 
@@ -209,18 +222,12 @@ def _v2_name(dtype: np.dtype) -> str:
 
 
 def payload_bytes(meta: dict) -> int:
-    return sum(int(t["nbytes"]) for t in meta["tensors"])
+    return _Layout(meta["tensors"]).nbytes
 
 
 def unpack_tensors(meta: dict, payload: memoryview) -> dict[str, np.ndarray]:
     """The frame's tensors as arrays viewing ``payload`` (no copy)."""
-    out, off = {}, 0
-    for t in meta["tensors"]:
-        dt = numpy_dtype(t["datatype"])
-        n = int(t["nbytes"])
-        out[t["name"]] = np.frombuffer(payload[off:off + n], dtype=dt.newbyteorder("<")).reshape(t["shape"])
-        off += n
-    return out
+    return _Layout(meta["tensors"]).arrays(payload)
 
 
 # -- the runtime's process ----------------------------------------------------------------------
@@ -330,18 +337,18 @@ class InferBridge:
               shared: memoryview | None, in_arena: "_Outstanding") -> None:
         """Submit one request frame: its tensors inline in ``payload``, or in the arena."""
         rid, off = meta["id"], meta.get("arena")
-        if off is None:
-            self.inline_requests += 1
-            in_arena = None
-        else:
-            self.arena_requests += 1
-            n = payload_bytes(meta)
-            if shared is None or not (isinstance(off, int) and 0 <= off and off + n <= len(shared)):
-                send(_internal_error_frame(rid, ValueError(f"bad arena block {off!r} (+{n} bytes)")))
-                return
-            payload = shared[off:off + n]  # the tensors in place: no copy here
         try:
-            inputs = unpack_tensors(meta, payload)
+            layout = _Layout(meta.get("tensors"))
+            if off is None:
+                self.inline_requests += 1
+                in_arena = None
+            else:
+                self.arena_requests += 1
+                n = layout.nbytes
+                if shared is None or not (isinstance(off, int) and 0 <= off and off + n <= len(shared)):
+                    raise ValueError(f"bad arena block {off!r} (+{n} bytes)")
+                payload = shared[off:off + n]  # the tensors in place: no copy here
+            inputs = layout.arrays(payload)
         except Exception as e:  # noqa: BLE001 - a malformed frame: answered, never a dead worker
             send(_failure_frame(rid, e))
             return
@@ -360,9 +367,10 @@ class InferBridge:
         try:
             t = self._request_templates.get(bytes(record[RING_REQ.size:RING_REQ.size + jlen]))
             self.arena_requests += 1
-            if shared is None or off + t.nbytes > len(shared):
-                raise ValueError(f"bad arena block {off!r} (+{t.nbytes} bytes)")
-            inputs = t.arrays(shared[off:off + t.nbytes])
+            n = t.layout.nbytes
+            if shared is None or off + n > len(shared):
+                raise ValueError(f"bad arena block {off!r} (+{n} bytes)")
+            inputs = t.layout.arrays(shared[off:off + n])
         except Exception as e:  # noqa: BLE001 - answered, and the drain goes on
             send(_failure_frame(rid, e))
             return
