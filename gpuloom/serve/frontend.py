@@ -23,9 +23,9 @@ replies as frames, and the socket takes only what does not fit.
 Compact ring records: ``RING_MAGIC`` where a frame's JSON length would be, a small struct with what
 changes from request to request (id, arena offset, deadline; id, service time), then JSON that
 repeats (model, tensors' names, types and shapes), which each side parses once per distinct text
-(``_Templates``). On the build VM this took the runtime thread's intake from 168-173 to 134-140 us
-per HTTP request, and its replies from 146-154 to 93-105 (twenty-fifth session, ``serve_e2e.py
---loop-cpu``).
+(``_Templates``). On the build VM, in four interleaved pairs of runs against the code before, the
+runtime thread's intake went from 121-171 to 122-137 us per HTTP request and its replies from 98-145
+to 84-97 (twenty-fifth session, ``serve_e2e.py --loop-cpu``).
 
     python -m gpuloom.serve.frontend --socket PATH --host H --port P --upstream http://127.0.0.1:Q
 """
