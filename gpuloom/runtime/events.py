@@ -86,11 +86,13 @@ class RealtimeLoop(EventLoop):
         self.waker = waker if waker is not None else make_waker()
         self._owner = 0  # thread id of the loop's thread (posts from it need no wake-up)
         self._cpu_clock: int | None = None  # that thread's CPU clock, read on it (cpu_report)
+        self._owner_thread: threading.Thread | None = None  # whether that thread still runs (cpu_report)
         self._pollers: tuple[Callable[[], float], ...] = ()  # replaced, never changed in place: any thread adds
         self._posted: list[tuple[int, Callable[..., Any], tuple]] = []
         self._expected = 0  # posts announced with expect() and not yet arrived
         self._open = False  # online serving: keep waiting for posts even with nothing expected
         self._get_ident = threading.get_ident
+        self._current_thread = threading.current_thread
         # how long posts waited for the loop's thread to take them (a stalled loop -- a long handler,
         # a garbage-collector pause, the GIL -- delays every arrival and completion alike)
         from collections import deque
@@ -152,7 +154,10 @@ class RealtimeLoop(EventLoop):
         acct = self.cpu
         rows = {k: {"cpu_s": v[0], "calls": v[1]} for k, v in (acct.copy() if acct is not None else {}).items()}
         thread_cpu = None
-        if self._cpu_clock is not None:
+        owner = self._owner_thread
+        # Linux numbers a thread's CPU clock by its kernel id: it outlives join() for a moment and,
+        # once the id is reused, reads another thread's. Only a live owner's clock is read.
+        if self._cpu_clock is not None and owner is not None and owner.is_alive():
             try:
                 thread_cpu = self._time.clock_gettime(self._cpu_clock)
             except OSError:  # the loop's thread has ended: its clock with it
@@ -228,6 +233,7 @@ class RealtimeLoop(EventLoop):
         ident = self._get_ident()
         if ident != self._owner:
             self._owner = ident
+            self._owner_thread = self._current_thread()
             try:  # read here, on the thread itself: an id read later may be another thread's by then
                 self._cpu_clock = self._time.pthread_getcpuclockid(ident)
             except (OSError, AttributeError):  # no per-thread CPU clocks on this platform
