@@ -28,16 +28,19 @@ from gpuloom.serve.server import ServeError, Server  # noqa: E402
 REPO = Path(__file__).resolve().parents[1] / "examples" / "repository"
 
 
-@pytest.fixture(scope="module", params=[0, 2], ids=["in-process-http", "2-http-workers"])
+@pytest.fixture(scope="module", params=[0, 2, "runtime-on-http"], ids=["in-process-http", "2-http-workers", "runtime-on-http"])
 def served(request):
-    """A server on loopback; every test using it runs twice: HTTP parsed in the runtime's process, and
-    by two front-end worker processes that pass tensors over a Unix socket (``--http-workers 2``)."""
+    """A server on loopback; every test using it runs three times: HTTP parsed in the runtime's process;
+    by two front-end worker processes that pass tensors over a Unix socket (``--http-workers 2``); and
+    in the runtime's process with the runtime's loop on the HTTP event loop (``--runtime-on http``)."""
     repo = load_repository(REPO)
     service = serve_fake.make_service()
     core = ServeCore(service, repo, max_body_bytes=1 << 20)
     for name in repo.names():
         core.load(name)
-    server = Server(core, http_port=0, grpc_port=0, http_workers=request.param)
+    hosted = request.param == "runtime-on-http"
+    server = Server(core, http_port=0, grpc_port=0, http_workers=0 if hosted else request.param,
+                    runtime_on="http" if hosted else "thread")
     addr = server.start()
     eager = {name: repo.models[name].build()[1] for name in repo.names()}
     yield addr, core, eager
@@ -125,7 +128,7 @@ def test_http_outputs_match_eager_for_two_models(served, binary):
 def test_infer_answers_say_where_the_server_spent_the_time(served, request):
     """Server-Timing: the service's time, and behind workers also the bridge and the worker's, nested."""
     addr, _, _ = served
-    workers = request.node.callspec.params["served"]
+    workers = request.node.callspec.params["served"] == 2
     x = np.zeros((1, 16), np.float32)
     body = json.dumps({"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": x.ravel().tolist()}]})
     t0 = time.perf_counter()
@@ -412,10 +415,11 @@ def test_a_request_over_the_planned_share_is_answered_429_and_booked_as_shed():
     assert b.balanced() and b.rejected["shed"] == codes.count(429) and not b.rejected["overloaded"]
 
 
-@pytest.mark.parametrize("workers", [0, 2], ids=["in-process-http", "2-http-workers"])
-def test_graceful_stop_answers_every_queued_request(workers):
+@pytest.mark.parametrize("server_kw", [{"http_workers": 0}, {"http_workers": 2}, {"runtime_on": "http"}],
+                         ids=["in-process-http", "2-http-workers", "runtime-on-http"])
+def test_graceful_stop_answers_every_queued_request(server_kw):
     service = serve_fake.make_service()
-    core, server, addr = _slow_server(service, 0.03, grpc_port=0, http_workers=workers)
+    core, server, addr = _slow_server(service, 0.03, grpc_port=0, **server_kw)
     results = []
     body = _infer_json([{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0] * 4}])
 
@@ -463,6 +467,23 @@ def test_deadline_header_and_timeout_parameter_reach_the_runtime(served, monkeyp
     assert _post(addr, "/v2/models/tiny_mlp/infer", _infer_json(x), {"X-Gpuloom-Deadline-Ms": "300"})[0] == 200
     assert _post(addr, "/v2/models/tiny_mlp/infer", _infer_json(x))[0] == 200
     assert seen == [250.0, 300.0, None]  # None: the runtime applies the model's SLO
+
+
+def test_runtime_on_http_is_refused_with_front_end_workers_and_on_a_fake_device():
+    from gpuloom.runtime.device import FakeDeviceLayer
+    from gpuloom.runtime.service import InferenceService
+
+    with pytest.raises(ValueError, match="needs http_workers=0"):
+        Server(ServeCore(serve_fake.make_service()), http_port=0, grpc_port=None, http_workers=2, runtime_on="http")
+    with pytest.raises(ValueError, match="runtime_on: expected one of"):
+        Server(ServeCore(serve_fake.make_service()), http_port=0, grpc_port=None, runtime_on="gpu")
+    fake = InferenceService(policy="triton", device_layer=FakeDeviceLayer())
+    fake.start()
+    try:
+        with pytest.raises(ServeError, match="--runtime-on http: .*only on the CPU device"):
+            Server(ServeCore(fake), http_port=0, grpc_port=None, runtime_on="http").start()
+    finally:
+        fake.close()
 
 
 def test_grpc_repository_and_statistics(served):

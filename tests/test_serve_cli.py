@@ -184,6 +184,21 @@ def test_outputs_reach_the_service_and_views_with_torch_launches_are_refused_wit
         p.parse_args([repo, "--outputs", "both"])
 
 
+def test_runtime_on_http_takes_no_front_end_workers_by_default_and_refuses_explicit_ones(tmp_path, monkeypatch, capsys):
+    from gpuloom.commands import serve
+
+    monkeypatch.setattr(serve, "default_http_workers", lambda cpus: 4)  # as on a host with 8 or more CPUs
+    p, repo = _serve_parser_and_repo(tmp_path)
+    assert serve.run(p.parse_args([repo, "--runtime-on", "http", "--http-workers", "2"])) == 2
+    assert "use --http-workers 0" in capsys.readouterr().err
+    _record_service(monkeypatch)
+    for argv, workers in (([], 4), (["--runtime-on", "http"], 0), (["--runtime-on", "http", "--http-workers", "0"], 0)):
+        args = p.parse_args([repo, *argv])
+        assert serve.run(args) == 2 and args.http_workers == workers  # (resolved before the service is made)
+    with pytest.raises(SystemExit):
+        p.parse_args([repo, "--runtime-on", "gpu"])
+
+
 def test_policy_options_reach_the_service_and_bad_ones_are_refused_before_loading(tmp_path, monkeypatch, capsys):
     from gpuloom.commands import serve
 

@@ -910,3 +910,128 @@ def test_loop_cpu_charges_the_runtime_threads_work_while_on_and_nothing_while_of
         svc.close()
     svc2 = InferenceService(policy="triton", device_layer=FakeDeviceLayer())
     assert svc2.loop_cpu(True) == {}  # no runtime before the first load
+
+
+def _asyncio_host():
+    """An asyncio event loop running on a thread of its own ("host"): (loop, thread)."""
+    import asyncio
+
+    aloop = asyncio.new_event_loop()
+    th = threading.Thread(target=aloop.run_forever, name="host", daemon=True)
+    th.start()
+    return aloop, th
+
+
+async def _infer_on_host(svc, name, x):
+    """Submit from the host's thread (as an HTTP handler does) and await the answer there."""
+    import asyncio
+
+    return await asyncio.wrap_future(svc.submit(name, {"x": x}))
+
+
+def _completed_on(fut, names: list) -> None:
+    """Record the name of the thread that completes ``fut`` (added before it completes: that thread runs it)."""
+    fut.add_done_callback(lambda f: names.append(threading.current_thread().name))
+
+
+def test_a_hosted_runtime_queues_computes_and_answers_on_the_hosts_thread_and_matches_eager():
+    import asyncio
+
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4).eval()
+    svc = InferenceService(policy="dstack", device="cpu")
+    svc.start()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        svc.load(ModelConfig("m", X4, Y4, max_batch=8, slo_ms=2000), model)
+    aloop, th = _asyncio_host()
+    try:
+        svc.host_loop_on(aloop)
+        rng = np.random.default_rng(3)
+        xs = [rng.standard_normal((1 + i % 3, 4)).astype(np.float32) for i in range(12)]
+
+        completed_on: list = []
+
+        async def one(x):
+            fut = svc.submit("m", {"x": x})
+            _completed_on(fut, completed_on)
+            return await asyncio.wrap_future(fut)
+
+        async def client():
+            return await asyncio.gather(*(one(x) for x in xs))
+
+        outs = asyncio.run_coroutine_threadsafe(client(), aloop).result(30)
+        for x, out in zip(xs, outs):
+            with torch.no_grad():
+                ref = model(torch.from_numpy(x)).numpy()
+            np.testing.assert_allclose(out["y"], ref, rtol=1e-6, atol=1e-6)
+        # the runtime queued, batched, computed and answered each request on the host's thread
+        assert completed_on == ["host"] * len(xs) and svc._runtime.hosted
+        # a load after hosting starts (a new layout on the same runtime) still serves on the host
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            svc.load(ModelConfig("twice", X4, Y4, max_batch=8, slo_ms=2000), torch.nn.Identity())
+        fut = asyncio.run_coroutine_threadsafe(_infer_on_host(svc, "twice", xs[0]), aloop)
+        np.testing.assert_array_equal(fut.result(30)["y"], xs[0])
+        svc.close(drain=True)  # from another thread while the host runs: the host's loop finishes the work
+        assert not svc._runtime.running and not svc._runtime.hosted
+        assert_books(svc)
+    finally:
+        aloop.call_soon_threadsafe(aloop.stop)
+        th.join(5)
+        aloop.close()
+
+
+def test_a_host_that_stops_first_hands_the_loop_back_and_close_still_answers_every_request():
+    import asyncio
+
+    import torch
+
+    svc = InferenceService(policy="dstack", device="cpu")
+    svc.start()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        svc.load(ModelConfig("m", X4, Y4, max_batch=8, slo_ms=5000), torch.nn.Linear(4, 4).eval())
+    aloop, th = _asyncio_host()
+    svc.host_loop_on(aloop)
+    x = np.ones((1, 4), np.float32)
+    first = asyncio.run_coroutine_threadsafe(_infer_on_host(svc, "m", x), aloop).result(30)
+    assert first["y"].shape == (1, 4)
+    aloop.call_soon_threadsafe(aloop.stop)
+    th.join(5)
+    futs = [svc.submit("m", {"x": x}) for _ in range(5)]  # queued while nothing steps the loop
+    completed_on: list = []
+    for f in futs:
+        _completed_on(f, completed_on)
+    time.sleep(0.2)
+    assert not any(f.done() for f in futs)
+    t0 = time.monotonic()
+    svc.close(drain=True, timeout_s=30)  # sees the host stopped: a thread of the runtime's own drains
+    assert time.monotonic() - t0 < 5
+    assert all(f.result(0)["y"].shape == (1, 4) for f in futs)
+    assert completed_on == ["gpuloom-runtime-dstack"] * 5 and not svc._runtime.hosted and not svc._runtime.running
+    assert_books(svc)
+    aloop.close()
+
+
+def test_hosting_is_refused_where_something_else_must_wake_the_runtimes_thread():
+    import asyncio
+
+    svc = fake_service()
+    aloop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(ValueError, match="only on the CPU device with inline launches.*'fake'"):
+            svc.host_loop_on(aloop)
+        cpu = InferenceService(policy="dstack", device="cpu", launch_on="loop")
+        with pytest.raises(ValueError, match="launch_on='loop'"):
+            cpu.host_loop_on(aloop)
+        hosted = InferenceService(policy="dstack", device="cpu")
+        hosted.host_loop_on(aloop)  # (no runtime yet: the first load's runtime will be hosted)
+        if hosted._waker.share_fd is not None:
+            with pytest.raises(ValueError, match="front-end workers cannot feed"):
+                hosted.add_intake(lambda: float("inf"))
+    finally:
+        svc.close()
+        aloop.close()

@@ -23,10 +23,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body, MiB (default 64)")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to drain queued requests on SIGTERM (default 30)")
     p.add_argument("--models", default=None, help="comma-separated subset of the repository to load at start")
-    p.add_argument("--http-workers", type=http_workers_arg, default="auto", metavar="N|auto",
+    p.add_argument("--http-workers", type=http_workers_arg, default=None, metavar="N|auto",
                    help="HTTP front-end processes that parse requests outside the runtime's process and share "
                         "the port; 0: this process parses them; auto (default): 4 on a host with 8 or more CPUs, "
-                        "else 0")
+                        "else 0 (always 0 with --runtime-on http)")
     p.add_argument("--early-answer", action="store_true",
                    help="answer each request from its batch's completion thread, before the runtime's thread has "
                         "booked it (one thread hand-off less per answer)")
@@ -53,6 +53,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "waits for it), lane (the watcher launches it too), inline (the runtime's thread launches "
                         "and waits for it: no thread hand-off per batch), auto (default: inline on --device cpu, "
                         "loop on a GPU)")
+    p.add_argument("--runtime-on", choices=("thread", "http"), default="thread",
+                   help="where the runtime's scheduling loop runs: thread (default: its own) or http (the HTTP "
+                        "server's event loop, as KServe runs its models: each request is queued, batched, computed "
+                        "and answered with no thread hand-off, but HTTP waits while a batch runs; --device cpu "
+                        "only, without --http-workers)")
     p.add_argument("--switch-interval-ms", type=float, default=None, metavar="MS",
                    help="the interpreter's GIL switch interval while serving (default: Python's, 5 ms): how long "
                         "a thread woken for a request may wait for another busy thread to hand over the GIL")
@@ -128,6 +133,13 @@ def run(args: argparse.Namespace) -> int:
               "buffers to a lane's stream); drop --torch-launch or use --outputs copies", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.http_workers is None:  # auto
+        args.http_workers = 0 if args.runtime_on == "http" else http_workers_arg("auto")
+    elif args.runtime_on == "http" and args.http_workers:
+        print(f"error: --runtime-on http runs the runtime's loop on this process's HTTP event loop; the front-end "
+              f"workers of --http-workers {args.http_workers} wake the runtime's own thread: use --http-workers 0",
+              file=sys.stderr)
+        return 2
     worker_cpus = None
     if getattr(args, "cpus", None):
         try:
@@ -180,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
     server = Server(core, host=args.host, http_port=args.http_port, grpc_port=None if args.no_grpc else args.grpc_port,
                     drain_timeout_s=args.drain_timeout, http_workers=args.http_workers,
                     worker_arena_mb=args.http_worker_arena_mb, worker_ring_kb=args.http_worker_ring_kb,
-                    worker_cpus=worker_cpus)
+                    worker_cpus=worker_cpus, runtime_on=args.runtime_on)
 
     def started(addr):
         grpc = f", gRPC on {addr.grpc_url}" if addr.grpc_port else ""

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -126,6 +127,12 @@ class Runtime:
         self._closed = False  # no more submissions
         self._closing = False  # the loop exits once everything entered is answered
         self._thread: threading.Thread | None = None
+        self._done = threading.Event()  # online serving has ended (the loop exited, answered everything)
+        #: host_on: the event loop (asyncio's interface) that steps this runtime's loop instead of its thread
+        self._host: Any = None
+        self._host_timer: Any = None  # the host's call for the next timed event
+        self._pump_queued = False
+        self._last_ms = 0.0  # _account's last reading
         self.error: BaseException | None = None  # what stopped the online loop, if it crashed
         self.idle: dict[str, float] = {"queued_ms": 0.0, "idle_queued_ms": 0.0, "idle_ms": 0.0, "total_ms": 0.0}
         self._wake_ms = float("inf")
@@ -237,12 +244,23 @@ class Runtime:
         if self._thread is None:
             return True
         self.loop.post(WAKEUP, self._begin_close, drain)
-        self._thread.join(timeout_s)
-        if self._thread.is_alive() and drain:
+        if not self._wait_done(timeout_s) and drain:
             self.loop.post(WAKEUP, self._begin_close, False)
-            self._thread.join(max(1.0, timeout_s))
+            self._wait_done(max(1.0, timeout_s))
         self.loop.shut()
-        return not self._thread.is_alive()
+        return self._done.is_set()
+
+    def _wait_done(self, timeout_s: float) -> bool:
+        """Wait until serving ended. A host that stopped running (its event loop ended before this
+        runtime did) hands the loop back to a thread of the runtime's own, which finishes the work."""
+        end = time.monotonic() + timeout_s
+        while not self._done.wait(max(0.0, min(0.05, end - time.monotonic()))):
+            host = self._host
+            if host is not None and (host.is_closed() or not host.is_running()):
+                self._take_back()
+            if time.monotonic() >= end:
+                return False
+        return True
 
     @property
     def layout_swaps(self) -> int:
@@ -251,43 +269,149 @@ class Runtime:
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._thread is not None and not self._done.is_set()
 
-    def _serve(self) -> None:
+    def _serve(self, resume: bool = False) -> None:
+        """The runtime's thread: step the loop until serving ends, or until :meth:`host_on` handed it
+        to a host (then it returns, nothing ended). ``resume``: taken back from a host that stopped."""
         loop = self.loop
         try:
-            self.backend.start(self._on_completion)
-            self._set_layout(self.policy.setup(self.ctx))
-            self._stop_ms = float("inf")
-            last = loop.wall_ms()
+            if not resume:
+                self.backend.start(self._on_completion)
+                self._set_layout(self.policy.setup(self.ctx))
+                self._stop_ms = float("inf")
+                self._last_ms = loop.wall_ms()
             while loop.step():
-                now = loop.now
-                if loop.peek() != now:
-                    if loop.cpu is None:  # (charge() checks too; this spares a call per step)
-                        self._decide()
-                    else:  # InferenceService.loop_cpu: the decisions are most of the loop's own work
-                        loop.charge(self._decide)
-                last = self._account(last)
-                if self._closing and self._all_answered():
+                if self._after_event():
                     break
+                host = self._host
+                if host is not None:  # handed over (_hand_over ran just now): the host steps from here
+                    loop.host_by(self._pump_soon)
+                    self._pump_queued = True
+                    try:
+                        host.call_soon_threadsafe(self._pump)
+                        return
+                    except RuntimeError:  # its loop closed meanwhile: this thread goes on
+                        self._host = None
+                        loop.host_by(None)
+                        self._pump_queued = False
         except BaseException as e:  # noqa: BLE001 - answer every request, then report
-            log.exception("the runtime loop crashed")
-            self.error = e
-            msg = f"runtime loop crashed: {type(e).__name__}: {e}"
-            self._fail_pending(msg)
-            for lane in list(self._inflight.values()):
-                for d, reqs, _ in lane:
-                    for r in reqs:
-                        self._finish(Result(r, Status.FAILED, loop.now, msg))
-            self._inflight = {}
-            for reqs, _ in list(self._orphan_reqs.values()):
+            self._crashed(e)
+        self._ended()
+
+    def _after_event(self) -> bool:
+        """After each event: decide (unless another event is due at the same time), integrate the
+        idle time; True once a stop has everything answered."""
+        loop = self.loop
+        if loop.peek() != loop.now:
+            if loop.cpu is None:  # (charge() checks too; this spares a call per step)
+                self._decide()
+            else:  # InferenceService.loop_cpu: the decisions are most of the loop's own work
+                loop.charge(self._decide)
+        self._last_ms = self._account(self._last_ms)
+        return self._closing and self._all_answered()
+
+    def _crashed(self, e: BaseException) -> None:
+        loop = self.loop
+        log.exception("the runtime loop crashed", exc_info=e)
+        self.error = e
+        msg = f"runtime loop crashed: {type(e).__name__}: {e}"
+        self._fail_pending(msg)
+        for lane in list(self._inflight.values()):
+            for d, reqs, _ in lane:
                 for r in reqs:
                     self._finish(Result(r, Status.FAILED, loop.now, msg))
-            self._orphan_reqs = {}
-        finally:
-            with self._submit_lock:
-                self._closed = True
-            loop.shut()
+        self._inflight = {}
+        for reqs, _ in list(self._orphan_reqs.values()):
+            for r in reqs:
+                self._finish(Result(r, Status.FAILED, loop.now, msg))
+        self._orphan_reqs = {}
+
+    def _ended(self) -> None:
+        with self._submit_lock:
+            self._closed = True
+        self._host = None
+        self.loop.host_by(None)
+        self.loop.shut()
+        self._done.set()
+
+    # -- hosted on another event loop ---------------------------------------------------------
+    def host_on(self, host: Any) -> None:
+        """Thread-safe: run this runtime's loop on ``host``, an asyncio event loop running on its own
+        thread, instead of on the runtime's thread, from the next event on.
+
+        Why: a request submitted from the host's thread (an HTTP handler) is then decided and, with
+        an inline launch, computed on that thread, and its future completed there: no hand-off to
+        the runtime's thread and back per request (as KServe runs a model on its event loop). The
+        price: the host's other work waits while a batch runs. Only for loops nobody else sleeps on:
+        no other process posts the waker, no device posts it (the CPU device with inline launches).
+        If the host stops before the runtime does, :meth:`stop` gives the loop back to a thread.
+        """
+        if self._thread is None:
+            raise RuntimeError("host_on needs a started runtime (Runtime.start)")
+        self.loop.post(WAKEUP, self._hand_over, host)
+
+    @property
+    def hosted(self) -> bool:
+        """Whether a host's event loop steps this runtime's loop now (:meth:`host_on`)."""
+        return self._host is not None
+
+    def _hand_over(self, host: Any) -> None:
+        if self._done.is_set() or self._host is not None:
+            return
+        self._host = host  # _serve sees it after this event and returns; the host's first pump follows
+
+    def _pump_soon(self) -> None:
+        """Any thread: have the host run :meth:`_pump` (once for a burst of posts)."""
+        if self._pump_queued:
+            return
+        host = self._host
+        if host is None:
+            return
+        self._pump_queued = True
+        try:
+            if self.loop.on_loop_thread():
+                host.call_soon(self._pump)
+            else:
+                host.call_soon_threadsafe(self._pump)
+        except RuntimeError:  # the host's loop is closed: stop() gives the loop back to a thread
+            self._pump_queued = False
+
+    def _pump(self) -> None:
+        """On the host's thread: run every event due now, then ask the host to call again when the
+        next timed one is due (posts call back through :meth:`_pump_soon`)."""
+        self._pump_queued = False
+        host = self._host
+        if host is None:  # taken back, or ended
+            return
+        loop = self.loop
+        try:
+            while True:
+                wait_ms = loop.ready_in()
+                if wait_ms is None:
+                    break
+                if wait_ms > 0.0:
+                    timer = self._host_timer
+                    if timer is not None:
+                        timer.cancel()
+                    self._host_timer = None if wait_ms == float("inf") else host.call_later(wait_ms / 1000.0, self._pump)
+                    return
+                loop.run_next()
+                if self._after_event():
+                    break
+        except BaseException as e:  # noqa: BLE001 - answer every request, then report
+            self._crashed(e)
+        self._ended()
+
+    def _take_back(self) -> None:
+        """The host stopped running with this runtime still serving: a thread of its own goes on."""
+        if self._host is None:
+            return
+        self._host = None
+        self.loop.host_by(None)
+        self._thread = threading.Thread(target=self._serve, args=(True,), name=f"gpuloom-runtime-{self.policy.name}",
+                                        daemon=True)
+        self._thread.start()
 
     def _account(self, last: float) -> float:
         """Integrate idle time: with requests queued, and with no batch running at all (ms)."""

@@ -92,6 +92,7 @@ class RealtimeLoop(EventLoop):
         self._expected = 0  # posts announced with expect() and not yet arrived
         self._open = False  # online serving: keep waiting for posts even with nothing expected
         self._get_ident = threading.get_ident
+        self._host_wake: Callable[[], None] | None = None  # host_by
         self._current_thread = threading.current_thread
         # how long posts waited for the loop's thread to take them (a stalled loop -- a long handler,
         # a garbage-collector pause, the GIL -- delays every arrival and completion alike)
@@ -111,7 +112,7 @@ class RealtimeLoop(EventLoop):
         """Leave online mode: :meth:`step` returns False again once nothing is left or expected."""
         with self._mu:
             self._open = False
-        self.waker.post()
+        self._wake()
 
     def expect(self) -> None:
         """Announce one future :meth:`post` (e.g. on submitting a batch): until it arrives the loop
@@ -131,7 +132,7 @@ class RealtimeLoop(EventLoop):
         Any thread may add or remove a poller while the loop runs."""
         with self._mu:
             self._pollers = (*self._pollers, poll)
-        self.waker.post()  # a sleeping loop calls it at once
+        self._wake()  # a sleeping loop calls it at once
 
     def remove_poller(self, poll: Callable[[], float]) -> None:
         with self._mu:
@@ -199,8 +200,12 @@ class RealtimeLoop(EventLoop):
             wake = not posted
             posted.append((priority, callback, args, self._time.monotonic()))
             self._expected = max(0, self._expected - 1)
-        if wake and self._get_ident() != self._owner:  # the loop's own thread takes its posts before it sleeps
-            self.waker.post()
+        if wake:
+            host_wake = self._host_wake
+            if host_wake is not None:  # stepped by a host's event loop: it must hear of every first post
+                host_wake()
+            elif self._get_ident() != self._owner:  # the loop's own thread takes its posts before it sleeps
+                self.waker.post()
 
     def _drain_posted(self) -> None:
         with self._mu:
@@ -230,6 +235,22 @@ class RealtimeLoop(EventLoop):
     def step(self) -> bool:
         """Wait for the next event (timer or posted), run it. False when no timer is left, no
         announced post is outstanding and the loop is not :meth:`open`."""
+        while True:
+            wait_ms = self.ready_in()
+            if wait_ms is None:
+                return False
+            if wait_ms <= 0.0:
+                break
+            self.waker.wait(None if wait_ms == float("inf") else wait_ms / 1000.0)
+        self.run_next()
+        return True
+
+    def ready_in(self) -> float | None:
+        """Call the pollers and take the posts; then how long until the next event is due, in ms: 0.0
+        when one is due now (:meth:`run_next` runs it), ``inf`` when the loop waits for posts alone,
+        None when :meth:`step` would return False. Without blocking: :meth:`step` sleeps on the
+        waker in between; a host that steps the loop from its own event loop calls it back instead
+        (:meth:`host_by`)."""
         ident = self._get_ident()
         if ident != self._owner:
             self._owner = ident
@@ -240,30 +261,51 @@ class RealtimeLoop(EventLoop):
                 self._cpu_clock = None
         inf = float("inf")
         acct = self.cpu
-        while True:
-            due = inf
-            for poll in self._pollers:
-                due = min(due, poll() if acct is None else self._timed(acct, poll))
-            self._drain_posted()
-            now = self.wall_ms()
-            nxt = min(self._heap[0][0] if self._heap else inf, due)
-            if self._heap and self._heap[0][0] <= now:
-                break
-            if nxt < inf:
-                self.waker.wait(max(0.0, nxt - now) / 1000.0)
-                continue
-            with self._mu:
-                if self._posted:
-                    continue
-                if not (self._expected or self._open):
-                    return False
-            self.waker.wait(None)
+        due = inf
+        for poll in self._pollers:
+            due = min(due, poll() if acct is None else self._timed(acct, poll))
+        self._drain_posted()
+        heap = self._heap
+        now = self.wall_ms()
+        if heap and heap[0][0] <= now:
+            return 0.0
+        nxt = min(heap[0][0] if heap else inf, due)
+        if nxt < inf:
+            return max(nxt - now, 1e-6)  # (a poller due now: call it again at once, but it is no event)
+        with self._mu:
+            if self._posted:  # came in after the drain above
+                pass
+            elif not (self._expected or self._open):
+                return None
+            else:
+                return inf
+        self._drain_posted()
+        return 0.0
+
+    def _wake(self) -> None:
+        host_wake = self._host_wake
+        if host_wake is not None:
+            host_wake()
+        else:
+            self.waker.post()
+
+    def run_next(self) -> None:
+        """Run the earliest event (:meth:`ready_in` said one is due); its CPU charged while
+        :meth:`account_cpu` is on."""
+        acct = self.cpu
         if acct is None:
-            return super().step()
+            super().step()
+            return
         time_ms, _, _, cb, args = heappop(self._heap)  # EventLoop.step, the callback timed
         self._advance(time_ms)
         self._timed(acct, cb, *args)
-        return True
+
+    def host_by(self, wake: Callable[[], None] | None) -> None:
+        """Hand the stepping to a host (``wake``) or take it back (None). A host steps the loop from
+        its own event loop with :meth:`ready_in` and :meth:`run_next`; every wake-up (a post into an
+        empty list, from any thread, the host's own included) then calls ``wake()`` instead of
+        posting the waker, which nothing sleeps on any more."""
+        self._host_wake = wake
 
     def _advance(self, time_ms: float) -> None:
         self.now = max(time_ms, self.now)

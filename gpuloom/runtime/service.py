@@ -450,6 +450,7 @@ class InferenceService:
         # anew when a model is loaded after the last one left): other processes hold it (add_intake)
         self._waker = self._shared_waker()
         self._intakes: list[Callable[[], float]] = []  # pollers on every runtime loop (add_intake)
+        self._host: Any = None  # host_loop_on: the event loop every runtime's loop runs on
 
     # -- lifecycle ----------------------------------------------------------------------------
     @property
@@ -958,6 +959,26 @@ class InferenceService:
         weakref.finalize(self, waker.close)
         return waker
 
+    def host_loop_on(self, host: Any) -> None:
+        """Run the runtime's loop on ``host`` (the HTTP server's asyncio event loop, running) instead
+        of on the runtime's thread: now, and for every runtime a later load starts. Each request is
+        then queued, decided, computed and answered on the thread that submitted it, with no hand-off
+        per request (``Runtime.host_on``; ``gpuloom serve --runtime-on http``). The CPU device only,
+        with inline launches: on a GPU the loop sleeps on a semaphore the device posts; front-end
+        workers (:meth:`add_intake`) post it from their processes, so they cannot be used with it."""
+        if self.device.kind != "cpu" or self.resolved_launch_on() != "inline":
+            raise ValueError(f"the runtime's loop can run on the HTTP server's event loop only on the CPU device with "
+                             f"inline launches; this service runs on {self.device.kind!r} with launch_on="
+                             f"{self.resolved_launch_on()!r}")
+        with self._lock:
+            if self._intakes:
+                raise ValueError("the runtime's loop cannot run on the HTTP server's event loop while front-end "
+                                 "workers feed it (they wake the runtime's own thread)")
+            self._host = host
+            rt = self._runtime
+        if rt is not None:
+            rt.host_on(host)
+
     def add_intake(self, poll: Callable[[], float]) -> int | None:
         """Run ``poll()`` on the runtime's loop thread each time it wakes, now and after any re-plan
         (``RealtimeLoop.add_poller``'s contract: it returns when it wants to be called again, ms, or
@@ -970,6 +991,9 @@ class InferenceService:
         if fd is None:
             return None
         with self._lock:
+            if self._host is not None:
+                raise ValueError("front-end workers cannot feed a runtime whose loop runs on the HTTP server's event "
+                                 "loop (host_loop_on): they wake the runtime's own thread")
             self._intakes.append(poll)
             if self._backend is not None:
                 self._backend.loop.add_poller(poll)
@@ -1129,6 +1153,8 @@ class InferenceService:
                 self._backend.on_served = self._on_result  # answers once: the runtime's later call finds it done
             self._runtime = Runtime(policy, self._backend, ctx)
             self._runtime.start(self._on_result, on_layout=self._on_layout, on_results=self._on_results)
+            if self._host is not None:
+                self._runtime.host_on(self._host)
         else:
             self._runtime.reconfigure(policy, ctx)
         with self._lock:

@@ -24,7 +24,10 @@ from .core import ServeCore
 
 log = logging.getLogger("gpuloom.serve")
 
-__all__ = ["Server", "ServeError", "ServerAddress"]
+__all__ = ["Server", "ServeError", "ServerAddress", "RUNTIME_ON"]
+
+#: where the runtime's loop runs: its own thread, or the server's HTTP event loop (Server.runtime_on)
+RUNTIME_ON = ("thread", "http")
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -62,8 +65,16 @@ class Server:
     def __init__(self, core: ServeCore, *, host: str = "127.0.0.1", http_port: int = 8000, grpc_port: int | None = 8001,
                  drain_timeout_s: float = 30.0, listen_backlog: int = 2048, http_workers: int = 0,
                  worker_arena_mb: int | None = None, worker_ring_kb: int | None = None,
-                 worker_cpus: set[int] | None = None, ring_drain_on: str = "loop"):
+                 worker_cpus: set[int] | None = None, ring_drain_on: str = "loop", runtime_on: str = "thread"):
         self.core = core
+        if runtime_on not in RUNTIME_ON:
+            raise ValueError(f"runtime_on: expected one of {RUNTIME_ON}, got {runtime_on!r}")
+        if runtime_on == "http" and http_workers:
+            raise ValueError("runtime_on='http' runs the runtime's loop on this process's HTTP event loop: it needs "
+                             "http_workers=0 (front-end workers wake the runtime's own thread)")
+        # where the runtime's loop runs: its own thread, or this server's event loop (the CPU device:
+        # no thread hand-off per request; InferenceService.host_loop_on)
+        self.runtime_on = runtime_on
         # the CPUs the front-end workers run on (None: those of this process when it starts them)
         self.worker_cpus = worker_cpus
         if not isinstance(http_workers, int) or http_workers < 0:
@@ -132,6 +143,12 @@ class Server:
             await self._runner.cleanup()
             raise _bind_error("HTTP", self.host, self.http_port, "--http-port", e) from None
         http_port = site._server.sockets[0].getsockname()[1]
+        if self.runtime_on == "http":
+            try:
+                self.core.service.host_loop_on(asyncio.get_running_loop())
+            except ValueError as e:
+                await self._runner.cleanup()
+                raise ServeError(f"--runtime-on http: {e}") from None
         if self.http_workers:
             internal, http_port = http_port, self._reserved.getsockname()[1]
             try:
