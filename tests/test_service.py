@@ -975,7 +975,16 @@ def test_a_hosted_runtime_queues_computes_and_answers_on_the_hosts_thread_and_ma
             svc.load(ModelConfig("twice", X4, Y4, max_batch=8, slo_ms=2000), torch.nn.Identity())
         fut = asyncio.run_coroutine_threadsafe(_infer_on_host(svc, "twice", xs[0]), aloop)
         np.testing.assert_array_equal(fut.result(30)["y"], xs[0])
-        svc.close(drain=True)  # from another thread while the host runs: the host's loop finishes the work
+
+        async def on_host(fn):
+            fn()
+
+        with pytest.raises(RuntimeError, match="call it in an executor"):  # it would wait for its own thread
+            asyncio.run_coroutine_threadsafe(on_host(lambda: svc.unload("twice")), aloop).result(10)
+        queued = svc.submit("m", {"x": xs[1]})
+        # closing on the host's own thread: the loop goes back to a thread of the runtime's, which drains it
+        asyncio.run_coroutine_threadsafe(on_host(lambda: svc.close(drain=True, timeout_s=30)), aloop).result(10)
+        assert queued.result(0)["y"].shape == xs[1].shape
         assert not svc._runtime.running and not svc._runtime.hosted
         assert_books(svc)
     finally:

@@ -252,11 +252,13 @@ class Runtime:
 
     def _wait_done(self, timeout_s: float) -> bool:
         """Wait until serving ended. A host that stopped running (its event loop ended before this
-        runtime did) hands the loop back to a thread of the runtime's own, which finishes the work."""
+        runtime did), or whose own thread waits here, hands the loop back to a thread of the
+        runtime's own, which finishes the work."""
         end = time.monotonic() + timeout_s
         while not self._done.wait(max(0.0, min(0.05, end - time.monotonic()))):
             host = self._host
-            if host is not None and (host.is_closed() or not host.is_running()):
+            # (called on the host's own thread, the host cannot step the loop while this waits either)
+            if host is not None and (host.is_closed() or not host.is_running() or self.loop.on_loop_thread()):
                 self._take_back()
             if time.monotonic() >= end:
                 return False

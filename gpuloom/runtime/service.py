@@ -565,6 +565,7 @@ class InferenceService:
         """Load several models with one plan and one layout build (``load`` once per model would
         re-plan and capture every loaded model again after each one). All or nothing: when the
         layout cannot be set up, none of them stays loaded (ModelNotReady says why)."""
+        self._not_on_host("load")
         models = list(models)
         bad = [type(c).__name__ for c, _ in models if not isinstance(c, ModelConfig)]
         if bad:
@@ -621,6 +622,7 @@ class InferenceService:
         """Re-plan for known request rates (req/s per model; others keep theirs), forgetting the
         measured ones, and wait until the new layout serves: what a benchmark does before each load
         point so that every policy starts from the offered rates rather than from the last point's."""
+        self._not_on_host("retune")
         with self._admin:
             with self._lock:
                 for name, r in rates.items():
@@ -638,6 +640,7 @@ class InferenceService:
     def unload(self, name: str, *, timeout_s: float = 60.0) -> None:
         """Stop accepting requests for ``name``; its queued and running requests finish (within
         ``timeout_s``, else they are dropped with "model unloaded"); then it is removed."""
+        self._not_on_host("unload")
         with self._admin:
             with self._lock:
                 m = self._models.get(name)
@@ -1114,6 +1117,14 @@ class InferenceService:
             for pid in policy_id:  # failures that were not retried: nobody will read them
                 self._layout_failed.pop(pid, None)
         return err
+
+    def _not_on_host(self, what: str) -> None:
+        """A re-plan waits for the loop to set the new layout up: on the host's thread (host_loop_on)
+        that wait would never end."""
+        rt = self._runtime
+        if rt is not None and rt.hosted and rt.loop.on_loop_thread():
+            raise RuntimeError(f"{what} cannot run on the thread whose event loop runs the runtime's loop "
+                               f"(host_loop_on): it waits for that loop; call it in an executor (loop.run_in_executor)")
 
     def _replan_once(self, policy_id: list[int]) -> BaseException | None:
         """Serve the current model set with a fresh policy object; wait until its first layout is up.
