@@ -469,6 +469,25 @@ def test_deadline_header_and_timeout_parameter_reach_the_runtime(served, monkeyp
     assert seen == [250.0, 300.0, None]  # None: the runtime applies the model's SLO
 
 
+def test_a_client_that_leaves_mid_body_is_no_error_and_the_server_serves_on(served, request, caplog):
+    import logging
+    import socket
+
+    addr, _, _ = served
+    caplog.set_level(logging.DEBUG)
+    for _ in range(2):
+        s = socket.create_connection((addr.host, addr.http_port))
+        s.sendall(b"POST /v2/models/tiny_mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 100000\r\n\r\n" + b"{" * 1000)
+        time.sleep(0.05)
+        s.close()
+    x = [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [0.0] * 16}]
+    assert _post(addr, "/v2/models/tiny_mlp/infer", _infer_json(x))[0] == 200  # (after the two have been handled)
+    if request.node.callspec.params["served"] != 2:  # (behind workers the handler runs in their processes)
+        errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert not errors, [r.getMessage() for r in errors]
+
+
 def test_runtime_on_http_is_refused_with_front_end_workers_and_on_a_fake_device():
     from gpuloom.runtime.device import FakeDeviceLayer
     from gpuloom.runtime.service import InferenceService

@@ -61,6 +61,14 @@ async def _errors(request: web.Request, handler):
         return _error(f"request body could not be read: {e}", 400)
     except asyncio.CancelledError:
         raise
+    except ConnectionResetError:
+        transport = request.transport
+        if transport is None or transport.is_closing():  # the client left mid-request: no one to answer
+            log.debug("%s %s: the client closed the connection before the request was read", request.method, request.path)
+            # (an answer to no one: aiohttp drops it quietly, where a raise would log a traceback)
+            return _error("the client closed the connection before the request was read", 400)
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return _error("internal error: ConnectionResetError", 500)
     except Exception as e:  # a bug of ours: answer, log, never drop the connection
         log.exception("unhandled error on %s %s", request.method, request.path)
         return _error(f"internal error: {type(e).__name__}: {e}", 500)
