@@ -76,6 +76,11 @@ class RunRecord:
         return sum(1 for r in self.results if r.status == status)
 
 
+#: the longest a hosted runtime's loop runs events in one go before the host's other work (HTTP: reading
+#: the next requests, health checks) gets a turn (Runtime.host_on); one CPU batch alone may take longer
+PUMP_SLICE_S = 0.001
+
+
 class Runtime:
     """Drives ``policy`` against ``backend`` over a list of requests.
 
@@ -387,6 +392,7 @@ class Runtime:
         if host is None:  # taken back, or ended
             return
         loop = self.loop
+        yield_at = time.perf_counter() + PUMP_SLICE_S
         try:
             while True:
                 wait_ms = loop.ready_in()
@@ -401,6 +407,10 @@ class Runtime:
                 loop.run_next()
                 if self._after_event():
                     break
+                if time.perf_counter() > yield_at:  # (a batch ran) the host's own work goes first, then on
+                    self._pump_queued = True
+                    host.call_soon(self._pump)
+                    return
         except BaseException as e:  # noqa: BLE001 - answer every request, then report
             self._crashed(e)
         self._ended()
