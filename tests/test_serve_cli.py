@@ -59,10 +59,11 @@ def _wait_port(proc, timeout=60):
     raise AssertionError("server did not start:\n" + "".join(lines))
 
 
-def test_sigterm_drains_and_answers_every_accepted_request(tmp_path):
+@pytest.mark.parametrize("extra", [[], ["--runtime-on", "http"]], ids=["default", "runtime-on-http"])
+def test_sigterm_drains_and_answers_every_accepted_request(tmp_path, extra):
     (tmp_path / "slow.py").write_text(SLOW)
     (tmp_path / "slow.yaml").write_text("name: slow\nsource: slow.py:slow\ninputs: [{name: x, shape: [2]}]\nmax_batch: 4\nslo_ms: 5000\n")
-    proc = _spawn(str(tmp_path), "--http-port", "0", "--grpc-port", "0")
+    proc = _spawn(str(tmp_path), "--http-port", "0", "--grpc-port", "0", *extra)
     try:
         port, _ = _wait_port(proc)
         results = []
