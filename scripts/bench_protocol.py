@@ -84,6 +84,18 @@ def _wait_ready(port: int, model: str, proc: subprocess.Popen, timeout_s: float 
     raise RuntimeError(f"server on port {port} not ready after {timeout_s} s")
 
 
+def _pinned(cpus: str | None, fn, *args):
+    """``fn(*args)`` with this process on ``cpus`` (a list like ``0`` or ``0,2``), then back as it was."""
+    if not cpus:
+        return fn(*args)
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
+    try:
+        return fn(*args)
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 def measure(port: int, args) -> dict:
     from gpuloom.serve.loadgen import run_closed, run_load
 
@@ -119,6 +131,10 @@ def main() -> int:
     ap.add_argument("--kserve-cpus", default=None, metavar="LIST",
                     help="also measure KServe run on these CPUs only (e.g. 1), beside the unpinned one: the fair "
                          "match for a gpuloom variant with --cpus")
+    ap.add_argument("--client-cpus", default=None, metavar="LIST",
+                    help="run the load client on these CPUs only (e.g. 0) while it measures; with the servers on "
+                         "the others (--kserve-cpus 1, a gpuloom variant with --cpus 1) the two stop competing for "
+                         "one core (the servers are started before the client is pinned, so they do not inherit it)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="measure every server this many times, in turn (A, B, KServe, A, B, KServe, ...), and "
                          "print each figure's range (default 1; the JSON keeps every run under 'runs')")
@@ -145,7 +161,7 @@ def main() -> int:
                                  "torch": torch.__version__},
                      "model": "nn.Linear(16, 4), batch 1 per request", "duration_s": args.duration,
                      "rate_duration_s": args.rate_duration or args.duration,
-                     "binary_tensors": args.binary, "servers": {}}
+                     "binary_tensors": args.binary, "client_cpus": args.client_cpus, "servers": {}}
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     base = [sys.executable, "-c", GPULOOM_SERVER, str(tmp / "linear.yaml"), "--no-grpc", "--policy", args.policy,
             "--http-port", "{port}", "--device", "cpu"]
@@ -177,7 +193,7 @@ def main() -> int:
             try:
                 _wait_ready(port, "linear", proc)
                 print(f"[{rep}] measuring {name} on port {port} ...", file=sys.stderr, flush=True)
-                run[name] = measure(port, args)
+                run[name] = _pinned(args.client_cpus, measure, port, args)
             finally:
                 proc.terminate()
                 try:

@@ -443,6 +443,44 @@ def test_graceful_stop_answers_every_queued_request(server_kw):
     assert all(r in (200, 503, 504) for r in answered), results
 
 
+@pytest.mark.parametrize("runtime_on", ["thread", "http"])
+def test_a_stop_under_load_serves_or_refuses_every_client_and_cuts_none_off(runtime_on):
+    """A model that stays slow once compiled (twelve 1024-wide layers), so requests really queue when
+    the stop comes; with the runtime on the HTTP loop, the drain must not leave connections unread."""
+    import torch
+
+    from gpuloom.runtime.service import ModelConfig, TensorSpec
+
+    torch.manual_seed(0)
+    width = 1024
+    net = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(12)]).eval()
+    service = serve_fake.make_service()
+    service.load(ModelConfig("big", (TensorSpec("x", (width,), "float32"),), (TensorSpec("y", (width,), "float32"),),
+                             max_batch=4, slo_ms=20000), net)
+    core = ServeCore(service)
+    server = Server(core, http_port=0, grpc_port=None, runtime_on=runtime_on)
+    addr = server.start()
+    body = _infer_json([{"name": "x", "shape": [1, width], "datatype": "FP32", "data": [0.01] * width}])
+    results = []
+
+    def send():
+        try:
+            results.append(_post(addr, "/v2/models/big/infer", body)[0])
+        except OSError as e:
+            results.append(type(e).__name__)
+
+    threads = [threading.Thread(target=send) for _ in range(30)]
+    for t in threads:
+        t.start()
+    time.sleep(0.1)
+    server.stop()
+    for t in threads:
+        t.join()
+    b = core.books.snapshot()["big"]
+    assert b.in_flight == 0 and b.balanced() and results.count(200) == b.success >= 1
+    assert all(r in (200, 503) for r in results), [r for r in results if r not in (200, 503)]
+
+
 @pytest.mark.parametrize("workers", [0, 2], ids=["in-process-http", "2-http-workers"])
 def test_taken_port_gives_a_clear_error(served, workers):
     # with workers the port is shared through SO_REUSEPORT: a second server must still be refused,
@@ -486,6 +524,7 @@ def test_a_client_that_leaves_mid_body_is_no_error_and_the_server_serves_on(serv
     if request.node.callspec.params["served"] != 2:  # (behind workers the handler runs in their processes)
         errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
         assert not errors, [r.getMessage() for r in errors]
+        assert sum("closed the connection before the request was read" in r.getMessage() for r in caplog.records) == 2
 
 
 def test_runtime_on_http_is_refused_with_front_end_workers_and_on_a_fake_device():

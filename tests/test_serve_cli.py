@@ -59,7 +59,7 @@ def _wait_port(proc, timeout=60):
     raise AssertionError("server did not start:\n" + "".join(lines))
 
 
-@pytest.mark.parametrize("extra", [[], ["--runtime-on", "http"]], ids=["default", "runtime-on-http"])
+@pytest.mark.parametrize("extra", [[], ["--runtime-on", "http", "--device", "cpu"]], ids=["default", "runtime-on-http"])
 def test_sigterm_drains_and_answers_every_accepted_request(tmp_path, extra):
     (tmp_path / "slow.py").write_text(SLOW)
     (tmp_path / "slow.yaml").write_text("name: slow\nsource: slow.py:slow\ninputs: [{name: x, shape: [2]}]\nmax_batch: 4\nslo_ms: 5000\n")
@@ -193,7 +193,9 @@ def test_runtime_on_http_takes_no_front_end_workers_by_default_and_refuses_expli
     assert serve.run(p.parse_args([repo, "--runtime-on", "http", "--http-workers", "2"])) == 2
     assert "use --http-workers 0" in capsys.readouterr().err
     _record_service(monkeypatch)
-    for argv, workers in (([], 4), (["--runtime-on", "http"], 0), (["--runtime-on", "http", "--http-workers", "0"], 0)):
+    for argv, workers in (([], 4), (["--http-workers", "auto"], 4), (["--runtime-on", "http"], 0),
+                          (["--runtime-on", "http", "--http-workers", "auto"], 0),
+                          (["--runtime-on", "http", "--http-workers", "0"], 0)):
         args = p.parse_args([repo, *argv])
         assert serve.run(args) == 2 and args.http_workers == workers  # (resolved before the service is made)
     with pytest.raises(SystemExit):

@@ -948,7 +948,10 @@ def test_a_hosted_runtime_queues_computes_and_answers_on_the_hosts_thread_and_ma
         svc.load(ModelConfig("m", X4, Y4, max_batch=8, slo_ms=2000), model)
     aloop, th = _asyncio_host()
     try:
+        old_thread = svc._runtime._thread
         svc.host_loop_on(aloop)
+        old_thread.join(5)  # the runtime's thread hands over between two events, then ends
+        assert not old_thread.is_alive() and svc._runtime.hosted
         rng = np.random.default_rng(3)
         xs = [rng.standard_normal((1 + i % 3, 4)).astype(np.float32) for i in range(12)]
 
@@ -1044,3 +1047,59 @@ def test_hosting_is_refused_where_something_else_must_wake_the_runtimes_thread()
     finally:
         svc.close()
         aloop.close()
+
+
+class _Heavy:
+    """A module whose forward stays slow once compiled (one 1024^3 matmul, tens of ms on a CPU); its
+    output is its input times two."""
+
+    @staticmethod
+    def make():
+        import torch
+
+        class Heavy(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("w", torch.randn(1024, 1024) / 32)
+
+            def forward(self, x):
+                m = (self.w + x.sum()) @ self.w
+                return x * 2 + m[0, :4] * 0
+
+        return Heavy().eval()
+
+
+def test_a_take_back_while_the_runtimes_thread_still_decides_never_lets_two_threads_step_the_loop():
+    import asyncio
+
+    svc = InferenceService(policy="dstack", device="cpu")
+    svc.start()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        svc.load(ModelConfig("heavy", X4, Y4, max_batch=8, slo_ms=20000), _Heavy.make())
+    rt = svc._runtime
+    inside, most, mu = [0], [0], threading.Lock()
+    real = rt.loop.run_next
+
+    def counted():
+        with mu:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        try:
+            time.sleep(0.002)  # widen the window a second stepper would need
+            real()
+        finally:
+            with mu:
+                inside[0] -= 1
+
+    rt.loop.run_next = counted
+    x = np.ones((1, 4), np.float32)
+    futs = [svc.submit("heavy", {"x": x}) for _ in range(6)]  # batches decided right after the hand-over
+    never_runs = asyncio.new_event_loop()  # a host that never steps: close() takes the loop back
+    svc.host_loop_on(never_runs)
+    futs += [svc.submit("heavy", {"x": x}) for _ in range(6)]
+    svc.close(drain=True, timeout_s=60)
+    assert all(np.array_equal(f.result(0)["y"], x * 2) for f in futs)
+    assert most[0] == 1 and not rt.running and not rt.hosted
+    assert_books(svc)
+    never_runs.close()

@@ -110,17 +110,16 @@ def ring_kb_arg(text: str) -> int:
     return _non_negative(text, "a non-negative integer of KiB (0: no rings)")
 
 
-def http_workers_arg(text: str) -> int:
+def http_workers_arg(text: str) -> int | str:
     """``auto`` or a non-negative integer (argparse type)."""
-    import os
-
-    if text == "auto":
-        return default_http_workers(os.cpu_count())
+    if text == "auto":  # resolved by run(): none with --runtime-on http, else default_http_workers
+        return "auto"
     return _non_negative(text, "'auto' or a non-negative number of workers")
 
 
 def run(args: argparse.Namespace) -> int:
     import logging
+    import os
     import sys
 
     from gpuloom.serve.core import ServeCore
@@ -133,8 +132,8 @@ def run(args: argparse.Namespace) -> int:
               "buffers to a lane's stream); drop --torch-launch or use --outputs copies", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if args.http_workers is None:  # auto
-        args.http_workers = 0 if args.runtime_on == "http" else http_workers_arg("auto")
+    if args.http_workers in (None, "auto"):
+        args.http_workers = 0 if args.runtime_on == "http" else default_http_workers(os.cpu_count())
     elif args.runtime_on == "http" and args.http_workers:
         print(f"error: --runtime-on http runs the runtime's loop on this process's HTTP event loop; the front-end "
               f"workers of --http-workers {args.http_workers} wake the runtime's own thread: use --http-workers 0",
@@ -179,6 +178,11 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, OSError) as e:  # TypeError: an option the policy does not take
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.runtime_on == "http":
+        why = service.host_loop_refusal()
+        if why is not None:  # said before any model is loaded
+            print(f"error: --runtime-on http: {why} (add --device cpu)", file=sys.stderr)
+            return 2
     service.start()
     core = ServeCore(service, repo, max_body_bytes=int(args.max_body_mb * (1 << 20)))
     for n in names:

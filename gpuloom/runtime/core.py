@@ -81,6 +81,13 @@ class RunRecord:
 PUMP_SLICE_S = 0.001
 
 
+def _running_loop() -> Any:
+    """The asyncio event loop running on the calling thread, or None."""
+    import asyncio
+
+    return asyncio._get_running_loop()
+
+
 class Runtime:
     """Drives ``policy`` against ``backend`` over a list of requests.
 
@@ -137,6 +144,9 @@ class Runtime:
         self._host: Any = None
         self._host_timer: Any = None  # the host's call for the next timed event
         self._pump_queued = False
+        self._step_lock = threading.Lock()  # held by whoever steps the loop: the runtime's thread, or one pump
+        self._host_lock = threading.Lock()  # guards the hand-overs: _host and _thread_stepping
+        self._thread_stepping = False  # a thread of the runtime's steps the loop (or is about to)
         self._last_ms = 0.0  # _account's last reading
         self.error: BaseException | None = None  # what stopped the online loop, if it crashed
         self.idle: dict[str, float] = {"queued_ms": 0.0, "idle_queued_ms": 0.0, "idle_ms": 0.0, "total_ms": 0.0}
@@ -196,6 +206,7 @@ class Runtime:
         self._on_results = on_results
         self._on_layout = on_layout
         self.loop.open()
+        self._thread_stepping = True
         self._thread = threading.Thread(target=self._serve, name=f"gpuloom-runtime-{self.policy.name}", daemon=True)
         self._thread.start()
 
@@ -260,14 +271,14 @@ class Runtime:
         runtime did), or whose own thread waits here, hands the loop back to a thread of the
         runtime's own, which finishes the work."""
         end = time.monotonic() + timeout_s
-        while not self._done.wait(max(0.0, min(0.05, end - time.monotonic()))):
+        while True:
             host = self._host
-            # (called on the host's own thread, the host cannot step the loop while this waits either)
-            if host is not None and (host.is_closed() or not host.is_running() or self.loop.on_loop_thread()):
-                self._take_back()
+            if host is not None and (host.is_closed() or not host.is_running() or _running_loop() is host):
+                self.take_back()
+            if self._done.wait(max(0.0, min(0.05, end - time.monotonic()))):
+                return True
             if time.monotonic() >= end:
                 return False
-        return True
 
     @property
     def layout_swaps(self) -> int:
@@ -280,31 +291,37 @@ class Runtime:
 
     def _serve(self, resume: bool = False) -> None:
         """The runtime's thread: step the loop until serving ends, or until :meth:`host_on` handed it
-        to a host (then it returns, nothing ended). ``resume``: taken back from a host that stopped."""
+        to a host (then it returns, nothing ended). ``resume``: taken back from a host."""
         loop = self.loop
-        try:
-            if not resume:
-                self.backend.start(self._on_completion)
-                self._set_layout(self.policy.setup(self.ctx))
-                self._stop_ms = float("inf")
-                self._last_ms = loop.wall_ms()
-            while loop.step():
-                if self._after_event():
-                    break
-                host = self._host
-                if host is not None:  # handed over (_hand_over ran just now): the host steps from here
-                    loop.host_by(self._pump_soon)
-                    self._pump_queued = True
-                    try:
-                        host.call_soon_threadsafe(self._pump)
-                        return
-                    except RuntimeError:  # its loop closed meanwhile: this thread goes on
-                        self._host = None
-                        loop.host_by(None)
-                        self._pump_queued = False
-        except BaseException as e:  # noqa: BLE001 - answer every request, then report
-            self._crashed(e)
-        self._ended()
+        handed = False
+        with self._step_lock:  # (a pump still running on the host finishes its slice first)
+            try:
+                if not resume:
+                    self.backend.start(self._on_completion)
+                    self._set_layout(self.policy.setup(self.ctx))
+                    self._stop_ms = float("inf")
+                    self._last_ms = loop.wall_ms()
+                while loop.step():
+                    if self._after_event():
+                        break
+                    if self._host is not None:  # _hand_over ran: hand the loop over, unless taken back since
+                        with self._host_lock:
+                            if self._host is not None:
+                                self._thread_stepping = False
+                                loop.host_by(self._pump_soon)
+                                handed = True
+                        if handed:
+                            break
+            except BaseException as e:  # noqa: BLE001 - answer every request, then report
+                try:
+                    self._crashed(e)
+                finally:
+                    self._ended()
+                return
+            if not handed:
+                self._ended()
+                return
+        self._pump_soon()  # the step lock is free: the host's first pump takes it
 
     def _after_event(self) -> bool:
         """After each event: decide (unless another event is due at the same time), integrate the
@@ -337,8 +354,12 @@ class Runtime:
     def _ended(self) -> None:
         with self._submit_lock:
             self._closed = True
-        self._host = None
-        self.loop.host_by(None)
+        with self._host_lock:
+            host, self._host = self._host, None
+            self.loop.host_by(None)
+        timer, self._host_timer = self._host_timer, None
+        if timer is not None and host is not None and _running_loop() is host:
+            timer.cancel()  # (it would only find the loop ended, but it keeps this runtime alive till then)
         self.loop.shut()
         self._done.set()
 
@@ -363,10 +384,16 @@ class Runtime:
         """Whether a host's event loop steps this runtime's loop now (:meth:`host_on`)."""
         return self._host is not None
 
+    def on_host_thread(self) -> bool:
+        """Whether the caller runs on the thread of the event loop hosting this runtime's loop."""
+        host = self._host
+        return host is not None and _running_loop() is host
+
     def _hand_over(self, host: Any) -> None:
-        if self._done.is_set() or self._host is not None:
-            return
-        self._host = host  # _serve sees it after this event and returns; the host's first pump follows
+        with self._host_lock:
+            if self._done.is_set() or self._host is not None or not self._thread_stepping:
+                return
+            self._host = host  # _serve sees it after this event and returns; the host's first pump follows
 
     def _pump_soon(self) -> None:
         """Any thread: have the host run :meth:`_pump` (once for a burst of posts)."""
@@ -377,24 +404,32 @@ class Runtime:
             return
         self._pump_queued = True
         try:
-            if self.loop.on_loop_thread():
+            if _running_loop() is host:
                 host.call_soon(self._pump)
             else:
                 host.call_soon_threadsafe(self._pump)
-        except RuntimeError:  # the host's loop is closed: stop() gives the loop back to a thread
+        except RuntimeError:  # the host's loop is closed: a thread of the runtime's takes the loop back
             self._pump_queued = False
+            log.warning("the event loop hosting the runtime's loop is closed; a thread of the runtime's steps it again")
+            self.take_back()
 
     def _pump(self) -> None:
-        """On the host's thread: run every event due now, then ask the host to call again when the
-        next timed one is due (posts call back through :meth:`_pump_soon`)."""
+        """On the host's thread: run the events due now (for at most ``PUMP_SLICE_S`` past the first),
+        then ask the host to call again when the next timed one is due (posts call back through
+        :meth:`_pump_soon`)."""
         self._pump_queued = False
         host = self._host
         if host is None:  # taken back, or ended
+            return
+        if not self._step_lock.acquire(blocking=False):  # the runtime's thread is finishing its last event
+            host.call_later(0.0005, self._pump)
             return
         loop = self.loop
         yield_at = time.perf_counter() + PUMP_SLICE_S
         try:
             while True:
+                if self._host is not host:  # taken back meanwhile (stop() from another thread)
+                    return
                 wait_ms = loop.ready_in()
                 if wait_ms is None:
                     break
@@ -412,18 +447,31 @@ class Runtime:
                     host.call_soon(self._pump)
                     return
         except BaseException as e:  # noqa: BLE001 - answer every request, then report
-            self._crashed(e)
+            try:
+                self._crashed(e)
+            finally:
+                self._ended()
+            return
+        finally:
+            self._step_lock.release()
         self._ended()
 
-    def _take_back(self) -> None:
-        """The host stopped running with this runtime still serving: a thread of its own goes on."""
-        if self._host is None:
-            return
-        self._host = None
-        self.loop.host_by(None)
-        self._thread = threading.Thread(target=self._serve, args=(True,), name=f"gpuloom-runtime-{self.policy.name}",
-                                        daemon=True)
-        self._thread.start()
+    def take_back(self) -> None:
+        """Thread-safe: give the loop back to a thread of the runtime's own, if a host steps it
+        (:meth:`host_on`): when the host stops, or must stay free while the runtime drains (a server's
+        graceful stop answers new connections meanwhile). The new thread starts stepping once the
+        host's current pump, if any, has returned."""
+        with self._host_lock:
+            if self._host is None:
+                return
+            self._host = None
+            self.loop.host_by(None)
+            if self._thread_stepping:  # the runtime's thread has not handed over yet: it just goes on
+                return
+            self._thread_stepping = True
+            self._thread = threading.Thread(target=self._serve, args=(True,),
+                                            name=f"gpuloom-runtime-{self.policy.name}", daemon=True)
+            self._thread.start()
 
     def _account(self, last: float) -> float:
         """Integrate idle time: with requests queued, and with no batch running at all (ms)."""

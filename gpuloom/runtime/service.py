@@ -962,25 +962,42 @@ class InferenceService:
         weakref.finalize(self, waker.close)
         return waker
 
+    def host_loop_refusal(self) -> str | None:
+        """Why the runtime's loop cannot run on another event loop (:meth:`host_loop_on`), or None."""
+        if self.device.kind != "cpu" or self.resolved_launch_on() != "inline":
+            return (f"the runtime's loop can run on the HTTP server's event loop only on the CPU device with inline "
+                    f"launches; this service runs on {self.device.kind!r} with launch_on={self.resolved_launch_on()!r}")
+        if self._intakes:
+            return ("the runtime's loop cannot run on the HTTP server's event loop while front-end workers feed it "
+                    "(they wake the runtime's own thread)")
+        return None
+
     def host_loop_on(self, host: Any) -> None:
         """Run the runtime's loop on ``host`` (the HTTP server's asyncio event loop, running) instead
         of on the runtime's thread: now, and for every runtime a later load starts. Each request is
-        then queued, decided, computed and answered on the thread that submitted it, with no hand-off
-        per request (``Runtime.host_on``; ``gpuloom serve --runtime-on http``). The CPU device only,
+        then queued, decided, computed and answered on the host's thread, with no hand-off per
+        request (``Runtime.host_on``; ``gpuloom serve --runtime-on http``). The CPU device only,
         with inline launches: on a GPU the loop sleeps on a semaphore the device posts; front-end
-        workers (:meth:`add_intake`) post it from their processes, so they cannot be used with it."""
-        if self.device.kind != "cpu" or self.resolved_launch_on() != "inline":
-            raise ValueError(f"the runtime's loop can run on the HTTP server's event loop only on the CPU device with "
-                             f"inline launches; this service runs on {self.device.kind!r} with launch_on="
-                             f"{self.resolved_launch_on()!r}")
+        workers (:meth:`add_intake`) post it from their processes, so they cannot be used with it.
+        ValueError says why not (:meth:`host_loop_refusal`). Undo with :meth:`unhost_loop`. While
+        hosted, :meth:`loop_cpu`'s thread figure is the whole host thread's (HTTP included)."""
         with self._lock:
-            if self._intakes:
-                raise ValueError("the runtime's loop cannot run on the HTTP server's event loop while front-end "
-                                 "workers feed it (they wake the runtime's own thread)")
+            why = self.host_loop_refusal()
+            if why is not None:
+                raise ValueError(why)
             self._host = host
             rt = self._runtime
         if rt is not None:
             rt.host_on(host)
+
+    def unhost_loop(self) -> None:
+        """The runtime's loop goes back to a thread of its own (``Runtime.take_back``): before the
+        host stops, or while it must stay free (a server draining answers new connections meanwhile)."""
+        with self._lock:
+            self._host = None
+            rt = self._runtime
+        if rt is not None:
+            rt.take_back()
 
     def add_intake(self, poll: Callable[[], float]) -> int | None:
         """Run ``poll()`` on the runtime's loop thread each time it wakes, now and after any re-plan
@@ -1122,7 +1139,7 @@ class InferenceService:
         """A re-plan waits for the loop to set the new layout up: on the host's thread (host_loop_on)
         that wait would never end."""
         rt = self._runtime
-        if rt is not None and rt.hosted and rt.loop.on_loop_thread():
+        if rt is not None and rt.on_host_thread():
             raise RuntimeError(f"{what} cannot run on the thread whose event loop runs the runtime's loop "
                                f"(host_loop_on): it waits for that loop; call it in an executor (loop.run_in_executor)")
 

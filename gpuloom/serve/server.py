@@ -144,11 +144,10 @@ class Server:
             raise _bind_error("HTTP", self.host, self.http_port, "--http-port", e) from None
         http_port = site._server.sockets[0].getsockname()[1]
         if self.runtime_on == "http":
-            try:
-                self.core.service.host_loop_on(asyncio.get_running_loop())
-            except ValueError as e:
+            why = self.core.service.host_loop_refusal()
+            if why is not None:
                 await self._runner.cleanup()
-                raise ServeError(f"--runtime-on http: {e}") from None
+                raise ServeError(f"--runtime-on http: {why}")
         if self.http_workers:
             internal, http_port = http_port, self._reserved.getsockname()[1]
             try:
@@ -175,6 +174,8 @@ class Server:
                 await self._runner.cleanup()
                 raise _bind_error("gRPC", self.host, self.grpc_port, "--grpc-port", OSError(errno.EADDRINUSE, "bind failed"))
             await self._grpc.start()
+        if self.runtime_on == "http":  # last: nothing can fail after it and leave the runtime on a dead loop
+            self.core.service.host_loop_on(asyncio.get_running_loop())
         self.address = ServerAddress(self.host, http_port, grpc_port)
 
     def _start_workers(self, port: int, internal: int) -> None:
@@ -261,6 +262,8 @@ class Server:
     async def _shutdown(self) -> None:
         core = self.core
         loop = asyncio.get_running_loop()
+        if self.runtime_on == "http":  # the drain runs on the runtime's own thread: HTTP stays free to answer
+            core.service.unhost_loop()
         if self._workers:  # they forward to this process: stop them first, while it still answers
             await loop.run_in_executor(None, self._stop_workers)
         core.closing = True
@@ -269,10 +272,27 @@ class Server:
         deadline = loop.time() + 5.0
         while core.books.in_flight() and loop.time() < deadline:
             await asyncio.sleep(0.01)
+        await self._answer_backlog(loop.time() + 2.0)
         if self._grpc is not None:
             await self._grpc.stop(grace=2.0)
         if self._runner is not None:
             await self._runner.cleanup()
+
+    async def _answer_backlog(self, deadline: float) -> None:
+        """Take and answer (503: stopping) the connections still waiting in the listener's backlog
+        before it closes, which would reset them: clients that connected while this loop was busy
+        (running batches, with ``runtime_on="http"``) are told to retry, not cut off. Done once the
+        backlog has stayed empty and nothing was in flight for three looks 10 ms apart."""
+        import select
+
+        loop = asyncio.get_running_loop()
+        socks = [sock for site in (self._runner.sites if self._runner is not None else ())
+                 for sock in (getattr(getattr(site, "_server", None), "sockets", None) or ())]
+        quiet = 0
+        while quiet < 3 and loop.time() < deadline:
+            waiting = bool(socks) and bool(select.select(socks, [], [], 0)[0])
+            quiet = 0 if waiting or self.core.books.in_flight() else quiet + 1
+            await asyncio.sleep(0.01)
 
     async def _main(self, started: threading.Event | None, box: list) -> None:
         try:
