@@ -202,6 +202,15 @@ def test_runtime_on_http_takes_no_front_end_workers_by_default_and_refuses_expli
         p.parse_args([repo, "--runtime-on", "gpu"])
 
 
+def test_runtime_on_http_where_the_loop_cannot_be_hosted_is_refused_before_any_model_loads(tmp_path, capsys):
+    from gpuloom.commands import serve
+
+    p, repo = _serve_parser_and_repo(tmp_path)  # (its model's source does not exist: a load would fail)
+    assert serve.run(p.parse_args([repo, "--runtime-on", "http", "--device", "cpu", "--launch-on", "loop"])) == 2
+    err = capsys.readouterr().err
+    assert "--runtime-on http: " in err and "inline launches" in err and "loading" not in err
+
+
 def test_policy_options_reach_the_service_and_bad_ones_are_refused_before_loading(tmp_path, monkeypatch, capsys):
     from gpuloom.commands import serve
 
