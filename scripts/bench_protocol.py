@@ -18,6 +18,7 @@ and the script says so. Writes JSON to ``--out``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -82,6 +83,22 @@ def _wait_ready(port: int, model: str, proc: subprocess.Popen, timeout_s: float 
             pass
         time.sleep(0.3)
     raise RuntimeError(f"server on port {port} not ready after {timeout_s} s")
+
+
+@contextlib.contextmanager
+def server_process(cmd: list[str], port: int, model: str, *, env: dict, cwd=None, timeout_s: float = 120.0):
+    """A server started from ``cmd``, ready (``model`` answers ready on ``port``) inside the block,
+    stopped (SIGTERM, then SIGKILL after 30 s) when it ends."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=cwd)
+    try:
+        _wait_ready(port, model, proc, timeout_s=timeout_s)
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def _pinned(cpus: str | None, fn, *args):
@@ -188,18 +205,9 @@ def main() -> int:
         for name, cmd in servers:
             port = _free_port()
             cmd = [c.replace("{port}", str(port)) for c in cmd]
-            proc = subprocess.Popen(cmd, env=envs.get(name, env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                    text=True, cwd=tmp)
-            try:
-                _wait_ready(port, "linear", proc)
+            with server_process(cmd, port, "linear", env=envs.get(name, env), cwd=tmp):
                 print(f"[{rep}] measuring {name} on port {port} ...", file=sys.stderr, flush=True)
                 run[name] = _pinned(args.client_cpus, measure, port, args)
-            finally:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
         runs.append(run)
     results["servers"] = runs[0]
     if args.repeat > 1:

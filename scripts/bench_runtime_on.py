@@ -19,7 +19,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -30,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_protocol import GPULOOM_SERVER, _free_port, _wait_ready  # noqa: E402
+from bench_protocol import GPULOOM_SERVER, _free_port, server_process  # noqa: E402
 
 
 def _health_probe(port: int, stop: threading.Event, out: list[float], period_s: float = 0.02) -> None:
@@ -94,17 +93,9 @@ def main() -> int:
             port = _free_port()
             cmd = [sys.executable, "-c", GPULOOM_SERVER, args.repository, "--models", args.model, "--no-grpc",
                    "--http-port", str(port), "--device", "cpu", "--http-workers", "0", *extra]
-            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            try:
-                _wait_ready(port, args.model, proc, timeout_s=300)
+            with server_process(cmd, port, args.model, env=env, timeout_s=300):
                 print(f"[{rep}] measuring {name} ...", file=sys.stderr, flush=True)
                 run[name] = measure(port, args.model, args)
-            finally:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
         runs.append(run)
     print(f"{'run':<4}{'server':<17}" + "".join(f"{'req/s c' + str(c):>11}{'health p99 ms':>15}" for c in args.concurrency)
           + f"{'p50 ms':>9}{'p99 ms':>9}  (at {args.rate:g} req/s)")

@@ -313,10 +313,7 @@ class Runtime:
                         if handed:
                             break
             except BaseException as e:  # noqa: BLE001 - answer every request, then report
-                try:
-                    self._crashed(e)
-                finally:
-                    self._ended()
+                self._end_crashed(e)
                 return
             if not handed:
                 self._ended()
@@ -334,6 +331,13 @@ class Runtime:
                 loop.charge(self._decide)
         self._last_ms = self._account(self._last_ms)
         return self._closing and self._all_answered()
+
+    def _end_crashed(self, e: BaseException) -> None:
+        """The loop crashed: fail every request it holds, then end (whatever the failing raises)."""
+        try:
+            self._crashed(e)
+        finally:
+            self._ended()
 
     def _crashed(self, e: BaseException) -> None:
         loop = self.loop
@@ -447,10 +451,7 @@ class Runtime:
                     host.call_soon(self._pump)
                     return
         except BaseException as e:  # noqa: BLE001 - answer every request, then report
-            try:
-                self._crashed(e)
-            finally:
-                self._ended()
+            self._end_crashed(e)
             return
         finally:
             self._step_lock.release()
