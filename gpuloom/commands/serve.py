@@ -181,7 +181,8 @@ def run(args: argparse.Namespace) -> int:
     if args.runtime_on == "http":
         why = service.host_loop_refusal()
         if why is not None:  # said before any model is loaded
-            print(f"error: --runtime-on http: {why} (add --device cpu)", file=sys.stderr)
+            hint = "--device cpu" if service.device.kind != "cpu" else "--launch-on inline (or auto)"
+            print(f"error: --runtime-on http: {why}; use {hint}", file=sys.stderr)
             return 2
     service.start()
     core = ServeCore(service, repo, max_body_bytes=int(args.max_body_mb * (1 << 20)))
