@@ -1103,3 +1103,58 @@ def test_a_take_back_while_the_runtimes_thread_still_decides_never_lets_two_thre
     assert most[0] == 1 and not rt.running and not rt.hosted
     assert_books(svc)
     never_runs.close()
+
+
+def test_a_host_that_closes_with_a_pump_still_queued_is_noticed_at_the_next_request():
+    import asyncio
+
+    import torch
+
+    svc = InferenceService(policy="dstack", device="cpu")
+    svc.start()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        svc.load(ModelConfig("m", X4, Y4, max_batch=8, slo_ms=5000), torch.nn.Linear(4, 4).eval())
+    aloop, th = _asyncio_host()
+    svc.host_loop_on(aloop)
+    x = np.ones((1, 4), np.float32)
+    assert asyncio.run_coroutine_threadsafe(_infer_on_host(svc, "m", x), aloop).result(30)["y"].shape == (1, 4)
+    first = []
+
+    def submit_then_stop():  # a pump is queued for this request, and the host ends before running it
+        first.append(svc.submit("m", {"x": x}))
+        aloop.stop()
+
+    aloop.call_soon_threadsafe(submit_then_stop)
+    th.join(5)
+    aloop.close()
+    later = svc.submit("m", {"x": x})  # finds the host closed: a thread of the runtime's takes the loop back
+    assert later.result(10)["y"].shape == (1, 4) and first[0].result(10)["y"].shape == (1, 4)
+    assert not svc._runtime.hosted
+    svc.close()
+    assert_books(svc)
+
+
+def test_unhosting_before_the_hand_over_event_ran_cancels_it():
+    import asyncio
+
+    svc = InferenceService(policy="dstack", device="cpu")
+    svc.start()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        svc.load(ModelConfig("heavy", X4, Y4, max_batch=8, slo_ms=20000), _Heavy.make())
+    aloop, th = _asyncio_host()
+    try:
+        x = np.ones((1, 4), np.float32)
+        futs = [svc.submit("heavy", {"x": x}) for _ in range(6)]  # the runtime's thread is busy with these
+        svc.host_loop_on(aloop)
+        svc.unhost_loop()  # (most likely before the thread reached the hand-over event)
+        assert all(f.result(60)["y"].shape == (1, 4) for f in futs)
+        assert svc.submit("heavy", {"x": x}).result(60)["y"].shape == (1, 4)
+        assert not svc._runtime.hosted and svc._runtime._thread.is_alive()
+        svc.close()
+        assert_books(svc)
+    finally:
+        aloop.call_soon_threadsafe(aloop.stop)
+        th.join(5)
+        aloop.close()

@@ -147,6 +147,7 @@ class Runtime:
         self._step_lock = threading.Lock()  # held by whoever steps the loop: the runtime's thread, or one pump
         self._host_lock = threading.Lock()  # guards the hand-overs: _host and _thread_stepping
         self._thread_stepping = False  # a thread of the runtime's steps the loop (or is about to)
+        self._want_host: Any = None  # the host the last host_on asked for (a take_back since cancels it)
         self._last_ms = 0.0  # _account's last reading
         self.error: BaseException | None = None  # what stopped the online loop, if it crashed
         self.idle: dict[str, float] = {"queued_ms": 0.0, "idle_queued_ms": 0.0, "idle_ms": 0.0, "total_ms": 0.0}
@@ -308,6 +309,7 @@ class Runtime:
                         with self._host_lock:
                             if self._host is not None:
                                 self._thread_stepping = False
+                                self._pump_queued = False  # (a pump queued on an earlier host will never run)
                                 loop.host_by(self._pump_soon)
                                 handed = True
                         if handed:
@@ -381,6 +383,8 @@ class Runtime:
         """
         if self._thread is None:
             raise RuntimeError("host_on needs a started runtime (Runtime.start)")
+        with self._host_lock:
+            self._want_host = host
         self.loop.post(WAKEUP, self._hand_over, host)
 
     @property
@@ -395,16 +399,15 @@ class Runtime:
 
     def _hand_over(self, host: Any) -> None:
         with self._host_lock:
-            if self._done.is_set() or self._host is not None or not self._thread_stepping:
+            if (self._done.is_set() or self._host is not None or not self._thread_stepping
+                    or self._want_host is not host):  # (a take_back since host_on cancelled it)
                 return
             self._host = host  # _serve sees it after this event and returns; the host's first pump follows
 
     def _pump_soon(self) -> None:
         """Any thread: have the host run :meth:`_pump` (once for a burst of posts)."""
-        if self._pump_queued:
-            return
         host = self._host
-        if host is None:
+        if host is None or (self._pump_queued and not host.is_closed()):  # (a closed host runs none)
             return
         self._pump_queued = True
         try:
@@ -423,7 +426,7 @@ class Runtime:
         :meth:`_pump_soon`)."""
         self._pump_queued = False
         host = self._host
-        if host is None:  # taken back, or ended
+        if host is None or _running_loop() is not host:  # taken back or ended (or a call left on an old host)
             return
         if not self._step_lock.acquire(blocking=False):  # the runtime's thread is finishing its last event
             host.call_later(0.0005, self._pump)
@@ -450,12 +453,11 @@ class Runtime:
                     self._pump_queued = True
                     host.call_soon(self._pump)
                     return
+            self._ended()  # (under the step lock: no take_back may start a stepper on an ended loop)
         except BaseException as e:  # noqa: BLE001 - answer every request, then report
             self._end_crashed(e)
-            return
         finally:
             self._step_lock.release()
-        self._ended()
 
     def take_back(self) -> None:
         """Thread-safe: give the loop back to a thread of the runtime's own, if a host steps it
@@ -463,9 +465,11 @@ class Runtime:
         graceful stop answers new connections meanwhile). The new thread starts stepping once the
         host's current pump, if any, has returned."""
         with self._host_lock:
+            self._want_host = None
             if self._host is None:
                 return
             self._host = None
+            self._pump_queued = False
             self.loop.host_by(None)
             if self._thread_stepping:  # the runtime's thread has not handed over yet: it just goes on
                 return

@@ -200,12 +200,11 @@ class RealtimeLoop(EventLoop):
             wake = not posted
             posted.append((priority, callback, args, self._time.monotonic()))
             self._expected = max(0, self._expected - 1)
-        if wake:
-            host_wake = self._host_wake
-            if host_wake is not None:  # stepped by a host's event loop: it must hear of every first post
-                host_wake()
-            elif self._get_ident() != self._owner:  # the loop's own thread takes its posts before it sleeps
-                self.waker.post()
+        host_wake = self._host_wake
+        if host_wake is not None:  # stepped by a host's event loop: every post calls it (it coalesces them
+            host_wake()  # itself, and notices a host that has closed since the first post)
+        elif wake and self._get_ident() != self._owner:  # the loop's own thread takes its posts before it sleeps
+            self.waker.post()
 
     def _drain_posted(self) -> None:
         with self._mu:
@@ -302,9 +301,9 @@ class RealtimeLoop(EventLoop):
 
     def host_by(self, wake: Callable[[], None] | None) -> None:
         """Hand the stepping to a host (``wake``) or take it back (None). A host steps the loop from
-        its own event loop with :meth:`ready_in` and :meth:`run_next`; every wake-up (a post into an
-        empty list, from any thread, the host's own included) then calls ``wake()`` instead of
-        posting the waker, which nothing sleeps on any more."""
+        its own event loop with :meth:`ready_in` and :meth:`run_next`; every post (from any thread, the
+        host's own included) and every other wake-up then calls ``wake()`` instead of posting the
+        waker, which nothing sleeps on any more."""
         self._host_wake = wake
 
     def _advance(self, time_ms: float) -> None:

@@ -286,11 +286,13 @@ class Server:
         import select
 
         loop = asyncio.get_running_loop()
-        socks = [sock for site in (self._runner.sites if self._runner is not None else ())
-                 for sock in (getattr(getattr(site, "_server", None), "sockets", None) or ())]
+        listening = select.poll()  # (select.select refuses descriptors past 1023)
+        for site in (self._runner.sites if self._runner is not None else ()):
+            for sock in getattr(getattr(site, "_server", None), "sockets", None) or ():
+                listening.register(sock.fileno(), select.POLLIN)
         quiet = 0
         while quiet < 3 and loop.time() < deadline:
-            waiting = bool(socks) and bool(select.select(socks, [], [], 0)[0])
+            waiting = bool(listening.poll(0))
             quiet = 0 if waiting or self.core.books.in_flight() else quiet + 1
             await asyncio.sleep(0.01)
 
