@@ -198,14 +198,40 @@ def make_service(*, queue_limit: int = 1024, fake_delay_s: float = 0.0):
     return s
 
 
+_SLEEP_OP = []
+
+
+def _sleep_twice_op():
+    """``torch.ops.gpuloom_tests.sleep_twice(x, delay_s)``: sleeps, returns 2x. A custom operator, so
+    that the sleep survives compilation: a ``time.sleep`` in ``forward`` runs only while the model is
+    traced (the compiled model then answered in about 2 ms, and the tests built on it had nothing
+    queued when they stopped or overloaded the server)."""
+    if not _SLEEP_OP:
+        import torch
+
+        @torch.library.custom_op("gpuloom_tests::sleep_twice", mutates_args=(), schema="(Tensor x, float delay_s) -> Tensor")
+        def sleep_twice(x: torch.Tensor, delay_s: float) -> torch.Tensor:
+            time.sleep(delay_s)
+            return x * 2
+
+        @sleep_twice.register_fake
+        def _(x, delay_s):
+            return torch.empty_like(x)
+
+        _SLEEP_OP.append(torch.ops.gpuloom_tests.sleep_twice)
+    return _SLEEP_OP[0]
+
+
 def slow_net(delay_s: float = 0.05, features: int = 4):
-    """A module that sleeps ``delay_s`` per call and returns 2x its input (for overload/shutdown tests)."""
+    """A module that sleeps ``delay_s`` per call, compiled or not, and returns 2x its input (for
+    overload/shutdown tests)."""
     import torch
+
+    op = _sleep_twice_op()
 
     class SlowNet(torch.nn.Module):
         def forward(self, x):
-            time.sleep(delay_s)
-            return x * 2
+            return op(x, delay_s)
 
     cfg = svc.ModelConfig(
         name="slow", inputs=(svc.TensorSpec("x", (features,), "float32"),),

@@ -419,7 +419,7 @@ def test_a_request_over_the_planned_share_is_answered_429_and_booked_as_shed():
                          ids=["in-process-http", "2-http-workers", "runtime-on-http"])
 def test_graceful_stop_answers_every_queued_request(server_kw):
     service = serve_fake.make_service()
-    core, server, addr = _slow_server(service, 0.03, grpc_port=0, **server_kw)
+    core, server, addr = _slow_server(service, 0.05, grpc_port=0, **server_kw)
     results = []
     body = _infer_json([{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0] * 4}])
 
@@ -432,7 +432,8 @@ def test_graceful_stop_answers_every_queued_request(server_kw):
     threads = [threading.Thread(target=send) for _ in range(12)]
     for t in threads:
         t.start()
-    time.sleep(0.1)  # most are queued now
+    time.sleep(0.1)  # most are queued now: batches of at most 4, 50 ms each
+    assert core.books.snapshot()["slow"].in_flight >= 1  # (what the stop must drain)
     server.stop()
     for t in threads:
         t.join()
