@@ -198,6 +198,19 @@ def make_service(*, queue_limit: int = 1024, fake_delay_s: float = 0.0):
     return s
 
 
+#: how a test server parses HTTP: in the runtime's process, by two front-end workers, or in the
+#: runtime's process with the runtime's loop on the HTTP event loop (a fixture's params and ids)
+SERVER_VARIANTS = [0, 2, "runtime-on-http"]
+SERVER_VARIANT_IDS = ["in-process-http", "2-http-workers", "runtime-on-http"]
+
+
+def server_variant(param) -> dict:
+    """``Server`` keyword arguments for one of :data:`SERVER_VARIANTS`."""
+    if param == "runtime-on-http":
+        return {"http_workers": 0, "runtime_on": "http"}
+    return {"http_workers": param, "runtime_on": "thread"}
+
+
 _SLEEP_OP = []
 
 

@@ -28,7 +28,7 @@ from gpuloom.serve.server import ServeError, Server  # noqa: E402
 REPO = Path(__file__).resolve().parents[1] / "examples" / "repository"
 
 
-@pytest.fixture(scope="module", params=[0, 2, "runtime-on-http"], ids=["in-process-http", "2-http-workers", "runtime-on-http"])
+@pytest.fixture(scope="module", params=serve_fake.SERVER_VARIANTS, ids=serve_fake.SERVER_VARIANT_IDS)
 def served(request):
     """A server on loopback; every test using it runs three times: HTTP parsed in the runtime's process;
     by two front-end worker processes that pass tensors over a Unix socket (``--http-workers 2``); and
@@ -38,9 +38,7 @@ def served(request):
     core = ServeCore(service, repo, max_body_bytes=1 << 20)
     for name in repo.names():
         core.load(name)
-    hosted = request.param == "runtime-on-http"
-    server = Server(core, http_port=0, grpc_port=0, http_workers=0 if hosted else request.param,
-                    runtime_on="http" if hosted else "thread")
+    server = Server(core, http_port=0, grpc_port=0, **serve_fake.server_variant(request.param))
     addr = server.start()
     eager = {name: repo.models[name].build()[1] for name in repo.names()}
     yield addr, core, eager
@@ -415,11 +413,10 @@ def test_a_request_over_the_planned_share_is_answered_429_and_booked_as_shed():
     assert b.balanced() and b.rejected["shed"] == codes.count(429) and not b.rejected["overloaded"]
 
 
-@pytest.mark.parametrize("server_kw", [{"http_workers": 0}, {"http_workers": 2}, {"runtime_on": "http"}],
-                         ids=["in-process-http", "2-http-workers", "runtime-on-http"])
-def test_graceful_stop_answers_every_queued_request(server_kw):
+@pytest.mark.parametrize("variant", serve_fake.SERVER_VARIANTS, ids=serve_fake.SERVER_VARIANT_IDS)
+def test_graceful_stop_answers_every_queued_request(variant):
     service = serve_fake.make_service()
-    core, server, addr = _slow_server(service, 0.05, grpc_port=0, **server_kw)
+    core, server, addr = _slow_server(service, 0.05, grpc_port=0, **serve_fake.server_variant(variant))
     results = []
     body = _infer_json([{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0] * 4}])
 

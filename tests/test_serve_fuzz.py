@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1] / "examples" / "repository"
 schema = schemathesis.openapi.from_dict(openapi_document())
 
 
-@pytest.fixture(scope="module", params=[0, 2, "runtime-on-http"], ids=["in-process-http", "2-http-workers", "runtime-on-http"])
+@pytest.fixture(scope="module", params=serve_fake.SERVER_VARIANTS, ids=serve_fake.SERVER_VARIANT_IDS)
 def base_url(request):
     """The fuzzed server: HTTP parsed in the runtime's process, by two front-end workers, and in the
     runtime's process with the runtime's loop on the HTTP event loop."""
@@ -36,9 +36,7 @@ def base_url(request):
     service = serve_fake.make_service()
     core = ServeCore(service, repo, max_body_bytes=1 << 20)
     core.load("tiny_mlp")
-    hosted = request.param == "runtime-on-http"
-    server = Server(core, http_port=0, grpc_port=None, http_workers=0 if hosted else request.param,
-                    runtime_on="http" if hosted else "thread")
+    server = Server(core, http_port=0, grpc_port=None, **serve_fake.server_variant(request.param))
     addr = server.start()
     yield f"http://{addr.http_url}"
     server.stop()

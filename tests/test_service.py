@@ -922,6 +922,23 @@ def _asyncio_host():
     return aloop, th
 
 
+def _stop_host(aloop, th) -> None:
+    """Stop and close an :func:`_asyncio_host`."""
+    aloop.call_soon_threadsafe(aloop.stop)
+    th.join(5)
+    aloop.close()
+
+
+def _cpu_service_with(name: str, module, slo_ms: float) -> InferenceService:
+    """A started dstack service on the CPU serving ``module`` as ``name`` (X4 -> Y4, batches up to 8)."""
+    svc = InferenceService(policy="dstack", device="cpu")
+    svc.start()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no profile: a crude one
+        svc.load(ModelConfig(name, X4, Y4, max_batch=8, slo_ms=slo_ms), module)
+    return svc
+
+
 async def _infer_on_host(svc, name, x):
     """Submit from the host's thread (as an HTTP handler does) and await the answer there."""
     import asyncio
@@ -941,11 +958,7 @@ def test_a_hosted_runtime_queues_computes_and_answers_on_the_hosts_thread_and_ma
 
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 4).eval()
-    svc = InferenceService(policy="dstack", device="cpu")
-    svc.start()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        svc.load(ModelConfig("m", X4, Y4, max_batch=8, slo_ms=2000), model)
+    svc = _cpu_service_with("m", model, 2000)
     aloop, th = _asyncio_host()
     try:
         old_thread = svc._runtime._thread
@@ -991,9 +1004,7 @@ def test_a_hosted_runtime_queues_computes_and_answers_on_the_hosts_thread_and_ma
         assert not svc._runtime.running and not svc._runtime.hosted
         assert_books(svc)
     finally:
-        aloop.call_soon_threadsafe(aloop.stop)
-        th.join(5)
-        aloop.close()
+        _stop_host(aloop, th)
 
 
 def test_a_host_that_stops_first_hands_the_loop_back_and_close_still_answers_every_request():
@@ -1001,11 +1012,7 @@ def test_a_host_that_stops_first_hands_the_loop_back_and_close_still_answers_eve
 
     import torch
 
-    svc = InferenceService(policy="dstack", device="cpu")
-    svc.start()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        svc.load(ModelConfig("m", X4, Y4, max_batch=8, slo_ms=5000), torch.nn.Linear(4, 4).eval())
+    svc = _cpu_service_with("m", torch.nn.Linear(4, 4).eval(), 5000)
     aloop, th = _asyncio_host()
     svc.host_loop_on(aloop)
     x = np.ones((1, 4), np.float32)
@@ -1072,11 +1079,7 @@ class _Heavy:
 def test_a_take_back_while_the_runtimes_thread_still_decides_never_lets_two_threads_step_the_loop():
     import asyncio
 
-    svc = InferenceService(policy="dstack", device="cpu")
-    svc.start()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        svc.load(ModelConfig("heavy", X4, Y4, max_batch=8, slo_ms=20000), _Heavy.make())
+    svc = _cpu_service_with("heavy", _Heavy.make(), 20000)
     rt = svc._runtime
     inside, most, mu = [0], [0], threading.Lock()
     real = rt.loop.run_next
@@ -1110,11 +1113,7 @@ def test_a_host_that_closes_with_a_pump_still_queued_is_noticed_at_the_next_requ
 
     import torch
 
-    svc = InferenceService(policy="dstack", device="cpu")
-    svc.start()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        svc.load(ModelConfig("m", X4, Y4, max_batch=8, slo_ms=5000), torch.nn.Linear(4, 4).eval())
+    svc = _cpu_service_with("m", torch.nn.Linear(4, 4).eval(), 5000)
     aloop, th = _asyncio_host()
     svc.host_loop_on(aloop)
     x = np.ones((1, 4), np.float32)
@@ -1138,11 +1137,7 @@ def test_a_host_that_closes_with_a_pump_still_queued_is_noticed_at_the_next_requ
 def test_unhosting_before_the_hand_over_event_ran_cancels_it():
     import asyncio
 
-    svc = InferenceService(policy="dstack", device="cpu")
-    svc.start()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        svc.load(ModelConfig("heavy", X4, Y4, max_batch=8, slo_ms=20000), _Heavy.make())
+    svc = _cpu_service_with("heavy", _Heavy.make(), 20000)
     aloop, th = _asyncio_host()
     try:
         x = np.ones((1, 4), np.float32)
@@ -1155,6 +1150,4 @@ def test_unhosting_before_the_hand_over_event_ran_cancels_it():
         svc.close()
         assert_books(svc)
     finally:
-        aloop.call_soon_threadsafe(aloop.stop)
-        th.join(5)
-        aloop.close()
+        _stop_host(aloop, th)

@@ -272,12 +272,8 @@ class RealtimeLoop(EventLoop):
         if nxt < inf:
             return max(nxt - now, 1e-6)  # (a poller due now: call it again at once, but it is no event)
         with self._mu:
-            if self._posted:  # came in after the drain above
-                pass
-            elif not (self._expected or self._open):
-                return None
-            else:
-                return inf
+            if not self._posted:  # (else posts came in after the drain above: they are due now)
+                return inf if (self._expected or self._open) else None
         self._drain_posted()
         return 0.0
 
