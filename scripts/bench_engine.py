@@ -334,11 +334,28 @@ def compile_only(name: str, dtype: torch.dtype, batches: list[int], args) -> Non
         print(f"  prewarmed {name} {dtype} batch {b} in {time.perf_counter() - t0:.1f} s", flush=True)
 
 
+def pairs_from(models: str, dtypes: str, pairs: str | None) -> list[tuple[str, str]]:
+    """The (model, dtype) rows of a run in timing order: ``--pairs resnet50:float16,...`` as given, else
+    every model for each dtype. Pairs let one call time rows missing from earlier runs without timing
+    again the ones they have (densenet121 in float32 but not float16)."""
+    if not pairs:
+        return [(n, d) for d in dtypes.split(",") for n in models.split(",")]
+    out = []
+    for item in pairs.split(","):
+        name, sep, dtype_name = item.strip().partition(":")
+        if not sep or not name or dtype_name not in ("float32", "float16", "bfloat16"):
+            raise ValueError(f"--pairs wants MODEL:DTYPE items (DTYPE float32, float16 or bfloat16), got {item!r}")
+        out.append((name, dtype_name))
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="resnet50,resnet101,inception_v3,googlenet,mobilenet_v2,efficientnet_b0,"
                                        "efficientnet_b5,densenet121,nasnetalarge,bert_base")
     p.add_argument("--dtypes", default="float32,float16")
+    p.add_argument("--pairs", default=None,
+                   help="MODEL:DTYPE,... rows to time, in this order, instead of every --models for each --dtypes")
     p.add_argument("--batches", default="1,8")
     p.add_argument("--variants", default="eager,torch_compile,cuda_graph,gpuloom,gpuloom_cl_auto",
                    help="drop torch_compile to save its compile time; gpuloom_cl_auto (in by default since the "
@@ -365,6 +382,10 @@ def main() -> int:
     p.add_argument("--prewarm-only", action="store_true", help=argparse.SUPPRESS)  # a prewarm child
     args = p.parse_args()
     args.variants = set(args.variants.split(","))
+    try:
+        pairs = pairs_from(args.models, args.dtypes, args.pairs)
+    except ValueError as e:
+        p.error(str(e))
     batches = [int(b) for b in args.batches.split(",")]
     args.torch_compile_batches = {int(b) for b in args.torch_compile_batches.split(",") if b.strip()}
     if not 1 <= args.rounds <= args.iters:
@@ -374,16 +395,14 @@ def main() -> int:
     connections = prefer_all_connections()
     torch.backends.cudnn.benchmark = True
     if args.prewarm_only:
-        for dtype_name in args.dtypes.split(","):
-            for name in args.models.split(","):
-                compile_only(name, getattr(torch, dtype_name), batches, args)
+        for name, dtype_name in pairs:
+            compile_only(name, getattr(torch, dtype_name), batches, args)
         return 0
     prewarm = None
     if args.prewarm_jobs > 0 and args.isolate and "torch_compile" in args.variants:
         import os
 
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = args.inductor_cache  # the children inherit it
-        pairs = [(n, d) for d in args.dtypes.split(",") for n in args.models.split(",")]
         t0 = time.perf_counter()
         prewarm = {"jobs": args.prewarm_jobs, "cache": args.inductor_cache, "children": prewarm_torch_compile(pairs, args)}
         prewarm["seconds"] = round(time.perf_counter() - t0, 1)
@@ -405,25 +424,23 @@ def main() -> int:
         **({"prewarm": prewarm} if prewarm else {}),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    for dtype_name in args.dtypes.split(","):
-        dtype = getattr(torch, dtype_name)
-        for name in args.models.split(","):
-            print(f"{name} {dtype_name}", flush=True)
-            if args.isolate:
-                out["results"].append(run_child(name, dtype_name, args))
-                out["summary"] = summarize(out["results"])
-                Path(args.out).write_text(json.dumps(out, indent=1))
-                continue
-            try:
-                out["results"].append(bench_model(name, dtype, batches, args))
-            except Exception as e:  # keep going: one model's failure is a result too
-                traceback.print_exc()
-                out["results"].append({"model": name, "dtype": dtype_name, "error": f"{type(e).__name__}: {e}"[:2000]})
-            gc.collect()
-            torch.cuda.empty_cache()
-            torch._dynamo.reset()
+    for name, dtype_name in pairs:
+        print(f"{name} {dtype_name}", flush=True)
+        if args.isolate:
+            out["results"].append(run_child(name, dtype_name, args))
             out["summary"] = summarize(out["results"])
             Path(args.out).write_text(json.dumps(out, indent=1))
+            continue
+        try:
+            out["results"].append(bench_model(name, getattr(torch, dtype_name), batches, args))
+        except Exception as e:  # keep going: one model's failure is a result too
+            traceback.print_exc()
+            out["results"].append({"model": name, "dtype": dtype_name, "error": f"{type(e).__name__}: {e}"[:2000]})
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch._dynamo.reset()
+        out["summary"] = summarize(out["results"])
+        Path(args.out).write_text(json.dumps(out, indent=1))
     print(json.dumps(out["summary"], indent=1))
     return 0
 

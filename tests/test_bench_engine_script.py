@@ -133,3 +133,16 @@ def test_torch_compile_rows_also_judge_compiles_default_where_the_run_timed_it(t
     assert summary["default_rows"] == 1 and summary["default_wins"]["gpuloom"] == 1
     assert summary["wins"]["torch_compile"] == 2
 
+
+
+def test_pairs_time_the_rows_named_in_order_and_refuse_a_bad_item():
+    eng = load_script("bench_engine")
+    assert eng.pairs_from("a,b", "float32,float16", None) == [
+        ("a", "float32"), ("b", "float32"), ("a", "float16"), ("b", "float16")]
+    assert eng.pairs_from("ignored", "float32", "densenet121:float32,efficientnet_b5:float16") == [
+        ("densenet121", "float32"), ("efficientnet_b5", "float16")]
+    import pytest
+
+    for bad in ("densenet121", "densenet121:fp16", ":float32"):
+        with pytest.raises(ValueError, match="MODEL:DTYPE"):
+            eng.pairs_from("a", "float32", bad)
