@@ -116,6 +116,10 @@ class FakeService:
         with self._lock:
             return [c for c, _ in self._models.values()]
 
+    def config(self, name):
+        entry = self._models.get(name)
+        return entry[0] if entry is not None else None
+
     def ready(self, name):
         return name in self._models and not self._closed
 

@@ -150,7 +150,7 @@ class ModelConfig:
         return frozenset(t.name for t in self.inputs)
 
     @functools.cached_property
-    def _output_names(self) -> tuple[str, ...]:
+    def output_names(self) -> tuple[str, ...]:
         """The output names in order, made once: every answer is keyed by them."""
         return tuple(t.name for t in self.outputs)
 
@@ -549,6 +549,12 @@ class InferenceService:
         with self._lock:
             return [m.config for m in self._models.values()]
 
+    def config(self, name: str) -> ModelConfig | None:
+        """The config of loaded model ``name``, or None: one lookup, read per request by the server
+        (on the runtime's thread for the HTTP workers' requests), where :meth:`models` copies the list."""
+        m = self._models.get(name)
+        return m.config if m is not None else None
+
     # -- models -------------------------------------------------------------------------------
     def load(self, config: ModelConfig, module: Any) -> None:
         """Compile ``module`` (``gpuloom.compile`` with ``config.max_batch``), find its profile, re-plan
@@ -895,7 +901,7 @@ class InferenceService:
             m.compute_ms.add(call.compute_ms)
             m.total_ms.add((now - call.t0) * 1000.0)
             m.batch[call.batch] += 1
-            names = m.config._output_names
+            names = m.config.output_names
             if len(call.outputs) == 1:  # one row: a view of its batch's fresh output, no copy (the common case)
                 result = {nm: call.outputs[0][j][None] for j, nm in enumerate(names)}
             else:

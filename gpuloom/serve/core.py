@@ -117,9 +117,9 @@ class ServeCore:
 
     def config(self, name: str, version: str | None = None) -> Any:
         _version_check(name, version)
-        for c in self.service.models():
-            if c.name == name:
-                return c
+        c = self.service.config(name)
+        if c is not None:
+            return c
         known = sorted(c.name for c in self.service.models())
         raise ProtocolError(f"unknown model {name!r}; loaded models: {known}", 404)
 
@@ -128,7 +128,7 @@ class ServeCore:
         before spending compute. ``wanted``: output names, or None for all."""
         if wanted is None:
             return
-        have = {t.name for t in self.config(name, version).outputs}
+        have = self.config(name, version).output_names
         unknown = [n for n in wanted if n not in have]
         if unknown:
             raise ProtocolError(f"model {name!r} has no outputs {unknown}; it has {sorted(have)}", 400)
