@@ -132,7 +132,8 @@ def test_serve_rejects_a_bad_repository(tmp_path):
 def test_http_workers_default_to_four_on_a_host_with_cpus_to_spare_and_none_on_a_small_one():
     from gpuloom.commands.serve import default_http_workers, http_workers_arg
 
-    assert default_http_workers(16) == 4 and default_http_workers(8) == 4
+    assert default_http_workers(8) == 4 and default_http_workers(12) == 6 and default_http_workers(16) == 8
+    assert default_http_workers(64) == 8  # each worker's ring is looked at on every wake-up of the loop
     assert default_http_workers(2) == 0 and default_http_workers(None) == 0
     assert http_workers_arg("3") == 3 and http_workers_arg("0") == 0
     for bad in ("-1", "many"):

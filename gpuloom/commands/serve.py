@@ -25,8 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", default=None, help="comma-separated subset of the repository to load at start")
     p.add_argument("--http-workers", type=http_workers_arg, default=None, metavar="N|auto",
                    help="HTTP front-end processes that parse requests outside the runtime's process and share "
-                        "the port; 0: this process parses them; auto (default): 4 on a host with 8 or more CPUs, "
-                        "else 0 (always 0 with --runtime-on http)")
+                        "the port; 0: this process parses them; auto (default): half the CPUs, at most 8, on a host "
+                        "with 8 or more CPUs, else 0 (always 0 with --runtime-on http)")
     p.add_argument("--early-answer", action="store_true",
                    help="answer each request from its batch's completion thread, before the runtime's thread has "
                         "booked it (one thread hand-off less per answer)")
@@ -74,10 +74,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def default_http_workers(cpus: int | None) -> int:
-    """Front-end workers for ``auto``. Measured: on the H200 host (16 CPUs), mix6 x0.25 over HTTP kept
-    0.80 of the in-process goodput with 4 workers and 0.02 without; on a 2-CPU machine the workers
-    cost more than they saved (docs/reports/serving.md)."""
-    return 4 if (cpus or 1) >= 8 else 0
+    """Front-end workers for ``auto``: half the CPUs, at most 8, on a host with 8 or more; else none.
+    Measured (docs/reports/serving.md): on the H200 host (16 CPUs), mix6 x0.25 over HTTP kept 0.80 of
+    the in-process goodput with 4 workers and 0.02 without; at x1, 4 workers were saturated (0.78
+    CPU-s/s each, requests waited 55 ms in them at p50) and kept 0.077, where 8 kept 0.255 (run 81).
+    On a 2-CPU machine the workers cost more than they saved."""
+    cpus = cpus or 1
+    return min(8, cpus // 2) if cpus >= 8 else 0
 
 
 def _non_negative(text: str, expected: str) -> int:
