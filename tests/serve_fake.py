@@ -36,6 +36,10 @@ def _install_stub():
         weight: float = 1.0
         rate_hint: float = 50.0
 
+        @property
+        def output_names(self):
+            return tuple(t.name for t in self.outputs)
+
     class ServiceError(Exception):
         pass
 

@@ -21,8 +21,9 @@ def _spec(name, shape, dtype):
 
 @st.composite
 def _case(draw):
-    n_in = draw(st.integers(1, 3))
-    specs = [_spec(f"x{i}", draw(st.lists(st.sampled_from([-1, 1, 2, 3]), max_size=2)), draw(st.sampled_from(DTYPES)))
+    n_in = draw(st.integers(0, 3))
+    specs = [_spec(f"x{draw(st.integers(0, 3)) if draw(st.integers(0, 9)) == 0 else i}",  # now and then a repeated name
+                   draw(st.lists(st.sampled_from([-1, 1, 2, 3]), max_size=2)), draw(st.sampled_from(DTYPES)))
              for i in range(n_in)]
     config = SimpleNamespace(name="m", inputs=tuple(specs), max_batch=draw(st.integers(1, 4)))
     inputs = {}
@@ -32,7 +33,7 @@ def _case(draw):
         shape = [draw(st.integers(0, 5))] + [d if d > 0 and draw(st.integers(0, 7)) else draw(st.integers(1, 3))
                                              for d in s.shape]
         if draw(st.integers(0, 9)) == 0:
-            shape = shape[:-1] if len(shape) > 1 else shape + [1]  # a wrong rank
+            shape = shape[:-1] if draw(st.booleans()) else shape + [1]  # a wrong rank (a 0-d array among them)
         dtype = s.dtype if draw(st.integers(0, 7)) else draw(st.sampled_from(DTYPES))
         inputs[s.name] = np.zeros(shape, dtype=dtype)
     if draw(st.integers(0, 9)) == 0:
@@ -69,3 +70,12 @@ def test_exact_requests_pass_and_each_rule_still_refuses_with_what_was_expected(
     for expected, inputs in bad.items():
         with pytest.raises(ProtocolError, match=expected.replace("[", r"\[").replace("]", r"\]")):
             check_inputs(config, inputs)
+
+
+def test_specs_that_repeat_a_name_take_the_full_check():
+    """Only a config built by hand can repeat a name (ModelConfig refuses to): two specs named "a" must
+    not let an unexpected input through because each of them finds "a"."""
+    config = SimpleNamespace(name="m", inputs=(_spec("a", (2,), "float32"), _spec("a", (2,), "float32")), max_batch=4)
+    inputs = {"a": np.zeros((1, 2), np.float32), "extra": np.zeros((1, 2), np.float32)}
+    with pytest.raises(ProtocolError, match=r"unexpected \['extra'\]"):
+        check_inputs(config, inputs)

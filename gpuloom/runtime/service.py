@@ -145,7 +145,7 @@ class ModelConfig:
                              f"got {self.channels_last!r}")
 
     @functools.cached_property
-    def _input_names(self) -> frozenset[str]:
+    def input_names(self) -> frozenset[str]:
         """The input names as a set, made once: every submit checks a request's names against it."""
         return frozenset(t.name for t in self.inputs)
 
@@ -795,7 +795,7 @@ class InferenceService:
         if type(inputs) is not dict and not isinstance(inputs, Mapping):  # a dict skips the ABC check
             raise InvalidInput(f"inputs must be a dict of name -> numpy array; expected "
                                f"{', '.join(t.describe() for t in cfg.inputs)}")
-        if set(inputs) != cfg._input_names:
+        if set(inputs) != cfg.input_names:
             raise InvalidInput(f"model {cfg.name!r} expects inputs {[t.name for t in cfg.inputs]}, got {sorted(inputs)}")
         # the device copies each row when it stages it (CUDA: into pinned memory); else copy here,
         # as the caller may reuse its arrays once submit returns

@@ -239,7 +239,10 @@ def check_inputs(config: Any, inputs: Mapping[str, np.ndarray]) -> None:
     exactly passes in one look per input; anything else (a wildcard, an error) takes the full check.
     """
     specs = config.inputs
-    if len(inputs) == len(specs):
+    names = getattr(config, "input_names", None)  # ModelConfig's, made once; else made here
+    if names is None:
+        names = frozenset(s.name for s in specs)
+    if len(inputs) == len(specs) == len(names):  # (names that repeat in the specs: the full check says so)
         batch = None
         for spec in specs:
             arr = inputs.get(spec.name)
@@ -251,7 +254,7 @@ def check_inputs(config: Any, inputs: Mapping[str, np.ndarray]) -> None:
                 break
             batch = arr.shape[0]
         else:
-            if 1 <= batch <= config.max_batch:
+            if batch is not None and 1 <= batch <= config.max_batch:
                 return
     _check_inputs_fully(config, inputs)
 
