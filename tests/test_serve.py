@@ -490,12 +490,13 @@ def test_taken_port_gives_a_clear_error(served, workers):
 
 def test_deadline_header_and_timeout_parameter_reach_the_runtime(served, monkeypatch):
     addr, core, _ = served
-    seen = []
+    seen, waited = [], []
     real = core.service.submit
 
-    def spy(name, inputs, *, deadline_ms=None):
+    def spy(name, inputs, *, deadline_ms=None, waited_ms=0.0):
         seen.append(deadline_ms)
-        return real(name, inputs, deadline_ms=deadline_ms)
+        waited.append(waited_ms)
+        return real(name, inputs, deadline_ms=deadline_ms, waited_ms=waited_ms)
 
     monkeypatch.setattr(core.service, "submit", spy)
     x = [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [0.0] * 16}]
@@ -503,6 +504,8 @@ def test_deadline_header_and_timeout_parameter_reach_the_runtime(served, monkeyp
     assert _post(addr, "/v2/models/tiny_mlp/infer", _infer_json(x), {"X-Gpuloom-Deadline-Ms": "300"})[0] == 200
     assert _post(addr, "/v2/models/tiny_mlp/infer", _infer_json(x))[0] == 200
     assert seen == [250.0, 300.0, None]  # None: the runtime applies the model's SLO
+    # and how long the server held each before the runtime (the deadline counts from its handler)
+    assert len(waited) == 3 and all(0.0 < w < 1000.0 for w in waited), waited
 
 
 def test_a_client_that_leaves_mid_body_is_no_error_and_the_server_serves_on(served, request, caplog):

@@ -25,6 +25,7 @@ class EchoCore:
 
     def __init__(self) -> None:
         self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self.waited: list[float] = []  # waited_ms of each request submitted
         self._t = threading.Thread(target=self._run, daemon=True)
         self._t.start()
 
@@ -36,7 +37,8 @@ class EchoCore:
     def check_outputs(self, name, version, wanted) -> None:
         return None
 
-    def submit(self, name, version, inputs, deadline_ms):
+    def submit(self, name, version, inputs, deadline_ms, waited_ms=0.0):
+        self.waited.append(waited_ms)
         fut: cf.Future = cf.Future()
         self._q.put((fut, np.array(inputs["x"], copy=True)))
         return fut, None
@@ -114,6 +116,20 @@ def test_several_frames_in_one_send_are_each_answered(bridge):
         s.close()
         if shared is not None:
             shared.close()
+
+
+def test_a_frame_says_how_long_its_worker_held_it_and_a_bad_figure_counts_as_none(bridge):
+    """The deadline counts from the worker's handler: the frame's ``waited_ms`` reaches the core's
+    submit (a number only: anything else, from a worker that is not ours, counts as no wait)."""
+    s = _connect(bridge)
+    try:
+        x = np.ones((1, 4), np.float32)
+        s.sendall(_frame(1, x, waited_ms=12.5) + _frame(2, x, waited_ms="soon") + _frame(3, x))
+        got = _replies(s, 3)
+        assert all(got[i][0]["status"] == 200 for i in (1, 2, 3))
+        assert bridge.core.waited == [12.5, 0.0, 0.0]
+    finally:
+        s.close()
 
 
 def test_a_frame_split_over_many_sends_is_reassembled(bridge):

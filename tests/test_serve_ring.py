@@ -248,31 +248,32 @@ def test_a_worker_that_goes_away_ends_its_drain_thread(worker):
 
 
 # -- compact ring records (what workers write, and successful replies) ---------------------------
-def _compact(rid: int, x: np.ndarray, shared: arena.Arena, deadline_ms=None, model: str = "m") -> list:
+def _compact(rid: int, x: np.ndarray, shared: arena.Arena, deadline_ms=None, model: str = "m", waited_ms=0.0) -> list:
     from gpuloom.serve.frontend import _copy_into, _describe, ring_request
 
     off = shared.alloc(x.nbytes)
     tensors, bufs = _describe(["x"], [x])
     _copy_into(shared.view(off, x.nbytes), bufs)
-    return ring_request(rid, {"model": model, "version": None, "outputs": None}, tensors, off, deadline_ms)
+    return ring_request(rid, {"model": model, "version": None, "outputs": None}, tensors, off, deadline_ms, waited_ms)
 
 
 def test_compact_requests_are_answered_with_compact_replies_and_their_json_is_parsed_once(bridge, worker):
     shared, rings, _ = worker()
     seen = []
     submit = bridge.core.submit
-    bridge.core.submit = lambda name, version, inputs, deadline_ms: (seen.append((name, deadline_ms)),
-                                                                      submit(name, version, inputs, deadline_ms))[1]
+    bridge.core.submit = lambda name, version, inputs, deadline_ms, waited_ms: (
+        seen.append((name, deadline_ms, waited_ms)), submit(name, version, inputs, deadline_ms, waited_ms))[1]
     xs = {i: np.full((1 + i % 3, 4), i, np.float32) for i in range(60)}
-    for i, x in xs.items():
-        assert rings.send(_compact(i, x, shared, deadline_ms=None if i % 2 else 250.0 + i))
+    for i, x in xs.items():  # the time each waited in its worker comes along (the deadline counts from there)
+        assert rings.send(_compact(i, x, shared, deadline_ms=None if i % 2 else 250.0 + i, waited_ms=i / 8))
     got = _ring_replies(rings, 60)
     assert sorted(got) == list(xs)
     for i, x in xs.items():
         np.testing.assert_array_equal(got[i][1]["y"], 2 * x)
         assert got[i][0]["status"] == 200 and got[i][0]["service_ms"] >= 0
-    assert sorted(d for _, d in seen if d is not None) == [250.0 + i for i in range(0, 60, 2)]
-    assert sum(d is None for _, d in seen) == 30
+    assert sorted(d for _, d, _ in seen if d is not None) == [250.0 + i for i in range(0, 60, 2)]
+    assert sum(d is None for _, d, _ in seen) == 30
+    assert sorted(w for _, _, w in seen) == [i / 8 for i in range(60)]
     assert len(bridge._request_templates._known) == 3  # one JSON text per row count
     assert bridge.ring_requests == 60 and bridge.ring_replies == 60 and bridge.arena_requests == 60
 
@@ -283,15 +284,15 @@ def test_bad_compact_requests_are_answered_or_skipped_and_the_drain_goes_on(work
     shared, rings, _ = worker(1 << 16)
     x = np.ones((1, 4), np.float32)
     good = _compact(3, x, shared)
-    _, jlen, _, off, _ = RING_REQ.unpack(good[0])
-    assert rings.send([RING_REQ.pack(RING_MAGIC, jlen, 1, 1 << 30, float("nan")), good[1]])  # beyond the arena
-    assert rings.send([RING_REQ.pack(RING_MAGIC, 8, 2, off, float("nan")), b"not json"])
+    _, jlen, _, off, _, _ = RING_REQ.unpack(good[0])
+    assert rings.send([RING_REQ.pack(RING_MAGIC, jlen, 1, 1 << 30, float("nan"), 0.0), good[1]])  # beyond the arena
+    assert rings.send([RING_REQ.pack(RING_MAGIC, 8, 2, off, float("nan"), 0.0), b"not json"])
     wrong = good[1].replace(b'"nbytes": 16', b'"nbytes": 12')  # the bytes disagree with the shape
-    assert rings.send([RING_REQ.pack(RING_MAGIC, len(wrong), 4, off, float("nan")), wrong])
+    assert rings.send([RING_REQ.pack(RING_MAGIC, len(wrong), 4, off, float("nan"), 0.0), wrong])
     floats = good[1].replace(b'"shape": [1, 4]', b'"shape": [1.0, 4]')  # only integers make a shape
-    assert rings.send([RING_REQ.pack(RING_MAGIC, len(floats), 5, off, float("nan")), floats])
+    assert rings.send([RING_REQ.pack(RING_MAGIC, len(floats), 5, off, float("nan"), 0.0), floats])
     unknown = good[1].replace(b'"FP32"', b'"FP99"')  # no such datatype: the client's mistake, a 400
-    assert rings.send([RING_REQ.pack(RING_MAGIC, len(unknown), 6, off, float("nan")), unknown])
+    assert rings.send([RING_REQ.pack(RING_MAGIC, len(unknown), 6, off, float("nan"), 0.0), unknown])
     assert rings.send([RING_MAGIC + b"\0\0"])  # truncated: no id to answer, logged and skipped
     assert rings.send(good)
     got = _ring_replies(rings, 6)

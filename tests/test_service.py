@@ -226,6 +226,34 @@ def test_a_deadline_that_cannot_be_met_fails_with_deadline_exceeded(policy):
     svc.close()
 
 
+@pytest.mark.parametrize("policy", ["dstack", "triton"])
+def test_a_request_that_waited_its_deadline_away_in_a_worker_is_late_from_the_start(policy):
+    """``waited_ms``: the deadline (the SLO here, 500 ms) counts from when the front end took the request.
+    dstack drops one that waited all of it at its first look instead of serving it late; triton, which
+    drops nothing, serves it, booked late. One that waited part of its SLO is served on time, and an
+    explicit deadline that has waited away fails either way."""
+    svc = fake_service(policy=policy, latency_ms=5.0)
+    slo = svc.config("twice").slo_ms
+    assert svc.config("absent") is None
+    t0 = time.monotonic()
+    gone = svc.submit("twice", {"x": np.ones((1, 4), np.float32)}, waited_ms=slo + 1.0)
+    explicit = svc.submit("twice", {"x": np.ones((1, 4), np.float32)}, deadline_ms=2000.0, waited_ms=2000.0)
+    some = svc.submit("twice", {"x": np.ones((1, 4), np.float32)}, waited_ms=slo / 2)
+    with pytest.raises(DeadlineExceeded):
+        explicit.result(5)
+    if policy == "dstack":
+        with pytest.raises(DeadlineExceeded):
+            gone.result(5)
+    else:
+        assert gone.result(5)["y"][0, 0] == 2.0
+    assert time.monotonic() - t0 < slo / 1000.0  # answered at once, not once the SLO ran out here
+    assert some.result(5)["y"][0, 0] == 2.0
+    st = assert_books(svc)["models"]["twice"]
+    assert st["on_time"] == 1  # the one that had time left
+    assert st["dropped"] == ({"deadline": 2} if policy == "dstack" else {"deadline": 1})
+    svc.close()
+
+
 def test_unload_while_serving_lets_queued_and_running_requests_finish():
     svc = fake_service(latency_ms=10.0)
     futs = [svc.submit("twice", {"x": np.full((1, 4), i, np.float32)}) for i in range(8)]

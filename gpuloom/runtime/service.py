@@ -79,6 +79,9 @@ _DTYPES = ("float32", "float16", "float64", "int64", "int32", "int16", "int8", "
 #: ``str(x.dtype)`` against the name (~3.6 us: numpy builds a dtype's name in Python); the outcome is
 #: the same for every dtype (byte order, aliases such as "long", structured ones)
 _NP_DTYPES = {name: np.dtype(name) for name in _DTYPES}
+#: the deadline, ms from now, of a request that waited its whole deadline before it reached the
+#: service: past by the scheduler's next look, which drops it (DeadlineExceeded), books and all
+_NO_TIME_LEFT_MS = 1e-3
 _SERVED = Status.SERVED  # read per row answered (an Enum attribute costs more than a module constant)
 #: upper bounds (ms) of the latency histogram buckets; the last bucket is +inf
 LATENCY_BUCKETS_MS = (0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
@@ -667,12 +670,17 @@ class InferenceService:
                 thaw()
 
     # -- requests -----------------------------------------------------------------------------
-    def submit(self, name: str, inputs: Mapping[str, np.ndarray], *, deadline_ms: float | None = None
-               ) -> concurrent.futures.Future:
+    def submit(self, name: str, inputs: Mapping[str, np.ndarray], *, deadline_ms: float | None = None,
+               waited_ms: float = 0.0) -> concurrent.futures.Future:
         """Queue one request of ``n`` rows; its future gives ``{output name: array of n rows}``.
 
         ``deadline_ms``: answer within this many ms from now (default: the model's SLO); a request
         the scheduler cannot serve in time fails with :class:`DeadlineExceeded`.
+
+        ``waited_ms``: how long the request already waited before it reached the service (in an HTTP
+        front-end worker): its deadline, given or the SLO, counts from then, so the scheduler drops
+        what has no time left instead of serving it late. One that has waited its whole deadline
+        fails with DeadlineExceeded at the scheduler's next look.
 
         The inputs are copied before this returns, unless they lie in memory the device reads in
         place (``device.pinned_empty`` or ``device.register_host``: a worker's shared arena, a load
@@ -690,6 +698,8 @@ class InferenceService:
         if deadline_ms is not None and not (isinstance(deadline_ms, (int, float)) and deadline_ms > 0):
             raise InvalidInput(f"deadline_ms must be a positive number of ms, got {deadline_ms!r}")
         timeout_ms = float(deadline_ms) if deadline_ms is not None else m.config.slo_ms
+        if waited_ms > 0.0:  # (a NaN compares False: ignored)
+            timeout_ms = max(timeout_ms - waited_ms, _NO_TIME_LEFT_MS)
         if m.in_flight >= self.queue_limit:  # cheap early answer before staging (checked again below)
             with self._lock:
                 m.rejected += 1

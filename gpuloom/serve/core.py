@@ -145,8 +145,11 @@ class ServeCore:
         return (not self.closing) and self.service.is_live() and all(self.service.ready(c.name) for c in self.service.models())
 
     # -- inference -----------------------------------------------------------------------------
-    def submit(self, name: str, version: str | None, inputs: Mapping[str, np.ndarray], deadline_ms: float | None):
-        """Validate and submit; returns the runtime's concurrent Future. Raises ProtocolError (4xx/503)."""
+    def submit(self, name: str, version: str | None, inputs: Mapping[str, np.ndarray], deadline_ms: float | None,
+               waited_ms: float = 0.0):
+        """Validate and submit; returns the runtime's concurrent Future. Raises ProtocolError (4xx/503).
+        ``waited_ms``: how long the request has been in the server already (its deadline counts from
+        then: ``InferenceService.submit``)."""
         if self.closing:
             self.books.reject(name, "shutting_down")
             raise ProtocolError("server is shutting down; not accepting new requests", 503, retry_after_s=1.0)
@@ -162,7 +165,7 @@ class ServeCore:
             raise
         svc = self.svc
         try:
-            fut = self.service.submit(name, dict(inputs), deadline_ms=deadline_ms)
+            fut = self.service.submit(name, dict(inputs), deadline_ms=deadline_ms, waited_ms=waited_ms)
         except svc.InvalidInput as e:
             self.books.reject(name, "invalid_input")
             raise ProtocolError(f"invalid input for model {name!r}: {e}", 400) from None
@@ -201,10 +204,11 @@ class ServeCore:
         self.books.finish(name, "success", rows=rows, us=(time.perf_counter() - t0) * 1e6)
         return out
 
-    async def infer(self, name: str, version: str | None, inputs: Mapping[str, np.ndarray], deadline_ms: float | None):
+    async def infer(self, name: str, version: str | None, inputs: Mapping[str, np.ndarray], deadline_ms: float | None,
+                    waited_ms: float = 0.0):
         """Submit and await; returns ``{output name: ndarray}`` or raises ProtocolError."""
         t0 = time.perf_counter()
-        fut, _ = self.submit(name, version, inputs, deadline_ms)
+        fut, _ = self.submit(name, version, inputs, deadline_ms, waited_ms)
         rows = next(iter(inputs.values())).shape[0]
         try:
             await asyncio.wrap_future(fut)

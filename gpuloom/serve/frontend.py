@@ -56,7 +56,8 @@ log = logging.getLogger(__name__)
 
 FRAME = struct.Struct("!IQ")
 RING_MAGIC = b"\xff\xff\xff\xff"  # no frame's JSON is 4 GiB long: a compact ring record follows
-RING_REQ = struct.Struct("<4sIQQd")  # magic, JSON bytes, request id, arena offset, deadline ms (NaN: none)
+RING_REQ = struct.Struct("<4sIQQdd")  # magic, JSON bytes, request id, arena offset, deadline ms (NaN: none),
+#                                      ms the request had been in the worker (from its handler) when passed on
 RING_OK = struct.Struct("<4sIQQd")  # magic, JSON bytes, payload bytes, request id, service ms
 _TEMPLATES_MAX = 1024  # distinct JSON texts a side remembers (then it starts over)
 _TEMPLATE_BYTES_MAX = 4096  # longer texts (client-chosen names can be long) are parsed each time, not kept
@@ -163,12 +164,13 @@ def _is_int(x: Any) -> bool:
     return type(x) is int  # not bool, not float
 
 
-def ring_request(rid: int, meta: dict, tensors: list[dict], arena_offset: int, deadline_ms: float | None) -> list[Any]:
+def ring_request(rid: int, meta: dict, tensors: list[dict], arena_offset: int, deadline_ms: float | None,
+                 waited_ms: float = 0.0) -> list[Any]:
     """A worker's compact request record (its tensors already in the arena at ``arena_offset``)."""
     js = json.dumps({"model": meta["model"], "version": meta.get("version"), "outputs": meta.get("outputs"),
                      "tensors": tensors}).encode()
     return [RING_REQ.pack(RING_MAGIC, len(js), rid, arena_offset,
-                          math.nan if deadline_ms is None else float(deadline_ms)), js]
+                          math.nan if deadline_ms is None else float(deadline_ms), float(waited_ms)), js]
 
 
 def _reply_key(names: list[str], arrays: list[np.ndarray]) -> tuple:
@@ -352,14 +354,15 @@ class InferBridge:
         except Exception as e:  # noqa: BLE001 - a malformed frame: answered, never a dead worker
             send(_failure_frame(rid, e))
             return
+        waited = meta.get("waited_ms", 0.0)
         self._submit(send, ok, rid, meta["model"], meta.get("version"), meta.get("outputs"), meta.get("deadline_ms"),
-                     inputs, in_arena)
+                     inputs, in_arena, waited if isinstance(waited, (int, float)) else 0.0)
 
     def _take_compact(self, send: Callable[[list], None], ok: Callable[..., None], record: memoryview,
                       shared: memoryview | None, in_arena: "_Outstanding") -> None:
         """Submit one compact ring request (``RING_REQ``): its JSON parsed and checked once per text."""
         try:
-            _, jlen, rid, off, deadline = RING_REQ.unpack_from(record)
+            _, jlen, rid, off, deadline, waited = RING_REQ.unpack_from(record)
         except struct.error:  # no id to answer: the worker's request times out
             log.error("a truncated compact record (%d bytes) in a worker's request ring", len(record))
             return
@@ -375,7 +378,7 @@ class InferBridge:
             send(_failure_frame(rid, e))
             return
         self._submit(send, ok, rid, t.model, t.version, t.outputs, None if math.isnan(deadline) else deadline,
-                     inputs, in_arena)
+                     inputs, in_arena, waited)
 
     def _ring_taker(self, rings: Any, send: Callable[[list], None], ok: Callable[..., None],
                     shared: memoryview | None, in_arena: "_Outstanding") -> "_RingTaker":
@@ -529,15 +532,16 @@ class InferBridge:
 
     def _submit(self, send: Callable[[list], None], ok: Callable[..., None], rid: int, name: str,
                 version: str | None, outputs: Any, deadline_ms: float | None, inputs: dict[str, np.ndarray],
-                in_arena: "_Outstanding | None" = None) -> None:
+                in_arena: "_Outstanding | None" = None, waited_ms: float = 0.0) -> None:
         """Submit one request's checked ``inputs``; its answer goes back through ``ok`` (served) or as
-        a frame through ``send`` (an error), from the thread that answers the future."""
+        a frame through ``send`` (an error), from the thread that answers the future. ``waited_ms``: how
+        long the worker had held it (its deadline counts from the worker's handler)."""
         t0 = time.perf_counter()
         try:
             first = next(iter(inputs.values()), None)  # rows for the books; a scalar is refused by submit
             rows = first.shape[0] if first is not None and first.ndim else 0  # (never fails after submit)
             self.core.check_outputs(name, version, outputs)
-            fut, _ = self.core.submit(name, version, inputs, deadline_ms)
+            fut, _ = self.core.submit(name, version, inputs, deadline_ms, waited_ms)
         except Exception as e:  # noqa: BLE001 - a malformed frame: answered, never a dead worker
             send(_failure_frame(rid, e))
             return
@@ -876,7 +880,10 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_b
         rid = state["next"]
         fut = asyncio.get_running_loop().create_future()
         state["pending"][rid] = fut
-        meta = {"id": rid, "model": name, "version": version, "deadline_ms": deadline,
+        # the deadline (given, or the model's SLO) counts from this handler, not from the runtime's
+        # intake: a worker that falls behind hands on requests with less time left (run 81: 55 ms at p50)
+        waited = (time.perf_counter() - t_in) * 1e3
+        meta = {"id": rid, "model": name, "version": version, "deadline_ms": deadline, "waited_ms": waited,
                 "outputs": list(req.outputs) if req.outputs is not None else None}
         arrays = list(req.inputs.values())
         nbytes = sum(a.nbytes for a in arrays)
@@ -890,7 +897,7 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_b
             _copy_into(shared.view(block, nbytes), bufs)
             frame = None
         t_bridge = time.perf_counter()
-        if block is None or rings is None or not rings.send(ring_request(rid, meta, tensors, block, deadline)):
+        if block is None or rings is None or not rings.send(ring_request(rid, meta, tensors, block, deadline, waited)):
             if frame is None:  # the ring is full: the socket, its tensors still in the arena
                 js = json.dumps(dict(meta, arena=block, tensors=tensors)).encode()
                 frame = [FRAME.pack(len(js), 0), js]

@@ -139,6 +139,7 @@ def build_app(core: ServeCore) -> web.Application:
 
         @r.post(base + "/infer")
         async def infer(request):
+            t_in = time.perf_counter()  # the deadline counts from here (the body may still be arriving)
             name = request.match_info["model"]
             version = _version(request)
             body = await request.read()  # aiohttp undoes gzip/deflate Content-Encoding, within client_max_size
@@ -146,7 +147,7 @@ def build_app(core: ServeCore) -> web.Application:
             deadline = deadline_ms_from_parameters(req.parameters, request.headers.get(DEADLINE_HEADER))
             core.check_outputs(name, version, req.outputs)
             t0 = time.perf_counter()
-            outputs = await core.infer(name, version, req.inputs, deadline)
+            outputs = await core.infer(name, version, req.inputs, deadline, (t0 - t_in) * 1e3)
             return infer_response(name, outputs, req, {"service": (time.perf_counter() - t0) * 1e3})
 
     @r.post("/v2/repository/index")
