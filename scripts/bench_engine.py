@@ -428,17 +428,15 @@ def main() -> int:
         print(f"{name} {dtype_name}", flush=True)
         if args.isolate:
             out["results"].append(run_child(name, dtype_name, args))
-            out["summary"] = summarize(out["results"])
-            Path(args.out).write_text(json.dumps(out, indent=1))
-            continue
-        try:
-            out["results"].append(bench_model(name, getattr(torch, dtype_name), batches, args))
-        except Exception as e:  # keep going: one model's failure is a result too
-            traceback.print_exc()
-            out["results"].append({"model": name, "dtype": dtype_name, "error": f"{type(e).__name__}: {e}"[:2000]})
-        gc.collect()
-        torch.cuda.empty_cache()
-        torch._dynamo.reset()
+        else:
+            try:
+                out["results"].append(bench_model(name, getattr(torch, dtype_name), batches, args))
+            except Exception as e:  # keep going: one model's failure is a result too
+                traceback.print_exc()
+                out["results"].append({"model": name, "dtype": dtype_name, "error": f"{type(e).__name__}: {e}"[:2000]})
+            gc.collect()
+            torch.cuda.empty_cache()
+            torch._dynamo.reset()
         out["summary"] = summarize(out["results"])
         Path(args.out).write_text(json.dumps(out, indent=1))
     print(json.dumps(out["summary"], indent=1))
