@@ -35,6 +35,7 @@ import argparse
 import datetime
 import gc
 import json
+import re
 import sys
 import time
 import traceback
@@ -247,6 +248,9 @@ def summarize(results: list[dict]) -> dict:
     return s
 
 
+_CPP_FRAME = re.compile(r"^frame #\d+: ")
+
+
 def run_child(name: str, dtype_name: str, args: argparse.Namespace) -> dict:
     """One (model, dtype) in a child process; its result, or an error entry with the child's last words.
 
@@ -265,7 +269,9 @@ def run_child(name: str, dtype_name: str, args: argparse.Namespace) -> dict:
                "--out", str(child_out)] + ([] if args.lower_bound else ["--no-lower-bound"])
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.model_timeout)
-            tail, rc = (proc.stdout + proc.stderr)[-3000:], proc.returncode
+            # C++ stack frames ("frame #7: ...") would fill the tail and push out the error's own message
+            said = "\n".join(line for line in (proc.stdout + proc.stderr).splitlines() if not _CPP_FRAME.match(line))
+            tail, rc = said[-3000:], proc.returncode
         except subprocess.TimeoutExpired as e:
             tail, rc = f"timed out after {args.model_timeout:.0f} s: {str(e.stdout or '')[-2000:]}", None
         print(tail if rc else "\n".join(l for l in tail.splitlines() if l.startswith("  ")), flush=True)

@@ -146,3 +146,21 @@ def test_pairs_time_the_rows_named_in_order_and_refuse_a_bad_item():
     for bad in ("densenet121", "densenet121:fp16", ":float32"):
         with pytest.raises(ValueError, match="MODEL:DTYPE"):
             eng.pairs_from("a", "float32", bad)
+
+
+def test_a_child_that_aborts_keeps_its_error_message_past_the_cpp_stack_frames(monkeypatch):
+    """Run 26: torch's SIGABRT printed the error, then ~30 C++ frames that filled the kept tail."""
+    import subprocess
+    import types
+
+    eng = load_script("bench_engine")
+    said = ("timing nasnetalarge\nRuntimeError: CUDA error: operation not permitted when stream is capturing\n"
+            "Exception raised from insert_events at CUDACachingAllocator.cpp:3726 (most recent call first):\n"
+            + "".join(f"frame #{i}: /opt/lib/libtorch_python.so(+0x{i:06x}) [0x7f{i:010x}]\n" for i in range(120)))
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a[0], -6, "", said))
+    args = types.SimpleNamespace(batches="1,8", variants={"eager"}, torch_compile_batches={1}, warmup=1, iters=1,
+                                 rounds=1, lower_bound=False, model_timeout=5)
+    res = eng.run_child("nasnetalarge", "float16", args)
+    assert res["error"].startswith("child exited with -6")
+    assert "operation not permitted when stream is capturing" in res["error"]
+    assert "frame #" not in res["error"]
