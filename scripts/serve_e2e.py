@@ -50,6 +50,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from gpuloom.commands.serve import default_http_workers, http_workers_arg  # noqa: E402
+
 IN_PROGRESS = "in progress: the run ended before its last scale"  # the report's error while measuring
 SCHEMA = "gpuloom.serve_e2e/1"
 TARGET = 0.9  # issue 6: HTTP goodput >= 90% of in-process goodput
@@ -72,8 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profiles", metavar="DIR", default=None,
                    help="profile directory (default: shipped H200 profiles on CUDA; crude ones with --tiny)")
     p.add_argument("--queue-limit", type=int, default=1024, help="per-model queue bound (default 1024)")
-    p.add_argument("--http-workers", type=int, default=0,
-                   help="HTTP front-end worker processes of the server (gpuloom serve --http-workers; default 0)")
+    p.add_argument("--http-workers", type=http_workers_arg, default=0, metavar="N|auto",
+                   help="HTTP front-end worker processes of the server (gpuloom serve --http-workers; auto: "
+                        "gpuloom serve's default for this host; default 0)")
     p.add_argument("--worker-ring-kb", type=int, default=None, metavar="KIB",
                    help="the front-end workers' shared rings (gpuloom serve --http-worker-ring-kb; 0: requests and "
                         "replies over the socket bridge; default: the server's)")
@@ -111,6 +114,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", metavar="FILE", default=None, help="write the JSON report here")
     p.add_argument("--client-spec", default=None, help=argparse.SUPPRESS)  # internal: run as a client process
     args = p.parse_args(argv)
+    if args.http_workers == "auto":
+        args.http_workers = default_http_workers(os.cpu_count())
     if args.client_spec is None:
         if not args.workload:
             p.error("the workload file is required")

@@ -162,3 +162,16 @@ def test_views_with_torch_launches_are_refused_before_anything_is_built(tmp_path
     p = subprocess.run([sys.executable, str(SCRIPT), str(wl), "--tiny", "--device", "cpu", "--outputs", "views",
                         "--torch-launch"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert p.returncode == 2 and "drop --torch-launch" in p.stderr
+
+
+def test_http_workers_auto_is_gpuloom_serves_default_for_this_host():
+    import os
+
+    from script_loader import load_script
+
+    from gpuloom.commands.serve import default_http_workers
+
+    e2e = load_script("serve_e2e")
+    assert e2e.parse_args(["examples/mix6.yaml", "--http-workers", "auto"]).http_workers == \
+        default_http_workers(os.cpu_count())
+    assert e2e.parse_args(["examples/mix6.yaml", "--http-workers", "3"]).http_workers == 3
