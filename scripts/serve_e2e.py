@@ -74,9 +74,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profiles", metavar="DIR", default=None,
                    help="profile directory (default: shipped H200 profiles on CUDA; crude ones with --tiny)")
     p.add_argument("--queue-limit", type=int, default=1024, help="per-model queue bound (default 1024)")
-    p.add_argument("--http-workers", type=http_workers_arg, default=0, metavar="N|auto",
+    p.add_argument("--http-workers", default="0", metavar="N|auto[,N...]",
                    help="HTTP front-end worker processes of the server (gpuloom serve --http-workers; auto: "
-                        "gpuloom serve's default for this host; default 0)")
+                        "gpuloom serve's default for this host; default 0). Several, comma-separated: each scale's "
+                        "HTTP leg once per count, each with a server of its own on the same loaded service, so "
+                        "the counts are compared in one process (see --rounds)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="repeat each scale's legs this many times (in-process, then the HTTP legs, their order "
+                        "reversed every other round: A B B A), one point each: how much a leg varies on this "
+                        "host, measured beside what is compared (default 1)")
     p.add_argument("--worker-ring-kb", type=int, default=None, metavar="KIB",
                    help="the front-end workers' shared rings (gpuloom serve --http-worker-ring-kb; 0: requests and "
                         "replies over the socket bridge; default: the server's)")
@@ -114,8 +120,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", metavar="FILE", default=None, help="write the JSON report here")
     p.add_argument("--client-spec", default=None, help=argparse.SUPPRESS)  # internal: run as a client process
     args = p.parse_args(argv)
-    if args.http_workers == "auto":
-        args.http_workers = default_http_workers(os.cpu_count())
+    try:
+        counts = [http_workers_arg(x.strip()) for x in str(args.http_workers).split(",")]
+    except argparse.ArgumentTypeError as e:
+        p.error(f"--http-workers: {e}")
+    # the counts to compare, in order; http_workers stays one number when one is given
+    args.http_workers_list = [default_http_workers(os.cpu_count()) if c == "auto" else c for c in counts]
+    args.http_workers = args.http_workers_list[0] if len(args.http_workers_list) == 1 else args.http_workers_list
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
     if args.client_spec is None:
         if not args.workload:
             p.error("the workload file is required")
@@ -376,7 +389,9 @@ def print_table(rep: dict, pt: dict) -> None:
     head = (f"{'model':<16}{'offered/s':>10}{'good in/s':>10}{'good http/s':>12}{'ratio':>7}"
             f"{'attain in':>10}{'attain http':>12}{'p50 in':>8}{'p50 http':>9}{'p99 in':>8}{'p99 http':>9}")
     print(f"serve_e2e {rep['workload']} x{pt['scale']:g} policy {rep['policy']} on {rep['device']}"
-          f"{' (tiny models)' if rep['tiny'] else ''}, {rep['duration_s']:g} s per leg, {pt['clients']} client process(es)")
+          f"{' (tiny models)' if rep['tiny'] else ''}, {rep['duration_s']:g} s per leg, {pt['clients']} client process(es), "
+          f"{pt.get('http_workers', 0)} front-end worker(s)"
+          + (f", round {pt.get('round', 0) + 1} of {rep['rounds']}" if rep.get("rounds", 1) > 1 else ""))
     print(head)
     rows = [(m, ip["models"][m], ht["models"][m]) for m in ip["models"]] + [("TOTAL", ip, ht)]
     for name, a, b in rows:
@@ -409,12 +424,9 @@ def run(args: argparse.Namespace) -> int:
     prefer_all_connections()  # as gpuloom serve does, before CUDA starts
     import torch
 
-    from gpuloom.bench.e2e import (build_models, hist_delta, resolve_device_and_profiles, run_point, save_json,
-                                   service_snapshot)
+    from gpuloom.bench.e2e import build_models, resolve_device_and_profiles, run_point, save_json
     from gpuloom.bench.workload import WorkloadError, arrival_times, load_workload
     from gpuloom.runtime.service import InferenceService
-    from gpuloom.runtime.gcpause import GcMonitor
-    from gpuloom.runtime.threadcpu import cpu_share
     from gpuloom.bench.machine import describe_machine, summary
     from gpuloom.serve.core import ServeCore
     from gpuloom.serve.server import Server
@@ -486,7 +498,9 @@ def run(args: argparse.Namespace) -> int:
             "clients": clients, "http_workers": args.http_workers, "lookahead_ms": svc.lookahead_ms,
             "raw_launch": bool(getattr(svc.device, "raw_launch", False)), "complete_on": svc.complete_on,
             "outputs": svc.outputs, "target": TARGET, "ok": ok, "error": error,
-            "summary": [{"scale": p["scale"], "offered_rps": p["offered_rps"],
+            "rounds": args.rounds,
+            "summary": [{"scale": p["scale"], "http_workers": p["http_workers"], "round": p["round"],
+                         "offered_rps": p["offered_rps"],
                          "inprocess_goodput_rps": p["inprocess"]["goodput_rps"],
                          "http_goodput_rps": p["http"]["goodput_rps"], "ratio": p["ratio"]["goodput"],
                          "meets_target": p["meets_target"]} for p in points],
@@ -509,70 +523,47 @@ def run(args: argparse.Namespace) -> int:
         for cfg, _ in models.values():  # warm the in-process path once, as gpuloom bench does
             svc.submit(cfg.name, {t.name: np.zeros((1, *t.shape), t.dtype) for t in cfg.inputs},
                        deadline_ms=60_000).result(60)
-        core = ServeCore(svc, None)
-        server = Server(core, host="127.0.0.1", http_port=0, grpc_port=None, http_workers=args.http_workers,
-                        worker_ring_kb=args.worker_ring_kb, worker_cpus=other_cpus, ring_drain_on=args.ring_drain_on)
-        addr = server.start()
-        http_warmup(addr.http_url, svc.models())
-        say(f"HTTP server on http://{addr.http_url} (the gpuloom serve code, in this process)")
         for scale in args.scales:
             wl = dataclasses.replace(workload.scaled(scale), duration_s=args.duration)
             rates = {m.name: wl.mean_rate(m) for m in wl.models}
             times = arrival_times(wl)  # what run_point replays; the HTTP clients send the same times
             n = sum(len(t) for t in times.values())
-
-            if args.retune:
-                svc.retune(rates)
-            say(f"x{scale:g} in-process: {n / args.duration:.0f} req/s for {args.duration:g} s")
-            cpu0 = svc.loop_cpu(True) if args.loop_cpu else None
-            t_cpu = time.monotonic()
-            inproc = inproc_summary(run_point(svc, workload, args.policy, scale=scale, duration_s=args.duration,
-                                              arrivals=args.inprocess_arrivals,
-                                              pinned_inputs=not args.inprocess_copies))
-            if cpu0 is not None:
-                inproc["loop_cpu"] = loop_cpu_window(svc, cpu0, t_cpu, inproc.get("submitted"), say)
-
-            if args.retune:
-                svc.retune(rates)
-            _settle(core)
-            books0 = core.books.snapshot()
-            snap0 = service_snapshot(svc)
-            t_leg = time.monotonic()
-            say(f"x{scale:g} HTTP: {clients} client process(es)")
-            cpu0 = svc.loop_cpu(True) if args.loop_cpu else None
-            workers0 = worker_cpu(server)
-            with tempfile.TemporaryDirectory(prefix="serve_e2e.") as tmp:
-                res, used = drive_http(addr.http_url, times, slos, clients=clients, timeout_s=args.timeout,
-                                       workdir=Path(tmp), cpus=other_cpus)
-            _settle(core, 10.0)
-            http = http_summary(res, slos, args.duration)
-            # each worker's CPU-s per s, busiest first: one near 1.0 is the HTTP path's limit (a worker
-            # started during the leg counts from zero, as cpu_share counts a new thread)
-            shares = cpu_share(workers0, worker_cpu(server), time.monotonic() - t_leg)
-            http["worker_cpu_s_per_s"] = sorted(shares.values(), reverse=True)
-            snap1 = service_snapshot(svc)  # re-plans during the leg (each drains the partitions; a new layout is captured)
-            http["layout_changes"] = snap1["layout_swaps"] - snap0["layout_swaps"]
-            http["layouts_built"] = snap1["layouts_built"] - snap0["layouts_built"]
-            for m, v in http["models"].items():  # the service's split, as the in-process leg reports it
-                v["queue_ms"] = hist_delta(snap0, snap1, m, "queue_ms")
-                v["compute_ms"] = hist_delta(snap0, snap1, m, "compute_ms")
-            http["gc"] = GcMonitor.installed().since(t_leg)  # collector pauses in this (the server's) process
-            http["loop_lag"] = svc.loop_lag(t_leg)
-            http["thread_cpu"] = cpu_share(snap0["threads"], snap1["threads"], snap1["t"] - snap0["t"])  # this process
-            if cpu0 is not None:
-                http["loop_cpu"] = loop_cpu_window(svc, cpu0, t_leg, http.get("submitted"), say)
-            bridge = getattr(server, "_bridge", None)
-            if bridge is not None:  # requests through a worker's arena, page-locked or not, or inline
-                http["bridge"] = {"arena_requests": bridge.arena_requests, "inline_requests": bridge.inline_requests,
-                                  "ring_requests": bridge.ring_requests, "loop_requests": bridge.loop_requests,
-                                  "ring_replies": bridge.ring_replies,
-                                  "pinned_arenas": bridge.pinned_arenas}
-            points.append(make_point(scale, args.duration, inproc, http, books_delta(books0, core.books.snapshot()), times, used))
-            say(f"x{scale:g}: goodput in-process {inproc['goodput_rps']:.1f}/s, HTTP {http['goodput_rps']:.1f}/s, "
-                f"ratio {points[-1]['ratio']['goodput']}")
-            say(f"  busiest client process {http['client_cpu_max_s_per_s']:.2f} CPU-s/s; workers "
-                f"{[round(x, 2) for x in http['worker_cpu_s_per_s']]} CPU-s/s")
-            save(make_report(IN_PROGRESS))  # a run killed at the next scale keeps this one
+            for rnd in range(args.rounds):
+                if args.retune:
+                    svc.retune(rates)
+                say(f"x{scale:g} in-process: {n / args.duration:.0f} req/s for {args.duration:g} s"
+                    + (f" (round {rnd + 1} of {args.rounds})" if args.rounds > 1 else ""))
+                cpu0 = svc.loop_cpu(True) if args.loop_cpu else None
+                t_cpu = time.monotonic()
+                inproc = inproc_summary(run_point(svc, workload, args.policy, scale=scale, duration_s=args.duration,
+                                                  arrivals=args.inprocess_arrivals,
+                                                  pinned_inputs=not args.inprocess_copies))
+                if cpu0 is not None:
+                    inproc["loop_cpu"] = loop_cpu_window(svc, cpu0, t_cpu, inproc.get("submitted"), say)
+                counts = args.http_workers_list if rnd % 2 == 0 else args.http_workers_list[::-1]
+                for workers in counts:
+                    # a server of its own per leg, on the same loaded service (left running at its stop)
+                    core = ServeCore(svc, None)
+                    server = Server(core, host="127.0.0.1", http_port=0, grpc_port=None, http_workers=workers,
+                                    worker_ring_kb=args.worker_ring_kb, worker_cpus=other_cpus,
+                                    ring_drain_on=args.ring_drain_on, close_service=False)
+                    addr = server.start()
+                    http_warmup(addr.http_url, svc.models())
+                    say(f"HTTP server on http://{addr.http_url} with {workers} front-end worker(s) "
+                        f"(the gpuloom serve code, in this process)")
+                    try:
+                        http, server_books, used = http_leg(args, svc, core, server, addr.http_url, times, slos,
+                                                            clients, other_cpus, scale, rates, say)
+                    finally:
+                        server.stop()
+                        server = None
+                    points.append(make_point(scale, args.duration, inproc, http, server_books, times, used,
+                                             http_workers=workers, round_=rnd))
+                    say(f"x{scale:g}, {workers} worker(s): goodput in-process {inproc['goodput_rps']:.1f}/s, "
+                        f"HTTP {http['goodput_rps']:.1f}/s, ratio {points[-1]['ratio']['goodput']}")
+                    say(f"  busiest client process {http['client_cpu_max_s_per_s']:.2f} CPU-s/s; workers "
+                        f"{[round(x, 2) for x in http['worker_cpu_s_per_s']]} CPU-s/s")
+                    save(make_report(IN_PROGRESS))  # a run killed at the next leg keeps this one
     except Exception as e:  # noqa: BLE001 - the points measured so far are still reported
         import traceback
 
@@ -593,6 +584,54 @@ def run(args: argparse.Namespace) -> int:
     if error:
         print(f"FAILED: {error}")
     return 0 if report["ok"] else 1
+
+
+def http_leg(args: argparse.Namespace, svc: Any, core: Any, server: Any, url: str, times: dict[str, list[float]],
+             slos: dict[str, float], clients: int, other_cpus: set[int] | None, scale: float,
+             rates: dict[str, float], say: Any) -> tuple[dict, dict, int]:
+    """One HTTP leg through ``server``: the clients replay ``times``; returns its summary (with the
+    server process's own figures: workers' CPU, the service's queue/compute split, collector pauses,
+    the loop thread's lag and CPU, the bridge's counts), the server's books for the leg, and the
+    number of client processes used."""
+    from gpuloom.bench.e2e import hist_delta, service_snapshot
+    from gpuloom.runtime.gcpause import GcMonitor
+    from gpuloom.runtime.threadcpu import cpu_share
+
+    if args.retune:
+        svc.retune(rates)
+    _settle(core)
+    books0 = core.books.snapshot()
+    snap0 = service_snapshot(svc)
+    t_leg = time.monotonic()
+    say(f"x{scale:g} HTTP: {clients} client process(es)")
+    cpu0 = svc.loop_cpu(True) if args.loop_cpu else None
+    workers0 = worker_cpu(server)
+    with tempfile.TemporaryDirectory(prefix="serve_e2e.") as tmp:
+        res, used = drive_http(url, times, slos, clients=clients, timeout_s=args.timeout,
+                               workdir=Path(tmp), cpus=other_cpus)
+    _settle(core, 10.0)
+    http = http_summary(res, slos, args.duration)
+    # each worker's CPU-s per s, busiest first: one near 1.0 is the HTTP path's limit (a worker
+    # started during the leg counts from zero, as cpu_share counts a new thread)
+    shares = cpu_share(workers0, worker_cpu(server), time.monotonic() - t_leg)
+    http["worker_cpu_s_per_s"] = sorted(shares.values(), reverse=True)
+    snap1 = service_snapshot(svc)  # re-plans during the leg (each drains the partitions; a new layout is captured)
+    http["layout_changes"] = snap1["layout_swaps"] - snap0["layout_swaps"]
+    http["layouts_built"] = snap1["layouts_built"] - snap0["layouts_built"]
+    for m, v in http["models"].items():  # the service's split, as the in-process leg reports it
+        v["queue_ms"] = hist_delta(snap0, snap1, m, "queue_ms")
+        v["compute_ms"] = hist_delta(snap0, snap1, m, "compute_ms")
+    http["gc"] = GcMonitor.installed().since(t_leg)  # collector pauses in this (the server's) process
+    http["loop_lag"] = svc.loop_lag(t_leg)
+    http["thread_cpu"] = cpu_share(snap0["threads"], snap1["threads"], snap1["t"] - snap0["t"])  # this process
+    if cpu0 is not None:
+        http["loop_cpu"] = loop_cpu_window(svc, cpu0, t_leg, http.get("submitted"), say)
+    bridge = getattr(server, "_bridge", None)
+    if bridge is not None:  # requests through a worker's arena, page-locked or not, or inline
+        http["bridge"] = {"arena_requests": bridge.arena_requests, "inline_requests": bridge.inline_requests,
+                          "ring_requests": bridge.ring_requests, "loop_requests": bridge.loop_requests,
+                          "ring_replies": bridge.ring_replies, "pinned_arenas": bridge.pinned_arenas}
+    return http, books_delta(books0, core.books.snapshot()), used
 
 
 def worker_cpu(server: Any) -> dict[int, float]:
@@ -634,7 +673,7 @@ def _settle(core: Any, timeout_s: float = 30.0) -> None:
 
 
 def make_point(scale: float, duration_s: float, inproc: dict, http: dict, server_books: dict,
-               times: dict[str, list[float]], clients: int) -> dict:
+               times: dict[str, list[float]], clients: int, http_workers: int = 0, round_: int = 0) -> dict:
     """One load factor: both legs, their ratio, and the books of the HTTP leg.
 
     Books: every request the clients sent got an answer (200 or an error status; none lost), and the
@@ -648,7 +687,7 @@ def make_point(scale: float, duration_s: float, inproc: dict, http: dict, server
     ratio = _ratio(http["goodput_rps"], inproc["goodput_rps"])
     return {
         "scale": scale, "offered_rps": sum(len(t) for t in times.values()) / duration_s,
-        "clients": clients, "inprocess": inproc, "http": http,
+        "clients": clients, "http_workers": http_workers, "round": round_, "inprocess": inproc, "http": http,
         "ratio": {"goodput": ratio,
                   "slo_attainment": _ratio(http["slo_attainment"], inproc["slo_attainment"]),
                   "models": {m: _ratio(http["models"][m]["goodput_rps"], inproc["models"][m]["goodput_rps"])

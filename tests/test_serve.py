@@ -441,6 +441,45 @@ def test_graceful_stop_answers_every_queued_request(variant):
     assert all(r in (200, 503, 504) for r in answered), results
 
 
+@pytest.mark.parametrize("variant", serve_fake.SERVER_VARIANTS, ids=serve_fake.SERVER_VARIANT_IDS)
+def test_a_server_that_does_not_close_the_service_leaves_it_serving_for_the_next_one(variant):
+    """``close_service=False``: the stop answers every accepted request, the runtime keeps its models,
+    and a second server on the same service serves them (serve_e2e's front ends taking turns)."""
+    service = serve_fake.make_service()
+    core, server, addr = _slow_server(service, 0.05, close_service=False, **serve_fake.server_variant(variant))
+    results = []
+    body = _infer_json([{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0] * 4}])
+
+    def send(a):
+        try:
+            results.append(_post(a, "/v2/models/slow/infer", body)[0])
+        except OSError as e:
+            results.append(type(e).__name__)
+
+    try:
+        threads = [threading.Thread(target=send, args=(addr,)) for _ in range(8)]
+        for t in threads:
+            t.start()
+        time.sleep(0.1)
+        server.stop()
+        for t in threads:
+            t.join()
+        b = core.books.snapshot()["slow"]
+        assert b.accepted >= 1 and b.in_flight == 0 and b.balanced()
+        assert [r for r in results if isinstance(r, int)].count(200) == b.success >= 1  # served, not dropped
+        assert service.is_live() and service.ready("slow")
+        core2 = ServeCore(service)
+        server2 = Server(core2, http_port=0, grpc_port=None, **serve_fake.server_variant(variant))
+        addr2 = server2.start()
+        results.clear()
+        send(addr2)
+        server2.stop()  # this one closes the service, as by default
+        assert results == [200]
+        assert not service.is_live()
+    finally:
+        service.close(drain=False)
+
+
 @pytest.mark.parametrize("runtime_on", ["thread", "http"])
 def test_a_stop_under_load_serves_or_refuses_every_client_and_cuts_none_off(runtime_on):
     """A model that stays slow once compiled (twelve 1024-wide layers), so requests really queue when

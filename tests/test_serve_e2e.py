@@ -175,3 +175,30 @@ def test_http_workers_auto_is_gpuloom_serves_default_for_this_host():
     assert e2e.parse_args(["examples/mix6.yaml", "--http-workers", "auto"]).http_workers == \
         default_http_workers(os.cpu_count())
     assert e2e.parse_args(["examples/mix6.yaml", "--http-workers", "3"]).http_workers == 3
+
+
+def test_worker_counts_take_turns_on_one_service_in_rounds(tmp_path):
+    """--http-workers 0,1 --rounds 2: per round an in-process leg, then an HTTP leg per count through a
+    server of its own on the same loaded service, the order reversed in the second round (A B B A)."""
+    wl = tmp_path / "three.yaml"
+    wl.write_text(WORKLOAD)
+    out = tmp_path / "e2e.json"
+    p = subprocess.run([sys.executable, str(SCRIPT), str(wl), "--tiny", "--device", "cpu", "--scale", "0.5",
+                        "--duration", "1", "--max-batch", "4", "--clients", "1", "--http-workers", "0,1",
+                        "--rounds", "2", "--out", str(out)], capture_output=True, text=True, timeout=180, cwd=ROOT)
+    rep = json.loads(out.read_text())
+    assert p.returncode == 0 and rep["ok"], p.stderr[-3000:]
+    assert rep["http_workers"] == [0, 1] and rep["rounds"] == 2
+    assert [(pt["round"], pt["http_workers"]) for pt in rep["points"]] == [(0, 0), (0, 1), (1, 1), (1, 0)]
+    for pt in rep["points"]:
+        assert pt["books"]["all_answered"] and pt["books"]["server_balanced"]
+        assert ("bridge" in pt["http"]) == bool(pt["http_workers"])  # the leg went through its own server
+    # the two legs of a round share that round's in-process leg
+    assert rep["points"][0]["inprocess"] == rep["points"][1]["inprocess"] != rep["points"][2]["inprocess"]
+
+
+def test_a_bad_worker_count_or_round_count_is_a_usage_error():
+    for extra in (["--http-workers", "2,x"], ["--rounds", "0"]):
+        p = subprocess.run([sys.executable, str(SCRIPT), "examples/mix6.yaml", "--tiny", *extra],
+                           capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert p.returncode == 2 and extra[0] in p.stderr, p.stderr

@@ -4,8 +4,9 @@
 ``gpuloom serve`` command) or on a background thread (``start``/``stop``: tests, notebooks).
 
 Shutdown order (graceful): stop accepting new requests (503 + Retry-After), close the runtime with
-``drain=True`` so every queued request is served or answered with a reason, let the transports send
-those answers, then close the listeners.
+``drain=True`` so every queued request is served or answered with a reason (or, with
+``close_service=False``, let the runtime go on and serve them), let the transports send those
+answers, then close the listeners.
 """
 
 from __future__ import annotations
@@ -65,8 +66,12 @@ class Server:
     def __init__(self, core: ServeCore, *, host: str = "127.0.0.1", http_port: int = 8000, grpc_port: int | None = 8001,
                  drain_timeout_s: float = 30.0, listen_backlog: int = 2048, http_workers: int = 0,
                  worker_arena_mb: int | None = None, worker_ring_kb: int | None = None,
-                 worker_cpus: set[int] | None = None, ring_drain_on: str = "loop", runtime_on: str = "thread"):
+                 worker_cpus: set[int] | None = None, ring_drain_on: str = "loop", runtime_on: str = "thread",
+                 close_service: bool = True):
         self.core = core
+        # stopping closes the runtime (drained) as well; False leaves it running with its models
+        # loaded, for the next server on it (a benchmark's front ends taking turns on one service)
+        self.close_service = close_service
         if runtime_on not in RUNTIME_ON:
             raise ValueError(f"runtime_on: expected one of {RUNTIME_ON}, got {runtime_on!r}")
         if runtime_on == "http" and http_workers:
@@ -267,9 +272,11 @@ class Server:
         if self._workers:  # they forward to this process: stop them first, while it still answers
             await loop.run_in_executor(None, self._stop_workers)
         core.closing = True
-        # drain: the runtime serves or answers every queued request; handlers awaiting them then reply
-        await loop.run_in_executor(None, lambda: core.service.close(drain=True, timeout_s=self.drain_timeout_s))
-        deadline = loop.time() + 5.0
+        if self.close_service:
+            # drain: the runtime serves or answers every queued request; handlers awaiting them then reply
+            await loop.run_in_executor(None, lambda: core.service.close(drain=True, timeout_s=self.drain_timeout_s))
+        # what is still in flight is answered by the runtime (closed: at once; left running: when served)
+        deadline = loop.time() + (5.0 if self.close_service else self.drain_timeout_s)
         while core.books.in_flight() and loop.time() < deadline:
             await asyncio.sleep(0.01)
         await self._answer_backlog(loop.time() + 2.0)
