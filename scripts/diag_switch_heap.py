@@ -4,7 +4,8 @@
 The layout-switch test in ``tests/test_service.py`` passed alone and failed late in the full suite:
 its process then held millions of objects, and a step of each load that was O(heap) and held the
 GIL (``gc.get_freeze_count()``) stopped every thread. This runs that test's body on a fake device
-(a 0.4 s layout build) after allocating ``--heap`` tracked objects, and prints, per repetition, the
+(a 0.4 s layout build) after allocating ``--heap`` dicts (each with a list: 2x that many tracked
+objects), and prints, per repetition, the
 load's time and every request that waited more than 30 ms (when it started, relative to the load,
 and how long it waited). Under ``triton`` every request waits about 50 ms (its queue delay).
 
@@ -73,7 +74,8 @@ def one(policy: str) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policy", default="triton")
-    ap.add_argument("--heap", type=int, default=0, help="tracked objects to allocate first (default 0)")
+    ap.add_argument("--heap", type=int, default=0,
+                    help="dicts to allocate first, each holding a list: twice as many tracked objects (default 0)")
     ap.add_argument("--reps", type=int, default=3)
     a = ap.parse_args()
     heap = [{"a": [i]} for i in range(a.heap)]  # noqa: F841 - kept alive: the heap under test

@@ -549,6 +549,7 @@ def run(args: argparse.Namespace) -> int:
                                     ring_drain_on=args.ring_drain_on, close_service=False)
                     addr = server.start()
                     http_warmup(addr.http_url, svc.models())
+                    wait_pinned(server, svc, workers, say)
                     say(f"HTTP server on http://{addr.http_url} with {workers} front-end worker(s) "
                         f"(the gpuloom serve code, in this process)")
                     try:
@@ -584,6 +585,21 @@ def run(args: argparse.Namespace) -> int:
     if error:
         print(f"FAILED: {error}")
     return 0 if report["ok"] else 1
+
+
+def wait_pinned(server: Any, svc: Any, workers: int, say: Any, timeout_s: float = 60.0) -> None:
+    """Where the device launches rows from page-locked memory (CUDA), wait until each front-end
+    worker's arena is page-locked: the bridge locks it after the worker's handshake, and a request
+    taken before then is staged by a copy, which a leg would measure."""
+    bridge = getattr(server, "_bridge", None)
+    if bridge is None or not workers or not getattr(getattr(svc, "device", None), "stages", False):
+        return
+    end = time.monotonic() + timeout_s
+    while bridge.pinned_arenas < workers and time.monotonic() < end:
+        time.sleep(0.05)
+    if bridge.pinned_arenas < workers:
+        say(f"  only {bridge.pinned_arenas} of {workers} workers' arenas page-locked after {timeout_s:g} s: "
+            f"the others' requests are copied")
 
 
 def http_leg(args: argparse.Namespace, svc: Any, core: Any, server: Any, url: str, times: dict[str, list[float]],

@@ -93,7 +93,7 @@ def test_http_time_is_split_into_network_worker_bridge_and_service(report):
         for m, h in pt["http"]["models"].items():
             st = h["server_timing_ms"]
             assert st["service"]["n"] == h["served"] and st["service"]["p50"] <= h["p50_ms"]
-            assert ("worker" in st) == bool(rep["http_workers"])
+            assert ("worker" in st) == bool(pt["http_workers"])
             for leg in (pt["inprocess"], pt["http"]):
                 q, c = leg["models"][m]["queue_ms"], leg["models"][m]["compute_ms"]
                 assert q["n"] == c["n"] == leg["models"][m]["served"] and q["mean"] >= 0 and c["mean"] > 0
@@ -186,8 +186,9 @@ def test_worker_counts_take_turns_on_one_service_in_rounds(tmp_path):
     p = subprocess.run([sys.executable, str(SCRIPT), str(wl), "--tiny", "--device", "cpu", "--scale", "0.5",
                         "--duration", "1", "--max-batch", "4", "--clients", "1", "--http-workers", "0,1",
                         "--rounds", "2", "--out", str(out)], capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
     rep = json.loads(out.read_text())
-    assert p.returncode == 0 and rep["ok"], p.stderr[-3000:]
+    assert rep["ok"]
     assert rep["http_workers"] == [0, 1] and rep["rounds"] == 2
     assert [(pt["round"], pt["http_workers"]) for pt in rep["points"]] == [(0, 0), (0, 1), (1, 1), (1, 0)]
     for pt in rep["points"]:

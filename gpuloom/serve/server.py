@@ -70,7 +70,8 @@ class Server:
                  close_service: bool = True):
         self.core = core
         # stopping closes the runtime (drained) as well; False leaves it running with its models
-        # loaded, for the next server on it (a benchmark's front ends taking turns on one service)
+        # loaded, for the next server on it (a benchmark's front ends taking turns on one service),
+        # which needs a ServeCore of its own: this one's stays closing (503) once stopped
         self.close_service = close_service
         if runtime_on not in RUNTIME_ON:
             raise ValueError(f"runtime_on: expected one of {RUNTIME_ON}, got {runtime_on!r}")
