@@ -498,7 +498,7 @@ def run(args: argparse.Namespace) -> int:
             "clients": clients, "http_workers": args.http_workers, "lookahead_ms": svc.lookahead_ms,
             "raw_launch": bool(getattr(svc.device, "raw_launch", False)), "complete_on": svc.complete_on,
             "outputs": svc.outputs, "target": TARGET, "ok": ok, "error": error,
-            "rounds": args.rounds,
+            "rounds": args.rounds, "comparison": comparison(points),
             "summary": [{"scale": p["scale"], "http_workers": p["http_workers"], "round": p["round"],
                          "offered_rps": p["offered_rps"],
                          "inprocess_goodput_rps": p["inprocess"]["goodput_rps"],
@@ -582,6 +582,8 @@ def run(args: argparse.Namespace) -> int:
         say(f"wrote {args.out}")
     for p in report["points"]:
         print_table(report, p)
+    if len(args.http_workers_list) > 1 or args.rounds > 1:
+        print_comparison(report["points"])
     if error:
         print(f"FAILED: {error}")
     return 0 if report["ok"] else 1
@@ -648,6 +650,30 @@ def http_leg(args: argparse.Namespace, svc: Any, core: Any, server: Any, url: st
                           "ring_requests": bridge.ring_requests, "loop_requests": bridge.loop_requests,
                           "ring_replies": bridge.ring_replies, "pinned_arenas": bridge.pinned_arenas}
     return http, books_delta(books0, core.books.snapshot()), used
+
+
+def comparison(points: list[dict]) -> list[dict]:
+    """Per scale and worker count: the ratio of each round's leg, in round order, and their mean and
+    spread (what a comparison of worker counts reads: a difference inside the spread says nothing)."""
+    rows: dict[tuple[float, int], list[float | None]] = {}
+    for p in points:
+        rows.setdefault((p["scale"], p["http_workers"]), []).append(p["ratio"]["goodput"])
+    out = []
+    for (scale, workers), ratios in rows.items():
+        known = [r for r in ratios if r is not None]
+        out.append({"scale": scale, "http_workers": workers, "ratios": ratios,
+                    "mean": sum(known) / len(known) if known else None,
+                    "spread": max(known) - min(known) if known else None})
+    return sorted(out, key=lambda r: (r["scale"], r["http_workers"]))
+
+
+def print_comparison(points: list[dict]) -> None:
+    print("HTTP / in-process goodput by worker count (one ratio per round, in order):")
+    for r in comparison(points):
+        ratios = " ".join("-" if x is None else f"{x:.3f}" for x in r["ratios"])
+        mean = "-" if r["mean"] is None else f"{r['mean']:.3f}"
+        spread = "-" if r["spread"] is None else f"{r['spread']:.3f}"
+        print(f"  x{r['scale']:g}  {r['http_workers']:>2} worker(s): {ratios}   mean {mean}, spread {spread}")
 
 
 def worker_cpu(server: Any) -> dict[int, float]:

@@ -196,6 +196,25 @@ def test_worker_counts_take_turns_on_one_service_in_rounds(tmp_path):
         assert ("bridge" in pt["http"]) == bool(pt["http_workers"])  # the leg went through its own server
     # the two legs of a round share that round's in-process leg
     assert rep["points"][0]["inprocess"] == rep["points"][1]["inprocess"] != rep["points"][2]["inprocess"]
+    by_count = {r["http_workers"]: r for r in rep["comparison"]}
+    assert sorted(by_count) == [0, 1]
+    assert by_count[1]["ratios"] == [rep["points"][1]["ratio"]["goodput"], rep["points"][2]["ratio"]["goodput"]]
+    assert "HTTP / in-process goodput by worker count" in p.stdout
+
+
+def test_the_comparison_gives_each_count_its_rounds_in_order_with_mean_and_spread():
+    from script_loader import load_script
+
+    e2e = load_script("serve_e2e")
+
+    def pt(scale, workers, ratio):
+        return {"scale": scale, "http_workers": workers, "ratio": {"goodput": ratio}}
+
+    rows = e2e.comparison([pt(1, 4, 0.5), pt(1, 8, 0.7), pt(1, 8, 0.9), pt(1, 4, None), pt(0.5, 8, 1.0)])
+    assert [(r["scale"], r["http_workers"], r["ratios"]) for r in rows] == [
+        (0.5, 8, [1.0]), (1, 4, [0.5, None]), (1, 8, [0.7, 0.9])]
+    assert rows[1]["mean"] == 0.5 and rows[1]["spread"] == 0.0
+    assert abs(rows[2]["mean"] - 0.8) < 1e-12 and abs(rows[2]["spread"] - 0.2) < 1e-12
 
 
 def test_a_bad_worker_count_or_round_count_is_a_usage_error():
