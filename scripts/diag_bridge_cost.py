@@ -70,7 +70,7 @@ class StandInCore:
     def check_outputs(self, name, version, wanted) -> None:
         return None
 
-    def submit(self, name, version, inputs, deadline_ms):
+    def submit(self, name, version, inputs, deadline_ms, waited_ms=0.0, checked_for=None):
         fut: cf.Future = cf.Future()
         self._q.put(fut)
         return fut, None

@@ -127,7 +127,7 @@ class FakeService:
     def ready(self, name):
         return name in self._models and not self._closed
 
-    def submit(self, name, inputs, *, deadline_ms=None, waited_ms=0.0):  # (waited_ms: not modelled here)
+    def submit(self, name, inputs, *, deadline_ms=None, waited_ms=0.0, checked_for=None):  # (neither modelled here)
         import torch
 
         with self._lock:

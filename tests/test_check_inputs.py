@@ -79,3 +79,28 @@ def test_specs_that_repeat_a_name_take_the_full_check():
     inputs = {"a": np.zeros((1, 2), np.float32), "extra": np.zeros((1, 2), np.float32)}
     with pytest.raises(ProtocolError, match=r"unexpected \['extra'\]"):
         check_inputs(config, inputs)
+
+
+def test_only_an_exact_match_says_so():
+    """True tells the runtime it need not check again: never for a request that passed by a wildcard."""
+    exact = SimpleNamespace(name="m", inputs=(_spec("a", (3,), "float32"),), max_batch=4)
+    wild = SimpleNamespace(name="m", inputs=(_spec("a", (-1,), "float32"),), max_batch=4)
+    x = np.zeros((2, 3), np.float32)
+    assert check_inputs(exact, {"a": x}) is True
+    assert check_inputs(wild, {"a": x}) is False
+
+
+@settings(max_examples=300, deadline=None)
+@given(_case())
+def test_a_request_said_to_match_exactly_has_each_specs_dtype_and_shape(case):
+    config, inputs = case
+    try:
+        exact = check_inputs(config, inputs)
+    except ProtocolError:
+        return
+    if exact:
+        batch = {a.shape[0] for a in inputs.values()}
+        assert len(batch) == 1 and 1 <= batch.pop() <= config.max_batch
+        assert set(inputs) == {s.name for s in config.inputs} and len(inputs) == len(config.inputs)
+        for s in config.inputs:
+            assert inputs[s.name].dtype == np.dtype(s.dtype) and inputs[s.name].shape[1:] == tuple(s.shape)

@@ -261,8 +261,8 @@ def test_compact_requests_are_answered_with_compact_replies_and_their_json_is_pa
     shared, rings, _ = worker()
     seen = []
     submit = bridge.core.submit
-    bridge.core.submit = lambda name, version, inputs, deadline_ms, waited_ms: (
-        seen.append((name, deadline_ms, waited_ms)), submit(name, version, inputs, deadline_ms, waited_ms))[1]
+    bridge.core.submit = lambda name, version, inputs, deadline_ms, waited_ms, **kw: (
+        seen.append((name, deadline_ms, waited_ms)), submit(name, version, inputs, deadline_ms, waited_ms, **kw))[1]
     xs = {i: np.full((1 + i % 3, 4), i, np.float32) for i in range(60)}
     for i, x in xs.items():  # the time each waited in its worker comes along (the deadline counts from there)
         assert rings.send(_compact(i, x, shared, deadline_ms=None if i % 2 else 250.0 + i, waited_ms=i / 8))
@@ -276,6 +276,20 @@ def test_compact_requests_are_answered_with_compact_replies_and_their_json_is_pa
     assert sorted(w for _, _, w in seen) == [i / 8 for i in range(60)]
     assert len(bridge._request_templates._known) == 3  # one JSON text per row count
     assert bridge.ring_requests == 60 and bridge.ring_replies == 60 and bridge.arena_requests == 60
+
+
+def test_a_compact_requests_layout_remembers_the_config_it_matched_so_the_next_is_not_checked_again(bridge, worker):
+    """The first request of a JSON text is checked in full; the core says which config it matched
+    exactly, and the later requests of that text hand it back (checked_for), so the core and the
+    runtime skip their checks while the model keeps that config. A new text starts unchecked."""
+    shared, rings, _ = worker()
+    for i in range(3):
+        assert rings.send(_compact(i, np.full((2, 4), i, np.float32), shared))
+        _ring_replies(rings, 1)  # one at a time: each request sees what the one before left
+    assert rings.send(_compact(3, np.ones((1, 4), np.float32), shared))  # another row count: another text
+    _ring_replies(rings, 1)
+    cfg = bridge.core.config
+    assert bridge.core.checked_for == [None, cfg, cfg, None]
 
 
 def test_bad_compact_requests_are_answered_or_skipped_and_the_drain_goes_on(worker):

@@ -3,6 +3,7 @@ books, overload, deadlines, unload while serving, failure isolation, clear input
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import warnings
@@ -1179,3 +1180,26 @@ def test_unhosting_before_the_hand_over_event_ran_cancels_it():
         assert_books(svc)
     finally:
         _stop_host(aloop, th)
+
+
+def test_inputs_checked_for_the_models_config_are_only_split_and_a_stale_config_is_checked_again():
+    """submit(checked_for=cfg): the caller (the server) has checked the inputs against that config
+    already; the service skips its own checks only while cfg is still the model's config."""
+    svc = InferenceService(policy="triton", device_layer=FakeDeviceLayer())
+    svc.start()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            svc.load(ModelConfig("twice", X4, Y4, max_batch=8, slo_ms=2000), FakeModel(lambda xs: [xs[0] * 2], 1.0))
+        cfg = svc.config("twice")
+        x = np.arange(12, dtype=np.float32).reshape(3, 4)
+        out = svc.submit("twice", {"x": x}, checked_for=cfg).result(10)
+        np.testing.assert_array_equal(out["y"], 2 * x)  # split into rows and answered as usual
+        stale = dataclasses.replace(cfg)  # equal, but not the model's config object
+        with pytest.raises(InvalidInput, match="dtype"):
+            svc.submit("twice", {"x": x.astype(np.float64)}, checked_for=stale)
+        with pytest.raises(InvalidInput, match="1..8 rows"):
+            svc.submit("twice", {"x": np.zeros((9, 4), np.float32)}, checked_for=None)
+        assert_books(svc)
+    finally:
+        svc.close()

@@ -312,6 +312,13 @@ class _Call:
         self.batch = 0
 
 
+def _split_rows(arrays: list[np.ndarray], copy: bool) -> list[list[np.ndarray]]:
+    """A request's input arrays (in the model's input order) as per-row payloads: copied once with
+    ``copy`` (the caller may reuse its arrays once submit returns), else contiguous views."""
+    arrays = [np.array(x, copy=True, order="C") if copy else np.ascontiguousarray(x) for x in arrays]
+    return [[a[i] for a in arrays] for i in range(arrays[0].shape[0])]
+
+
 # -- the service --------------------------------------------------------------------------------
 class InferenceService:
     """Serve many models on one device with one scheduling policy. Thread-safe.
@@ -671,7 +678,7 @@ class InferenceService:
 
     # -- requests -----------------------------------------------------------------------------
     def submit(self, name: str, inputs: Mapping[str, np.ndarray], *, deadline_ms: float | None = None,
-               waited_ms: float = 0.0) -> concurrent.futures.Future:
+               waited_ms: float = 0.0, checked_for: ModelConfig | None = None) -> concurrent.futures.Future:
         """Queue one request of ``n`` rows; its future gives ``{output name: array of n rows}``.
 
         ``deadline_ms``: answer within this many ms from now (default: the model's SLO); a request
@@ -681,6 +688,11 @@ class InferenceService:
         front-end worker): its deadline, given or the SLO, counts from then, so the scheduler drops
         what has no time left instead of serving it late. One that has waited its whole deadline
         fails with DeadlineExceeded at the scheduler's next look.
+
+        ``checked_for``: the model config the caller has already checked ``inputs`` against, every
+        name, dtype, shape and the row count (the server's protocol checks, remembered per request
+        layout by the HTTP workers' bridge). While it is still the model's config, the checks are not
+        made again; the rows are only split.
 
         The inputs are copied before this returns, unless they lie in memory the device reads in
         place (``device.pinned_empty`` or ``device.register_host``: a worker's shared arena, a load
@@ -694,7 +706,11 @@ class InferenceService:
             raise UnknownModel(f"no model {name!r} is loaded; loaded: {sorted(self._models)}")
         if m.state != "ready" or self._closed or not self._started:
             raise ModelNotReady(f"model {name!r} is not ready ({'service closed' if self._closed else m.state})")
-        rows = self._rows(m.config, inputs)
+        cfg = m.config
+        if checked_for is cfg:  # checked by the caller against this very config: only split
+            rows = _split_rows([inputs[t.name] for t in cfg.inputs], not self.device.stages)
+        else:
+            rows = self._rows(cfg, inputs)
         if deadline_ms is not None and not (isinstance(deadline_ms, (int, float)) and deadline_ms > 0):
             raise InvalidInput(f"deadline_ms must be a positive number of ms, got {deadline_ms!r}")
         timeout_ms = float(deadline_ms) if deadline_ms is not None else m.config.slo_ms
@@ -827,10 +843,10 @@ class InferenceService:
             elif x.shape[0] != n:
                 raise InvalidInput(f"inputs must have the same number of rows: {spec.name!r} has {x.shape[0]}, "
                                    f"{cfg.inputs[0].name!r} has {n}")
-            arrays.append(np.array(x, copy=True, order="C") if copy else np.ascontiguousarray(x))
+            arrays.append(x)
         if not 1 <= n <= cfg.max_batch:
             raise InvalidInput(f"model {cfg.name!r} takes 1..{cfg.max_batch} rows per request, got {n}")
-        return [[a[i] for a in arrays] for i in range(n)]
+        return _split_rows(arrays, copy)
 
     def _admit(self, m: _Model, rate: float, n: int) -> float | None:
         """None if ``n`` more rows of ``m`` may enter now at the policy's planned ``rate``

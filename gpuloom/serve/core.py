@@ -146,10 +146,13 @@ class ServeCore:
 
     # -- inference -----------------------------------------------------------------------------
     def submit(self, name: str, version: str | None, inputs: Mapping[str, np.ndarray], deadline_ms: float | None,
-               waited_ms: float = 0.0):
-        """Validate and submit; returns the runtime's concurrent Future. Raises ProtocolError (4xx/503).
+               waited_ms: float = 0.0, checked_for: Any = None):
+        """Validate and submit; returns the runtime's concurrent Future, and the model's config when the
+        inputs matched it exactly (else None). Raises ProtocolError (4xx/503).
         ``waited_ms``: how long the request has been in the server already (its deadline counts from
-        then: ``InferenceService.submit``)."""
+        then: ``InferenceService.submit``). ``checked_for``: a config an earlier request of the very
+        same layout (names, dtypes, shapes) matched exactly; while it is still the model's config,
+        these inputs are not checked again (the workers' bridge remembers it per request layout)."""
         if self.closing:
             self.books.reject(name, "shutting_down")
             raise ProtocolError("server is shutting down; not accepting new requests", 503, retry_after_s=1.0)
@@ -158,14 +161,17 @@ class ServeCore:
         except ProtocolError:
             self.books.reject("_unknown", "unknown_model")  # bounded label set under fuzzing
             raise
-        try:
-            check_inputs(config, inputs)
-        except ProtocolError:
-            self.books.reject(name, "invalid_input")
-            raise
+        if checked_for is not config:
+            try:
+                exact = check_inputs(config, inputs)
+            except ProtocolError:
+                self.books.reject(name, "invalid_input")
+                raise
+            checked_for = config if exact else None
         svc = self.svc
         try:
-            fut = self.service.submit(name, dict(inputs), deadline_ms=deadline_ms, waited_ms=waited_ms)
+            fut = self.service.submit(name, dict(inputs), deadline_ms=deadline_ms, waited_ms=waited_ms,
+                                      checked_for=checked_for)
         except svc.InvalidInput as e:
             self.books.reject(name, "invalid_input")
             raise ProtocolError(f"invalid input for model {name!r}: {e}", 400) from None
@@ -180,7 +186,7 @@ class ServeCore:
             ra = getattr(e, "retry_after_s", None) or 0.1
             raise ProtocolError(f"model {name!r} is overloaded: {e}", 429, retry_after_s=ra) from None
         self.books.accept(name)
-        return fut, config
+        return fut, checked_for
 
     def outcome(self, name: str, fut: Any, t0: float, rows: int) -> dict[str, np.ndarray]:
         """Book the finished future's outcome and return its outputs or raise ProtocolError."""

@@ -149,15 +149,18 @@ class _Layout:
 
 class _RequestTemplate:
     """What a compact request's JSON says, checked once: the model, the outputs asked for, and where
-    its inputs lie in the request's arena block."""
+    its inputs lie in the request's arena block. ``checked_for``: the model config its inputs last
+    matched exactly (``ServeCore.submit``); every request of this text has the same names, dtypes and
+    shapes, so while the model keeps that config they are not checked again."""
 
-    __slots__ = ("model", "version", "outputs", "layout")
+    __slots__ = ("model", "version", "outputs", "layout", "checked_for")
 
     def __init__(self, js: Any) -> None:
         if not isinstance(js, dict) or not isinstance(js.get("model"), str) or not isinstance(js.get("tensors"), list):
             raise ValueError("a compact ring request's JSON must be an object with a model name and its tensors")
         self.model, self.version, self.outputs = js["model"], js.get("version"), js.get("outputs")
         self.layout = _Layout(js["tensors"])
+        self.checked_for = None
 
 
 def _is_int(x: Any) -> bool:
@@ -378,7 +381,7 @@ class InferBridge:
             send(_failure_frame(rid, e))
             return
         self._submit(send, ok, rid, t.model, t.version, t.outputs, None if math.isnan(deadline) else deadline,
-                     inputs, in_arena, waited)
+                     inputs, in_arena, waited, t)
 
     def _ring_taker(self, rings: Any, send: Callable[[list], None], ok: Callable[..., None],
                     shared: memoryview | None, in_arena: "_Outstanding") -> "_RingTaker":
@@ -532,16 +535,22 @@ class InferBridge:
 
     def _submit(self, send: Callable[[list], None], ok: Callable[..., None], rid: int, name: str,
                 version: str | None, outputs: Any, deadline_ms: float | None, inputs: dict[str, np.ndarray],
-                in_arena: "_Outstanding | None" = None, waited_ms: float = 0.0) -> None:
+                in_arena: "_Outstanding | None" = None, waited_ms: float = 0.0,
+                template: "_RequestTemplate | None" = None) -> None:
         """Submit one request's checked ``inputs``; its answer goes back through ``ok`` (served) or as
         a frame through ``send`` (an error), from the thread that answers the future. ``waited_ms``: how
-        long the worker had held it (its deadline counts from the worker's handler)."""
+        long the worker had held it (its deadline counts from the worker's handler). ``template``: the
+        compact record's, which remembers the config its inputs matched exactly."""
         t0 = time.perf_counter()
         try:
             first = next(iter(inputs.values()), None)  # rows for the books; a scalar is refused by submit
             rows = first.shape[0] if first is not None and first.ndim else 0  # (never fails after submit)
             self.core.check_outputs(name, version, outputs)
-            fut, _ = self.core.submit(name, version, inputs, deadline_ms, waited_ms)
+            if template is None:
+                fut, _ = self.core.submit(name, version, inputs, deadline_ms, waited_ms)
+            else:
+                fut, template.checked_for = self.core.submit(name, version, inputs, deadline_ms, waited_ms,
+                                                             checked_for=template.checked_for)
         except Exception as e:  # noqa: BLE001 - a malformed frame: answered, never a dead worker
             send(_failure_frame(rid, e))
             return

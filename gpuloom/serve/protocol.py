@@ -229,7 +229,7 @@ def parse_infer_body(body: bytes | bytearray, header_length: str | None) -> Infe
 _SPEC_DTYPES: dict[str, np.dtype] = {}  # a spec's dtype name -> numpy dtype (np.dtype(str) per request costs)
 
 
-def check_inputs(config: Any, inputs: Mapping[str, np.ndarray]) -> None:
+def check_inputs(config: Any, inputs: Mapping[str, np.ndarray]) -> bool:
     """Check names, dtypes and per-sample shapes against ``config.inputs`` (TensorSpec: name, shape, dtype).
 
     Shapes are ``[batch, *spec.shape]`` with ``1 <= batch <= config.max_batch`` (a ``-1`` in the spec
@@ -237,6 +237,9 @@ def check_inputs(config: Any, inputs: Mapping[str, np.ndarray]) -> None:
 
     Runs per request (for the HTTP workers' requests, on the runtime's thread): a request that matches
     exactly passes in one look per input; anything else (a wildcard, an error) takes the full check.
+    Returns True for an exact match (every input present, its dtype and every dimension of its
+    per-sample shape the spec's, one batch size for all), which the runtime then need not check again
+    (``InferenceService.submit(checked_for=)``); False for a request that passed through a wildcard.
     """
     specs = config.inputs
     names = getattr(config, "input_names", None)  # ModelConfig's, made once; else made here
@@ -255,8 +258,9 @@ def check_inputs(config: Any, inputs: Mapping[str, np.ndarray]) -> None:
             batch = arr.shape[0]
         else:
             if batch is not None and 1 <= batch <= config.max_batch:
-                return
+                return True
     _check_inputs_fully(config, inputs)
+    return False
 
 
 def _check_inputs_fully(config: Any, inputs: Mapping[str, np.ndarray]) -> None:
