@@ -539,10 +539,10 @@ def test_deadline_header_and_timeout_parameter_reach_the_runtime(served, monkeyp
     seen, waited = [], []
     real = core.service.submit
 
-    def spy(name, inputs, *, deadline_ms=None, waited_ms=0.0):
+    def spy(name, inputs, *, deadline_ms=None, waited_ms=0.0, **kw):
         seen.append(deadline_ms)
         waited.append(waited_ms)
-        return real(name, inputs, deadline_ms=deadline_ms, waited_ms=waited_ms)
+        return real(name, inputs, deadline_ms=deadline_ms, waited_ms=waited_ms, **kw)
 
     monkeypatch.setattr(core.service, "submit", spy)
     x = [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [0.0] * 16}]
