@@ -36,6 +36,32 @@ BRANCHY = ("inception_v3", "googlenet", "nasnetalarge", "efficientnet_b0")
 TIE = 1.02
 
 
+def main_summary(results: list[dict]) -> dict:
+    """Per dtype and batch: the geometric mean of gpuloom auto over eager on every row, and the
+    ratios to the single-stream CUDA graph of eager's forward on the rows whose run timed it (a row
+    from a run without the ``cuda_graph`` variant is named under ``without_cuda_graph``)."""
+    summary = {}
+    for dtype in ("float32", "float16"):
+        for b in (1, 8):
+            rows = [(r["model"], row) for r in results if r["dtype"] == dtype for row in r["rows"] if row["batch"] == b]
+            if not rows:
+                continue
+            graph = [(m, row) for m, row in rows if "multi_over_single_graph" in row]
+            branchy = [row["multi_over_single_graph"] for m, row in graph if m in BRANCHY]
+            summary[f"{dtype}_b{b}"] = {
+                "models": len(rows),
+                "geomean_speedup_auto_over_eager": round(geomean([row["speedup_gpuloom_auto"] for _, row in rows]), 3),
+                "geomean_multi_over_cuda_graph_branchy": round(geomean(branchy), 3) if branchy else None,
+                "auto_over_cuda_graph_worst": min(((round(row["auto_over_single_graph"], 3), m) for m, row in graph),
+                                                  default=None),
+                "auto_slower_than_cuda_graph_by_more_than_2pct": sorted(
+                    m for m, row in graph if row["auto_over_single_graph"] < 0.98),
+                **({"without_cuda_graph": sorted(m for m, row in rows if "multi_over_single_graph" not in row)}
+                   if len(graph) < len(rows) else {}),
+            }
+    return summary
+
+
 def last_rows(paths: list[str], make_row) -> list[dict]:
     """One row per (model, dtype, batch) that ``make_row(rec, row)`` makes (None: the row lacks what it
     needs), from the last run in ``paths`` that has it, tagged with that run; float32 first."""
@@ -151,21 +177,7 @@ def main() -> int:
                 rec["run"] = Path(path).name
                 merged[(rec["model"], rec["dtype"])] = rec
     results = sorted(merged.values(), key=lambda r: (r["dtype"] != "float32", r["model"]))
-    summary = {}
-    for dtype in ("float32", "float16"):
-        for b in (1, 8):
-            rows = [(r["model"], row) for r in results if r["dtype"] == dtype for row in r["rows"] if row["batch"] == b]
-            if not rows:
-                continue
-            summary[f"{dtype}_b{b}"] = {
-                "models": len(rows),
-                "geomean_speedup_auto_over_eager": round(geomean([row["speedup_gpuloom_auto"] for _, row in rows]), 3),
-                "geomean_multi_over_cuda_graph_branchy": round(geomean(
-                    [row["multi_over_single_graph"] for m, row in rows if m in BRANCHY]), 3),
-                "auto_over_cuda_graph_worst": min((round(row["auto_over_single_graph"], 3), m) for m, row in rows),
-                "auto_slower_than_cuda_graph_by_more_than_2pct": sorted(
-                    m for m, row in rows if row["auto_over_single_graph"] < 0.98),
-            }
+    summary = main_summary(results)
     tc = torch_compile_rows(args.torch_compile)
     if tc:
         summary["torch_compile"] = torch_compile_summary(tc, results)
@@ -182,16 +194,14 @@ def main() -> int:
     for r in results:
         for row in r["rows"]:
             cp = row.get("critical_path_ms")
+            graph = f"{row['cuda_graph_ms']:.3f}" if "cuda_graph_ms" in row else "-"
+            over = f"{row['multi_over_single_graph']:.2f}x" if "multi_over_single_graph" in row else "-"
+            crit = f"{cp:.3f} | {row['multi_over_critical_path']:.2f}" if cp else "- | -"
             print(f"| {r['model']} | {r['dtype'].replace('float', 'fp')} | {row['batch']} | {row['eager_ms']:.3f} "
-                  f"| {row['cuda_graph_ms']:.3f} | {row['gpuloom_single_ms']:.3f} | {row['gpuloom_multi_ms']:.3f} "
+                  f"| {graph} | {row['gpuloom_single_ms']:.3f} | {row['gpuloom_multi_ms']:.3f} "
                   f"| {row['gpuloom_auto_ms']:.3f} | {row['speedup_gpuloom_auto']:.2f}x "
-                  f"| {row['multi_over_single_graph']:.2f}x | {r['streams']} / {r['syncs']} "
-                  f"| {cp:.3f} | {row['multi_over_critical_path']:.2f} " if cp else
-                  f"| {r['model']} | {r['dtype'].replace('float', 'fp')} | {row['batch']} | {row['eager_ms']:.3f} "
-                  f"| {row['cuda_graph_ms']:.3f} | {row['gpuloom_single_ms']:.3f} | {row['gpuloom_multi_ms']:.3f} "
-                  f"| {row['gpuloom_auto_ms']:.3f} | {row['speedup_gpuloom_auto']:.2f}x "
-                  f"| {row['multi_over_single_graph']:.2f}x | {r['streams']} / {r['syncs']} | - | - ", end="")
-            print(f"| {r['compile_s']:.1f} | {r['graph_memory_mib']:.0f} |")
+                  f"| {over} | {r['streams']} / {r['syncs']} | {crit} | {r['compile_s']:.1f} "
+                  f"| {r['graph_memory_mib']:.0f} |")
     print()
     print("| model (fp32, batch 1) | Nimble V100 target | gpuloom auto vs eager, H200 |")
     print("|---|---|---|")

@@ -164,3 +164,25 @@ def test_a_child_that_aborts_keeps_its_error_message_past_the_cpp_stack_frames(m
     assert res["error"].startswith("child exited with -6")
     assert "operation not permitted when stream is capturing" in res["error"]
     assert "frame #" not in res["error"]
+
+
+def test_a_row_without_the_cuda_graph_variant_counts_over_eager_and_is_named_apart():
+    """Run 26b timed nasnetalarge float16 without the eager CUDA graph: its row joins the geometric
+    mean over eager, stays out of the ratios to the graph, and the summary says so."""
+    merge = load_script("merge_engine_results")
+
+    def rec(model, speedup, graph=None):
+        row = {"batch": 1, "speedup_gpuloom_auto": speedup}
+        if graph is not None:
+            row.update(multi_over_single_graph=graph, auto_over_single_graph=graph)
+        return {"model": model, "dtype": "float16", "rows": [row]}
+
+    s = merge.main_summary([rec("googlenet", 4.0, 1.5), rec("resnet50", 2.0, 0.97), rec("nasnetalarge", 16.0)])
+    b1 = s["float16_b1"]
+    assert b1["models"] == 3 and abs(b1["geomean_speedup_auto_over_eager"] - 5.04) < 0.01  # (4*2*16)^(1/3)
+    assert b1["geomean_multi_over_cuda_graph_branchy"] == 1.5  # googlenet only
+    assert b1["auto_over_cuda_graph_worst"] == (0.97, "resnet50")
+    assert b1["auto_slower_than_cuda_graph_by_more_than_2pct"] == ["resnet50"]
+    assert b1["without_cuda_graph"] == ["nasnetalarge"]
+    alone = merge.main_summary([rec("nasnetalarge", 16.0)])["float16_b1"]
+    assert alone["geomean_multi_over_cuda_graph_branchy"] is None and alone["auto_over_cuda_graph_worst"] is None
