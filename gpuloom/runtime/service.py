@@ -713,7 +713,7 @@ class InferenceService:
             rows = self._rows(cfg, inputs)
         if deadline_ms is not None and not (isinstance(deadline_ms, (int, float)) and deadline_ms > 0):
             raise InvalidInput(f"deadline_ms must be a positive number of ms, got {deadline_ms!r}")
-        timeout_ms = float(deadline_ms) if deadline_ms is not None else m.config.slo_ms
+        timeout_ms = float(deadline_ms) if deadline_ms is not None else cfg.slo_ms
         if waited_ms > 0.0:  # (a NaN compares False: ignored)
             timeout_ms = max(timeout_ms - waited_ms, _NO_TIME_LEFT_MS)
         if m.in_flight >= self.queue_limit:  # cheap early answer before staging (checked again below)

@@ -546,11 +546,10 @@ class InferBridge:
             first = next(iter(inputs.values()), None)  # rows for the books; a scalar is refused by submit
             rows = first.shape[0] if first is not None and first.ndim else 0  # (never fails after submit)
             self.core.check_outputs(name, version, outputs)
-            if template is None:
-                fut, _ = self.core.submit(name, version, inputs, deadline_ms, waited_ms)
-            else:
-                fut, template.checked_for = self.core.submit(name, version, inputs, deadline_ms, waited_ms,
-                                                             checked_for=template.checked_for)
+            checked = template.checked_for if template is not None else None
+            fut, checked = self.core.submit(name, version, inputs, deadline_ms, waited_ms, checked_for=checked)
+            if template is not None:
+                template.checked_for = checked
         except Exception as e:  # noqa: BLE001 - a malformed frame: answered, never a dead worker
             send(_failure_frame(rid, e))
             return
