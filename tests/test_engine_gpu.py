@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import operator
+import os
 import statistics
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -236,3 +240,46 @@ def test_independent_branches_overlap():
     print(msg)
     assert t_single > 0.75 * k * t_one, "single stream should run the branches one after another: " + msg
     assert t_multi < 1.5 * t_one, "multi-stream should run the branches side by side: " + msg
+
+
+_WORKSPACE_CHECK = r"""
+import contextlib, os, torch, gpuloom
+from engine_models import Branches
+if os.environ.get("GPULOOM_CHECK_WITHOUT_FIX"):  # the before half of a before/after pair (see the test)
+    from gpuloom.engine import capture
+    capture.cublas_workspaces_in_pool = contextlib.nullcontext
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.manual_seed(0)
+model = Branches(k=4, width=512, depth=3).cuda().eval()
+x = torch.randn(8, 512, device="cuda")
+cm = gpuloom.compile(model, (x,), max_batch=8, streams="max")
+streams = cm._graphs.streams
+assert len(streams) > 1, streams
+torch._C._cuda_clearCublasWorkspaces()  # what torch.compile(mode="reduce-overhead") does at each capture
+torch.cuda.empty_cache()
+sentinels = []
+for s in [torch.cuda.current_stream(), *streams]:  # take whatever memory was just given back, on every stream
+    with torch.cuda.stream(s):
+        sentinels += [torch.full((2**23,), 7.0, device="cuda") for _ in range(4)]
+torch.cuda.synchronize()
+with torch.no_grad():
+    for batch in (8, 3, 8, 1):
+        fresh = torch.randn(batch, 512, device="cuda")
+        torch.testing.assert_close(cm(fresh), model(fresh), rtol=1e-4, atol=1e-4)
+torch.cuda.synchronize()
+assert all(bool((t == 7.0).all()) for t in sentinels), "a replay wrote into memory it no longer owns"
+print("ok")
+"""
+
+
+def test_graphs_keep_their_cublas_workspaces_when_torchs_map_is_cleared():
+    """A graph's matmuls write to the cuBLAS workspace their capture saw. torch.compile(mode=
+    "reduce-overhead") clears torch's map of workspaces at each of its captures; a graph whose
+    workspaces lived in that map then wrote into freed memory (engine runs 26-28: an illegal memory
+    access, nasnetalarge float16). Run apart: such a fault poisons the process's CUDA context. With
+    GPULOOM_CHECK_WITHOUT_FIX=1 in its environment the script captures as the code did before."""
+    here = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": f"{here}{os.pathsep}{here.parent}"}
+    proc = subprocess.run([sys.executable, "-c", _WORKSPACE_CHECK], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]

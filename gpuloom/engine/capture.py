@@ -5,13 +5,15 @@ a graph run on the SMs of the context whose streams it was captured on, wherever
 give :func:`capture_graphs` a ``stream_factory`` from an SM partition to confine the graphs to it.
 
 What must stay alive: the graphs reference the model's parameters, the static buffers and the
-graph memory pool; the GraphSet keeps all of them (and the streams) referenced.
+graph memory pool; the GraphSet keeps all of them (and the streams) referenced. Nothing else: the
+cuBLAS workspaces a graph's matmuls use are allocated inside its pool (:func:`cublas_workspaces_in_pool`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import statistics
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
@@ -142,6 +144,35 @@ class _NoHostSync(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+@contextlib.contextmanager
+def cublas_workspaces_in_pool() -> Iterator[None]:
+    """Wrap a capture so that its matmuls' cuBLAS workspaces come from the graph's own pool.
+
+    torch keeps one cuBLAS workspace per (handle, stream), made at the stream's first matmul and kept
+    in a process-wide map. The warm-up runs before a capture, on the capture's own streams, make them
+    in the ordinary pool, and the graph bakes in their addresses. Whoever clears that map frees them
+    while the graph still writes to them: ``torch.compile(mode="reduce-overhead")`` does, at every
+    capture of its own (engine runs 26-28: an illegal memory access at the next replay of nasnetalarge
+    float16; elsewhere, memory silently shared with whatever reuses it). So clear the map before the
+    capture (the graph's matmuls make theirs inside its pool, where the graph keeps them) and after it
+    (later eager matmuls on these streams do not borrow the graph's memory), as torch's cudagraph trees
+    do. One capture at a time in the process: another thread's clear would free this capture's
+    workspaces in the middle of it."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    with _CUBLAS_CAPTURE:
+        if clear is None:  # a torch without the map: nothing to clear
+            yield
+            return
+        clear()
+        try:
+            yield
+        finally:
+            clear()
+
+
+_CUBLAS_CAPTURE = threading.Lock()
+
+
 def _capture_one(
     executor: StreamExecutor, streams: list[torch.cuda.Stream], static_in: list[torch.Tensor], pool: Any, warmup: int,
     *, strict_sync: bool = False,
@@ -164,7 +195,7 @@ def _capture_one(
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     try:
-        with rng_restored_if_capture_fails(main.device), \
+        with rng_restored_if_capture_fails(main.device), cublas_workspaces_in_pool(), \
                 torch.cuda.graph(graph, pool=pool, stream=main, capture_error_mode="thread_local"):
             out = executor.run(static_in, streams)
     except Exception as e:

@@ -214,6 +214,8 @@ class Partition:
             raise NoGpuError("capture_graph: CUDA graphs need a GPU partition (this one is a no-op)")
         import torch
 
+        from ..engine.capture import cublas_workspaces_in_pool
+
         s = self.stream
         s.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(s):
@@ -223,11 +225,12 @@ class Partition:
             rng = torch.cuda.default_generators[self.device]
             rng_before = rng.clone_state()
             try:
-                g.capture_begin(pool=pool)
-                try:
-                    fn()
-                finally:
-                    g.capture_end()
+                with cublas_workspaces_in_pool():  # the graph's matmuls' workspaces in its own pool
+                    g.capture_begin(pool=pool)
+                    try:
+                        fn()
+                    finally:
+                        g.capture_end()
             except BaseException:  # a failed capture leaves the RNG "capturing" (see
                 rng.graphsafe_set_state(rng_before)  # engine.capture.rng_restored_if_capture_fails)
                 raise

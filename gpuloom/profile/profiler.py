@@ -37,7 +37,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
-from ..engine.capture import rng_restored_if_capture_fails
+from ..engine.capture import cublas_workspaces_in_pool, rng_restored_if_capture_fails
 from ..gpu import NoGpuError, Partitioner, device_facts
 from .knee import DEFAULT_VARIANT, KernelRecord, OccupancyLimits, measured_knee, parse_chrome_trace, predict_variant
 from .knee import variants as knee_variants
@@ -217,7 +217,7 @@ class GraphRunner:
                 x = self.inputs[b]
                 self.spec.module(*x)  # warm-up on this stream: lazy per-stream library state
                 g = torch.cuda.CUDAGraph()
-                with rng_restored_if_capture_fails():
+                with rng_restored_if_capture_fails(), cublas_workspaces_in_pool():
                     g.capture_begin(pool=pool)
                     try:
                         out = self.spec.module(*x)
