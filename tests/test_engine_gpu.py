@@ -244,14 +244,21 @@ def test_independent_branches_overlap():
 
 _WORKSPACE_CHECK = r"""
 import contextlib, os, torch, gpuloom
-from engine_models import Branches
+from torch import nn
 if os.environ.get("GPULOOM_CHECK_WITHOUT_FIX"):  # the before half of a before/after pair (see the test)
     from gpuloom.engine import capture
     capture.cublas_workspaces_in_pool = contextlib.nullcontext
-torch.backends.cuda.matmul.allow_tf32 = False
+
+class NarrowDeep(nn.Module):  # long-K, narrow-N matmuls: cuBLAS splits K and reduces in its workspace
+    def __init__(self):
+        super().__init__()
+        self.branches = nn.ModuleList(nn.Linear(16384, 64) for _ in range(4))
+    def forward(self, x):
+        return sum(b(x) for b in self.branches)
+
 torch.manual_seed(0)
-model = Branches(k=4, width=512, depth=3).cuda().eval()
-x = torch.randn(8, 512, device="cuda")
+model = NarrowDeep().cuda().half().eval()
+x = torch.randn(8, 16384, device="cuda", dtype=torch.half)
 cm = gpuloom.compile(model, (x,), max_batch=8, streams="max")
 streams = cm._graphs.streams
 assert len(streams) > 1, streams
@@ -260,12 +267,12 @@ torch.cuda.empty_cache()
 sentinels = []
 for s in [torch.cuda.current_stream(), *streams]:  # take whatever memory was just given back, on every stream
     with torch.cuda.stream(s):
-        sentinels += [torch.full((2**23,), 7.0, device="cuda") for _ in range(4)]
+        sentinels += [torch.full((2**24,), 7.0, device="cuda", dtype=torch.half) for _ in range(4)]
 torch.cuda.synchronize()
 with torch.no_grad():
     for batch in (8, 3, 8, 1):
-        fresh = torch.randn(batch, 512, device="cuda")
-        torch.testing.assert_close(cm(fresh), model(fresh), rtol=1e-4, atol=1e-4)
+        fresh = torch.randn(batch, 16384, device="cuda", dtype=torch.half)
+        torch.testing.assert_close(cm(fresh), model(fresh), rtol=1e-2, atol=1e-2)
 torch.cuda.synchronize()
 assert all(bool((t == 7.0).all()) for t in sentinels), "a replay wrote into memory it no longer owns"
 print("ok")
