@@ -125,6 +125,92 @@ def test_after_close_the_runtime_end_refuses_replies_so_they_go_over_the_socket(
         w.close()
 
 
+class _IntakeService:
+    """What the bridge's loop intake needs of a service: pollers registered once, a descriptor per call."""
+
+    def __init__(self) -> None:
+        self.pollers: list = []
+        self.handed_out = 0
+
+    def add_intake(self, poll):
+        if poll not in self.pollers:
+            self.pollers.append(poll)
+        self.handed_out += 1
+        return os.open(os.devnull, os.O_RDONLY)
+
+    def remove_intake(self, poll):
+        self.pollers = [p for p in self.pollers if p is not poll]
+
+
+def test_one_loop_poller_takes_from_every_attached_ring_and_only_from_rings_with_requests():
+    from gpuloom.serve.frontend import _LoopIntake, _RingTaker
+
+    class Bridge:
+        loop_requests = 0
+
+    bridge, service = Bridge(), _IntakeService()
+    intake = _LoopIntake(bridge)
+    pairs = [_pair() for _ in range(3)]
+    got: list[tuple[int, bytes]] = []
+    calls = collections.Counter()  # taker -> times the poller called it
+
+    def taker(i, r):
+        t = _RingTaker(r, lambda v: got.append((i, bytes(v))))
+
+        def counted(wait):
+            calls[i] += 1
+            return t(wait)
+        return counted
+
+    takes = [taker(i, r) for i, (_, r) in enumerate(pairs)]
+    try:
+        for (_, r), t in zip(pairs, takes):
+            os.close(intake.attach(r.requests, t, service))
+        assert service.pollers == [intake._poll] and service.handed_out == 3  # one poller, a descriptor each
+        for _ in range(5):
+            intake.poll()
+        assert got == [] and not calls  # empty rings: nothing called
+        assert pairs[1][0].send([b"x"]) and pairs[2][0].send([b"y"]) and pairs[2][0].send([b"z"])
+        intake.poll()
+        assert got == [(1, b"x"), (2, b"y"), (2, b"z")] and bridge.loop_requests == 3
+        assert calls == {1: 1, 2: 1}
+        intake.detach(takes[0], service)
+        intake.detach(takes[1], service)
+        assert service.pollers == [intake._poll]  # one ring still attached
+        assert pairs[0][0].send([b"gone"]) and pairs[2][0].send([b"w"])
+        intake.poll()
+        assert got[-1] == (2, b"w") and (0, b"gone") not in got  # a detached ring is not polled
+        intake.detach(takes[2], service)
+        assert service.pollers == []  # the last ring gone: the poller leaves the loop
+    finally:
+        for w, r in pairs:
+            r.close()
+            w.close()
+
+
+def test_a_ring_whose_take_raises_does_not_stop_the_others():
+    from gpuloom.serve.frontend import _LoopIntake, _RingTaker
+
+    class Bridge:
+        loop_requests = 0
+
+    def boom(v):
+        raise RuntimeError("bad record")
+
+    service, got = _IntakeService(), []
+    intake = _LoopIntake(Bridge())
+    (w0, r0), (w1, r1) = _pair(), _pair()
+    try:
+        os.close(intake.attach(r0.requests, _RingTaker(r0, boom), service))
+        os.close(intake.attach(r1.requests, _RingTaker(r1, lambda v: got.append(bytes(v))), service))
+        assert w0.send([b"a"]) and w1.send([b"b"])
+        assert intake.poll() == float("inf") and got == [b"b"]
+    finally:
+        for w, r in ((w0, r0), (w1, r1)):
+            r.close()
+            w.close()
+
+
 def test_a_closed_taker_takes_nothing_more():
     from gpuloom.serve.frontend import _RingTaker
 

@@ -4,6 +4,7 @@ books, overload, deadlines, unload while serving, failure isolation, clear input
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 import warnings
@@ -1062,6 +1063,28 @@ def test_a_host_that_stops_first_hands_the_loop_back_and_close_still_answers_eve
     assert completed_on == ["gpuloom-runtime-dstack"] * 5 and not svc._runtime.hosted and not svc._runtime.running
     assert_books(svc)
     aloop.close()
+
+
+def test_one_intake_added_for_many_producers_is_registered_once_and_removed_once():
+    svc = fake_service()
+    if svc._waker.share_fd is None:
+        svc.close()
+        pytest.skip("this platform's loop cannot be woken from another process")
+
+    def poll():
+        return float("inf")
+
+    fds = []
+    try:
+        fds = [svc.add_intake(poll) for _ in range(3)]  # three workers, one poller
+        assert len(set(fds)) == 3 and svc._intakes == [poll]
+        assert svc._backend.loop._pollers.count(poll) == 1  # the loop calls it once per wake
+        svc.remove_intake(poll)
+        assert svc._intakes == [] and poll not in svc._backend.loop._pollers
+    finally:
+        for fd in fds:
+            os.close(fd)
+        svc.close()
 
 
 def test_hosting_is_refused_where_something_else_must_wake_the_runtimes_thread():

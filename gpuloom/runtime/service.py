@@ -1038,7 +1038,9 @@ class InferenceService:
         rings, ``serve/frontend.py``): submitted from the loop's own thread, with no thread to wake and
         no GIL hand-off. Returns a new descriptor of the loop's semaphore (the caller passes it on and
         closes it): a process that maps it (``SemaphoreWaker.attach``) and posts it wakes the loop.
-        None when the loop cannot be woken from another process: ``poll`` is then not registered."""
+        None when the loop cannot be woken from another process: ``poll`` is then not registered.
+        Adding a ``poll`` already registered only hands out another descriptor (one poller can serve
+        many producers, each with its own descriptor); one :meth:`remove_intake` removes it."""
         fd = self._waker.share_fd
         if fd is None:
             return None
@@ -1046,9 +1048,10 @@ class InferenceService:
             if self._host is not None:
                 raise ValueError("front-end workers cannot feed a runtime whose loop runs on the HTTP server's event "
                                  "loop (host_loop_on): they wake the runtime's own thread")
-            self._intakes.append(poll)
-            if self._backend is not None:
-                self._backend.loop.add_poller(poll)
+            if poll not in self._intakes:
+                self._intakes.append(poll)
+                if self._backend is not None:
+                    self._backend.loop.add_poller(poll)
         return os.dup(fd)
 
     def remove_intake(self, poll: Callable[[], float]) -> None:

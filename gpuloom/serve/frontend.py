@@ -270,6 +270,7 @@ class InferBridge:
         self.ring_replies = 0  # replies written into a worker's reply ring (the rest went over the socket)
         self.pinned_arenas = 0  # worker arenas page-locked now (launched from in place)
         self._request_templates = _Templates(_RequestTemplate)  # compact ring requests' JSON, checked once
+        self._intake = _LoopIntake(self)  # the runtime loop's one poller over every worker's request ring
         threading.Thread(target=self._accept, name="gpuloom-bridge-accept", daemon=True).start()
 
     def _accept(self) -> None:
@@ -285,7 +286,8 @@ class InferBridge:
 
     def _serve(self, conn: socket.socket) -> None:
         out: queue.SimpleQueue = queue.SimpleQueue()  # reply frames for the socket; None stops the writer
-        pinned = rings = drain = poll = take = None
+        pinned = rings = drain = take = None
+        on_loop = False  # the runtime's loop takes this worker's requests (self._intake)
         in_arena = _Outstanding()  # requests whose rows the device may still read from the arena
         writer = threading.Thread(target=self._write, args=(conn, out), name="gpuloom-bridge-write", daemon=True)
         writer.start()
@@ -301,13 +303,11 @@ class InferBridge:
             wake_fd = None
             if rings is not None:
                 take = self._ring_taker(rings, send, ok, shared, in_arena)
-                intake = getattr(getattr(self.core, "service", None), "add_intake", None)
-                if self.drain_on == "loop" and intake is not None:
-                    poll = self._loop_poll(take)
-                    wake_fd = intake(poll)  # None: this service's loop cannot be woken from the worker
-                    if wake_fd is None:
-                        poll = None
-                drain = threading.Thread(target=self._drain, args=(rings, take, poll is not None),
+                service = getattr(self.core, "service", None)
+                if self.drain_on == "loop" and getattr(service, "add_intake", None) is not None:
+                    wake_fd = self._intake.attach(rings.requests, take, service)
+                    on_loop = wake_fd is not None  # None: this service's loop cannot be woken from the worker
+                drain = threading.Thread(target=self._drain, args=(rings, take, on_loop),
                                          name="gpuloom-bridge-ring", daemon=True)
                 drain.start()
             if offered:  # the worker waits for this before it writes into its rings
@@ -326,8 +326,8 @@ class InferBridge:
         except OSError:
             return
         finally:
-            if poll is not None:
-                self.core.service.remove_intake(poll)
+            if on_loop:
+                self._intake.detach(take, self.core.service)
             if take is not None:
                 take.close()  # waits for a take under way (on the loop's thread, say): then no more
             if rings is not None:
@@ -408,20 +408,6 @@ class InferBridge:
                 send(_internal_error_frame(meta.get("id"), e))
 
         return _RingTaker(rings, one)
-
-    def _loop_poll(self, take: "_RingTaker") -> Callable[[], float]:
-        """A poller for the runtime's loop (``InferenceService.add_intake``): take the ring's requests
-        on the loop's thread each time it wakes. What it raises is logged: the loop must go on."""
-        inf = float("inf")
-
-        def poll() -> float:
-            try:
-                self.loop_requests += take(True)
-            except Exception:  # noqa: BLE001
-                log.exception("taking requests from a worker's ring on the runtime's loop failed")
-            return inf
-
-        return poll
 
     @staticmethod
     def _drain(rings: Any, take: "_RingTaker", loop_drains: bool) -> None:
@@ -595,6 +581,50 @@ def _send_ack(conn: socket.socket, ring_ok: bool, wake_fd: int | None) -> None:
     finally:
         if wake_fd is not None:
             os.close(wake_fd)
+
+
+class _LoopIntake:
+    """The runtime loop's one poller (``InferenceService.add_intake``) over every worker's request
+    ring: at each wake it reads each ring's two index cells and calls into a ring only when a request
+    waits there. One poller per ring cost a Python call chain per ring per wake, most of them for
+    nothing: with 8 workers on the H200 the loop polled 33,250 times a second for 3,378 requests
+    (run 84). Rings come and go with their workers' connections; the poller is registered while any
+    is attached. What a take raises is logged: the loop must go on."""
+
+    def __init__(self, bridge: "InferBridge") -> None:
+        self._bridge = bridge
+        self._rings: tuple[tuple[Any, Any, "_RingTaker"], ...] = ()  # (head cell, tail cell, take); replaced whole
+        self._lock = threading.Lock()  # attach / detach, and the poller's registration with them
+        self._poll = self.poll  # one bound method: the loop removes a poller by identity
+
+    def attach(self, ring: Any, take: "_RingTaker", service: Any) -> int | None:
+        """Poll ``ring`` (a worker's request ring) from the loop of ``service``, through ``take``.
+        Returns the descriptor of the loop's semaphore for the worker (the caller passes it on and
+        closes it), or None when that loop cannot be woken from another process: not attached."""
+        head, tail = ring.cells()
+        with self._lock:
+            fd = service.add_intake(self._poll)  # registered once; each call hands out a descriptor
+            if fd is not None:
+                self._rings = (*self._rings, (head, tail, take))
+            return fd
+
+    def detach(self, take: "_RingTaker", service: Any) -> None:
+        with self._lock:
+            self._rings = tuple(r for r in self._rings if r[2] is not take)
+            if not self._rings:
+                service.remove_intake(self._poll)
+
+    def poll(self) -> float:
+        taken = 0
+        for head, tail, take in self._rings:
+            if head.value != tail.value:  # RequestRing.pending(), without a call per ring
+                try:
+                    taken += take(True)
+                except Exception:  # noqa: BLE001
+                    log.exception("taking requests from a worker's ring on the runtime's loop failed")
+        if taken:
+            self._bridge.loop_requests += taken
+        return math.inf
 
 
 class _RingTaker:

@@ -85,6 +85,11 @@ class ByteRing:
         self._tail.value = tail + need  # last: the consumer reads nothing of the record before this
         return True
 
+    def cells(self) -> tuple[ctypes.c_uint64, ctypes.c_uint64]:
+        """The (head, tail) index cells themselves, for a consumer that checks many rings per loop
+        step: ``head.value != tail.value`` is :meth:`pending` without a call."""
+        return self._head, self._tail
+
     @property
     def head(self) -> int:
         """Bytes taken so far (it moves when the consumer takes a record)."""
