@@ -86,6 +86,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--worker-ring-kb", type=int, default=None, metavar="KIB",
                    help="the front-end workers' shared rings (gpuloom serve --http-worker-ring-kb; 0: requests and "
                         "replies over the socket bridge; default: the server's)")
+    p.add_argument("--worker-nice", default=None, metavar="N[,N...]",
+                   help="how much lower the front-end workers' CPU priority is than the service's process "
+                        "(gpuloom serve --http-worker-nice; default: the server's, frontend.WORKER_NICE). "
+                        "Several, comma-separated: each worker count's HTTP leg once per value, in one process, "
+                        "as --http-workers does for counts")
     p.add_argument("--ring-drain-on", choices=DRAIN_ON, default="loop",
                    help="who takes requests from the workers' rings: the runtime's loop thread (default) or a "
                         "drain thread per worker (Server(ring_drain_on=...))")
@@ -127,6 +132,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # the counts to compare, in order; http_workers stays one number when one is given
     args.http_workers_list = [default_http_workers(os.cpu_count()) if c == "auto" else c for c in counts]
     args.http_workers = args.http_workers_list[0] if len(args.http_workers_list) == 1 else args.http_workers_list
+    from gpuloom.commands.serve import nice_arg
+    from gpuloom.serve.frontend import WORKER_NICE
+
+    try:
+        args.worker_nice_list = [WORKER_NICE] if args.worker_nice is None else \
+            [nice_arg(x.strip()) for x in str(args.worker_nice).split(",")]
+    except argparse.ArgumentTypeError as e:
+        p.error(f"--worker-nice: {e}")
+    # the front ends each scale's HTTP legs compare, in order: (workers, nice)
+    args.front_ends = [(w, n) for w in args.http_workers_list for n in args.worker_nice_list]
     if args.rounds < 1:
         p.error(f"--rounds must be at least 1, got {args.rounds}")
     if args.client_spec is None:
@@ -495,11 +510,14 @@ def run(args: argparse.Namespace) -> int:
         report = _clean({
             "schema": SCHEMA, "workload": args.workload, "policy": args.policy, "scales": args.scales,
             "duration_s": args.duration, "device": device, "tiny": args.tiny, "max_batch": args.max_batch,
-            "clients": clients, "http_workers": args.http_workers, "lookahead_ms": svc.lookahead_ms,
+            "clients": clients, "http_workers": args.http_workers,
+            "worker_nice": args.worker_nice_list[0] if len(args.worker_nice_list) == 1 else args.worker_nice_list,
+            "lookahead_ms": svc.lookahead_ms,
             "raw_launch": bool(getattr(svc.device, "raw_launch", False)), "complete_on": svc.complete_on,
             "outputs": svc.outputs, "target": TARGET, "ok": ok, "error": error,
             "rounds": args.rounds, "comparison": comparison(points),
-            "summary": [{"scale": p["scale"], "http_workers": p["http_workers"], "round": p["round"],
+            "summary": [{"scale": p["scale"], "http_workers": p["http_workers"], "worker_nice": p["worker_nice"],
+                         "round": p["round"],
                          "offered_rps": p["offered_rps"],
                          "inprocess_goodput_rps": p["inprocess"]["goodput_rps"],
                          "http_goodput_rps": p["http"]["goodput_rps"], "ratio": p["ratio"]["goodput"],
@@ -540,17 +558,17 @@ def run(args: argparse.Namespace) -> int:
                                                   pinned_inputs=not args.inprocess_copies))
                 if cpu0 is not None:
                     inproc["loop_cpu"] = loop_cpu_window(svc, cpu0, t_cpu, inproc.get("submitted"), say)
-                counts = args.http_workers_list if rnd % 2 == 0 else args.http_workers_list[::-1]
-                for workers in counts:
+                legs = args.front_ends if rnd % 2 == 0 else args.front_ends[::-1]
+                for workers, nice in legs:
                     # a server of its own per leg, on the same loaded service (left running at its stop)
                     core = ServeCore(svc, None)
                     server = Server(core, host="127.0.0.1", http_port=0, grpc_port=None, http_workers=workers,
                                     worker_ring_kb=args.worker_ring_kb, worker_cpus=other_cpus,
-                                    ring_drain_on=args.ring_drain_on, close_service=False)
+                                    ring_drain_on=args.ring_drain_on, close_service=False, worker_nice=nice)
                     addr = server.start()
                     http_warmup(addr.http_url, svc.models())
                     wait_pinned(server, svc, workers, say)
-                    say(f"HTTP server on http://{addr.http_url} with {workers} front-end worker(s) "
+                    say(f"HTTP server on http://{addr.http_url} with {workers} front-end worker(s) at nice +{nice} "
                         f"(the gpuloom serve code, in this process)")
                     try:
                         http, server_books, used = http_leg(args, svc, core, server, addr.http_url, times, slos,
@@ -559,8 +577,8 @@ def run(args: argparse.Namespace) -> int:
                         server.stop()
                         server = None
                     points.append(make_point(scale, args.duration, inproc, http, server_books, times, used,
-                                             http_workers=workers, round_=rnd))
-                    say(f"x{scale:g}, {workers} worker(s): goodput in-process {inproc['goodput_rps']:.1f}/s, "
+                                             http_workers=workers, round_=rnd, worker_nice=nice))
+                    say(f"x{scale:g}, {workers} worker(s) at nice +{nice}: goodput in-process {inproc['goodput_rps']:.1f}/s, "
                         f"HTTP {http['goodput_rps']:.1f}/s, ratio {points[-1]['ratio']['goodput']}")
                     say(f"  busiest client process {http['client_cpu_max_s_per_s']:.2f} CPU-s/s; workers "
                         f"{[round(x, 2) for x in http['worker_cpu_s_per_s']]} CPU-s/s")
@@ -582,7 +600,7 @@ def run(args: argparse.Namespace) -> int:
         say(f"wrote {args.out}")
     for p in report["points"]:
         print_table(report, p)
-    if len(args.http_workers_list) > 1 or args.rounds > 1:
+    if len(args.front_ends) > 1 or args.rounds > 1:
         print_comparison(report["points"])
     if error:
         print(f"FAILED: {error}")
@@ -653,27 +671,29 @@ def http_leg(args: argparse.Namespace, svc: Any, core: Any, server: Any, url: st
 
 
 def comparison(points: list[dict]) -> list[dict]:
-    """Per scale and worker count: the ratio of each round's leg, in round order, and their mean and
-    spread (what a comparison of worker counts reads: a difference inside the spread says nothing)."""
-    rows: dict[tuple[float, int], list[float | None]] = {}
+    """Per scale and front end (worker count, their nice): the ratio of each round's leg, in round
+    order, and their mean and spread (what a comparison of front ends reads: a difference inside the
+    spread says nothing)."""
+    rows: dict[tuple[float, int, int | None], list[float | None]] = {}
     for p in points:
-        rows.setdefault((p["scale"], p["http_workers"]), []).append(p["ratio"]["goodput"])
+        rows.setdefault((p["scale"], p["http_workers"], p.get("worker_nice")), []).append(p["ratio"]["goodput"])
     out = []
-    for (scale, workers), ratios in rows.items():
+    for (scale, workers, nice), ratios in rows.items():
         known = [r for r in ratios if r is not None]
-        out.append({"scale": scale, "http_workers": workers, "ratios": ratios,
+        out.append({"scale": scale, "http_workers": workers, "worker_nice": nice, "ratios": ratios,
                     "mean": sum(known) / len(known) if known else None,
                     "spread": max(known) - min(known) if known else None})
-    return sorted(out, key=lambda r: (r["scale"], r["http_workers"]))
+    return sorted(out, key=lambda r: (r["scale"], r["http_workers"], r["worker_nice"] or 0))
 
 
 def print_comparison(points: list[dict]) -> None:
-    print("HTTP / in-process goodput by worker count (one ratio per round, in order):")
+    print("HTTP / in-process goodput by worker count and their nice (one ratio per round, in order):")
     for r in comparison(points):
         ratios = " ".join("-" if x is None else f"{x:.3f}" for x in r["ratios"])
         mean = "-" if r["mean"] is None else f"{r['mean']:.3f}"
         spread = "-" if r["spread"] is None else f"{r['spread']:.3f}"
-        print(f"  x{r['scale']:g}  {r['http_workers']:>2} worker(s): {ratios}   mean {mean}, spread {spread}")
+        print(f"  x{r['scale']:g}  {r['http_workers']:>2} worker(s) at nice +{r['worker_nice']}: {ratios}   "
+              f"mean {mean}, spread {spread}")
 
 
 def worker_cpu(server: Any) -> dict[int, float]:
@@ -701,7 +721,8 @@ def loop_cpu_window(svc: Any, before: dict, t0: float, requests: int | None, say
             d["thread_us_per_request"] = d["thread_cpu_s_per_s"] * wall / requests * 1e6
         for r in d["callbacks"]:
             r["us_per_request"] = r["cpu_s_per_s"] * wall / requests * 1e6
-    top = ", ".join(f"{r['callback']} {r['cpu_s_per_s']:.3f}" for r in d["callbacks"][:5])
+    top = ", ".join(f"{r['callback']} {r['cpu_s_per_s']:.3f} ({r['us_per_call']:.0f} us/call, "
+                    f"{r['off_cpu_us_per_call']:.0f} off CPU)" for r in d["callbacks"][:5])
     thread = d["thread_cpu_s_per_s"]
     say(f"  loop thread {thread if thread is None else round(thread, 3)} CPU-s/s; by callback: {top}")
     return d
@@ -715,7 +736,8 @@ def _settle(core: Any, timeout_s: float = 30.0) -> None:
 
 
 def make_point(scale: float, duration_s: float, inproc: dict, http: dict, server_books: dict,
-               times: dict[str, list[float]], clients: int, http_workers: int = 0, round_: int = 0) -> dict:
+               times: dict[str, list[float]], clients: int, http_workers: int = 0, round_: int = 0,
+               worker_nice: int | None = None) -> dict:
     """One load factor: both legs, their ratio, and the books of the HTTP leg.
 
     Books: every request the clients sent got an answer (200 or an error status; none lost), and the
@@ -729,7 +751,8 @@ def make_point(scale: float, duration_s: float, inproc: dict, http: dict, server
     ratio = _ratio(http["goodput_rps"], inproc["goodput_rps"])
     return {
         "scale": scale, "offered_rps": sum(len(t) for t in times.values()) / duration_s,
-        "clients": clients, "http_workers": http_workers, "round": round_, "inprocess": inproc, "http": http,
+        "clients": clients, "http_workers": http_workers, "worker_nice": worker_nice, "round": round_,
+        "inprocess": inproc, "http": http,
         "ratio": {"goodput": ratio,
                   "slo_attainment": _ratio(http["slo_attainment"], inproc["slo_attainment"]),
                   "models": {m: _ratio(http["models"][m]["goodput_rps"], inproc["models"][m]["goodput_rps"])

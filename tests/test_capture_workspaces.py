@@ -45,3 +45,22 @@ def test_the_map_is_cleared_after_a_capture_that_raised(monkeypatch):
     with capture.cublas_workspaces_in_pool():  # and the next capture is not locked out
         pass
     assert log == ["clear"] * 4
+
+
+def test_a_failed_capture_keeps_its_own_error_when_the_clear_after_it_fails_too(monkeypatch):
+    calls = []
+
+    def clear():
+        calls.append(1)
+        if len(calls) == 2:  # the clear after the capture: a sticky CUDA error, say
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", clear, raising=False)
+    try:
+        with capture.cublas_workspaces_in_pool():
+            raise ValueError("the capture's own error")
+    except ValueError as e:
+        assert str(e) == "the capture's own error"
+    else:
+        raise AssertionError("the capture's error was lost")
+    assert len(calls) == 2

@@ -123,10 +123,13 @@ def test_the_loop_charges_cpu_to_the_callbacks_that_used_it_and_not_to_its_waits
     def light():
         pass
 
+    def sleepy():  # off the CPU: its wall time is charged, its CPU time is not
+        time.sleep(0.02)
+
     loop.add_poller(poll)
     loop.open()
     assert loop.cpu_report() == {"callbacks": {}, "thread_cpu_s": None}  # the loop has not run yet
-    th = threading.Thread(target=lambda: [loop.step() for _ in range(8)])  # the eight posts below
+    th = threading.Thread(target=lambda: [loop.step() for _ in range(9)])  # the nine posts below
     loop.account_cpu(True)
     th.start()
     started = threading.Event()
@@ -139,6 +142,7 @@ def test_the_loop_charges_cpu_to_the_callbacks_that_used_it_and_not_to_its_waits
         time.sleep(0.05)  # the loop sleeps on its semaphore in between: no CPU charged for that
         loop.post(ARRIVAL, light)
         time.sleep(0.01)
+    loop.post(ARRIVAL, sleepy)
     after, charged = [], []
     # the runtime's work between events goes through charge(), on the loop's thread, and returns its value
     loop.post(ARRIVAL, lambda: (charged.append(loop.charge(lambda: 7)), after.append(loop.cpu_report())))
@@ -154,6 +158,10 @@ def test_the_loop_charges_cpu_to_the_callbacks_that_used_it_and_not_to_its_waits
     assert rows[next(k for k in rows if k.endswith("light"))]["us_per_call"] < 5_000
     assert rows[next(k for k in rows if k.endswith("poll"))]["calls_per_s"] > 0
     assert rows[heavy_key]["cpu_s_per_s"] == max(r["cpu_s_per_s"] for r in d["callbacks"])  # largest first
+    slept = rows[next(k for k in rows if k.endswith("sleepy"))]
+    assert slept["us_per_call"] < 5_000 and slept["off_cpu_us_per_call"] > 15_000  # its 20 ms were off the CPU
+    assert slept["wall_us_per_call"] >= slept["us_per_call"] + slept["off_cpu_us_per_call"] - 1
+    assert rows[heavy_key]["wall_us_per_call"] >= 0.99 * rows[heavy_key]["us_per_call"]
     # the thread's whole CPU is about what was charged: 3 x 30 ms
     assert 0.09 <= d["thread_cpu_s_per_s"] * (time.monotonic() - t0) < 0.4
     assert d["unaccounted_cpu_s_per_s"] < d["charged_cpu_s_per_s"]

@@ -316,3 +316,35 @@ def test_ring_requests_are_answered_while_no_model_runs_and_taken_by_the_new_loo
         assert bridge.loop_requests == 2  # the new loop has the ring too
     finally:
         server.stop()
+
+
+def test_front_end_workers_run_at_the_cpu_priority_asked_for():
+    """``worker_nice``: how much lower the workers' priority is than the runtime's (frontend.WORKER_NICE
+    by default): a worker woken for its reply then need not preempt the runtime's thread."""
+    import os
+
+    from gpuloom.serve.frontend import WORKER_NICE
+
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    repo = load_repository(REPO / "tiny_mlp.yaml")
+    service = serve_fake.make_service()
+    core = ServeCore(service, repo)
+    core.load("tiny_mlp")
+    for kwargs, want in (({}, min(ours + WORKER_NICE, 19)), ({"worker_nice": 10}, min(ours + 10, 19)),
+                         ({"worker_nice": 0}, ours)):
+        server = Server(core, http_port=0, grpc_port=None, http_workers=1, worker_arena_mb=16,
+                        close_service=False, **kwargs)
+        server.start()
+        try:
+            x = np.ones((2, 16), np.float32)
+            assert _infer(server.address.http_url, x).shape == (2, 4)
+            assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in server.worker_pids()] == [want]
+        finally:
+            server.stop()
+        core = ServeCore(service, repo)  # a stopped server's core stays closing
+    try:
+        for bad in (-1, 20, 2.5, True):
+            with pytest.raises(ValueError, match="worker_nice: expected an int from 0 to 19"):
+                Server(core, http_workers=1, worker_nice=bad)
+    finally:
+        service.close()

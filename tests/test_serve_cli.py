@@ -247,6 +247,18 @@ def test_cpus_lists_parse_like_taskset_and_bad_ones_are_refused():
             cpus_arg(bad)
 
 
+def test_http_worker_nice_takes_0_to_19_and_refuses_the_rest_with_the_range(tmp_path):
+    from gpuloom.commands.serve import nice_arg
+
+    p, repo = _serve_parser_and_repo(tmp_path)
+    assert p.parse_args([repo]).http_worker_nice is None  # the server's default (frontend.WORKER_NICE)
+    assert p.parse_args([repo, "--http-worker-nice", "0"]).http_worker_nice == 0
+    assert nice_arg("19") == 19
+    for bad in ("20", "-1", "x", "2.5"):
+        with pytest.raises(argparse.ArgumentTypeError, match="from 0 to 19"):
+            nice_arg(bad)
+
+
 def test_cpus_pins_every_thread_of_the_server(tmp_path):
     """``--cpus``: every thread of the server runs on those CPUs, those started at import included."""
     cpu = sorted(os.sched_getaffinity(0))[-1]

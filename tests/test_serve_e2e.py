@@ -180,6 +180,8 @@ def test_http_workers_auto_is_gpuloom_serves_default_for_this_host():
 def test_worker_counts_take_turns_on_one_service_in_rounds(tmp_path):
     """--http-workers 0,1 --rounds 2: per round an in-process leg, then an HTTP leg per count through a
     server of its own on the same loaded service, the order reversed in the second round (A B B A)."""
+    from gpuloom.serve.frontend import WORKER_NICE
+
     wl = tmp_path / "three.yaml"
     wl.write_text(WORKLOAD)
     out = tmp_path / "e2e.json"
@@ -189,7 +191,7 @@ def test_worker_counts_take_turns_on_one_service_in_rounds(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     rep = json.loads(out.read_text())
     assert rep["ok"]
-    assert rep["http_workers"] == [0, 1] and rep["rounds"] == 2
+    assert rep["http_workers"] == [0, 1] and rep["rounds"] == 2 and rep["worker_nice"] == WORKER_NICE
     assert [(pt["round"], pt["http_workers"]) for pt in rep["points"]] == [(0, 0), (0, 1), (1, 1), (1, 0)]
     for pt in rep["points"]:
         assert pt["books"]["all_answered"] and pt["books"]["server_balanced"]
@@ -207,18 +209,19 @@ def test_the_comparison_gives_each_count_its_rounds_in_order_with_mean_and_sprea
 
     e2e = load_script("serve_e2e")
 
-    def pt(scale, workers, ratio):
-        return {"scale": scale, "http_workers": workers, "ratio": {"goodput": ratio}}
+    def pt(scale, workers, ratio, nice=10):
+        return {"scale": scale, "http_workers": workers, "worker_nice": nice, "ratio": {"goodput": ratio}}
 
-    rows = e2e.comparison([pt(1, 4, 0.5), pt(1, 8, 0.7), pt(1, 8, 0.9), pt(1, 4, None), pt(0.5, 8, 1.0)])
-    assert [(r["scale"], r["http_workers"], r["ratios"]) for r in rows] == [
-        (0.5, 8, [1.0]), (1, 4, [0.5, None]), (1, 8, [0.7, 0.9])]
+    rows = e2e.comparison([pt(1, 4, 0.5), pt(1, 8, 0.7), pt(1, 8, 0.9), pt(1, 4, None), pt(0.5, 8, 1.0),
+                           pt(1, 8, 0.3, nice=0), pt(1, 8, 0.4, nice=0)])
+    assert [(r["scale"], r["http_workers"], r["worker_nice"], r["ratios"]) for r in rows] == [
+        (0.5, 8, 10, [1.0]), (1, 4, 10, [0.5, None]), (1, 8, 0, [0.3, 0.4]), (1, 8, 10, [0.7, 0.9])]
     assert rows[1]["mean"] == 0.5 and rows[1]["spread"] == 0.0
-    assert abs(rows[2]["mean"] - 0.8) < 1e-12 and abs(rows[2]["spread"] - 0.2) < 1e-12
+    assert abs(rows[3]["mean"] - 0.8) < 1e-12 and abs(rows[3]["spread"] - 0.2) < 1e-12
 
 
 def test_a_bad_worker_count_or_round_count_is_a_usage_error():
-    for extra in (["--http-workers", "2,x"], ["--rounds", "0"]):
+    for extra in (["--http-workers", "2,x"], ["--rounds", "0"], ["--worker-nice", "0,20"]):
         p = subprocess.run([sys.executable, str(SCRIPT), "examples/mix6.yaml", "--tiny", *extra],
                            capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert p.returncode == 2 and extra[0] in p.stderr, p.stderr

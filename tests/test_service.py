@@ -1081,6 +1081,17 @@ def test_one_intake_added_for_many_producers_is_registered_once_and_removed_once
         assert svc._backend.loop._pollers.count(poll) == 1  # the loop calls it once per wake
         svc.remove_intake(poll)
         assert svc._intakes == [] and poll not in svc._backend.loop._pollers
+
+        class Source:  # a bound method is made anew at each access: equal, not the same object
+            def poll(self):
+                return float("inf")
+
+        src = Source()
+        fds.append(svc.add_intake(src.poll))
+        fds.append(svc.add_intake(src.poll))
+        assert len(svc._intakes) == 1 and sum(p == src.poll for p in svc._backend.loop._pollers) == 1
+        svc.remove_intake(src.poll)
+        assert svc._intakes == [] and not any(p == src.poll for p in svc._backend.loop._pollers)
     finally:
         for fd in fds:
             os.close(fd)

@@ -67,6 +67,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--http-worker-arena-mb", type=arena_mb_arg, default=None, metavar="MIB",
                    help="shared memory per front-end worker that request tensors pass through to the runtime's "
                         "process (default 256; 0: over the socket; a request that does not fit goes over the socket)")
+    p.add_argument("--http-worker-nice", type=nice_arg, default=None, metavar="N",
+                   help="how much lower the front-end workers' CPU priority is than this process's (os.nice; "
+                        "default 0: the same): on a busy host a worker woken for its reply then does not preempt "
+                        "the runtime's thread, but it gets less CPU itself (on a 2-core machine, 10 helped the "
+                        "runtime's thread and not the requests)")
     p.add_argument("--http-worker-ring-kb", type=ring_kb_arg, default=None, metavar="KIB",
                    help="shared rings per front-end worker that request and reply frames pass through, with no "
                         "thread of this process woken per request or reply (default 8192; 0: over the socket; "
@@ -111,6 +116,15 @@ def arena_mb_arg(text: str) -> int:
 def ring_kb_arg(text: str) -> int:
     """A non-negative integer of KiB (argparse type)."""
     return _non_negative(text, "a non-negative integer of KiB (0: no rings)")
+
+
+def nice_arg(text: str) -> int:
+    """An integer from 0 to 19 (argparse type)."""
+    n = _non_negative(text, "an integer from 0 to 19 (0: the workers run at this process's priority)")
+    if n > 19:
+        raise argparse.ArgumentTypeError(f"expected an integer from 0 to 19 (0: the workers run at this process's "
+                                         f"priority), got {text!r}")
+    return n
 
 
 def http_workers_arg(text: str) -> int | str:
@@ -200,11 +214,12 @@ def run(args: argparse.Namespace) -> int:
     server = Server(core, host=args.host, http_port=args.http_port, grpc_port=None if args.no_grpc else args.grpc_port,
                     drain_timeout_s=args.drain_timeout, http_workers=args.http_workers,
                     worker_arena_mb=args.http_worker_arena_mb, worker_ring_kb=args.http_worker_ring_kb,
-                    worker_cpus=worker_cpus, runtime_on=args.runtime_on)
+                    worker_cpus=worker_cpus, runtime_on=args.runtime_on,
+                    **({} if args.http_worker_nice is None else {"worker_nice": args.http_worker_nice}))
 
     def started(addr):
         grpc = f", gRPC on {addr.grpc_url}" if addr.grpc_port else ""
-        workers = f" ({args.http_workers} front-end workers)" if args.http_workers else ""
+        workers = f" ({args.http_workers} front-end workers, at nice +{server.worker_nice})" if args.http_workers else ""
         print(f"gpuloom serving {len(names)} models ({', '.join(names)}) with policy {args.policy}: HTTP on http://{addr.http_url}{workers}{grpc}", file=sys.stderr, flush=True)
 
     try:

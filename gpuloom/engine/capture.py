@@ -154,10 +154,12 @@ def cublas_workspaces_in_pool() -> Iterator[None]:
     while the graph still writes to them: ``torch.compile(mode="reduce-overhead")`` does, at every
     capture of its own (engine runs 26-28: an illegal memory access at the next replay of nasnetalarge
     float16; elsewhere, memory silently shared with whatever reuses it). So clear the map before the
-    capture (the graph's matmuls make theirs inside its pool, where the graph keeps them) and after it
-    (later eager matmuls on these streams do not borrow the graph's memory), as torch's cudagraph trees
-    do. One capture at a time in the process: another thread's clear would free this capture's
-    workspaces in the middle of it."""
+    capture (the graph's matmuls make theirs inside its pool, where they stay reserved for it; later
+    captures into the same pool may reuse them, as they reuse its intermediates, which is safe because
+    a GraphSet's replays take turns) and after it (later eager matmuls on these streams do not borrow
+    the graph's memory), as torch's cudagraph trees do. One gpuloom capture at a time in the process
+    (engine, ``Partition.capture_graph``, the profiler): another's clear would free this capture's
+    workspaces in the middle of it. Other code that clears the map (torch.compile) is not held off."""
     clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
     with _CUBLAS_CAPTURE:
         if clear is None:  # a torch without the map: nothing to clear
@@ -166,8 +168,11 @@ def cublas_workspaces_in_pool() -> Iterator[None]:
         clear()
         try:
             yield
-        finally:
-            clear()
+        except BaseException:
+            with contextlib.suppress(Exception):  # (a sticky CUDA error): the capture's own error is the one to see
+                clear()
+            raise
+        clear()
 
 
 _CUBLAS_CAPTURE = threading.Lock()

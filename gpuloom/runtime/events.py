@@ -129,8 +129,11 @@ class RealtimeLoop(EventLoop):
         may :meth:`post`; it returns the wall time (ms) by which it wants to be called again, or
         ``inf``. (The execution backend books completions this way when the GPU posts the
         :attr:`waker` itself; the HTTP workers' requests are taken this way, ``serve/frontend.py``.)
-        Any thread may add or remove a poller while the loop runs."""
+        Any thread may add or remove a poller while the loop runs; adding one already there does
+        nothing (it is called once per wake)."""
         with self._mu:
+            if any(p is poll for p in self._pollers):
+                return
             self._pollers = (*self._pollers, poll)
         self._wake()  # a sleeping loop calls it at once
 
@@ -145,15 +148,18 @@ class RealtimeLoop(EventLoop):
         """Charge the CPU time of every callback and poller the loop's thread runs to its name
         (:meth:`cpu_report`), or stop (``on=False``). About 1.5 us per timed call (each callback,
         each poller at each wake-up, each decision): off by default. Unlike a sampler, nothing is
-        charged to where the thread waits."""
+        charged to where the thread waits. Each call's wall time is kept beside its CPU time: the
+        difference is time the call spent off the CPU (waiting for the GIL, preempted, or in a
+        call that released the GIL)."""
         self.cpu = {} if on else None
 
     def cpu_report(self) -> dict:
-        """What :meth:`account_cpu` charged so far: per callback ``{"cpu_s", "calls"}``, and the loop
+        """What :meth:`account_cpu` charged so far: per callback ``{"cpu_s", "calls", "wall_s"}``, and the loop
         thread's whole CPU clock (``thread_cpu_s``, None before the loop first ran): the rest of it is the
         loop's own work between callbacks (posts, heap, waits) and whatever ran before accounting began."""
         acct = self.cpu
-        rows = {k: {"cpu_s": v[0], "calls": v[1]} for k, v in (acct.copy() if acct is not None else {}).items()}
+        rows = {k: {"cpu_s": v[0], "calls": v[1], "wall_s": v[2]}
+                for k, v in (acct.copy() if acct is not None else {}).items()}
         thread_cpu = None
         owner = self._owner_thread
         # Linux numbers a thread's CPU clock by its kernel id: it outlives join() for a moment and,
@@ -173,20 +179,21 @@ class RealtimeLoop(EventLoop):
         return fn(*args) if acct is None else self._timed(acct, fn, *args)
 
     def _timed(self, acct: dict, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)``, its CPU time charged to its name in ``acct``."""
-        clock = self._time.thread_time
-        t = clock()
+        """``fn(*args)``, its CPU time (and wall time) charged to its name in ``acct``."""
+        clock, wall = self._time.thread_time, self._time.monotonic
+        t, w = clock(), wall()
         try:
             return fn(*args)
         finally:
-            used = clock() - t
+            used, took = clock() - t, wall() - w
             key = getattr(fn, "__qualname__", None) or type(fn).__qualname__
             row = acct.get(key)
             if row is None:
-                acct[key] = [used, 1]
+                acct[key] = [used, 1, took]
             else:
                 row[0] += used
                 row[1] += 1
+                row[2] += took
 
     def post(self, priority: int, callback: Callable[..., Any], *args: Any) -> None:
         """Thread-safe: run ``callback(*args)`` on the loop's thread as soon as possible.
@@ -308,18 +315,23 @@ class RealtimeLoop(EventLoop):
 
 def cpu_delta(before: dict, after: dict, wall_s: float) -> dict:
     """What the loop's thread did between two :meth:`RealtimeLoop.cpu_report` readings, ``wall_s``
-    apart: per callback CPU-s per s of wall time, calls per s and us per call, largest first; the
-    thread's whole CPU-s per s; and ``unaccounted`` (its own work between callbacks: posts, the heap,
-    the semaphore). Callbacks are inclusive: what a callback calls is in its figure."""
+    apart: per callback CPU-s per s of wall time, calls per s and us per call, largest first, with
+    the wall time per call and what of it was off the CPU (``off_cpu_us_per_call``: the GIL, the
+    OS, GIL-releasing calls); the thread's whole CPU-s per s; and ``unaccounted`` (its own work
+    between callbacks: posts, the heap, the semaphore). Callbacks are inclusive: what a callback
+    calls is in its figure."""
     wall_s = max(wall_s, 1e-9)
     b = before.get("callbacks", {})
     rows = []
     for name, a in after.get("callbacks", {}).items():
-        cpu = a["cpu_s"] - b.get(name, {}).get("cpu_s", 0.0)
-        calls = a["calls"] - b.get(name, {}).get("calls", 0)
+        prev = b.get(name, {})
+        cpu = a["cpu_s"] - prev.get("cpu_s", 0.0)
+        calls = a["calls"] - prev.get("calls", 0)
+        took = a.get("wall_s", 0.0) - prev.get("wall_s", 0.0)
         if calls > 0:
             rows.append({"callback": name, "cpu_s_per_s": cpu / wall_s, "calls_per_s": calls / wall_s,
-                         "us_per_call": cpu / calls * 1e6})
+                         "us_per_call": cpu / calls * 1e6, "wall_us_per_call": took / calls * 1e6,
+                         "off_cpu_us_per_call": max(took - cpu, 0.0) / calls * 1e6})
     rows.sort(key=lambda r: -r["cpu_s_per_s"])
     thread = None
     if before.get("thread_cpu_s") is not None and after.get("thread_cpu_s") is not None:

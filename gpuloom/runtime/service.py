@@ -1048,18 +1048,23 @@ class InferenceService:
             if self._host is not None:
                 raise ValueError("front-end workers cannot feed a runtime whose loop runs on the HTTP server's event "
                                  "loop (host_loop_on): they wake the runtime's own thread")
+            mine = os.dup(fd)  # first: if it fails (no descriptors left), nothing is registered
             if poll not in self._intakes:
                 self._intakes.append(poll)
                 if self._backend is not None:
                     self._backend.loop.add_poller(poll)
-        return os.dup(fd)
+        return mine
 
     def remove_intake(self, poll: Callable[[], float]) -> None:
         with self._lock:
-            if poll in self._intakes:
-                self._intakes.remove(poll)
+            # the object registered, which an equal one (a bound method made anew) is not: the loop
+            # removes by identity
+            registered = next((p for p in self._intakes if p == poll), None)
+            if registered is None:
+                return
+            self._intakes.remove(registered)
             if self._backend is not None:
-                self._backend.loop.remove_poller(poll)
+                self._backend.loop.remove_poller(registered)
 
     def loop_lag(self, since: float) -> dict:
         """How late the runtime's loop took submissions and completions since monotonic ``since`` (s):

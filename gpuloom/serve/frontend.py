@@ -64,6 +64,16 @@ _TEMPLATE_BYTES_MAX = 4096  # longer texts (client-chosen names can be long) are
 _READ_BUF = 1 << 16  # bytes the bridge's reader asks the socket for per call
 _JOIN_MAX = 1 << 16  # reply parts smaller than this are joined into one send; bigger go as they are
 DRAIN_ON = ("loop", "thread")  # InferBridge(drain_on=...)
+#: how much lower the workers' CPU priority is than the runtime's process (``os.nice`` increment;
+#: ``gpuloom serve --http-worker-nice``). Why one would: when a reply's eventfd wakes a sleeping
+#: worker on a busy host, the kernel may preempt the runtime's thread for it, and that thread holds
+#: the GIL through the write (ring.py), so the whole runtime process stops. On the 2-core build VM
+#: (4 workers, mix6 --tiny x0.15) nice 10 cut the loop thread's time off the CPU per completion from
+#: 167-240 us to 34-59 and per decision from 136-271 to 37-141, in 5 of 5 pairs. End to end it was
+#: mixed: the HTTP / in-process ratio rose in 2 of 3 pairs across processes and fell in both rounds
+#: within one process, where the starved workers made the requests wait in them instead
+#: (``docs/reports/serving.md``, twenty-ninth session). So 0 (the same priority) until the H200 says.
+WORKER_NICE = 0
 _SAFETY_S = 0.02  # how often a drain thread looks at a ring the runtime's loop drains
 _HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
 
@@ -1029,7 +1039,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ring-kb", type=int, default=ring_kb_default(),
                     help="shared rings for request and reply frames, KiB (0: over the socket; needs the arena)")
     ap.add_argument("--cpus", default=None, help="run on these CPUs (a taskset -c list; default: as started)")
+    ap.add_argument("--nice", type=int, default=0,
+                    help="lower this process's CPU priority by this much (os.nice; default 0: as started)")
     args = ap.parse_args(argv)
+    if args.nice:
+        try:
+            os.nice(args.nice)
+        except OSError as e:  # (a container may refuse it): the worker serves at the priority it has
+            log.warning("could not lower the worker's priority by %d: %s", args.nice, e)
     if args.cpus:  # not the runtime's: gpuloom serve --cpus pins the runtime's process, which started this one
         from gpuloom.runtime.affinity import parse_cpus, pin_process
 

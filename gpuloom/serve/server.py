@@ -67,7 +67,7 @@ class Server:
                  drain_timeout_s: float = 30.0, listen_backlog: int = 2048, http_workers: int = 0,
                  worker_arena_mb: int | None = None, worker_ring_kb: int | None = None,
                  worker_cpus: set[int] | None = None, ring_drain_on: str = "loop", runtime_on: str = "thread",
-                 close_service: bool = True):
+                 close_service: bool = True, worker_nice: int = frontend.WORKER_NICE):
         self.core = core
         # stopping closes the runtime (drained) as well; False leaves it running with its models
         # loaded, for the next server on it (a benchmark's front ends taking turns on one service),
@@ -83,6 +83,11 @@ class Server:
         self.runtime_on = runtime_on
         # the CPUs the front-end workers run on (None: those of this process when it starts them)
         self.worker_cpus = worker_cpus
+        if not isinstance(worker_nice, int) or isinstance(worker_nice, bool) or not 0 <= worker_nice <= 19:
+            raise ValueError(f"worker_nice: expected an int from 0 to 19 (how much lower the front-end workers' CPU "
+                             f"priority is than this process's), got {worker_nice!r}")
+        # how much lower the workers' CPU priority is than this process's (frontend.WORKER_NICE: why)
+        self.worker_nice = worker_nice
         if not isinstance(http_workers, int) or http_workers < 0:
             raise ValueError(f"http_workers: expected a non-negative int, got {http_workers!r}")
         _check_size("worker_arena_mb", worker_arena_mb, "MiB; 0 = no arena")
@@ -203,6 +208,8 @@ class Server:
             cmd += ["--ring-kb", str(self.worker_ring_kb)]
         if self.worker_cpus:
             cmd += ["--cpus", ",".join(str(c) for c in sorted(self.worker_cpus))]
+        if self.worker_nice:
+            cmd += ["--nice", str(self.worker_nice)]
         self._worker_cmd = cmd
         started = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(self.http_workers)]
         self._workers.extend(started)  # all start together; _stop_workers reaps them if one fails
