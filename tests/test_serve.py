@@ -20,6 +20,7 @@ tritonhttp = pytest.importorskip("tritonclient.http")
 tritongrpc = pytest.importorskip("tritonclient.grpc")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
+from gpuloom.serve import ring  # noqa: E402
 from gpuloom.serve.core import ServeCore  # noqa: E402
 from gpuloom.serve.protocol import parse_server_timing  # noqa: E402
 from gpuloom.serve.repository import load_repository  # noqa: E402
@@ -673,7 +674,13 @@ def test_a_front_end_worker_that_dies_is_replaced_and_requests_keep_being_answer
         assert server.workers_restarted == 1 and server._workers[0].pid != victim.pid
         assert all(w.poll() is None for w in server._workers)
         assert len(server.worker_pids()) == 2
+        bridge = server._bridge
+        taken = bridge.loop_requests
         codes = [_post(addr, "/v2/models/slow/infer", body)[0] for _ in range(20)]
         assert codes == [200] * 20
+        if ring.supported() and service._waker.share_fd is not None:
+            # the runtime loop's one poller dropped the dead worker's ring and took the new one's
+            assert len(bridge._intake._rings) == 2
+            assert bridge.loop_requests - taken == 20
     finally:
         server.stop()
