@@ -112,6 +112,30 @@ def test_a_loaded_service_is_frozen_and_an_unloaded_models_cycles_are_still_coll
     assert gc.get_freeze_count() == 0  # close hands everything back to the collector
 
 
+def test_a_load_right_after_an_unload_leaves_the_unloaded_models_cycles_collectable():
+    # a load froze everything alive, the unloaded model's uncollected cycles too: for good (the soak's
+    # unload/load cycles kept 6 graph modules a cycle). Now the freeze waits for a full collection.
+    svc = _service()
+    gc.disable()  # no automatic collection between the unload and the load: the case that leaked
+    try:
+        gone = _load(svc, "a")
+        _load(svc, "b")
+        svc.unload("a")
+        _load(svc, "c")
+        assert gc.get_freeze_count() == 0  # not frozen: "a" is still uncollected garbage
+        gc.collect()
+        assert gone() is None
+        assert gc.get_freeze_count() > 0  # that full collection froze what survived: "b" and "c"
+        out = svc.infer("c", {"x": np.ones((1, 4), np.float32)}, timeout_s=10)
+        np.testing.assert_array_equal(out["y"], np.full((1, 4), 2.0, np.float32))
+    finally:
+        gc.enable()
+        svc.close()
+    assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert gc.get_freeze_count() == 0  # close's thaw freezes nothing again
+
+
 def test_freezing_can_be_turned_off():
     svc = _service(tune_gc=False)
     try:

@@ -9,7 +9,8 @@ took 320-340 ms on the project's build machine, against 4-6 ms before loading th
 * :func:`freeze_loaded` moves everything alive after a load into the permanent generation
   (``gc.freeze``), so later collections scan only what was created since. A full collection then
   took 0.0 ms on the same heap. Objects that die later by reference count are still freed; only
-  cyclic garbage among frozen objects waits for :func:`thaw` (at an unload, and at close).
+  cyclic garbage among frozen objects waits for :func:`thaw` (at an unload, and at close); after an
+  unload, the next full collection frees it and freezes the rest again.
 * :class:`RareFullCollections` makes automatic full collections 100x rarer while a service runs.
   Under load the requests alive at any moment (queues, payloads, futures) are tens of thousands of
   objects, and each full collection of them stopped the process for 53-75 ms on the build machine.
@@ -34,17 +35,53 @@ def freeze_loaded(*, collect: bool = True) -> None:
     """Freeze everything alive (after one full collection with ``collect``: a stop-the-world pause,
     for when nothing is being served).
 
+    Without ``collect``, while an unload's :func:`thaw` waits for its full collection, nothing is
+    frozen now: the unloaded model's cycles are still alive, uncollected, and freezing them here
+    would keep them (and the weights they hold) for the life of the process. A load right after an
+    unload did exactly that: 6 graph modules a cycle stayed alive in the soak's unload/load cycles.
+    The next full collection frees them and then freezes what survives (:func:`thaw`).
+
     Freezing itself is one list splice. It does not count what it froze: ``gc.get_freeze_count()``
     walks the whole frozen list holding the GIL (67 ms for 6 million objects on the build machine),
     which stopped the served models at every load."""
     if collect:
         gc.collect()
+    elif _Refreeze.pending:
+        return
+    _Refreeze.pending = False
     gc.freeze()
 
 
-def thaw() -> None:
-    """Return frozen objects to the collector (before unloading a model: its cyclic garbage can go)."""
+def thaw(*, refreeze: bool = False) -> None:
+    """Return frozen objects to the collector. ``refreeze`` (an unload): the unloaded model's cyclic
+    garbage goes at the next full collection, which then freezes what survives, so the models still
+    loaded are out of the collector's reach again, with no collection forced now while they are
+    served. Without it (close) nothing is frozen again."""
     gc.unfreeze()
+    _Refreeze.pending = refreeze
+    if refreeze:
+        _Refreeze.install()
+
+
+class _Refreeze:
+    """After an unload's thaw: freeze at the end of the next full collection (``gc.callbacks``)."""
+
+    pending = False
+    _installed = False
+    _lock = threading.Lock()
+
+    @classmethod
+    def install(cls) -> None:
+        with cls._lock:
+            if not cls._installed:
+                gc.callbacks.append(cls._after_collection)
+                cls._installed = True
+
+    @classmethod
+    def _after_collection(cls, phase: str, info: dict) -> None:
+        if phase == "stop" and info.get("generation") == 2 and cls.pending:
+            cls.pending = False
+            gc.freeze()  # between collections: the generations' lists are consistent
 
 
 class RareFullCollections:

@@ -344,8 +344,9 @@ class InferenceService:
             every thread for 320-340 ms), and while the service runs make automatic full
             collections 100x rarer (those of the requests alive under load took 53-75 ms). Only the
             first load collects before freezing; an unload thaws (the unloaded model is freed by
-            the next full collection, not by a pause now), and so does close, which also restores
-            the thresholds.
+            the next full collection, not by a pause now, and that collection freezes the rest
+            again; a load meanwhile freezes nothing), and so does close, which also restores the
+            thresholds.
         switch_interval_ms: the interpreter's GIL switch interval while the service runs (process-
             wide, restored at close; None, the default, leaves it alone). Python's 5 ms lets any
             busy thread hold the runtime's loop thread off for up to 5 ms at each of its torch
@@ -673,8 +674,9 @@ class InferenceService:
             if self.tune_gc:
                 # the model's objects (FX graphs are cyclic; they hold its weights) must become
                 # collectable: thaw, and let the next full collection free them rather than stop the
-                # models still served for one now (the next load freezes what is alive again)
-                thaw()
+                # models still served for one now; that collection freezes the rest again (a load
+                # before it freezes nothing: it would freeze the unloaded model's cycles for good)
+                thaw(refreeze=True)
 
     # -- requests -----------------------------------------------------------------------------
     def submit(self, name: str, inputs: Mapping[str, np.ndarray], *, deadline_ms: float | None = None,

@@ -1,0 +1,98 @@
+#!/usr/bin/env python
+"""Is an unloaded model's memory given back when loads and unloads follow each other? CPU.
+
+Why: the soak (``scripts/soak_serve.py``, an unload and a load of one model every 20 s) saw the
+server's resident memory climb only while it cycled, and an in-process loop kept about 6 FX graph
+modules alive per cycle. ``InferenceService(tune_gc=True)`` freezes what is alive after each load
+and an unload thaws, leaving the unloaded model's cycles to the next full collection; a load that
+came first froze them for good.
+
+This loads a small model ``keep``, then ``--cycles`` times unloads and loads a second model
+``cycled`` (a 16-2048-4 MLP) on a CPU service, each cycle ending with one full collection (what an
+automatic one does sometime while the models are served). Per cycle: the objects frozen
+(``gc.get_freeze_count()``), the graph modules the collector can see (``torch.fx.GraphModule`` and
+subclasses; frozen ones are invisible to it), the process's resident memory, and how long the
+collection took.
+
+    .venv/bin/python scripts/diag_unload_memory.py --cycles 20 --out /tmp/unload.json
+
+To compare two versions of the code, run it in a worktree of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's gpuloom
+
+
+def rss_mib() -> float:
+    return int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0]) / 1024
+
+
+def graph_modules() -> int:
+    import torch.fx
+
+    return sum(1 for o in gc.get_objects() if isinstance(o, torch.fx.GraphModule))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cycles", type=int, default=20, help="unload/load cycles (default 20)")
+    p.add_argument("--out", type=Path, default=None, help="write the figures here (JSON)")
+    args = p.parse_args()
+
+    import torch
+
+    from gpuloom.runtime.service import InferenceService, ModelConfig, TensorSpec
+
+    warnings.simplefilter("ignore")  # no profile on the CPU: a crude one is measured at each load
+    torch.manual_seed(0)
+
+    def config(name: str) -> ModelConfig:
+        return ModelConfig(name, (TensorSpec("x", (16,), "float32"),), max_batch=8, slo_ms=1000)
+
+    def mlp(hidden: int) -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(16, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 4)).eval()
+
+    svc = InferenceService(policy="dstack", device="cpu")
+    svc.start()
+    rows = []
+    try:
+        svc.load(config("keep"), mlp(64))
+        svc.load(config("cycled"), mlp(2048))
+        for i in range(args.cycles + 1):
+            if i:
+                svc.unload("cycled")
+                svc.load(config("cycled"), mlp(2048))
+            t0 = time.perf_counter()
+            gc.collect()
+            rows.append({"collect_ms": round((time.perf_counter() - t0) * 1e3, 1), "frozen": gc.get_freeze_count(),
+                         "graph_modules_visible": graph_modules(), "rss_mib": round(rss_mib(), 1)})
+        out = svc.infer("keep", {"x": torch.ones(1, 16).numpy()}, timeout_s=30)  # still served
+    finally:
+        svc.close()
+    first, last = rows[1] if len(rows) > 1 else rows[0], rows[-1]  # from the first cycle on
+    n = max(1, len(rows) - 2)
+    report = {
+        "cycles": args.cycles, "per_cycle": rows,
+        "frozen_per_cycle": round((last["frozen"] - first["frozen"]) / n, 1),
+        "rss_mib_per_cycle": round((last["rss_mib"] - first["rss_mib"]) / n, 3),
+        "collect_ms_median": sorted(r["collect_ms"] for r in rows[1:] or rows)[len(rows[1:] or rows) // 2],
+        "keep_answer_shapes": {k: list(v.shape) for k, v in out.items()},
+    }
+    print(json.dumps({k: v for k, v in report.items() if k != "per_cycle"}))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
