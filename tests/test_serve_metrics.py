@@ -42,3 +42,12 @@ def test_a_failing_stats_call_does_not_break_the_scrape():
         raise RuntimeError("closing")
 
     assert b"nv_inference_request_success" in render(build_registry(Books(), boom, lambda: []))
+
+
+def test_the_garbage_collectors_pauses_are_exposed():
+    stats = {"models": {}, "gc": {"collections": [120, 11, 2], "total_ms": 345.5, "max_ms": 301.25}}
+    text = render(build_registry(Books(), lambda: stats, lambda: [])).decode()
+    assert 'gpuloom_gc_collections{generation="2"} 2.0' in text
+    assert 'gpuloom_gc_collections{generation="0"} 120.0' in text
+    assert "gpuloom_gc_pause_ms 345.5" in text and "gpuloom_gc_pause_max_ms 301.25" in text
+    assert "# TYPE gpuloom_gc_collections counter" in text

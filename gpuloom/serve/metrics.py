@@ -239,6 +239,20 @@ def build_registry(books: Books, stats: Callable[[], dict], model_names: Callabl
                     busy.add_metric([pid], v)
             yield sms
             yield busy
+            gc_stats = st.get("gc")
+            if isinstance(gc_stats, dict):  # the runtime process's collector pauses (runtime.gcpause.GcMonitor)
+                runs = CounterMetricFamily("gpuloom_gc_collections", "Garbage-collector runs in the runtime's "
+                                           "process, by generation (2: a full one, which stops every thread)",
+                                           labels=["generation"])
+                for gen, n in enumerate(gc_stats.get("collections", [])):
+                    runs.add_metric([str(gen)], n)
+                paused = CounterMetricFamily("gpuloom_gc_pause_ms", "Cumulative time the garbage collector "
+                                             "stopped the runtime's process, ms", labels=[])
+                paused.add_metric([], gc_stats.get("total_ms", 0.0))
+                yield runs
+                yield paused
+                yield GaugeMetricFamily("gpuloom_gc_pause_max_ms", "Longest garbage-collector pause so far, ms",
+                                        value=gc_stats.get("max_ms", 0.0))
 
     reg = CollectorRegistry(auto_describe=False)
     reg.register(_Collector())

@@ -1,0 +1,36 @@
+"""scripts/soak_serve.py: a short soak of the real server (both models, HTTP and gRPC, bad inputs,
+cut connections, an unload/load cycle) ends with every answer as expected, the books balanced and a
+clean SIGTERM; and its resource trend reads a growth that is there."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from script_loader import load_script
+
+soak = load_script("soak_serve")
+
+
+def test_the_trend_reads_growth_in_the_second_half_and_none_in_a_flat_series():
+    flat = [{"t": float(t), "fds": 40} for t in range(0, 61, 2)]
+    growing = [{"t": float(t), "fds": 40 + max(0, t - 30) // 2} for t in range(0, 61, 2)]
+    assert soak.trend(flat, "fds")["second_half_slope_per_min"] == pytest.approx(0.0, abs=1e-9)
+    g = soak.trend(growing, "fds")
+    assert g["second_half_slope_per_min"] == pytest.approx(30.0, rel=0.05)  # one descriptor per 2 s
+    assert (g["at_20pct"], g["end"], g["max"]) == (40, 55, 55)
+
+
+@pytest.mark.slow
+def test_a_short_soak_of_the_real_server_answers_everything_as_expected(tmp_path):
+    out = tmp_path / "soak.json"
+    soak.main(["--duration", "8", "--rate", "40", "--cycle-s", "3", "--sample-s", "0.5", "--out", str(out)])
+    r = json.loads(out.read_text())
+    assert r["unexpected"] == [] and r["unexpected_n"] == 0, r["unexpected"]
+    assert r["answer_mismatches"] == 0
+    assert r["cycles"] >= 1 and r["outcomes"]["cycle"] == {"reloaded": r["cycles"]}
+    assert r["outcomes"]["http"].get("200", 0) > 50 and r["outcomes"]["grpc"].get("OK", 0) > 25
+    assert sum(r["outcomes"]["bad"].values()) > 10 and sum(r["outcomes"]["cut"].values()) > 5
+    assert r["books_balanced"] and set(r["books"]) >= {"tiny_mlp", "tiny_cnn"}
+    assert r["server_alive_at_end"] and r["sigterm_exit_code"] == 0
