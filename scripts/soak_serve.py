@@ -95,18 +95,23 @@ def process_tree(pid: int) -> list[int]:
 
 
 def sample(pid: int) -> dict:
-    """Resident memory (MiB), open descriptors and threads, summed over the server's process tree."""
-    rss_kb = fds = threads = n = 0
+    """Resident memory (MiB; of it, shared memory such as the front-end workers' arenas, whose pages
+    count once touched), open descriptors and threads, summed over the server's process tree."""
+    rss_kb = shmem_kb = fds = threads = n = 0
+    each: dict[str, float] = {}  # pid -> resident MiB, to tell which process grows
     for p in process_tree(pid):
         try:
             status = Path(f"/proc/{p}/status").read_text()
             fds += len(os.listdir(f"/proc/{p}/fd"))
         except OSError:  # gone meanwhile
             continue
-        rss_kb += int(re.search(r"VmRSS:\s+(\d+)", status).group(1))
+        kb = int(re.search(r"VmRSS:\s+(\d+)", status).group(1))
+        rss_kb += kb
+        shmem_kb += int(re.search(r"RssShmem:\s+(\d+)", status).group(1))  # shared arenas' pages touched
+        each[str(p)] = round(kb / 1024, 1)
         threads += int(re.search(r"Threads:\s+(\d+)", status).group(1))
         n += 1
-    return {"rss_mib": rss_kb / 1024, "fds": fds, "threads": threads, "processes": n}
+    return {"rss_mib": rss_kb / 1024, "rss_shmem_mib": shmem_kb / 1024, "fds": fds, "threads": threads, "processes": n, "rss_mib_by_pid": each}
 
 
 class Soak:
@@ -381,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         "unexpected_n": soak.unexpected_n, "unexpected": soak.unexpected, "answer_mismatches": soak.mismatches,
         "cycles": soak.cycles, "books": final_books, "books_balanced": balanced, "gc": gc_end,
         "server_alive_at_end": server_alive, "sigterm_exit_code": exit_code, "sigterm_stop_s": round(stop_s, 2),
-        "resources": {k: trend(samples, k) for k in ("rss_mib", "fds", "threads", "processes")},
+        "resources": {k: trend(samples, k) for k in ("rss_mib", "rss_shmem_mib", "fds", "threads", "processes")},
         "samples": samples, "server_log_tail": log_lines[-20:],
     }
     report["ok"] = (server_alive and exit_code == 0 and balanced and soak.unexpected_n == 0
@@ -398,9 +403,13 @@ def main(argv: list[str] | None = None) -> int:
           f"books balanced {balanced}, SIGTERM exit {exit_code} in {stop_s:.1f} s", file=sys.stderr)
     print(f"  garbage collections by generation {gc_end['collections']}, paused {gc_end['pause_ms']} ms in all, "
           f"longest {gc_end['max_pause_ms']} ms", file=sys.stderr)
-    for k in ("rss_mib", "fds", "threads"):
+    for k in ("rss_mib", "rss_shmem_mib", "fds", "threads"):
         print(f"  {k}: {r[k]['at_20pct']:.1f} at 20% -> {r[k]['end']:.1f} at the end (max {r[k]['max']:.1f}; "
               f"second half {r[k]['second_half_slope_per_min']:+.2f}/min)", file=sys.stderr)
+    at20 = next(x for x in samples if x["t"] >= samples[-1]["t"] * 0.2)["rss_mib_by_pid"]
+    for pid_, mib in samples[-1]["rss_mib_by_pid"].items():
+        role = "server" if pid_ == str(proc.pid) else "worker"
+        print(f"  {role} {pid_}: {at20.get(pid_, float('nan')):.1f} MiB at 20% -> {mib:.1f} at the end", file=sys.stderr)
     for u in soak.unexpected[:10]:
         print(f"  unexpected: {u}", file=sys.stderr)
     return 0 if report["ok"] else 1
