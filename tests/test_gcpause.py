@@ -136,6 +136,41 @@ def test_a_load_right_after_an_unload_leaves_the_unloaded_models_cycles_collecta
     assert gc.get_freeze_count() == 0  # close's thaw freezes nothing again
 
 
+def test_a_thaw_during_a_loads_collection_leaves_the_freeze_to_its_own_collection(monkeypatch):
+    from gpuloom.runtime import gcpause
+
+    real_collect = gc.collect
+
+    def collect_while_another_thread_unloads(*a):
+        n = real_collect(*a)
+        thaw(refreeze=True)  # an unload elsewhere, after the load's collection ran
+        return n
+
+    monkeypatch.setattr(gcpause.gc, "collect", collect_while_another_thread_unloads)
+    try:
+        freeze_loaded(collect=True)
+        assert gc.get_freeze_count() == 0  # the unload's garbage is uncollected: not frozen
+        assert gcpause._Refreeze.pending
+    finally:
+        monkeypatch.undo()
+        thaw()
+
+
+def test_closing_one_service_leaves_the_others_models_to_be_frozen_again():
+    a, b = _service(), _service()
+    try:
+        _load(a, "a")
+        _load(b, "b")
+        a.close()  # thaws everything; "b" is still served
+        gc.collect()
+        assert gc.get_freeze_count() > 0  # the next full collection froze what "b" holds again
+    finally:
+        a.close()
+        b.close()
+    gc.collect()
+    assert gc.get_freeze_count() == 0  # the last close freezes nothing again
+
+
 def test_freezing_can_be_turned_off():
     svc = _service(tune_gc=False)
     try:

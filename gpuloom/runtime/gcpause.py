@@ -38,50 +38,72 @@ def freeze_loaded(*, collect: bool = True) -> None:
     Without ``collect``, while an unload's :func:`thaw` waits for its full collection, nothing is
     frozen now: the unloaded model's cycles are still alive, uncollected, and freezing them here
     would keep them (and the weights they hold) for the life of the process. A load right after an
-    unload did exactly that: 6 graph modules a cycle stayed alive in the soak's unload/load cycles.
-    The next full collection frees them and then freezes what survives (:func:`thaw`).
+    unload did exactly that (2,250 objects frozen for good per unload/load cycle,
+    ``scripts/diag_unload_memory.py``). The next full collection frees them and then freezes what
+    survives (:func:`thaw`). With ``collect``, an unload's thaw during the collection likewise leaves
+    the freezing to its own full collection.
 
     Freezing itself is one list splice. It does not count what it froze: ``gc.get_freeze_count()``
     walks the whole frozen list holding the GIL (67 ms for 6 million objects on the build machine),
     which stopped the served models at every load."""
     if collect:
+        with _Refreeze.lock:
+            epoch = _Refreeze.epoch
         gc.collect()
-    elif _Refreeze.pending:
-        return
-    _Refreeze.pending = False
-    gc.freeze()
+    with _Refreeze.lock:
+        if (collect and _Refreeze.epoch != epoch) or (not collect and _Refreeze.pending):
+            return
+        _Refreeze.pending = False
+        gc.freeze()
 
 
 def thaw(*, refreeze: bool = False) -> None:
-    """Return frozen objects to the collector. ``refreeze`` (an unload): the unloaded model's cyclic
-    garbage goes at the next full collection, which then freezes what survives, so the models still
-    loaded are out of the collector's reach again, with no collection forced now while they are
-    served. Without it (close) nothing is frozen again."""
-    gc.unfreeze()
-    _Refreeze.pending = refreeze
+    """Return frozen objects to the collector. ``refreeze`` (an unload; a close while other services
+    run): the unloaded model's cyclic garbage goes at the next full collection, which then freezes
+    what survives, so the models still loaded are out of the collector's reach again, with no
+    collection forced now while they are served. That collection scans the whole thawed heap once
+    (the pause freeing the model needs; 167-310 ms in the soak's server on the build VM). Without
+    ``refreeze`` (the last service's close) nothing is frozen again."""
     if refreeze:
         _Refreeze.install()
+    with _Refreeze.lock:
+        gc.unfreeze()
+        _Refreeze.pending = refreeze
+        _Refreeze.epoch += 1
 
 
 class _Refreeze:
-    """After an unload's thaw: freeze at the end of the next full collection (``gc.callbacks``)."""
+    """After an unload's thaw: freeze at the end of the next full collection (``gc.callbacks``).
+    ``lock`` orders thaws and freezes across threads; the callback, which may run in any thread at
+    any allocation (one holding ``lock`` included), only tries it, and leaves the freeze to the next
+    full collection when it is taken. On an interpreter whose automatic collections never report
+    generation 2, nothing is frozen again until a load finds nothing pending: no leak, only slower
+    full collections."""
 
     pending = False
+    epoch = 0  # thaws so far
+    lock = threading.Lock()
     _installed = False
-    _lock = threading.Lock()
+    _install_lock = threading.Lock()
 
     @classmethod
     def install(cls) -> None:
-        with cls._lock:
+        with cls._install_lock:
             if not cls._installed:
                 gc.callbacks.append(cls._after_collection)
                 cls._installed = True
 
     @classmethod
     def _after_collection(cls, phase: str, info: dict) -> None:
-        if phase == "stop" and info.get("generation") == 2 and cls.pending:
-            cls.pending = False
-            gc.freeze()  # between collections: the generations' lists are consistent
+        if phase != "stop" or info.get("generation") != 2 or not cls.pending:
+            return
+        if cls.lock.acquire(blocking=False):
+            try:
+                if cls.pending:
+                    cls.pending = False
+                    gc.freeze()  # between collections: the generations' lists are consistent
+            finally:
+                cls.lock.release()
 
 
 class RareFullCollections:
@@ -102,6 +124,12 @@ class RareFullCollections:
                 t0, t1, t2 = cls._saved
                 gc.set_threshold(t0, t1, t2 * cls.FACTOR)
             cls._holders += 1
+
+    @classmethod
+    def holders(cls) -> int:
+        """Services holding the thresholds now (each ``InferenceService(tune_gc=True)`` while it runs)."""
+        with cls._lock:
+            return cls._holders
 
     @classmethod
     def leave(cls) -> None:

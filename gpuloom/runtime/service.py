@@ -526,7 +526,9 @@ class InferenceService:
             self._layer.close()
         self._started = False
         if self._gc_held:
-            thaw()  # what this service froze can be collected again
+            # what this service froze can be collected again; while other services run, the next
+            # full collection freezes what they still hold
+            thaw(refreeze=RareFullCollections.holders() > 1)
             RareFullCollections.leave()
             self._gc_held = False
         if self._switch_held:
