@@ -20,6 +20,9 @@ def test_the_trend_reads_growth_in_the_second_half_and_none_in_a_flat_series():
     g = soak.trend(growing, "fds")
     assert g["second_half_slope_per_min"] == pytest.approx(30.0, rel=0.05)  # one descriptor per 2 s
     assert (g["at_20pct"], g["end"], g["max"]) == (40, 55, 55)
+    assert soak.growing(growing, "fds") and not soak.growing(flat, "fds")
+    wavy = [{"t": float(t), "fds": 40 + (t // 2) % 5} for t in range(0, 61, 2)]  # connections come and go
+    assert not soak.growing(wavy, "fds")
 
 
 @pytest.mark.slow
