@@ -2,8 +2,9 @@
 """Is an unloaded model's memory given back when loads and unloads follow each other? CPU.
 
 Why: the soak (``scripts/soak_serve.py``, an unload and a load of one model every 20 s) saw the
-server's resident memory climb only while it cycled, and an in-process loop kept about 6 FX graph
-modules alive per cycle. ``InferenceService(tune_gc=True)`` freezes what is alive after each load
+server's resident memory climb only while it cycled; an in-process loop of 18 unload/load cycles,
+counted after its last unload (nothing frozen then), had 112 FX graph modules alive, 4 with a full
+collection after each unload. ``InferenceService(tune_gc=True)`` freezes what is alive after each load
 and an unload thaws, leaving the unloaded model's cycles to the next full collection; a load that
 came first froze them for good.
 
@@ -11,8 +12,8 @@ This loads a small model ``keep``, then ``--cycles`` times unloads and loads a s
 ``cycled`` (a 16-2048-4 MLP) on a CPU service, each cycle ending with one full collection (what an
 automatic one does sometime while the models are served). Per cycle: the objects frozen
 (``gc.get_freeze_count()``), the graph modules the collector can see (``torch.fx.GraphModule`` and
-subclasses; frozen ones are invisible to it), the process's resident memory, and how long the
-collection took.
+subclasses; frozen ones are invisible to it, so it reads 0 whenever the load has frozen
+everything), the process's resident memory, and how long the collection took.
 
     .venv/bin/python scripts/diag_unload_memory.py --cycles 20 --out /tmp/unload.json
 
