@@ -16,6 +16,7 @@ subclasses; frozen ones are invisible to it, so it reads 0 whenever the load has
 everything), the process's resident memory, and how long the collection took.
 
     .venv/bin/python scripts/diag_unload_memory.py --cycles 20 --out /tmp/unload.json
+    python3 scripts/diag_unload_memory.py --device cuda --hidden 262144 --cycles 10   # on a GPU (20 MiB of weights)
 
 To compare two versions of the code, run it in a worktree of each.
 """
@@ -46,9 +47,13 @@ def graph_modules() -> int:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cycles", type=int, default=20, help="unload/load cycles (default 20)")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda: then also the device memory torch "
+                   "holds before and after each cycle's full collection (what the unloaded model still held)")
+    p.add_argument("--hidden", type=int, default=2048, help="width of the cycled MLP (default 2048)")
     p.add_argument("--out", type=Path, default=None, help="write the figures here (JSON)")
     args = p.parse_args()
 
+    import numpy as np
     import torch
 
     from gpuloom.runtime.service import InferenceService, ModelConfig, TensorSpec
@@ -62,21 +67,31 @@ def main() -> int:
     def mlp(hidden: int) -> torch.nn.Module:
         return torch.nn.Sequential(torch.nn.Linear(16, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 4)).eval()
 
-    svc = InferenceService(policy="dstack", device="cpu")
+    svc = InferenceService(policy="dstack", device=args.device)
+    cuda = args.device.startswith("cuda")
+
+    def device_mib() -> float | None:
+        if not cuda:
+            return None
+        torch.cuda.synchronize()
+        return round(torch.cuda.memory_allocated() / 2**20, 1)
+
     svc.start()
     rows = []
     try:
         svc.load(config("keep"), mlp(64))
-        svc.load(config("cycled"), mlp(2048))
+        svc.load(config("cycled"), mlp(args.hidden))
         for i in range(args.cycles + 1):
             if i:
                 svc.unload("cycled")
-                svc.load(config("cycled"), mlp(2048))
+                svc.load(config("cycled"), mlp(args.hidden))
+            held = device_mib()
             t0 = time.perf_counter()
             gc.collect()
             rows.append({"collect_ms": round((time.perf_counter() - t0) * 1e3, 1), "frozen": gc.get_freeze_count(),
-                         "graph_modules_visible": graph_modules(), "rss_mib": round(rss_mib(), 1)})
-        out = svc.infer("keep", {"x": torch.ones(1, 16).numpy()}, timeout_s=30)  # still served
+                         "graph_modules_visible": graph_modules(), "rss_mib": round(rss_mib(), 1),
+                         "device_mib_before_collect": held, "device_mib_after_collect": device_mib()})
+        out = svc.infer("keep", {"x": np.ones((1, 16), np.float32)}, timeout_s=30)  # still served
     finally:
         svc.close()
     first, last = rows[1] if len(rows) > 1 else rows[0], rows[-1]  # from the first cycle on
@@ -85,6 +100,7 @@ def main() -> int:
         "cycles": args.cycles, "per_cycle": rows,
         "frozen_per_cycle": round((last["frozen"] - first["frozen"]) / n, 1),
         "rss_mib_per_cycle": round((last["rss_mib"] - first["rss_mib"]) / n, 3),
+        "device": args.device, "hidden": args.hidden,
         "collect_ms_median": sorted(r["collect_ms"] for r in rows[1:] or rows)[len(rows[1:] or rows) // 2],
         "keep_answer_shapes": {k: list(v.shape) for k, v in out.items()},
     }
