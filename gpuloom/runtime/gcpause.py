@@ -62,7 +62,7 @@ def thaw(*, refreeze: bool = False) -> None:
     run): the unloaded model's cyclic garbage goes at the next full collection, which then freezes
     what survives, so the models still loaded are out of the collector's reach again, with no
     collection forced now while they are served. That collection scans the whole thawed heap once
-    (the pause freeing the model needs; 167-310 ms in the soak's server on the build VM). Without
+    (the pause freeing the model needs; 167-370 ms in the soak's server on the build VM). Without
     ``refreeze`` (the last service's close) nothing is frozen again."""
     if refreeze:
         _Refreeze.install()
