@@ -11,9 +11,9 @@ came first froze them for good.
 This loads a small model ``keep``, then ``--cycles`` times unloads and loads a second model
 ``cycled`` (a 16-2048-4 MLP) on a CPU service, each cycle ending with one full collection (what an
 automatic one does sometime while the models are served). Per cycle: the objects frozen
-(``gc.get_freeze_count()``), the graph modules the collector can see (``torch.fx.GraphModule`` and
-subclasses; frozen ones are invisible to it, so it reads 0 whenever the load has frozen
-everything), the process's resident memory, and how long the collection took.
+(``gc.get_freeze_count()``), the process's resident memory, and how long the collection took.
+(The results of this session's first runs also count the graph modules the collector could see
+after that collection: always 0, as frozen objects are invisible to it; the count is gone.)
 
     .venv/bin/python scripts/diag_unload_memory.py --cycles 20 --out /tmp/unload.json
     python3 scripts/diag_unload_memory.py --device cuda --hidden 262144 --cycles 10   # on a GPU (20 MiB of weights)
@@ -36,12 +36,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 
 def rss_mib() -> float:
     return int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0]) / 1024
-
-
-def graph_modules() -> int:
-    import torch.fx
-
-    return sum(1 for o in gc.get_objects() if isinstance(o, torch.fx.GraphModule))
 
 
 def main() -> int:
@@ -89,7 +83,7 @@ def main() -> int:
             t0 = time.perf_counter()
             gc.collect()
             rows.append({"collect_ms": round((time.perf_counter() - t0) * 1e3, 1), "frozen": gc.get_freeze_count(),
-                         "graph_modules_visible": graph_modules(), "rss_mib": round(rss_mib(), 1),
+                         "rss_mib": round(rss_mib(), 1),
                          "device_mib_before_collect": held, "device_mib_after_collect": device_mib()})
         out = svc.infer("keep", {"x": np.ones((1, 16), np.float32)}, timeout_s=30)  # still served
     finally:

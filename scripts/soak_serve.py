@@ -247,10 +247,10 @@ class Soak:
             ok = self._check(model, i % PROBES, [res.as_numpy(n) for n in names])
             self._count("grpc", "OK" if ok else "OK but a different answer", ok)
 
-    def _post(self, path: str, body: bytes, headers: dict | None = None) -> int:
+    def _post(self, path: str, body: bytes) -> int:
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
         try:
-            c.request("POST", path, body=body, headers={"Content-Type": "application/json", **(headers or {})})
+            c.request("POST", path, body=body, headers={"Content-Type": "application/json"})
             r = c.getresponse()
             r.read()
             return r.status
@@ -342,6 +342,11 @@ def gc_pauses(text: str) -> dict:
     return {"collections": runs, "pause_ms": one.get("gpuloom_gc_pause_ms"), "max_pause_ms": one.get("gpuloom_gc_pause_max_ms")}
 
 
+def sample_at(samples: list[dict], fraction: float) -> dict:
+    """The first sample taken at or after ``fraction`` of the sampled time."""
+    return next(s for s in samples if s["t"] >= samples[-1]["t"] * fraction)
+
+
 def trend(samples: list[dict], key: str) -> dict:
     """The second half's least-squares slope per minute, and where the value stood at 20% and at the end."""
     if not samples:  # the sampler never read the server: nothing to judge (``ok`` is then false)
@@ -351,7 +356,7 @@ def trend(samples: list[dict], key: str) -> dict:
     t = np.array([s["t"] for s in half]) / 60.0
     v = np.array([s[key] for s in half], dtype=float)
     slope = float(np.polyfit(t, v, 1)[0]) if len(half) >= 3 and np.ptp(t) > 0 else float("nan")
-    at20 = next(s[key] for s in samples if s["t"] >= samples[-1]["t"] * 0.2)
+    at20 = sample_at(samples, 0.2)[key]
     return {"at_20pct": at20, "end": samples[-1][key], "max": max(s[key] for s in samples),
             "second_half_slope_per_min": slope}
 
@@ -402,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
 
     st = threading.Thread(target=sampler, daemon=True)
     final_books: dict = {}
-    gc_end: dict = {}
+    gc_end: dict = {"collections": {}, "pause_ms": None, "max_pause_ms": None}  # unless /metrics is read
     exit_code, stop_s = None, float("nan")
     try:
         st.start()
@@ -459,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     for k in ("rss_mib", "rss_shmem_mib", "fds", "threads"):
         print(f"  {k}: {r[k]['at_20pct']:.1f} at 20% -> {r[k]['end']:.1f} at the end (max {r[k]['max']:.1f}; "
               f"second half {r[k]['second_half_slope_per_min']:+.2f}/min)", file=sys.stderr)
-    at20 = next(x for x in samples if x["t"] >= samples[-1]["t"] * 0.2)["rss_mib_by_pid"] if samples else {}
+    at20 = sample_at(samples, 0.2)["rss_mib_by_pid"] if samples else {}
     for pid_, mib in (samples[-1]["rss_mib_by_pid"] if samples else {}).items():
         role = "server" if pid_ == str(proc.pid) else "worker"
         print(f"  {role} {pid_}: {at20.get(pid_, float('nan')):.1f} MiB at 20% -> {mib:.1f} at the end", file=sys.stderr)
