@@ -94,6 +94,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ring-drain-on", choices=DRAIN_ON, default="loop",
                    help="who takes requests from the workers' rings: the runtime's loop thread (default) or a "
                         "drain thread per worker (Server(ring_drain_on=...))")
+    p.add_argument("--client", default="aiohttp", metavar="NAME[,NAME]",
+                   help="the HTTP client the client processes send with: aiohttp (default) or lean "
+                        "(gpuloom.serve.httpconn: less CPU per request on the host the server shares); both, "
+                        "comma-separated: each front end's HTTP leg once per client, in one process")
     p.add_argument("--clients", type=int, default=0,
                    help="client processes driving HTTP (default: min(models, CPUs // 2), at least 1)")
     p.add_argument("--timeout", type=float, default=30.0, help="HTTP client timeout per request, s (default 30)")
@@ -140,8 +144,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             [nice_arg(x.strip()) for x in str(args.worker_nice).split(",")]
     except argparse.ArgumentTypeError as e:
         p.error(f"--worker-nice: {e}")
-    # the front ends each scale's HTTP legs compare, in order: (workers, nice)
-    args.front_ends = [(w, n) for w in args.http_workers_list for n in args.worker_nice_list]
+    from gpuloom.serve.loadgen import CLIENTS
+
+    args.client_list = [x.strip() for x in str(args.client).split(",") if x.strip()]
+    if not args.client_list or any(c not in CLIENTS for c in args.client_list):
+        p.error(f"--client takes {' or '.join(CLIENTS)} (comma-separated for both), found {args.client!r}")
+    # the front ends each scale's HTTP legs compare, in order: (workers, nice, client)
+    args.front_ends = [(w, n, c) for w in args.http_workers_list for n in args.worker_nice_list
+                       for c in args.client_list]
     if args.rounds < 1:
         p.error(f"--rounds must be at least 1, got {args.rounds}")
     if args.client_spec is None:
@@ -194,7 +204,8 @@ def client_main(spec_path: str) -> int:
         runs = [m for m in spec["models"] if m["times"]]
         res = await asyncio.gather(*(
             loadgen._run(spec["url"], m["model"], np.asarray(m["times"], dtype=float), batch=1, binary=True,
-                         slo_ms=float(m["slo_ms"]), timeout_s=float(spec["timeout_s"]), seed=int(m["seed"]))
+                         slo_ms=float(m["slo_ms"]), timeout_s=float(spec["timeout_s"]), seed=int(m["seed"]),
+                         client=spec.get("client", "aiohttp"))
             for m in runs))
         return res
 
@@ -226,13 +237,14 @@ def assign(rates: dict[str, float], k: int) -> list[list[str]]:
 
 
 def drive_http(url: str, times: dict[str, list[float]], slos: dict[str, float], *, clients: int,
-               timeout_s: float, workdir: Path, cpus: set[int] | None = None) -> tuple[dict[str, dict], int]:
+               timeout_s: float, workdir: Path, cpus: set[int] | None = None,
+               client: str = "aiohttp") -> tuple[dict[str, dict], int]:
     """Run the client processes; returns ``({model: loadgen result dict}, processes used)``."""
     rates = {m: float(len(ts)) for m, ts in times.items()}
     groups = assign(rates, clients)
     procs = []
     for i, names in enumerate(groups):
-        spec = {"url": url, "timeout_s": timeout_s, "out": str(workdir / f"client{i}.out.json"),
+        spec = {"url": url, "timeout_s": timeout_s, "out": str(workdir / f"client{i}.out.json"), "client": client,
                 "cpus": sorted(cpus) if cpus else None,
                 "models": [{"model": m, "times": times[m], "slo_ms": slos[m], "seed": 1000 + j}
                            for j, m in enumerate(names)]}
@@ -405,7 +417,7 @@ def print_table(rep: dict, pt: dict) -> None:
             f"{'attain in':>10}{'attain http':>12}{'p50 in':>8}{'p50 http':>9}{'p99 in':>8}{'p99 http':>9}")
     print(f"serve_e2e {rep['workload']} x{pt['scale']:g} policy {rep['policy']} on {rep['device']}"
           f"{' (tiny models)' if rep['tiny'] else ''}, {rep['duration_s']:g} s per leg, {pt['clients']} client process(es), "
-          f"{pt.get('http_workers', 0)} front-end worker(s)"
+          f"{pt.get('http_workers', 0)} front-end worker(s), {pt.get('client', 'aiohttp')} clients"
           + (f", round {pt.get('round', 0) + 1} of {rep['rounds']}" if rep.get("rounds", 1) > 1 else ""))
     print(head)
     rows = [(m, ip["models"][m], ht["models"][m]) for m in ip["models"]] + [("TOTAL", ip, ht)]
@@ -516,7 +528,9 @@ def run(args: argparse.Namespace) -> int:
             "raw_launch": bool(getattr(svc.device, "raw_launch", False)), "complete_on": svc.complete_on,
             "outputs": svc.outputs, "target": TARGET, "ok": ok, "error": error,
             "rounds": args.rounds, "comparison": comparison(points),
+            "client": args.client_list[0] if len(args.client_list) == 1 else args.client_list,
             "summary": [{"scale": p["scale"], "http_workers": p["http_workers"], "worker_nice": p["worker_nice"],
+                         "client": p["client"],
                          "round": p["round"],
                          "offered_rps": p["offered_rps"],
                          "inprocess_goodput_rps": p["inprocess"]["goodput_rps"],
@@ -559,7 +573,7 @@ def run(args: argparse.Namespace) -> int:
                 if cpu0 is not None:
                     inproc["loop_cpu"] = loop_cpu_window(svc, cpu0, t_cpu, inproc.get("submitted"), say)
                 legs = args.front_ends if rnd % 2 == 0 else args.front_ends[::-1]
-                for workers, nice in legs:
+                for workers, nice, client in legs:
                     # a server of its own per leg, on the same loaded service (left running at its stop)
                     core = ServeCore(svc, None)
                     server = Server(core, host="127.0.0.1", http_port=0, grpc_port=None, http_workers=workers,
@@ -569,16 +583,16 @@ def run(args: argparse.Namespace) -> int:
                     http_warmup(addr.http_url, svc.models())
                     wait_pinned(server, svc, workers, say)
                     say(f"HTTP server on http://{addr.http_url} with {workers} front-end worker(s) at nice +{nice} "
-                        f"(the gpuloom serve code, in this process)")
+                        f"(the gpuloom serve code, in this process); {client} clients")
                     try:
                         http, server_books, used = http_leg(args, svc, core, server, addr.http_url, times, slos,
-                                                            clients, other_cpus, scale, rates, say)
+                                                            clients, other_cpus, scale, rates, say, client)
                     finally:
                         server.stop()
                         server = None
                     points.append(make_point(scale, args.duration, inproc, http, server_books, times, used,
-                                             http_workers=workers, round_=rnd, worker_nice=nice))
-                    say(f"x{scale:g}, {workers} worker(s) at nice +{nice}: goodput in-process {inproc['goodput_rps']:.1f}/s, "
+                                             http_workers=workers, round_=rnd, worker_nice=nice, client=client))
+                    say(f"x{scale:g}, {workers} worker(s) at nice +{nice}, {client} clients: goodput in-process {inproc['goodput_rps']:.1f}/s, "
                         f"HTTP {http['goodput_rps']:.1f}/s, ratio {points[-1]['ratio']['goodput']}")
                     say(f"  busiest client process {http['client_cpu_max_s_per_s']:.2f} CPU-s/s; workers "
                         f"{[round(x, 2) for x in http['worker_cpu_s_per_s']]} CPU-s/s")
@@ -624,7 +638,7 @@ def wait_pinned(server: Any, svc: Any, workers: int, say: Any, timeout_s: float 
 
 def http_leg(args: argparse.Namespace, svc: Any, core: Any, server: Any, url: str, times: dict[str, list[float]],
              slos: dict[str, float], clients: int, other_cpus: set[int] | None, scale: float,
-             rates: dict[str, float], say: Any) -> tuple[dict, dict, int]:
+             rates: dict[str, float], say: Any, client: str = "aiohttp") -> tuple[dict, dict, int]:
     """One HTTP leg through ``server``: the clients replay ``times``; returns its summary (with the
     server process's own figures: workers' CPU, the service's queue/compute split, collector pauses,
     the loop thread's lag and CPU, the bridge's counts), the server's books for the leg, and the
@@ -644,7 +658,7 @@ def http_leg(args: argparse.Namespace, svc: Any, core: Any, server: Any, url: st
     workers0 = worker_cpu(server)
     with tempfile.TemporaryDirectory(prefix="serve_e2e.") as tmp:
         res, used = drive_http(url, times, slos, clients=clients, timeout_s=args.timeout,
-                               workdir=Path(tmp), cpus=other_cpus)
+                               workdir=Path(tmp), cpus=other_cpus, client=client)
     _settle(core, 10.0)
     http = http_summary(res, slos, args.duration)
     # each worker's CPU-s per s, busiest first: one near 1.0 is the HTTP path's limit (a worker
@@ -674,25 +688,26 @@ def comparison(points: list[dict]) -> list[dict]:
     """Per scale and front end (worker count, their nice): the ratio of each round's leg, in round
     order, and their mean and spread (what a comparison of front ends reads: a difference inside the
     spread says nothing)."""
-    rows: dict[tuple[float, int, int | None], list[float | None]] = {}
+    rows: dict[tuple[float, int, int | None, str], list[float | None]] = {}
     for p in points:
-        rows.setdefault((p["scale"], p["http_workers"], p.get("worker_nice")), []).append(p["ratio"]["goodput"])
+        key = (p["scale"], p["http_workers"], p.get("worker_nice"), p.get("client", "aiohttp"))
+        rows.setdefault(key, []).append(p["ratio"]["goodput"])
     out = []
-    for (scale, workers, nice), ratios in rows.items():
+    for (scale, workers, nice, client), ratios in rows.items():
         known = [r for r in ratios if r is not None]
-        out.append({"scale": scale, "http_workers": workers, "worker_nice": nice, "ratios": ratios,
+        out.append({"scale": scale, "http_workers": workers, "worker_nice": nice, "client": client, "ratios": ratios,
                     "mean": sum(known) / len(known) if known else None,
                     "spread": max(known) - min(known) if known else None})
-    return sorted(out, key=lambda r: (r["scale"], r["http_workers"], r["worker_nice"] or 0))
+    return sorted(out, key=lambda r: (r["scale"], r["http_workers"], r["worker_nice"] or 0, r["client"]))
 
 
 def print_comparison(points: list[dict]) -> None:
-    print("HTTP / in-process goodput by worker count and their nice (one ratio per round, in order):")
+    print("HTTP / in-process goodput by worker count, their nice and the client (one ratio per round, in order):")
     for r in comparison(points):
         ratios = " ".join("-" if x is None else f"{x:.3f}" for x in r["ratios"])
         mean = "-" if r["mean"] is None else f"{r['mean']:.3f}"
         spread = "-" if r["spread"] is None else f"{r['spread']:.3f}"
-        print(f"  x{r['scale']:g}  {r['http_workers']:>2} worker(s) at nice +{r['worker_nice']}: {ratios}   "
+        print(f"  x{r['scale']:g}  {r['http_workers']:>2} worker(s) at nice +{r['worker_nice']}, {r['client']:>7}: {ratios}   "
               f"mean {mean}, spread {spread}")
 
 
@@ -737,7 +752,7 @@ def _settle(core: Any, timeout_s: float = 30.0) -> None:
 
 def make_point(scale: float, duration_s: float, inproc: dict, http: dict, server_books: dict,
                times: dict[str, list[float]], clients: int, http_workers: int = 0, round_: int = 0,
-               worker_nice: int | None = None) -> dict:
+               worker_nice: int | None = None, client: str = "aiohttp") -> dict:
     """One load factor: both legs, their ratio, and the books of the HTTP leg.
 
     Books: every request the clients sent got an answer (200 or an error status; none lost), and the
@@ -751,7 +766,7 @@ def make_point(scale: float, duration_s: float, inproc: dict, http: dict, server
     ratio = _ratio(http["goodput_rps"], inproc["goodput_rps"])
     return {
         "scale": scale, "offered_rps": sum(len(t) for t in times.values()) / duration_s,
-        "clients": clients, "http_workers": http_workers, "worker_nice": worker_nice, "round": round_,
+        "clients": clients, "http_workers": http_workers, "worker_nice": worker_nice, "client": client, "round": round_,
         "inprocess": inproc, "http": http,
         "ratio": {"goodput": ratio,
                   "slo_attainment": _ratio(http["slo_attainment"], inproc["slo_attainment"]),

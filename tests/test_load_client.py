@@ -49,12 +49,13 @@ def test_arrival_times_have_the_asked_rate():
         arrival_times(0.0, 1.0)
 
 
-@pytest.mark.parametrize("mode", ["--poisson", "--constant"])
-def test_load_client_reports_throughput_attainment_and_percentiles(server, capsys, mode):
+@pytest.mark.parametrize("mode, client", [("--poisson", "aiohttp"), ("--constant", "aiohttp"), ("--poisson", "lean")])
+def test_load_client_reports_throughput_attainment_and_percentiles(server, capsys, mode, client):
     addr, core = server
     before = core.books.snapshot().get("tiny_mlp")
     ok_before = before.success if before else 0
-    rc = load_cmd.run(_args(addr.http_url, "--model", "tiny_mlp", "--rate", "40", "--duration", "1", mode, "--json"))
+    rc = load_cmd.run(_args(addr.http_url, "--model", "tiny_mlp", "--rate", "40", "--duration", "1", mode, "--json",
+                            "--client", client))
     assert rc == 0
     res = json.loads(capsys.readouterr().out)
     assert res["sent"] > 20 and res["ok"] == res["sent"] and not res["errors"]
@@ -79,11 +80,16 @@ def test_load_client_unknown_model_and_dead_server_fail_cleanly(server, capsys):
     assert "unknown model 'nope'" in capsys.readouterr().err
     assert load_cmd.run(_args("127.0.0.1:1", "--model", "x", "--rate", "5", "--duration", "0.2")) == 1
     assert "error" in capsys.readouterr().err
+    assert load_cmd.run(_args("https://127.0.0.1:1", "--model", "x", "--rate", "5", "--duration", "0.2",
+                              "--client", "lean")) == 1
+    assert "plain http" in capsys.readouterr().err
 
 
-def test_closed_loop_concurrency_mode_measures_saturation(server, capsys):
+@pytest.mark.parametrize("client", ["aiohttp", "lean"])
+def test_closed_loop_concurrency_mode_measures_saturation(server, capsys, client):
     addr, core = server
-    rc = load_cmd.run(_args(addr.http_url, "--model", "tiny_mlp", "--concurrency", "4", "--duration", "0.5", "--json"))
+    rc = load_cmd.run(_args(addr.http_url, "--model", "tiny_mlp", "--concurrency", "4", "--duration", "0.5", "--json",
+                            "--client", client))
     res = json.loads(capsys.readouterr().out)
     assert rc == 0 and res["ok"] == res["sent"] > 4 and res["throughput"] > 0
     assert load_cmd.run(_args(addr.http_url, "--model", "tiny_mlp")) == 2  # neither --rate nor --concurrency

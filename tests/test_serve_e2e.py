@@ -204,6 +204,26 @@ def test_worker_counts_take_turns_on_one_service_in_rounds(tmp_path):
     assert "HTTP / in-process goodput by worker count" in p.stdout
 
 
+def test_the_clients_take_turns_and_the_lean_ones_get_every_answer(tmp_path):
+    """--client aiohttp,lean: one HTTP leg per client over the same server settings; both legs' books
+    balance, and the comparison keys each by its client."""
+    wl = tmp_path / "three.yaml"
+    wl.write_text(WORKLOAD)
+    out = tmp_path / "e2e.json"
+    p = subprocess.run([sys.executable, str(SCRIPT), str(wl), "--tiny", "--device", "cpu", "--scale", "0.5",
+                        "--duration", "1", "--max-batch", "4", "--clients", "1", "--http-workers", "1",
+                        "--client", "aiohttp,lean", "--out", str(out)], capture_output=True, text=True, timeout=180,
+                       cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rep = json.loads(out.read_text())
+    assert rep["ok"] and rep["client"] == ["aiohttp", "lean"]
+    assert [pt["client"] for pt in rep["points"]] == ["aiohttp", "lean"]
+    for pt in rep["points"]:
+        assert pt["books"]["all_answered"] and pt["books"]["server_balanced"]
+        assert pt["http"]["served"] == pt["http"]["submitted"] > 0
+    assert sorted(r["client"] for r in rep["comparison"]) == ["aiohttp", "lean"]
+
+
 def test_the_comparison_gives_each_count_its_rounds_in_order_with_mean_and_spread():
     from script_loader import load_script
 
@@ -221,7 +241,7 @@ def test_the_comparison_gives_each_count_its_rounds_in_order_with_mean_and_sprea
 
 
 def test_a_bad_worker_count_or_round_count_is_a_usage_error():
-    for extra in (["--http-workers", "2,x"], ["--rounds", "0"], ["--worker-nice", "0,20"]):
+    for extra in (["--http-workers", "2,x"], ["--rounds", "0"], ["--worker-nice", "0,20"], ["--client", "curl"]):
         p = subprocess.run([sys.executable, str(SCRIPT), "examples/mix6.yaml", "--tiny", *extra],
                            capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert p.returncode == 2 and extra[0] in p.stderr, p.stderr

@@ -23,6 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slo-ms", type=float, default=None, help="latency objective, ms (default: the model's, from its config)")
     p.add_argument("--timeout", type=float, default=30.0, help="client timeout per request, s (default 30)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--client", choices=("aiohttp", "lean"), default="aiohttp",
+                   help="HTTP client: aiohttp (default), or lean (plain http:// only; about a third of the CPU per "
+                        "large request, for a load generator on the same host as the server)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
 
@@ -38,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
             return 2
         try:
             res = run_closed(args.url, args.model, concurrency=args.concurrency, duration_s=args.duration,
-                             binary=not args.json_tensors, slo_ms=args.slo_ms or 100.0, timeout_s=args.timeout, seed=args.seed)
+                             binary=not args.json_tensors, slo_ms=args.slo_ms or 100.0, timeout_s=args.timeout, seed=args.seed,
+                             client=args.client)
         except Exception as e:
             print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
             return 1
@@ -58,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         res = run_load(args.url, args.model, rate=args.rate, duration_s=args.duration, poisson=args.poisson,
-                       batch=args.batch, binary=not args.json_tensors, slo_ms=args.slo_ms, timeout_s=args.timeout, seed=args.seed)
+                       batch=args.batch, binary=not args.json_tensors, slo_ms=args.slo_ms, timeout_s=args.timeout, seed=args.seed,
+                       client=args.client)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

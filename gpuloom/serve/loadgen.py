@@ -18,7 +18,12 @@ import numpy as np
 
 from .protocol import V2_TO_NUMPY, parse_server_timing
 
-__all__ = ["LoadResult", "run_load", "run_closed", "arrival_times"]
+__all__ = ["LoadResult", "run_load", "run_closed", "arrival_times", "CLIENTS"]
+
+#: who sends the inference requests: aiohttp's client, or ``httpconn``'s lean one (plain HTTP only;
+#: about a third of aiohttp's CPU per 600 KB request on the build VM, for load generators that share
+#: a host with the server they measure)
+CLIENTS = ("aiohttp", "lean")
 
 
 @dataclass
@@ -113,10 +118,18 @@ async def _metadata(session, base: str, model: str, inputs: list[dict] | None) -
 
 
 async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: bool, slo_ms: float | None,
-               timeout_s: float, seed: int, variants: int = 8, inputs: list[dict] | None = None) -> LoadResult:
+               timeout_s: float, seed: int, variants: int = 8, inputs: list[dict] | None = None,
+               client: str = "aiohttp") -> LoadResult:
     import aiohttp
 
+    if client not in CLIENTS:
+        raise ValueError(f"client must be one of {', '.join(CLIENTS)}, found {client!r}")
     base = _url(url)
+    pool = None
+    if client == "lean":
+        from .httpconn import ConnectionPool
+
+        pool = ConnectionPool(base, timeout_s=timeout_s)  # before any request: a https:// URL fails here
     conn = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
         meta = await _metadata(s, base, model, inputs)
@@ -138,17 +151,24 @@ async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: b
         status: Counter = Counter()
         ok_in_slo = 0
         infer_url = f"{base}/v2/models/{model}/infer"
+        if pool is not None:  # each variant's bytes built once
+            path = f"/v2/models/{model}/infer"
+            encoded = [pool.encode("POST", path, body, headers) for body, headers in bodies]
 
         async def one(i: int):
             nonlocal ok_in_slo
-            body, headers = bodies[i % len(bodies)]
             t0 = time.perf_counter()
             lag.append((t0 - start - float(times[i])) * 1000.0)
             try:
-                async with s.post(infer_url, data=body, headers=headers) as r:
-                    await r.read()
-                    code = r.status
-                    st = r.headers.get("Server-Timing")
+                if pool is not None:
+                    r = await pool.request(encoded[i % len(encoded)])
+                    code, st = r.status, r.headers.get("server-timing")
+                else:
+                    body, headers = bodies[i % len(bodies)]
+                    async with s.post(infer_url, data=body, headers=headers) as r:
+                        await r.read()
+                        code = r.status
+                        st = r.headers.get("Server-Timing")
             except Exception as e:  # connection refused, timeout: counted, never raised
                 status[type(e).__name__] += 1
                 return
@@ -164,7 +184,11 @@ async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: b
 
         server_ms: dict[str, list[float]] = {}
         start = time.perf_counter()
-        await fire_open_loop(times, start, lambda i, _t: one(i))
+        try:
+            await fire_open_loop(times, start, lambda i, _t: one(i))
+        finally:
+            if pool is not None:
+                pool.close()
         wall = max(time.perf_counter() - start, float(times[-1]) if len(times) else 0.0, 1e-9)
     arr = np.asarray(lat) if lat else np.asarray([float("nan")])
     lags = np.maximum(np.asarray(lag), 0.0) if lag else np.zeros(1)
@@ -188,29 +212,38 @@ def summarize_timing(samples: dict[str, list[float]]) -> dict[str, dict[str, flo
 
 def run_load(url: str, model: str, *, rate: float, duration_s: float, poisson: bool = True, batch: int = 1,
              binary: bool = True, slo_ms: float | None = None, timeout_s: float = 30.0, seed: int = 0,
-             inputs: list[dict] | None = None) -> LoadResult:
+             inputs: list[dict] | None = None, client: str = "aiohttp") -> LoadResult:
     """Drive ``model`` at ``url`` open-loop; ``slo_ms`` None: the model's own SLO when the server says it.
 
     ``inputs`` (``[{"name", "shape": [-1, ...], "datatype"}]``) overrides the server's metadata, for
-    servers whose metadata does not list them (KServe's Python server)."""
+    servers whose metadata does not list them (KServe's Python server). ``client``: one of ``CLIENTS``."""
     times = arrival_times(rate, duration_s, poisson=poisson, seed=seed)
     res = asyncio.run(_run(url, model, times, batch=batch, binary=binary, slo_ms=slo_ms, timeout_s=timeout_s, seed=seed,
-                           inputs=inputs))
+                           inputs=inputs, client=client))
     res.rate = rate
     return res
 
 
 async def _closed(url: str, model: str, concurrency: int, duration_s: float, *, binary: bool, slo_ms: float,
-                  inputs: list[dict] | None, seed: int, timeout_s: float) -> LoadResult:
+                  inputs: list[dict] | None, seed: int, timeout_s: float, client: str = "aiohttp") -> LoadResult:
     import aiohttp
 
+    if client not in CLIENTS:
+        raise ValueError(f"client must be one of {', '.join(CLIENTS)}, found {client!r}")
     base = _url(url)
+    pool = None
+    if client == "lean":
+        from .httpconn import ConnectionPool
+
+        pool = ConnectionPool(base, timeout_s=timeout_s)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                      timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
         meta = await _metadata(s, base, model, inputs)
         rng = np.random.default_rng(seed)
         bodies = [_body(meta, 1, binary, rng) for _ in range(8)]
         infer_url = f"{base}/v2/models/{model}/infer"
+        if pool is not None:
+            encoded = [pool.encode("POST", f"/v2/models/{model}/infer", body, headers) for body, headers in bodies]
         lat: list[float] = []
         status: Counter = Counter()
         sent = 0
@@ -221,13 +254,17 @@ async def _closed(url: str, model: str, concurrency: int, duration_s: float, *, 
             i = k
             while time.perf_counter() < stop_at:
                 body, headers = bodies[i % len(bodies)]
+                k_variant = i % len(bodies)
                 i += concurrency
                 sent += 1
                 t0 = time.perf_counter()
                 try:
-                    async with s.post(infer_url, data=body, headers=headers) as r:
-                        await r.read()
-                        code = r.status
+                    if pool is not None:
+                        code = (await pool.request(encoded[k_variant])).status
+                    else:
+                        async with s.post(infer_url, data=body, headers=headers) as r:
+                            await r.read()
+                            code = r.status
                 except Exception as e:
                     status[type(e).__name__] += 1
                     continue
@@ -237,7 +274,11 @@ async def _closed(url: str, model: str, concurrency: int, duration_s: float, *, 
                     status[str(code)] += 1
 
         start = time.perf_counter()
-        await asyncio.gather(*(worker(k) for k in range(concurrency)))
+        try:
+            await asyncio.gather(*(worker(k) for k in range(concurrency)))
+        finally:
+            if pool is not None:
+                pool.close()
         wall = time.perf_counter() - start
     arr = np.asarray(lat) if lat else np.asarray([float("nan")])
     return LoadResult(
@@ -249,10 +290,11 @@ async def _closed(url: str, model: str, concurrency: int, duration_s: float, *, 
 
 
 def run_closed(url: str, model: str, *, concurrency: int, duration_s: float, binary: bool = True, slo_ms: float = 100.0,
-               inputs: list[dict] | None = None, seed: int = 0, timeout_s: float = 30.0) -> LoadResult:
+               inputs: list[dict] | None = None, seed: int = 0, timeout_s: float = 30.0,
+               client: str = "aiohttp") -> LoadResult:
     """Closed loop (perf_analyzer's concurrency mode): ``concurrency`` clients, each sending its next
     request when the last one answers, for ``duration_s``. Measures requests/s at saturation."""
     if concurrency < 1 or duration_s <= 0:
         raise ValueError(f"concurrency must be >= 1 and duration positive, found {concurrency}, {duration_s}")
     return asyncio.run(_closed(url, model, concurrency, duration_s, binary=binary, slo_ms=slo_ms, inputs=inputs,
-                               seed=seed, timeout_s=timeout_s))
+                               seed=seed, timeout_s=timeout_s, client=client))
