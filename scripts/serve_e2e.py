@@ -360,7 +360,25 @@ def inproc_summary(pt: Any) -> dict[str, Any]:
             "loop_lag": pt.loop_lag, "models": models,
             # how late the in-process client submitted: on the H200 the client thread fell behind
             # (session 8), and a leg that offered less load than scheduled is no fair reference
-            "arrivals": pt.arrivals, "offered_as_scheduled": pt.offered_as_scheduled}
+            "arrivals": pt.arrivals, "offered_as_scheduled": pt.offered_as_scheduled,
+            "batches": batch_split(pt.profile_check)}
+
+
+def batch_split(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """Per model, from ``profile_check`` rows (one per model, SMs, batch size): batches run, their
+    mean size, their mean device ms and how long each held its partition beyond that. Why: when the
+    service's compute time differs between the legs at one offered load, this says whether the
+    batches were bigger or the device slower per batch."""
+    acc: dict[str, list[float]] = {}
+    for r in rows:
+        a = acc.setdefault(r["model"], [0, 0, 0.0, 0.0])
+        n = r["batches"]
+        a[0] += n
+        a[1] += n * r["batch"]
+        a[2] += n * r["measured_ms"]
+        a[3] += n * r.get("hold_ms", 0.0)
+    return {m: {"batches": int(n), "mean_batch": rows_ / n, "device_ms_per_batch": dev / n, "hold_ms_per_batch": hold / n}
+            for m, (n, rows_, dev, hold) in acc.items() if n}
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -436,6 +454,13 @@ def print_table(rep: dict, pt: dict) -> None:
             f"  {k} {f(st[k]['p50'], '.2f'):>6}" for k in ("worker", "bridge", "service") if k in st)
             + f"  queue {f(mean(a.get('queue_ms')), '.2f')} / {f(mean(b.get('queue_ms')), '.2f')}"
             + f"  compute {f(mean(a.get('compute_ms')), '.2f')} / {f(mean(b.get('compute_ms')), '.2f')}")
+    if ip.get("batches") or ht.get("batches"):
+        print("the service's batches, in / http: mean size, device ms per batch, ms each held its partition beyond it:")
+        for m in ht["models"]:
+            a, b = (ip.get("batches") or {}).get(m, {}), (ht.get("batches") or {}).get(m, {})
+            print(f"  {m:<16} size {f(a.get('mean_batch'), '.2f')} / {f(b.get('mean_batch'), '.2f')}"
+                  f"  device {f(a.get('device_ms_per_batch'), '.2f')} / {f(b.get('device_ms_per_batch'), '.2f')}"
+                  f"  held {f(a.get('hold_ms_per_batch'), '.2f')} / {f(b.get('hold_ms_per_batch'), '.2f')}")
     r = pt["ratio"]["goodput"]
     late = (ip.get("arrivals") or {}).get("late_ms") or {}
     print(f"HTTP clients' worst send lag behind schedule: {f(ht.get('send_lag_max_ms'), '.1f')} ms; in-process "
@@ -643,7 +668,7 @@ def http_leg(args: argparse.Namespace, svc: Any, core: Any, server: Any, url: st
     server process's own figures: workers' CPU, the service's queue/compute split, collector pauses,
     the loop thread's lag and CPU, the bridge's counts), the server's books for the leg, and the
     number of client processes used."""
-    from gpuloom.bench.e2e import hist_delta, service_snapshot
+    from gpuloom.bench.e2e import hist_delta, profile_check, service_snapshot
     from gpuloom.runtime.gcpause import GcMonitor
     from gpuloom.runtime.threadcpu import cpu_share
 
@@ -667,6 +692,7 @@ def http_leg(args: argparse.Namespace, svc: Any, core: Any, server: Any, url: st
     http["worker_cpu_s_per_s"] = sorted(shares.values(), reverse=True)
     snap1 = service_snapshot(svc)  # re-plans during the leg (each drains the partitions; a new layout is captured)
     http["layout_changes"] = snap1["layout_swaps"] - snap0["layout_swaps"]
+    http["batches"] = batch_split(profile_check(svc, snap0, snap1))
     http["layouts_built"] = snap1["layouts_built"] - snap0["layouts_built"]
     for m, v in http["models"].items():  # the service's split, as the in-process leg reports it
         v["queue_ms"] = hist_delta(snap0, snap1, m, "queue_ms")
