@@ -94,10 +94,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ring-drain-on", choices=DRAIN_ON, default="loop",
                    help="who takes requests from the workers' rings: the runtime's loop thread (default) or a "
                         "drain thread per worker (Server(ring_drain_on=...))")
-    p.add_argument("--client", default="aiohttp", metavar="NAME[,NAME]",
-                   help="the HTTP client the client processes send with: aiohttp (default) or lean "
-                        "(gpuloom.serve.httpconn: less CPU per request on the host the server shares); both, "
-                        "comma-separated: each front end's HTTP leg once per client, in one process")
+    p.add_argument("--client", default="lean", metavar="NAME[,NAME]",
+                   help="the HTTP client the client processes send with: lean (default; gpuloom.serve.httpconn: "
+                        "about half aiohttp's CPU per request on the H200 host, which the server shares, runs 85 "
+                        "and 87) or aiohttp (every run before 85); both, comma-separated: each front end's HTTP "
+                        "leg once per client, in one process")
     p.add_argument("--clients", type=int, default=0,
                    help="client processes driving HTTP (default: min(models, CPUs // 2), at least 1)")
     p.add_argument("--timeout", type=float, default=30.0, help="HTTP client timeout per request, s (default 30)")
@@ -205,7 +206,7 @@ def client_main(spec_path: str) -> int:
         res = await asyncio.gather(*(
             loadgen._run(spec["url"], m["model"], np.asarray(m["times"], dtype=float), batch=1, binary=True,
                          slo_ms=float(m["slo_ms"]), timeout_s=float(spec["timeout_s"]), seed=int(m["seed"]),
-                         client=spec.get("client", "aiohttp"))
+                         client=spec["client"])
             for m in runs))
         return res
 
@@ -238,7 +239,7 @@ def assign(rates: dict[str, float], k: int) -> list[list[str]]:
 
 def drive_http(url: str, times: dict[str, list[float]], slos: dict[str, float], *, clients: int,
                timeout_s: float, workdir: Path, cpus: set[int] | None = None,
-               client: str = "aiohttp") -> tuple[dict[str, dict], int]:
+               client: str = "lean") -> tuple[dict[str, dict], int]:
     """Run the client processes; returns ``({model: loadgen result dict}, processes used)``."""
     rates = {m: float(len(ts)) for m, ts in times.items()}
     groups = assign(rates, clients)
@@ -663,7 +664,7 @@ def wait_pinned(server: Any, svc: Any, workers: int, say: Any, timeout_s: float 
 
 def http_leg(args: argparse.Namespace, svc: Any, core: Any, server: Any, url: str, times: dict[str, list[float]],
              slos: dict[str, float], clients: int, other_cpus: set[int] | None, scale: float,
-             rates: dict[str, float], say: Any, client: str = "aiohttp") -> tuple[dict, dict, int]:
+             rates: dict[str, float], say: Any, client: str = "lean") -> tuple[dict, dict, int]:
     """One HTTP leg through ``server``: the clients replay ``times``; returns its summary (with the
     server process's own figures: workers' CPU, the service's queue/compute split, collector pauses,
     the loop thread's lag and CPU, the bridge's counts), the server's books for the leg, and the
@@ -778,7 +779,7 @@ def _settle(core: Any, timeout_s: float = 30.0) -> None:
 
 def make_point(scale: float, duration_s: float, inproc: dict, http: dict, server_books: dict,
                times: dict[str, list[float]], clients: int, http_workers: int = 0, round_: int = 0,
-               worker_nice: int | None = None, client: str = "aiohttp") -> dict:
+               worker_nice: int | None = None, client: str = "lean") -> dict:
     """One load factor: both legs, their ratio, and the books of the HTTP leg.
 
     Books: every request the clients sent got an answer (200 or an error status; none lost), and the
