@@ -148,6 +148,57 @@ def test_graph_memory_is_bounded_evicting_unused_layouts_then_a_clear_error():
     dev.release(b)
 
 
+class _TightDevice(FakeDeviceLayer):
+    """A fake whose builds run out of memory while ``held`` (a weak reference) is alive, as a GPU's
+    do while an unloaded model's weights wait for a full collection; ``oom``: the error raised."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.held, self.attempts, self.oom = None, 0, GraphMemoryError
+
+    def _build(self, lanes):
+        self.attempts += 1
+        if self.held is not None and self.held() is not None:
+            raise self.oom("out of device memory: an unloaded model still holds it")
+        super()._build(lanes)
+
+
+class _Weights:
+    pass
+
+
+def test_a_build_out_of_memory_collects_the_garbage_once_and_retries_before_failing():
+    import gc
+    import weakref
+
+    dev = _TightDevice()
+    dev.add_model("m", FakeModel(lambda xs: xs, 1.0, graph_bytes=10))
+    gc.disable()  # no automatic collection may free the garbage first
+    try:
+        w = _Weights()
+        cycle = {"weights": w}
+        cycle["self"] = cycle  # reference counts never free it: only a full collection does
+        dev.held = weakref.ref(w)
+        del w, cycle
+        assert dev.held() is not None
+        lanes = dev.build(Layout.exclusive(132, [(64, None), (64, None)]))
+    finally:
+        gc.enable()
+    assert lanes.state and dev.attempts == 2 and dev.reclaimed_builds == 1 and dev.held() is None
+    dev.release(lanes)
+    assert ExecBackend(dev).stats()["reclaimed_builds"] == 1
+    # memory a collection cannot free: one retry, then the load fails with what ran out
+    keep = _Weights()
+    dev.held = weakref.ref(keep)
+    with pytest.raises(GraphMemoryError, match="an unloaded model still holds it"):
+        dev.build(Layout.exclusive(132, [(32, None), (96, None)]))
+    assert dev.attempts == 4 and dev.reclaimed_builds == 1
+    dev.oom = MemoryError  # e.g. torch's OutOfMemoryError: named a graph-memory error, retried first
+    with pytest.raises(GraphMemoryError, match="also after a full garbage collection"):
+        dev.build(Layout.exclusive(132, [(32, None)] * 4))
+    assert dev.attempts == 6
+
+
 def test_layouts_are_built_in_the_background_and_swapped_in_when_ready():
     dev = fake(latency_ms=1.0, build_delay_s=0.05)
     be = ExecBackend(dev)

@@ -27,6 +27,7 @@ constructed.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import logging
 import os
@@ -138,6 +139,7 @@ class DeviceLayer(ABC):
         self._lock = threading.RLock()
         self._faults: dict[str, str] = {}
         self.evictions = 0
+        self.reclaimed_builds = 0  # builds that fitted only after a full collection (build)
         # Held while graphs are captured or freed. A CUDA graph capture fails if another thread
         # allocates or frees device memory meanwhile: callers doing such work off the hot path
         # (compiling, eager reference runs) hold it too (``with layer.exclusive(): ...``).
@@ -257,15 +259,28 @@ class DeviceLayer(ABC):
             need = self._estimate(layout, models)
             self._make_room(need, f"layout {layout_key(layout)[1]} with models {list(models)}")
         lanes = Lanes(layout, key, models=models)
-        try:
-            with self._device_lock:
+        with self._device_lock:
+            try:
                 self._build(lanes)
-        except GraphMemoryError:
-            raise
-        except MemoryError as e:  # e.g. torch.OutOfMemoryError during a capture
-            self._free(lanes)
-            raise GraphMemoryError(f"out of device memory while capturing {lanes!r}: {e}; "
-                                   f"budget {self.memory_limit_bytes / 2**20:.0f} MiB") from e
+            except MemoryError as first:  # GraphMemoryError, or e.g. torch.OutOfMemoryError in a capture
+                # An unloaded model's graphs and weights are freed only at the next full collection
+                # (gcpause.thaw: a model's cycles are not freed by reference counts), which
+                # RareFullCollections makes rare: on the H200 an unloaded 21 MiB model held its 21 MiB
+                # until then (docs/reports/runtime.md). Collect once and retry before failing the load.
+                self._free(lanes)
+                freed = self._reclaim()
+                log.info("out of memory building %r (%s); collected garbage (%s), retrying once", lanes, first, freed)
+                lanes = Lanes(layout, key, models=models)
+                try:
+                    self._build(lanes)
+                except MemoryError as e:
+                    self._free(lanes)
+                    if isinstance(e, GraphMemoryError):
+                        raise
+                    raise GraphMemoryError(f"out of device memory while capturing {lanes!r}: {e} (also after a "
+                                           f"full garbage collection); budget "
+                                           f"{self.memory_limit_bytes / 2**20:.0f} MiB") from e
+                self.reclaimed_builds += 1
         with self._lock:
             lanes.users += 1
             self._cache[key] = lanes
@@ -367,6 +382,14 @@ class DeviceLayer(ABC):
 
     def _free(self, lanes: Lanes) -> None:
         lanes.state = None
+
+    def _reclaim(self) -> str:
+        """After a build ran out of memory: free what only a full collection frees (an unloaded
+        model's cycles). Returns what it did, for the log. The pause is one full collection, paid
+        only by a load that would otherwise fail."""
+        t0 = time.perf_counter()
+        n = gc.collect()
+        return f"{n} objects in {(time.perf_counter() - t0) * 1000:.0f} ms"
 
 
 class PinnedRow(list):
@@ -1625,6 +1648,11 @@ class CudaDeviceLayer(DeviceLayer):
     def _free(self, lanes: Lanes) -> None:
         with self._device_lock:
             self._free_locked(lanes)
+
+    def _reclaim(self) -> str:
+        done = super()._reclaim()
+        self._torch.cuda.empty_cache()  # what the collection freed goes back to the driver, for the retried capture
+        return done
 
     def _free_locked(self, lanes: Lanes) -> None:
         """Tear a build down in the only safe order: streams idle, graphs destroyed explicitly,
