@@ -17,6 +17,15 @@ after that collection: always 0, as frozen objects are invisible to it; the coun
 
     .venv/bin/python scripts/diag_unload_memory.py --cycles 20 --out /tmp/unload.json
     python3 scripts/diag_unload_memory.py --device cuda --hidden 262144 --cycles 10   # on a GPU (20 MiB of weights)
+    python3 scripts/diag_unload_memory.py --device cuda --tight --cycles 3          # the load after an unload, no room
+
+``--tight`` (CUDA): the cycled model holds 1 GiB of weights (a 16,384-wide linear layer), and after
+the first load torch may use only 0.6 GiB more than it then holds
+(``torch.cuda.set_per_process_memory_fraction``). Each cycle unloads it and loads it again with no
+collection in between: the new copy fits only if the load frees the old one, which only a full
+collection does. Per cycle: whether a plain 1 GiB allocation fails first (the old copy still held),
+whether the load succeeds, how long it took, and the service's out-of-memory collections
+(``oom_reclaims``).
 
 To compare two versions of the code, run it in a worktree of each.
 """
@@ -44,8 +53,14 @@ def main() -> int:
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda: then also the device memory torch "
                    "holds before and after each cycle's full collection (what the unloaded model still held)")
     p.add_argument("--hidden", type=int, default=2048, help="width of the cycled MLP (default 2048)")
+    p.add_argument("--tight", action="store_true", help="CUDA: reload a 1 GiB model with room for one copy only "
+                   "(see above)")
     p.add_argument("--out", type=Path, default=None, help="write the figures here (JSON)")
     args = p.parse_args()
+    if args.tight:
+        if not args.device.startswith("cuda"):
+            p.error("--tight needs --device cuda")
+        return tight(args)
 
     import numpy as np
     import torch
@@ -103,6 +118,63 @@ def main() -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1))
     return 0
+
+
+def tight(args: argparse.Namespace) -> int:
+    """Unload a 1 GiB model and load it again where only one copy fits (``--tight``)."""
+    import torch
+
+    from gpuloom.runtime.service import InferenceService, ModelConfig, TensorSpec
+
+    warnings.simplefilter("ignore")
+    width = 16384  # 16,384 x 16,384 float32 weights: 1 GiB
+    cfg = ModelConfig("cycled", (TensorSpec("x", (width,), "float32"),), max_batch=4, slo_ms=1000)
+
+    def model() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, 4)).eval()
+
+    svc = InferenceService(policy="dstack", device=args.device)
+    svc.start()
+    rows, error, cap = [], None, None
+    try:
+        svc.load(cfg, model())
+        torch.cuda.synchronize()
+        total = torch.cuda.get_device_properties(0).total_memory
+        cap = torch.cuda.memory_reserved() + int(0.6 * 2**30)
+        torch.cuda.set_per_process_memory_fraction(cap / total)
+        for _ in range(args.cycles):
+            svc.unload("cycled")
+            try:  # is the unloaded copy still held? (a plain 1 GiB allocation, freed at once)
+                probe = torch.empty(2**28, dtype=torch.float32, device="cuda")
+                del probe
+                probe_failed = False
+            except torch.OutOfMemoryError:
+                probe_failed = True
+            before = svc.stats()["backend"]["oom_reclaims"]
+            t0 = time.perf_counter()
+            try:
+                svc.load(cfg, model())
+                ok, why = True, None
+            except Exception as e:  # noqa: BLE001 - reported: the load that failed is the finding
+                ok, why = False, f"{type(e).__name__}: {str(e)[:300]}"
+            rows.append({"probe_1gib_failed": probe_failed, "load_ok": ok, "load_error": why,
+                         "load_s": round(time.perf_counter() - t0, 2),
+                         "oom_reclaims": svc.stats()["backend"]["oom_reclaims"] - before,
+                         "allocated_mib": round(torch.cuda.memory_allocated() / 2**20)})
+            print(json.dumps(rows[-1]), flush=True)
+            if not ok:
+                break
+    except Exception as e:  # noqa: BLE001
+        error = f"{type(e).__name__}: {e}"
+    finally:
+        svc.close()
+    report = {"mode": "tight", "cycles": args.cycles, "cap_mib": round(cap / 2**20) if cap else None,
+              "per_cycle": rows, "error": error, "loads_ok": sum(r["load_ok"] for r in rows)}
+    print(json.dumps({k: v for k, v in report.items() if k != "per_cycle"}))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1))
+    return 0 if rows and not error and all(r["load_ok"] for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -184,19 +184,19 @@ def test_a_build_out_of_memory_collects_the_garbage_once_and_retries_before_fail
         lanes = dev.build(Layout.exclusive(132, [(64, None), (64, None)]))
     finally:
         gc.enable()
-    assert lanes.state and dev.attempts == 2 and dev.reclaimed_builds == 1 and dev.held() is None
+    assert lanes.state and dev.attempts == 2 and dev.oom_reclaims == 1 and dev.held() is None
     dev.release(lanes)
-    assert ExecBackend(dev).stats()["reclaimed_builds"] == 1
+    assert ExecBackend(dev).stats()["oom_reclaims"] == 1
     # memory a collection cannot free: one retry, then the load fails with what ran out
     keep = _Weights()
     dev.held = weakref.ref(keep)
     with pytest.raises(GraphMemoryError, match="an unloaded model still holds it"):
         dev.build(Layout.exclusive(132, [(32, None), (96, None)]))
-    assert dev.attempts == 4 and dev.reclaimed_builds == 1
+    assert dev.attempts == 4 and dev.oom_reclaims == 2
     dev.oom = MemoryError  # e.g. torch's OutOfMemoryError: named a graph-memory error, retried first
     with pytest.raises(GraphMemoryError, match="also after a full garbage collection"):
         dev.build(Layout.exclusive(132, [(32, None)] * 4))
-    assert dev.attempts == 6
+    assert dev.attempts == 6 and dev.oom_reclaims == 3
 
 
 def test_layouts_are_built_in_the_background_and_swapped_in_when_ready():

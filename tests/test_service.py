@@ -316,6 +316,59 @@ def test_a_model_whose_graphs_do_not_fit_is_refused_and_the_others_keep_serving(
     svc.close()
 
 
+class OutOfMemoryError(RuntimeError):
+    """Named as torch's is (a RuntimeError, not a MemoryError): what the service must recognise."""
+
+
+def test_a_load_that_runs_out_of_memory_collects_the_garbage_once_and_retries():
+    """An unloaded model's weights are freed only at a full collection; a load made to fit in their
+    place compiles again after one, and any other error is not retried."""
+    import gc
+    import weakref
+
+    class Weights:
+        pass
+
+    svc = InferenceService(policy="triton", device_layer=FakeDeviceLayer())
+    svc.start()
+    compile_one = svc._compile
+    calls = []
+
+    def tight_compile(config, module):
+        calls.append(config.name)
+        if held() is not None:
+            raise OutOfMemoryError("CUDA out of memory: the unloaded model's weights are still allocated")
+        if config.name == "broken":
+            raise ValueError("not a memory problem")
+        return compile_one(config, module)
+
+    svc._compile = tight_compile
+    gc.disable()  # no automatic collection may free the garbage first
+    try:
+        w = Weights()
+        cycle = {"weights": w}
+        cycle["self"] = cycle
+        held = weakref.ref(w)
+        del w, cycle
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            svc.load(ModelConfig("twice", X4, Y4, max_batch=8), FakeModel(lambda xs: [xs[0] * 2], 1.0))
+            assert calls == ["twice", "twice"] and held() is None
+            assert svc.stats()["backend"]["oom_reclaims"] == 1
+            assert svc.submit("twice", {"x": np.ones((1, 4), np.float32)}).result(5)["y"][0, 0] == 2.0
+            with pytest.raises(ValueError, match="not a memory problem"):
+                svc.load(ModelConfig("broken", X4, Y4, max_batch=8), FakeModel(lambda xs: xs, 1.0))
+            assert calls[2:] == ["broken"] and svc.stats()["backend"]["oom_reclaims"] == 1
+            keep = Weights()
+            held = weakref.ref(keep)  # memory a collection cannot free: the load fails after one retry
+            with pytest.raises(OutOfMemoryError):
+                svc.load(ModelConfig("more", X4, Y4, max_batch=8), FakeModel(lambda xs: xs, 1.0))
+            assert calls[3:] == ["more", "more"] and svc.stats()["backend"]["oom_reclaims"] == 2
+    finally:
+        gc.enable()
+        svc.close()
+
+
 def test_stats_report_histograms_partitions_and_goodput():
     svc = fake_service(policy="gslice")
     for _ in range(5):

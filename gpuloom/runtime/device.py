@@ -139,7 +139,7 @@ class DeviceLayer(ABC):
         self._lock = threading.RLock()
         self._faults: dict[str, str] = {}
         self.evictions = 0
-        self.reclaimed_builds = 0  # builds that fitted only after a full collection (build)
+        self.oom_reclaims = 0  # full collections run because a build or a load ran out of memory (reclaim)
         # Held while graphs are captured or freed. A CUDA graph capture fails if another thread
         # allocates or frees device memory meanwhile: callers doing such work off the hot path
         # (compiling, eager reference runs) hold it too (``with layer.exclusive(): ...``).
@@ -268,7 +268,7 @@ class DeviceLayer(ABC):
                 # RareFullCollections makes rare: on the H200 an unloaded 21 MiB model held its 21 MiB
                 # until then (docs/reports/runtime.md). Collect once and retry before failing the load.
                 self._free(lanes)
-                freed = self._reclaim()
+                freed = self.reclaim()
                 log.info("out of memory building %r (%s); collected garbage (%s), retrying once", lanes, first, freed)
                 lanes = Lanes(layout, key, models=models)
                 try:
@@ -280,7 +280,6 @@ class DeviceLayer(ABC):
                     raise GraphMemoryError(f"out of device memory while capturing {lanes!r}: {e} (also after a "
                                            f"full garbage collection); budget "
                                            f"{self.memory_limit_bytes / 2**20:.0f} MiB") from e
-                self.reclaimed_builds += 1
         with self._lock:
             lanes.users += 1
             self._cache[key] = lanes
@@ -383,12 +382,13 @@ class DeviceLayer(ABC):
     def _free(self, lanes: Lanes) -> None:
         lanes.state = None
 
-    def _reclaim(self) -> str:
-        """After a build ran out of memory: free what only a full collection frees (an unloaded
-        model's cycles). Returns what it did, for the log. The pause is one full collection, paid
-        only by a load that would otherwise fail."""
+    def reclaim(self) -> str:
+        """After a build or a load ran out of memory: free what only a full collection frees (an
+        unloaded model's cycles, and the weights and graphs they hold). Returns what it did, for
+        the log. The pause is one full collection, paid only by a load that would otherwise fail."""
         t0 = time.perf_counter()
         n = gc.collect()
+        self.oom_reclaims += 1
         return f"{n} objects in {(time.perf_counter() - t0) * 1000:.0f} ms"
 
 
@@ -1649,8 +1649,8 @@ class CudaDeviceLayer(DeviceLayer):
         with self._device_lock:
             self._free_locked(lanes)
 
-    def _reclaim(self) -> str:
-        done = super()._reclaim()
+    def reclaim(self) -> str:
+        done = super().reclaim()
         self._torch.cuda.empty_cache()  # what the collection freed goes back to the driver, for the retried capture
         return done
 

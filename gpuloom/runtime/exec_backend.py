@@ -445,7 +445,7 @@ class ExecBackend(Backend):
                 "graph_memory_bytes": self.device.memory_bytes(),
                 "layouts_built": self.layouts_built,
                 "evictions": self.device.evictions,
-                "reclaimed_builds": self.device.reclaimed_builds,  # builds that fitted after a full collection
+                "oom_reclaims": self.device.oom_reclaims,  # full collections because memory ran out
                 "eager_batches": getattr(self.device, "eager_batches", 0),  # CUDA: batches run without a graph
                 "heuristic_captures": getattr(self.device, "heuristic_captures", 0),  # CUDA: cuDNN autotune failed
                 "skipped_captures": getattr(self.device, "skipped_captures", 0),  # CUDA: filler left uncaptured

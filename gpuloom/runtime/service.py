@@ -609,7 +609,7 @@ class InferenceService:
             try:
                 for config, module in models:
                     with self.device.exclusive():  # no graph capture of a re-plan may run meanwhile
-                        runner, config = self._compile(config, module)
+                        runner, config = self._compile_reclaiming(config, module)
                         profile = self._profile_for(config, runner)
                     entries.append(_Model(config, profile, runner))
             finally:
@@ -1252,6 +1252,20 @@ class InferenceService:
             p = m.profile
             knee = m.knee_by_batch[batch] = p.knee(p.bucket(min(batch, p.max_batch)))
         return knee
+
+    def _compile_reclaiming(self, config: ModelConfig, module: Any) -> tuple[Any, ModelConfig]:
+        """:meth:`_compile`, once more after a full collection if it ran out of memory: an unloaded
+        model's weights are freed only by one (``gcpause.thaw``), which ``RareFullCollections`` makes
+        rare, so a load made to fit in their place would otherwise fail (``DeviceLayer.build`` does
+        the same for captures)."""
+        try:
+            return self._compile(config, module)
+        except Exception as e:  # noqa: BLE001 - only out-of-memory errors are retried
+            if not (isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"):
+                raise
+            freed = self.device.reclaim()
+            log.info("out of memory compiling %r (%s); collected garbage (%s), retrying once", config.name, e, freed)
+        return self._compile(config, module)
 
     def _compile(self, config: ModelConfig, module: Any) -> tuple[Any, ModelConfig]:
         if isinstance(module, FakeModel):
