@@ -259,27 +259,31 @@ class DeviceLayer(ABC):
             need = self._estimate(layout, models)
             self._make_room(need, f"layout {layout_key(layout)[1]} with models {list(models)}")
         lanes = Lanes(layout, key, models=models)
-        with self._device_lock:
-            try:
+        try:
+            with self._device_lock:
                 self._build(lanes)
-            except MemoryError as first:  # GraphMemoryError, or e.g. torch.OutOfMemoryError in a capture
-                # An unloaded model's graphs and weights are freed only at the next full collection
-                # (gcpause.thaw: a model's cycles are not freed by reference counts), which
-                # RareFullCollections makes rare: on the H200 an unloaded 21 MiB model held its 21 MiB
-                # until then (docs/reports/runtime.md). Collect once and retry before failing the load.
-                self._free(lanes)
-                freed = self.reclaim()
-                log.info("out of memory building %r (%s); collected garbage (%s), retrying once", lanes, first, freed)
-                lanes = Lanes(layout, key, models=models)
-                try:
+        except MemoryError as first:  # GraphMemoryError, or e.g. torch.OutOfMemoryError in a capture
+            # What only this can free first: cached builds no backend uses, and an unloaded model's
+            # graphs and weights, which wait for the next full collection (gcpause.thaw: its cycles
+            # are not freed by reference counts), made rare by RareFullCollections; on the H200 an
+            # unloaded 21 MiB model held its 21 MiB until then (docs/reports/runtime.md). Then once more.
+            # (No lock held here: trim takes _lock before _device_lock, as release does.)
+            self._free(lanes)
+            trimmed = self.trim()
+            freed = self.reclaim()
+            log.info("out of memory building %r (%s); freed %d unused cached builds, collected garbage (%s); "
+                     "retrying once", lanes, first, trimmed, freed)
+            lanes = Lanes(layout, key, models=models)
+            try:
+                with self._device_lock:
                     self._build(lanes)
-                except MemoryError as e:
-                    self._free(lanes)
-                    if isinstance(e, GraphMemoryError):
-                        raise
-                    raise GraphMemoryError(f"out of device memory while capturing {lanes!r}: {e} (also after a "
-                                           f"full garbage collection); budget "
-                                           f"{self.memory_limit_bytes / 2**20:.0f} MiB") from e
+            except MemoryError as e:
+                self._free(lanes)
+                if isinstance(e, GraphMemoryError):
+                    raise
+                raise GraphMemoryError(f"out of device memory while capturing {lanes!r}: {e} (also after freeing "
+                                       f"unused cached builds and a full garbage collection); budget "
+                                       f"{self.memory_limit_bytes / 2**20:.0f} MiB") from e
         with self._lock:
             lanes.users += 1
             self._cache[key] = lanes
