@@ -150,7 +150,7 @@ def tight(args: argparse.Namespace) -> int:
                 probe_failed = False
             except torch.OutOfMemoryError:
                 probe_failed = True
-            before = svc.stats()["backend"].get("oom_reclaims", 0)  # absent before this session
+            before = getattr(svc.device, "oom_reclaims", 0)  # absent before this session
             t0 = time.perf_counter()
             try:
                 svc.load(cfg, model())
@@ -159,7 +159,7 @@ def tight(args: argparse.Namespace) -> int:
                 ok, why = False, f"{type(e).__name__}: {str(e)[:300]}"
             rows.append({"probe_1gib_failed": probe_failed, "load_ok": ok, "load_error": why,
                          "load_s": round(time.perf_counter() - t0, 2),
-                         "oom_reclaims": svc.stats()["backend"].get("oom_reclaims", 0) - before,
+                         "oom_reclaims": getattr(svc.device, "oom_reclaims", 0) - before,
                          "allocated_mib": round(torch.cuda.memory_allocated() / 2**20)})
             print(json.dumps(rows[-1]), flush=True)
             if not ok:
