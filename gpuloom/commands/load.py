@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=30.0, help="client timeout per request, s (default 30)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--client", choices=("aiohttp", "lean"), default="aiohttp",
-                   help="HTTP client: aiohttp (default), or lean (plain http:// only; about a third of the CPU per "
+                   help="HTTP client: aiohttp (default), or lean (plain http:// only; about half the CPU per "
                         "large request, for a load generator on the same host as the server)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
 

@@ -13,6 +13,7 @@ import json
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -21,8 +22,8 @@ from .protocol import V2_TO_NUMPY, parse_server_timing
 __all__ = ["LoadResult", "run_load", "run_closed", "arrival_times", "CLIENTS"]
 
 #: who sends the inference requests: aiohttp's client, or ``httpconn``'s lean one (plain HTTP only;
-#: about a third of aiohttp's CPU per 600 KB request on the build VM, for load generators that share
-#: a host with the server they measure)
+#: about half aiohttp's CPU per 600 KB request, on the build VM and the H200 host: for load
+#: generators that share a host with the server they measure)
 CLIENTS = ("aiohttp", "lean")
 
 
@@ -108,6 +109,42 @@ async def fire_open_loop(times: np.ndarray, start: float, one) -> None:
     await asyncio.gather(*tasks)
 
 
+class _Sender:
+    """Sends one model's infer requests, each one of ``bodies`` (built once), with the client asked
+    for: ``await send(k)`` -> (HTTP status, its Server-Timing header or None). A ``https://`` URL
+    with the lean client fails at construction, before any request."""
+
+    def __init__(self, client: str, session: Any, base: str, model: str, timeout_s: float) -> None:
+        if client not in CLIENTS:
+            raise ValueError(f"client must be one of {', '.join(CLIENTS)}, found {client!r}")
+        self.session, self.url, self.path = session, f"{base}/v2/models/{model}/infer", f"/v2/models/{model}/infer"
+        self.pool = None
+        if client == "lean":
+            from .httpconn import ConnectionPool
+
+            self.pool = ConnectionPool(base, timeout_s=timeout_s)
+        self.bodies: list[tuple[bytes, dict]] = []
+        self.encoded: list[bytes] = []
+
+    def use(self, bodies: list[tuple[bytes, dict]]) -> None:
+        self.bodies = bodies
+        if self.pool is not None:  # each variant's request bytes, head and body, built once
+            self.encoded = [self.pool.encode("POST", self.path, body, headers) for body, headers in bodies]
+
+    async def send(self, k: int) -> tuple[int, str | None]:
+        if self.pool is not None:
+            r = await self.pool.request(self.encoded[k % len(self.encoded)])
+            return r.status, r.headers.get("server-timing")
+        body, headers = self.bodies[k % len(self.bodies)]
+        async with self.session.post(self.url, data=body, headers=headers) as r:
+            await r.read()
+            return r.status, r.headers.get("Server-Timing")
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+
+
 async def _metadata(session, base: str, model: str, inputs: list[dict] | None) -> dict:
     """The model's KServe v2 metadata, with ``inputs`` (when given) in place of the server's."""
     async with session.get(f"{base}/v2/models/{model}") as r:
@@ -122,16 +159,10 @@ async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: b
                client: str = "aiohttp") -> LoadResult:
     import aiohttp
 
-    if client not in CLIENTS:
-        raise ValueError(f"client must be one of {', '.join(CLIENTS)}, found {client!r}")
     base = _url(url)
-    pool = None
-    if client == "lean":
-        from .httpconn import ConnectionPool
-
-        pool = ConnectionPool(base, timeout_s=timeout_s)  # before any request: a https:// URL fails here
     conn = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
+        sender = _Sender(client, s, base, model, timeout_s)
         meta = await _metadata(s, base, model, inputs)
         if not meta.get("inputs"):
             raise ValueError(f"model {model!r} metadata from {base} lists no inputs; pass them explicitly (inputs=...)")
@@ -145,30 +176,18 @@ async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: b
             if not slo_ms == slo_ms:  # NaN: the server did not say (not gpuloom)
                 slo_ms = 100.0
         rng = np.random.default_rng(seed)
-        bodies = [_body(meta, batch, binary, rng) for _ in range(variants)]
+        sender.use([_body(meta, batch, binary, rng) for _ in range(variants)])
         lat: list[float] = []
         lag: list[float] = []
         status: Counter = Counter()
         ok_in_slo = 0
-        infer_url = f"{base}/v2/models/{model}/infer"
-        if pool is not None:  # each variant's bytes built once
-            path = f"/v2/models/{model}/infer"
-            encoded = [pool.encode("POST", path, body, headers) for body, headers in bodies]
 
         async def one(i: int):
             nonlocal ok_in_slo
             t0 = time.perf_counter()
             lag.append((t0 - start - float(times[i])) * 1000.0)
             try:
-                if pool is not None:
-                    r = await pool.request(encoded[i % len(encoded)])
-                    code, st = r.status, r.headers.get("server-timing")
-                else:
-                    body, headers = bodies[i % len(bodies)]
-                    async with s.post(infer_url, data=body, headers=headers) as r:
-                        await r.read()
-                        code = r.status
-                        st = r.headers.get("Server-Timing")
+                code, st = await sender.send(i)
             except Exception as e:  # connection refused, timeout: counted, never raised
                 status[type(e).__name__] += 1
                 return
@@ -187,8 +206,7 @@ async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: b
         try:
             await fire_open_loop(times, start, lambda i, _t: one(i))
         finally:
-            if pool is not None:
-                pool.close()
+            sender.close()
         wall = max(time.perf_counter() - start, float(times[-1]) if len(times) else 0.0, 1e-9)
     arr = np.asarray(lat) if lat else np.asarray([float("nan")])
     lags = np.maximum(np.asarray(lag), 0.0) if lag else np.zeros(1)
@@ -228,22 +246,13 @@ async def _closed(url: str, model: str, concurrency: int, duration_s: float, *, 
                   inputs: list[dict] | None, seed: int, timeout_s: float, client: str = "aiohttp") -> LoadResult:
     import aiohttp
 
-    if client not in CLIENTS:
-        raise ValueError(f"client must be one of {', '.join(CLIENTS)}, found {client!r}")
     base = _url(url)
-    pool = None
-    if client == "lean":
-        from .httpconn import ConnectionPool
-
-        pool = ConnectionPool(base, timeout_s=timeout_s)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                      timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
+        sender = _Sender(client, s, base, model, timeout_s)
         meta = await _metadata(s, base, model, inputs)
         rng = np.random.default_rng(seed)
-        bodies = [_body(meta, 1, binary, rng) for _ in range(8)]
-        infer_url = f"{base}/v2/models/{model}/infer"
-        if pool is not None:
-            encoded = [pool.encode("POST", f"/v2/models/{model}/infer", body, headers) for body, headers in bodies]
+        sender.use([_body(meta, 1, binary, rng) for _ in range(8)])
         lat: list[float] = []
         status: Counter = Counter()
         sent = 0
@@ -253,18 +262,12 @@ async def _closed(url: str, model: str, concurrency: int, duration_s: float, *, 
             nonlocal sent
             i = k
             while time.perf_counter() < stop_at:
-                body, headers = bodies[i % len(bodies)]
-                k_variant = i % len(bodies)
+                variant = i
                 i += concurrency
                 sent += 1
                 t0 = time.perf_counter()
                 try:
-                    if pool is not None:
-                        code = (await pool.request(encoded[k_variant])).status
-                    else:
-                        async with s.post(infer_url, data=body, headers=headers) as r:
-                            await r.read()
-                            code = r.status
+                    code, _ = await sender.send(variant)
                 except Exception as e:
                     status[type(e).__name__] += 1
                     continue
@@ -277,8 +280,7 @@ async def _closed(url: str, model: str, concurrency: int, duration_s: float, *, 
         try:
             await asyncio.gather(*(worker(k) for k in range(concurrency)))
         finally:
-            if pool is not None:
-                pool.close()
+            sender.close()
         wall = time.perf_counter() - start
     arr = np.asarray(lat) if lat else np.asarray([float("nan")])
     return LoadResult(
