@@ -106,7 +106,11 @@ def main(argv: list[str] | None = None) -> int:
                       f"send lag max {res.send_lag_max_ms:.1f} ms", flush=True)
     finally:
         server.terminate()
-        server.wait(10)
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
     by = {c: [x["cpu_us_per_request"] for x in legs if x["client"] == c] for c in CLIENTS}
     ratio = [lean / aio for lean, aio in zip(by["lean"], by["aiohttp"])]
     print("lean / aiohttp CPU per request, per round: " + " ".join(f"{r:.2f}" for r in ratio))

@@ -239,7 +239,7 @@ def assign(rates: dict[str, float], k: int) -> list[list[str]]:
 
 def drive_http(url: str, times: dict[str, list[float]], slos: dict[str, float], *, clients: int,
                timeout_s: float, workdir: Path, cpus: set[int] | None = None,
-               client: str = "lean") -> tuple[dict[str, dict], int]:
+               client: str) -> tuple[dict[str, dict], int]:
     """Run the client processes; returns ``({model: loadgen result dict}, processes used)``."""
     rates = {m: float(len(ts)) for m, ts in times.items()}
     groups = assign(rates, clients)
@@ -372,14 +372,17 @@ def batch_split(rows: list[dict]) -> dict[str, dict[str, float]]:
     batches were bigger or the device slower per batch."""
     acc: dict[str, list[float]] = {}
     for r in rows:
-        a = acc.setdefault(r["model"], [0, 0, 0.0, 0.0])
+        a = acc.setdefault(r["model"], [0, 0, 0.0, 0.0, 0])
         n = r["batches"]
         a[0] += n
         a[1] += n * r["batch"]
         a[2] += n * r["measured_ms"]
-        a[3] += n * r.get("hold_ms", 0.0)
-    return {m: {"batches": int(n), "mean_batch": rows_ / n, "device_ms_per_batch": dev / n, "hold_ms_per_batch": hold / n}
-            for m, (n, rows_, dev, hold) in acc.items() if n}
+        if "hold_ms" in r:  # a backend that does not keep holds: unknown, not 0
+            a[3] += n * r["hold_ms"]
+            a[4] += n
+    return {m: {"batches": int(n), "mean_batch": items / n, "device_ms_per_batch": dev / n,
+                "hold_ms_per_batch": hold / held if held else None}
+            for m, (n, items, dev, hold, held) in acc.items() if n}
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -664,7 +667,7 @@ def wait_pinned(server: Any, svc: Any, workers: int, say: Any, timeout_s: float 
 
 def http_leg(args: argparse.Namespace, svc: Any, core: Any, server: Any, url: str, times: dict[str, list[float]],
              slos: dict[str, float], clients: int, other_cpus: set[int] | None, scale: float,
-             rates: dict[str, float], say: Any, client: str = "lean") -> tuple[dict, dict, int]:
+             rates: dict[str, float], say: Any, client: str) -> tuple[dict, dict, int]:
     """One HTTP leg through ``server``: the clients replay ``times``; returns its summary (with the
     server process's own figures: workers' CPU, the service's queue/compute split, collector pauses,
     the loop thread's lag and CPU, the bridge's counts), the server's books for the leg, and the
@@ -717,7 +720,7 @@ def comparison(points: list[dict]) -> list[dict]:
     spread says nothing)."""
     rows: dict[tuple[float, int, int | None, str], list[float | None]] = {}
     for p in points:
-        key = (p["scale"], p["http_workers"], p.get("worker_nice"), p.get("client", "aiohttp"))
+        key = (p["scale"], p["http_workers"], p.get("worker_nice"), p.get("client", "aiohttp"))  # runs before 85: aiohttp
         rows.setdefault(key, []).append(p["ratio"]["goodput"])
     out = []
     for (scale, workers, nice, client), ratios in rows.items():
@@ -779,7 +782,7 @@ def _settle(core: Any, timeout_s: float = 30.0) -> None:
 
 def make_point(scale: float, duration_s: float, inproc: dict, http: dict, server_books: dict,
                times: dict[str, list[float]], clients: int, http_workers: int = 0, round_: int = 0,
-               worker_nice: int | None = None, client: str = "lean") -> dict:
+               worker_nice: int | None = None, client: str | None = None) -> dict:
     """One load factor: both legs, their ratio, and the books of the HTTP leg.
 
     Books: every request the clients sent got an answer (200 or an error status; none lost), and the

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from gpuloom.serve.httpconn import ConnectionPool, Response, encode_request
+from gpuloom.serve.httpconn import BadResponse, ConnectionPool, Response, _Connection, encode_request
 
 
 async def _scripted(replies: list[bytes | None]):
@@ -28,8 +28,9 @@ async def _scripted(replies: list[bytes | None]):
                 body = await reader.readexactly(length)
                 seen.append((me, head + body))
                 reply = replies[len(seen) - 1]
-                if reply is None:
+                if reply is None:  # never answer (the client times out)
                     await asyncio.sleep(30)
+                    return
                 writer.write(reply)
                 await writer.drain()
                 if b"connection: close" in reply.lower() or b"content-length" not in reply.lower() and \
@@ -37,16 +38,20 @@ async def _scripted(replies: list[bytes | None]):
                     writer.close()
                     return
         except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
             writer.close()
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     return server, server.sockets[0].getsockname()[1], seen
 
 
-def _run(replies, requests, *, timeout_s=5.0):
+def _run(replies, requests, *, timeout_s=5.0, idle_s=15.0, pause_s=0.0, pool_out=None):
     async def go():
         server, port, seen = await _scripted(replies)
-        pool = ConnectionPool(f"http://127.0.0.1:{port}", timeout_s=timeout_s)
+        pool = ConnectionPool(f"http://127.0.0.1:{port}", timeout_s=timeout_s, idle_s=idle_s)
+        if pool_out is not None:
+            pool_out.append(pool)
         out = []
         try:
             for body in requests:
@@ -55,6 +60,7 @@ def _run(replies, requests, *, timeout_s=5.0):
                                                               {"Content-Type": "application/octet-stream"})))
                 except Exception as e:  # noqa: BLE001 - what a load generator would count
                     out.append(e)
+                await asyncio.sleep(pause_s)
         finally:
             pool.close()
             server.close()
@@ -128,3 +134,118 @@ def test_refused_connections_and_https_urls_fail_clearly():
         ConnectionPool("https://example.com")
     with pytest.raises(ValueError, match="set by the client"):
         encode_request("POST", "h", "/", b"", {"Content-Length": "3"})
+
+
+class _Transport:
+    def __init__(self):
+        self.aborted = self.closed = False
+
+    def write(self, data):
+        pass
+
+    def abort(self):
+        self.aborted = True
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.mark.parametrize("raw, status, body", [
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4;x=1\r\nabcd\r\nA\r\n0123456789\r\n0\r\n"
+     b"T: 1\r\nU: 2\r\n\r\n", 200, b"abcd0123456789"),
+    (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 3\r\n\r\nxyz", 201, b"xyz"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n\r\n\r\nab\r\n\r\n", 200, b"\r\n\r\nab\r\n\r\n"),
+])
+def test_a_response_cut_anywhere_into_two_or_into_bytes_parses_the_same(raw, status, body):
+    """The parser keeps its state across reads: every cut of the bytes, and one byte per read."""
+    async def parse(pieces):
+        conn = _Connection()
+        conn.connection_made(_Transport())
+        fut = asyncio.get_running_loop().create_future()
+        conn.send(b"GET", fut)
+        for p in pieces:
+            conn.data_received(p)
+        return fut.result()
+
+    async def every_cut():
+        cuts = [[raw[:i], raw[i:]] for i in range(1, len(raw))] + [[raw[i:i + 1] for i in range(len(raw))]]
+        return [await parse(c) for c in cuts]
+
+    for r in asyncio.run(every_cut()):
+        assert (r.status, r.body) == (status, body)
+
+
+@pytest.mark.parametrize("raw, match", [
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-3\r\n", "chunk size"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x4\r\nabcd\r\n0\r\n\r\n", "chunk size"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcdXY0\r\n\r\n", "CRLF"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"1" * 70_000, "longer than"),
+])
+def test_bad_chunked_framing_fails_at_once_instead_of_waiting(raw, match):
+    async def go():
+        conn = _Connection()
+        t = _Transport()
+        conn.connection_made(t)
+        fut = asyncio.get_running_loop().create_future()
+        conn.send(b"GET", fut)
+        conn.data_received(raw)
+        return fut, t
+
+    fut, t = asyncio.run(go())
+    assert fut.done() and isinstance(fut.exception(), BadResponse) and match in str(fut.exception()) and t.aborted
+
+
+def test_a_body_cut_short_by_a_reset_is_an_error_and_a_clean_close_ends_it():
+    async def go(exc):
+        conn = _Connection()
+        conn.connection_made(_Transport())
+        fut = asyncio.get_running_loop().create_future()
+        conn.send(b"GET", fut)
+        conn.data_received(b"HTTP/1.1 200 OK\r\n\r\npartial")
+        conn.connection_lost(exc)
+        return fut
+
+    reset = asyncio.run(go(ConnectionResetError("peer reset")))
+    assert isinstance(reset.exception(), ConnectionResetError)
+    assert isinstance(reset.exception().__cause__, ConnectionResetError)
+    assert asyncio.run(go(None)).result().body == b"partial"
+
+
+def test_idle_connections_expire_and_server_closed_ones_are_forgotten():
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    out, seen = _run([ok, ok], [b"1", b"2"], idle_s=0.05, pause_s=0.1)
+    assert [r.status for r in out] == [200, 200] and [c for c, _ in seen] == [1, 2]  # the first expired
+    closing = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"  # then the server closes each connection
+    pools = []
+
+    async def closer():
+        async def handle(reader, writer):
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+                await reader.readexactly(int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0]))
+                writer.write(closing)
+                await writer.drain()
+            finally:
+                writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        pool = ConnectionPool(f"127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        pools.append(pool)
+        statuses = []
+        for _ in range(20):
+            statuses.append((await pool.request(pool.encode("POST", "/", b"x"))).status)
+            await asyncio.sleep(0.01)  # the server's close arrives
+        kept = len(pool._all)
+        pool.close()
+        server.close()
+        return statuses, kept
+
+    statuses, kept = asyncio.run(closer())
+    assert statuses == [200] * 20 and kept <= 1
+
+
+def test_head_requests_and_urls_with_a_path_are_refused():
+    with pytest.raises(ValueError, match="HEAD"):
+        encode_request("HEAD", "h", "/")
+    with pytest.raises(ValueError, match="path"):
+        ConnectionPool("http://127.0.0.1:8000/prefix")

@@ -104,3 +104,12 @@ def test_server_timing_header_round_trips_and_tolerates_junk():
     assert parse_server_timing(value) == {"service": 3.25, "bridge": 4.0}
     assert parse_server_timing('cache;desc="hit", db;dur=x, app;desc=a;dur="1.5", ;dur=2') == {"app": 1.5}
     assert parse_server_timing(None) == {} and parse_server_timing("") == {}
+
+
+def test_the_command_offers_exactly_the_load_generators_clients():
+    from gpuloom.serve.loadgen import CLIENTS
+
+    p = argparse.ArgumentParser()
+    load_cmd.add_arguments(p)
+    action = next(a for a in p._actions if a.dest == "client")
+    assert tuple(action.choices) == CLIENTS

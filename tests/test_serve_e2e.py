@@ -224,6 +224,20 @@ def test_the_clients_take_turns_and_the_lean_ones_get_every_answer(tmp_path):
     assert sorted(r["client"] for r in rep["comparison"]) == ["aiohttp", "lean"]
 
 
+def test_batch_split_weighs_each_batch_size_by_its_batches_and_leaves_unknown_holds_unknown():
+    from script_loader import load_script
+
+    e2e = load_script("serve_e2e")
+    rows = [{"model": "a", "sms": 64, "batch": 1, "batches": 30, "measured_ms": 1.0, "hold_ms": 0.5},
+            {"model": "a", "sms": 64, "batch": 4, "batches": 10, "measured_ms": 2.0, "hold_ms": 1.0},
+            {"model": "b", "sms": 64, "batch": 2, "batches": 5, "measured_ms": 3.0}]
+    out = e2e.batch_split(rows)
+    assert out["a"]["batches"] == 40 and out["a"]["mean_batch"] == (30 + 40) / 40
+    assert out["a"]["device_ms_per_batch"] == (30 * 1.0 + 10 * 2.0) / 40
+    assert out["a"]["hold_ms_per_batch"] == (30 * 0.5 + 10 * 1.0) / 40
+    assert out["b"]["mean_batch"] == 2 and out["b"]["hold_ms_per_batch"] is None
+
+
 def test_the_comparison_gives_each_count_its_rounds_in_order_with_mean_and_spread():
     from script_loader import load_script
 

@@ -23,6 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slo-ms", type=float, default=None, help="latency objective, ms (default: the model's, from its config)")
     p.add_argument("--timeout", type=float, default=30.0, help="client timeout per request, s (default 30)")
     p.add_argument("--seed", type=int, default=0)
+    # loadgen.CLIENTS, spelled out: importing loadgen here would import numpy for every command's
+    # --help (tests/test_load_client.py keeps the two equal)
     p.add_argument("--client", choices=("aiohttp", "lean"), default="aiohttp",
                    help="HTTP client: aiohttp (default), or lean (plain http:// only; about half the CPU per "
                         "large request, for a load generator on the same host as the server)")

@@ -8,21 +8,28 @@ share of sending 600 KB over loopback is about 0.2 ms. This client writes a requ
 once per distinct request (head and body in one ``bytes``: no join per send), and parses only the
 status line and headers.
 
-What it speaks: HTTP/1.1 over plain TCP; responses with ``Content-Length``, chunked, or delimited by
-the connection's close; ``Connection: close`` honoured; 1xx responses skipped. One request at a time
-per connection (no pipelining); a request finding no idle connection opens one (no limit, as
-``aiohttp.TCPConnector(limit=0)``). A timed-out or failed connection is closed, never reused.
+What it speaks: HTTP/1.1 over plain TCP, to the server's root (a URL with a path is refused);
+requests with a body (no HEAD: its answer's length would be misread); responses with
+``Content-Length``, chunked, or delimited by the connection's clean close; ``Connection: close``
+honoured; 1xx responses skipped. One request at a time per connection (no pipelining); a request
+finding no idle connection opens one (no limit, as ``aiohttp.TCPConnector(limit=0)``). A timed-out
+or failed connection is closed, never reused; an idle one is closed after ``idle_s`` (below the
+usual servers' keep-alive timeouts, so a request rarely meets a connection the server is closing).
+A response this client cannot read fails its request with :class:`BadResponse`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
+import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-__all__ = ["Response", "ConnectionPool", "encode_request"]
+__all__ = ["Response", "ConnectionPool", "BadResponse", "encode_request"]
 
-_MAX_HEAD = 64 * 1024  # a response head longer than this is refused (a server speaking something else)
+_MAX_HEAD = 64 * 1024  # a response head (or a chunk's size line, or trailers) longer than this is refused
+_HEX = re.compile(rb"[0-9A-Fa-f]+")
 
 
 @dataclass
@@ -34,6 +41,8 @@ class Response:
 
 def encode_request(method: str, host: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> bytes:
     """One request's bytes, head and body together (what ``ConnectionPool.request`` sends)."""
+    if method.upper() == "HEAD":
+        raise ValueError("HEAD is not supported: its answer carries a Content-Length but no body")
     lines = [f"{method} {path} HTTP/1.1", f"Host: {host}", f"Content-Length: {len(body)}"]
     for k, v in (headers or {}).items():
         if k.lower() in ("host", "content-length", "transfer-encoding"):
@@ -42,7 +51,7 @@ def encode_request(method: str, host: str, path: str, body: bytes = b"", headers
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
-class _BadResponse(Exception):
+class BadResponse(ValueError):
     """The server's bytes are not an HTTP/1.1 response this client understands."""
 
 
@@ -52,6 +61,7 @@ class _Connection(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self.idle_since = 0.0  # time.monotonic() when its last response was read
         self.waiter: asyncio.Future | None = None
         self._buf = bytearray()
         self._reset()
@@ -72,12 +82,12 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.waiter is None or self.waiter.done():  # bytes nobody asked for: the stream is lost
-            self._fail(_BadResponse(f"{len(data)} bytes arrived with no request in flight"))
+            self._fail(BadResponse(f"{len(data)} bytes arrived with no request in flight"))
             return
         self._buf += data
         try:
             self._parse()
-        except _BadResponse as e:
+        except BadResponse as e:
             self._fail(e)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -85,10 +95,12 @@ class _Connection(asyncio.Protocol):
         w = self.waiter
         if w is None or w.done():
             return
-        if self._until_close and not self._in_head:
+        if self._until_close and not self._in_head and exc is None:  # a clean close ends such a body
             self._finish()
-        else:
-            w.set_exception(ConnectionResetError("the server closed the connection before answering in full"))
+            return
+        err = ConnectionResetError("the server closed the connection before answering in full")
+        err.__cause__ = exc
+        w.set_exception(err)
 
     # -- the request ----------------------------------------------------------------------------
     def send(self, raw: bytes, waiter: asyncio.Future) -> None:
@@ -99,6 +111,12 @@ class _Connection(asyncio.Protocol):
     def abort(self, exc: Exception) -> None:
         """Fail the request in flight with ``exc`` and drop the connection (a timeout)."""
         self._fail(exc)
+
+    def drop(self) -> None:
+        """Close the connection now, whatever it was doing (a request abandoned or failed)."""
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
 
     def _fail(self, exc: Exception) -> None:
         self.closed = True
@@ -115,7 +133,7 @@ class _Connection(asyncio.Protocol):
                 end = self._buf.find(b"\r\n\r\n")
                 if end < 0:
                     if len(self._buf) > _MAX_HEAD:
-                        raise _BadResponse(f"response head longer than {_MAX_HEAD} bytes")
+                        raise BadResponse(f"response head longer than {_MAX_HEAD} bytes")
                     return
                 self._read_head(bytes(self._buf[:end]))
                 del self._buf[:end + 4]
@@ -147,28 +165,28 @@ class _Connection(asyncio.Protocol):
         lines = head.split(b"\r\n")
         parts = lines[0].split(b" ", 2)
         if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-            raise _BadResponse(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
+            raise BadResponse(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
         self._status = int(parts[1])
         headers = {}
         for line in lines[1:]:
             name, sep, value = line.partition(b":")
             if not sep:
-                raise _BadResponse(f"malformed header line: {line[:80]!r}")
+                raise BadResponse(f"malformed header line: {line[:80]!r}")
             headers[name.strip().lower().decode("latin-1")] = value.strip().decode("latin-1")
         self._headers = headers
         conn = headers.get("connection", "").lower()
         self._keep = "close" not in conn and (parts[0] != b"HTTP/1.0" or "keep-alive" in conn)
         if self._status < 200 or self._status in (204, 304):
             self._need = 0
-        elif "chunked" in headers.get("transfer-encoding", "").lower():
+        elif headers.get("transfer-encoding", "").lower().rsplit(",", 1)[-1].strip() == "chunked":
             self._chunked = True
         elif "content-length" in headers:
             try:
                 self._need = int(headers["content-length"])
             except ValueError:
-                raise _BadResponse(f"bad Content-Length {headers['content-length']!r}") from None
+                raise BadResponse(f"bad Content-Length {headers['content-length']!r}") from None
             if self._need < 0:
-                raise _BadResponse(f"bad Content-Length {self._need}")
+                raise BadResponse(f"bad Content-Length {self._need}")
         else:
             self._until_close, self._keep = True, False
 
@@ -176,39 +194,48 @@ class _Connection(asyncio.Protocol):
         """Consume whole chunks from the buffer; True once the last chunk and trailers are in."""
         while True:
             if self._need is None:  # at a size line
-                eol = self._buf.find(b"\r\n")
+                eol = self._line_end()
                 if eol < 0:
                     return False
                 size_text = bytes(self._buf[:eol]).split(b";", 1)[0].strip()
-                try:
-                    size = int(size_text, 16)
-                except ValueError:
-                    raise _BadResponse(f"bad chunk size {size_text[:20]!r}") from None
+                if not _HEX.fullmatch(size_text):
+                    raise BadResponse(f"bad chunk size {size_text[:20]!r}")
+                size = int(size_text, 16)
                 del self._buf[:eol + 2]
                 if size == 0:
                     self._need = -1  # trailers until an empty line
                 else:
                     self._need = size + 2  # the data and its CRLF
             if self._need == -1:
-                end = self._buf.find(b"\r\n")
+                end = self._line_end()
                 while end > 0:  # a trailer line: skip it
                     del self._buf[:end + 2]
-                    end = self._buf.find(b"\r\n")
+                    end = self._line_end()
                 if end < 0:
                     return False
                 del self._buf[:2]
                 return True
             if len(self._buf) < self._need:
                 return False
+            if self._buf[self._need - 2:self._need] != b"\r\n":
+                raise BadResponse("a chunk's data is not followed by CRLF")
             self._body += self._buf[:self._need - 2]
             del self._buf[:self._need]
             self._need = None
 
+    def _line_end(self) -> int:
+        """Where the buffer's first line ends (-1: not in yet); a line too long is refused."""
+        eol = self._buf.find(b"\r\n")
+        if eol < 0 and len(self._buf) > _MAX_HEAD:
+            raise BadResponse(f"a chunk size line or trailer longer than {_MAX_HEAD} bytes")
+        return eol
+
     def _finish(self) -> None:
         if self._buf:  # more than the response: the server sent something unasked
-            self._fail(_BadResponse(f"{len(self._buf)} bytes after the response"))
+            self._fail(BadResponse(f"{len(self._buf)} bytes after the response"))
             return
         w, self.waiter = self.waiter, None
+        self.idle_since = time.monotonic()
         if not self._keep:
             self.closed = True
             if self.transport is not None:
@@ -217,44 +244,60 @@ class _Connection(asyncio.Protocol):
 
 
 class ConnectionPool:
-    """Keep-alive connections to one ``http://host:port`` (no TLS): ``await pool.request(raw)``.
+    """Keep-alive connections to one ``http://host:port`` (no TLS, no path): ``await pool.request(raw)``.
 
-    Failures raise what the socket raised (``ConnectionRefusedError``, ``ConnectionResetError``) or
-    ``TimeoutError`` after ``timeout_s`` from the send; a load generator counts them by name."""
+    Failures raise what the socket raised (``ConnectionRefusedError``, ``ConnectionResetError``),
+    :class:`BadResponse`, or ``TimeoutError`` when connecting and answering took more than
+    ``timeout_s`` together (as aiohttp's ``ClientTimeout(total=...)``); a load generator counts them
+    by name. ``idle_s``: an idle connection older than this is closed instead of reused (aiohttp's
+    client: 15 s; servers' keep-alive timeouts are mostly 60-75 s)."""
 
-    def __init__(self, url: str, *, timeout_s: float = 30.0) -> None:
+    def __init__(self, url: str, *, timeout_s: float = 30.0, idle_s: float = 15.0) -> None:
         parts = urlsplit(url if "://" in url else "http://" + url)
         if parts.scheme != "http":
             raise ValueError(f"the lean client speaks plain http://, found {url!r}")
-        if not timeout_s > 0:
-            raise ValueError(f"timeout must be positive, found {timeout_s}")
+        if parts.path not in ("", "/"):
+            raise ValueError(f"the lean client sends to the server's root; found the path {parts.path!r} in {url!r}")
+        if not (timeout_s > 0 and idle_s > 0):
+            raise ValueError(f"timeout and idle time must be positive, found {timeout_s}, {idle_s}")
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
         self.netloc = parts.netloc
-        self.timeout_s = timeout_s
+        self.timeout_s, self.idle_s = timeout_s, idle_s
         self._idle: list[_Connection] = []
         self._all: set[_Connection] = set()
 
     def encode(self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> bytes:
         return encode_request(method, self.netloc, path, body, headers)
 
-    async def request(self, raw: bytes) -> Response:
-        loop = asyncio.get_running_loop()
-        conn = None
+    def _idle_connection(self) -> _Connection | None:
+        """The most recently used idle connection still open and young enough; the others closed."""
+        stale = time.monotonic() - self.idle_s
         while self._idle:
             c = self._idle.pop()
-            if not c.closed:
-                conn = c
-                break
+            if not c.closed and c.idle_since >= stale:
+                return c
+            c.drop()
+            self._all.discard(c)
+        return None
+
+    async def request(self, raw: bytes) -> Response:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s  # connecting and answering together
+        conn = self._idle_connection()
         if conn is None:
-            _, conn = await asyncio.wait_for(loop.create_connection(_Connection, self.host, self.port), self.timeout_s)
+            try:
+                _, conn = await asyncio.wait_for(loop.create_connection(_Connection, self.host, self.port),
+                                                 self.timeout_s)
+            except asyncio.TimeoutError:
+                raise TimeoutError(f"no connection within {self.timeout_s:g} s") from None
             self._all.add(conn)
         fut = loop.create_future()
-        timer = loop.call_later(self.timeout_s, conn.abort, TimeoutError(f"no answer within {self.timeout_s:g} s"))
+        timer = loop.call_at(deadline, conn.abort, TimeoutError(f"no answer within {self.timeout_s:g} s"))
         try:
             conn.send(raw, fut)
             resp = await fut
         except BaseException:
-            conn.abort(ConnectionAbortedError("request abandoned"))  # cancelled, or failed: never reused
+            conn.drop()  # cancelled, timed out or failed: the stream's state is unknown, never reused
             self._all.discard(conn)
             raise
         finally:

@@ -132,6 +132,7 @@ class _Sender:
             self.encoded = [self.pool.encode("POST", self.path, body, headers) for body, headers in bodies]
 
     async def send(self, k: int) -> tuple[int, str | None]:
+        """The ``k``-th request (its body: variant ``k`` modulo their number)."""
         if self.pool is not None:
             r = await self.pool.request(self.encoded[k % len(self.encoded)])
             return r.status, r.headers.get("server-timing")
@@ -262,12 +263,12 @@ async def _closed(url: str, model: str, concurrency: int, duration_s: float, *, 
             nonlocal sent
             i = k
             while time.perf_counter() < stop_at:
-                variant = i
+                seq = i
                 i += concurrency
                 sent += 1
                 t0 = time.perf_counter()
                 try:
-                    code, _ = await sender.send(variant)
+                    code, _ = await sender.send(seq)
                 except Exception as e:
                     status[type(e).__name__] += 1
                     continue
