@@ -119,9 +119,7 @@ class _Connection(asyncio.Protocol):
             self.transport.abort()
 
     def _fail(self, exc: Exception) -> None:
-        self.closed = True
-        if self.transport is not None:
-            self.transport.abort()
+        self.drop()
         w = self.waiter
         if w is not None and not w.done():
             w.set_exception(exc)
