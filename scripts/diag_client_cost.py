@@ -17,13 +17,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
-import subprocess
+import os
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's gpuloom
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_protocol import _free_port, server_process  # noqa: E402
 
 SHAPE = [-1, 3, 224, 224]
 
@@ -41,6 +42,9 @@ def stand_in_server(port: int) -> None:
         return web.json_response({"name": "m", "inputs": [{"name": "input0", "datatype": "FP32", "shape": SHAPE}],
                                   "outputs": [{"name": "out", "datatype": "FP32", "shape": [-1, 1000]}]})
 
+    async def ready(_):
+        return web.Response()
+
     async def infer(request):
         await request.read()
         return web.Response(body=reply, headers={"Inference-Header-Content-Length": str(len(head)),
@@ -48,14 +52,9 @@ def stand_in_server(port: int) -> None:
 
     app = web.Application(client_max_size=1 << 24)
     app.router.add_get("/v2/models/m", metadata)
+    app.router.add_get("/v2/models/m/ready", ready)  # what server_process waits for
     app.router.add_post("/v2/models/m/infer", infer)
     web.run_app(app, host="127.0.0.1", port=port, print=None)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,19 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     from gpuloom.serve import httpconn  # noqa: F401
     from gpuloom.serve.loadgen import CLIENTS, _run, arrival_times
 
-    port = free_port()
-    server = subprocess.Popen([sys.executable, __file__, "--serve", str(port)])
-    try:
-        end = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > end or server.poll() is not None:
-                    print("the stand-in server did not start", file=sys.stderr)
-                    return 1
-                time.sleep(0.1)
+    port = _free_port()
+    with server_process([sys.executable, __file__, "--serve", str(port)], port, "m", env=dict(os.environ)):
         times = arrival_times(a.rate, a.duration, poisson=True, seed=0)
         legs = []
         for rnd in range(a.rounds):
@@ -104,13 +92,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {rnd + 1} {client:>7}: {leg['cpu_us_per_request']:.0f} us of CPU per request, "
                       f"ok {res.ok}/{res.sent}, p50 {res.p50_ms:.2f} ms, p99 {res.p99_ms:.2f} ms, "
                       f"send lag max {res.send_lag_max_ms:.1f} ms", flush=True)
-    finally:
-        server.terminate()
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
     by = {c: [x["cpu_us_per_request"] for x in legs if x["client"] == c] for c in CLIENTS}
     ratio = [lean / aio for lean, aio in zip(by["lean"], by["aiohttp"])]
     print("lean / aiohttp CPU per request, per round: " + " ".join(f"{r:.2f}" for r in ratio))

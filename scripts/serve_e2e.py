@@ -715,7 +715,7 @@ def http_leg(args: argparse.Namespace, svc: Any, core: Any, server: Any, url: st
 
 
 def comparison(points: list[dict]) -> list[dict]:
-    """Per scale and front end (worker count, their nice): the ratio of each round's leg, in round
+    """Per scale and front end (worker count, their nice, the client): the ratio of each round's leg, in round
     order, and their mean and spread (what a comparison of front ends reads: a difference inside the
     spread says nothing)."""
     rows: dict[tuple[float, int, int | None, str], list[float | None]] = {}
