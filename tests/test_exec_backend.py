@@ -806,3 +806,152 @@ def test_buffer_pool_keeps_free_buffers_up_to_its_bound_and_none_once_closed():
     assert pool.free_count() == 0
     pool.give_back("a", kept, 60)  # a view freed after the layer closed: not kept
     assert pool.free_count() == 0 and pool.dropped == 2
+
+
+def _raw_launch_shell(outputs: str = "copies"):
+    """A CudaDeviceLayer shell (no GPU) with one lane holding model "m" (one input of 4 float32s per
+    row, one output of 2, buckets 1 and 2) and a driver that books every call instead of making it."""
+    import types
+
+    import torch
+
+    from gpuloom.policy.types import Partition
+    from gpuloom.runtime.device import LANE_SLOTS, CudaDeviceLayer, _CudaLane
+
+    calls = []
+
+    class Driver:
+        def ensure_context(self):
+            pass
+
+        def record(self, ev, st):
+            calls.append(("record", ev, st))
+
+        def copy_in(self, dst, src, nbytes, st):
+            calls.append(("in", dst, src, nbytes, st))
+
+        def launch_graph(self, g, st):
+            calls.append(("graph", g, st))
+
+        def copy_out(self, dst, src, nbytes, st):
+            if fail_out:
+                raise RuntimeError("cuMemcpyDtoHAsync failed")
+            calls.append(("out", dst, src, nbytes, st))
+
+    fail_out = []
+
+    class Ev:
+        def __init__(self, handle):
+            self.cuda_event = handle
+
+    class Stream:
+        cuda_stream = 77
+        synced = 0
+
+        def synchronize(self):
+            Stream.synced += 1
+
+    class Graphs(dict):  # counts look-ups: a prepared launch must not need them
+        looked = 0
+
+        def get(self, *a):
+            Graphs.looked += 1
+            return super().get(*a)
+
+    layer = object.__new__(CudaDeviceLayer)
+    layer._torch, layer._driver, layer.outputs = torch, Driver(), outputs
+    layer.launch_ms = {"inputs": 0.0, "replay": 0.0, "outputs": 0.0, "launches": 0}
+    layer.inplace_batches = layer.eager_batches = layer.views_torch_copies = 0
+    layer.models = {"m": types.SimpleNamespace(bucket_for=lambda n: 1 if n == 1 else 2)}
+    lane = _CudaLane(Partition(0, 0, 132, shared=True), None, False)
+    lane.graphs = Graphs()
+    st = Stream()
+    buckets = {}
+    for b in (1, 2):
+        buckets[b] = types.SimpleNamespace(
+            inputs=[torch.zeros(b, 4)], outputs=torch.zeros(b, 2),
+            graph=types.SimpleNamespace(raw_cuda_graph_exec=lambda b=b: 1000 + b))
+    gs = types.SimpleNamespace(stream=st, buckets=buckets)
+    lane.graphs["m"] = {1: gs, 2: gs}
+    lane.anchor = (None, time.perf_counter())  # a fresh clock anchor: no new one during the test
+    for slot in range(LANE_SLOTS):
+        lane.events.append(tuple(Ev(10 * slot + k) for k in range(4)))
+        out = [np.zeros((2, 2), np.float32)]
+        lane.np_out[("m", slot)], lane.ptr_out[("m", slot)] = out, [out[0].ctypes.data]
+    return layer, types.SimpleNamespace(state={"lanes": [lane]}), lane, calls, Graphs, Stream, fail_out
+
+
+def test_a_prepared_launch_makes_the_same_driver_calls_as_the_first_without_looking_anything_up():
+    """The first batch of a (model, batch size, slot) is looked up in full and prepares the launch;
+    the next one of that kind makes exactly the same driver calls, from its own rows, without the
+    look-ups. Rows that are not page-locked, and outputs="views", keep the full path."""
+    import torch
+
+    from gpuloom.runtime.device import LANE_SLOTS, PinnedRow
+
+    layer, lanes, lane, calls, graphs, _, _ = _raw_launch_shell()
+    first = [[torch.rand(4)], [torch.rand(4)]]
+    layer._launch(lanes, 0, "m", first)  # slot 0, batch 2: looked up
+    looked = graphs.looked
+    assert ("m", 2, 0) in lane.prepared
+    layer._launch(lanes, 0, "m", [[torch.rand(4)]])  # slot 1, batch 1: looked up
+    layer._launch(lanes, 0, "m", [[torch.rand(4)]])  # slot 0, batch 1: not prepared yet
+    assert graphs.looked == looked + 2
+    calls.clear()
+    again = [PinnedRow([np.random.rand(4).astype(np.float32)]), [torch.rand(4)]]
+    ticket = layer._launch(lanes, 0, "m", again)  # slot 1, batch 2: looked up (slot 0 prepared it)
+    assert graphs.looked == looked + 3 and layer.inplace_batches == 1
+    full_path = list(calls)
+    calls.clear()
+    lane.launches = 0  # back to slot 0, which the first batch prepared for batch 2
+    ticket = layer._launch(lanes, 0, "m", again)
+    assert graphs.looked == looked + 3, "a prepared launch looked the graphs up"
+    assert layer.inplace_batches == 2 and lane.launches == 1
+    # the same calls but for the slot's own events and output buffer
+    ev1 = {10 + k: k for k in range(4)}
+    ev0 = {k: k for k in range(4)}
+    assert [c[0] for c in calls] == [c[0] for c in full_path] == [
+        "record", "in", "in", "record", "graph", "record", "out", "record"]
+    assert [ev0[c[1]] for c in calls if c[0] == "record"] == [ev1[c[1]] for c in full_path if c[0] == "record"]
+    srcs = [again[0][0].ctypes.data, again[1][0].data_ptr()]
+    assert [c[2] for c in calls if c[0] == "in"] == [c[2] for c in full_path if c[0] == "in"] == srcs
+    dst = lane.plans[("m", 2)].inputs[0][0]
+    assert [c[1] for c in calls if c[0] == "in"] == [dst, dst + 16]  # row i at i * 16 bytes
+    assert [c[1] for c in calls if c[0] == "graph"] == [1002]
+    assert [c[1:4] for c in calls if c[0] == "out"] == [(lane.ptr_out[("m", 0)][0], lane.plans[("m", 2)].outputs[0][0], 16)]
+    assert ticket.n == 2 and ticket.rows is again and ticket.out is lane.np_out[("m", 0)] and not ticket.views
+    assert layer.launch_ms["launches"] == 5
+
+    # plain numpy rows (not staged): the lane's own pinned buffers, through the full path
+    lane.launches = 0
+    lane.np_in[("m", 0)] = [np.zeros((2, 4), np.float32)]
+    lane.ptr_in[("m", 0)] = [lane.np_in[("m", 0)][0].ctypes.data]
+    calls.clear()
+    rows = [[np.full(4, 1.0, np.float32)], [np.full(4, 2.0, np.float32)]]
+    layer._launch(lanes, 0, "m", rows)
+    assert graphs.looked == looked + 4
+    assert [c[1:4] for c in calls if c[0] == "in"] == [(dst, lane.ptr_in[("m", 0)][0], 32)]
+    assert lane.np_in[("m", 0)][0].tolist() == [[1.0] * 4, [2.0] * 4]
+    assert LANE_SLOTS == 2
+
+
+def test_views_never_take_a_prepared_launch_and_a_failed_one_settles_its_stream():
+    import torch
+
+    layer, lanes, lane, calls, graphs, stream, fail_out = _raw_launch_shell(outputs="views")
+    fresh = [np.zeros((2, 2), np.float32)]
+    layer._fresh_outputs = lambda lane, key: ([None], fresh, [fresh[0].ctypes.data])
+    layer.launch_ms["alloc"] = 0.0
+    for _ in range(3):
+        t = layer._launch(lanes, 0, "m", [[torch.rand(4)]])
+        assert t.views and t.out is fresh
+    assert graphs.looked == 3  # every batch: its own output buffers, looked up in full
+
+    layer, lanes, lane, calls, graphs, stream, fail_out = _raw_launch_shell()
+    layer._launch(lanes, 0, "m", [[torch.rand(4)]])
+    layer._launch(lanes, 0, "m", [[torch.rand(4)]])
+    lane.launches = 0
+    fail_out.append(True)
+    with pytest.raises(RuntimeError, match="cuMemcpyDtoHAsync"):
+        layer._launch(lanes, 0, "m", [[torch.rand(4)]])  # prepared: fails at its output copy
+    assert graphs.looked == 2 and stream.synced == 1 and lane.launches == 0  # the slot stays this batch's

@@ -1,0 +1,98 @@
+"""Dispatch overhead at batch 1 with and without the device layer's prepared launches, in one process.
+
+Why: run 90 timed the prepared launch (``CudaDeviceLayer._launch_raw`` from a ``_Prepared``) against the
+previous code in two processes, and the spread between processes (each captures its own graphs,
+with its own cuDNN picks: resnet50's ``cuGraphLaunch`` cost 4.5 us of host time in one, 13.8 in the
+other) was larger than the 5 us the change saves. Here the same services, graphs and host alternate
+the two: "prepared" is the layer as it is; "looked_up" makes every batch take the full look-up path
+(``_launch_general``, the code before the change plus the ``_Prepared`` it makes and does not use).
+
+mix6 compiled at max batch 1 as ``gpu_runtime_check.py --only overhead`` does (x0.25, one unmeasured
+point per policy first), then ``--rounds`` rounds of one point per variant, the order flipped each
+round. Reported per point: host us per batch (``host_dispatch_ms / batches``), the dispatch overhead
+and the launch phases. Needs a GPU::
+
+    PYTHONPATH=. python3 scripts/diag_prepared_launch.py --rounds 3 --out /tmp/prepared.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_runtime_check beside this script
+import gpu_runtime_check as grc  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--policies", default="dstack,dstack:lanes=partitions,triton")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--duration", type=float, default=1.5, help="seconds per point")
+    ap.add_argument("--scale", type=float, default=0.25)
+    ap.add_argument("--out", type=Path, default=None)
+    a = ap.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("diag_prepared_launch needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from gpuloom.bench.e2e import run_point
+    from gpuloom.commands.bench import parse_policy_spec
+    from gpuloom.runtime.device import CudaDeviceLayer
+
+    grc.RATE_SCALE_HINT = a.scale
+    prepared = CudaDeviceLayer._launch
+
+    def looked_up(self, lanes, index, model, rows):
+        return self._launch_general(lanes.state["lanes"][index], model, rows)
+
+    variants = {"prepared": prepared, "looked_up": looked_up}
+    models = grc.build(grc.MIX6, max_batch=1)
+    wl = grc.workload(grc.MIX6, grc.MIX6_SLO, grc.MIX6_RATE, a.duration)
+    out = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "scale": a.scale,
+           "duration_s": a.duration, "policies": {}}
+    for name in a.policies.split(","):
+        pol, opts, service_opts = parse_policy_spec(name)
+        svc = grc.service(pol, models, wl, policy_options=opts, **service_opts)
+        points = []
+        try:
+            run_point(svc, wl, name, scale=a.scale, duration_s=a.duration)  # unmeasured warm-up
+            for r in range(a.rounds):
+                order = list(variants) if r % 2 == 0 else list(variants)[::-1]
+                for v in order:
+                    CudaDeviceLayer._launch = variants[v]
+                    be0 = svc.stats()["backend"]
+                    p = run_point(svc, wl, name, scale=a.scale, duration_s=a.duration)
+                    be = svc.stats()["backend"]
+                    n = be["batches"] - be0["batches"]
+                    points.append({
+                        "variant": v, "round": r, "batches": n, "dispatch_overhead": p.dispatch_overhead,
+                        "slo_attainment": p.slo_attainment,
+                        "host_us_per_batch": (be["host_dispatch_ms"] - be0["host_dispatch_ms"]) * 1e3 / n,
+                        "phases_us": {k: (be["launch_ms"][k] - be0["launch_ms"][k]) * 1e3 / n
+                                      for k in ("inputs", "replay", "outputs")}})
+        finally:
+            CudaDeviceLayer._launch = prepared
+            svc.close(drain=True, timeout_s=10)
+        summary = {}
+        for v in variants:
+            mine = [q for q in points if q["variant"] == v]
+            summary[v] = {"host_us_per_batch_median": statistics.median(q["host_us_per_batch"] for q in mine),
+                          "dispatch_overhead_median": statistics.median(q["dispatch_overhead"] for q in mine)}
+        summary["prepared_over_looked_up"] = (summary["prepared"]["host_us_per_batch_median"]
+                                              / summary["looked_up"]["host_us_per_batch_median"])
+        out["policies"][name] = {"points": points, "summary": summary}
+        print(name, json.dumps(summary), flush=True)
+        if a.out:
+            a.out.parent.mkdir(parents=True, exist_ok=True)
+            a.out.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
