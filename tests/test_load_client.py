@@ -113,3 +113,57 @@ def test_the_command_offers_exactly_the_load_generators_clients():
     load_cmd.add_arguments(p)
     action = next(a for a in p._actions if a.dest == "client")
     assert tuple(action.choices) == CLIENTS
+
+
+@pytest.mark.parametrize("client", ["aiohttp", "lean"])
+def test_a_request_without_an_answer_is_counted_by_the_same_name_whichever_client_sent_it(client):
+    """aiohttp wraps socket errors in its own classes; the lean client raises them as they are. The
+    load report names each failure the same way for both."""
+    import asyncio
+    import socket
+
+    import aiohttp
+
+    from gpuloom.serve.loadgen import _Sender, failure_kind
+
+    async def serve(behaviour):
+        async def handle(reader, writer):
+            await reader.readuntil(b"\r\n\r\n")
+            if behaviour == "garbage":
+                writer.write(b"HELLO THERE\r\n\r\n")
+                await writer.drain()
+            elif behaviour == "silent":
+                await asyncio.sleep(5)
+            writer.close()
+
+        srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+        return srv, srv.sockets[0].getsockname()[1]
+
+    async def one(port):
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.5)) as s:
+            sender = _Sender(client, s, f"http://127.0.0.1:{port}", "m", 0.5)
+            sender.use([(b"{}", {"Content-Type": "application/json"})])
+            try:
+                code, _ = await sender.send(0)
+            except Exception as e:  # noqa: BLE001 - what the load generator sees
+                return failure_kind(e)
+            finally:
+                sender.close()
+            return f"HTTP {code}"
+
+    async def main():
+        got = {}
+        with socket.socket() as sock:  # a port nobody listens on
+            sock.bind(("127.0.0.1", 0))
+            dead = sock.getsockname()[1]
+        got["dead"] = await one(dead)
+        for behaviour in ("close", "garbage", "silent"):
+            srv, port = await serve(behaviour)
+            try:
+                got[behaviour] = await one(port)
+            finally:
+                srv.close()
+        return got
+
+    got = asyncio.run(main())
+    assert got == {"dead": "refused", "close": "disconnected", "garbage": "bad response", "silent": "timeout"}

@@ -19,12 +19,33 @@ import numpy as np
 
 from .protocol import V2_TO_NUMPY, parse_server_timing
 
-__all__ = ["LoadResult", "run_load", "run_closed", "arrival_times", "CLIENTS"]
+__all__ = ["LoadResult", "run_load", "run_closed", "arrival_times", "failure_kind", "CLIENTS"]
 
 #: who sends the inference requests: aiohttp's client, or ``httpconn``'s lean one (plain HTTP only;
 #: about half aiohttp's CPU per 600 KB request, on the build VM and the H200 host: for load
 #: generators that share a host with the server they measure)
 CLIENTS = ("aiohttp", "lean")
+
+
+def failure_kind(e: BaseException) -> str:
+    """What went wrong with a request that got no HTTP status, by one name whichever client sent it
+    (aiohttp wraps the socket's errors in its own classes, the lean client raises them as they are):
+    "refused", "timeout", "disconnected" (the server closed the connection before answering in
+    full), "bad response" (not HTTP, or broken framing); anything else by its exception's name."""
+    import aiohttp
+
+    from .httpconn import BadResponse
+
+    if isinstance(e, TimeoutError):  # asyncio's too, and aiohttp's ServerTimeoutError
+        return "timeout"
+    if isinstance(e, ConnectionRefusedError) or isinstance(getattr(e, "os_error", None), ConnectionRefusedError):
+        return "refused"  # aiohttp.ClientConnectorError keeps the socket's error as os_error
+    if isinstance(e, (ConnectionResetError, ConnectionAbortedError, BrokenPipeError,
+                      aiohttp.ServerDisconnectedError)):
+        return "disconnected"
+    if isinstance(e, (BadResponse, aiohttp.ClientResponseError, aiohttp.ClientPayloadError)):
+        return "bad response"
+    return type(e).__name__
 
 
 @dataclass
@@ -34,7 +55,7 @@ class LoadResult:
     duration_s: float
     sent: int
     ok: int
-    errors: dict[str, int]  # HTTP status (or exception name) -> count
+    errors: dict[str, int]  # HTTP status, or what went wrong without one (failure_kind) -> count
     throughput: float  # successful requests/s over the run
     slo_ms: float
     slo_attainment: float  # fraction of sent requests answered 200 within slo_ms
@@ -190,7 +211,7 @@ async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: b
             try:
                 code, st = await sender.send(i)
             except Exception as e:  # connection refused, timeout: counted, never raised
-                status[type(e).__name__] += 1
+                status[failure_kind(e)] += 1
                 return
             ms = (time.perf_counter() - t0) * 1000.0
             if code == 200:
@@ -270,7 +291,7 @@ async def _closed(url: str, model: str, concurrency: int, duration_s: float, *, 
                 try:
                     code, _ = await sender.send(seq)
                 except Exception as e:
-                    status[type(e).__name__] += 1
+                    status[failure_kind(e)] += 1
                     continue
                 if code == 200:
                     lat.append((time.perf_counter() - t0) * 1000.0)
