@@ -5,7 +5,8 @@ previous code in two processes, and the spread between processes (each captures 
 with its own cuDNN picks: resnet50's ``cuGraphLaunch`` cost 4.5 us of host time in one, 13.8 in the
 other) was larger than the 5 us the change saves. Here the same services, graphs and host alternate
 the two: "prepared" is the layer as it is; "looked_up" makes every batch take the full look-up path
-(``_launch_general``, the code before the change plus the ``_Prepared`` it makes and does not use).
+(``_launch_general``: the code before the change, plus a look-up of the ``_Prepared`` entry it made
+the first time; in run 92 it also rebuilt that entry for every batch, 1-2 us, since changed).
 
 mix6 compiled at max batch 1 as ``gpu_runtime_check.py --only overhead`` does (x0.25, one unmeasured
 point per policy first), then ``--rounds`` rounds of one point per variant, the order flipped each
@@ -70,6 +71,8 @@ def main(argv=None) -> int:
                     p = run_point(svc, wl, name, scale=a.scale, duration_s=a.duration)
                     be = svc.stats()["backend"]
                     n = be["batches"] - be0["batches"]
+                    if n == 0:
+                        raise RuntimeError(f"{name}: no batch ran in a {a.duration} s point")
                     points.append({
                         "variant": v, "round": r, "batches": n, "dispatch_overhead": p.dispatch_overhead,
                         "slo_attainment": p.slo_attainment,

@@ -920,7 +920,16 @@ def test_a_prepared_launch_makes_the_same_driver_calls_as_the_first_without_look
     assert [c[1] for c in calls if c[0] == "graph"] == [1002]
     assert [c[1:4] for c in calls if c[0] == "out"] == [(lane.ptr_out[("m", 0)][0], lane.plans[("m", 2)].outputs[0][0], 16)]
     assert ticket.n == 2 and ticket.rows is again and ticket.out is lane.np_out[("m", 0)] and not ticket.views
+    assert (ticket.t_in, ticket.t0, ticket.t1, ticket.done) == lane.events[0]  # the slot's, in their roles
+    assert ticket.stream == 77 and ticket.model == "m" and ticket.anchor is lane.anchor
+    assert ticket.began <= ticket.launched
     assert layer.launch_ms["launches"] == 5
+    # a stale clock anchor is renewed on the lane's stream before the launch, prepared or not
+    anchored = []
+    layer._anchor = lambda ln, st: anchored.append((ln, st))
+    lane.anchor = None
+    layer._launch(lanes, 0, "m", [[torch.rand(4)]])  # slot 1, batch 1: prepared
+    assert anchored == [(lane, lane.graphs["m"][1].stream)]
 
     # plain numpy rows (not staged): the lane's own pinned buffers, through the full path
     lane.launches = 0
@@ -943,9 +952,16 @@ def test_views_never_take_a_prepared_launch_and_a_failed_one_settles_its_stream(
     layer._fresh_outputs = lambda lane, key: ([None], fresh, [fresh[0].ctypes.data])
     layer.launch_ms["alloc"] = 0.0
     for _ in range(3):
+        calls.clear()
         t = layer._launch(lanes, 0, "m", [[torch.rand(4)]])
         assert t.views and t.out is fresh
+        # copied into the batch's own buffer, never the slot's (a later batch would overwrite it)
+        assert [c[1] for c in calls if c[0] == "out"] == [fresh[0].ctypes.data]
     assert graphs.looked == 3  # every batch: its own output buffers, looked up in full
+    layer._fresh_outputs = lambda lane, key: None  # page-locked memory ran out: the slot's buffers
+    calls.clear()
+    t = layer._launch(lanes, 0, "m", [[torch.rand(4)]])
+    assert not t.views and [c[1] for c in calls if c[0] == "out"] == [lane.ptr_out[("m", 1)][0]]
 
     layer, lanes, lane, calls, graphs, stream, fail_out = _raw_launch_shell()
     layer._launch(lanes, 0, "m", [[torch.rand(4)]])

@@ -121,16 +121,27 @@ def test_a_request_without_an_answer_is_counted_by_the_same_name_whichever_clien
     load report names each failure the same way for both."""
     import asyncio
     import socket
+    import struct
 
     import aiohttp
 
     from gpuloom.serve.loadgen import _Sender, failure_kind
 
+    answers = {"garbage": b"HELLO THERE\r\n\r\n",
+               "short body": b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc",
+               "short chunks": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10\r\nabc",
+               "bad chunk": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n"}
+
     async def serve(behaviour):
         async def handle(reader, writer):
             await reader.readuntil(b"\r\n\r\n")
-            if behaviour == "garbage":
-                writer.write(b"HELLO THERE\r\n\r\n")
+            if behaviour == "reset":  # an RST instead of a FIN
+                writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                                           struct.pack("ii", 1, 0))
+                writer.transport.abort()
+                return
+            if behaviour in answers:
+                writer.write(answers[behaviour])
                 await writer.drain()
             elif behaviour == "silent":
                 await asyncio.sleep(5)
@@ -157,7 +168,7 @@ def test_a_request_without_an_answer_is_counted_by_the_same_name_whichever_clien
             sock.bind(("127.0.0.1", 0))
             dead = sock.getsockname()[1]
         got["dead"] = await one(dead)
-        for behaviour in ("close", "garbage", "silent"):
+        for behaviour in ("close", "reset", "silent", *answers):
             srv, port = await serve(behaviour)
             try:
                 got[behaviour] = await one(port)
@@ -166,4 +177,10 @@ def test_a_request_without_an_answer_is_counted_by_the_same_name_whichever_clien
         return got
 
     got = asyncio.run(main())
-    assert got == {"dead": "refused", "close": "disconnected", "garbage": "bad response", "silent": "timeout"}
+    assert got == {"dead": "refused", "close": "disconnected", "reset": "disconnected", "silent": "timeout",
+                   "garbage": "bad response", "short body": "disconnected", "short chunks": "disconnected",
+                   "bad chunk": "bad response"}
+    # asyncio's error when every address of a name (::1 and 127.0.0.1) refused the connection
+    assert failure_kind(OSError("Multiple exceptions: [Errno 111] Connect call failed ('::1', 8000, 0, 0), "
+                                "[Errno 111] Connect call failed ('127.0.0.1', 8000)")) == "refused"
+    assert failure_kind(OSError("Multiple exceptions: [Errno 111] a, [Errno 101] b")) == "OSError"

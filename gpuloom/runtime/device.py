@@ -1415,9 +1415,11 @@ class CudaDeviceLayer(DeviceLayer):
             lane.events.append(evs)
         t_in, t0, t1, done = lane.events[slot]
         if plan is not None:
-            prep = lane.prepared[(model, n, slot)] = _Prepared(
-                plan, st, (t_in, t0, t1, done), tuple(e.cuda_event for e in (t_in, t0, t1, done)),
-                lane.np_out[key], lane.ptr_out[key])
+            prep = lane.prepared.get((model, n, slot))
+            if prep is None:  # what it holds stays as it is until the lane is freed
+                prep = lane.prepared[(model, n, slot)] = _Prepared(
+                    plan, st, (t_in, t0, t1, done), tuple(e.cuda_event for e in (t_in, t0, t1, done)),
+                    lane.np_out[key], lane.ptr_out[key])
             out = None
             if self.outputs == "views":
                 clock = time.perf_counter

@@ -9,7 +9,9 @@ or as JSON (``binary=False``, for servers without the extension).
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import re
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -30,22 +32,39 @@ CLIENTS = ("aiohttp", "lean")
 def failure_kind(e: BaseException) -> str:
     """What went wrong with a request that got no HTTP status, by one name whichever client sent it
     (aiohttp wraps the socket's errors in its own classes, the lean client raises them as they are):
-    "refused", "timeout", "disconnected" (the server closed the connection before answering in
-    full), "bad response" (not HTTP, or broken framing); anything else by its exception's name."""
+    "refused", "timeout", "disconnected" (the server closed or reset the connection before answering
+    in full), "bad response" (not HTTP, or broken framing); anything else by its exception's name."""
     import aiohttp
+    from aiohttp import http_exceptions
 
     from .httpconn import BadResponse
 
-    if isinstance(e, TimeoutError):  # asyncio's too, and aiohttp's ServerTimeoutError
+    cause = getattr(e, "os_error", None) or e.__cause__  # aiohttp.ClientConnectorError keeps it as os_error
+    if isinstance(e, TimeoutError) or isinstance(cause, TimeoutError):  # asyncio's too, aiohttp's ServerTimeoutError
         return "timeout"
-    if isinstance(e, ConnectionRefusedError) or isinstance(getattr(e, "os_error", None), ConnectionRefusedError):
-        return "refused"  # aiohttp.ClientConnectorError keeps the socket's error as os_error
-    if isinstance(e, (ConnectionResetError, ConnectionAbortedError, BrokenPipeError,
-                      aiohttp.ServerDisconnectedError)):
+    code = _errno_of(e)
+    if code == errno.ECONNREFUSED:
+        return "refused"
+    if (code in (errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED)
+            or isinstance(e, (ConnectionResetError, ConnectionAbortedError, BrokenPipeError,
+                              aiohttp.ServerDisconnectedError))
+            or isinstance(e, aiohttp.ClientPayloadError)  # the body ended before its length or last chunk
+            and isinstance(cause, (http_exceptions.ContentLengthError, http_exceptions.TransferEncodingError))):
         return "disconnected"
     if isinstance(e, (BadResponse, aiohttp.ClientResponseError, aiohttp.ClientPayloadError)):
         return "bad response"
     return type(e).__name__
+
+
+def _errno_of(e: BaseException) -> int | None:
+    """The socket error number behind ``e``: its own, its wrapped one's, or the one number that
+    asyncio's "Multiple exceptions: [Errno 111] ..., [Errno 111] ..." names for every address."""
+    for x in (e, getattr(e, "os_error", None), e.__cause__):
+        code = getattr(x, "errno", None)
+        if isinstance(code, int):
+            return code
+    found = set(re.findall(r"\[Errno (\d+)\]", str(e))) if isinstance(e, OSError) else set()
+    return int(found.pop()) if len(found) == 1 else None
 
 
 @dataclass
