@@ -6,7 +6,8 @@ with its own cuDNN picks: resnet50's ``cuGraphLaunch`` cost 4.5 us of host time 
 other) was larger than the 5 us the change saves. Here the same services, graphs and host alternate
 the two: "prepared" is the layer as it is; "looked_up" makes every batch take the full look-up path
 (``_launch_general``: the code before the change, plus a look-up of the ``_Prepared`` entry it made
-the first time; in run 92 it also rebuilt that entry for every batch, 1-2 us, since changed).
+the first time; in run 92 it read the slot's four event handles and rebuilt that entry for every
+batch, as the code before read the handles, since changed).
 
 mix6 compiled at max batch 1 as ``gpu_runtime_check.py --only overhead`` does (x0.25, one unmeasured
 point per policy first), then ``--rounds`` rounds of one point per variant, the order flipped each

@@ -855,7 +855,7 @@ class _Prepared:
     :class:`~gpuloom.gpu.launch.LaunchPlan`, the slot's events and pinned outputs. Why: looking these
     up per batch (bucket, graph set, plan, slot buffers, events) cost the runtime's thread more host
     time than the launch's own driver calls on the H200 (run 89: 84 us a launch against 25); launching
-    from this cut the runtime's host time per batch to 0.80-0.88x on mix6 at batch 1 (run 92)."""
+    from this took 5-16 us of host time per batch off the runtime's thread on mix6 at batch 1 (runs 92-93)."""
 
     plan: Any  # LaunchPlan
     stream: Any  # the lane's torch stream the plan launches on (clock anchor; a failed launch waits on it)
