@@ -353,3 +353,92 @@ def test_bucket_lookup_matches_the_smallest_bucket_that_fits():
             assert cm.bucket_for(n) == min(b for b in buckets if b >= n)
         with pytest.raises(ValueError, match=f"larger than max_batch={buckets[-1]}"):
             cm.bucket_for(buckets[-1] + 1)
+
+
+def _with_cpu_stand_ins(gm):
+    """``gm`` with each cuDNN fused convolution replaced by what it computes, in plain CPU ops: a check
+    of the fusion's arguments (which tensor is z, which the bias, the order of the lists)."""
+    import torch.nn.functional as F
+
+    from gpuloom.engine import fold
+
+    def conv_relu(x, w, b, stride, padding, dilation, groups):
+        return torch.relu(F.conv2d(x, w, b, stride, padding, dilation, groups))
+
+    def conv_add_relu(x, w, z, alpha, b, stride, padding, dilation, groups):
+        return torch.relu(F.conv2d(x, w, b, stride, padding, dilation, groups) + alpha * z)
+
+    stand_in = {fold._CONV_RELU: conv_relu, fold._CONV_ADD_RELU: conv_add_relu}
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target in stand_in:
+            n.target = stand_in[n.target]
+    gm.recompile()
+    return gm
+
+
+class NotFusable(nn.Module):
+    """Convolutions the fusion must leave alone, beside two it must fuse."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(4, 4, 3, padding=1)  # -> ReLU: fused
+        self.depthwise = nn.Conv2d(4, 4, 3, padding=1, groups=4)  # groups > 1
+        self.no_bias = nn.Conv2d(4, 4, 1, bias=False)
+        self.two_readers = nn.Conv2d(4, 4, 1)  # its output is read twice
+        self.clamped = nn.Conv2d(4, 4, 1)  # hardtanh(-1, 1): not a ReLU6
+        self.broadcast = nn.Conv2d(4, 4, 1)  # + a (1, 4, 1, 1) tensor, then ReLU: z is not its shape
+        self.b = nn.Conv2d(4, 4, 3, stride=2, padding=1, dilation=1)  # + the residual, then ReLU: fused
+        self.skip = nn.Conv2d(4, 4, 1, stride=2)
+        self.shift = nn.Parameter(torch.randn(1, 4, 1, 1))
+
+    def forward(self, x):
+        y = torch.relu(self.a(x))
+        y = torch.relu(self.depthwise(y))
+        y = torch.relu(self.no_bias(y))
+        t = self.two_readers(y)
+        y = torch.relu(t) + t
+        y = torch.nn.functional.hardtanh(self.clamped(y), -1.0, 1.0)
+        y = torch.relu(self.broadcast(y) + self.shift)
+        return torch.relu(self.b(y) + self.skip(y))
+
+
+@pytest.mark.parametrize("name, want", [("resnet18", (9, 8)), ("mobilenet_v2", (18, 0)), ("not_fusable", (1, 1))])
+def test_fused_convolutions_compute_what_the_graph_did_and_only_where_they_may(name, want):
+    """The fusion's rewrite, run with CPU stand-ins for cuDNN's fused ops (which have no CPU kernel),
+    equals eager; it fuses each conv + ReLU / ReLU6 and conv + add + ReLU it may and nothing else."""
+    import torchvision
+
+    from gpuloom.engine import fold
+    from gpuloom.engine.dag import _export
+
+    torch.manual_seed(0)
+    model = NotFusable() if name == "not_fusable" else getattr(torchvision.models, name)(weights=None)
+    model = model.eval()
+    gm = _export(model, (torch.randn(1, 4 if name == "not_fusable" else 3, 32, 32),), 4)
+    fold.fold_batchnorm(gm)
+    fold.restore_batchnorm(gm)
+    fused = fold.fuse_convolutions(gm)
+    counts = [sum(1 for n in gm.graph.nodes if n.op == "call_function" and n.target is t)
+              for t in (fold._CONV_RELU, fold._CONV_ADD_RELU)]
+    assert (tuple(counts), fused) == (want, sum(want))
+    gm = _with_cpu_stand_ins(gm)
+    for batch in (1, 3):
+        x = torch.randn(batch, 4 if name == "not_fusable" else 3, 32, 32)
+        with torch.no_grad():
+            got = gm(x)
+            got = got[0] if isinstance(got, (tuple, list)) else got
+            torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_fused_convolutions_need_a_cuda_device_and_keep_channels_last_working():
+    from gpuloom.engine import fold
+    from gpuloom.engine.dag import _export
+
+    m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
+    with pytest.raises(ValueError, match="fuse_convolutions=True .* need a CUDA device"):
+        gpuloom.compile(m, torch.randn(1, 3, 8, 8), max_batch=2, fuse_convolutions=True)
+    gm = _export(m, (torch.randn(1, 3, 8, 8),), 2)
+    assert fold.fuse_convolutions(gm) == 1
+    assert fold.channels_last(gm) == 1  # a fused convolution's weight is still found
+    (w,) = [p for p in gm.parameters() if p.dim() == 4]
+    assert w.is_contiguous(memory_format=torch.channels_last)

@@ -368,6 +368,7 @@ def compile(
     fold_batchnorm: bool = True,
     reinplace: bool = False,
     channels_last: bool | str | None = None,
+    fuse_convolutions: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> CompiledModel:
     """Compile ``model`` ahead of time into multi-stream CUDA graphs, one per batch bucket.
@@ -401,6 +402,10 @@ def compile(
             (None): ``"auto"`` with ``streams="auto"``, else False. The runtime passes each model's
             own setting (False unless its config says otherwise: its shipped profiles were measured
             in NCHW).
+        fuse_convolutions: run each 2-D convolution (one group, with a bias: every one a BatchNorm
+            was folded into) that only feeds a ReLU, a ReLU6, or a residual add and a ReLU as cuDNN's
+            fused convolution + bias (+ add) + ReLU, where PyTorch's cuDNN path adds the bias with a
+            kernel of its own (CUDA only; experimental, off until measured on the GPU).
         progress: called with a short message at each compile stage.
 
     Raises:
@@ -435,13 +440,17 @@ def compile(
     for x in example_inputs:
         if x.device.type != dev.type:
             raise ValueError(f"example inputs must be on {dev}, found one on {x.device}")
+    if fuse_convolutions and dev.type != "cuda":
+        raise ValueError("fuse_convolutions=True runs cuDNN's fused convolutions, which need a CUDA device; "
+                         f"this model compiles for {dev}")
     bucket_list = tuple(sorted(set(buckets))) if buckets is not None else default_buckets(max_batch)
     if bucket_list[0] < 1 or bucket_list[-1] != max_batch:
         raise ValueError(f"buckets must be positive and end at max_batch={max_batch}, got {bucket_list}")
 
     say("capturing the operator graph")
     graph = capture_graph(model, example_inputs, max_batch=max_batch, fold_batchnorm=fold_batchnorm,
-                          reinplace=reinplace, channels_last=channels_last is True)
+                          reinplace=reinplace, channels_last=channels_last is True,
+                          fuse_convolutions=fuse_convolutions)
     graph.module.to(dev)
     graph_cl = None
     if channels_last == "auto" and dev.type == "cuda":  # a timed choice: there is nothing to time on the CPU

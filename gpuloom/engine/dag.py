@@ -59,6 +59,7 @@ class OpGraph:
     op_index: dict[fx.Node, int] = field(default_factory=dict)
     folded_batchnorms: int = 0  # BatchNorms folded into convolutions
     channels_last_weights: int = 0  # convolution weights stored NHWC (fold.channels_last)
+    fused_convolutions: int = 0  # convolutions fused with their bias and ReLU (fold.fuse_convolutions)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -76,12 +77,14 @@ def capture_graph(
     fold_batchnorm: bool = True,
     reinplace: bool = False,
     channels_last: bool = False,
+    fuse_convolutions: bool = False,
 ) -> OpGraph:
     """Capture ``model`` as an FX graph and build its operator DAG (see the module docstring).
 
     ``fold_batchnorm`` folds inference BatchNorms into the convolutions they follow; ``reinplace``
-    runs single-reader elementwise ops in place; ``channels_last`` stores convolution weights NHWC
-    (all three export path only; see ``fold``).
+    runs single-reader elementwise ops in place; ``channels_last`` stores convolution weights NHWC;
+    ``fuse_convolutions`` uses cuDNN's fused convolution + bias (+ add) + ReLU, for CUDA only (all
+    four export path only; see ``fold``).
     """
     export_error: BaseException | None = None
     try:
@@ -108,8 +111,10 @@ def capture_graph(
             ) from fx_error
     # asked for: a failure here is the caller's error, not a fallback to fx
     nhwc = fold.channels_last(gm) if channels_last and method == "export" else 0
+    fused = fold.fuse_convolutions(gm) if fuse_convolutions and method == "export" else 0
     graph = _build_dag(gm, method)
     graph.folded_batchnorms = folded
+    graph.fused_convolutions = fused
     graph.channels_last_weights = nhwc  # 0 where the fx fallback took the model (no pass applies)
     return graph
 
@@ -128,6 +133,7 @@ def channels_last_variant(graph: OpGraph) -> OpGraph | None:
         return None
     variant = _build_dag(gm, "export")
     variant.folded_batchnorms = graph.folded_batchnorms
+    variant.fused_convolutions = graph.fused_convolutions
     variant.channels_last_weights = converted
     return variant
 

@@ -20,6 +20,13 @@ and the activations between them stay NHWC (cuDNN follows the weight's layout; I
 same choice for convolution nets). A ``view`` of such an activation may meet strides it cannot view
 (a flatten of an NHWC map), so those views become ``reshape`` (a view where one exists, a copy only
 where not); views elsewhere stay views.
+
+``fuse_convolutions`` (CUDA only, opt-in): cuDNN's backend in PyTorch adds a convolution's bias with
+a kernel of its own, and a folded BatchNorm gives every convolution a bias. A 2-D convolution (one
+group, with a bias) followed only by a ReLU, a ReLU6 (``hardtanh(0, 6)``), or a residual add and
+then a ReLU becomes ``cudnn_convolution_relu`` / ``cudnn_convolution_add_relu``: cuDNN's fused
+convolution, bias, (add,) ReLU. That is two to four kernels fewer per pattern; a ReLU6 keeps a
+``clamp_max(6)`` after it.
 """
 
 from __future__ import annotations
@@ -184,7 +191,11 @@ def reinplace_elementwise(gm: fx.GraphModule) -> int:
     return rewritten
 
 
-_CONV2D = {torch.ops.aten.conv2d.default, torch.ops.aten.conv2d.padding, torch.ops.aten.convolution.default}
+_CONV_RELU = torch.ops.aten.cudnn_convolution_relu.default
+_CONV_ADD_RELU = torch.ops.aten.cudnn_convolution_add_relu.default
+# convolutions whose weight is args[1], fused ones (fuse_convolutions) included
+_CONV2D = {torch.ops.aten.conv2d.default, torch.ops.aten.conv2d.padding, torch.ops.aten.convolution.default,
+           _CONV_RELU, _CONV_ADD_RELU}
 _STRIDED_VIEWS = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default}
 
 
@@ -233,3 +244,92 @@ def channels_last(gm: fx.GraphModule) -> int:
         output.replace_input_with(value, dense)
     gm.recompile()
     return len(converted)
+
+
+_RELU = torch.ops.aten.relu.default
+_HARDTANH = torch.ops.aten.hardtanh.default
+_ADD = torch.ops.aten.add.Tensor
+
+
+def _conv2d_params(node: fx.Node) -> tuple | None:
+    """(x, weight, bias, stride, padding, dilation, groups) of an ``aten.conv2d.default`` node with
+    every default filled in and 2-element lists, or None for anything else."""
+    if node.op != "call_function" or node.target is not torch.ops.aten.conv2d.default:
+        return None
+    names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+    defaults = (None, None, None, [1, 1], [0, 0], [1, 1], 1)
+    vals = list(node.args) + [node.kwargs.get(k, d) for k, d in zip(names[len(node.args):], defaults[len(node.args):])]
+    x, w, b, stride, padding, dilation, groups = vals
+    pairs = []
+    for v in (stride, padding, dilation):
+        v = [v] if isinstance(v, int) else list(v)
+        if len(v) == 1:
+            v = v * 2
+        if len(v) != 2 or not all(isinstance(i, int) for i in v):
+            return None
+        pairs.append(v)
+    return (x, w, b, *pairs, groups)
+
+
+def _only_user(node: fx.Node, outputs: set) -> fx.Node | None:
+    users = list(node.users)
+    if len(users) != 1 or node in outputs or users[0].op != "call_function":
+        return None
+    return users[0]
+
+
+def _same_tensor_type(a: fx.Node, b: fx.Node) -> bool:
+    va, vb = a.meta.get("val"), b.meta.get("val")
+    return (isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor) and va.shape == vb.shape
+            and va.dtype == vb.dtype)
+
+
+def fuse_convolutions(gm: fx.GraphModule) -> int:
+    """Fuse convolution + bias (+ residual add) + ReLU / ReLU6 into cuDNN's fused convolutions, in
+    place (see the module docstring). Only for graphs that run on CUDA with cuDNN: the fused ops have
+    no CPU kernel. Returns how many convolutions were fused."""
+    g = gm.graph
+    outputs = {a for n in g.nodes if n.op == "output" for a in n.all_input_nodes}
+    fused = 0
+    for conv in list(g.nodes):
+        params = _conv2d_params(conv)
+        if params is None:
+            continue
+        x, w, b, stride, padding, dilation, groups = params
+        if groups != 1 or not isinstance(b, fx.Node) or not isinstance(x, fx.Node):
+            continue
+        user = _only_user(conv, outputs)
+        if user is None:
+            continue
+        relu6 = user.target is _HARDTANH and tuple(user.args[1:3]) == (0.0, 6.0) and not user.kwargs
+        if (user.target is _RELU or relu6) and _same_tensor_type(conv, user):
+            with g.inserting_before(user):
+                new = g.call_function(_CONV_RELU, (x, w, b, stride, padding, dilation, groups))
+                new.meta = dict(user.meta)
+                last = new
+                if relu6:
+                    last = g.call_function(torch.ops.aten.clamp_max.default, (new, 6.0))
+                    last.meta = dict(user.meta)
+            user.replace_all_uses_with(last)
+            g.erase_node(user)
+            g.erase_node(conv)
+            fused += 1
+            continue
+        if user.target is not _ADD or user.kwargs or len(user.args) != 2:
+            continue
+        relu = _only_user(user, outputs)
+        z = user.args[1] if user.args[0] is conv else user.args[0]
+        if (relu is None or relu.target is not _RELU or not isinstance(z, fx.Node) or z is conv
+                or not _same_tensor_type(conv, z) or not _same_tensor_type(conv, relu)):
+            continue
+        with g.inserting_before(relu):
+            new = g.call_function(_CONV_ADD_RELU, (x, w, z, 1.0, b, stride, padding, dilation, groups))
+            new.meta = dict(relu.meta)
+        relu.replace_all_uses_with(new)
+        for n in (relu, user, conv):
+            g.erase_node(n)
+        fused += 1
+    if fused:
+        g.lint()
+        gm.recompile()
+    return fused

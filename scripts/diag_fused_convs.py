@@ -1,0 +1,107 @@
+"""Does ``compile(..., fuse_convolutions=True)`` make a model's CUDA graph faster, and still right?
+
+Why: PyTorch's cuDNN path adds a convolution's bias with a kernel of its own, and BatchNorm folding
+gives every convolution a bias, so resnet50 runs 53 bias kernels and 49 ReLU kernels beside its 53
+convolutions at batch 1 (issue 2 wants 4.3x over eager there, 10x for mobilenet_v2). cuDNN's fused
+convolution + bias (+ add) + ReLU does them in one call (``engine/fold.py``, ``fuse_convolutions``).
+
+For each model: compile twice (one stream, NCHW, so only the fusion differs), check both against
+eager on fresh random inputs at each bucket (max |y - eager| / max |eager|), then time ``cm(x,
+zero_copy=True)`` with CUDA events, the two compiled models taking turns for ``--rounds`` rounds of
+``--calls`` calls after a warm-up. Needs a GPU::
+
+    PYTHONPATH=. python3 scripts/diag_fused_convs.py --models resnet50,mobilenet_v2,googlenet --out /tmp/fused.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's gpuloom, not an installed one
+
+
+def rel_err(y, ref) -> float:
+    y = y[0] if isinstance(y, (tuple, list)) else y
+    ref = ref[0] if isinstance(ref, (tuple, list)) else ref
+    return float((y.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-12))
+
+
+def time_calls(cm, x, calls: int) -> float:
+    """Median ms of ``calls`` calls, each between two CUDA events."""
+    import torch
+
+    ms = []
+    for _ in range(calls):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        cm(x, zero_copy=True)
+        b.record()
+        b.synchronize()
+        ms.append(a.elapsed_time(b))
+    return statistics.median(ms)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="resnet50,mobilenet_v2,googlenet")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--calls", type=int, default=100)
+    ap.add_argument("--out", type=Path, default=None)
+    a = ap.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("diag_fused_convs needs a CUDA GPU", file=sys.stderr)
+        return 2
+    import gpuloom
+    from gpuloom.profile.profiler import load_model
+
+    torch.backends.cudnn.benchmark = True
+    batches = [int(b) for b in a.batches.split(",")]
+    out = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "torch": torch.__version__,
+           "cudnn": torch.backends.cudnn.version(), "gpu": torch.cuda.get_device_name(0), "models": {}}
+    for name in a.models.split(","):
+        ms = load_model(name, device="cuda")
+        model = ms.module
+        ex = torch.randn((1, *ms.input_shapes[0]), device="cuda")
+        cms = {}
+        for fuse in (False, True):
+            t = time.perf_counter()
+            cms[fuse] = gpuloom.compile(model, ex, max_batch=max(batches), streams=1, channels_last=False,
+                                        fuse_convolutions=fuse)
+            print(f"{name} fuse={fuse}: compiled in {time.perf_counter() - t:.1f} s", flush=True)
+        row = {"fused_convolutions": cms[True].graph.fused_convolutions,
+               "dag_ops": {str(f): len(cms[f].graph.ops) for f in cms}, "batches": {}}
+        for b in batches:
+            x = torch.randn((b, *ms.input_shapes[0]), device="cuda")
+            with torch.inference_mode():
+                ref = model(x)
+            errs = {str(f): rel_err(cms[f](x), ref) for f in cms}
+            for f in cms:  # warm-up
+                time_calls(cms[f], x, 20)
+            times = {str(f): [] for f in cms}
+            for r in range(a.rounds):
+                for f in ((False, True) if r % 2 == 0 else (True, False)):
+                    times[str(f)].append(time_calls(cms[f], x, a.calls))
+            med = {f: statistics.median(v) for f, v in times.items()}
+            row["batches"][str(b)] = {"rel_err": errs, "ms_rounds": times, "ms": med,
+                                      "speedup_fused": med["False"] / med["True"]}
+            print(name, b, json.dumps(row["batches"][str(b)]["ms"]), "speedup", round(med["False"] / med["True"], 3),
+                  "rel_err", errs, flush=True)
+        out["models"][name] = row
+        del cms
+        torch.cuda.empty_cache()
+        if a.out:
+            a.out.parent.mkdir(parents=True, exist_ok=True)
+            a.out.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
