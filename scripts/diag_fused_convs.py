@@ -46,6 +46,27 @@ def time_calls(cm, x, calls: int) -> float:
     return statistics.median(ms)
 
 
+def smoke() -> dict:
+    """Each fused op once on small float32 tensors against its unfused ops: "ok" with the relative
+    error, or the error (an engine cuDNN cannot find shows here, before any model compiles)."""
+    import torch
+    import torch.nn.functional as F
+
+    x = torch.randn(2, 8, 16, 16, device="cuda")
+    w, b, z = torch.randn(8, 8, 3, 3, device="cuda"), torch.randn(8, device="cuda"), torch.randn(2, 8, 16, 16, device="cuda")
+    ref = F.conv2d(x, w, b, 1, 1)
+    got = {}
+    for name, fn, want in (
+            ("conv_relu", lambda: torch.ops.aten.cudnn_convolution_relu(x, w, b, [1, 1], [1, 1], [1, 1], 1), ref.relu()),
+            ("conv_add_relu", lambda: torch.ops.aten.cudnn_convolution_add_relu(x, w, z, 1.0, b, [1, 1], [1, 1], [1, 1], 1),
+             (ref + z).relu())):
+        try:
+            got[name] = {"ok": True, "rel_err": rel_err(fn(), want)}
+        except Exception as e:  # noqa: BLE001 - reported
+            got[name] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:1000]}
+    return got
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="resnet50,mobilenet_v2,googlenet")
@@ -65,17 +86,24 @@ def main(argv=None) -> int:
     torch.backends.cudnn.benchmark = True
     batches = [int(b) for b in a.batches.split(",")]
     out = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "torch": torch.__version__,
-           "cudnn": torch.backends.cudnn.version(), "gpu": torch.cuda.get_device_name(0), "models": {}}
+           "cudnn": torch.backends.cudnn.version(), "gpu": torch.cuda.get_device_name(0),
+           "smoke": smoke(), "models": {}}
+    print("smoke", json.dumps(out["smoke"]), flush=True)
     for name in a.models.split(","):
         ms = load_model(name, device="cuda")
         model = ms.module
         ex = torch.randn((1, *ms.input_shapes[0]), device="cuda")
         cms = {}
-        for fuse in (False, True):
-            t = time.perf_counter()
-            cms[fuse] = gpuloom.compile(model, ex, max_batch=max(batches), streams=1, channels_last=False,
-                                        fuse_convolutions=fuse)
-            print(f"{name} fuse={fuse}: compiled in {time.perf_counter() - t:.1f} s", flush=True)
+        try:
+            for fuse in (False, True):
+                t = time.perf_counter()
+                cms[fuse] = gpuloom.compile(model, ex, max_batch=max(batches), streams=1, channels_last=False,
+                                            fuse_convolutions=fuse)
+                print(f"{name} fuse={fuse}: compiled in {time.perf_counter() - t:.1f} s", flush=True)
+        except Exception as e:  # noqa: BLE001 - one model's failure is a finding; the others still run
+            out["models"][name] = {"error": f"{type(e).__name__}: {e}"[:2000]}
+            print(name, "failed:", out["models"][name]["error"][:300], flush=True)
+            continue
         row = {"fused_convolutions": cms[True].graph.fused_convolutions,
                "dag_ops": {str(f): len(cms[f].graph.ops) for f in cms}, "batches": {}}
         for b in batches:

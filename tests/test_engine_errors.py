@@ -402,7 +402,23 @@ class NotFusable(nn.Module):
         return torch.relu(self.b(y) + self.skip(y))
 
 
-@pytest.mark.parametrize("name, want", [("resnet18", (9, 8)), ("mobilenet_v2", (18, 0)), ("not_fusable", (1, 1))])
+class MoreFusable(nn.Module):
+    """F.relu6 (fused, then a clamp), an add with the convolution second (fused), and a convolution
+    that is also a graph output (left alone)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Conv2d(4, 4, 3, padding=1), nn.Conv2d(4, 4, 1), nn.Conv2d(4, 4, 1)
+
+    def forward(self, x):
+        y = torch.nn.functional.relu6(self.a(x))
+        y = torch.relu(x + self.b(y))
+        out = self.c(y)
+        return torch.relu(out), out
+
+
+@pytest.mark.parametrize("name, want", [("resnet18", (9, 8)), ("mobilenet_v2", (18, 0)), ("not_fusable", (1, 1)),
+                                        ("more_fusable", (1, 1))])
 def test_fused_convolutions_compute_what_the_graph_did_and_only_where_they_may(name, want):
     """The fusion's rewrite, run with CPU stand-ins for cuDNN's fused ops (which have no CPU kernel),
     equals eager; it fuses each conv + ReLU / ReLU6 and conv + add + ReLU it may and nothing else."""
@@ -412,9 +428,11 @@ def test_fused_convolutions_compute_what_the_graph_did_and_only_where_they_may(n
     from gpuloom.engine.dag import _export
 
     torch.manual_seed(0)
-    model = NotFusable() if name == "not_fusable" else getattr(torchvision.models, name)(weights=None)
+    mine = {"not_fusable": NotFusable, "more_fusable": MoreFusable}
+    model = mine[name]() if name in mine else getattr(torchvision.models, name)(weights=None)
     model = model.eval()
-    gm = _export(model, (torch.randn(1, 4 if name == "not_fusable" else 3, 32, 32),), 4)
+    channels = 4 if name in mine else 3
+    gm = _export(model, (torch.randn(1, channels, 32, 32),), 4)
     fold.fold_batchnorm(gm)
     fold.restore_batchnorm(gm)
     fused = fold.fuse_convolutions(gm)
@@ -422,12 +440,24 @@ def test_fused_convolutions_compute_what_the_graph_did_and_only_where_they_may(n
               for t in (fold._CONV_RELU, fold._CONV_ADD_RELU)]
     assert (tuple(counts), fused) == (want, sum(want))
     gm = _with_cpu_stand_ins(gm)
+    flat = lambda v: list(v) if isinstance(v, (tuple, list)) else [v]
     for batch in (1, 3):
-        x = torch.randn(batch, 4 if name == "not_fusable" else 3, 32, 32)
+        x = torch.randn(batch, channels, 32, 32)
         with torch.no_grad():
-            got = gm(x)
-            got = got[0] if isinstance(got, (tuple, list)) else got
-            torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-4)
+            got, want_out = flat(gm(x)), flat(model(x))
+        assert len(got) == len(want_out)
+        for g, w in zip(got, want_out):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_fusion_runs_before_reinplace_so_both_can_be_asked_for():
+    import torchvision
+
+    from gpuloom.engine.dag import capture_graph
+
+    m = torchvision.models.resnet18(weights=None).eval()
+    g = capture_graph(m, (torch.randn(1, 3, 32, 32),), max_batch=4, reinplace=True, fuse_convolutions=True)
+    assert g.fused_convolutions == 17
 
 
 def test_fused_convolutions_need_a_cuda_device_and_keep_channels_last_working():

@@ -92,6 +92,8 @@ def capture_graph(
         method = "export"
         folded = fold.fold_batchnorm(gm) if fold_batchnorm else 0
         fold.restore_batchnorm(gm)
+        # before reinplace, whose in-place ReLUs and adds it would no longer recognise
+        fused = fold.fuse_convolutions(gm) if fuse_convolutions else 0
         if reinplace:
             fold.reinplace_elementwise(gm)
     except Exception as e:  # export fails in many ways; we report it below if fx fails too
@@ -99,7 +101,7 @@ def capture_graph(
         try:
             gm = fx.symbolic_trace(model)
             method = "fx"
-            folded = 0
+            folded = fused = 0
         except Exception as fx_error:
             raise CaptureError(
                 f"gpuloom could not capture {type(model).__name__} as an operator graph.\n"
@@ -111,7 +113,6 @@ def capture_graph(
             ) from fx_error
     # asked for: a failure here is the caller's error, not a fallback to fx
     nhwc = fold.channels_last(gm) if channels_last and method == "export" else 0
-    fused = fold.fuse_convolutions(gm) if fuse_convolutions and method == "export" else 0
     graph = _build_dag(gm, method)
     graph.folded_batchnorms = folded
     graph.fused_convolutions = fused

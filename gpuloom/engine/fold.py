@@ -25,8 +25,9 @@ where not); views elsewhere stay views.
 a kernel of its own, and a folded BatchNorm gives every convolution a bias. A 2-D convolution (one
 group, with a bias) followed only by a ReLU, a ReLU6 (``hardtanh(0, 6)``), or a residual add and
 then a ReLU becomes ``cudnn_convolution_relu`` / ``cudnn_convolution_add_relu``: cuDNN's fused
-convolution, bias, (add,) ReLU. That is two to four kernels fewer per pattern; a ReLU6 keeps a
-``clamp_max(6)`` after it.
+convolution, bias, (add,) ReLU: one call where there were three or four kernels (convolution, bias,
+(add,) activation), so two fewer for a ReLU, three for an add and a ReLU, and one for a ReLU6, which
+keeps a ``clamp_max(6)`` after it.
 """
 
 from __future__ import annotations
@@ -247,8 +248,10 @@ def channels_last(gm: fx.GraphModule) -> int:
 
 
 _RELU = torch.ops.aten.relu.default
+_RELU6 = torch.ops.aten.relu6.default  # F.relu6 (nn.ReLU6 exports as hardtanh(0, 6))
 _HARDTANH = torch.ops.aten.hardtanh.default
 _ADD = torch.ops.aten.add.Tensor
+_FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what cuDNN's fused convolutions take
 
 
 def _conv2d_params(node: fx.Node) -> tuple | None:
@@ -279,9 +282,10 @@ def _only_user(node: fx.Node, outputs: set) -> fx.Node | None:
 
 
 def _same_tensor_type(a: fx.Node, b: fx.Node) -> bool:
+    """Both values known, of one shape and dtype: a batched 4-D map of a dtype cuDNN fuses."""
     va, vb = a.meta.get("val"), b.meta.get("val")
     return (isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor) and va.shape == vb.shape
-            and va.dtype == vb.dtype)
+            and va.dtype == vb.dtype and va.dim() == 4 and va.dtype in _FUSED_DTYPES)
 
 
 def fuse_convolutions(gm: fx.GraphModule) -> int:
@@ -301,7 +305,8 @@ def fuse_convolutions(gm: fx.GraphModule) -> int:
         user = _only_user(conv, outputs)
         if user is None:
             continue
-        relu6 = user.target is _HARDTANH and tuple(user.args[1:3]) == (0.0, 6.0) and not user.kwargs
+        relu6 = (user.target is _HARDTANH and tuple(user.args[1:3]) == (0.0, 6.0) and not user.kwargs
+                 or user.target is _RELU6)
         if (user.target is _RELU or relu6) and _same_tensor_type(conv, user):
             with g.inserting_before(user):
                 new = g.call_function(_CONV_RELU, (x, w, b, stride, padding, dilation, groups))
