@@ -6,9 +6,10 @@ convolutions at batch 1 (issue 2 wants 4.3x over eager there, 10x for mobilenet_
 convolution + bias (+ add) + ReLU does them in one call (``engine/fold.py``, ``fuse_convolutions``).
 
 For each model: compile twice (one stream, NCHW, so only the fusion differs), check both against
-eager on fresh random inputs at each bucket (max |y - eager| / max |eager|), then time ``cm(x,
-zero_copy=True)`` with CUDA events, the two compiled models taking turns for ``--rounds`` rounds of
-``--calls`` calls after a warm-up. Needs a GPU::
+eager on fresh random inputs at each batch (max |y - eager| / max |eager|), then time ``cm(x,
+zero_copy=True)`` and the eager model with CUDA events, taking turns for ``--rounds`` rounds of
+``--calls`` calls after a warm-up (the output is not copied, unlike ``bench_engine.py``'s rows: its
+table stays the issue's figure). Needs a GPU::
 
     PYTHONPATH=. python3 scripts/diag_fused_convs.py --models resnet50,mobilenet_v2,googlenet --out /tmp/fused.json
 """
@@ -31,15 +32,15 @@ def rel_err(y, ref) -> float:
     return float((y.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-12))
 
 
-def time_calls(cm, x, calls: int) -> float:
-    """Median ms of ``calls`` calls, each between two CUDA events."""
+def time_calls(fn, calls: int) -> float:
+    """Median ms of ``calls`` calls of ``fn()``, each between two CUDA events."""
     import torch
 
     ms = []
     for _ in range(calls):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        cm(x, zero_copy=True)
+        fn()
         b.record()
         b.synchronize()
         ms.append(a.elapsed_time(b))
@@ -111,16 +112,25 @@ def main(argv=None) -> int:
             with torch.inference_mode():
                 ref = model(x)
             errs = {str(f): rel_err(cms[f](x), ref) for f in cms}
-            for f in cms:  # warm-up
-                time_calls(cms[f], x, 20)
-            times = {str(f): [] for f in cms}
+            fns = {str(f): (lambda cm=cms[f]: cm(x, zero_copy=True)) for f in cms}
+
+            def eager():
+                with torch.inference_mode():
+                    model(x)
+
+            fns["eager"] = eager
+            for fn in fns.values():  # warm-up
+                time_calls(fn, 20)
+            times = {k: [] for k in fns}
             for r in range(a.rounds):
-                for f in ((False, True) if r % 2 == 0 else (True, False)):
-                    times[str(f)].append(time_calls(cms[f], x, a.calls))
-            med = {f: statistics.median(v) for f, v in times.items()}
+                for k in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+                    times[k].append(time_calls(fns[k], a.calls))
+            med = {k: statistics.median(v) for k, v in times.items()}
             row["batches"][str(b)] = {"rel_err": errs, "ms_rounds": times, "ms": med,
-                                      "speedup_fused": med["False"] / med["True"]}
-            print(name, b, json.dumps(row["batches"][str(b)]["ms"]), "speedup", round(med["False"] / med["True"], 3),
+                                      "speedup_fused": med["False"] / med["True"],
+                                      "over_eager": {k: med["eager"] / med[k] for k in ("False", "True")}}
+            print(name, b, json.dumps(med), "fused/unfused speedup", round(med["False"] / med["True"], 3),
+                  "over eager", {k: round(v, 2) for k, v in row["batches"][str(b)]["over_eager"].items()},
                   "rel_err", errs, flush=True)
         out["models"][name] = row
         del cms
