@@ -68,6 +68,52 @@ def smoke() -> dict:
     return got
 
 
+def measure_model(name: str, batches: list[int], rounds: int, calls: int) -> dict:
+    """One model: both compiles, their errors against eager and their times beside eager's, per batch."""
+    import torch
+
+    import gpuloom
+    from gpuloom.profile.profiler import load_model
+
+    ms = load_model(name, device="cuda")
+    model = ms.module
+    ex = torch.randn((1, *ms.input_shapes[0]), device="cuda")
+    cms = {}
+    for fuse in (False, True):
+        t = time.perf_counter()
+        cms[fuse] = gpuloom.compile(model, ex, max_batch=max(batches), streams=1, channels_last=False,
+                                    fuse_convolutions=fuse)
+        print(f"{name} fuse={fuse}: compiled in {time.perf_counter() - t:.1f} s", flush=True)
+    row = {"fused_convolutions": cms[True].graph.fused_convolutions,
+           "dag_ops": {str(f): len(cms[f].graph.ops) for f in cms}, "batches": {}}
+    for b in batches:
+        x = torch.randn((b, *ms.input_shapes[0]), device="cuda")
+        with torch.inference_mode():
+            ref = model(x)
+        errs = {str(f): rel_err(cms[f](x), ref) for f in cms}
+        fns = {str(f): (lambda cm=cms[f]: cm(x, zero_copy=True)) for f in cms}
+
+        def eager():
+            with torch.inference_mode():
+                model(x)
+
+        fns["eager"] = eager
+        for fn in fns.values():  # warm-up
+            time_calls(fn, 20)
+        times = {k: [] for k in fns}
+        for r in range(rounds):
+            for k in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+                times[k].append(time_calls(fns[k], calls))
+        med = {k: statistics.median(v) for k, v in times.items()}
+        row["batches"][str(b)] = {"rel_err": errs, "ms_rounds": times, "ms": med,
+                                  "speedup_fused": med["False"] / med["True"],
+                                  "over_eager": {k: med["eager"] / med[k] for k in ("False", "True")}}
+        print(name, b, json.dumps(med), "fused/unfused speedup", round(med["False"] / med["True"], 3),
+              "over eager", {k: round(v, 2) for k, v in row["batches"][str(b)]["over_eager"].items()},
+              "rel_err", errs, flush=True)
+    return row
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="resnet50,mobilenet_v2,googlenet")
@@ -81,8 +127,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("diag_fused_convs needs a CUDA GPU", file=sys.stderr)
         return 2
-    import gpuloom
-    from gpuloom.profile.profiler import load_model
+    from gpuloom.bench.e2e import save_json
 
     torch.backends.cudnn.benchmark = True
     batches = [int(b) for b in a.batches.split(",")]
@@ -91,53 +136,14 @@ def main(argv=None) -> int:
            "smoke": smoke(), "models": {}}
     print("smoke", json.dumps(out["smoke"]), flush=True)
     for name in a.models.split(","):
-        ms = load_model(name, device="cuda")
-        model = ms.module
-        ex = torch.randn((1, *ms.input_shapes[0]), device="cuda")
-        cms = {}
         try:
-            for fuse in (False, True):
-                t = time.perf_counter()
-                cms[fuse] = gpuloom.compile(model, ex, max_batch=max(batches), streams=1, channels_last=False,
-                                            fuse_convolutions=fuse)
-                print(f"{name} fuse={fuse}: compiled in {time.perf_counter() - t:.1f} s", flush=True)
+            out["models"][name] = measure_model(name, batches, a.rounds, a.calls)
         except Exception as e:  # noqa: BLE001 - one model's failure is a finding; the others still run
             out["models"][name] = {"error": f"{type(e).__name__}: {e}"[:2000]}
             print(name, "failed:", out["models"][name]["error"][:300], flush=True)
-            continue
-        row = {"fused_convolutions": cms[True].graph.fused_convolutions,
-               "dag_ops": {str(f): len(cms[f].graph.ops) for f in cms}, "batches": {}}
-        for b in batches:
-            x = torch.randn((b, *ms.input_shapes[0]), device="cuda")
-            with torch.inference_mode():
-                ref = model(x)
-            errs = {str(f): rel_err(cms[f](x), ref) for f in cms}
-            fns = {str(f): (lambda cm=cms[f]: cm(x, zero_copy=True)) for f in cms}
-
-            def eager():
-                with torch.inference_mode():
-                    model(x)
-
-            fns["eager"] = eager
-            for fn in fns.values():  # warm-up
-                time_calls(fn, 20)
-            times = {k: [] for k in fns}
-            for r in range(a.rounds):
-                for k in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
-                    times[k].append(time_calls(fns[k], a.calls))
-            med = {k: statistics.median(v) for k, v in times.items()}
-            row["batches"][str(b)] = {"rel_err": errs, "ms_rounds": times, "ms": med,
-                                      "speedup_fused": med["False"] / med["True"],
-                                      "over_eager": {k: med["eager"] / med[k] for k in ("False", "True")}}
-            print(name, b, json.dumps(med), "fused/unfused speedup", round(med["False"] / med["True"], 3),
-                  "over eager", {k: round(v, 2) for k, v in row["batches"][str(b)]["over_eager"].items()},
-                  "rel_err", errs, flush=True)
-        out["models"][name] = row
-        del cms
         torch.cuda.empty_cache()
         if a.out:
-            a.out.parent.mkdir(parents=True, exist_ok=True)
-            a.out.write_text(json.dumps(out, indent=1))
+            save_json(a.out, out)
     return 0
 
 

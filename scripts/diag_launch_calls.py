@@ -231,6 +231,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     import torch
 
+    from gpuloom.bench.e2e import save_json
+
     if not torch.cuda.is_available():
         print("diag_launch_calls needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -241,8 +243,7 @@ def main(argv=None) -> int:
         print(name, json.dumps({k: (v["median_us"] if isinstance(v, dict) and "median_us" in v else v)
                                 for k, v in r.items()}), flush=True)
     if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(out, indent=1))
+        save_json(a.out, out)
     return 0
 
 

@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("diag_prepared_launch needs a CUDA GPU", file=sys.stderr)
         return 2
-    from gpuloom.bench.e2e import run_point
+    from gpuloom.bench.e2e import run_point, save_json
     from gpuloom.commands.bench import parse_policy_spec
     from gpuloom.runtime.device import CudaDeviceLayer
 
@@ -93,8 +93,7 @@ def main(argv=None) -> int:
         out["policies"][name] = {"points": points, "summary": summary}
         print(name, json.dumps(summary), flush=True)
         if a.out:
-            a.out.parent.mkdir(parents=True, exist_ok=True)
-            a.out.write_text(json.dumps(out, indent=1))
+            save_json(a.out, out)
     return 0
 
 
