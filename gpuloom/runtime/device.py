@@ -1429,8 +1429,8 @@ class CudaDeviceLayer(DeviceLayer):
                 if views:
                     out = views[1], views[2]
             if staged:
-                return self._launch_raw(lane, prep, model, rows, rows_in=_pinned_spans(rows) or
-                                        [[_host_span(t) for t in r] for r in rows], out=out)
+                return self._launch_raw(lane, prep, model, rows, rows_in=[[_host_span(t) for t in r] for r in rows],
+                                        out=out)
             return self._launch_raw(lane, prep, model, rows, batch_in=lane.ptr_in[key], out=out)
         if self.outputs == "views":  # torch's copy would tie the buffer to the stream
             self.views_torch_copies += 1
