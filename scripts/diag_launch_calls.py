@@ -118,7 +118,50 @@ def wait_variants(plan_launch, stream, drv, done_event: int, sleep_sync, reps: i
     return out
 
 
-def measure_model(name: str, reps: int, every: int, waits: bool = False) -> dict:
+def launch_graph_variants(drv, entry, plan, raw, out_ptrs, rows_in, reps, every, sync, sleep_sync, plan_launch) -> dict:
+    """``cuGraphLaunch``'s host time for launch graphs around the captured graph (``Driver.wrap_graph``)
+    with some of its nodes: which node makes a launch graph cost more to launch than the captured
+    graph (run 95: 36-43 us for the launch phase against 25-30 us for three separate calls), around a
+    child graph node or ``flat`` (added to a clone of the captured graph). Also the whole launch
+    (input copy + launch graph) after a sleep, beside the separate calls' (``plan_launch``)."""
+    child = int(entry.graph.raw_cuda_graph())
+    copies = [(dst, src, row) for (src, row), dst in zip(plan.outputs, out_ptrs)]
+    t0, t1, done = raw[1], raw[2], raw[3]
+    shapes = {"child_only": (None, None, [], None), "copies": (None, None, copies, None),
+              "done_event": (None, None, [], done), "three_events": (t0, t1, [], done),
+              "copies_done": (None, None, copies, done), "full": (t0, t1, copies, done)}
+    res = {"captured": timed(lambda: drv.launch_graph(plan.graph_exec, plan.stream), reps, every, sync)}
+    made = []
+    try:
+        for flat in (False, True):
+            for k, (a, b, c, d) in shapes.items():
+                g, e = drv.wrap_graph(child, a, b, c, d, plan.stream, flat=flat)
+                made.append((g, e))
+                res[("flat_" if flat else "") + k] = timed(lambda e=e: drv.launch_graph(e, plan.stream), reps, every,
+                                                           sync)
+        full = made[len(shapes) - 1][1]
+        flat_full = made[-1][1]
+
+        def graph_launch() -> None:
+            plan.copy_inputs(drv, 1, None, rows_in=rows_in)
+            drv.launch_graph(full, plan.stream)
+
+        res["full_launch_after_sleep"] = timed(graph_launch, reps, 1, sleep_sync)
+
+        def flat_launch() -> None:
+            plan.copy_inputs(drv, 1, None, rows_in=rows_in)
+            drv.launch_graph(flat_full, plan.stream)
+
+        res["flat_full_launch_after_sleep"] = timed(flat_launch, reps, 1, sleep_sync)
+        res["plan_launch_after_sleep"] = timed(plan_launch, reps, 1, sleep_sync)  # the same process, just after
+    finally:
+        sync()
+        for g, e in made:
+            drv.destroy_graph(g, e)
+    return res
+
+
+def measure_model(name: str, reps: int, every: int, waits: bool = False, launch_graphs: bool = False) -> dict:
     import numpy as np
     import torch
 
@@ -132,7 +175,7 @@ def measure_model(name: str, reps: int, every: int, waits: bool = False) -> dict
     ex = tuple(torch.randn((1, *s), device="cuda").to(dt) for s, dt in zip(ms.input_shapes, ms.input_dtypes))
     cm = gpuloom.compile(ms.module, ex, max_batch=1, device="cuda", channels_last=False, streams=1)
     stream = torch.cuda.Stream()
-    gs = cm.capture(stream_factory=lambda: stream, buckets=[1], streams=1, warmup=2)
+    gs = cm.capture(stream_factory=lambda: stream, buckets=[1], streams=1, warmup=2, keep_graph=launch_graphs)
     entry = gs.buckets[1]
     gs.replay(1)
     torch.cuda.synchronize()
@@ -183,6 +226,9 @@ def measure_model(name: str, reps: int, every: int, waits: bool = False) -> dict
         blocking.synchronize()
 
     res["plan_launch_after_sleep"] = timed(plan_launch, reps, 1, sleep_sync)
+    if launch_graphs:
+        res["launch_graphs"] = launch_graph_variants(drv, entry, plan, raw, out_ptrs, rows_in, reps, every, sync,
+                                                     sleep_sync, plan_launch)
     if waits:
         res["waits"] = wait_variants(plan_launch, stream, drv, raw[3], sleep_sync, max(200, reps // 4))
     parts = ("event_record", "copy_in", "graph_launch", "copy_out")
@@ -227,6 +273,8 @@ def main(argv=None) -> int:
     ap.add_argument("--every", type=int, default=16, help="synchronize the stream every this many calls")
     ap.add_argument("--waits", action="store_true",
                     help="also time the raw launch after four kinds of wait (a cold host or an idle GPU?)")
+    ap.add_argument("--launch-graphs", action="store_true",
+                    help="also time launch graphs around the captured graph, node kind by node kind")
     ap.add_argument("--out", type=Path, default=None, help="write the JSON here")
     a = ap.parse_args(argv)
     import torch
@@ -239,9 +287,12 @@ def main(argv=None) -> int:
     out = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "torch": torch.__version__,
            "gpu": torch.cuda.get_device_name(0), "reps": a.reps, "models": {}}
     for name in a.models.split(","):
-        r = out["models"][name] = measure_model(name, a.reps, a.every, a.waits)
+        r = out["models"][name] = measure_model(name, a.reps, a.every, a.waits, a.launch_graphs)
         print(name, json.dumps({k: (v["median_us"] if isinstance(v, dict) and "median_us" in v else v)
-                                for k, v in r.items()}), flush=True)
+                                for k, v in r.items() if k not in ("layer_profile", "launch_graphs")}), flush=True)
+        if "launch_graphs" in r:
+            print(name, "launch graphs", json.dumps({k: v["median_us"] for k, v in r["launch_graphs"].items()}),
+                  flush=True)
     if a.out:
         save_json(a.out, out)
     return 0

@@ -834,9 +834,15 @@ def _raw_launch_shell(outputs: str = "copies"):
             calls.append(("graph", g, st))
 
         def copy_out(self, dst, src, nbytes, st):
-            if fail_out:
+            if True in fail_out:
                 raise RuntimeError("cuMemcpyDtoHAsync failed")
             calls.append(("out", dst, src, nbytes, st))
+
+        def wrap_graph(self, child, t0, t1, copies_out, done, st, flat=False):
+            if "wrap" in fail_out:
+                raise RuntimeError("cuGraphAddMemcpyNode failed")
+            calls.append(("wrap", child, t0, t1, list(copies_out), done, st))
+            return child + 1000, child + 2000
 
     fail_out = []
 
@@ -860,6 +866,7 @@ def _raw_launch_shell(outputs: str = "copies"):
 
     layer = object.__new__(CudaDeviceLayer)
     layer._torch, layer._driver, layer.outputs = torch, Driver(), outputs
+    layer.launch_graphs, layer.launch_graph_batches, layer.launch_graph_failures = False, 0, 0
     layer.launch_ms = {"inputs": 0.0, "replay": 0.0, "outputs": 0.0, "launches": 0}
     layer.inplace_batches = layer.eager_batches = layer.views_torch_copies = 0
     layer.models = {"m": types.SimpleNamespace(bucket_for=lambda n: 1 if n == 1 else 2)}
@@ -870,7 +877,7 @@ def _raw_launch_shell(outputs: str = "copies"):
     for b in (1, 2):
         buckets[b] = types.SimpleNamespace(
             inputs=[torch.zeros(b, 4)], outputs=torch.zeros(b, 2),
-            graph=types.SimpleNamespace(raw_cuda_graph_exec=lambda b=b: 1000 + b))
+            graph=types.SimpleNamespace(raw_cuda_graph_exec=lambda b=b: 1000 + b, raw_cuda_graph=lambda b=b: 3000 + b))
     gs = types.SimpleNamespace(stream=st, buckets=buckets)
     lane.graphs["m"] = {1: gs, 2: gs}
     lane.anchor = (None, time.perf_counter())  # a fresh clock anchor: no new one during the test
@@ -942,6 +949,64 @@ def test_a_prepared_launch_makes_the_same_driver_calls_as_the_first_without_look
     assert [c[1:4] for c in calls if c[0] == "in"] == [(dst, lane.ptr_in[("m", 0)][0], 32)]
     assert lane.np_in[("m", 0)][0].tolist() == [[1.0] * 4, [2.0] * 4]
     assert LANE_SLOTS == 2
+
+
+def test_a_launch_graph_batch_is_its_input_copies_and_one_graph_launch():
+    """launch_graphs=True: the first batch of a (bucket, slot) wraps the bucket's captured graph in a
+    launch graph with the slot's events and output buffers; every batch of it, prepared or looked up,
+    is then its input copies and one launch of that graph. The ticket's events keep their roles,
+    its input-copy event being t0 (none is recorded before the copies)."""
+    import torch
+
+    from gpuloom.runtime.device import PinnedRow
+
+    layer, lanes, lane, calls, graphs, _, _ = _raw_launch_shell()
+    layer.launch_graphs = True
+    rows = [[torch.rand(4)], [torch.rand(4)]]
+    t = layer._launch(lanes, 0, "m", rows)  # slot 0, batch 2: looked up; makes the launch graph
+    out_dev = lane.plans[("m", 2)].outputs[0][0]
+    dst = lane.plans[("m", 2)].inputs[0][0]
+    srcs = [r[0].data_ptr() for r in rows]
+    assert calls == [("wrap", 3002, 1, 2, [(lane.ptr_out[("m", 0)][0], out_dev, 2 * 8)], 3, 77),
+                     ("in", dst, srcs[0], 16, 77), ("in", dst + 16, srcs[1], 16, 77), ("graph", 5002, 77)]
+    assert (t.t_in, t.t0, t.t1, t.done) == (lane.events[0][1],) + lane.events[0][1:]
+    assert t.out is lane.np_out[("m", 0)] and t.n == 2 and t.rows is rows and t.stream == 77
+    calls.clear()
+    lane.launches = 0
+    again = [PinnedRow([np.random.rand(4).astype(np.float32)]), [torch.rand(4)]]
+    looked = graphs.looked
+    layer._launch(lanes, 0, "m", again)  # prepared: the same launch graph, not made again
+    assert graphs.looked == looked
+    assert calls == [("in", dst, again[0][0].ctypes.data, 16, 77), ("in", dst + 16, again[1][0].data_ptr(), 16, 77),
+                     ("graph", 5002, 77)]
+    layer._launch(lanes, 0, "m", [[torch.rand(4)]])  # slot 1, batch 1: bucket 1's graph for slot 1
+    assert calls[3] == ("wrap", 3001, 11, 12, [(lane.ptr_out[("m", 1)][0], lane.plans[("m", 1)].outputs[0][0], 8)],
+                        13, 77)
+    assert layer.launch_graph_batches == 3 and layer.launch_graph_failures == 0
+    assert set(lane.launch_graphs) == {("m", 2, 0), ("m", 1, 1)}
+
+    # a launch graph that cannot be made: the batch (and the next of its kind) launches as before
+    layer, lanes, lane, calls, graphs, _, fail_out = _raw_launch_shell()
+    layer.launch_graphs = True
+    fail_out.append("wrap")
+    for _ in range(2):
+        calls.clear()
+        layer._launch(lanes, 0, "m", [[torch.rand(4)]])  # slot 0, batch 1: looked up, then prepared
+        lane.launches = 0
+        assert [c[0] for c in calls] == ["record", "in", "record", "graph", "record", "out", "record"]
+        assert [c[1] for c in calls if c[0] == "graph"] == [1001]
+    assert lane.launch_graphs == {("m", 1, 0): None}
+    assert layer.launch_graph_failures == 1 and layer.launch_graph_batches == 0  # tried once
+
+    # views: each batch's own output buffers, so never the launch graph (made for the slot's buffers)
+    layer, lanes, lane, calls, graphs, _, _ = _raw_launch_shell(outputs="views")
+    layer.launch_graphs = True
+    fresh = [np.zeros((2, 2), np.float32)]
+    layer._fresh_outputs = lambda lane, key: ([None], fresh, [fresh[0].ctypes.data])
+    layer.launch_ms["alloc"] = 0.0
+    t = layer._launch(lanes, 0, "m", [[torch.rand(4)]])
+    assert t.views and [c[1] for c in calls if c[0] == "out"] == [fresh[0].ctypes.data]
+    assert [c[1] for c in calls if c[0] == "graph"] == [1001] and layer.launch_graph_batches == 0
 
 
 def test_views_never_take_a_prepared_launch_and_a_failed_one_settles_its_stream():

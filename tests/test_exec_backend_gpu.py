@@ -189,14 +189,18 @@ def test_dispatch_is_cheap_against_device_time(models):
 
 
 def test_raw_launches_match_eager_and_cost_less_host_time_than_torch_launches(models):
-    """gpu/launch.py: the same batches through raw driver calls and through torch calls."""
+    """gpu/launch.py: the same batches through launch graphs (raw driver calls: the input copies and
+    one graph launch), through raw driver calls one per step, and through torch calls."""
+    from gpuloom.runtime.device import CudaDeviceLayer
+
     rng = np.random.default_rng(3)
     xs = [rng.standard_normal((1 + i % 4, 3, 32, 32)).astype(np.float32) for i in range(60)]
     per_launch = {}
-    for raw in (True, False):
-        svc = serve("dstack", models, raw_launch=raw)
+    for way in ("graphs", "raw", "torch"):
+        raw = way != "torch"
+        svc = serve("dstack", models, device_layer=CudaDeviceLayer(raw_launch=raw, launch_graphs=way == "graphs"))
         try:
-            assert svc.device.raw_launch is raw
+            assert svc.device.raw_launch is raw and svc.device.launch_graphs is (way == "graphs")
             for i, x in enumerate(xs):
                 name = "small" if i % 2 else "wide"
                 y = svc.submit(name, {"x": x}).result(30)["output0"]
@@ -206,16 +210,22 @@ def test_raw_launches_match_eager_and_cost_less_host_time_than_torch_launches(mo
             be = svc.stats()["backend"]
             assert be["raw_launch"] is raw and be["torch_launch_plans"] == 0 and be["eager_batches"] == 0
             ph, cp = be["launch_ms"], be["copy_ms"]
-            assert cp["batches"] == ph["launches"] and cp["h2d"] > 0 and cp["d2h"] > 0, cp
+            assert be["launch_graph_batches"] == (ph["launches"] if way == "graphs" else 0), be
+            assert be["launch_graph_failures"] == 0, be
+            # a launch graph records no event before the input copies: their device time is not taken
+            assert cp["batches"] == ph["launches"] and (cp["h2d"] == 0 if way == "graphs" else cp["h2d"] > 0), cp
+            # the launch graph's event nodes time the graph: every partition that ran batches has device time
+            ran = [p for p in be["partitions"] if p["batches"]]
+            assert cp["d2h"] > 0 and ran and all(p["device_ms"] > 0 for p in ran), be
             # the wake-up split against each lane's clock anchor: every batch booked, both halves of a
             # sequential batch (submitted after the last one's answer) small and their sum near the wake
             ws = be["wake_split"]
             assert ws["batches"] == cp["batches"], ws
             assert -0.1 < ws["start"] / ws["batches"] < 5.0 and -0.1 < ws["back"] / ws["batches"] < 5.0, ws
-            per_launch[raw] = (ph["inputs"] + ph["replay"] + ph["outputs"]) / ph["launches"]
+            per_launch[way] = (ph["inputs"] + ph["replay"] + ph["outputs"]) / ph["launches"]
         finally:
             svc.close()
-    assert per_launch[True] < per_launch[False], per_launch
+    assert per_launch["graphs"] < per_launch["raw"] < per_launch["torch"], per_launch
 
 
 @pytest.mark.parametrize("policy", ["dstack", "triton"])

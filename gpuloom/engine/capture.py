@@ -180,12 +180,13 @@ _CUBLAS_CAPTURE = threading.Lock()
 
 def _capture_one(
     executor: StreamExecutor, streams: list[torch.cuda.Stream], static_in: list[torch.Tensor], pool: Any, warmup: int,
-    *, strict_sync: bool = False,
+    *, strict_sync: bool = False, keep_graph: bool = False,
 ) -> tuple[torch.cuda.CUDAGraph, Any]:
     """Warm up, then capture one run of ``executor``. ``strict_sync``: one more warm-up run, under
     :class:`_NoHostSync`, so that a host synchronization in the code (``.item()``, ``nonzero``) raises
     there, eagerly, instead of invalidating the capture (the user's own forward: the DAG has none,
-    export would have refused them)."""
+    export would have refused them). ``keep_graph``: keep the captured ``cudaGraph_t`` beside its
+    instantiation (``graph.raw_cuda_graph()``), where this torch can, for a graph that embeds it."""
     main, caller = streams[0], torch.cuda.current_stream()
     main.wait_stream(caller)
     with torch.cuda.stream(main):
@@ -198,7 +199,7 @@ def _capture_one(
             except _HostSyncError as e:
                 raise _capture_error(executor, e) from e
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
+    graph = _new_graph(keep_graph)
     try:
         with rng_restored_if_capture_fails(main.device), cublas_workspaces_in_pool(), \
                 torch.cuda.graph(graph, pool=pool, stream=main, capture_error_mode="thread_local"):
@@ -206,7 +207,18 @@ def _capture_one(
     except Exception as e:
         torch.cuda.set_stream(caller)  # torch.cuda.graph's exit raised before it gave the stream back
         raise _capture_error(executor, e) from e
+    if keep_graph and hasattr(graph, "instantiate"):  # kept graphs are instantiated on request
+        graph.instantiate()
     return graph, out
+
+
+def _new_graph(keep_graph: bool) -> torch.cuda.CUDAGraph:
+    if keep_graph:
+        try:
+            return torch.cuda.CUDAGraph(keep_graph=True)
+        except TypeError:  # a torch before keep_graph: the graph is not kept
+            pass
+    return torch.cuda.CUDAGraph()
 
 
 @contextlib.contextmanager
@@ -264,8 +276,9 @@ def capture_graphs(
     choice: str,
     stream_factory: StreamFactory | None = None,
     warmup: int = 3,
+    keep_graph: bool = False,
 ) -> GraphSet:
-    """Capture one graph per bucket.
+    """Capture one graph per bucket (``keep_graph``: see :func:`_capture_one`).
 
     ``executors`` maps "single" / "multi" (and optionally "forward", "single_cl" / "multi_cl") to
     executors; ``choice`` is one of those or "auto": capture each candidate, time it, keep the fastest
@@ -312,7 +325,8 @@ def capture_graphs(
                     ex = executors[kind]
                     optional = kind in OPTIONAL_KINDS and len(kinds) > 1
                     try:
-                        graph, out = _capture_one(ex, streams, static_in, pool, warmup, strict_sync=kind == "forward")
+                        graph, out = _capture_one(ex, streams, static_in, pool, warmup,
+                                                  strict_sync=kind == "forward", keep_graph=keep_graph)
                     except Exception as e:  # noqa: BLE001 - only the optional candidate may fail
                         if not optional:
                             raise

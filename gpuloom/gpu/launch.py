@@ -25,6 +25,21 @@ from .errors import DriverError
 
 _VP, _U64, _SIZE, _INT = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int
 _NOT_READY = 600  # CUDA_ERROR_NOT_READY: cuEventQuery's "not yet"
+_HOST, _DEVICE = 1, 2  # CUmemorytype
+
+
+class _Memcpy3D(ctypes.Structure):
+    """``CUDA_MEMCPY3D`` (cuda.h): a memcpy node's parameters; a 1-D copy uses the widths only."""
+
+    _fields_ = [
+        ("srcXInBytes", _SIZE), ("srcY", _SIZE), ("srcZ", _SIZE), ("srcLOD", _SIZE),
+        ("srcMemoryType", _INT), ("srcHost", _VP), ("srcDevice", _U64), ("srcArray", _VP), ("reserved0", _VP),
+        ("srcPitch", _SIZE), ("srcHeight", _SIZE),
+        ("dstXInBytes", _SIZE), ("dstY", _SIZE), ("dstZ", _SIZE), ("dstLOD", _SIZE),
+        ("dstMemoryType", _INT), ("dstHost", _VP), ("dstDevice", _U64), ("dstArray", _VP), ("reserved1", _VP),
+        ("dstPitch", _SIZE), ("dstHeight", _SIZE),
+        ("WidthInBytes", _SIZE), ("Height", _SIZE), ("Depth", _SIZE),
+    ]
 
 
 class Driver:
@@ -59,6 +74,26 @@ class Driver:
         self._retain = bind("cuDevicePrimaryCtxRetain", ctypes.POINTER(_VP), _INT)
         self._release = bind("cuDevicePrimaryCtxRelease_v2", _INT)
         self._error_name = bind("cuGetErrorName", _INT, ctypes.POINTER(ctypes.c_char_p))
+        try:  # building a launch graph (wrap_graph): a driver from before CUDA 11.1 lacks event record nodes
+            node_p = ctypes.POINTER(_VP)
+            self._graph_create = bind("cuGraphCreate", node_p, ctypes.c_uint, within=slow)
+            self._add_record = bind("cuGraphAddEventRecordNode", node_p, _VP, node_p, _SIZE, _VP, within=slow)
+            self._add_child = bind("cuGraphAddChildGraphNode", node_p, _VP, node_p, _SIZE, _VP, within=slow)
+            self._add_memcpy = bind("cuGraphAddMemcpyNode", node_p, _VP, node_p, _SIZE, ctypes.POINTER(_Memcpy3D),
+                                    _VP, within=slow)
+            self._instantiate = bind("cuGraphInstantiateWithFlags", node_p, _VP, ctypes.c_ulonglong, within=slow)
+            self._upload = bind("cuGraphUpload", _VP, _VP, within=slow)
+            self._exec_destroy = bind("cuGraphExecDestroy", _VP, within=slow)
+            self._graph_destroy = bind("cuGraphDestroy", _VP, within=slow)
+            size_p = ctypes.POINTER(_SIZE)
+            self._clone = bind("cuGraphClone", node_p, _VP, within=slow)
+            self._graph_nodes = bind("cuGraphGetNodes", _VP, node_p, size_p, within=slow)
+            self._root_nodes = bind("cuGraphGetRootNodes", _VP, node_p, size_p, within=slow)
+            self._dependents = bind("cuGraphNodeGetDependentNodes", _VP, node_p, size_p, within=slow)
+            self._add_edges = bind("cuGraphAddDependencies", _VP, node_p, node_p, _SIZE, within=slow)
+            self.can_wrap = True
+        except AttributeError:
+            self.can_wrap = False
         dev, ctx = _INT(), _VP()
         self.check(self._device_get(ctypes.byref(dev), int(device)), "cuDeviceGet", device)
         self.check(self._retain(ctypes.byref(ctx), dev.value), "cuDevicePrimaryCtxRetain", device)
@@ -127,6 +162,86 @@ class Driver:
         if err:
             self.check(err, "cuLaunchHostFunc", stream, fn, data)
 
+    def wrap_graph(self, child: int, t0: int | None, t1: int | None, copies_out: Sequence[tuple[int, int, int]],
+                   done: int | None, stream: int, *, flat: bool = False) -> tuple[int, int]:
+        """A launch graph around the captured graph ``child`` (a ``CUgraph``): record ``t0``, run
+        ``child`` (cloned), record ``t1``, copy each ``(host dst, device src, bytes)`` out, record
+        ``done`` (an event that is None: no node). ``flat``: the new nodes go into a clone of ``child``
+        (``t0`` before its roots, the rest after its leaves) instead of around a child graph node.
+        Instantiated and uploaded on ``stream``; returns ``(graph, graph exec)`` for
+        :meth:`destroy_graph`. Why: a batch's launch is then its input copies and one
+        ``cuGraphLaunch``, where it was those plus four event records and the output copies, each a
+        driver call of 1.5-3 us that costs about twice that when the thread has just woken (issue 5,
+        ``docs/reports/runtime.md``). The events and the output buffers are fixed per graph: one
+        graph per (bucket, slot)."""
+        self.ensure_context()
+        graph, exe = _VP(), _VP()
+        if flat:
+            self.check(self._clone(ctypes.byref(graph), child), "cuGraphClone")
+        else:
+            self.check(self._graph_create(ctypes.byref(graph), 0), "cuGraphCreate")
+        try:
+            if flat:
+                roots = self._node_list(self._root_nodes, graph, "cuGraphGetRootNodes")
+                leaves = [n for n in self._node_list(self._graph_nodes, graph, "cuGraphGetNodes")
+                          if not self._node_count(self._dependents, n, "cuGraphNodeGetDependentNodes")]
+                if t0 is not None:
+                    first = self._add_node(self._add_record, graph, [], t0, call="cuGraphAddEventRecordNode")
+                    src, dst = (_VP * len(roots))(*[first] * len(roots)), (_VP * len(roots))(*roots)
+                    self.check(self._add_edges(graph, src, dst, len(roots)), "cuGraphAddDependencies")
+                last = leaves
+            else:
+                first = [] if t0 is None else [self._add_node(self._add_record, graph, [], t0,
+                                                              call="cuGraphAddEventRecordNode")]
+                last = [self._add_node(self._add_child, graph, first, child, call="cuGraphAddChildGraphNode")]
+            if t1 is not None:
+                last = [self._add_node(self._add_record, graph, last, t1, call="cuGraphAddEventRecordNode")]
+            copies = []
+            for dst, src, nbytes in copies_out:
+                p = _Memcpy3D(srcMemoryType=_DEVICE, srcDevice=src, srcPitch=nbytes, srcHeight=1,
+                              dstMemoryType=_HOST, dstHost=dst, dstPitch=nbytes, dstHeight=1,
+                              WidthInBytes=nbytes, Height=1, Depth=1)
+                copies.append(self._add_node(self._add_memcpy, graph, last, ctypes.byref(p), self.context,
+                                             call="cuGraphAddMemcpyNode"))
+            if done is not None:
+                self._add_node(self._add_record, graph, copies or last, done, call="cuGraphAddEventRecordNode")
+            self.check(self._instantiate(ctypes.byref(exe), graph, 0), "cuGraphInstantiateWithFlags")
+            self.check(self._upload(exe, stream), "cuGraphUpload", stream)
+        except BaseException:
+            self.destroy_graph(graph.value, exe.value)
+            raise
+        return graph.value, exe.value
+
+    def _add_node(self, add: Any, graph: _VP, deps: list[_VP], *args: Any, call: str) -> _VP:
+        node = _VP()
+        arr = (_VP * max(1, len(deps)))(*deps)
+        self.check(add(ctypes.byref(node), graph, arr, len(deps), *args), call)
+        return node
+
+    def _node_count(self, get: Any, of: Any, call: str) -> int:
+        """How many nodes a ``cuGraphGet*Nodes`` style call has for ``of`` (asking for the nodes
+        themselves fails with CUDA_ERROR_LOSSY_QUERY where torch's captured edges carry data)."""
+        n = _SIZE(0)
+        self.check(get(of, None, ctypes.byref(n)), call)
+        return n.value
+
+    def _node_list(self, get: Any, of: Any, call: str) -> list[int]:
+        """The nodes a ``cuGraphGet*Nodes`` style call gives for ``of``."""
+        n = _SIZE(self._node_count(get, of, call))
+        if not n.value:
+            return []
+        arr = (_VP * n.value)()
+        self.check(get(of, arr, ctypes.byref(n)), call)
+        return list(arr[: n.value])
+
+    def destroy_graph(self, graph: int | None, graph_exec: int | None) -> None:
+        """Destroy what :meth:`wrap_graph` made (its stream must be idle)."""
+        self.ensure_context()
+        if graph_exec:
+            self._exec_destroy(graph_exec)
+        if graph:
+            self._graph_destroy(graph)
+
     def host_register(self, address: int, nbytes: int) -> None:
         """Page-lock ``nbytes`` of existing host memory at ``address`` (``cuMemHostRegister``), so async
         copies read it in place."""
@@ -162,9 +277,10 @@ class LaunchPlan:
     inputs: tuple[tuple[int, int], ...]  # (device ptr, row bytes)
     outputs: tuple[tuple[int, int], ...]  # (device ptr, row bytes)
 
-    def copy_inputs(self, drv: Driver, n: int, t_in: int, rows_in: Sequence[Sequence[tuple[int, int]]] | None = None,
+    def copy_inputs(self, drv: Driver, n: int, t_in: int | None,
+                    rows_in: Sequence[Sequence[tuple[int, int]]] | None = None,
                     batch_in: Sequence[int] | None = None) -> None:
-        """Enqueue the event ``t_in``, then the batch's ``n`` rows into the static inputs: ``rows_in``
+        """Enqueue the event ``t_in`` (None: none), then the batch's ``n`` rows into the static inputs: ``rows_in``
         gives per row, per input, a pinned host row as ``(address, bytes)`` (one copy each; a size
         that is not the input's row size raises ``ValueError`` before anything is enqueued);
         ``batch_in`` gives per input one pinned host address of ``n`` contiguous rows (one copy per
@@ -176,7 +292,8 @@ class LaunchPlan:
                 if len(ptrs) != len(self.inputs) or any(nb != row for (_, nb), (_, row) in zip(ptrs, self.inputs)):
                     raise ValueError(f"a row of {[nb for _, nb in ptrs]} bytes per input does not fit this graph's "
                                      f"inputs of {[row for _, row in self.inputs]} bytes per row")
-        drv.record(t_in, st)
+        if t_in is not None:
+            drv.record(t_in, st)
         if batch_in is not None:
             for (dst, row), src in zip(self.inputs, batch_in):
                 drv.copy_in(dst, src, n * row, st)

@@ -822,6 +822,9 @@ class _CudaLane:
     launches: int = 0  # batches launched on the lane (slot = launches % LANE_SLOTS)
     # (model, batch size, slot) -> _Prepared: what a raw launch of it looks up, made by its first launch
     prepared: dict[tuple[str, int, int], Any] = field(default_factory=dict)
+    # (model, bucket, slot) -> (graph, exec) of the bucket's launch graph with the slot's events and
+    # output buffers (CudaDeviceLayer(launch_graphs=True)), or None where it could not be made
+    launch_graphs: dict[tuple[str, int, int], tuple[int, int] | None] = field(default_factory=dict)
     # (event, perf_counter) recorded together on the idle stream: any later event of the lane is at
     # perf_counter time anchor[1] + elapsed(anchor[0], event) (CudaDeviceLayer._anchor)
     anchor: tuple | None = None
@@ -863,6 +866,7 @@ class _Prepared:
     raw: tuple  # their driver handles
     out_np: list  # numpy views of the slot's pinned output buffers
     out_ptr: list  # their addresses
+    launch_graph: int = 0  # the bucket's launch graph for this slot (exec handle), 0 where there is none
 
 
 @dataclass(slots=True)
@@ -918,6 +922,14 @@ class CudaDeviceLayer(DeviceLayer):
     driver calls (:mod:`gpuloom.gpu.launch`) instead of torch calls; it falls back to torch when the
     driver library does not load, or per bucket where a buffer is not contiguous.
 
+    ``launch_graphs=True`` (default, with raw launches) wraps each captured graph, per (bucket, slot),
+    in a launch graph of its own that also records the slot's timing and done events and copies the
+    outputs into the slot's pinned buffers (``Driver.wrap_graph``): a batch is then its input copies
+    and one ``cuGraphLaunch`` instead of those plus four event records and the output copies. Lanes
+    keep their captured ``cudaGraph_t`` for it. A bucket whose launch graph cannot be made (a torch
+    without ``keep_graph``, a driver refusing a node) launches as before (:attr:`launch_graph_failures`);
+    batches with ``outputs="views"`` too (each has output buffers of its own).
+
     ``outputs="copies"`` (default) copies a finished batch's rows off the slot's pinned buffers, which
     the slot's next batch reuses. ``outputs="views"`` gives each batch page-locked output buffers of
     its own at launch, from the layer's :class:`BufferPool` (reused: microseconds on the launching
@@ -944,7 +956,7 @@ class CudaDeviceLayer(DeviceLayer):
     def __init__(self, device: int = 0, *, memory_limit_bytes: float | None = None, memory_fraction: float = 0.6,
                  warmup: int = 1, blocking_sync: bool = True, cache_layouts: int = 4, capture: str = "all",
                  raw_launch: bool = True, workqueues: str = "shared", lane_streams: str = "compiled",
-                 outputs: str = "copies", views_max_bytes: float = 4 * 2**30) -> None:
+                 outputs: str = "copies", views_max_bytes: float = 4 * 2**30, launch_graphs: bool = True) -> None:
         from ..gpu.partition import check_workqueues
 
         self.lane_streams = check_lane_streams(lane_streams)
@@ -996,6 +1008,8 @@ class CudaDeviceLayer(DeviceLayer):
         self.views_torch_copies = 0  # outputs="views": batches copied out because they launched through torch
         self._copy_lock = threading.Lock()
         self.torch_launch_plans = 0  # (lane, model, bucket)s launched through torch although raw_launch is on
+        self.launch_graph_batches = 0  # batches launched through their bucket's launch graph (launch_graphs)
+        self.launch_graph_failures = 0  # (lane, model, bucket, slot)s whose launch graph could not be made
         from ..gpu.connections import prefer_all_connections
 
         # before torch starts CUDA here (if nothing has yet): partitions must not share 8 hardware queues
@@ -1034,6 +1048,7 @@ class CudaDeviceLayer(DeviceLayer):
             except (OSError, AttributeError, DriverError) as e:
                 log.warning("raw launches off, launching through torch: the CUDA driver library did not load (%s)", e)
         self.raw_launch = self._driver is not None
+        self.launch_graphs = bool(launch_graphs and self._driver is not None and self._driver.can_wrap)
         if self.outputs == "views" and not self.raw_launch:
             log.warning("outputs=views: every batch copies its outputs out, as with outputs=copies (views need "
                         "raw launches, and the driver library did not load)")
@@ -1311,7 +1326,8 @@ class CudaDeviceLayer(DeviceLayer):
         def capture_all() -> dict[int, Any]:
             sets: dict[int, Any] = {}
             for ch, bs in groups.items():
-                gs = cm.capture(stream_factory=lane.streams.factory(), buckets=bs, streams=ch, warmup=self.warmup)
+                gs = cm.capture(stream_factory=lane.streams.factory(), buckets=bs, streams=ch, warmup=self.warmup,
+                                keep_graph=self.launch_graphs)
                 for b in bs:
                     sets[b] = gs
             return sets
@@ -1417,9 +1433,10 @@ class CudaDeviceLayer(DeviceLayer):
         if plan is not None:
             prep = lane.prepared.get((model, n, slot))
             if prep is None:  # what it holds stays as it is until the lane is freed
+                raw = tuple(e.cuda_event for e in (t_in, t0, t1, done))
                 prep = lane.prepared[(model, n, slot)] = _Prepared(
-                    plan, st, (t_in, t0, t1, done), tuple(e.cuda_event for e in (t_in, t0, t1, done)),
-                    lane.np_out[key], lane.ptr_out[key])
+                    plan, st, (t_in, t0, t1, done), raw, lane.np_out[key], lane.ptr_out[key],
+                    self._launch_graph(lane, model, b, slot, entry, plan, raw) if self.launch_graphs else 0)
             out = None
             if self.outputs == "views":
                 clock = time.perf_counter
@@ -1479,14 +1496,20 @@ class CudaDeviceLayer(DeviceLayer):
         n = len(rows)
         plan, drv = prep.plan, self._driver
         t_in, t0, t1, done = prep.raw
+        # the launch graph records the events and copies into the slot's buffers: not for views
+        wrapped = prep.launch_graph if out is None and self.launch_graphs else 0
         c0 = clock()
         try:
             drv.ensure_context()
-            plan.copy_inputs(drv, n, t_in, rows_in=rows_in, batch_in=batch_in)
+            plan.copy_inputs(drv, n, None if wrapped else t_in, rows_in=rows_in, batch_in=batch_in)
             c1 = clock()
-            plan.replay(drv, t0, t1)
-            c2 = clock()
-            plan.copy_outputs(drv, n, out_ptr, done)
+            if wrapped:
+                drv.launch_graph(wrapped, plan.stream)
+                c2 = clock()
+            else:
+                plan.replay(drv, t0, t1)
+                c2 = clock()
+                plan.copy_outputs(drv, n, out_ptr, done)
         except BaseException:
             _settle(lane, prep.stream)
             raise
@@ -1496,8 +1519,36 @@ class CudaDeviceLayer(DeviceLayer):
         # the ticket holds the rows: raw copies read their pinned memory without torch knowing, so it
         # must not be freed (and reused) before the batch's event has fired
         ev = prep.events
+        if wrapped:  # no event before the input copies: the batch's GPU start is t0's, its copy in 0
+            self.launch_graph_batches += 1
+            return _CudaTicket(n, ev[3], ev[1], ev[2], ev[1], out_np, rows, c3, plan.stream, c0, lane.anchor, model,
+                               False)
         return _CudaTicket(n, ev[3], ev[1], ev[2], ev[0], out_np, rows, c3, plan.stream, c0, lane.anchor, model,
                            out is not None)
+
+    def _launch_graph(self, lane: _CudaLane, model: str, bucket: int, slot: int, entry: Any, plan: Any,
+                      raw: tuple) -> int:
+        """The bucket's launch graph for ``slot`` (``Driver.wrap_graph``; made once): its captured graph
+        between the slot's events ``raw`` = (t_in, t0, t1, done), then the copy of the bucket's rows
+        into the slot's pinned outputs. 0 where it cannot be made; the launch then records and copies
+        with calls of its own, as before."""
+        key = (model, bucket, slot)
+        if key not in lane.launch_graphs:
+            made = None
+            try:
+                child = int(entry.graph.raw_cuda_graph())
+                copies = [(dst, src, bucket * row) for (src, row), dst in zip(plan.outputs, lane.ptr_out[(model, slot)])]
+                # flat: into a clone of the captured graph; around it as a child node, its launch cost
+                # 3-15 us more host time on the H200 (run 96)
+                made = self._driver.wrap_graph(child, raw[1], raw[2], copies, raw[3], plan.stream, flat=True)
+            except Exception as e:  # noqa: BLE001 - the batch launches without it
+                self.launch_graph_failures += 1
+                (log.warning if self.launch_graph_failures == 1 else log.debug)(
+                    "no launch graph for %s bucket %d on lane %s (launching with separate calls): %s: %s",
+                    model, bucket, lane.part, type(e).__name__, e)
+            lane.launch_graphs[key] = made
+        made = lane.launch_graphs[key]
+        return made[1] if made else 0
 
     def _book_launch(self, c0: float, c1: float, c2: float, c3: float) -> None:
         """Where a launch's host time goes (issue 5: dispatch overhead), from its four clock reads."""
@@ -1735,6 +1786,10 @@ class CudaDeviceLayer(DeviceLayer):
             lane.streams.synchronize()
         torch.cuda.synchronize(self.device)
         for lane in state["lanes"]:
+            for made in lane.launch_graphs.values():  # before the graphs whose memory they use
+                if made:
+                    self._driver.destroy_graph(*made)
+            lane.launch_graphs.clear()
             for gs in lane.graph_sets():
                 gs.release()
             lane.graphs.clear()
