@@ -841,8 +841,9 @@ def _raw_launch_shell(outputs: str = "copies"):
         def wrap_graph(self, child, t0, t1, copies_out, done, st, flat=False):
             if "wrap" in fail_out:
                 raise RuntimeError("cuGraphAddMemcpyNode failed")
+            assert flat, "the device layer's launch graphs are flat (run 96)"
             calls.append(("wrap", child, t0, t1, list(copies_out), done, st))
-            return child + 1000, child + 2000
+            return child * 100 + t0, child * 100 + t0 + 1
 
     fail_out = []
 
@@ -952,61 +953,90 @@ def test_a_prepared_launch_makes_the_same_driver_calls_as_the_first_without_look
 
 
 def test_a_launch_graph_batch_is_its_input_copies_and_one_graph_launch():
-    """launch_graphs=True: the first batch of a (bucket, slot) wraps the bucket's captured graph in a
-    launch graph with the slot's events and output buffers; every batch of it, prepared or looked up,
-    is then its input copies and one launch of that graph. The ticket's events keep their roles,
-    its input-copy event being t0 (none is recorded before the copies)."""
+    """launch_graphs=True: right after a model's capture the lane makes, per bucket and slot, the
+    bucket's launch graph with the slot's events and output buffers; a batch that fills its bucket,
+    prepared or looked up, is then its input copies and one launch of its slot's graph. The ticket's
+    events keep their roles, its input-copy event being t0 (none is recorded before the copies)."""
     import torch
 
     from gpuloom.runtime.device import PinnedRow
 
     layer, lanes, lane, calls, graphs, _, _ = _raw_launch_shell()
     layer.launch_graphs = True
+    layer._make_launch_graphs(lane, "m")
+    ptr_out = [lane.ptr_out[("m", slot)][0] for slot in (0, 1)]
+    dev_out = {b: lane.plans[("m", b)].outputs[0][0] for b in (1, 2)}
+    # (graph, exec) = (child * 100 + t0, child * 100 + t0 + 1): one per (bucket, slot)
+    assert calls == [("wrap", 3000 + b, 10 * slot + 1, 10 * slot + 2, [(ptr_out[slot], dev_out[b], b * 8)],
+                      10 * slot + 3, 77) for b in (1, 2) for slot in (0, 1)]
+    assert lane.launch_graphs == {("m", b, slot): ((3000 + b) * 100 + 10 * slot + 1, (3000 + b) * 100 + 10 * slot + 2)
+                                  for b in (1, 2) for slot in (0, 1)}
+    calls.clear()
     rows = [[torch.rand(4)], [torch.rand(4)]]
-    t = layer._launch(lanes, 0, "m", rows)  # slot 0, batch 2: looked up; makes the launch graph
-    out_dev = lane.plans[("m", 2)].outputs[0][0]
+    t = layer._launch(lanes, 0, "m", rows)  # slot 0, batch 2: looked up
     dst = lane.plans[("m", 2)].inputs[0][0]
     srcs = [r[0].data_ptr() for r in rows]
-    assert calls == [("wrap", 3002, 1, 2, [(lane.ptr_out[("m", 0)][0], out_dev, 2 * 8)], 3, 77),
-                     ("in", dst, srcs[0], 16, 77), ("in", dst + 16, srcs[1], 16, 77), ("graph", 5002, 77)]
+    assert calls == [("in", dst, srcs[0], 16, 77), ("in", dst + 16, srcs[1], 16, 77), ("graph", 300202, 77)]
     assert (t.t_in, t.t0, t.t1, t.done) == (lane.events[0][1],) + lane.events[0][1:]
-    assert t.out is lane.np_out[("m", 0)] and t.n == 2 and t.rows is rows and t.stream == 77
+    assert t.out is lane.np_out[("m", 0)] and t.n == 2 and t.rows is rows and t.stream == 77 and not t.views
+    calls.clear()
+    again = [PinnedRow([np.random.rand(4).astype(np.float32)]), [torch.rand(4)]]
+    layer._launch(lanes, 0, "m", again)  # slot 1, batch 2: its own slot's graph
+    assert calls == [("in", dst, again[0][0].ctypes.data, 16, 77), ("in", dst + 16, again[1][0].data_ptr(), 16, 77),
+                     ("graph", 300212, 77)]
     calls.clear()
     lane.launches = 0
-    again = [PinnedRow([np.random.rand(4).astype(np.float32)]), [torch.rand(4)]]
     looked = graphs.looked
-    layer._launch(lanes, 0, "m", again)  # prepared: the same launch graph, not made again
-    assert graphs.looked == looked
-    assert calls == [("in", dst, again[0][0].ctypes.data, 16, 77), ("in", dst + 16, again[1][0].data_ptr(), 16, 77),
-                     ("graph", 5002, 77)]
-    layer._launch(lanes, 0, "m", [[torch.rand(4)]])  # slot 1, batch 1: bucket 1's graph for slot 1
-    assert calls[3] == ("wrap", 3001, 11, 12, [(lane.ptr_out[("m", 1)][0], lane.plans[("m", 1)].outputs[0][0], 8)],
-                        13, 77)
+    layer._launch(lanes, 0, "m", again)  # slot 0 again: prepared, the same graph
+    assert graphs.looked == looked and calls[-1] == ("graph", 300202, 77) and len(calls) == 3
     assert layer.launch_graph_batches == 3 and layer.launch_graph_failures == 0
-    assert set(lane.launch_graphs) == {("m", 2, 0), ("m", 1, 1)}
 
-    # a launch graph that cannot be made: the batch (and the next of its kind) launches as before
+    # a batch short of its bucket: separate calls, copying out its own rows only
+    layer.models["m"].bucket_for = lambda n: 2
+    calls.clear()
+    t = layer._launch(lanes, 0, "m", [[torch.rand(4)]])  # slot 1, batch 1 in bucket 2
+    assert [c[0] for c in calls] == ["record", "in", "record", "graph", "record", "out", "record"]
+    assert [c[1:4] for c in calls if c[0] in ("graph", "out")] == [(1002, 77), (ptr_out[1], dev_out[2], 8)]
+    assert t.t_in is lane.events[1][0] and layer.launch_graph_batches == 3
+
+    # a launch graph that cannot be made: counted once per (bucket, slot); its batches launch as before
     layer, lanes, lane, calls, graphs, _, fail_out = _raw_launch_shell()
     layer.launch_graphs = True
     fail_out.append("wrap")
+    layer._make_launch_graphs(lane, "m")
+    assert layer.launch_graph_failures == 4 and set(lane.launch_graphs.values()) == {None}
     for _ in range(2):
         calls.clear()
         layer._launch(lanes, 0, "m", [[torch.rand(4)]])  # slot 0, batch 1: looked up, then prepared
         lane.launches = 0
         assert [c[0] for c in calls] == ["record", "in", "record", "graph", "record", "out", "record"]
-        assert [c[1] for c in calls if c[0] == "graph"] == [1001]
-    assert lane.launch_graphs == {("m", 1, 0): None}
-    assert layer.launch_graph_failures == 1 and layer.launch_graph_batches == 0  # tried once
+    assert layer.launch_graph_batches == 0
 
-    # views: each batch's own output buffers, so never the launch graph (made for the slot's buffers)
+    # views: each batch's own output buffers, so no launch graphs (they copy into the slot's)
     layer, lanes, lane, calls, graphs, _, _ = _raw_launch_shell(outputs="views")
     layer.launch_graphs = True
-    fresh = [np.zeros((2, 2), np.float32)]
-    layer._fresh_outputs = lambda lane, key: ([None], fresh, [fresh[0].ctypes.data])
-    layer.launch_ms["alloc"] = 0.0
-    t = layer._launch(lanes, 0, "m", [[torch.rand(4)]])
-    assert t.views and [c[1] for c in calls if c[0] == "out"] == [fresh[0].ctypes.data]
-    assert [c[1] for c in calls if c[0] == "graph"] == [1001] and layer.launch_graph_batches == 0
+    layer._make_launch_graphs(lane, "m")
+    assert not calls and not lane.launch_graphs
+
+
+def test_launch_graphs_are_destroyed_before_the_graph_sets_they_were_cloned_from():
+    import types
+
+    layer, lanes, lane, calls, graphs, stream, _ = _raw_launch_shell()
+    layer.launch_graphs = True
+    layer._make_launch_graphs(lane, "m")
+    made = set(lane.launch_graphs.values())
+    order = []
+    layer._driver.destroy_graph = lambda g, e: order.append(("destroy", g, e))
+    gs = lane.graphs["m"][1]
+    gs.release = lambda: order.append(("release",))
+    lane.streams = types.SimpleNamespace(synchronize=lambda: order.append(("sync",)))
+    cuda = types.SimpleNamespace(synchronize=lambda device=None: None, empty_cache=lambda: None)
+    layer._torch, layer.device = types.SimpleNamespace(cuda=cuda), 0
+    layer._free_locked(lanes)
+    assert order[0] == ("sync",) and order[-1] == ("release",)
+    assert {o[1:] for o in order[1:-1]} == made and len(order) == 2 + len(made)
+    assert not lane.launch_graphs and lanes.state is None
 
 
 def test_views_never_take_a_prepared_launch_and_a_failed_one_settles_its_stream():

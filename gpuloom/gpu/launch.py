@@ -74,7 +74,7 @@ class Driver:
         self._retain = bind("cuDevicePrimaryCtxRetain", ctypes.POINTER(_VP), _INT)
         self._release = bind("cuDevicePrimaryCtxRelease_v2", _INT)
         self._error_name = bind("cuGetErrorName", _INT, ctypes.POINTER(ctypes.c_char_p))
-        try:  # building a launch graph (wrap_graph): a driver from before CUDA 11.1 lacks event record nodes
+        try:  # building a launch graph (wrap_graph): a driver from before CUDA 11.4 lacks some of these
             node_p = ctypes.POINTER(_VP)
             self._graph_create = bind("cuGraphCreate", node_p, ctypes.c_uint, within=slow)
             self._add_record = bind("cuGraphAddEventRecordNode", node_p, _VP, node_p, _SIZE, _VP, within=slow)
@@ -185,11 +185,14 @@ class Driver:
                 roots = self._node_list(self._root_nodes, graph, "cuGraphGetRootNodes")
                 leaves = [n for n in self._node_list(self._graph_nodes, graph, "cuGraphGetNodes")
                           if not self._node_count(self._dependents, n, "cuGraphNodeGetDependentNodes")]
+                last = leaves
                 if t0 is not None:
                     first = self._add_node(self._add_record, graph, [], t0, call="cuGraphAddEventRecordNode")
-                    src, dst = (_VP * len(roots))(*[first] * len(roots)), (_VP * len(roots))(*roots)
-                    self.check(self._add_edges(graph, src, dst, len(roots)), "cuGraphAddDependencies")
-                last = leaves
+                    if roots:
+                        src, dst = (_VP * len(roots))(*[first] * len(roots)), (_VP * len(roots))(*roots)
+                        self.check(self._add_edges(graph, src, dst, len(roots)), "cuGraphAddDependencies")
+                    else:  # an empty captured graph: t1 and the rest still follow t0
+                        last = [first]
             else:
                 first = [] if t0 is None else [self._add_node(self._add_record, graph, [], t0,
                                                               call="cuGraphAddEventRecordNode")]
@@ -235,7 +238,8 @@ class Driver:
         return list(arr[: n.value])
 
     def destroy_graph(self, graph: int | None, graph_exec: int | None) -> None:
-        """Destroy what :meth:`wrap_graph` made (its stream must be idle)."""
+        """Destroy what :meth:`wrap_graph` made (its stream must be idle). Errors are ignored: this
+        runs on teardown and on a failed build, where there is nothing better to do."""
         self.ensure_context()
         if graph_exec:
             self._exec_destroy(graph_exec)

@@ -834,13 +834,18 @@ class _CudaLane:
         return list({id(gs): gs for sets in self.graphs.values() for gs in sets.values()}.values())
 
 
-def book_copies(sums: dict[str, float], h2d: float, d2h: float, host_out: float, wake: float) -> None:
+def book_copies(sums: dict[str, float], h2d: float, d2h: float, host_out: float, wake: float,
+                h2d_untimed: bool = False) -> None:
     """Add one batch's copy and wake-up ms to ``sums`` (``CudaDeviceLayer.copy_ms`` and its per-model
     twin): device ms copying inputs in and outputs out, host ms copying outputs off the pinned
-    buffers, host ms from launch to the watcher awake beyond the device's work."""
+    buffers, host ms from launch to the watcher awake beyond the device's work. ``h2d_untimed``: a
+    launch-graph batch, whose input copies were not timed (h2d 0): their device time is in its wake
+    (and in ``wake_split``'s start); ``h2d_untimed`` counts such batches."""
     for key, ms in (("h2d", h2d), ("d2h", d2h), ("host_out", host_out), ("wake", wake)):
         sums[key] = sums.get(key, 0.0) + ms
     sums["batches"] = sums.get("batches", 0) + 1
+    if h2d_untimed:
+        sums["h2d_untimed"] = sums.get("h2d_untimed", 0) + 1
 
 
 @dataclass
@@ -922,13 +927,15 @@ class CudaDeviceLayer(DeviceLayer):
     driver calls (:mod:`gpuloom.gpu.launch`) instead of torch calls; it falls back to torch when the
     driver library does not load, or per bucket where a buffer is not contiguous.
 
-    ``launch_graphs=True`` (default, with raw launches) wraps each captured graph, per (bucket, slot),
-    in a launch graph of its own that also records the slot's timing and done events and copies the
-    outputs into the slot's pinned buffers (``Driver.wrap_graph``): a batch is then its input copies
-    and one ``cuGraphLaunch`` instead of those plus four event records and the output copies. Lanes
-    keep their captured ``cudaGraph_t`` for it. A bucket whose launch graph cannot be made (a torch
-    without ``keep_graph``, a driver refusing a node) launches as before (:attr:`launch_graph_failures`);
-    batches with ``outputs="views"`` too (each has output buffers of its own).
+    ``launch_graphs=True`` (default, with raw launches) makes, right after a model's capture on a
+    lane, per (bucket, slot) a launch graph: a clone of the captured graph that also records the
+    slot's timing and done events and copies the bucket's rows into the slot's pinned outputs
+    (``Driver.wrap_graph``). A batch that fills its bucket is then its input copies and one
+    ``cuGraphLaunch`` instead of those plus four event records and the output copies (its input
+    copies are then not timed: ``copy_ms["h2d_untimed"]``). Lanes keep their captured
+    ``cudaGraph_t`` for it. Batches short of their bucket, a bucket whose launch graph cannot be made
+    (a torch without ``keep_graph``, a driver refusing a node: :attr:`launch_graph_failures`) and
+    ``outputs="views"`` (each batch has output buffers of its own) launch with separate calls.
 
     ``outputs="copies"`` (default) copies a finished batch's rows off the slot's pinned buffers, which
     the slot's next batch reuses. ``outputs="views"`` gives each batch page-locked output buffers of
@@ -1362,6 +1369,7 @@ class CudaDeviceLayer(DeviceLayer):
             pin = lane.pinned_out[(model, slot)] = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in outs]
             lane.np_out[(model, slot)] = [t.numpy() for t in pin]
             lane.ptr_out[(model, slot)] = [t.data_ptr() for t in pin]
+        self._make_launch_graphs(lane, model)
 
     def _launch(self, lanes: Lanes, index: int, model: str, rows: Rows) -> Any:
         """Runtime thread. Rows -> pinned buffers (host), then on the lane's main stream: async H2D
@@ -1397,11 +1405,7 @@ class CudaDeviceLayer(DeviceLayer):
         gs = sets[b]
         st = gs.stream
         entry = gs.buckets[b]
-        static_out = lane.static_out.get((model, b))
-        if static_out is None:
-            from ..engine.dag import flat_tensors
-
-            static_out = lane.static_out[(model, b)] = flat_tensors(entry.outputs)
+        static_out = self._static_out(lane, model, b, entry)
         plan = self._raw_plan(lane, model, b, entry, static_out, st) if self._driver is not None else None
         # rows already in page-locked memory: pinned torch tensors from stage(), or PinnedRows (numpy
         # views of memory from pinned_empty/register_host) on the raw path. A torch copy out of the
@@ -1423,20 +1427,15 @@ class CudaDeviceLayer(DeviceLayer):
                 lane.ptr_in[key] = [t.data_ptr() for t in pin]
             for j, buf in enumerate(lane.np_in[key]):
                 np.stack([r[j] for r in rows], out=buf[:n])
-        while len(lane.events) <= slot:
-            evs = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True),
-                   torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True, blocking=self.blocking_sync))
-            for e in evs:  # created (and marked recorded, for elapsed_time) before their raw handles are read
-                e.record(st)
-            lane.events.append(evs)
-        t_in, t0, t1, done = lane.events[slot]
+        t_in, t0, t1, done = self._slot_events(lane, slot, st)
         if plan is not None:
             prep = lane.prepared.get((model, n, slot))
             if prep is None:  # what it holds stays as it is until the lane is freed
-                raw = tuple(e.cuda_event for e in (t_in, t0, t1, done))
+                # a launch graph copies its bucket's rows out: only for a batch that fills its bucket
+                graph = lane.launch_graphs.get((model, b, slot)) if n == b else None
                 prep = lane.prepared[(model, n, slot)] = _Prepared(
-                    plan, st, (t_in, t0, t1, done), raw, lane.np_out[key], lane.ptr_out[key],
-                    self._launch_graph(lane, model, b, slot, entry, plan, raw) if self.launch_graphs else 0)
+                    plan, st, (t_in, t0, t1, done), tuple(e.cuda_event for e in (t_in, t0, t1, done)),
+                    lane.np_out[key], lane.ptr_out[key], graph[1] if graph else 0)
             out = None
             if self.outputs == "views":
                 clock = time.perf_counter
@@ -1526,29 +1525,55 @@ class CudaDeviceLayer(DeviceLayer):
         return _CudaTicket(n, ev[3], ev[1], ev[2], ev[0], out_np, rows, c3, plan.stream, c0, lane.anchor, model,
                            out is not None)
 
-    def _launch_graph(self, lane: _CudaLane, model: str, bucket: int, slot: int, entry: Any, plan: Any,
-                      raw: tuple) -> int:
-        """The bucket's launch graph for ``slot`` (``Driver.wrap_graph``; made once): its captured graph
-        between the slot's events ``raw`` = (t_in, t0, t1, done), then the copy of the bucket's rows
-        into the slot's pinned outputs. 0 where it cannot be made; the launch then records and copies
-        with calls of its own, as before."""
-        key = (model, bucket, slot)
-        if key not in lane.launch_graphs:
-            made = None
-            try:
-                child = int(entry.graph.raw_cuda_graph())
-                copies = [(dst, src, bucket * row) for (src, row), dst in zip(plan.outputs, lane.ptr_out[(model, slot)])]
-                # flat: into a clone of the captured graph; around it as a child node, its launch cost
-                # 3-15 us more host time on the H200 (run 96)
-                made = self._driver.wrap_graph(child, raw[1], raw[2], copies, raw[3], plan.stream, flat=True)
-            except Exception as e:  # noqa: BLE001 - the batch launches without it
-                self.launch_graph_failures += 1
-                (log.warning if self.launch_graph_failures == 1 else log.debug)(
-                    "no launch graph for %s bucket %d on lane %s (launching with separate calls): %s: %s",
-                    model, bucket, lane.part, type(e).__name__, e)
-            lane.launch_graphs[key] = made
-        made = lane.launch_graphs[key]
-        return made[1] if made else 0
+    def _static_out(self, lane: _CudaLane, model: str, bucket: int, entry: Any) -> list[Any]:
+        """The bucket's static outputs, flattened (made once per lane)."""
+        static_out = lane.static_out.get((model, bucket))
+        if static_out is None:
+            from ..engine.dag import flat_tensors
+
+            static_out = lane.static_out[(model, bucket)] = flat_tensors(entry.outputs)
+        return static_out
+
+    def _slot_events(self, lane: _CudaLane, slot: int, stream: Any) -> tuple:
+        """The slot's (t_in, t0, t1, done) events, made on first use (recorded once on ``stream``:
+        marked recorded, for elapsed_time, before their raw handles are read)."""
+        torch = self._torch
+        while len(lane.events) <= slot:
+            evs = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True),
+                   torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True, blocking=self.blocking_sync))
+            for e in evs:
+                e.record(stream)
+            lane.events.append(evs)
+        return lane.events[slot]
+
+    def _make_launch_graphs(self, lane: _CudaLane, model: str) -> None:
+        """Right after ``model``'s capture on ``lane`` (no batch pays for it): per bucket and slot, the
+        bucket's launch graph (``Driver.wrap_graph``): its captured graph between the slot's events,
+        then the copy of the bucket's rows into the slot's pinned outputs. Not with
+        ``outputs="views"`` (each batch has output buffers of its own). Where one cannot be made,
+        batches of it launch with separate calls, as before (:attr:`launch_graph_failures`)."""
+        if not self.launch_graphs or self.outputs == "views":
+            return
+        for b, gs in sorted(lane.graphs[model].items()):
+            entry = gs.buckets[b]
+            plan = self._raw_plan(lane, model, b, entry, self._static_out(lane, model, b, entry), gs.stream)
+            if plan is None:
+                continue
+            for slot in range(LANE_SLOTS):
+                made = None
+                try:
+                    raw = [e.cuda_event for e in self._slot_events(lane, slot, gs.stream)]
+                    child = int(entry.graph.raw_cuda_graph())
+                    copies = [(dst, src, b * row) for (src, row), dst in zip(plan.outputs, lane.ptr_out[(model, slot)])]
+                    # flat: into a clone of the captured graph; around it as a child node, its launch cost
+                    # 3-15 us more host time on the H200 (run 96)
+                    made = self._driver.wrap_graph(child, raw[1], raw[2], copies, raw[3], plan.stream, flat=True)
+                except Exception as e:  # noqa: BLE001 - its batches launch without it
+                    self.launch_graph_failures += 1
+                    (log.warning if self.launch_graph_failures == 1 else log.debug)(
+                        "no launch graph for %s bucket %d on lane %s (launching with separate calls): %s: %s",
+                        model, b, lane.part, type(e).__name__, e)
+                lane.launch_graphs[(model, b, slot)] = made
 
     def _book_launch(self, c0: float, c1: float, c2: float, c3: float) -> None:
         """Where a launch's host time goes (issue 5: dispatch overhead), from its four clock reads."""
@@ -1672,9 +1697,10 @@ class CudaDeviceLayer(DeviceLayer):
         else:  # the lane slot's buffers, which its next batch reuses
             outs = [o[: ticket.n].copy() for o in ticket.out]
         host = (time.perf_counter() - c0) * 1e3
+        untimed = ticket.t_in is ticket.t0  # a launch graph's: no event before its input copies
         with self._copy_lock:  # watchers of several lanes
-            book_copies(self.copy_ms, h2d, d2h, host, wake)
-            book_copies(self.copy_ms_by_model.setdefault(ticket.model, {}), h2d, d2h, host, wake)
+            book_copies(self.copy_ms, h2d, d2h, host, wake, untimed)
+            book_copies(self.copy_ms_by_model.setdefault(ticket.model, {}), h2d, d2h, host, wake, untimed)
         return outs, float(ms)
 
     @property

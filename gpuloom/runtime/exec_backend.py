@@ -472,7 +472,8 @@ class ExecBackend(Backend):
                 "loop_completions": self.loop_completions,  # batches the device posted the loop for
                 "torch_launch_plans": getattr(self.device, "torch_launch_plans", 0),  # CUDA: buckets torch launched
                 "inplace_batches": getattr(self.device, "inplace_batches", 0),  # CUDA: launched from pinned inputs
-                # CUDA: batches launched as their input copies and one launch graph (copy_ms' h2d: not timed)
+                # CUDA: batches launched as their input copies and one launch graph (their copies in are
+                # not timed: copy_ms' h2d_untimed)
                 "launch_graph_batches": getattr(self.device, "launch_graph_batches", 0),
                 "launch_graph_failures": getattr(self.device, "launch_graph_failures", 0),
             }
