@@ -5,13 +5,15 @@ gives every convolution a bias, so resnet50 runs 53 bias kernels and 49 ReLU ker
 convolutions at batch 1 (issue 2 wants 4.3x over eager there, 10x for mobilenet_v2). cuDNN's fused
 convolution + bias (+ add) + ReLU does them in one call (``engine/fold.py``, ``fuse_convolutions``).
 
-For each model: compile twice (one stream, NCHW, so only the fusion differs), check both against
+For each model: compile twice (one stream, NCHW unless ``--channels-last``, ``--dtype``; only the
+fusion differs between the two), check both against
 eager on fresh random inputs at each batch (max |y - eager| / max |eager|), then time ``cm(x,
 zero_copy=True)`` and the eager model with CUDA events, taking turns for ``--rounds`` rounds of
 ``--calls`` calls after a warm-up (the output is not copied, unlike ``bench_engine.py``'s rows: its
 table stays the issue's figure). Needs a GPU::
 
     PYTHONPATH=. python3 scripts/diag_fused_convs.py --models resnet50,mobilenet_v2,googlenet --out /tmp/fused.json
+    PYTHONPATH=. python3 scripts/diag_fused_convs.py --models resnet50 --dtype float16 --channels-last --out /tmp/f.json
 """
 
 from __future__ import annotations
@@ -68,26 +70,28 @@ def smoke() -> dict:
     return got
 
 
-def measure_model(name: str, batches: list[int], rounds: int, calls: int) -> dict:
+def measure_model(name: str, batches: list[int], rounds: int, calls: int, dtype: str = "float32",
+                  channels_last: bool = False) -> dict:
     """One model: both compiles, their errors against eager and their times beside eager's, per batch."""
     import torch
 
     import gpuloom
     from gpuloom.profile.profiler import load_model
 
+    dt = getattr(torch, dtype)
     ms = load_model(name, device="cuda")
-    model = ms.module
-    ex = torch.randn((1, *ms.input_shapes[0]), device="cuda")
+    model = ms.module.to(dt)
+    ex = torch.randn((1, *ms.input_shapes[0]), device="cuda", dtype=dt)
     cms = {}
     for fuse in (False, True):
         t = time.perf_counter()
-        cms[fuse] = gpuloom.compile(model, ex, max_batch=max(batches), streams=1, channels_last=False,
+        cms[fuse] = gpuloom.compile(model, ex, max_batch=max(batches), streams=1, channels_last=channels_last,
                                     fuse_convolutions=fuse)
         print(f"{name} fuse={fuse}: compiled in {time.perf_counter() - t:.1f} s", flush=True)
     row = {"fused_convolutions": cms[True].graph.fused_convolutions,
            "dag_ops": {str(f): len(cms[f].graph.ops) for f in cms}, "batches": {}}
     for b in batches:
-        x = torch.randn((b, *ms.input_shapes[0]), device="cuda")
+        x = torch.randn((b, *ms.input_shapes[0]), device="cuda", dtype=dt)
         with torch.inference_mode():
             ref = model(x)
         errs = {str(f): rel_err(cms[f](x), ref) for f in cms}
@@ -120,6 +124,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=100)
+    ap.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
+    ap.add_argument("--channels-last", action="store_true", help="compile both with channels_last=True")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
     import torch
@@ -133,11 +139,11 @@ def main(argv=None) -> int:
     batches = [int(b) for b in a.batches.split(",")]
     out = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "torch": torch.__version__,
            "cudnn": torch.backends.cudnn.version(), "gpu": torch.cuda.get_device_name(0),
-           "smoke": smoke(), "models": {}}
+           "dtype": a.dtype, "channels_last": a.channels_last, "smoke": smoke(), "models": {}}
     print("smoke", json.dumps(out["smoke"]), flush=True)
     for name in a.models.split(","):
         try:
-            out["models"][name] = measure_model(name, batches, a.rounds, a.calls)
+            out["models"][name] = measure_model(name, batches, a.rounds, a.calls, a.dtype, a.channels_last)
         except Exception as e:  # noqa: BLE001 - one model's failure is a finding; the others still run
             out["models"][name] = {"error": f"{type(e).__name__}: {e}"[:2000]}
             print(name, "failed:", out["models"][name]["error"][:300], flush=True)
