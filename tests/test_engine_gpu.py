@@ -163,6 +163,27 @@ def test_fused_convolution_graphs_equal_eager_on_gpu(name):
     _assert_equal_eager(model, cm, graphsets, mk)
 
 
+@pytest.mark.parametrize("name", ["resnet18", "googlenet"])
+def test_fusing_the_channels_last_candidate_equals_eager_on_gpu(name):
+    """compile(channels_last="auto", fuse_convolutions="channels_last"): the NCHW graph stays unfused,
+    the channels-last candidate's convolutions are fused (engine runs 100-101: 1.27-1.74x faster
+    there), and its graphs and the user path equal eager."""
+    model, shapes, dtype = zoo(224)[name]
+    model = model.eval().cuda()
+    mk = lambda b: tuple(torch.randn(b, *s, device="cuda", dtype=dtype) for s in shapes)
+    cm = gpuloom.compile(model, mk(1), max_batch=8, channels_last="auto", fuse_convolutions="channels_last")
+    assert cm.graph.fused_convolutions == 0
+    if cm.graph_cl is None:  # no bucket kept it: capture it alone to check it
+        cm = gpuloom.compile(model, mk(1), max_batch=8, channels_last=True, fuse_convolutions="channels_last")
+        cl = cm.graph
+        graphsets = {"single_cl": cm.capture(streams=1), "multi_cl": cm.capture(streams="max")}
+    else:
+        cl = cm.graph_cl
+        graphsets = {"single_cl": cm.capture(streams="single_cl"), "multi_cl": cm.capture(streams="multi_cl")}
+    assert cl.fused_convolutions > 0 and cl.channels_last_weights > 0
+    _assert_equal_eager(model, cm, graphsets, mk)
+
+
 class _SyncsOnlyEagerly(torch.nn.Module):
     """A forward with a host sync that torch.export does not see: the DAG captures, the forward cannot."""
 

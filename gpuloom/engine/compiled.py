@@ -370,7 +370,7 @@ def compile(
     fold_batchnorm: bool = True,
     reinplace: bool = False,
     channels_last: bool | str | None = None,
-    fuse_convolutions: bool = False,
+    fuse_convolutions: bool | str = False,
     progress: Callable[[str], None] | None = None,
 ) -> CompiledModel:
     """Compile ``model`` ahead of time into multi-stream CUDA graphs, one per batch bucket.
@@ -407,9 +407,12 @@ def compile(
         fuse_convolutions: run each 2-D convolution (one group, with a bias: every one a BatchNorm
             was folded into) that only feeds a ReLU, a ReLU6, or a residual add and a ReLU as cuDNN's
             fused convolution + bias (+ add) + ReLU, where PyTorch's cuDNN path adds the bias with a
-            kernel of its own (CUDA only; off by default). On the H200 (float32, engine run 94) it
-            made resnet50 1.04x faster at batch 1 and 1.12x at batch 8, googlenet 1.04x / 1.06x,
-            and mobilenet_v2 1-2% slower (its ReLU6 convolutions): time your model both ways.
+            kernel of its own (CUDA only; off by default). ``"channels_last"``: only in the
+            channels-last graph (``channels_last=True``, or the candidate ``channels_last="auto"``
+            times beside the NCHW graph, which stays unfused); a no-op on the CPU. On the H200
+            (engine runs 94, 100-101) fusing made the channels-last graphs 1.27-1.74x faster
+            (resnet50, googlenet in float32; resnet50, inception_v3 in float16; batches 1 and 8)
+            and the NCHW ones 0.90-1.12x (mobilenet_v2 slower, by its ReLU6 convolutions).
         progress: called with a short message at each compile stage.
 
     Raises:
@@ -444,9 +447,13 @@ def compile(
     for x in example_inputs:
         if x.device.type != dev.type:
             raise ValueError(f"example inputs must be on {dev}, found one on {x.device}")
-    if fuse_convolutions and dev.type != "cuda":
+    if fuse_convolutions not in (False, True, "channels_last"):
+        raise ValueError(f"fuse_convolutions must be False, True or 'channels_last', got {fuse_convolutions!r}")
+    if fuse_convolutions is True and dev.type != "cuda":
         raise ValueError("fuse_convolutions=True runs cuDNN's fused convolutions, which need a CUDA device; "
                          f"this model compiles for {dev}")
+    # "channels_last": fused where the graph is channels-last, which it never is on the CPU
+    fuse_cl = fuse_convolutions is True or (fuse_convolutions == "channels_last" and dev.type == "cuda")
     bucket_list = tuple(sorted(set(buckets))) if buckets is not None else default_buckets(max_batch)
     if bucket_list[0] < 1 or bucket_list[-1] != max_batch:
         raise ValueError(f"buckets must be positive and end at max_batch={max_batch}, got {bucket_list}")
@@ -454,11 +461,11 @@ def compile(
     say("capturing the operator graph")
     graph = capture_graph(model, example_inputs, max_batch=max_batch, fold_batchnorm=fold_batchnorm,
                           reinplace=reinplace, channels_last=channels_last is True,
-                          fuse_convolutions=fuse_convolutions)
+                          fuse_convolutions=fuse_cl if channels_last is True else fuse_convolutions is True)
     graph.module.to(dev)
     graph_cl = None
     if channels_last == "auto" and dev.type == "cuda":  # a timed choice: there is nothing to time on the CPU
-        graph_cl = channels_last_variant(graph)
+        graph_cl = channels_last_variant(graph, fuse_convolutions=fuse_cl)
         say("built the channels-last variant of the graph" if graph_cl is not None else
             "no channels-last variant: no 4-D convolution weight to convert, or the model was captured with torch.fx")
     names = list(input_names) if input_names else [

@@ -120,21 +120,23 @@ def capture_graph(
     return graph
 
 
-def channels_last_variant(graph: OpGraph) -> OpGraph | None:
+def channels_last_variant(graph: OpGraph, *, fuse_convolutions: bool = False) -> OpGraph | None:
     """A second DAG of ``graph``'s model with its convolution weights channels-last (``fold``), for
     ``compile(channels_last="auto")`` to time beside the first: a copy of the graph on a module of its
     own that shares every tensor except the convolution weights it stores NHWC, so the first graph is
-    unchanged and only those weights take memory twice. None where no pass applies (an fx-captured
-    model, or one without 4-D convolution weights)."""
+    unchanged and only those weights take memory twice. ``fuse_convolutions``: fuse the copy's
+    convolutions (``fold.fuse_convolutions``; CUDA only) where ``graph``'s are not. None where no pass
+    applies (an fx-captured model, or one without 4-D convolution weights)."""
     if graph.method != "export":
         return None
     gm = fx.GraphModule(graph.module, copy.deepcopy(graph.module.graph))  # shares the tensors it reads
+    fused = fold.fuse_convolutions(gm) if fuse_convolutions and not graph.fused_convolutions else 0
     converted = fold.channels_last(gm)
     if not converted:
         return None
     variant = _build_dag(gm, "export")
     variant.folded_batchnorms = graph.folded_batchnorms
-    variant.fused_convolutions = graph.fused_convolutions
+    variant.fused_convolutions = graph.fused_convolutions or fused
     variant.channels_last_weights = converted
     return variant
 
