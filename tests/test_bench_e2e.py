@@ -364,6 +364,22 @@ def test_a_point_splits_each_models_copies_and_wake_up_per_batch():
     assert by["bert"] == {"h2d": 0.01, "d2h": 0.2, "host_out": 2.0, "wake": 0.6}
     assert by["resnet"]["host_out"] == pytest.approx(0.2)
 
+    # launch-graph batches (input copies not timed): h2d is the mean over the timed batches alone,
+    # their share is given, and the log's ranking sums milliseconds only
+    for h2d, untimed in ((0.0, True), (0.0, True), (0.03, False)):
+        for sums in (after["copy_ms"], after["copy_ms_by_model"]["resnet"]):
+            book_copies(sums, h2d, 0.2, 0.2, 0.6, untimed)
+    got = host_split(before, after, 1000.0)
+    assert got["copy_ms_per_batch"]["h2d_untimed_share"] == pytest.approx(2 / 6)
+    assert got["copy_ms_per_batch"]["h2d"] == pytest.approx((0.01 * 3 + 0.03) / 4)
+    assert by_model_h2d(got) == pytest.approx((0.01 + 0.03) / 2) and "h2d_untimed" not in got["copy_ms_per_batch"]
+
+
+def by_model_h2d(got):
+    r = got["copy_ms_per_batch_by_model"]["resnet"]
+    assert r["h2d_untimed_share"] == pytest.approx(0.5)
+    return r["h2d"]
+
 
 def test_a_run_killed_in_the_middle_of_a_policy_keeps_every_point_it_measured(tmp_path, monkeypatch):
     """The device machine's time limit kills a bench mid-policy: the JSON written so far holds the

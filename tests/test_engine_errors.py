@@ -502,5 +502,9 @@ def test_fusing_only_the_channels_last_variant_leaves_the_first_graph_unfused_an
 
     cm = gpuloom.compile(model, x, max_batch=2, fuse_convolutions="channels_last")
     assert cm.graph.fused_convolutions == 0 and cm.graph_cl is None
-    with pytest.raises(ValueError, match="fuse_convolutions must be False, True or 'channels_last'"):
-        gpuloom.compile(model, x, max_batch=2, fuse_convolutions="yes")
+    for bad in ("yes", 1):  # 1 is not True: it used to fuse, and would now silently not
+        with pytest.raises(ValueError, match="fuse_convolutions must be False, True or 'channels_last'"):
+            gpuloom.compile(model, x, max_batch=2, fuse_convolutions=bad)
+    # the channels_last="auto" candidate is copied after reinplace, whose in-place ops it cannot fuse
+    with pytest.raises(ValueError, match="reinplace=True fuses nothing"):
+        gpuloom.compile(model, x, max_batch=2, fuse_convolutions="channels_last", reinplace=True)

@@ -480,6 +480,16 @@ def _increase_per(a: dict, b: dict, count: str) -> dict | None:
     return {k: (a[k] - b.get(k, 0.0)) / n for k in a if k != count} if n > 0 else None
 
 
+def _copies_per_batch(got: dict) -> dict:
+    """``copy_ms`` per batch, with launch-graph batches (whose input copies are not timed) out of the
+    input copies' mean: ``h2d`` per timed batch, and the untimed batches' share as ``h2d_untimed_share``."""
+    untimed = got.pop("h2d_untimed", 0.0)
+    if untimed:
+        got["h2d"] = got.get("h2d", 0.0) / (1.0 - untimed) if untimed < 1.0 else 0.0
+        got["h2d_untimed_share"] = untimed
+    return got
+
+
 def host_split(before: dict, after: dict, wall_ms: float) -> dict:
     """Where the runtime thread's launch time went during a point: batches started per second, ms
     of that thread per second spent launching (1000 = saturated), and ms per launch by phase (CUDA:
@@ -500,12 +510,12 @@ def host_split(before: dict, after: dict, wall_ms: float) -> dict:
         out["outputs"] = after.get("outputs", "")  # a batch's outputs copied off its pinned buffers, or views
     copies = per_count("copy_ms", "batches")  # device ms of the input/output copies, watcher host ms, wake-up
     if copies is not None:
-        out["copy_ms_per_batch"] = copies
+        out["copy_ms_per_batch"] = _copies_per_batch(copies)
         by_model = {}  # the same per model: where each model's hold beyond its device time goes
         for m, a in after.get("copy_ms_by_model", {}).items():
             got = _increase_per(a, before.get("copy_ms_by_model", {}).get(m, {}), "batches")
             if got is not None:
-                by_model[m] = {k: round(v, 4) for k, v in got.items()}
+                by_model[m] = {k: round(v, 4) for k, v in _copies_per_batch(got).items()}
         if by_model:
             out["copy_ms_per_batch_by_model"] = by_model
     # the wake-up's two halves per batch (CUDA, lanes with a clock anchor): "start", from the launch's
@@ -658,7 +668,8 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
                     f"{split['back']:.2f} ms")
             by_model = (p.host or {}).get("copy_ms_per_batch_by_model")
             if by_model:  # CUDA: the models whose batches spend longest outside their graph, and on what
-                worst = sorted(by_model.items(), key=lambda kv: -sum(kv[1].values()))[:3]
+                worst = sorted(by_model.items(), key=lambda kv: -sum(kv[1].get(k, 0.0) for k in
+                                                                     ("h2d", "d2h", "host_out", "wake")))[:3]
                 say(f"{name}: x{s:.3g} outside the graph per batch (copy in / out on the GPU, outputs off "
                     f"the pinned buffers, wake-up), ms: " + "; ".join(
                         f"{m} {c.get('h2d', 0):.2f} / {c.get('d2h', 0):.2f} / {c.get('host_out', 0):.2f} / "

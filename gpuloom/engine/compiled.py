@@ -412,7 +412,8 @@ def compile(
             times beside the NCHW graph, which stays unfused); a no-op on the CPU. On the H200
             (engine runs 94, 100-101) fusing made the channels-last graphs 1.27-1.74x faster
             (resnet50, googlenet in float32; resnet50, inception_v3 in float16; batches 1 and 8)
-            and the NCHW ones 0.90-1.12x (mobilenet_v2 slower, by its ReLU6 convolutions).
+            and the NCHW ones 0.90-1.12x (mobilenet_v2 slower by its ReLU6 convolutions, googlenet
+            float16 at batch 1 by 2%). Not with ``reinplace=True`` and ``channels_last="auto"``.
         progress: called with a short message at each compile stage.
 
     Raises:
@@ -447,12 +448,17 @@ def compile(
     for x in example_inputs:
         if x.device.type != dev.type:
             raise ValueError(f"example inputs must be on {dev}, found one on {x.device}")
-    if fuse_convolutions not in (False, True, "channels_last"):
+    if not (isinstance(fuse_convolutions, bool) or fuse_convolutions == "channels_last"):
         raise ValueError(f"fuse_convolutions must be False, True or 'channels_last', got {fuse_convolutions!r}")
+    if fuse_convolutions == "channels_last" and reinplace and channels_last == "auto":
+        # the channels-last candidate is copied from the first graph after reinplace, whose in-place
+        # ReLUs and adds the fusion does not match: it would fuse nothing
+        raise ValueError("fuse_convolutions='channels_last' with reinplace=True fuses nothing in the "
+                         "channels_last='auto' candidate; pass channels_last=True, or leave reinplace off")
     if fuse_convolutions is True and dev.type != "cuda":
         raise ValueError("fuse_convolutions=True runs cuDNN's fused convolutions, which need a CUDA device; "
                          f"this model compiles for {dev}")
-    # "channels_last": fused where the graph is channels-last, which it never is on the CPU
+    # "channels_last": fused where the graph is channels-last, on CUDA only (the fused ops have no CPU kernel)
     fuse_cl = fuse_convolutions is True or (fuse_convolutions == "channels_last" and dev.type == "cuda")
     bucket_list = tuple(sorted(set(buckets))) if buckets is not None else default_buckets(max_batch)
     if bucket_list[0] < 1 or bucket_list[-1] != max_batch:

@@ -997,7 +997,7 @@ class CudaDeviceLayer(DeviceLayer):
         # where a batch's time outside its graph goes: device ms copying inputs in and outputs out, host
         # ms copying outputs off the pinned buffers (watcher), host ms from launch to the watcher
         # awake beyond the device's copies and graph (wake), summed over batches (issue 5: the gap)
-        self.copy_ms = {"h2d": 0.0, "d2h": 0.0, "host_out": 0.0, "wake": 0.0, "batches": 0}
+        self.copy_ms = {"h2d": 0.0, "d2h": 0.0, "host_out": 0.0, "wake": 0.0, "batches": 0, "h2d_untimed": 0}
         # the same per model: a model's hold beyond its device time (bert_base's 3 ms on the H200, its
         # batches returning 3-6 MB) splits into these parts (book_copies)
         self.copy_ms_by_model: dict[str, dict[str, float]] = {}
