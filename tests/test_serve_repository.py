@@ -30,15 +30,15 @@ def test_example_repository_reads_and_builds_with_its_weights():
     assert not module.training
 
 
-def test_channels_last_reaches_the_model_config(tmp_path):
-    text = (REPO / "tiny_cnn.yaml").read_text() + "\nchannels_last: auto\n"
+def test_channels_last_and_fusion_reach_the_model_config(tmp_path):
+    text = (REPO / "tiny_cnn.yaml").read_text() + "\nchannels_last: auto\nfuse_convolutions: channels_last\n"
     path = tmp_path / "tiny_cnn.yaml"
     path.write_text(text)
     (tmp_path / "nets.py").write_text((REPO / "nets.py").read_text())
     config, _ = load_repository(path).models["tiny_cnn"].build()
-    assert config.channels_last == "auto"
+    assert config.channels_last == "auto" and config.fuse_convolutions == "channels_last"
     default, _ = load_repository(REPO / "tiny_cnn.yaml").models["tiny_cnn"].build()
-    assert default.channels_last is False
+    assert default.channels_last is False and default.fuse_convolutions is False
 
 
 def test_outputs_are_found_by_running_the_model_when_not_written():
@@ -63,6 +63,8 @@ def _write(tmp_path, text, name="m.yaml"):
     ("name: [\n", "not valid YAML"),
     ("name: a\nsource: x:y\ninputs: [{name: x, shape: [3]}]\nchannels_last: yes please\n",
      "channels_last must be true, false or auto"),
+    ("name: a\nsource: x:y\ninputs: [{name: x, shape: [3]}]\nfuse_convolutions: nhwc\n",
+     "fuse_convolutions must be true, false or channels_last"),
 ])
 def test_repository_mistakes_name_the_field(tmp_path, text, needle):
     with pytest.raises(RepositoryError, match=None) as e:

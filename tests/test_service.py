@@ -109,6 +109,43 @@ def test_a_model_configured_channels_last_is_compiled_so_and_served_equal_to_eag
         ModelConfig("bad", spec, channels_last="yes")
 
 
+def test_a_models_fuse_convolutions_reaches_gpuloom_compile(monkeypatch):
+    """ModelConfig.fuse_convolutions is passed to gpuloom.compile as written ("channels_last" does
+    nothing on the CPU; True there is compile's clear error, raised by load); a bad value is refused."""
+    import torch
+
+    import gpuloom
+
+    seen, real = [], gpuloom.compile
+
+    def spy(*a, **kw):
+        seen.append(kw.get("fuse_convolutions"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(gpuloom, "compile", spy)
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                               torch.nn.Linear(8 * 6 * 6, 5)).eval()
+    spec = (TensorSpec("x", (3, 6, 6), "float32"),)
+    svc = InferenceService(policy="triton", device="cpu")
+    svc.start()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            svc.load(ModelConfig("fused_cl", spec, max_batch=4, slo_ms=500, fuse_convolutions="channels_last"), conv)
+            with pytest.raises(ValueError, match="fuse_convolutions=True .* need a CUDA device"):
+                svc.load(ModelConfig("fused", spec, max_batch=4, slo_ms=500, fuse_convolutions=True), conv)
+        assert seen == ["channels_last", True]
+        assert svc._models["fused_cl"].runner.graph.fused_convolutions == 0
+        x = np.random.default_rng(2).standard_normal((2, 3, 6, 6)).astype(np.float32)
+        with torch.no_grad():
+            want = conv(torch.from_numpy(x)).numpy()
+        np.testing.assert_allclose(svc.submit("fused_cl", {"x": x}).result(20)["output0"], want, rtol=1e-4, atol=1e-4)
+    finally:
+        svc.close()
+    with pytest.raises(ValueError, match="fuse_convolutions must be false, true or 'channels_last'"):
+        ModelConfig("bad", spec, fuse_convolutions="nhwc")
+
+
 def test_launch_on_auto_runs_batches_inline_on_the_cpu_and_on_the_loop_elsewhere():
     """The default (``"auto"``): on the CPU device the runtime's thread runs each batch itself (no
     watcher hand-off); on any other device (here the fake) the watcher waits for it as before."""

@@ -16,6 +16,8 @@ A repository is one YAML file or a directory of them (``*.yaml``/``*.yml`` direc
         rate_hint: 50        # expected requests/s before the runtime has measured any
         seed: 0              # optional: torch.manual_seed before building (reproducible random init)
         channels_last: false # optional: true runs the convolutions NHWC, auto times both layouts (GPU)
+        fuse_convolutions: false  # optional: true, or channels_last (the NHWC graph only): convolution
+                                  # + bias + ReLU as one cuDNN call (GPU)
 
 Paths (weights, ``file.py`` sources) are relative to the YAML file. Weights are never unpickled as
 objects: safetensors, or ``torch.load(weights_only=True)`` which refuses anything but tensors and plain
@@ -38,7 +40,7 @@ __all__ = ["RepositoryError", "TensorEntry", "ModelEntry", "Repository", "load_r
 
 _ALLOWED_KEYS = {
     "name", "source", "kwargs", "weights", "inputs", "outputs", "max_batch", "slo_ms", "weight", "rate_hint", "seed",
-    "channels_last",
+    "channels_last", "fuse_convolutions",
 }
 
 
@@ -75,6 +77,7 @@ class ModelEntry:
     origin: Path | None = None  # the YAML file it came from
     seed: int | None = None  # torch.manual_seed before the factory runs (random-init models reproducible)
     channels_last: bool | str = False  # gpuloom.compile's option: False, True or "auto"
+    fuse_convolutions: bool | str = False  # gpuloom.compile's option: False, True or "channels_last"
 
     # -- building ---------------------------------------------------------------------------
     def build(self):
@@ -109,6 +112,7 @@ class ModelEntry:
             weight=self.weight,
             rate_hint=self.rate_hint,
             channels_last=self.channels_last,
+            fuse_convolutions=self.fuse_convolutions,
         )
         return config, module
 
@@ -261,9 +265,13 @@ def parse_model(m: Any, origin: Path | None) -> ModelEntry:
     channels_last = m.get("channels_last", False)
     if not (isinstance(channels_last, bool) or channels_last == "auto"):
         raise RepositoryError(f"{where}: channels_last must be true, false or auto, found {channels_last!r}")
+    fuse = m.get("fuse_convolutions", False)
+    if not (isinstance(fuse, bool) or fuse == "channels_last"):
+        raise RepositoryError(f"{where}: fuse_convolutions must be true, false or channels_last, found {fuse!r}")
     return ModelEntry(
         seed=seed,
         channels_last=channels_last,
+        fuse_convolutions=fuse,
         name=name,
         source=source,
         inputs=_tensors(m.get("inputs"), f"{where}: inputs"),
