@@ -72,17 +72,25 @@ def test_cpu_end_to_end_two_tiny_models_match_eager_for_every_request(launch_on)
     svc.close()
 
 
-def test_a_model_configured_channels_last_is_compiled_so_and_served_equal_to_eager():
-    """ModelConfig.channels_last reaches gpuloom.compile (on the CPU True applies the pass; "auto" is a
-    timed choice made only on the GPU) and the served outputs stay eager's; a bad value is refused."""
+def _small_conv_net():
+    """A conv net on 3x6x6 inputs, its input spec, and a started CPU service, for the layout and
+    fusion options."""
     import torch
 
     torch.manual_seed(0)
     conv = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
                                torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 5)).eval()
-    spec = (TensorSpec("x", (3, 6, 6), "float32"),)
     svc = InferenceService(policy="triton", device="cpu")
     svc.start()
+    return conv, (TensorSpec("x", (3, 6, 6), "float32"),), svc
+
+
+def test_a_model_configured_channels_last_is_compiled_so_and_served_equal_to_eager():
+    """ModelConfig.channels_last reaches gpuloom.compile (on the CPU True applies the pass; "auto" is a
+    timed choice made only on the GPU) and the served outputs stay eager's; a bad value is refused."""
+    import torch
+
+    conv, spec, svc = _small_conv_net()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -123,11 +131,7 @@ def test_a_models_fuse_convolutions_reaches_gpuloom_compile(monkeypatch):
         return real(*a, **kw)
 
     monkeypatch.setattr(gpuloom, "compile", spy)
-    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
-                               torch.nn.Linear(8 * 6 * 6, 5)).eval()
-    spec = (TensorSpec("x", (3, 6, 6), "float32"),)
-    svc = InferenceService(policy="triton", device="cpu")
-    svc.start()
+    conv, spec, svc = _small_conv_net()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
