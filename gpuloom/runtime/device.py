@@ -1518,12 +1518,11 @@ class CudaDeviceLayer(DeviceLayer):
         # the ticket holds the rows: raw copies read their pinned memory without torch knowing, so it
         # must not be freed (and reused) before the batch's event has fired
         ev = prep.events
-        if wrapped:  # no event before the input copies: the batch's GPU start is t0's, its copy in 0
+        if wrapped:
             self.launch_graph_batches += 1
-            return _CudaTicket(n, ev[3], ev[1], ev[2], ev[1], out_np, rows, c3, plan.stream, c0, lane.anchor, model,
-                               False)
-        return _CudaTicket(n, ev[3], ev[1], ev[2], ev[0], out_np, rows, c3, plan.stream, c0, lane.anchor, model,
-                           out is not None)
+        # a launch graph records no event before the input copies: its batch's t_in is t0 (copy in 0)
+        return _CudaTicket(n, ev[3], ev[1], ev[2], ev[1] if wrapped else ev[0], out_np, rows, c3, plan.stream, c0,
+                           lane.anchor, model, out is not None)
 
     def _static_out(self, lane: _CudaLane, model: str, bucket: int, entry: Any) -> list[Any]:
         """The bucket's static outputs, flattened (made once per lane)."""
