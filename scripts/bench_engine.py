@@ -123,10 +123,12 @@ def bench_model(name: str, dtype: torch.dtype, batches: list[int], args) -> dict
 
     def compiled_with(**option):
         """gpuloom auto for this row's batches, with an experimental option if one is given. Without
-        one, in the model's own layout (channels_last=False), as every table since the first run
-        timed it; compile's default since the twenty-first session is the gpuloom_cl_auto variant."""
+        one, in the model's own layout and unfused (channels_last=False, fuse_convolutions=False), as
+        every table since the first run timed it; compile's default since the thirty-fourth session
+        is the gpuloom_cl_auto_fused variant (gpuloom_cl_auto, the default of sessions 21-33, stays
+        unfused)."""
         return gpuloom.compile(model, (examples[batches[0]],), max_batch=max(batches), buckets=batches,
-                               streams="auto", **{"channels_last": False, **option})
+                               streams="auto", **{"channels_last": False, "fuse_convolutions": False, **option})
 
     t0 = time.perf_counter()
     cm = compiled_with()
@@ -200,9 +202,10 @@ EXPERIMENTS = {
     "gpuloom_reinplace": {"reinplace": True},  # in-place ReLU/add on single-reader inputs
     "gpuloom_cl": {"channels_last": True},  # convolution weights NHWC (torch.compile's layout)
     "gpuloom_cl_auto": {"channels_last": "auto"},  # both layouts timed, the faster kept per bucket: compile's
-    # default since the twenty-first session (gpuloom_auto stays in the model's own layout, as it always ran)
-    # compile's default with the channels-last candidate's convolutions fused with their bias and ReLU
-    # (engine runs 100-101: 1.27-1.74x faster channels-last graphs); CUDA only
+    # default in sessions 21-33 (gpuloom_auto stays in the model's own layout, as it always ran); unfused
+    # compile's default since the thirty-fourth session: gpuloom_cl_auto with the channels-last candidate's
+    # convolutions fused with their bias and ReLU (engine runs 100-104: up to 1.74x faster channels-last
+    # graphs); CUDA only
     "gpuloom_cl_auto_fused": {"channels_last": "auto", "fuse_convolutions": "channels_last"},
 }
 
@@ -366,11 +369,13 @@ def main() -> int:
     p.add_argument("--pairs", default=None,
                    help="MODEL:DTYPE,... rows to time, in this order, instead of every --models for each --dtypes")
     p.add_argument("--batches", default="1,8")
-    p.add_argument("--variants", default="eager,torch_compile,cuda_graph,gpuloom,gpuloom_cl_auto",
-                   help="drop torch_compile to save its compile time; gpuloom_cl_auto (in by default since the "
-                        "twenty-fifth session) is compile's default, both layouts timed, the faster kept per bucket; "
-                        "gpuloom auto itself stays in the model's own layout, as every earlier run timed it; add "
-                        "gpuloom_reinplace or gpuloom_cl (convolution weights channels-last) for those experiments")
+    p.add_argument("--variants", default="eager,torch_compile,cuda_graph,gpuloom,gpuloom_cl_auto,gpuloom_cl_auto_fused",
+                   help="drop torch_compile to save its compile time; gpuloom_cl_auto_fused is compile's default "
+                        "since the thirty-fourth session (both layouts timed, the faster kept per bucket, the "
+                        "channels-last graph's convolutions fused), gpuloom_cl_auto the same unfused (the default "
+                        "of sessions 21-33); gpuloom auto itself stays in the model's own layout, unfused, as every "
+                        "earlier run timed it; add gpuloom_reinplace or gpuloom_cl (convolution weights "
+                        "channels-last) for those experiments")
     p.add_argument("--torch-compile-batches", default="1,8",
                    help="batches on which the torch_compile variant runs (it compiles once per batch size)")
     p.add_argument("--warmup", type=int, default=50, help="untimed calls per variant before timing")

@@ -17,6 +17,12 @@ adds the channels-last comparison the same way: each row with a ``gpuloom_cl_ms`
 True)``) against gpuloom auto and eager of its own process, with the geometric means over eager of auto,
 channels-last and the faster of the two per row (what ``channels_last="auto"`` keeps where its
 compile-time timing agrees), and the Nimble targets for each.
+
+    ... --defaults docs/results/engine_runs/run102_fused.json ...
+
+adds compile's default since the thirty-fourth session (the ``gpuloom_cl_auto_fused`` variant: both
+layouts timed, the channels-last graph's convolutions fused) against its unfused predecessor
+(``gpuloom_cl_auto``), gpuloom auto and eager of its own process, with the Nimble targets.
 """
 
 from __future__ import annotations
@@ -86,15 +92,18 @@ def _winner(gl: float, tc: float) -> tuple[str, float]:
 def torch_compile_rows(paths: list[str]) -> list[dict]:
     """One row per (model, dtype, batch) timed with torch.compile: the last run in ``paths`` that has it.
     ``winner`` is against gpuloom auto in the model's own layout (every run has it); ``winner_default``
-    against compile's default (``channels_last="auto"``, the ``gpuloom_cl_auto`` variant) where the
-    run timed it, else None."""
+    against compile's default where the run timed it, else None: the ``gpuloom_cl_auto_fused`` variant
+    (the default since the thirty-fourth session), or in older runs ``gpuloom_cl_auto`` (the default
+    of sessions 21-33), named in ``default_variant``."""
     def make_row(rec: dict, row: dict) -> dict | None:
         if not (row.get("torch_compile_ms") and row.get("gpuloom_auto_ms")):
             return None
-        gl, tc, default = row["gpuloom_auto_ms"], row["torch_compile_ms"], row.get("gpuloom_cl_auto_ms")
+        variant = next((v for v in ("gpuloom_cl_auto_fused", "gpuloom_cl_auto") if row.get(f"{v}_ms")), None)
+        gl, tc, default = row["gpuloom_auto_ms"], row["torch_compile_ms"], row.get(f"{variant}_ms")
         winner, ratio = _winner(gl, tc)
         winner_default, ratio_default = _winner(default, tc) if default else (None, None)
-        return {"eager_ms": row.get("eager_ms"), "gpuloom_auto_ms": gl, "gpuloom_cl_auto_ms": default,
+        return {"eager_ms": row.get("eager_ms"), "gpuloom_auto_ms": gl, "gpuloom_cl_auto_ms": row.get("gpuloom_cl_auto_ms"),
+                "default_variant": variant, "default_ms": default,
                 "torch_compile_ms": tc, "torch_compile_s": row.get("torch_compile_s"),
                 "winner": winner, "ratio": ratio, "winner_default": winner_default, "ratio_default": ratio_default}
 
@@ -158,6 +167,39 @@ def layout_summary(rows: list[dict]) -> dict:
     return out
 
 
+def default_rows(paths: list[str]) -> list[dict]:
+    """One row per (model, dtype, batch) timed with compile's default and its unfused predecessor."""
+    def make_row(rec: dict, row: dict) -> dict | None:
+        keys = ("eager_ms", "gpuloom_auto_ms", "gpuloom_cl_auto_ms", "gpuloom_cl_auto_fused_ms")
+        if not all(row.get(k) for k in keys):
+            return None
+        return {**{k: row[k] for k in keys},
+                "kept": rec.get("auto_choice_cl_auto_fused", {}).get(str(row["batch"])),
+                "fused_over_unfused": round(row["gpuloom_cl_auto_ms"] / row["gpuloom_cl_auto_fused_ms"], 3)}
+
+    return last_rows(paths, make_row)
+
+
+def default_summary(rows: list[dict]) -> dict:
+    """Per (dtype, batch): geometric means over eager of gpuloom auto (NCHW), the unfused and the fused
+    default, the fused default over the unfused one with its worst row, and at float32 batch 1 the
+    Nimble targets."""
+    out = {}
+    for dtype, batch in sorted({(r["dtype"], r["batch"]) for r in rows}):
+        sel = [r for r in rows if (r["dtype"], r["batch"]) == (dtype, batch)]
+        over = {k: {r["model"]: r["eager_ms"] / r[f"{col}_ms"] for r in sel}
+                for k, col in (("auto", "gpuloom_auto"), ("cl_auto", "gpuloom_cl_auto"), ("default", "gpuloom_cl_auto_fused"))}
+        entry = {"models": len(sel), **{f"geomean_{k}_over_eager": round(geomean(v.values()), 3) for k, v in over.items()},
+                 "geomean_fused_over_unfused": round(geomean([r["fused_over_unfused"] for r in sel]), 3),
+                 "worst_fused_over_unfused": min((r["fused_over_unfused"], r["model"]) for r in sel)}
+        if (dtype, batch) == ("float32", 1):
+            entry["nimble_targets"] = {m: {"target": t, "default": round(over["default"][m], 2),
+                                           "met": over["default"][m] >= t}
+                                       for m, t in NIMBLE_V100.items() if m in over["default"]}
+        out[f"{dtype}_b{batch}"] = entry
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("runs", nargs="+")
@@ -166,6 +208,8 @@ def main() -> int:
                    help="runs with a torch.compile column, merged row by row into the torch.compile comparison")
     p.add_argument("--layouts", nargs="*", default=[], metavar="RUN",
                    help="runs with a gpuloom_cl column, merged row by row into the channels-last comparison")
+    p.add_argument("--defaults", nargs="*", default=[], metavar="RUN",
+                   help="runs with gpuloom_cl_auto and gpuloom_cl_auto_fused columns: compile's default, fused and not")
     args = p.parse_args()
     merged: dict[tuple[str, str], dict] = {}
     meta = None
@@ -184,8 +228,12 @@ def main() -> int:
     layouts = layout_rows(args.layouts)
     if layouts:
         summary["channels_last"] = layout_summary(layouts)
+    defaults = default_rows(args.defaults)
+    if defaults:
+        summary["compile_default"] = default_summary(defaults)
     out = {**meta, "runs": sorted({r["run"] for r in results}), "results": results, "summary": summary,
-           **({"torch_compile": tc} if tc else {}), **({"channels_last": layouts} if layouts else {})}
+           **({"torch_compile": tc} if tc else {}), **({"channels_last": layouts} if layouts else {}),
+           **({"compile_default": defaults} if defaults else {})}
     Path(args.out).write_text(json.dumps(out, indent=1))
 
     print("| model | dtype | batch | eager | cuda graph | gpuloom 1 stream | gpuloom multi | gpuloom auto "
@@ -213,7 +261,7 @@ def main() -> int:
     if tc:
         print()
         print("| model | dtype | batch | eager | gpuloom auto | torch.compile | winner | gpuloom default "
-              "(channels_last=\"auto\") | winner vs default | run |")
+              "(channels_last=\"auto\", fused where timed) | winner vs default | run |")
         print("|" + "---|" * 10)
 
         def win(w, ratio):
@@ -221,7 +269,7 @@ def main() -> int:
 
         for r in tc:
             eager = f"{r['eager_ms']:.3f}" if r["eager_ms"] else "-"
-            default = f"{r['gpuloom_cl_auto_ms']:.3f}" if r.get("gpuloom_cl_auto_ms") else "-"
+            default = f"{r['default_ms']:.3f}" if r.get("default_ms") else "-"
             print(f"| {r['model']} | {r['dtype'].replace('float', 'fp')} | {r['batch']} | {eager} "
                   f"| {r['gpuloom_auto_ms']:.3f} | {r['torch_compile_ms']:.3f} | {win(r['winner'], r['ratio'])} "
                   f"| {default} | {win(r.get('winner_default'), r.get('ratio_default'))} | {r['run']} |")
@@ -235,6 +283,16 @@ def main() -> int:
             print(f"| {r['model']} | {r['dtype'].replace('float', 'fp')} | {r['batch']} | {r['eager_ms']:.3f} "
                   f"| {r['gpuloom_auto_ms']:.3f} | {r['gpuloom_cl_ms']:.3f} | {r['cl_over_auto']:.2f}x | {cl_auto} "
                   f"| {r['run']} |")
+    if defaults:
+        print()
+        print("| model | dtype | batch | eager | gpuloom auto (NCHW) | default unfused | **default** (fused) "
+              "| fused vs unfused | default vs eager | kept | run |")
+        print("|" + "---|" * 11)
+        for r in defaults:
+            print(f"| {r['model']} | {r['dtype'].replace('float', 'fp')} | {r['batch']} | {r['eager_ms']:.3f} "
+                  f"| {r['gpuloom_auto_ms']:.3f} | {r['gpuloom_cl_auto_ms']:.3f} | **{r['gpuloom_cl_auto_fused_ms']:.3f}** "
+                  f"| {r['fused_over_unfused']:.2f}x | {r['eager_ms'] / r['gpuloom_cl_auto_fused_ms']:.2f}x "
+                  f"| {r['kept'] or '-'} | {r['run']} |")
     print()
     print(json.dumps(summary, indent=1))
     return 0

@@ -186,3 +186,32 @@ def test_a_row_without_the_cuda_graph_variant_counts_over_eager_and_is_named_apa
     assert b1["without_cuda_graph"] == ["nasnetalarge"]
     alone = merge.main_summary([rec("nasnetalarge", 16.0)])["float16_b1"]
     assert alone["geomean_multi_over_cuda_graph_branchy"] is None and alone["auto_over_cuda_graph_worst"] is None
+
+
+def test_defaults_rows_compare_the_fused_default_with_the_unfused_one_and_torch_compile_judges_the_newer(tmp_path):
+    """``--defaults``: rows that timed compile's default fused (since the thirty-fourth session) and
+    unfused; the geomeans over eager, fused over unfused with its worst row, the Nimble targets. The
+    torch.compile verdict "vs default" takes the fused variant where a run timed it."""
+    import json
+    import math
+
+    merge = load_script("merge_engine_results")
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"results": [
+        {"model": m, "dtype": "float32", "auto_choice_cl_auto_fused": {"1": kept},
+         "rows": [{"batch": 1, "eager_ms": e, "gpuloom_auto_ms": a, "gpuloom_cl_auto_ms": u,
+                   "gpuloom_cl_auto_fused_ms": f, "torch_compile_ms": 0.6}]}
+        for m, e, a, u, f, kept in [("resnet50", 4.0, 1.0, 0.8, 0.5, "multi_cl"),
+                                    ("googlenet", 4.0, 0.5, 0.5, 0.52, "multi")]]}))
+    rows = merge.default_rows([str(path)])
+    by = {r["model"]: r for r in rows}
+    assert by["resnet50"]["kept"] == "multi_cl" and by["resnet50"]["fused_over_unfused"] == 1.6
+    s = merge.default_summary(rows)["float32_b1"]
+    assert s["models"] == 2 and s["worst_fused_over_unfused"] == (0.962, "googlenet")
+    assert math.isclose(s["geomean_default_over_eager"], math.sqrt(8.0 * 4.0 / 0.52), rel_tol=1e-3)
+    assert math.isclose(s["geomean_cl_auto_over_eager"], math.sqrt(5.0 * 8.0), rel_tol=1e-3)
+    assert s["nimble_targets"] == {"resnet50": {"target": 4.3, "default": 8.0, "met": True}}
+    tc = {r["model"]: r for r in merge.torch_compile_rows([str(path)])}
+    assert tc["resnet50"]["default_variant"] == "gpuloom_cl_auto_fused" and tc["resnet50"]["default_ms"] == 0.5
+    assert tc["resnet50"]["winner_default"] == "gpuloom" and tc["googlenet"]["winner_default"] == "gpuloom"
+    assert tc["resnet50"]["winner"] == "torch_compile"  # against NCHW-only auto, 1.0 ms

@@ -508,3 +508,31 @@ def test_fusing_only_the_channels_last_variant_leaves_the_first_graph_unfused_an
     # the channels_last="auto" candidate is copied after reinplace, whose in-place ops it cannot fuse
     with pytest.raises(ValueError, match="reinplace=True fuses nothing"):
         gpuloom.compile(model, x, max_batch=2, fuse_convolutions="channels_last", reinplace=True)
+
+
+def test_compile_fuses_the_channels_last_graph_by_default_and_quietly_not_where_it_cannot():
+    """The default since the thirty-fourth session (engine runs 102-104: the fused channels-last
+    graph 1.12x the unfused one over ten models, float32 batch 1): None means "channels_last", except
+    with reinplace=True and channels_last="auto", where it would fuse nothing; there a default gets
+    False while the explicit request is refused (the test above). Explicit values pass through."""
+    import inspect
+
+    from gpuloom.engine.compiled import resolve_fuse_convolutions
+
+    assert inspect.signature(gpuloom.compile).parameters["fuse_convolutions"].default is None
+    for channels_last in ("auto", True, False):
+        assert resolve_fuse_convolutions(None, reinplace=False, channels_last=channels_last) == "channels_last"
+        for given in (False, True, "channels_last"):
+            assert resolve_fuse_convolutions(given, reinplace=False, channels_last=channels_last) is given
+    assert resolve_fuse_convolutions(None, reinplace=True, channels_last="auto") is False
+    assert resolve_fuse_convolutions(None, reinplace=True, channels_last=True) == "channels_last"
+    with pytest.raises(ValueError, match="must be False, True or 'channels_last'"):
+        resolve_fuse_convolutions(0, reinplace=False, channels_last="auto")
+    # on the CPU the default is a no-op (no channels-last candidate, no fused kernels) and reinplace
+    # with it compiles, where the explicit "channels_last" is refused
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU()).eval()
+    x = torch.randn(2, 3, 8, 8)
+    for cm in (gpuloom.compile(model, x, max_batch=2),
+               gpuloom.compile(model, x, max_batch=2, reinplace=True, channels_last="auto")):
+        assert cm.graph.fused_convolutions == 0 and cm.graph_cl is None
+        torch.testing.assert_close(cm(x), model(x), rtol=1e-5, atol=1e-5)

@@ -103,9 +103,10 @@ def test_channels_last_auto_keeps_a_layout_per_bucket_and_every_candidate_equals
                                          ("transformer_encoder", torch.float32), ("two_inputs", torch.float32)])
 def test_the_default_compile_times_both_layouts_and_equals_eager_on_gpu(name, dtype):
     """compile's default since the twenty-first session (channels_last=None: "auto" with
-    streams="auto") on what run 64 did not cover: float16, a dense net, a model without
-    convolutions and one with two inputs and a tuple output. It keeps one of the five candidates per
-    bucket; the user path equals eager."""
+    streams="auto"), with the channels-last candidate fused since the thirty-fourth
+    (fuse_convolutions=None: "channels_last"), on what run 64 did not cover: float16, a dense net, a
+    model without convolutions and one with two inputs and a tuple output. It keeps one of the five
+    candidates per bucket; the user path equals eager."""
     model, shapes, _ = zoo(64)[name]
     model = model.eval().cuda().to(dtype)
     mk = lambda b: tuple(torch.randn(b, *s, device="cuda", dtype=dtype) for s in shapes)
@@ -113,6 +114,9 @@ def test_the_default_compile_times_both_layouts_and_equals_eager_on_gpu(name, dt
     assert set(cm.stream_choice.values()) <= {"single", "multi", "forward", "single_cl", "multi_cl"}
     has_conv = any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
     assert cm.channels_last in (("auto", False) if has_conv else (False,))  # no NHWC DAG without a conv
+    assert cm.graph.fused_convolutions == 0  # the NCHW graph stays unfused (fusing lost on mobilenet_v2)
+    if cm.graph_cl is not None:  # kept by a bucket: both nets have convolutions + BatchNorm + ReLU
+        assert cm.graph_cl.fused_convolutions > 0
     for batch in (1, 3, 8):
         xs = mk(batch)
         with torch.no_grad():

@@ -358,6 +358,19 @@ def resolve_channels_last(channels_last: bool | str | None, streams: str | int) 
     return channels_last
 
 
+def resolve_fuse_convolutions(fuse: bool | str | None, *, reinplace: bool, channels_last: bool | str) -> bool | str:
+    """compile's ``fuse_convolutions`` as given, or for None (the default since the thirty-fourth
+    session) "channels_last": the NHWC graph fused, where engine runs 100-104 measured it 1.0-1.74x
+    faster than unfused NHWC (and never slower beyond noise), the NCHW graph left as it was, where
+    fusing lost on mobilenet_v2. The one combination where that would fuse nothing, ``reinplace``
+    with the ``"auto"`` candidate, gets False instead of the error an explicit request gets."""
+    if fuse is None:
+        return False if reinplace and channels_last == "auto" else "channels_last"
+    if not (isinstance(fuse, bool) or fuse == "channels_last"):
+        raise ValueError(f"fuse_convolutions must be False, True or 'channels_last', got {fuse!r}")
+    return fuse
+
+
 def compile(
     model: torch.nn.Module,
     example_inputs: torch.Tensor | Sequence[torch.Tensor],
@@ -370,7 +383,7 @@ def compile(
     fold_batchnorm: bool = True,
     reinplace: bool = False,
     channels_last: bool | str | None = None,
-    fuse_convolutions: bool | str = False,
+    fuse_convolutions: bool | str | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> CompiledModel:
     """Compile ``model`` ahead of time into multi-stream CUDA graphs, one per batch bucket.
@@ -407,13 +420,15 @@ def compile(
         fuse_convolutions: run each 2-D convolution (one group, with a bias: every one a BatchNorm
             was folded into) that only feeds a ReLU, a ReLU6, or a residual add and a ReLU as cuDNN's
             fused convolution + bias (+ add) + ReLU, where PyTorch's cuDNN path adds the bias with a
-            kernel of its own (CUDA only; off by default). ``"channels_last"``: only in the
-            channels-last graph (``channels_last=True``, or the candidate ``channels_last="auto"``
-            times beside the NCHW graph, which stays unfused); a no-op on the CPU. On the H200
-            (engine runs 94, 100-101) fusing made the channels-last graphs 1.27-1.74x faster
-            (resnet50, googlenet in float32; resnet50, inception_v3 in float16; batches 1 and 8)
-            and the NCHW ones 0.90-1.12x (mobilenet_v2 slower by its ReLU6 convolutions, googlenet
-            float16 at batch 1 by 2%). Not with ``reinplace=True`` and ``channels_last="auto"``.
+            kernel of its own (CUDA only). ``"channels_last"``: only in the channels-last graph
+            (``channels_last=True``, or the candidate ``channels_last="auto"`` times beside the NCHW
+            graph, which stays unfused); a no-op on the CPU and with ``channels_last=False``. ``True``:
+            every graph (CUDA only). Default (None): ``"channels_last"``, or False with ``reinplace=True``
+            and ``channels_last="auto"`` (whose candidate it could not fuse). On the H200 (engine runs
+            94, 100-104) fusing made the channels-last graphs up to 1.74x faster (resnet50 float16,
+            batch 8; 1.12x geomean over ten models in float32 at batch 1, never more than noise slower)
+            and the NCHW ones 0.90-1.12x (mobilenet_v2 slower by its ReLU6 convolutions). Not
+            ``"channels_last"`` with ``reinplace=True`` and ``channels_last="auto"``.
         progress: called with a short message at each compile stage.
 
     Raises:
@@ -448,8 +463,7 @@ def compile(
     for x in example_inputs:
         if x.device.type != dev.type:
             raise ValueError(f"example inputs must be on {dev}, found one on {x.device}")
-    if not (isinstance(fuse_convolutions, bool) or fuse_convolutions == "channels_last"):
-        raise ValueError(f"fuse_convolutions must be False, True or 'channels_last', got {fuse_convolutions!r}")
+    fuse_convolutions = resolve_fuse_convolutions(fuse_convolutions, reinplace=reinplace, channels_last=channels_last)
     if fuse_convolutions == "channels_last" and reinplace and channels_last == "auto":
         # the channels-last candidate is copied from the first graph after reinplace, whose in-place
         # ReLUs and adds the fusion does not match: it would fuse nothing

@@ -258,7 +258,9 @@ class EngineRunner:
         self.kind = "engine" if channels_last is False else f"engine:channels_last={str(channels_last).lower()}"
         example = spec.make_inputs(1, device)
         self.cm = gpuloom.compile(spec.module, tuple(example), max_batch=self.buckets[-1], streams=streams,
-                                  device=device, buckets=self.buckets, channels_last=channels_last)
+                                  device=device, buckets=self.buckets, channels_last=channels_last,
+                                  fuse_convolutions=False)  # as the service compiles a model by default
+                                  # (ModelConfig.fuse_convolutions), not compile's own default
         from ..engine.compiled import capture_groups
 
         self.choice = {b: ch for ch, bs in capture_groups(self.cm).items() for b in bs}
