@@ -72,18 +72,14 @@ class Lanes:
 
     layout: Layout
     key: tuple  # what makes two builds interchangeable: the layout and the model set
-    memory_bytes: int = 0  # graph memory held by this build (pools + static buffers + graph executables)
-    # of which the driver holds outside torch's allocator: the instantiated graphs (captured and launch
-    # graphs), which torch.cuda.memory_reserved does not see (CUDA builds; 0 elsewhere)
-    driver_bytes: int = 0
+    memory_bytes: int = 0  # graph memory held by this build (pools + static buffers)
     users: int = 0  # the backend's references (current layout, draining batches)
     state: Any = None  # the layer's own data (streams, partitioner, graphs)
     models: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         parts = ", ".join(p.label or repr(p) for p in self.layout.partitions)
-        driver = f", of it {self.driver_bytes / 2**20:.1f} MiB graph executables" if self.driver_bytes else ""
-        return f"Lanes([{parts}], models={list(self.models)}, memory={self.memory_bytes / 2**20:.1f} MiB{driver})"
+        return f"Lanes([{parts}], models={list(self.models)}, memory={self.memory_bytes / 2**20:.1f} MiB)"
 
 
 def layout_key(layout: Layout) -> tuple:
@@ -1297,7 +1293,6 @@ class CudaDeviceLayer(DeviceLayer):
                 lane = _CudaLane(p, _StreamList(lambda: torch.cuda.Stream(dev)), False)
             state["lanes"].append(lane)
         before = torch.cuda.memory_reserved(self.device)
-        free_before = self._free_device_bytes()
         try:
             for lane in state["lanes"]:
                 for m in lanes.models:
@@ -1317,22 +1312,8 @@ class CudaDeviceLayer(DeviceLayer):
             self._free(lanes)
             raise
         torch.cuda.synchronize(self.device)
-        reserved = max(0, torch.cuda.memory_reserved(self.device) - before)
-        free_after = self._free_device_bytes()
-        if free_before is not None and free_after is not None:
-            # the device's free memory also falls by what the driver holds for the graph executables;
-            # another thread's allocations meanwhile count here too, an over-count the budget can take
-            lanes.driver_bytes = max(0, free_before - free_after - reserved)
-        # nothing reserved: the captures reused blocks torch's allocator had cached; count their pools
-        lanes.memory_bytes = (reserved or int(sum(gs.memory_bytes for ln in state["lanes"] for gs in ln.graph_sets()))
-                              ) + lanes.driver_bytes
-
-    def _free_device_bytes(self) -> int | None:
-        """The device's free memory (cudaMemGetInfo), or None where it cannot be read."""
-        try:
-            return int(self._torch.cuda.mem_get_info(self.device)[0])
-        except Exception:  # noqa: BLE001 - an estimate: the build goes on without it
-            return None
+        lanes.memory_bytes = max(0, torch.cuda.memory_reserved(self.device) - before) or int(
+            sum(gs.memory_bytes for ln in state["lanes"] for gs in ln.graph_sets()))
 
     def _stream_groups(self, cm: Any) -> dict[Any, list[int]]:
         """Buckets by the ``streams`` to capture them with (1, "max", "forward", or "single_cl" /
