@@ -54,6 +54,31 @@ def test_a_channels_last_profile_compiles_so_and_says_so_in_its_runner():
         make_runner(spec, (1, 2), runner="graph", device="cpu", channels_last=True)
 
 
+def test_a_fused_profile_compiles_so_says_so_and_is_not_compiles_default(monkeypatch):
+    """A model served with fuse_convolutions needs a profile timed that way, as with channels_last:
+    the engine runner passes the option to gpuloom.compile and names it in the profile's runner.
+    Without it the runner compiles unfused, as the service does by default, though compile's own
+    default fuses the channels-last candidate."""
+    import gpuloom
+    from gpuloom.profile.profiler import EngineRunner, make_runner
+
+    seen = []
+    real = gpuloom.compile
+    monkeypatch.setattr(gpuloom, "compile", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()).eval()
+    spec = ModelSpec("conv", conv, ((3, 8, 8),), (torch.float32,))
+    assert EngineRunner(spec, (1, 2), device="cpu").kind == "engine"
+    runner = EngineRunner(spec, (1, 2), device="cpu", channels_last=True, fuse_convolutions="channels_last")
+    assert runner.kind == "engine:channels_last=true,fuse_convolutions=channels_last"
+    assert EngineRunner(spec, (1,), device="cpu", fuse_convolutions="channels_last").kind == \
+        "engine:fuse_convolutions=channels_last"
+    assert [kw["fuse_convolutions"] for kw in seen] == [False, "channels_last", "channels_last"]
+    with pytest.raises(ValueError, match="need a CUDA device"):  # compile's own refusal reaches the user
+        EngineRunner(spec, (1,), device="cpu", fuse_convolutions=True)
+    with pytest.raises(ValueError, match="fuse_convolutions is gpuloom.compile's option"):
+        make_runner(spec, (1, 2), runner="graph", device="cpu", fuse_convolutions="channels_last")
+
+
 def test_profile_command_rejects_a_bad_batch_list(capsys):
     from gpuloom.cli import main
 

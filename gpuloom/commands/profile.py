@@ -43,6 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--channels-last", choices=("false", "true", "auto"), default="false",
                    help="compile as a served model with this channels_last would be (repository key "
                         "channels_last): true runs convolutions NHWC, auto times both layouts per bucket")
+    p.add_argument("--fuse-convolutions", choices=("false", "true", "channels_last"), default="false",
+                   help="compile as a served model with this fuse_convolutions would be (repository key "
+                        "fuse_convolutions): channels_last fuses the NHWC graph's convolutions with their bias "
+                        "and ReLU, true every graph's")
     p.add_argument("--out", default="out/profiles", help="directory for <model>.json and <model>.png")
     p.add_argument("--store", default=None, help="also put the profiles into this ProfileStore directory")
     p.add_argument("--no-png", action="store_true", help="skip the plots")
@@ -69,7 +73,9 @@ def run(args: argparse.Namespace) -> int:
         spec = load_model(name, device=f"cuda:{args.device}", input_shape=args.input_shape)
         prof_run = profile_model(spec, batches=args.batch, sms=args.sms, runner=args.runner, device=args.device,
                                  eps=args.eps, log=console.print,
-                                 channels_last={"false": False, "true": True}.get(args.channels_last, "auto"))
+                                 channels_last={"false": False, "true": True}.get(args.channels_last, "auto"),
+                                 fuse_convolutions={"false": False, "true": True}.get(args.fuse_convolutions,
+                                                                                     "channels_last"))
         paths = write_outputs(prof_run, args.out, eps=args.eps, png=not args.no_png)
         if store is not None:
             store.put(prof_run.profile)

@@ -250,17 +250,21 @@ class EngineRunner:
     kind = "engine"
 
     def __init__(self, spec: ModelSpec, buckets: Sequence[int], device: str | torch.device = "cuda",
-                 streams: str | int = "auto", channels_last: bool | str = False) -> None:
+                 streams: str | int = "auto", channels_last: bool | str = False,
+                 fuse_convolutions: bool | str = False) -> None:
         import gpuloom
 
         self.spec, self.buckets = spec, tuple(sorted(buckets))
-        # the profile says what was timed: a model served with channels_last needs a profile made so
-        self.kind = "engine" if channels_last is False else f"engine:channels_last={str(channels_last).lower()}"
+        # the profile says what was timed: a model served with channels_last or fused convolutions
+        # needs a profile made so. Both default to what the service compiles a model with by default
+        # (ModelConfig), not to gpuloom.compile's own defaults
+        options = [f"{k}={str(v).lower()}" for k, v in (("channels_last", channels_last),
+                                                         ("fuse_convolutions", fuse_convolutions)) if v is not False]
+        self.kind = "engine" + (":" + ",".join(options) if options else "")
         example = spec.make_inputs(1, device)
         self.cm = gpuloom.compile(spec.module, tuple(example), max_batch=self.buckets[-1], streams=streams,
                                   device=device, buckets=self.buckets, channels_last=channels_last,
-                                  fuse_convolutions=False)  # as the service compiles a model by default
-                                  # (ModelConfig.fuse_convolutions), not compile's own default
+                                  fuse_convolutions=fuse_convolutions)
         from ..engine.compiled import capture_groups
 
         self.choice = {b: ch for ch, bs in capture_groups(self.cm).items() for b in bs}
@@ -288,16 +292,19 @@ class EngineRunner:
 
 
 def make_runner(spec: ModelSpec, buckets: Sequence[int], *, runner: str = "auto", device: str = "cuda",
-                log: Callable[[str], None] = print, channels_last: bool | str = False) -> Runner:
+                log: Callable[[str], None] = print, channels_last: bool | str = False,
+                fuse_convolutions: bool | str = False) -> Runner:
     """``runner="engine"``, ``"graph"`` or ``"auto"`` (the engine, falling back to a plain graph).
-    ``channels_last``: the engine's option (``gpuloom.compile``); a plain graph keeps the model's layout."""
+    ``channels_last``, ``fuse_convolutions``: the engine's options (``gpuloom.compile``), as a served
+    model's config sets them; a plain graph runs the model as written."""
     if runner not in ("auto", "engine", "graph"):
         raise ValueError(f"runner: expected 'auto', 'engine' or 'graph', got {runner!r}")
-    if channels_last is not False and runner == "graph":
-        raise ValueError("channels_last is gpuloom.compile's option: it needs runner 'engine' or 'auto'")
+    for option, value in (("channels_last", channels_last), ("fuse_convolutions", fuse_convolutions)):
+        if value is not False and runner == "graph":
+            raise ValueError(f"{option} is gpuloom.compile's option: it needs runner 'engine' or 'auto'")
     if runner in ("auto", "engine"):
         try:
-            return EngineRunner(spec, buckets, device, channels_last=channels_last)
+            return EngineRunner(spec, buckets, device, channels_last=channels_last, fuse_convolutions=fuse_convolutions)
         except Exception as e:  # noqa: BLE001 - the fallback is documented; say why it was taken
             if runner == "engine":
                 raise
@@ -367,7 +374,7 @@ def profile_model(spec: ModelSpec, *, batches: Sequence[int] = DEFAULT_BATCHES, 
                   runner: str | Runner = "auto", device: int = 0, eps: float = 0.1, progress: bool = True,
                   predict: bool = True, knee_method: str = DEFAULT_VARIANT, warmup: int = 2, min_reps: int = 5,
                   max_reps: int = 40, target_ms: float = 40.0, log: Callable[[str], None] = print,
-                  channels_last: bool | str = False) -> ProfileRun:
+                  channels_last: bool | str = False, fuse_convolutions: bool | str = False) -> ProfileRun:
     """Measure ``spec``'s latency on every (batch, SM count) of the grid, inside real partitions.
 
     ``sms`` defaults to the device's grid (granularity steps up to the whole device). Returns a
@@ -384,7 +391,7 @@ def profile_model(spec: ModelSpec, *, batches: Sequence[int] = DEFAULT_BATCHES, 
     t0 = time.perf_counter()
     if isinstance(runner, str):
         run_obj = make_runner(spec, batches, runner=runner, device=f"cuda:{device}", log=log,
-                              channels_last=channels_last)
+                              channels_last=channels_last, fuse_convolutions=fuse_convolutions)
     else:
         run_obj = runner
     setup = time.perf_counter() - t0
