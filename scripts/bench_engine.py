@@ -110,9 +110,14 @@ def graphset_call(gs, bucket):
     return call
 
 
-def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float | None:
+    """||got - want|| / ||want||; None where eager's output cannot be the reference: not finite (float16
+    overflow: inception_v3 at random weights) or all zero (vanished). Those rows read 0.0 before the
+    thirty-fourth session, which looked like a perfect match."""
     got, want = got.double(), want.double()
-    return float((got - want).norm() / want.norm().clamp_min(1e-30))
+    if not bool(torch.isfinite(want).all()) or not bool((want != 0).any()):
+        return None
+    return float((got - want).norm() / want.norm())
 
 
 def bench_model(name: str, dtype: torch.dtype, batches: list[int], args) -> dict:

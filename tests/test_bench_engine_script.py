@@ -215,3 +215,16 @@ def test_defaults_rows_compare_the_fused_default_with_the_unfused_one_and_torch_
     assert tc["resnet50"]["default_variant"] == "gpuloom_cl_auto_fused" and tc["resnet50"]["default_ms"] == 0.5
     assert tc["resnet50"]["winner_default"] == "gpuloom" and tc["googlenet"]["winner_default"] == "gpuloom"
     assert tc["resnet50"]["winner"] == "torch_compile"  # against NCHW-only auto, 1.0 ms
+
+
+def test_rel_err_refuses_a_reference_that_overflowed_or_vanished():
+    """A float16 eager output that overflowed (inf / NaN) or vanished (all zero) is no reference: the
+    row says None rather than 0.0, which read as a perfect match in runs 100-104."""
+    import torch
+
+    bench = load_script("bench_engine")
+    want = torch.tensor([3.0, 4.0])
+    assert bench.rel_err(torch.tensor([3.0, 4.0]), want) == 0.0
+    assert abs(bench.rel_err(torch.tensor([3.0, 4.5]), want) - 0.1) < 1e-12
+    for bad in (torch.tensor([float("inf"), 1.0]), torch.tensor([float("nan"), 1.0]), torch.zeros(2)):
+        assert bench.rel_err(torch.zeros(2), bad) is None and bench.rel_err(want, bad) is None
