@@ -200,6 +200,14 @@ def default_summary(rows: list[dict]) -> dict:
     return out
 
 
+def table(header: list[str], rows: list[list]) -> None:
+    """Print a markdown table."""
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for row in rows:
+        print("| " + " | ".join(str(c) for c in row) + " |")
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("runs", nargs="+")
@@ -236,63 +244,54 @@ def main() -> int:
            **({"compile_default": defaults} if defaults else {})}
     Path(args.out).write_text(json.dumps(out, indent=1))
 
-    print("| model | dtype | batch | eager | cuda graph | gpuloom 1 stream | gpuloom multi | gpuloom auto "
-          "| auto vs eager | multi vs graph | streams / syncs | critical path | multi / crit. | compile s | graph MiB |")
-    print("|" + "---|" * 15)
-    for r in results:
-        for row in r["rows"]:
-            cp = row.get("critical_path_ms")
-            graph = f"{row['cuda_graph_ms']:.3f}" if "cuda_graph_ms" in row else "-"
-            over = f"{row['multi_over_single_graph']:.2f}x" if "multi_over_single_graph" in row else "-"
-            crit = f"{cp:.3f} | {row['multi_over_critical_path']:.2f}" if cp else "- | -"
-            print(f"| {r['model']} | {r['dtype'].replace('float', 'fp')} | {row['batch']} | {row['eager_ms']:.3f} "
-                  f"| {graph} | {row['gpuloom_single_ms']:.3f} | {row['gpuloom_multi_ms']:.3f} "
-                  f"| {row['gpuloom_auto_ms']:.3f} | {row['speedup_gpuloom_auto']:.2f}x "
-                  f"| {over} | {r['streams']} / {r['syncs']} | {crit} | {r['compile_s']:.1f} "
-                  f"| {r['graph_memory_mib']:.0f} |")
+    fp = lambda dtype: dtype.replace("float", "fp")  # noqa: E731
+    table(["model", "dtype", "batch", "eager", "cuda graph", "gpuloom 1 stream", "gpuloom multi", "gpuloom auto",
+           "auto vs eager", "multi vs graph", "streams / syncs", "critical path", "multi / crit.", "compile s",
+           "graph MiB"],
+          [[r["model"], fp(r["dtype"]), row["batch"], f"{row['eager_ms']:.3f}",
+            f"{row['cuda_graph_ms']:.3f}" if "cuda_graph_ms" in row else "-",
+            f"{row['gpuloom_single_ms']:.3f}", f"{row['gpuloom_multi_ms']:.3f}", f"{row['gpuloom_auto_ms']:.3f}",
+            f"{row['speedup_gpuloom_auto']:.2f}x",
+            f"{row['multi_over_single_graph']:.2f}x" if "multi_over_single_graph" in row else "-",
+            f"{r['streams']} / {r['syncs']}",
+            *((f"{row['critical_path_ms']:.3f}", f"{row['multi_over_critical_path']:.2f}")
+              if row.get("critical_path_ms") else ("-", "-")),
+            f"{r['compile_s']:.1f}", f"{r['graph_memory_mib']:.0f}"]
+           for r in results for row in r["rows"]])
     print()
-    print("| model (fp32, batch 1) | Nimble V100 target | gpuloom auto vs eager, H200 |")
-    print("|---|---|---|")
+    nimble = []
     for r in results:
         if r["dtype"] == "float32" and r["model"] in NIMBLE_V100:
             row = next(row for row in r["rows"] if row["batch"] == 1)
             ok = "met" if row["speedup_gpuloom_auto"] >= NIMBLE_V100[r["model"]] else "missed"
-            print(f"| {r['model']} | {NIMBLE_V100[r['model']]}x | {row['speedup_gpuloom_auto']:.2f}x ({ok}) |")
+            nimble.append([r["model"], f"{NIMBLE_V100[r['model']]}x", f"{row['speedup_gpuloom_auto']:.2f}x ({ok})"])
+    table(["model (fp32, batch 1)", "Nimble V100 target", "gpuloom auto vs eager, H200"], nimble)
     if tc:
-        print()
-        print("| model | dtype | batch | eager | gpuloom auto | torch.compile | winner | gpuloom default "
-              "(channels_last=\"auto\", fused where timed) | winner vs default | run |")
-        print("|" + "---|" * 10)
-
         def win(w, ratio):
             return "-" if w is None else "tie" if w == "tie" else f"{w.replace('_', '.')} {ratio:.2f}x"
 
-        for r in tc:
-            eager = f"{r['eager_ms']:.3f}" if r["eager_ms"] else "-"
-            default = f"{r['default_ms']:.3f}" if r.get("default_ms") else "-"
-            print(f"| {r['model']} | {r['dtype'].replace('float', 'fp')} | {r['batch']} | {eager} "
-                  f"| {r['gpuloom_auto_ms']:.3f} | {r['torch_compile_ms']:.3f} | {win(r['winner'], r['ratio'])} "
-                  f"| {default} | {win(r.get('winner_default'), r.get('ratio_default'))} | {r['run']} |")
+        print()
+        table(["model", "dtype", "batch", "eager", "gpuloom auto", "torch.compile", "winner",
+               'gpuloom default (channels_last="auto", fused where timed)', "winner vs default", "run"],
+              [[r["model"], fp(r["dtype"]), r["batch"], f"{r['eager_ms']:.3f}" if r["eager_ms"] else "-",
+                f"{r['gpuloom_auto_ms']:.3f}", f"{r['torch_compile_ms']:.3f}", win(r["winner"], r["ratio"]),
+                f"{r['default_ms']:.3f}" if r.get("default_ms") else "-",
+                win(r.get("winner_default"), r.get("ratio_default")), r["run"]] for r in tc])
     if layouts:
         print()
-        print("| model | dtype | batch | eager | gpuloom auto | channels-last | channels-last vs auto "
-              "| channels_last=\"auto\" | run |")
-        print("|" + "---|" * 9)
-        for r in layouts:
-            cl_auto = f"{r['gpuloom_cl_auto_ms']:.3f}" if r["gpuloom_cl_auto_ms"] else "-"
-            print(f"| {r['model']} | {r['dtype'].replace('float', 'fp')} | {r['batch']} | {r['eager_ms']:.3f} "
-                  f"| {r['gpuloom_auto_ms']:.3f} | {r['gpuloom_cl_ms']:.3f} | {r['cl_over_auto']:.2f}x | {cl_auto} "
-                  f"| {r['run']} |")
+        table(["model", "dtype", "batch", "eager", "gpuloom auto", "channels-last", "channels-last vs auto",
+               'channels_last="auto"', "run"],
+              [[r["model"], fp(r["dtype"]), r["batch"], f"{r['eager_ms']:.3f}", f"{r['gpuloom_auto_ms']:.3f}",
+                f"{r['gpuloom_cl_ms']:.3f}", f"{r['cl_over_auto']:.2f}x",
+                f"{r['gpuloom_cl_auto_ms']:.3f}" if r["gpuloom_cl_auto_ms"] else "-", r["run"]] for r in layouts])
     if defaults:
         print()
-        print("| model | dtype | batch | eager | gpuloom auto (NCHW) | default unfused | **default** (fused) "
-              "| fused vs unfused | default vs eager | kept | run |")
-        print("|" + "---|" * 11)
-        for r in defaults:
-            print(f"| {r['model']} | {r['dtype'].replace('float', 'fp')} | {r['batch']} | {r['eager_ms']:.3f} "
-                  f"| {r['gpuloom_auto_ms']:.3f} | {r['gpuloom_cl_auto_ms']:.3f} | **{r['gpuloom_cl_auto_fused_ms']:.3f}** "
-                  f"| {r['fused_over_unfused']:.2f}x | {r['eager_ms'] / r['gpuloom_cl_auto_fused_ms']:.2f}x "
-                  f"| {r['kept'] or '-'} | {r['run']} |")
+        table(["model", "dtype", "batch", "eager", "gpuloom auto (NCHW)", "default unfused", "**default** (fused)",
+               "fused vs unfused", "default vs eager", "kept", "run"],
+              [[r["model"], fp(r["dtype"]), r["batch"], f"{r['eager_ms']:.3f}", f"{r['gpuloom_auto_ms']:.3f}",
+                f"{r['gpuloom_cl_auto_ms']:.3f}", f"**{r['gpuloom_cl_auto_fused_ms']:.3f}**",
+                f"{r['fused_over_unfused']:.2f}x", f"{r['eager_ms'] / r['gpuloom_cl_auto_fused_ms']:.2f}x",
+                r["kept"] or "-", r["run"]] for r in defaults])
     print()
     print(json.dumps(summary, indent=1))
     return 0
