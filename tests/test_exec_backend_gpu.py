@@ -190,13 +190,16 @@ def test_dispatch_is_cheap_against_device_time(models):
 
 def test_raw_launches_match_eager_and_cost_less_host_time_than_torch_launches(models):
     """gpu/launch.py: the same batches through launch graphs (raw driver calls: the input copies and
-    one graph launch), through raw driver calls one per step, and through torch calls."""
+    one graph launch), through raw driver calls one per step, and through torch calls. Launch graphs
+    and raw calls are timed in A B B A order (each a service of its own): measured graphs first, the
+    test failed 4 times in 5 in the thirty-fourth session's run 106 (0.080-0.089 against 0.071-0.081
+    ms a launch) after passing in runs 98-99, and whatever the first service pays fell on them."""
     from gpuloom.runtime.device import CudaDeviceLayer
 
     rng = np.random.default_rng(3)
     xs = [rng.standard_normal((1 + i % 4, 3, 32, 32)).astype(np.float32) for i in range(60)]
-    per_launch = {}
-    for way in ("graphs", "raw", "torch"):
+    per_launch: dict[str, list[float]] = {"graphs": [], "raw": [], "torch": []}
+    for way in ("graphs", "raw", "raw", "graphs", "torch"):
         raw = way != "torch"
         svc = serve("dstack", models, device_layer=CudaDeviceLayer(raw_launch=raw, launch_graphs=way == "graphs"))
         try:
@@ -226,10 +229,11 @@ def test_raw_launches_match_eager_and_cost_less_host_time_than_torch_launches(mo
             ws = be["wake_split"]
             assert ws["batches"] == cp["batches"], ws
             assert -0.1 < ws["start"] / ws["batches"] < 5.0 and -0.1 < ws["back"] / ws["batches"] < 5.0, ws
-            per_launch[way] = (ph["inputs"] + ph["replay"] + ph["outputs"]) / ph["launches"]
+            per_launch[way].append((ph["inputs"] + ph["replay"] + ph["outputs"]) / ph["launches"])
         finally:
             svc.close()
-    assert per_launch["graphs"] < per_launch["raw"] < per_launch["torch"], per_launch
+    mean = {way: sum(ms) / len(ms) for way, ms in per_launch.items()}
+    assert mean["graphs"] < mean["raw"] < mean["torch"], per_launch
 
 
 @pytest.mark.parametrize("policy", ["dstack", "triton"])
