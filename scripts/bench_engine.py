@@ -111,12 +111,15 @@ def graphset_call(gs, bucket):
 
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float | None:
-    """||got - want|| / ||want||; None where eager's output cannot be the reference: not finite (float16
-    overflow: inception_v3 at random weights) or all zero (vanished). Those rows read 0.0 before the
-    thirty-fourth session, which looked like a perfect match."""
+    """||got - want|| / ||want||, where eager's output ``want`` can be the reference. None where it
+    checks nothing: not finite (float16 overflow; the error read NaN before the thirty-fourth session),
+    or all zero with ``got`` all zero too (float16 underflow; it read 0.0, a perfect match in looks).
+    An all-zero ``want`` beside a nonzero ``got`` is a mismatch: inf."""
     got, want = got.double(), want.double()
-    if not bool(torch.isfinite(want).all()) or not bool((want != 0).any()):
+    if not bool(torch.isfinite(want).all()):
         return None
+    if not bool((want != 0).any()):
+        return None if not bool((got != 0).any()) else float("inf")
     return float((got - want).norm() / want.norm())
 
 
@@ -133,7 +136,7 @@ def bench_model(name: str, dtype: torch.dtype, batches: list[int], args) -> dict
         is the gpuloom_cl_auto_fused variant (gpuloom_cl_auto, the default of sessions 21-33, stays
         unfused)."""
         return gpuloom.compile(model, (examples[batches[0]],), max_batch=max(batches), buckets=batches,
-                               streams="auto", **{"channels_last": False, "fuse_convolutions": False, **option})
+                               streams="auto", **compile_options(option))
 
     t0 = time.perf_counter()
     cm = compiled_with()
@@ -206,13 +209,20 @@ def bench_model(name: str, dtype: torch.dtype, batches: list[int], args) -> dict
 EXPERIMENTS = {
     "gpuloom_reinplace": {"reinplace": True},  # in-place ReLU/add on single-reader inputs
     "gpuloom_cl": {"channels_last": True},  # convolution weights NHWC (torch.compile's layout)
-    "gpuloom_cl_auto": {"channels_last": "auto"},  # both layouts timed, the faster kept per bucket: compile's
-    # default in sessions 21-33 (gpuloom_auto stays in the model's own layout, as it always ran); unfused
-    # compile's default since the thirty-fourth session: gpuloom_cl_auto with the channels-last candidate's
-    # convolutions fused with their bias and ReLU (engine runs 100-104: up to 1.74x faster channels-last
-    # graphs); CUDA only
+    # both layouts timed, the faster kept per bucket, unfused: compile's default in sessions 21-33
+    # (gpuloom_auto stays in the model's own layout, as it always ran)
+    "gpuloom_cl_auto": {"channels_last": "auto"},
+    # compile's default since the thirty-fourth session: gpuloom_cl_auto with the channels-last
+    # candidate's convolutions fused with their bias and ReLU (engine runs 100-104); CUDA only
     "gpuloom_cl_auto_fused": {"channels_last": "auto", "fuse_convolutions": "channels_last"},
 }
+
+
+def compile_options(option: dict) -> dict:
+    """gpuloom.compile's layout and fusion options for a variant: the model's own layout, unfused,
+    unless the variant's ``option`` (an ``EXPERIMENTS`` entry, or {} for gpuloom auto) says otherwise,
+    so that each column keeps the meaning it had in every earlier run."""
+    return {"channels_last": False, "fuse_convolutions": False, **option}
 
 
 def add_ratios(row: dict) -> None:

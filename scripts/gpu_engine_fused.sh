@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call (session 34): the fusion GPU tests, then cl_auto vs cl_auto_fused on the given models.
-# Usage: OUT=dir MODELS=a,b DTYPES=float32 TAG=run102 bash scripts/gpu_engine_fused.sh [TESTS=0]
+# Usage: OUT=dir MODELS=a,b DTYPES=float32 TAG=run102 [TESTS=0] [TEST_FILTER=...] [VARIANTS=...] bash scripts/gpu_engine_fused.sh
+# (every setting is read from the environment)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=. CUDA_DEVICE_MAX_CONNECTIONS=32
 OUT=${OUT:-out}; mkdir -p "$OUT"

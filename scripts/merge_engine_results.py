@@ -120,9 +120,14 @@ def torch_compile_summary(tc: list[dict], results: list[dict]) -> dict:
         "wins": {w: sum(r["winner"] == w for r in tc) for w in ("gpuloom", "torch_compile", "tie")},
         "geomean_torch_compile_over_gpuloom_auto": round(geomean(
             [r["torch_compile_ms"] / r["gpuloom_auto_ms"] for r in tc]), 3),
-        # against compile's default (channels_last="auto"), on the rows whose run timed it
+        # against compile's default, on the rows whose run timed it, counted per variant: the unfused
+        # default of sessions 21-33 (gpuloom_cl_auto) and the fused one since (gpuloom_cl_auto_fused)
         "default_rows": sum(r["winner_default"] is not None for r in tc),
         "default_wins": {w: sum(r["winner_default"] == w for r in tc) for w in ("gpuloom", "torch_compile", "tie")},
+        "default_wins_by_variant": {
+            v: {w: sum(r["winner_default"] == w for r in tc if r.get("default_variant") == v)
+                for w in ("gpuloom", "torch_compile", "tie")}
+            for v in sorted({r["default_variant"] for r in tc if r.get("default_variant")})},
         "missing": [f"{m} {d} b{b}" for m, d, b in every if (m, d, b) not in have],
     }
 

@@ -215,6 +215,8 @@ def test_defaults_rows_compare_the_fused_default_with_the_unfused_one_and_torch_
     assert tc["resnet50"]["default_variant"] == "gpuloom_cl_auto_fused" and tc["resnet50"]["default_ms"] == 0.5
     assert tc["resnet50"]["winner_default"] == "gpuloom" and tc["googlenet"]["winner_default"] == "gpuloom"
     assert tc["resnet50"]["winner"] == "torch_compile"  # against NCHW-only auto, 1.0 ms
+    summary = merge.torch_compile_summary(list(tc.values()), [])
+    assert summary["default_wins_by_variant"] == {"gpuloom_cl_auto_fused": {"gpuloom": 2, "torch_compile": 0, "tie": 0}}
 
 
 def test_rel_err_refuses_a_reference_that_overflowed_or_vanished():
@@ -226,5 +228,24 @@ def test_rel_err_refuses_a_reference_that_overflowed_or_vanished():
     want = torch.tensor([3.0, 4.0])
     assert bench.rel_err(torch.tensor([3.0, 4.0]), want) == 0.0
     assert abs(bench.rel_err(torch.tensor([3.0, 4.5]), want) - 0.1) < 1e-12
-    for bad in (torch.tensor([float("inf"), 1.0]), torch.tensor([float("nan"), 1.0]), torch.zeros(2)):
+    for bad in (torch.tensor([float("inf"), 1.0]), torch.tensor([float("nan"), 1.0])):
         assert bench.rel_err(torch.zeros(2), bad) is None and bench.rel_err(want, bad) is None
+    assert bench.rel_err(torch.zeros(2), torch.zeros(2)) is None  # both vanished: nothing checked
+    assert bench.rel_err(want, torch.zeros(2)) == float("inf")  # eager vanished, the graph did not
+
+
+def test_only_the_fused_variant_compiles_fused_and_every_other_column_keeps_its_meaning():
+    """compile's default fuses the channels-last candidate since the thirty-fourth session; the
+    bench's gpuloom, gpuloom_cl, gpuloom_cl_auto and gpuloom_reinplace columns must stay what earlier
+    runs timed (unfused, gpuloom's in the model's own layout), and gpuloom_cl_auto_fused is the default."""
+    import inspect
+
+    import gpuloom
+
+    bench = load_script("bench_engine")
+    resolved = {k: bench.compile_options(o) for k, o in {"gpuloom": {}, **bench.EXPERIMENTS}.items()}
+    assert {k for k, o in resolved.items() if o["fuse_convolutions"] is not False} == {"gpuloom_cl_auto_fused"}
+    assert resolved["gpuloom"] == {"channels_last": False, "fuse_convolutions": False}
+    default = {k: p.default for k, p in inspect.signature(gpuloom.compile).parameters.items()}
+    assert (default["channels_last"], default["fuse_convolutions"]) == (None, None)  # "auto", "channels_last"
+    assert resolved["gpuloom_cl_auto_fused"] == {"channels_last": "auto", "fuse_convolutions": "channels_last"}

@@ -528,6 +528,8 @@ def test_compile_fuses_the_channels_last_graph_by_default_and_quietly_not_where_
     assert resolve_fuse_convolutions(None, reinplace=True, channels_last=True) == "channels_last"
     with pytest.raises(ValueError, match="must be False, True or 'channels_last'"):
         resolve_fuse_convolutions(0, reinplace=False, channels_last="auto")
+    with pytest.raises(ValueError, match="reinplace=True fuses nothing"):  # asked for, not defaulted
+        resolve_fuse_convolutions("channels_last", reinplace=True, channels_last="auto")
     # on the CPU the default is a no-op (no channels-last candidate, no fused kernels) and reinplace
     # with it compiles, where the explicit "channels_last" is refused
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU()).eval()

@@ -117,11 +117,17 @@ def test_the_default_compile_times_both_layouts_and_equals_eager_on_gpu(name, dt
     assert cm.graph.fused_convolutions == 0  # the NCHW graph stays unfused (fusing lost on mobilenet_v2)
     if cm.graph_cl is not None:  # kept by a bucket: both nets have convolutions + BatchNorm + ReLU
         assert cm.graph_cl.fused_convolutions > 0
-    for batch in (1, 3, 8):
+    if has_conv:  # whichever layout won above: the default fuses a channels-last graph
+        forced = gpuloom.compile(model, mk(1), max_batch=8, channels_last=True)
+        assert forced.graph.fused_convolutions > 0 and forced.fused_convolutions == forced.graph.fused_convolutions
+        cms = (cm, forced)
+    else:
+        cms = (cm,)
+    for batch, c in ((b, c) for b in (1, 3, 8) for c in cms):
         xs = mk(batch)
         with torch.no_grad():
             want = _flat(model(*xs))
-            got = _flat(cm(*xs))
+            got = _flat(c(*xs))
         for g, w in zip(got, want):
             assert g.shape == w.shape and g.dtype == w.dtype
             if dtype == torch.float16:  # folded BatchNorm and NHWC change fp16 rounding: compare the whole

@@ -138,7 +138,9 @@ def test_a_models_fuse_convolutions_reaches_gpuloom_compile(monkeypatch):
             svc.load(ModelConfig("fused_cl", spec, max_batch=4, slo_ms=500, fuse_convolutions="channels_last"), conv)
             with pytest.raises(ValueError, match="fuse_convolutions=True .* need a CUDA device"):
                 svc.load(ModelConfig("fused", spec, max_batch=4, slo_ms=500, fuse_convolutions=True), conv)
-        assert seen == ["channels_last", True]
+            svc.load(ModelConfig("plain", spec, max_batch=4, slo_ms=500), conv)  # the service's default
+        # False, not compile's own default ("channels_last"): the shipped profiles were made unfused
+        assert seen == ["channels_last", True, False]
         assert svc._models["fused_cl"].runner.graph.fused_convolutions == 0
         x = np.random.default_rng(2).standard_normal((2, 3, 6, 6)).astype(np.float32)
         with torch.no_grad():
@@ -148,6 +150,34 @@ def test_a_models_fuse_convolutions_reaches_gpuloom_compile(monkeypatch):
         svc.close()
     with pytest.raises(ValueError, match="fuse_convolutions must be false, true or 'channels_last'"):
         ModelConfig("bad", spec, fuse_convolutions="nhwc")
+
+
+def test_a_compiled_model_with_fused_convolutions_is_refused_where_the_config_says_unfused():
+    """gpuloom.compile fuses the channels-last candidate by default; the service's ModelConfig does
+    not (its profile was made unfused). A CompiledModel handed to load with fused convolutions and
+    a config that says False is refused with what to change (on the CPU nothing fuses, so the test
+    marks the graph as the GPU would leave it); with the config saying so, it loads."""
+    import torch
+
+    import gpuloom
+
+    conv, spec, svc = _small_conv_net()
+    try:
+        cm = gpuloom.compile(conv, torch.randn(1, 3, 6, 6), max_batch=4, input_names=["x"], channels_last=False)
+        assert cm.fused_convolutions == 0
+        cm.graph.fused_convolutions = 1  # what compile(fuse_convolutions=True) leaves on a GPU
+        assert cm.fused_convolutions == 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises(ValueError, match="runs 1 fused convolutions but ModelConfig.fuse_convolutions is False"):
+                svc.load(ModelConfig("fused", spec, max_batch=4, slo_ms=500), cm)
+            svc.load(ModelConfig("fused", spec, max_batch=4, slo_ms=500, fuse_convolutions=True), cm)
+        x = np.random.default_rng(3).standard_normal((1, 3, 6, 6)).astype(np.float32)
+        with torch.no_grad():
+            want = conv(torch.from_numpy(x)).numpy()
+        np.testing.assert_allclose(svc.submit("fused", {"x": x}).result(20)["output0"], want, rtol=1e-4, atol=1e-4)
+    finally:
+        svc.close()
 
 
 def test_launch_on_auto_runs_batches_inline_on_the_cpu_and_on_the_loop_elsewhere():

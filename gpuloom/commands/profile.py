@@ -60,6 +60,10 @@ def run(args: argparse.Namespace) -> int:
     from gpuloom.commands.output import table_console
 
     console = table_console(140)
+    if args.fuse_convolutions == "channels_last" and args.channels_last == "false":
+        console.print("[yellow]note[/yellow]: --fuse-convolutions channels_last fuses only a channels-last graph, "
+                      "and --channels-last false makes none: this profile is unfused (as a served model with "
+                      "these two keys would be)")
     if not torch.cuda.is_available():
         console.print("[red]gpuloom profile needs a CUDA GPU[/red]: it measures graph replays inside real SM "
                       "partitions, and torch.cuda.is_available() is False here. Profiles measured on an H200 "

@@ -149,6 +149,12 @@ class CompiledModel:
             return True
         return "auto" if self.graph_cl is not None else False
 
+    @property
+    def fused_convolutions(self) -> int:
+        """Convolutions fused with their bias and ReLU in the DAGs this model keeps (its NCHW one and,
+        where a bucket kept it, the channels-last one): 0 where nothing was fused."""
+        return self.graph.fused_convolutions + (self.graph_cl.fused_convolutions if self.graph_cl is not None else 0)
+
     def _require_channels_last(self, kind: str) -> None:
         """ValueError, saying why, where ``kind`` (an executor) is missing: only the channels-last
         DAG's can be (``single``/``multi`` always exist)."""
@@ -360,14 +366,19 @@ def resolve_channels_last(channels_last: bool | str | None, streams: str | int) 
 
 def resolve_fuse_convolutions(fuse: bool | str | None, *, reinplace: bool, channels_last: bool | str) -> bool | str:
     """compile's ``fuse_convolutions`` as given, or for None (the default since the thirty-fourth
-    session) "channels_last": the NHWC graph fused, where engine runs 100-104 measured it 1.0-1.74x
-    faster than unfused NHWC (and never slower beyond noise), the NCHW graph left as it was, where
-    fusing lost on mobilenet_v2. The one combination where that would fuse nothing, ``reinplace``
-    with the ``"auto"`` candidate, gets False instead of the error an explicit request gets."""
+    session) "channels_last": the NHWC graph fused (engine runs 100-101: 1.27-1.74x faster than the
+    unfused NHWC graph; runs 102-104: the fused default 1.12x the unfused one at float32 batch 1,
+    worst row 0.958x where both kept the same unfused NCHW graph), the NCHW graph left as it was,
+    where fusing lost on mobilenet_v2 (run 94). ``reinplace`` with the ``"auto"`` candidate would
+    fuse nothing (the candidate is copied after reinplace, whose in-place ReLUs and adds the fusion
+    does not match): the default gets False there, an explicit "channels_last" a ValueError."""
     if fuse is None:
         return False if reinplace and channels_last == "auto" else "channels_last"
     if not (isinstance(fuse, bool) or fuse == "channels_last"):
         raise ValueError(f"fuse_convolutions must be False, True or 'channels_last', got {fuse!r}")
+    if fuse == "channels_last" and reinplace and channels_last == "auto":
+        raise ValueError("fuse_convolutions='channels_last' with reinplace=True fuses nothing in the "
+                         "channels_last='auto' candidate; pass channels_last=True, or leave reinplace off")
     return fuse
 
 
@@ -464,11 +475,6 @@ def compile(
         if x.device.type != dev.type:
             raise ValueError(f"example inputs must be on {dev}, found one on {x.device}")
     fuse_convolutions = resolve_fuse_convolutions(fuse_convolutions, reinplace=reinplace, channels_last=channels_last)
-    if fuse_convolutions == "channels_last" and reinplace and channels_last == "auto":
-        # the channels-last candidate is copied from the first graph after reinplace, whose in-place
-        # ReLUs and adds the fusion does not match: it would fuse nothing
-        raise ValueError("fuse_convolutions='channels_last' with reinplace=True fuses nothing in the "
-                         "channels_last='auto' candidate; pass channels_last=True, or leave reinplace off")
     if fuse_convolutions is True and dev.type != "cuda":
         raise ValueError("fuse_convolutions=True runs cuDNN's fused convolutions, which need a CUDA device; "
                          f"this model compiles for {dev}")

@@ -21,7 +21,8 @@ same choice for convolution nets). A ``view`` of such an activation may meet str
 (a flatten of an NHWC map), so those views become ``reshape`` (a view where one exists, a copy only
 where not); views elsewhere stay views.
 
-``fuse_convolutions`` (CUDA only, opt-in): cuDNN's backend in PyTorch adds a convolution's bias with
+``fuse_convolutions`` (CUDA only; by default on the channels-last candidate alone, compile's
+``fuse_convolutions=None``): cuDNN's backend in PyTorch adds a convolution's bias with
 a kernel of its own, and a folded BatchNorm gives every convolution a bias. A 2-D convolution (one
 group, with a bias) followed only by a ReLU, a ReLU6 (``hardtanh(0, 6)``), or a residual add and
 then a ReLU becomes ``cudnn_convolution_relu`` / ``cudnn_convolution_add_relu``: cuDNN's fused

@@ -126,7 +126,9 @@ class ModelConfig:
     # shipped ones were timed without it; `gpuloom profile --channels-last` times one with it)
     channels_last: bool | str = False
     # gpuloom.compile's fuse_convolutions: False, True (CUDA only) or "channels_last" (the channels-last
-    # graph only: 1.27-1.74x faster there on the H200, engine runs 100-101; nothing on the CPU)
+    # graph only: 1.27-1.74x faster there on the H200, engine runs 100-101; nothing on the CPU). False
+    # here on purpose, where compile's own default is "channels_last": as with channels_last, the
+    # shipped profiles were timed unfused (`gpuloom profile --fuse-convolutions` times one fused)
     fuse_convolutions: bool | str = False
 
     def __post_init__(self) -> None:
@@ -1303,6 +1305,12 @@ class InferenceService:
                                  f"but ModelConfig.channels_last is {config.channels_last!r} (the layout its profile "
                                  f"was made in); compile it with channels_last={config.channels_last!r} or set "
                                  f"ModelConfig(channels_last=...) to match")
+            if config.fuse_convolutions is False and cm.fused_convolutions:
+                # likewise: gpuloom.compile fuses the channels-last candidate by default, the service not
+                raise ValueError(f"model {config.name!r}: the CompiledModel runs {cm.fused_convolutions} fused "
+                                 f"convolutions but ModelConfig.fuse_convolutions is False (its profile was made "
+                                 f"unfused); compile it with fuse_convolutions=False or set "
+                                 f"ModelConfig(fuse_convolutions=...) to match")
         elif isinstance(module, torch.nn.Module):
             module = module.eval().to(dev)
             cm = gpuloom.compile(module, tuple(examples), max_batch=config.max_batch, device=dev,
