@@ -85,6 +85,16 @@ def _small_conv_net():
     return conv, (TensorSpec("x", (3, 6, 6), "float32"),), svc
 
 
+def _assert_serves_eager(svc, name, conv, *, rows, seed):
+    """A request of ``rows`` random rows to ``name`` is answered with the eager conv net's output."""
+    import torch
+
+    x = np.random.default_rng(seed).standard_normal((rows, 3, 6, 6)).astype(np.float32)
+    with torch.no_grad():
+        want = conv(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(svc.submit(name, {"x": x}).result(20)["output0"], want, rtol=1e-4, atol=1e-4)
+
+
 def test_a_model_configured_channels_last_is_compiled_so_and_served_equal_to_eager():
     """ModelConfig.channels_last reaches gpuloom.compile (on the CPU True applies the pass; "auto" is a
     timed choice made only on the GPU) and the served outputs stay eager's; a bad value is refused."""
@@ -120,8 +130,6 @@ def test_a_model_configured_channels_last_is_compiled_so_and_served_equal_to_eag
 def test_a_models_fuse_convolutions_reaches_gpuloom_compile(monkeypatch):
     """ModelConfig.fuse_convolutions is passed to gpuloom.compile as written ("channels_last" does
     nothing on the CPU; True there is compile's clear error, raised by load); a bad value is refused."""
-    import torch
-
     import gpuloom
 
     seen, real = [], gpuloom.compile
@@ -142,10 +150,7 @@ def test_a_models_fuse_convolutions_reaches_gpuloom_compile(monkeypatch):
         # False, not compile's own default ("channels_last"): the shipped profiles were made unfused
         assert seen == ["channels_last", True, False]
         assert svc._models["fused_cl"].runner.graph.fused_convolutions == 0
-        x = np.random.default_rng(2).standard_normal((2, 3, 6, 6)).astype(np.float32)
-        with torch.no_grad():
-            want = conv(torch.from_numpy(x)).numpy()
-        np.testing.assert_allclose(svc.submit("fused_cl", {"x": x}).result(20)["output0"], want, rtol=1e-4, atol=1e-4)
+        _assert_serves_eager(svc, "fused_cl", conv, rows=2, seed=2)
     finally:
         svc.close()
     with pytest.raises(ValueError, match="fuse_convolutions must be false, true or 'channels_last'"):
@@ -172,10 +177,7 @@ def test_a_compiled_model_with_fused_convolutions_is_refused_where_the_config_sa
             with pytest.raises(ValueError, match="runs 1 fused convolutions but ModelConfig.fuse_convolutions is False"):
                 svc.load(ModelConfig("fused", spec, max_batch=4, slo_ms=500), cm)
             svc.load(ModelConfig("fused", spec, max_batch=4, slo_ms=500, fuse_convolutions=True), cm)
-        x = np.random.default_rng(3).standard_normal((1, 3, 6, 6)).astype(np.float32)
-        with torch.no_grad():
-            want = conv(torch.from_numpy(x)).numpy()
-        np.testing.assert_allclose(svc.submit("fused", {"x": x}).result(20)["output0"], want, rtol=1e-4, atol=1e-4)
+        _assert_serves_eager(svc, "fused", conv, rows=1, seed=3)
     finally:
         svc.close()
 
