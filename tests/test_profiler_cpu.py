@@ -143,3 +143,12 @@ def test_bert_base_is_a_12_layer_768_wide_encoder_on_sequence_128():
     enc = spec.module.encoder
     assert len(enc.layers) == 12 and enc.layers[0].linear1.out_features == 3072
     assert enc.layers[0].self_attn.num_heads == 12
+
+
+def test_profile_command_options_reach_the_profiler_as_compile_takes_them():
+    """--channels-last and --fuse-convolutions: "false" / "true" become bools (a "false" string would
+    be truthy, and not False to the runner's checks), the named values stay as written."""
+    from gpuloom.commands.profile import _option
+
+    assert _option("false") is False and _option("true") is True
+    assert _option("auto") == "auto" and _option("channels_last") == "channels_last"

@@ -31,6 +31,12 @@ def _shape(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected a shape like 3x224x224, got {text!r}") from None
 
 
+def _option(text: str) -> bool | str:
+    """A command-line choice as gpuloom.compile takes it: "false" / "true" as bools, the rest as written
+    (as the repository's YAML gives them)."""
+    return {"false": False, "true": True}.get(text, text)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("models", nargs="+", help="torchvision/timm names, bert_base, or module:factory")
     p.add_argument("--batch", type=_ints, default=(1, 2, 4, 8, 16, 32, 64), help="batch buckets (default 1..64)")
@@ -77,9 +83,8 @@ def run(args: argparse.Namespace) -> int:
         spec = load_model(name, device=f"cuda:{args.device}", input_shape=args.input_shape)
         prof_run = profile_model(spec, batches=args.batch, sms=args.sms, runner=args.runner, device=args.device,
                                  eps=args.eps, log=console.print,
-                                 channels_last={"false": False, "true": True}.get(args.channels_last, "auto"),
-                                 fuse_convolutions={"false": False, "true": True}.get(args.fuse_convolutions,
-                                                                                     "channels_last"))
+                                 channels_last=_option(args.channels_last),
+                                 fuse_convolutions=_option(args.fuse_convolutions))
         paths = write_outputs(prof_run, args.out, eps=args.eps, png=not args.no_png)
         if store is not None:
             store.put(prof_run.profile)

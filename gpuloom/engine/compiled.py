@@ -18,6 +18,7 @@ import torch
 from .capture import GraphSet, InputSpec, StreamFactory, capture_graphs
 from .dag import CaptureError, OpGraph, capture_graph, channels_last_variant
 from .executor import ForwardExecutor, StreamExecutor
+from .options import is_channels_last, is_fuse_convolutions
 from .streams import StreamPlan, assign_streams, single_stream_plan
 
 __all__ = ["compile", "CompiledModel", "CaptureError", "capture_groups", "default_buckets"]
@@ -359,7 +360,7 @@ def resolve_channels_last(channels_last: bool | str | None, streams: str | int) 
     both layouts timed where ``streams="auto"`` times candidates anyway, the model's own otherwise."""
     if channels_last is None:
         return "auto" if streams == "auto" else False
-    if not (isinstance(channels_last, bool) or channels_last == "auto"):
+    if not is_channels_last(channels_last):
         raise ValueError(f"channels_last must be False, True or 'auto', got {channels_last!r}")
     return channels_last
 
@@ -374,7 +375,7 @@ def resolve_fuse_convolutions(fuse: bool | str | None, *, reinplace: bool, chann
     does not match): the default gets False there, an explicit "channels_last" a ValueError."""
     if fuse is None:
         return False if reinplace and channels_last == "auto" else "channels_last"
-    if not (isinstance(fuse, bool) or fuse == "channels_last"):
+    if not is_fuse_convolutions(fuse):
         raise ValueError(f"fuse_convolutions must be False, True or 'channels_last', got {fuse!r}")
     if fuse == "channels_last" and reinplace and channels_last == "auto":
         raise ValueError("fuse_convolutions='channels_last' with reinplace=True fuses nothing in the "

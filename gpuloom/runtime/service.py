@@ -47,6 +47,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from ..engine.options import is_channels_last, is_fuse_convolutions
 from ..gpu.partition import check_workqueues
 from ..policy import make_policy
 from ..policy.base import ModelInfo, PolicyContext
@@ -148,10 +149,10 @@ class ModelConfig:
                 raise ValueError(f"model {self.name!r}: {what} must be a positive number, got {v!r}")
         if not (isinstance(self.rate_hint, (int, float)) and self.rate_hint >= 0):
             raise ValueError(f"model {self.name!r}: rate_hint must be >= 0 requests/s, got {self.rate_hint!r}")
-        if not (isinstance(self.channels_last, bool) or self.channels_last == "auto"):
+        if not is_channels_last(self.channels_last):
             raise ValueError(f"model {self.name!r}: channels_last must be false, true or 'auto', "
                              f"got {self.channels_last!r}")
-        if not (isinstance(self.fuse_convolutions, bool) or self.fuse_convolutions == "channels_last"):
+        if not is_fuse_convolutions(self.fuse_convolutions):
             raise ValueError(f"model {self.name!r}: fuse_convolutions must be false, true or 'channels_last', "
                              f"got {self.fuse_convolutions!r}")
 

@@ -36,6 +36,8 @@ from typing import Any
 import numpy as np
 import yaml
 
+from ..engine.options import is_channels_last, is_fuse_convolutions
+
 __all__ = ["RepositoryError", "TensorEntry", "ModelEntry", "Repository", "load_repository"]
 
 _ALLOWED_KEYS = {
@@ -263,10 +265,10 @@ def parse_model(m: Any, origin: Path | None) -> ModelEntry:
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise RepositoryError(f"{where}: seed must be a non-negative integer, found {seed!r}")
     channels_last = m.get("channels_last", False)
-    if not (isinstance(channels_last, bool) or channels_last == "auto"):
+    if not is_channels_last(channels_last):
         raise RepositoryError(f"{where}: channels_last must be true, false or auto, found {channels_last!r}")
     fuse = m.get("fuse_convolutions", False)
-    if not (isinstance(fuse, bool) or fuse == "channels_last"):
+    if not is_fuse_convolutions(fuse):
         raise RepositoryError(f"{where}: fuse_convolutions must be true, false or channels_last, found {fuse!r}")
     return ModelEntry(
         seed=seed,
