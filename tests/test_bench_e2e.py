@@ -132,12 +132,39 @@ def test_each_policy_says_where_its_wall_time_went(tmp_path, capsys):
     assert "dstack: " in said and "re-plans" in said and "warm-up" in said
 
 
+def sweep_scales(held: dict[float, bool], *, steps: int) -> list[float]:
+    """The load factors a sweep measures, given which of them hold the target: double from x1 until a
+    miss (``steps`` at most), then bisect ``steps`` times between the last hit and the miss."""
+    order, lo, hi, s = [], 0.0, None, 1.0
+    for _ in range(steps):
+        order.append(s)
+        if not held[s]:
+            hi = s
+            break
+        lo, s = s, s * 2
+    for _ in range(steps if hi is not None else 0):
+        mid = (lo + hi) / 2 if lo > 0 else hi / 2
+        order.append(mid)
+        lo, hi = (mid, hi) if held[mid] else (lo, mid)
+    return order
+
+
+def test_sweep_scales_oracle_follows_the_search():
+    assert sweep_scales({1.0: True, 2.0: True}, steps=2) == [1.0, 2.0]
+    assert sweep_scales({1.0: False, 0.5: True, 0.75: True}, steps=2) == [1.0, 0.5, 0.75]
+    assert sweep_scales({1.0: True, 2.0: False, 1.5: False, 1.25: True}, steps=2) == [1.0, 2.0, 1.5, 1.25]
+
+
 def test_bench_sweep_finds_a_load_factor_and_rejects_unknown_policies(tmp_path):
     rc, rep = run_bench(tmp_path, "--policy", "gslice", "--sweep", "--steps", "2", "--target", "0.5")
     assert rc == 0
     pol = rep["policies"]["gslice"]
-    assert len(pol["points"]) >= 2 and pol["max_scale"] >= 1.0
-    assert pol["max_load_rps"] == pytest.approx(pol["max_scale"] * 30.0, rel=0.3)
+    # which points held the target depends on the host (on CI's two busy cores the load generator once fell
+    # 29 ms behind at x1, so x1 did not count): the subject here is the search, replayed from those verdicts
+    held = {p["scale"]: p["slo_attainment"] >= 0.5 and p["offered_as_scheduled"] for p in pol["points"]}
+    assert [p["scale"] for p in pol["points"]] == sweep_scales(held, steps=2)
+    assert pol["max_scale"] == max((s for s, ok in held.items() if ok), default=0.0)
+    assert pol["max_load_rps"] == pytest.approx(pol["max_scale"] * 30.0)  # alpha 20/s + beta 10/s
     p = argparse.ArgumentParser()
     bench.add_arguments(p)
     assert bench.run(p.parse_args([str(tmp_path / "two.yaml"), "--policy", "ideal", "--tiny"])) == 2
@@ -162,7 +189,9 @@ def test_a_sweep_cut_short_keeps_what_it_measured_and_says_it_is_a_lower_bound(t
     ds = rep["policies"]["dstack"]
     assert "cuDNN" in ds["error"] and len(ds["points"]) == 1
     assert ds["points"][0]["slo_attainment"] >= 0.01
-    assert ds["max_scale"] == 1.0  # x1 was measured at the target before the failure: it still counts
+    # x1 was measured before the failure: it still counts, if it held (the load generator can fall behind
+    # on a busy host, and then x1 does not count at its load)
+    assert ds["max_scale"] == (1.0 if ds["points"][0]["offered_as_scheduled"] else 0.0)
     assert rep["dstack_vs_best_baseline"]["dstack_complete"] is False
 
 
