@@ -216,6 +216,9 @@ def _tensors(raw: Any, where: str) -> tuple[TensorEntry, ...]:
     for i, t in enumerate(raw):
         if not isinstance(t, dict) or not isinstance(t.get("name"), str):
             raise RepositoryError(f"{where}[{i}]: expected a mapping with a string 'name', found {t!r}")
+        unknown = sorted(set(t) - {"name", "shape", "dtype"})
+        if unknown:  # a typo ("shap") would otherwise leave the default and fail later as a torch error
+            raise RepositoryError(f"{where}[{i}] {t['name']!r}: unknown keys {unknown}; allowed ['dtype', 'name', 'shape']")
         shape = t.get("shape", [])
         if not isinstance(shape, list) or not all(isinstance(d, int) and (d > 0 or d == -1) for d in shape):
             raise RepositoryError(f"{where}[{i}] {t['name']!r}: shape must be a list of positive ints (or -1), found {shape!r}")
@@ -224,6 +227,9 @@ def _tensors(raw: Any, where: str) -> tuple[TensorEntry, ...]:
             np.dtype(dtype)
         except TypeError:
             raise RepositoryError(f"{where}[{i}] {t['name']!r}: unknown dtype {dtype!r} (e.g. float32, int64)") from None
+        if np.dtype(dtype).name != dtype:  # "float" is numpy's float64, "half" float16: say the size
+            raise RepositoryError(f"{where}[{i}] {t['name']!r}: dtype {dtype!r} is ambiguous; write "
+                                  f"{np.dtype(dtype).name!r} (or e.g. float32) explicitly")
         out.append(TensorEntry(t["name"], tuple(shape), np.dtype(dtype).name))
     names = [t.name for t in out]
     if len(set(names)) != len(names):
