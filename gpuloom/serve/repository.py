@@ -40,6 +40,7 @@ from ..engine.options import is_channels_last, is_fuse_convolutions
 
 __all__ = ["RepositoryError", "TensorEntry", "ModelEntry", "Repository", "load_repository"]
 
+_TENSOR_KEYS = {"name", "shape", "dtype"}  # of one entry in inputs / outputs
 _ALLOWED_KEYS = {
     "name", "source", "kwargs", "weights", "inputs", "outputs", "max_batch", "slo_ms", "weight", "rate_hint", "seed",
     "channels_last", "fuse_convolutions",
@@ -216,21 +217,21 @@ def _tensors(raw: Any, where: str) -> tuple[TensorEntry, ...]:
     for i, t in enumerate(raw):
         if not isinstance(t, dict) or not isinstance(t.get("name"), str):
             raise RepositoryError(f"{where}[{i}]: expected a mapping with a string 'name', found {t!r}")
-        unknown = sorted(set(t) - {"name", "shape", "dtype"})
+        unknown = sorted(set(t) - _TENSOR_KEYS)
         if unknown:  # a typo ("shap") would otherwise leave the default and fail later as a torch error
-            raise RepositoryError(f"{where}[{i}] {t['name']!r}: unknown keys {unknown}; allowed ['dtype', 'name', 'shape']")
+            raise RepositoryError(f"{where}[{i}] {t['name']!r}: unknown keys {unknown}; allowed {sorted(_TENSOR_KEYS)}")
         shape = t.get("shape", [])
         if not isinstance(shape, list) or not all(isinstance(d, int) and (d > 0 or d == -1) for d in shape):
             raise RepositoryError(f"{where}[{i}] {t['name']!r}: shape must be a list of positive ints (or -1), found {shape!r}")
         dtype = str(t.get("dtype", "float32"))
         try:
-            np.dtype(dtype)
+            sized = np.dtype(dtype).name
         except TypeError:
             raise RepositoryError(f"{where}[{i}] {t['name']!r}: unknown dtype {dtype!r} (e.g. float32, int64)") from None
-        if np.dtype(dtype).name != dtype:  # "float" is numpy's float64, "half" float16: say the size
+        if sized != dtype:  # "float" is numpy's float64, "half" float16: say the size
             raise RepositoryError(f"{where}[{i}] {t['name']!r}: dtype {dtype!r} is ambiguous; write "
-                                  f"{np.dtype(dtype).name!r} (or e.g. float32) explicitly")
-        out.append(TensorEntry(t["name"], tuple(shape), np.dtype(dtype).name))
+                                  f"{sized!r} (or e.g. float32) explicitly")
+        out.append(TensorEntry(t["name"], tuple(shape), dtype))
     names = [t.name for t in out]
     if len(set(names)) != len(names):
         raise RepositoryError(f"{where}: duplicate tensor names in {names}")
