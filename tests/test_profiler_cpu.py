@@ -152,3 +152,59 @@ def test_profile_command_options_reach_the_profiler_as_compile_takes_them():
 
     assert _option("false") is False and _option("true") is True
     assert _option("auto") == "auto" and _option("channels_last") == "channels_last"
+
+
+def test_sm_counts_a_device_cannot_carve_alone_are_refused_naming_them_and_the_default_grid():
+    from gpuloom.gpu import PartitionError
+    from gpuloom.profile.profiler import check_sm_counts
+
+    check_sm_counts((8, 16, 64, 128, 132), 132, 8)  # multiples of 8, and the whole device
+    with pytest.raises(PartitionError, match=r"SM counts \[66\].*multiple of 8 up to 128.*\(132\).*8,16,24"):
+        check_sm_counts((32, 66, 132), 132, 8)
+    with pytest.raises(PartitionError, match=r"\[0, 136\]"):
+        check_sm_counts((0, 8, 136), 132, 8)
+
+
+def _fake_gpu(monkeypatch):
+    """A 132-SM device with an 8-SM granularity, as far as the profile command's checks look."""
+    import types
+
+    import gpuloom.gpu
+    import gpuloom.profile.profiler as profiler
+
+    facts = types.SimpleNamespace(sm_count=132, sm_granularity=8, grid=lambda: (8, 16, 132))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpuloom.gpu, "device_facts", lambda device=0: facts)
+    monkeypatch.setattr(profiler, "device_facts", lambda device=0: facts)
+    return profiler
+
+
+def test_a_bad_sm_count_stops_the_profile_command_before_any_model_is_built(monkeypatch, capsys):
+    """Engine run 108 (thirty-sixth session): --sms 66 compiled resnet50 for a minute, then died with
+    a PartitionError traceback. Now the sizes are checked first and the error is one line."""
+    from gpuloom.cli import main
+
+    profiler = _fake_gpu(monkeypatch)
+    monkeypatch.setattr(profiler, "load_model", lambda *a, **kw: pytest.fail("a model was built"))
+    assert main(["profile", "resnet50", "--sms", "32,66,132"]) == 2
+    out = capsys.readouterr().out
+    assert "error: --sms: SM counts [66]" in out and "Traceback" not in out, out
+
+
+def test_an_unknown_model_is_a_one_line_error_of_the_profile_command(monkeypatch, capsys):
+    from gpuloom.cli import main
+
+    _fake_gpu(monkeypatch)
+    assert main(["profile", "no_such_model_xyz"]) == 2
+    out = capsys.readouterr().out
+    assert out.startswith("error:") and "no_such_model_xyz" in out and "Traceback" not in out, out
+
+
+def test_profile_model_checks_the_sm_counts_before_it_builds_a_runner(monkeypatch):
+    from gpuloom.gpu import PartitionError
+
+    profiler = _fake_gpu(monkeypatch)
+    monkeypatch.setattr(profiler, "make_runner", lambda *a, **kw: pytest.fail("a runner was built"))
+    spec = ModelSpec("lin", torch.nn.Linear(4, 4).eval(), ((4,),), (torch.float32,))
+    with pytest.raises(PartitionError, match=r"\[66\]"):
+        profile_model(spec, batches=(1,), sms=(66, 132), device=0)

@@ -75,12 +75,24 @@ def run(args: argparse.Namespace) -> int:
                       "partitions, and torch.cuda.is_available() is False here. Profiles measured on an H200 "
                       "ship with gpuloom: gpuloom.profile.ProfileStore.builtin('h200').")
         return 2
-    from ..profile.profiler import load_model, profile_model, write_outputs
+    from ..gpu import PartitionError, device_facts
+    from ..profile.profiler import check_sm_counts, load_model, profile_model, write_outputs
     from ..profile.store import ProfileStore
 
     store = ProfileStore(args.store) if args.store else None
+    if args.sms:  # before any model is built: a size the device cannot carve is a usage error
+        facts = device_facts(args.device)
+        try:
+            check_sm_counts(args.sms, facts.sm_count, facts.sm_granularity)
+        except PartitionError as e:
+            console.print(f"[red]error[/red]: --sms: {e}")
+            return 2
     for name in args.models:
-        spec = load_model(name, device=f"cuda:{args.device}", input_shape=args.input_shape)
+        try:
+            spec = load_model(name, device=f"cuda:{args.device}", input_shape=args.input_shape)
+        except (ValueError, TypeError) as e:  # an unknown name or a factory that returns no module
+            console.print(f"[red]error[/red]: {e}")
+            return 2
         prof_run = profile_model(spec, batches=args.batch, sms=args.sms, runner=args.runner, device=args.device,
                                  eps=args.eps, log=console.print,
                                  channels_last=_option(args.channels_last),

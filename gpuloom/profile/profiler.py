@@ -38,7 +38,7 @@ from typing import Any, Callable, Protocol, Sequence
 import torch
 
 from ..engine.capture import cublas_workspaces_in_pool, rng_restored_if_capture_fails
-from ..gpu import NoGpuError, Partitioner, device_facts
+from ..gpu import NoGpuError, PartitionError, Partitioner, device_facts, sm_grid
 from .knee import DEFAULT_VARIANT, KernelRecord, OccupancyLimits, measured_knee, parse_chrome_trace, predict_variant
 from .knee import variants as knee_variants
 from .store import GpuInfo, Profile, today
@@ -370,6 +370,17 @@ class ProfileRun:
         return rows
 
 
+def check_sm_counts(sms: Sequence[int], sm_count: int, granularity: int) -> None:
+    """Raise ``PartitionError`` unless every SM count is one partition the device can carve alone: a
+    multiple of ``granularity`` up to the device, or the whole device."""
+    bad = [s for s in sms if not (0 < s <= sm_count and (s % granularity == 0 or s == sm_count))]
+    if bad:
+        raise PartitionError(
+            f"SM counts {bad}: each must be a multiple of {granularity} up to {sm_count - sm_count % granularity}, "
+            f"or the whole device ({sm_count}), on this device; the default grid is "
+            f"{','.join(str(s) for s in sm_grid(sm_count, granularity))}")
+
+
 def profile_model(spec: ModelSpec, *, batches: Sequence[int] = DEFAULT_BATCHES, sms: Sequence[int] | None = None,
                   runner: str | Runner = "auto", device: int = 0, eps: float = 0.1, progress: bool = True,
                   predict: bool = True, knee_method: str = DEFAULT_VARIANT, warmup: int = 2, min_reps: int = 5,
@@ -387,6 +398,7 @@ def profile_model(spec: ModelSpec, *, batches: Sequence[int] = DEFAULT_BATCHES, 
                          "gpuloom.profile.ProfileStore.builtin('h200')")
     facts = device_facts(device)
     grid = tuple(sorted(set(int(s) for s in (sms or facts.grid()))))
+    check_sm_counts(grid, facts.sm_count, facts.sm_granularity)  # now, not after a minute of compiling
     batches = tuple(sorted(set(int(b) for b in batches)))
     t0 = time.perf_counter()
     if isinstance(runner, str):
