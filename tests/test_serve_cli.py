@@ -118,8 +118,9 @@ def test_serve_says_clearly_when_the_port_is_taken(tmp_path):
         _, err = proc.communicate(timeout=60)
     finally:
         sock.close()
-    assert proc.returncode == 1
+    assert proc.returncode == 2  # said before any model is built (it used to come after the loading)
     assert f"HTTP port {port} on 127.0.0.1 is already in use" in err and "--http-port" in err
+    assert "loading" not in err, err
 
 
 def test_serve_rejects_a_bad_repository(tmp_path):
@@ -280,3 +281,47 @@ def test_cpus_pins_every_thread_of_the_server(tmp_path):
     finally:
         proc.kill()
         proc.wait(timeout=30)
+
+
+def test_a_taken_grpc_port_or_a_host_with_no_address_is_refused_before_any_model_loads(tmp_path, capsys):
+    from gpuloom.commands import serve
+
+    p, repo = _serve_parser_and_repo(tmp_path)  # (its model's source does not exist: a load would fail)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        assert serve.run(p.parse_args([repo, "--http-port", "0", "--grpc-port", str(port)])) == 2
+    err = capsys.readouterr().err
+    assert f"gRPC port {port} on 127.0.0.1 is already in use" in err and "--grpc-port" in err and "loading" not in err
+    assert serve.run(p.parse_args([repo, "--host", "no-such-host.invalid", "--http-port", "0", "--no-grpc"])) == 2
+    err = capsys.readouterr().err
+    assert "cannot listen for HTTP on no-such-host.invalid" in err and "--host" in err and "loading" not in err
+
+
+def test_ctrl_c_while_a_model_loads_stops_in_one_line_with_status_130(tmp_path, monkeypatch, capsys):
+    """A compile takes minutes; Ctrl-C in it used to end in the compiler's 448-line stack."""
+    from gpuloom.commands import serve
+    from gpuloom.serve.core import ServeCore
+
+    def interrupted(self, name):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ServeCore, "load", interrupted)
+    p, repo = _serve_parser_and_repo(tmp_path)
+    assert serve.run(p.parse_args([repo, "--device", "cpu", "--http-port", "0", "--no-grpc"])) == 130
+    err = capsys.readouterr().err
+    assert "interrupted while loading m: stopping" in err and "Traceback" not in err, err
+
+
+def test_an_empty_repository_is_served_with_a_warning_saying_how_to_add_a_model(tmp_path, monkeypatch, capsys):
+    from gpuloom.commands import serve
+    from gpuloom.serve.server import Server, ServerAddress
+
+    monkeypatch.setattr(Server, "serve_forever", lambda self, on_started=None: on_started(ServerAddress("127.0.0.1", 1, None)))
+    p = argparse.ArgumentParser()
+    serve.add_arguments(p)
+    assert serve.run(p.parse_args([str(tmp_path), "--device", "cpu", "--http-port", "0", "--no-grpc"])) == 0
+    err = capsys.readouterr().err
+    assert f"warning: {tmp_path} has no models" in err and "/v2/repository/models/<name>/load" in err
+    assert "serving 0 models (none yet)" in err, err

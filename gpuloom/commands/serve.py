@@ -134,6 +134,11 @@ def http_workers_arg(text: str) -> int | str:
     return _non_negative(text, "'auto' or a non-negative number of workers")
 
 
+def _count(n: int, noun: str) -> str:
+    """``1 model``, ``3 models``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def run(args: argparse.Namespace) -> int:
     import logging
     import os
@@ -142,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuloom.serve.core import ServeCore
     from gpuloom.serve.protocol import ProtocolError
     from gpuloom.serve.repository import RepositoryError, load_repository
-    from gpuloom.serve.server import ServeError, Server
+    from gpuloom.serve.server import ServeError, Server, check_ports_free
 
     if args.outputs == "views" and args.torch_launch:
         print("error: --outputs views needs raw CUDA launches (a torch copy would tie the views' page-locked "
@@ -175,6 +180,14 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         print(f"error: --models names {unknown} not in the repository, which has {repo.names()}", file=sys.stderr)
         return 2
+    try:  # before any model is built: a taken port or a wrong --host costs seconds, not the loading time
+        check_ports_free(args.host, args.http_port, None if args.no_grpc else args.grpc_port)
+    except ServeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not names:
+        print(f"warning: {args.repository} has no models: serving none until one is added and loaded with "
+              f"POST /v2/repository/models/<name>/load", file=sys.stderr)
     from gpuloom.runtime.service import InferenceService
 
     from gpuloom.profile.store import ProfileStore
@@ -211,6 +224,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: {e}", file=sys.stderr)
             service.close(drain=False)
             return 1
+        except KeyboardInterrupt:  # Ctrl-C while a model compiles: stop, without the compiler's stack
+            print(f"\ninterrupted while loading {n}: stopping (no model served)", file=sys.stderr)
+            service.close(drain=False)
+            return 130
     server = Server(core, host=args.host, http_port=args.http_port, grpc_port=None if args.no_grpc else args.grpc_port,
                     drain_timeout_s=args.drain_timeout, http_workers=args.http_workers,
                     worker_arena_mb=args.http_worker_arena_mb, worker_ring_kb=args.http_worker_ring_kb,
@@ -220,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
     def started(addr):
         grpc = f", gRPC on {addr.grpc_url}" if addr.grpc_port else ""
         workers = f" ({args.http_workers} front-end workers, at nice +{server.worker_nice})" if args.http_workers else ""
-        print(f"gpuloom serving {len(names)} models ({', '.join(names)}) with policy {args.policy}: HTTP on http://{addr.http_url}{workers}{grpc}", file=sys.stderr, flush=True)
+        print(f"gpuloom serving {_count(len(names), 'model')} ({', '.join(names) or 'none yet'}) with policy {args.policy}: HTTP on http://{addr.http_url}{workers}{grpc}", file=sys.stderr, flush=True)
 
     try:
         server.serve_forever(on_started=started)

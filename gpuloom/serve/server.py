@@ -16,6 +16,7 @@ import errno
 import logging
 import os
 import signal
+import socket
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,7 @@ from .core import ServeCore
 
 log = logging.getLogger("gpuloom.serve")
 
-__all__ = ["Server", "ServeError", "ServerAddress", "RUNTIME_ON"]
+__all__ = ["Server", "ServeError", "ServerAddress", "RUNTIME_ON", "check_ports_free"]
 
 #: where the runtime's loop runs: its own thread, or the server's HTTP event loop (Server.runtime_on)
 RUNTIME_ON = ("thread", "http")
@@ -391,6 +392,25 @@ def _wait_ready(worker) -> None:
     line = worker.stdout.readline()  # "" if it died
     if line.strip() != "READY":
         raise ServeError(f"an HTTP front-end worker did not start (exit status {worker.poll()}); see its error above")
+
+
+def check_ports_free(host: str, http_port: int, grpc_port: int | None) -> None:
+    """Raise ``ServeError`` (as ``Server.start`` would) if ``host`` cannot listen on these ports now.
+
+    A preflight for ``gpuloom serve``: loading models can take minutes, and a taken port or a wrong
+    ``--host`` found only after them wastes that time. Port 0 (any free port) checks the host alone; a
+    port taken in the moment between this check and the listen is still reported then."""
+    for what, port, flag in (("HTTP", http_port, "--http-port"), ("gRPC", grpc_port, "--grpc-port")):
+        if port is None:
+            continue
+        try:
+            family, kind, proto, _, addr = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                                               flags=socket.AI_PASSIVE)[0]
+            with socket.socket(family, kind, proto) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the listeners do: TIME_WAIT is free
+                sock.bind(addr)
+        except OSError as e:  # socket.gaierror too: a --host that names no address
+            raise _bind_error(what, host, port, flag, e) from None
 
 
 def _bind_error(what: str, host: str, port: int, flag: str, e: OSError) -> ServeError:
