@@ -325,3 +325,22 @@ def test_an_empty_repository_is_served_with_a_warning_saying_how_to_add_a_model(
     err = capsys.readouterr().err
     assert f"warning: {tmp_path} has no models" in err and "/v2/repository/models/<name>/load" in err
     assert "serving 0 models (none yet)" in err, err
+
+
+def test_gpuloom_warnings_print_as_one_line_and_other_packages_keep_their_location(capsys):
+    import warnings
+
+    import gpuloom.runtime.service as service_mod
+    from gpuloom.commands.output import plain_warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        # Python's own printer (pytest records warnings in place of it while a test runs)
+        warnings.showwarning = lambda m, c, f, n, file=None, line=None: sys.stderr.write(
+            warnings.formatwarning(m, c, f, n, line))
+        plain_warnings()
+        warnings.warn_explicit("no latency profile for 'm'", UserWarning, service_mod.__file__, 10)
+        warnings.warn_explicit("something else", FutureWarning, "/elsewhere/pkg/mod.py", 7)
+    err = capsys.readouterr().err
+    assert "warning: no latency profile for 'm'\n" in err and "service.py" not in err, err
+    assert "/elsewhere/pkg/mod.py:7: FutureWarning: something else" in err, err

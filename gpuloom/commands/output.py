@@ -14,4 +14,24 @@ def table_console(width: int = 160):
     return Console() if sys.stdout.isatty() else Console(width=width)
 
 
-__all__ = ["table_console"]
+def plain_warnings() -> None:
+    """Print gpuloom's own warnings as one ``warning: ...`` line on stderr, as the commands' other
+    messages are, instead of Python's ``file:line: UserWarning:`` and the source line that raised it
+    (a served model without a profile used to print both). Other packages' warnings keep the default
+    format, which says where they come from."""
+    import os
+    import warnings
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the gpuloom package
+    default = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if os.path.abspath(filename).startswith(here + os.sep):
+            print(f"warning: {message}", file=sys.stderr, flush=True)
+        else:
+            default(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+
+
+__all__ = ["plain_warnings", "table_console"]

@@ -154,6 +154,9 @@ def run(args: argparse.Namespace) -> int:
               "buffers to a lane's stream); drop --torch-launch or use --outputs copies", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from gpuloom.commands.output import plain_warnings
+
+    plain_warnings()
     if args.http_workers in (None, "auto"):
         args.http_workers = 0 if args.runtime_on == "http" else default_http_workers(os.cpu_count())
     elif args.runtime_on == "http" and args.http_workers:

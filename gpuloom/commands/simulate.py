@@ -28,14 +28,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds of arrivals per sweep point (default 10; at most the workload's)")
     p.add_argument("--demand-fraction", type=float, default=1.0,
                    help="contention model: share of its knee a shared batch occupies (default 1; 0.89 fits the "
-                        "H200 sharing measurement in DESIGN.md)")
+                        "goodput measured on an H200, docs/results/runtime/sim_calibration.json)")
     p.add_argument("--efficiency", type=float, default=1.0,
                    help="contention model: fraction of shared SMs delivered when oversubscribed (default 1)")
     p.add_argument("--interference", type=float, default=0.0,
                    help="contention model: slowdown per co-running batch (default 0)")
     p.add_argument("--batch-overhead-ms", type=float, default=0.0,
                    help="contention model: ms each batch holds its lane beyond its GPU work (default 0; 0.5 fits "
-                        "the H200 runs of the eleventh session, docs/reports/runtime.md)")
+                        "the holds measured on an H200, docs/reports/runtime.md)")
     p.add_argument("--slowdowns", metavar="PATH", default=None,
                    help="simulate a GPU on which each model runs this much slower than its profile, while the "
                         "policies plan with the profiles: a JSON {model: factor} or a gpuloom bench report whose "
