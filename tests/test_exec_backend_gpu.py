@@ -462,3 +462,40 @@ def test_dstack_serves_on_while_its_replans_layout_is_captured_on_the_gpu(models
             np.testing.assert_allclose(next(iter(out.values())), want, rtol=1e-3, atol=1e-4)
     finally:
         svc.close()
+
+
+def test_a_model_without_a_profile_is_profiled_on_the_sm_grid_at_load_and_taken_from_the_cache_next_time(
+        models, tmp_path, monkeypatch):
+    """Issue 6: a model with no shipped or given profile is profiled on the GPU at its load (every SM
+    count of the device's grid, inside real partitions), kept in the cache, and served; the next
+    service takes it from the cache without measuring."""
+    import gpuloom.profile.profiler as profiler
+    from gpuloom.gpu import device_facts
+    from gpuloom.profile.store import ProfileStore
+    from gpuloom.runtime.service import InferenceService
+
+    cfg, cm, m = models["wide"]
+    grid = device_facts(0).grid()
+    profiles = []
+    for round_ in range(2):
+        svc = InferenceService(policy="dstack", device="cuda", profiles=ProfileStore(tmp_path / "none"),
+                               profile_cache=tmp_path / "cache")
+        svc.start()
+        try:
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                svc.load(cfg, cm)
+            said = [str(w.message) for w in seen]
+            assert not [w for w in said if "crude" in w or "measuring its profile failed" in w], said
+            p = svc._models["wide"].profile
+            assert p.source == "measured" and p.sms == grid and p.batches == cm.buckets and p.runner == "engine", p
+            x = np.random.default_rng(round_).standard_normal((3, 3, 32, 32)).astype(np.float32)
+            y = svc.submit("wide", {"x": x}).result(30)["output0"]
+            with svc.device.exclusive(), torch.inference_mode():
+                ref = m(torch.from_numpy(x).cuda()).cpu().numpy()
+            assert np.abs(y - ref).max() <= 1e-2 * max(1e-6, np.abs(ref).max())
+            profiles.append(p)
+        finally:
+            svc.close()
+        monkeypatch.setattr(profiler, "profile_model", lambda *a, **kw: pytest.fail("measured again"))
+    assert profiles[0] == profiles[1] and len(list((tmp_path / "cache").rglob("*.json"))) == 1

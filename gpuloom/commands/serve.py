@@ -17,7 +17,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="dstack",
                    help="scheduling policy by name (default dstack), with its options as in gpuloom bench: "
                         "NAME:KEY=VALUE[:...], e.g. dstack:min_sms=0 or dstack:slowdowns=bench.json")
-    p.add_argument("--profiles", default=None, metavar="DIR", help="latency profiles (default: shipped or cached ones)")
+    p.add_argument("--profiles", default=None, metavar="DIR",
+                   help="latency profiles by model name (default: the shipped H200 ones on CUDA); a model with none "
+                        "is profiled on the GPU at load, see --profile-missing")
+    p.add_argument("--profile-missing", choices=("measure", "crude"), default="measure",
+                   help="a model without a profile, on CUDA: measure its latency on the SM grid at load, once "
+                        "(seconds to a minute; kept in --profile-cache), or time it crudely at batch 1 and max "
+                        "batch on the whole GPU (default measure; CPU always times it crudely)")
+    p.add_argument("--profile-cache", default="default", metavar="DIR",
+                   help="where profiles measured at load are kept, per GPU and model fingerprint "
+                        "(default ~/.cache/gpuloom/profiles or $GPULOOM_PROFILE_CACHE; 'none': keep none)")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--queue-limit", type=int, default=1024, help="queued requests before 429 (default 1024)")
     p.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body, MiB (default 64)")
@@ -207,7 +216,9 @@ def run(args: argparse.Namespace) -> int:
                                    queue_limit=args.queue_limit,
                                    early_answer=args.early_answer, launch_on=args.launch_on,
                                    switch_interval_ms=args.switch_interval_ms, raw_launch=not args.torch_launch,
-                                   workqueues=args.workqueues, complete_on=args.complete_on, outputs=args.outputs)
+                                   workqueues=args.workqueues, complete_on=args.complete_on, outputs=args.outputs,
+                                   measure_profiles=args.profile_missing == "measure",
+                                   profile_cache=None if args.profile_cache == "none" else args.profile_cache)
     except (ValueError, TypeError, OSError) as e:  # TypeError: an option the policy does not take
         print(f"error: {e}", file=sys.stderr)
         return 2

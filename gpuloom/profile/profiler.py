@@ -240,6 +240,16 @@ class _EngineCaptured:
         self.sets.clear()
 
 
+def engine_kind(channels_last: bool | str = False, fuse_convolutions: bool | str = False) -> str:
+    """What a profile of ``gpuloom.compile`` graphs timed (its ``runner``): ``engine``, or with the
+    options that change it, ``engine:channels_last=true,fuse_convolutions=channels_last``. A model
+    served with channels_last or fused convolutions needs a profile made so. Both default to what the
+    service compiles a model with by default (ModelConfig), not to gpuloom.compile's own defaults."""
+    options = [f"{k}={str(v).lower()}" for k, v in (("channels_last", channels_last),
+                                                     ("fuse_convolutions", fuse_convolutions)) if v is not False]
+    return "engine" + (":" + ",".join(options) if options else "")
+
+
 class EngineRunner:
     """Runner over ``gpuloom.compile``: multi-stream graphs, every stream from the partition.
 
@@ -251,20 +261,18 @@ class EngineRunner:
 
     def __init__(self, spec: ModelSpec, buckets: Sequence[int], device: str | torch.device = "cuda",
                  streams: str | int = "auto", channels_last: bool | str = False,
-                 fuse_convolutions: bool | str = False) -> None:
+                 fuse_convolutions: bool | str = False, compiled: Any = None) -> None:
         import gpuloom
 
         self.spec, self.buckets = spec, tuple(sorted(buckets))
-        # the profile says what was timed: a model served with channels_last or fused convolutions
-        # needs a profile made so. Both default to what the service compiles a model with by default
-        # (ModelConfig), not to gpuloom.compile's own defaults
-        options = [f"{k}={str(v).lower()}" for k, v in (("channels_last", channels_last),
-                                                         ("fuse_convolutions", fuse_convolutions)) if v is not False]
-        self.kind = "engine" + (":" + ",".join(options) if options else "")
-        example = spec.make_inputs(1, device)
-        self.cm = gpuloom.compile(spec.module, tuple(example), max_batch=self.buckets[-1], streams=streams,
-                                  device=device, buckets=self.buckets, channels_last=channels_last,
-                                  fuse_convolutions=fuse_convolutions)
+        self.kind = engine_kind(channels_last, fuse_convolutions)
+        if compiled is not None:  # compiled already, with these options (the service, at a model's load)
+            self.cm = compiled
+        else:
+            example = spec.make_inputs(1, device)
+            self.cm = gpuloom.compile(spec.module, tuple(example), max_batch=self.buckets[-1], streams=streams,
+                                      device=device, buckets=self.buckets, channels_last=channels_last,
+                                      fuse_convolutions=fuse_convolutions)
         from ..engine.compiled import capture_groups
 
         self.choice = {b: ch for ch, bs in capture_groups(self.cm).items() for b in bs}

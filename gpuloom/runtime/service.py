@@ -336,7 +336,15 @@ class InferenceService:
         policy: a registered policy name (``gpuloom.policy.policy_names()``; not ``ideal``).
         device: ``"cuda"``, ``"cuda:N"``, ``"cpu"``; default cuda when available, else cpu.
         profiles: where to look up each model's latency profile by name (default: the shipped H200
-            profiles on CUDA, none on CPU); without one a crude profile is measured at load (warning).
+            profiles on CUDA, none on CPU). Without one, on CUDA the model is profiled at load over
+            the device's SM grid (``measure_profiles``) and the result kept in ``profile_cache``; on
+            CPU, or with ``measure_profiles=False``, a crude profile is timed at load (warning).
+        measure_profiles: on CUDA, profile a model that has none at its load (default True): latency
+            per batch bucket on every SM count of the grid, inside real partitions, as
+            ``gpuloom profile`` does (seconds to a minute a model; timed beside the models being
+            served, if any, so less clean than on an idle GPU).
+        profile_cache: directory of the profiles measured at load (``gpuloom.profile.cache``;
+            default ``~/.cache/gpuloom/profiles``, or ``$GPULOOM_PROFILE_CACHE``); None keeps none.
         queue_limit: accepted-but-unanswered requests per model before :class:`Overloaded`.
         policy_options: keyword options of the policy's constructor.
         device_layer: a ready :class:`DeviceLayer` instead of ``device`` (tests: ``FakeDeviceLayer``;
@@ -415,6 +423,8 @@ class InferenceService:
         outputs: str = "copies",
         complete_on: str = "watcher",
         expiry_grace_s: float = 5.0,
+        measure_profiles: bool = True,
+        profile_cache: str | os.PathLike | None = "default",
     ) -> None:
         self.lookahead_ms = check_lookahead(lookahead_ms)  # here, not at the first load
         self.tune_gc = bool(tune_gc)
@@ -447,6 +457,12 @@ class InferenceService:
         self._owns_layer = device_layer is None  # close() closes only a layer it made
         self._profiles_resolved = False  # the shipped profiles looked up once the layer's kind is known
         self.profiles = profiles
+        self.measure_profiles = bool(measure_profiles)
+        if profile_cache == "default":
+            from ..profile.cache import default_cache_dir
+
+            profile_cache = default_cache_dir()
+        self.profile_cache = profile_cache  # a directory, or None
         self.load_timeout_s = load_timeout_s
         self._models: dict[str, _Model] = {}
         self._lock = threading.RLock()
@@ -1356,11 +1372,52 @@ class InferenceService:
             elif prof.gpu.sm_count != dev.gpu_sms:
                 warnings.warn(f"profile of {config.name!r} was measured on {prof.gpu.sm_count} SMs; this device has "
                               f"{dev.gpu_sms}", stacklevel=3)
+        if prof is None and dev.kind == "cuda" and self.measure_profiles and not isinstance(runner, FakeModel):
+            prof = self._measured_profile(config, runner)
         if prof is None:
             warnings.warn(f"no latency profile for {config.name!r}: using a crude one measured at load "
                           f"(run `gpuloom profile` for a real one)", stacklevel=3)
             prof = crude_profile(config, runner, dev)
         return trim_profile(prof, config.max_batch)
+
+    def _measured_profile(self, config: ModelConfig, runner: Any) -> Profile | None:
+        """Profile ``config``'s compiled model on this GPU, or take the one measured at an earlier load
+        from the cache. None (and a warning) if measuring fails: the load goes on with a crude one."""
+        import torch
+
+        from ..gpu import device_facts
+        from ..profile.cache import ProfileCache, fingerprint
+        from ..profile.profiler import EngineRunner, ModelSpec, engine_kind, profile_model
+
+        index = getattr(self.device, "device", 0)
+        kind = engine_kind(config.channels_last, config.fuse_convolutions)
+        try:
+            facts = device_facts(index)
+            gm = runner.graph.module
+            params = [(n, tuple(t.shape), str(t.dtype)) for n, t in (*gm.named_parameters(), *gm.named_buffers())]
+            fp = fingerprint(config.name, [t.shape for t in config.inputs], [t.dtype for t in config.inputs],
+                             config.max_batch, kind, params, [str(n.target) for n in runner.graph.ops])
+            cache = ProfileCache(self.profile_cache, facts.name, facts.sm_count) if self.profile_cache else None
+            cached = cache.get(config.name, fp) if cache is not None else None
+            if cached is not None:
+                log.info("model %s: the profile measured at an earlier load (%s)", config.name, cache.path(config.name, fp))
+                return cached
+            spec = ModelSpec(config.name, None, tuple(t.shape for t in config.inputs),
+                             tuple(getattr(torch, t.dtype) for t in config.inputs), dtype=config.inputs[0].dtype)
+            log.info("model %s: no profile; measuring one on %d SM counts x %d batch sizes (once: it is cached)",
+                     config.name, len(facts.grid()), len(runner.buckets))
+            measured = profile_model(spec, batches=runner.buckets, runner=EngineRunner(spec, runner.buckets,
+                                     compiled=runner, channels_last=config.channels_last,
+                                     fuse_convolutions=config.fuse_convolutions),
+                                     device=index, predict=False, log=log.info)
+            if cache is not None:
+                path = cache.put(config.name, fp, measured.profile)
+                log.info("model %s: profiled in %.1f s; kept in %s", config.name, measured.seconds, path)
+            return measured.profile
+        except Exception as e:  # noqa: BLE001 - a profile is for planning: the model still serves with a crude one
+            warnings.warn(f"model {config.name!r}: measuring its profile failed ({type(e).__name__}: {e})",
+                          stacklevel=4)
+            return None
 
 
 def trim_profile(p: Profile, max_batch: int) -> Profile:

@@ -1,0 +1,133 @@
+"""Profiles measured at a model's load, kept per GPU and fingerprint (gpuloom/profile/cache.py), and
+the service's use of them: measured once, taken from the cache at the next load, measured again when
+the model changes; a failed measurement leaves the load to a crude profile."""
+
+from __future__ import annotations
+
+import json
+import types
+import warnings
+
+import pytest
+
+from gpuloom.profile.cache import ProfileCache, default_cache_dir, fingerprint
+from gpuloom.profile.synthetic import synthetic_profile
+
+BASE = dict(name="m", input_shapes=[(16,)], input_dtypes=["float32"], max_batch=8, runner="engine",
+            parameters=[("0.weight", (32, 16), "torch.float32")], ops=["aten.linear.default"])
+
+
+def test_the_fingerprint_changes_with_everything_a_measured_profile_depends_on():
+    fp = fingerprint(**BASE)
+    assert fp == fingerprint(**BASE) and len(fp) == 16
+    changed = dict(name="n", input_shapes=[(17,)], input_dtypes=["float16"], max_batch=16,
+                   runner="engine:channels_last=true", parameters=[("0.weight", (33, 16), "torch.float32")],
+                   ops=["aten.linear.default", "aten.relu.default"])
+    for key, value in changed.items():
+        assert fingerprint(**{**BASE, key: value}) != fp, key
+
+
+def test_a_cached_profile_round_trips_per_gpu_and_a_torn_file_reads_as_none(tmp_path):
+    p = synthetic_profile("m", per_item_sm_ms=20.0, knee1=32, batches=(1, 4))
+    h200 = ProfileCache(tmp_path, "NVIDIA H200", 132)
+    assert h200.get("m", "abc") is None
+    path = h200.put("m", "abc", p)
+    assert path.parent.name == "NVIDIA_H200-132sm" and h200.get("m", "abc") == p
+    assert ProfileCache(tmp_path, "NVIDIA H100", 132).get("m", "abc") is None  # another GPU: not this one's
+    path.write_text(path.read_text()[:40])
+    assert h200.get("m", "abc") is None
+    assert [f.name for f in path.parent.iterdir()] == [path.name]  # no temporary file left behind
+
+
+def test_the_cache_directory_follows_gpuloom_then_xdg_then_home(monkeypatch, tmp_path):
+    monkeypatch.delenv("GPULOOM_PROFILE_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == tmp_path / "xdg" / "gpuloom" / "profiles"
+    monkeypatch.setenv("GPULOOM_PROFILE_CACHE", str(tmp_path / "mine"))
+    assert default_cache_dir() == tmp_path / "mine"
+
+
+# -- the service ----------------------------------------------------------------------------------
+
+torch = pytest.importorskip("torch")
+
+
+def _compiled(width: int):
+    import gpuloom
+    from gpuloom.runtime.service import ModelConfig, TensorSpec
+
+    m = torch.nn.Sequential(torch.nn.Linear(16, width), torch.nn.ReLU(), torch.nn.Linear(width, 4)).eval()
+    cm = gpuloom.compile(m, torch.randn(1, 16), max_batch=4, input_names=["x"], device="cpu")
+    return ModelConfig("m", (TensorSpec("x", (16,), "float32"),), max_batch=4), cm
+
+
+def _measuring(monkeypatch, fail: bool = False) -> list:
+    """A GPU as far as _measured_profile looks, and profile_model replaced by a recorder."""
+    import gpuloom.gpu
+    import gpuloom.profile.profiler as profiler
+
+    calls = []
+    facts = types.SimpleNamespace(name="NVIDIA H200", sm_count=132, grid=lambda: (8, 16, 132))
+    monkeypatch.setattr(gpuloom.gpu, "device_facts", lambda device=0: facts)
+
+    def measure(spec, *, batches, runner, device, predict, log):
+        calls.append((spec.name, tuple(batches), runner.kind, runner.cm))
+        if fail:
+            raise RuntimeError("cuDNN could not run on 8 SMs")
+        p = synthetic_profile(spec.name, per_item_sm_ms=20.0, knee1=32, batches=tuple(batches))
+        return profiler.ProfileRun(profile=p, runner=runner.kind, seconds=0.1, setup_seconds=0.0)
+
+    monkeypatch.setattr(profiler, "profile_model", measure)
+    return calls
+
+
+def test_a_model_is_measured_once_then_taken_from_the_cache_and_measured_again_when_it_changes(monkeypatch, tmp_path):
+    from gpuloom.runtime.service import InferenceService
+
+    calls = _measuring(monkeypatch)
+    svc = InferenceService(device="cpu", profile_cache=tmp_path)
+    config, cm = _compiled(32)
+    first = svc._measured_profile(config, cm)
+    assert len(calls) == 1 and calls[0][:3] == ("m", (1, 2, 4), "engine") and calls[0][3] is cm  # no recompile
+    files = list(tmp_path.rglob("*.json"))
+    assert len(files) == 1 and json.loads(files[0].read_text())["model"] == "m"
+    again = InferenceService(device="cpu", profile_cache=tmp_path)._measured_profile(*_compiled(32))
+    assert again == first and len(calls) == 1  # a new process, the same model: from the cache
+    InferenceService(device="cpu", profile_cache=tmp_path)._measured_profile(*_compiled(64))  # wider: measured
+    assert len(calls) == 2 and len(list(tmp_path.rglob("*.json"))) == 2
+    InferenceService(device="cpu", profile_cache=None)._measured_profile(*_compiled(32))  # no cache: measured
+    assert len(calls) == 3
+
+
+def test_a_failed_measurement_is_a_warning_and_no_profile_so_the_load_goes_on_crudely(monkeypatch, tmp_path):
+    from gpuloom.runtime.service import InferenceService
+
+    _measuring(monkeypatch, fail=True)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert InferenceService(device="cpu", profile_cache=tmp_path)._measured_profile(*_compiled(32)) is None
+    assert any("measuring its profile failed (RuntimeError: cuDNN could not run on 8 SMs)" in str(w.message)
+               for w in seen), [str(w.message) for w in seen]
+    assert not list(tmp_path.rglob("*.json"))
+
+
+def test_serve_passes_its_profile_flags_to_the_service(tmp_path, monkeypatch):
+    import argparse
+
+    import gpuloom.runtime.service as service_mod
+    from gpuloom.commands import serve
+
+    seen = []
+
+    def record(**kw):
+        seen.append(kw)
+        raise ValueError("recorded")
+
+    monkeypatch.setattr(service_mod, "InferenceService", record)
+    (tmp_path / "m.yaml").write_text("name: m\nsource: 'x.py:f'\ninputs: [{name: x, shape: [4], dtype: float32}]\n")
+    p = argparse.ArgumentParser()
+    serve.add_arguments(p)
+    for argv in ([], ["--profile-missing", "crude", "--profile-cache", "none"], ["--profile-cache", str(tmp_path)]):
+        assert serve.run(p.parse_args([str(tmp_path / "m.yaml"), "--http-port", "0", "--no-grpc", *argv])) == 2
+    assert [(kw["measure_profiles"], kw["profile_cache"]) for kw in seen] == [
+        (True, "default"), (False, None), (True, str(tmp_path))]
