@@ -58,7 +58,9 @@ async def _errors(request: web.Request, handler):
             return _error(e.reason or e.text or "error", e.status)
         raise
     except RequestPayloadError as e:  # e.g. a body that is not the gzip its Content-Encoding says
-        return _error(f"request body could not be read: {e}", 400)
+        # the decoder's own words where aiohttp kept them, else its "400, message:\n  ...", on one line
+        why = " ".join(str(getattr(e.__cause__, "message", None) or e).split())
+        return _error(f"request body could not be read: {why}", 400)
     except asyncio.CancelledError:
         raise
     except ConnectionResetError:
@@ -87,6 +89,21 @@ def infer_response(name: str, outputs, req, timing_ms: dict[str, float] | None =
 
 def _version(request: web.Request) -> str | None:
     return request.match_info.get("version")
+
+
+class _AnsweredPayloadErrors(logging.Filter):
+    """Drops aiohttp's "Unhandled exception" record, with its traceback, for a request body that could
+    not be read (e.g. not the gzip its Content-Encoding says). After the answer aiohttp reads what is
+    left of the body, fails on it again and logs that; the client has had its 400 (``_errors``) and
+    the connection is closed, so the record says nothing a server's operator needs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], RequestPayloadError))
+
+
+_SERVER_LOG = logging.getLogger("aiohttp.server")
+if not any(isinstance(f, _AnsweredPayloadErrors) for f in _SERVER_LOG.filters):
+    _SERVER_LOG.addFilter(_AnsweredPayloadErrors())
 
 
 def build_app(core: ServeCore) -> web.Application:
