@@ -1330,6 +1330,14 @@ class InferenceService:
                                  f"ModelConfig(fuse_convolutions=...) to match")
         elif isinstance(module, torch.nn.Module):
             module = module.eval().to(dev)
+            try:  # one eager sample first: a config that does not fit the model is the user's to fix, and
+                # torch.export would fail on it deep inside, with its own error log, as an internal error
+                with torch.inference_mode():
+                    module(*examples)
+            except Exception as e:  # noqa: BLE001 - any failure here is the model's on these inputs
+                shapes = ", ".join(f"{t.name} {list(t.shape)} {t.dtype}" for t in config.inputs)
+                raise ValueError(f"model {config.name!r} does not run on one sample of the inputs its config "
+                                 f"declares ({shapes}, without the batch): {type(e).__name__}: {e}") from e
             cm = gpuloom.compile(module, tuple(examples), max_batch=config.max_batch, device=dev,
                                  input_names=[t.name for t in config.inputs], channels_last=config.channels_last,
                                  fuse_convolutions=config.fuse_convolutions)
