@@ -12,8 +12,8 @@ import pytest
 pytest.importorskip("torch")
 
 
-@pytest.fixture
-def server():
+@pytest.fixture(params=[0, 2], ids=["in-process-http", "2-http-workers"])
+def server(request):
     from gpuloom.runtime.service import InferenceService
     from gpuloom.serve.core import ServeCore
     from gpuloom.serve.repository import load_repository
@@ -25,7 +25,7 @@ def server():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a crude profile
         core.load("tiny_mlp")
-    srv = Server(core, http_port=0, grpc_port=None)
+    srv = Server(core, http_port=0, grpc_port=None, http_workers=request.param)
     addr = srv.start()
     yield addr
     srv.stop()
@@ -47,3 +47,15 @@ def test_a_body_that_is_not_the_gzip_it_says_is_a_400_naming_the_encoding_withou
     assert c.getresponse().status == 200
     tracebacks = [r for r in caplog.records if r.exc_info]
     assert not tracebacks, [(r.name, r.getMessage()) for r in tracebacks]
+
+
+def test_an_unknown_model_or_version_is_a_404_even_with_a_malformed_body(server):
+    for path, body in (("/v2/models/nope/infer", b"{not json"), ("/v2/models/tiny_mlp/versions/7/infer", b"{")):
+        c = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=30)
+        c.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        assert r.status == 404, (path, r.status, r.read())
+    c = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=30)
+    c.request("POST", "/v2/models/tiny_mlp/infer", body=b"{not json", headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    assert r.status == 400 and "not valid JSON" in r.read().decode()

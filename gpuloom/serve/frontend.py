@@ -916,11 +916,29 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_b
                 if not fut.done():
                     fut.set_exception(ProtocolError("the runtime process closed the connection", 503, retry_after_s=1.0))
 
+    async def _unknown_model_first(name: str, version: str | None) -> None:
+        """A body that does not parse, sent to a model (or version) that does not exist: the 404 goes
+        first, as the runtime's process answers it (this worker keeps no list of models, so it asks,
+        on this error path only)."""
+        path = f"/v2/models/{name}" + (f"/versions/{version}" if version else "")
+        try:
+            async with state["session"].get(upstream + path) as r:
+                if r.status != 404:
+                    return
+                why = (await r.json()).get("error")
+        except (aiohttp.ClientError, ValueError, asyncio.TimeoutError):
+            return  # the runtime's process did not say: the body's own error stands
+        raise ProtocolError(why or f"unknown model {name!r}", 404)
+
     async def infer(request: web.Request):
         t_in = time.perf_counter()  # headers read; the body may still be arriving
         name, version = request.match_info["model"], request.match_info.get("version")
         body = await request.read()
-        req = parse_infer_body(body, request.headers.get(HEADER_LEN))
+        try:
+            req = parse_infer_body(body, request.headers.get(HEADER_LEN))
+        except ProtocolError:
+            await _unknown_model_first(name, version)
+            raise
         deadline = deadline_ms_from_parameters(req.parameters, request.headers.get(DEADLINE_HEADER))
         if not state["up"]:
             raise ProtocolError("the runtime process is not reachable (its connection closed)", 503, retry_after_s=1.0)

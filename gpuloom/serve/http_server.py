@@ -160,6 +160,7 @@ def build_app(core: ServeCore) -> web.Application:
             name = request.match_info["model"]
             version = _version(request)
             body = await request.read()  # aiohttp undoes gzip/deflate Content-Encoding, within client_max_size
+            core.config(name, version)  # an unknown model or version is a 404 whatever the body holds (as Triton)
             req = parse_infer_body(body, request.headers.get(HEADER_LEN))
             deadline = deadline_ms_from_parameters(req.parameters, request.headers.get(DEADLINE_HEADER))
             core.check_outputs(name, version, req.outputs)
