@@ -291,7 +291,8 @@ class DeviceLayer(ABC):
                 pass
             while self.memory_bytes() > self.memory_limit_bytes and self._evict_one(keep=key):
                 pass  # the estimate was low: make room after the fact (what is in use stays)
-        log.info("built %r", lanes)
+        # on the CPU the "partitions" are the planner's bookkeeping, not SMs: not news to a server's operator
+        log.log(logging.DEBUG if self.kind == "cpu" else logging.INFO, "built %r", lanes)
         return lanes
 
     def release(self, lanes: Lanes) -> None:

@@ -1383,8 +1383,12 @@ class InferenceService:
         if prof is None and dev.kind == "cuda" and self.measure_profiles and not isinstance(runner, FakeModel):
             prof = self._measured_profile(config, runner)
         if prof is None:
-            warnings.warn(f"no latency profile for {config.name!r}: using a crude one measured at load "
-                          f"(run `gpuloom profile` for a real one)", stacklevel=3)
+            if dev.kind == "cpu":  # latency does not depend on SMs here: batch 1 and max batch are the profile
+                log.info("model %s: latency timed at batch 1 and %d (the CPU's whole profile)", config.name,
+                         config.max_batch)
+            else:
+                warnings.warn(f"no latency profile for {config.name!r}: using a crude one measured at load "
+                              f"(run `gpuloom profile` for a real one)", stacklevel=3)
             prof = crude_profile(config, runner, dev)
         return trim_profile(prof, config.max_batch)
 
