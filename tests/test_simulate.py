@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -107,3 +108,14 @@ def test_simulate_command_refuses_a_variant_it_cannot_simulate_and_says_why(tmp_
     wl.write_text(TINY)
     assert main(["simulate", str(wl), "--synthetic", "--policy", spec]) == 2
     assert says in capsys.readouterr().err
+
+
+def test_a_rate_sweep_says_each_policy_it_finished_on_stderr(tmp_path, capsys):
+    """The spinner shows nothing in a pipe or a log, where a sweep of several policies ran silent for minutes."""
+    wl = tmp_path / "tiny.yaml"
+    wl.write_text(TINY)
+    assert main(["simulate", str(wl), "--synthetic", "--policy", "dstack,triton", "--sweep-rate",
+                 "--sweep-duration", "0.5"]) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"swept dstack \(1/2\): highest load x[\d.]+ in [\d.]+ s", err), err
+    assert re.search(r"swept triton \(2/2\): highest load x[\d.]+ in [\d.]+ s", err), err

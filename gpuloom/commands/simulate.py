@@ -110,11 +110,15 @@ def run(args: argparse.Namespace) -> int:
     sweeps = {}
     if args.sweep_rate:
         sweep_w = dataclasses.replace(workload, duration_s=min(workload.duration_s, args.sweep_duration))
-        for p in policies:
+        for i, p in enumerate(policies, 1):
             name, options, _ = specs[p]
-            with console.status(f"sweeping {p} ..."):
+            t_p = time.perf_counter()
+            with console.status(f"sweeping {p} ({i}/{len(policies)}) ..."):
                 sweeps[p] = sweep_rate(sweep_w, profiles, name, target=args.target, contention=contention,
                                        options=options, device_profiles=device)
+            # a line per policy: the spinner shows nothing where the output goes to a pipe or a log
+            err.print(f"swept {p} ({i}/{len(policies)}): highest load x{sweeps[p].max_factor:.3g} in "
+                      f"{time.perf_counter() - t_p:.1f} s")
     bound = fluid_bound(workload, device or profiles, knee_eps=contention.knee_eps) if args.sweep_rate else None
     elapsed = time.perf_counter() - t0
 
