@@ -116,3 +116,238 @@ def test_module_factory_with_state_dict_weights_and_torchvision_source(tmp_path)
     assert torch.equal(module.weight, lin.weight) and config.outputs[0].shape == (2,)
     config, module = repo.models["sq"].build()
     assert config.outputs[0].name == "out" and module(torch.zeros(1, 3, 32, 32)).shape == (1, 5)
+
+
+# -- re-reading the repository: edited model files, one bad entry, the index, logs, unload ----------
+MODEL_PY = '''import torch
+
+SCALE = 1.0
+BUILDS = []  # module-level state: one list per build when the file is run afresh
+
+
+class Scale(torch.nn.Module):
+    def forward(self, x):
+        return x * SCALE
+
+
+def make():
+    BUILDS.append(1)
+    return Scale()
+
+
+def broken(width=4):
+    raise ValueError(f"width {width} is not supported")
+'''
+
+MODEL_YAML = """name: {name}
+source: model.py:{factory}
+inputs: [{{name: x, shape: [4], dtype: float32}}]
+outputs: [{{name: y, shape: [4], dtype: float32}}]
+max_batch: 4
+slo_ms: 2000
+"""
+
+
+def _model_dir(root, name="m", factory="make", text=MODEL_PY):
+    """``root/name/config.yaml`` and ``root/name/model.py``: a Triton-like model directory."""
+    d = root / name
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "model.py").write_text(text)
+    (d / "config.yaml").write_text(MODEL_YAML.format(name=name, factory=factory))
+    return d
+
+
+def _core(tmp_path, service=None):
+    """A ServeCore over the repository ``tmp_path`` (valid when this is called, as `gpuloom serve` checks)."""
+    from gpuloom.serve.core import ServeCore
+
+    return ServeCore(service or serve_fake.FakeService(), load_repository(tmp_path))
+
+
+def _infer(core, name):
+    import numpy as np
+
+    fut, _ = core.submit(name, None, {"x": np.ones((1, 4), np.float32)}, None)
+    return fut.result(30)["y"]
+
+
+def _index(core):
+    return {m["name"]: (m["state"], m.get("reason", "")) for m in core.repository_index()}
+
+
+def test_a_load_runs_the_model_file_as_it_is_on_disk_now(tmp_path):
+    import warnings
+
+    d = _model_dir(tmp_path)
+    service = serve_fake.make_service()  # the real runtime on CPU: it compiles each build's module
+    try:
+        core = _core(tmp_path, service)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # no latency profile for 'm'
+            core.load("m")
+            assert _infer(core, "m").tolist() == [[1.0] * 4]
+            # the same length, at once: a bytecode cache trusted by mtime (whole seconds) and size would run the old code
+            (d / "model.py").write_text(MODEL_PY.replace("SCALE = 1.0", "SCALE = 3.0"))
+            core.load("m")
+        assert _infer(core, "m").tolist() == [[3.0] * 4]
+        assert not (d / "__pycache__").exists()  # nothing written into the user's repository
+    finally:
+        service.close(drain=False)
+
+
+def test_each_build_runs_the_file_afresh_so_two_models_of_one_file_share_no_module_state(tmp_path):
+    from gpuloom.serve.repository import scan_repository
+
+    (tmp_path / "model.py").write_text(MODEL_PY)
+    (tmp_path / "a.yaml").write_text(MODEL_YAML.format(name="a", factory="make"))
+    (tmp_path / "b.yaml").write_text(MODEL_YAML.format(name="b", factory="make"))
+    repo = scan_repository(tmp_path)
+    (_, a), (_, b) = repo.models["a"].build(), repo.models["b"].build()
+    globals_a, globals_b = type(a).forward.__globals__, type(b).forward.__globals__
+    assert globals_a is not globals_b and globals_a["BUILDS"] == [1] and globals_b["BUILDS"] == [1]
+    (tmp_path / "model.py").write_text(MODEL_PY.replace("SCALE = 1.0", "SCALE = 2.0"))
+    _, a2 = repo.models["a"].build()
+    x = torch.ones(1, 4)
+    assert a2(x).tolist() == [[2.0] * 4] and a(x).tolist() == [[1.0] * 4]  # the model built before keeps its code
+
+
+def test_a_model_file_that_does_not_run_is_an_error_naming_it_and_leaves_no_module_behind(tmp_path):
+    from gpuloom.serve.repository import scan_repository
+
+    _model_dir(tmp_path, text="import torch\ndef make(:\n")
+    before = set(sys.modules)
+    with pytest.raises(RepositoryError, match=r"source 'model.py:make': running .*model.py failed: SyntaxError"):
+        scan_repository(tmp_path).models["m"].build()
+    assert set(sys.modules) == before
+
+
+def test_a_scan_keeps_the_valid_models_and_gives_each_invalid_one_its_reason(tmp_path):
+    from gpuloom.serve.repository import scan_repository
+
+    _model_dir(tmp_path, "good")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.yaml").write_text("name: [\n")  # no name to read: the directory's
+    (tmp_path / "bad.yaml").write_text("name: bad\nsource: x:y\ninputs: [{name: x, shape: [3]}]\nmax_batch: 0\n")
+    (tmp_path / "twice.yaml").write_text("models: [{name: good, source: 'x:y', inputs: [{name: x}]},"
+                                         " {name: fine, source: 'x:y', inputs: [{name: x}]}]\n")
+    repo = scan_repository(tmp_path)
+    assert repo.names() == ["fine"]  # 'good' is defined twice: neither copy is served
+    assert sorted(repo.errors) == ["bad", "broken", "good"]
+    assert "max_batch must be a positive integer" in repo.errors["bad"]
+    assert "broken/config.yaml: not valid YAML" in repo.errors["broken"]
+    assert "defined twice" in repo.errors["good"]
+    assert repo.require(["fine"]) == ["fine"]
+    with pytest.raises(RepositoryError) as e:
+        repo.require(["fine", "bad", "nope"])
+    assert "max_batch" in str(e.value) and "['nope'] are not in the repository" in str(e.value)
+    with pytest.raises(RepositoryError, match="not valid YAML"):  # all of them: what `gpuloom serve` loads by default
+        repo.require()
+    with pytest.raises(RepositoryError, match="max_batch"):
+        load_repository(tmp_path)  # the strict form is unchanged
+
+
+def test_loading_one_model_needs_only_its_own_entry_to_be_valid(tmp_path):
+    from gpuloom.serve.protocol import ProtocolError
+
+    _model_dir(tmp_path, "good")
+    core = _core(tmp_path)
+    (tmp_path / "bad.yaml").write_text("name: bad\nsource: x:y\ninputs: [{name: x, shape: [3]}]\nslo: 5\n")  # after start
+    core.load("good")
+    assert _infer(core, "good").tolist() == [[1.0] * 4]
+    with pytest.raises(ProtocolError) as e:
+        core.load("bad")
+    assert e.value.status == 400 and "unknown keys ['slo']" in str(e.value)
+    idx = _index(core)
+    assert idx["good"] == ("READY", "") and idx["bad"][0] == "UNAVAILABLE" and "unknown keys ['slo']" in idx["bad"][1]
+
+
+def test_the_index_rescans_the_repository(tmp_path):
+    _model_dir(tmp_path, "m")
+    core = _core(tmp_path)
+    _model_dir(tmp_path, "later")  # added while serving
+    assert _index(core) == {"m": ("UNAVAILABLE", "not loaded"), "later": ("UNAVAILABLE", "not loaded")}
+    core.load("later")
+    assert _index(core)["later"] == ("READY", "")
+    import shutil
+
+    shutil.rmtree(tmp_path / "m")
+    assert set(_index(core)) == {"later"}
+
+
+def test_a_failed_load_logs_one_line_naming_the_users_file_and_line(tmp_path, caplog):
+    import logging
+
+    from gpuloom.serve.protocol import ProtocolError
+
+    _model_dir(tmp_path, "m", factory="broken")
+    core = _core(tmp_path)
+    with caplog.at_level(logging.DEBUG, logger="gpuloom.serve"), pytest.raises(ProtocolError) as e:
+        core.load("m")
+    line = MODEL_PY.splitlines().index('    raise ValueError(f"width {width} is not supported")') + 1
+    assert e.value.status == 400 and f"model.py:{line})" in str(e.value)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and errors[0].exc_info is None
+    msg = errors[0].getMessage()
+    assert msg.startswith("loading model m failed: RepositoryError: ") and "ValueError: width 4 is not supported" in msg
+    assert msg.endswith(f"{tmp_path / 'm' / 'model.py'}:{line})")
+    assert any(r.levelno == logging.DEBUG and r.exc_info for r in caplog.records)  # the traceback, for whoever asks
+    assert "width 4 is not supported" in _index(core)["m"][1]
+
+
+def test_an_unexpected_failure_of_the_runtime_is_logged_with_its_traceback_and_answered_500(tmp_path, caplog):
+    import logging
+
+    from gpuloom.serve.protocol import ProtocolError
+
+    class Failing(serve_fake.FakeService):
+        def load(self, config, module):
+            raise RuntimeError("lost the device")
+
+    _model_dir(tmp_path, "m")
+    core = _core(tmp_path, Failing())
+    with caplog.at_level(logging.ERROR, logger="gpuloom.serve"), pytest.raises(ProtocolError) as e:
+        core.load("m")
+    assert e.value.status == 500 and "RuntimeError: lost the device" in str(e.value)
+    assert [bool(r.exc_info) for r in caplog.records] == [True]
+
+
+def test_unload_answers_as_triton_for_a_model_not_loaded_and_404_for_an_unknown_one(tmp_path):
+    from gpuloom.serve.protocol import ProtocolError
+
+    _model_dir(tmp_path, "m")
+    core = _core(tmp_path)
+    with pytest.raises(ProtocolError) as e:
+        core.unload("nope")
+    assert e.value.status == 404 and "neither loaded nor in the repository" in str(e.value)
+    core.unload("m")  # in the repository, not loaded: success, nothing changes
+    assert _index(core)["m"] == ("UNAVAILABLE", "not loaded")
+    core.load("m")
+    core.unload("m")
+    assert _index(core)["m"] == ("UNAVAILABLE", "unloaded")
+    core.unload("m")
+
+
+def test_serve_starts_the_models_asked_for_while_another_entry_is_broken_and_says_which(tmp_path, monkeypatch, capsys):
+    """--models a starts though b's YAML is broken (a warning names b and why); without --models every
+    entry must be valid, and --models naming the broken one or one missing stops with the reasons."""
+    import argparse
+
+    from gpuloom.commands import serve
+    from gpuloom.serve.server import Server, ServerAddress
+
+    (tmp_path / "a.yaml").write_text("name: a\nsource: 'torchvision:resnet18'\ninputs: [{name: x, shape: [3, 8, 8], dtype: float32}]\n")
+    (tmp_path / "b.yaml").write_text("name: b\nsource: 'torchvision:resnet18'\ninputs: [{name: x, shap: [3], dtype: float32}]\n")
+    loaded = []
+    monkeypatch.setattr("gpuloom.serve.core.ServeCore.load", lambda self, name: loaded.append(name))
+    monkeypatch.setattr(Server, "serve_forever", lambda self, on_started=None: on_started(ServerAddress("127.0.0.1", 1, None)))
+    p = argparse.ArgumentParser()
+    serve.add_arguments(p)
+    common = ["--device", "cpu", "--http-port", "0", "--no-grpc"]
+    assert serve.run(p.parse_args([str(tmp_path), "--models", "a", *common])) == 0
+    err = capsys.readouterr().err
+    assert loaded == ["a"] and "warning: model b is not loaded, its entry is invalid:" in err and "shap" in err, err
+    for argv in ([], ["--models", "a,b"], ["--models", "a,c"]):
+        assert serve.run(p.parse_args([str(tmp_path), *argv, *common])) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error:") and ("shap" in err or "['c'] are not in the repository" in err), err
+    assert loaded == ["a"]

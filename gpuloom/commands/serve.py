@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
 
     from gpuloom.serve.core import ServeCore
     from gpuloom.serve.protocol import ProtocolError
-    from gpuloom.serve.repository import RepositoryError, load_repository
+    from gpuloom.serve.repository import RepositoryError, scan_repository
     from gpuloom.serve.server import ServeError, Server, check_ports_free
 
     if args.outputs == "views" and args.torch_launch:
@@ -182,16 +182,16 @@ def run(args: argparse.Namespace) -> int:
         except (OSError, ValueError, AttributeError) as e:
             print(f"error: --cpus {sorted(args.cpus)}: {e}", file=sys.stderr)
             return 2
-    try:
-        repo = load_repository(args.repository)
+    try:  # every model asked for (all, without --models) must be valid; a broken one not asked for waits
+        repo = scan_repository(args.repository)
+        wanted = [n.strip() for n in args.models.split(",") if n.strip()] if args.models else None
+        names = repo.require(wanted)
     except RepositoryError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    names = repo.names() if not args.models else [n.strip() for n in args.models.split(",") if n.strip()]
-    unknown = [n for n in names if n not in repo.models]
-    if unknown:
-        print(f"error: --models names {unknown} not in the repository, which has {repo.names()}", file=sys.stderr)
-        return 2
+    for name, why in sorted(repo.errors.items()):
+        if name not in names:
+            print(f"warning: model {name} is not loaded, its entry is invalid: {why}", file=sys.stderr)
     try:  # before any model is built: a taken port or a wrong --host costs seconds, not the loading time
         check_ports_free(args.host, args.http_port, None if args.no_grpc else args.grpc_port)
     except ServeError as e:

@@ -223,51 +223,109 @@ class ServeCore:
         return self.outcome(name, fut, t0, rows)
 
     # -- repository ------------------------------------------------------------------------------
+    def _rescan(self) -> Repository | None:
+        """The repository as on disk now (Triton re-reads it for the index and at each load): one
+        model's bad entry only makes that model unavailable (``Repository.errors``). RepositoryError
+        only when the repository cannot be read at all. Not under ``_repo_lock``: the index must not
+        wait for a load's compile, and a scan replaced by a newer one is harmless."""
+        if self.repository is None:
+            return None
+        self.repository = self.repository.reload()
+        return self.repository
+
     def repository_index(self) -> list[dict[str, str]]:
+        """Every model of the repository as on disk now (a model added since is listed, UNAVAILABLE
+        until loaded), and every loaded one; an invalid entry is UNAVAILABLE with its mistake as the
+        reason, as Triton lists a model that failed to load."""
+        repo = self.repository
+        try:
+            repo = self._rescan()
+        except RepositoryError as e:
+            log.warning("model repository cannot be read (the index shows it as last read): %s", e)
+        errors = repo.errors if repo is not None else {}
         loaded = {c.name for c in self.service.models()}
-        names = set(loaded) | set(self.repository.models if self.repository else {})
+        names = loaded | set(repo.models if repo is not None else {}) | set(errors)
         out = []
         for n in sorted(names):
-            state = "READY" if n in loaded and self.ready(n) else self._states.get(n, "UNAVAILABLE")
-            item = {"name": n, "version": VERSION, "state": state}
-            if n in self._reasons and state != "READY":
-                item["reason"] = self._reasons[n]
-            elif state == "UNAVAILABLE":
-                item["reason"] = "unloaded"
-            out.append(item)
+            if n in loaded and self.ready(n):
+                out.append({"name": n, "version": VERSION, "state": "READY"})
+                continue
+            if self._states.get(n) == "LOADING":
+                out.append({"name": n, "version": VERSION, "state": "LOADING"})
+                continue
+            reason = errors.get(n) or self._reasons.get(n) or ("not ready" if n in loaded else "not loaded")
+            out.append({"name": n, "version": VERSION, "state": "UNAVAILABLE", "reason": reason})
         return out
 
     def load(self, name: str) -> None:
-        """(Re)load ``name`` from the repository (re-read from disk); blocking."""
+        """(Re)load ``name`` from the repository (re-read from disk, its ``file.py`` re-executed);
+        blocking. Only ``name``'s entry must be valid. When the new model fails to build (entry,
+        file, weights, factory), a model already loaded under that name keeps serving (as Triton keeps
+        the loaded version); once built, the old one is unloaded before the new one loads."""
         if self.repository is None:
             raise ProtocolError("this server has no model repository to load from", 400)
         with self._repo_lock:
             try:
-                repo = self.repository.reload()
+                repo = self._rescan()
             except RepositoryError as e:
-                raise ProtocolError(f"model repository is invalid: {e}", 400) from None
-            self.repository = repo
+                raise ProtocolError(f"model repository cannot be read: {e}", 400) from None
+            if name in repo.errors:
+                raise self._load_failed(name, RepositoryError(repo.errors[name]), None, built=False)
             entry = repo.models.get(name)
             if entry is None:
-                raise ProtocolError(f"model {name!r} is not in the repository; it has {repo.names()}", 404)
+                invalid = f" (and invalid ones {sorted(repo.errors)})" if repo.errors else ""
+                raise ProtocolError(f"model {name!r} is not in the repository; it has {repo.names()}{invalid}", 404)
             self._states[name] = "LOADING"
+            built = False
             try:
                 config, module = entry.build()
+                built = True
                 if name in {c.name for c in self.service.models()}:
                     self.service.unload(name)
                 self.service.load(config, module)
             except Exception as e:
-                self._states[name] = "UNAVAILABLE"
-                self._reasons[name] = f"load failed: {e}"
-                log.exception("loading model %s failed", name)
-                raise ProtocolError(f"loading model {name!r} failed: {e}", 400) from None
+                raise self._load_failed(name, e, entry, built=built) from None
             self._states[name] = "READY"
             self._reasons.pop(name, None)
 
+    def _load_failed(self, name: str, e: Exception, entry: Any, *, built: bool) -> ProtocolError:
+        """Mark ``name`` unavailable with the cause, log it, and return the answer to raise.
+
+        A mistake in the model is an ordinary event (400), logged as one ERROR line with the cause
+        and, when it was raised in the model's own ``file.py``, where; its traceback only at DEBUG.
+        That is anything raised while building it (its entry, weights, factory or forward), a
+        ValueError or ServiceError of the runtime's load (the message says why), or any error
+        raised in the user's file. Anything else is the server's fault: logged with its traceback,
+        answered 500."""
+        at = entry.raised_at(e) if entry is not None else None
+        cause = f"{type(e).__name__}: {e}" + (f" (raised at {at})" if at else "")
+        self._states[name] = "UNAVAILABLE"
+        self._reasons[name] = f"load failed: {cause}"
+        if not built or at is not None or isinstance(e, (ValueError, self.svc.ServiceError)):
+            log.error("loading model %s failed: %s", name, cause)
+            log.debug("loading model %s failed", name, exc_info=e)
+            return ProtocolError(f"loading model {name!r} failed: {cause}", 400)
+        log.error("loading model %s failed unexpectedly: %s", name, cause, exc_info=e)
+        return ProtocolError(f"loading model {name!r} failed: internal error {cause}", 500)
+
     def unload(self, name: str) -> None:
+        """Stop serving ``name``. As Triton, unloading a model of the repository that is not loaded
+        succeeds and changes nothing (a client may unload without asking first). A name neither
+        loaded nor in the repository is 404, as its load is (Triton answers success there too; a
+        404 tells a mistyped name)."""
         with self._repo_lock:
-            if name not in {c.name for c in self.service.models()}:
-                raise ProtocolError(f"model {name!r} is not loaded; loaded: {sorted(c.name for c in self.service.models())}", 400)
+            loaded = sorted(c.name for c in self.service.models())
+            if name not in loaded:
+                repo = self.repository
+                try:
+                    repo = self._rescan()
+                except RepositoryError:
+                    pass  # as last read
+                if repo is None or (name not in repo.models and name not in repo.errors):
+                    has = f", the repository has {sorted(set(repo.models) | set(repo.errors))}" if repo else ""
+                    raise ProtocolError(f"model {name!r} is neither loaded nor in the repository; loaded: {loaded}{has}",
+                                        404)
+                return
             self.service.unload(name)
             self._states[name] = "UNAVAILABLE"
             self._reasons[name] = "unloaded"

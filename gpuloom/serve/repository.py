@@ -22,6 +22,11 @@ A repository is one YAML file or a directory of them (``*.yaml``/``*.yml`` direc
 Paths (weights, ``file.py`` sources) are relative to the YAML file. Weights are never unpickled as
 objects: safetensors, or ``torch.load(weights_only=True)`` which refuses anything but tensors and plain
 containers. Parsing is pure (no torch); :meth:`ModelEntry.build` imports torch.
+
+A ``file.py`` source is executed afresh by every :meth:`ModelEntry.build` (a load re-reads the model
+from disk, as Triton's does), so its module-level state belongs to that one build. Parsing is per
+model: :func:`scan_repository` keeps the valid models and says why each other one cannot be used
+(:attr:`Repository.errors`); :func:`load_repository` is the strict form, an error for any mistake.
 """
 
 from __future__ import annotations
@@ -29,16 +34,17 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 import yaml
 
 from ..engine.options import is_channels_last, is_fuse_convolutions
 
-__all__ = ["RepositoryError", "TensorEntry", "ModelEntry", "Repository", "load_repository"]
+__all__ = ["RepositoryError", "TensorEntry", "ModelEntry", "Repository", "load_repository", "scan_repository"]
 
 _TENSOR_KEYS = {"name", "shape", "dtype"}  # of one entry in inputs / outputs
 _ALLOWED_KEYS = {
@@ -119,13 +125,40 @@ class ModelEntry:
         )
         return config, module
 
+    def source_file(self) -> Path | None:
+        """The ``file.py`` of a ``file.py:factory`` source (relative to the YAML), else None."""
+        return _source_file(self.source, self.origin)
+
+    def raised_at(self, exc: BaseException) -> str | None:
+        """``file:line`` in this model's ``file.py`` source where ``exc`` (or the exception it was
+        raised from) was raised, innermost first; None when it did not pass through that file. What a
+        failed load's one log line names, so that the user's mistake is found without a traceback."""
+        src = self.source_file()
+        if src is None:
+            return None
+        src = src.resolve()
+        chain: list[BaseException] = []
+        while exc is not None and all(exc is not c for c in chain):
+            chain.append(exc)
+            exc = exc.__cause__ or exc.__context__
+        for e in reversed(chain):  # the innermost exception is where the mistake is
+            for frame, line in reversed(list(traceback.walk_tb(e.__traceback__))):
+                name = frame.f_code.co_filename
+                if Path(name).name == src.name and Path(name).resolve() == src:
+                    return f"{name}:{line}"
+        return None
+
     def _infer_outputs(self, module) -> tuple[TensorEntry, ...]:
         """Run one zero sample to learn the outputs' names, per-sample shapes and dtypes."""
         import torch
 
         xs = [torch.zeros((1, *[max(d, 1) for d in t.shape]), dtype=getattr(torch, t.dtype)) for t in self.inputs]
-        with torch.no_grad():
-            out = module(*xs)
+        try:
+            with torch.no_grad():
+                out = module(*xs)
+        except Exception as e:  # the user's forward
+            raise RepositoryError(f"model {self.name!r}: running one zero sample to find its outputs (the YAML lists "
+                                  f"none) failed: {type(e).__name__}: {e}") from e
         named = output_dict(out)
         return tuple(
             TensorEntry(name=n, shape=tuple(v.shape[1:]), dtype=str(v.dtype).removeprefix("torch.")) for n, v in named.items()
@@ -185,19 +218,11 @@ def _resolve_factory(source: str, origin: Path | None):
             return timm.create_model(name, pretrained=False, **kw)
 
         return tm
-    if kind.endswith(".py"):
-        path = Path(kind)
-        if not path.is_absolute() and origin is not None:
-            path = origin.parent / path
+    path = _source_file(source, origin)
+    if path is not None:
         if not path.is_file():
             raise RepositoryError(f"source {source!r}: file {path} does not exist")
-        modname = f"gpuloom_repo_{abs(hash(str(path.resolve())))}"
-        mod = sys.modules.get(modname)
-        if mod is None:
-            spec = importlib.util.spec_from_file_location(modname, path)
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules[modname] = mod
-            spec.loader.exec_module(mod)
+        mod = _exec_file(path, source)
     else:
         try:
             mod = importlib.import_module(kind)
@@ -207,6 +232,41 @@ def _resolve_factory(source: str, origin: Path | None):
     if not callable(fn):
         raise RepositoryError(f"source {source!r}: module {kind!r} has no callable {name!r}")
     return fn
+
+
+def _source_file(source: str, origin: Path | None) -> Path | None:
+    kind = source.partition(":")[0]
+    if not kind.endswith(".py"):
+        return None
+    path = Path(kind)
+    return origin.parent / path if not path.is_absolute() and origin is not None else path
+
+
+def _exec_file(path: Path, source: str):
+    """A new module object running ``path`` as it is on disk now, at every call.
+
+    A load must serve the file as edited (Triton re-reads a model at load), and re-executing each
+    time is the simplest rule that is always right: no stale copy by mtime granularity, and two
+    models naming one file never share module-level state (each build has its own, as each Triton
+    model has its own ``model.py`` instance). The source is compiled here rather than by the import
+    system, whose ``__pycache__`` is trusted when the mtime (in whole seconds) and size match: an
+    edit of the same length within the second would run the old code. The module is registered in
+    ``sys.modules`` under a name fixed per path (dataclasses, typing and pickle look a class's module
+    up by name); a model built before keeps its own module through its functions' globals."""
+    modname = f"gpuloom_repo_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(modname, path)
+    mod = importlib.util.module_from_spec(spec)
+    previous = sys.modules.get(modname)
+    sys.modules[modname] = mod
+    try:
+        exec(compile(path.read_bytes(), str(path), "exec"), mod.__dict__)
+    except Exception as e:  # the user's file: say whose it was (the log names the line: ModelEntry.raised_at)
+        if previous is None:
+            sys.modules.pop(modname, None)
+        else:
+            sys.modules[modname] = previous
+        raise RepositoryError(f"source {source!r}: running {path} failed: {type(e).__name__}: {e}") from e
+    return mod
 
 
 # -- parsing ---------------------------------------------------------------------------------
@@ -297,16 +357,39 @@ def parse_model(m: Any, origin: Path | None) -> ModelEntry:
 
 @dataclass
 class Repository:
-    """Models by name, re-readable from disk (the repository API's load re-reads the files)."""
+    """Models by name, re-readable from disk (the repository API's load re-reads the files).
+
+    ``errors``: the name of each model whose entry cannot be used, and why (a YAML file that does not
+    parse counts under its directory's name for ``<name>/config.yaml``, else under its stem). Such a
+    model is unavailable, not in ``models``; the others stay usable (Triton marks a bad model
+    UNAVAILABLE with its reason and loads the rest)."""
 
     path: Path
     models: dict[str, ModelEntry]
+    errors: dict[str, str] = field(default_factory=dict)
 
     def reload(self) -> "Repository":
-        return load_repository(self.path)
+        """The repository as on disk now, leniently (:func:`scan_repository`): one bad entry must not
+        stop another model's load."""
+        return scan_repository(self.path)
 
     def names(self) -> list[str]:
+        """The valid models."""
         return sorted(self.models)
+
+    def require(self, names: Iterable[str] | None = None) -> list[str]:
+        """``names`` (every model of the repository when None), each a valid model; else
+        RepositoryError naming each one that is invalid (and why) or missing. What a server checks
+        before it loads anything: at start a mistake in a model it was asked for stops it, while the
+        repository API's load needs only the model it loads to be valid."""
+        wanted = sorted(set(self.models) | set(self.errors)) if names is None else list(names)
+        problems = [self.errors[n] for n in wanted if n in self.errors]
+        missing = [n for n in wanted if n not in self.models and n not in self.errors]
+        if missing:
+            problems.append(f"models {missing} are not in the repository {self.path}, which has {self.names()}")
+        if problems:
+            raise RepositoryError("\n".join(problems))
+        return wanted
 
 
 def _files(path: Path) -> list[Path]:
@@ -319,23 +402,52 @@ def _files(path: Path) -> list[Path]:
     return files
 
 
-def load_repository(path: str | Path) -> Repository:
-    """Read a repository (YAML file or directory); RepositoryError naming the file on any mistake."""
+def scan_repository(path: str | Path) -> Repository:
+    """Read a repository (YAML file or directory) model by model: each valid entry in ``models``,
+    each mistake in ``errors`` under its model's name, naming the file and field. RepositoryError
+    only when the repository itself does not exist."""
     path = Path(path)
     models: dict[str, ModelEntry] = {}
+    errors: dict[str, str] = {}
+    seen: dict[str, Path] = {}
+
+    def fail(name: str, message: str) -> None:
+        errors[name] = f"{errors[name]}; {message}" if name in errors else message
+
     for f in _files(path):
+        fallback = f.parent.name if f.name == "config.yaml" and f.parent != path else f.stem
         try:
             doc = yaml.safe_load(f.read_text())
-        except yaml.YAMLError as e:
-            raise RepositoryError(f"{f}: not valid YAML: {e}") from None
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+            fail(fallback, f"{f}: not valid YAML: {e}" if isinstance(e, yaml.YAMLError) else f"{f}: cannot be read: {e}")
+            continue
         if doc is None:
             continue
         items = doc["models"] if isinstance(doc, dict) and "models" in doc else [doc]
         if not isinstance(items, list):
-            raise RepositoryError(f"{f}: 'models' must be a list")
-        for m in items:
-            e = parse_model(m, f)
-            if e.name in models:
-                raise RepositoryError(f"{f}: model {e.name!r} is defined twice (also in {models[e.name].origin})")
-            models[e.name] = e
-    return Repository(path=path, models=models)
+            fail(fallback, f"{f}: 'models' must be a list")
+            continue
+        for i, m in enumerate(items):
+            name = m.get("name") if isinstance(m, dict) else None
+            if not isinstance(name, str) or not name or "/" in name:
+                name = fallback if len(items) == 1 else f"{fallback}[{i}]"
+            if name in seen:  # neither copy is served: which one was meant is not known
+                fail(name, f"{f}: model {name!r} is defined twice (also in {seen[name]})")
+                continue
+            seen[name] = f
+            try:
+                models[name] = parse_model(m, f)
+            except RepositoryError as e:
+                fail(name, str(e))
+    for name in errors:
+        models.pop(name, None)
+    return Repository(path=path, models=models, errors=errors)
+
+
+def load_repository(path: str | Path) -> Repository:
+    """Read a repository (YAML file or directory); RepositoryError naming the file on any mistake in
+    any model (:func:`scan_repository` reads the valid ones and lists the others)."""
+    repo = scan_repository(path)
+    if repo.errors:
+        raise RepositoryError("\n".join(repo.errors[n] for n in sorted(repo.errors)))
+    return repo
