@@ -351,3 +351,24 @@ def test_serve_starts_the_models_asked_for_while_another_entry_is_broken_and_say
         err = capsys.readouterr().err
         assert err.startswith("error:") and ("shap" in err or "['c'] are not in the repository" in err), err
     assert loaded == ["a"]
+
+
+def test_the_repository_guides_example_is_a_valid_model_that_builds(tmp_path):
+    """docs/model-repository.md's YAML and file.py, as written (its weights file left out)."""
+    import re
+    from pathlib import Path
+
+    from gpuloom.serve.repository import scan_repository
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "model-repository.md").read_text()
+    yaml_text = re.search(r"```yaml\n(.*?)```", text, re.S).group(1)
+    py_text = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    (tmp_path / "classifier.yaml").write_text(re.sub(r"(?m)^weights:.*\n", "", yaml_text))
+    (tmp_path / "net.py").write_text(py_text)
+    repo = scan_repository(tmp_path)
+    assert repo.errors == {} and repo.names() == ["classifier"]
+    config, module = repo.models["classifier"].build()
+    assert config.max_batch == 32 and [t.name for t in config.outputs] == ["logits"]
+    import torch
+
+    assert module(torch.zeros(2, 3, 224, 224)).shape == (2, 10)

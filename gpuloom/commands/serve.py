@@ -9,7 +9,8 @@ HELP = "serve a model repository (directory or YAML) over KServe v2 / Triton-com
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("repository", help="model repository: a directory of model YAML files or one YAML file (see examples/repository)")
+    p.add_argument("repository", help="model repository: a directory of model YAML files or one YAML file (format: "
+                        "docs/model-repository.md; examples: examples/repository)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)")
     p.add_argument("--http-port", type=int, default=8000, help="HTTP port (default 8000; 0 picks a free one)")
     p.add_argument("--grpc-port", type=int, default=8001, help="gRPC port (default 8001; 0 picks a free one)")
