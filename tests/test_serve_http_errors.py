@@ -59,3 +59,18 @@ def test_an_unknown_model_or_version_is_a_404_even_with_a_malformed_body(server)
     c.request("POST", "/v2/models/tiny_mlp/infer", body=b"{not json", headers={"Content-Type": "application/json"})
     r = c.getresponse()
     assert r.status == 400 and "not valid JSON" in r.read().decode()
+
+
+def test_statistics_say_when_the_model_last_took_a_request(server):
+    import time
+
+    before = time.time_ns() // 1_000_000
+    c = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=30)
+    c.request("POST", "/v2/models/tiny_mlp/infer", body=json.dumps(
+        {"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16}]}),
+        headers={"Content-Type": "application/json"})
+    assert c.getresponse().status == 200
+    c = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=30)
+    c.request("GET", "/v2/models/tiny_mlp/stats")
+    st = json.loads(c.getresponse().read())["model_stats"][0]
+    assert before <= int(st["last_inference"]) <= time.time_ns() // 1_000_000, st

@@ -51,3 +51,13 @@ def test_the_garbage_collectors_pauses_are_exposed():
     assert 'gpuloom_gc_collections{generation="0"} 120.0' in text
     assert "gpuloom_gc_pause_ms 345.5" in text and "gpuloom_gc_pause_max_ms 301.25" in text
     assert "# TYPE gpuloom_gc_collections counter" in text
+
+
+def test_the_books_keep_when_a_model_last_took_a_request_in_epoch_milliseconds():
+    import time
+
+    books = Books()
+    before = time.time_ns() // 1_000_000
+    books.accept("m")
+    after = time.time_ns() // 1_000_000
+    assert before <= books.snapshot()["m"].last_inference_ms <= after

@@ -350,7 +350,7 @@ class ServeCore:
             models.append({
                 "name": n,
                 "version": VERSION,
-                "last_inference": 0,
+                "last_inference": b.last_inference_ms if b else 0,
                 "inference_count": b.inferences if b else 0,
                 "execution_count": _exec_count(sm),
                 "inference_stats": {

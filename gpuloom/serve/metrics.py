@@ -14,6 +14,7 @@ the server never keeps a second copy of what the runtime measures.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -31,6 +32,7 @@ class ModelBooks:
     rejected: Counter = field(default_factory=Counter)  # reason -> n (invalid, overloaded, shed, not_ready, unknown)
     inferences: int = 0  # samples (rows) served successfully
     request_us: float = 0.0  # summed end-to-end time of successful requests, microseconds
+    last_inference_ms: int = 0  # when the last request was accepted, ms since the epoch (Triton's last_inference)
 
     def balanced(self) -> bool:
         return self.accepted == self.success + self.failure + sum(self.dropped.values()) + self.in_flight
@@ -63,6 +65,7 @@ class Books:
             b = self._models[model]
             b.accepted += 1
             b.in_flight += 1
+            b.last_inference_ms = time.time_ns() // 1_000_000
 
     def finish(self, model: str, outcome: str, *, reason: str = "", rows: int = 0, us: float = 0.0) -> None:
         """outcome: 'success' | 'failure' | 'dropped' (with reason)."""
@@ -81,7 +84,8 @@ class Books:
     def snapshot(self) -> dict[str, ModelBooks]:
         with self._lock:
             return {
-                k: ModelBooks(v.accepted, v.in_flight, v.success, v.failure, Counter(v.dropped), Counter(v.rejected), v.inferences, v.request_us)
+                k: ModelBooks(v.accepted, v.in_flight, v.success, v.failure, Counter(v.dropped), Counter(v.rejected),
+                              v.inferences, v.request_us, v.last_inference_ms)
                 for k, v in self._models.items()
             }
 
