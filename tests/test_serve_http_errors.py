@@ -74,3 +74,12 @@ def test_statistics_say_when_the_model_last_took_a_request(server):
     c.request("GET", "/v2/models/tiny_mlp/stats")
     st = json.loads(c.getresponse().read())["model_stats"][0]
     assert before <= int(st["last_inference"]) <= time.time_ns() // 1_000_000, st
+
+
+def test_metadata_and_config_name_one_platform(server):
+    c = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=30)
+    c.request("GET", "/v2/models/tiny_mlp")
+    md = json.loads(c.getresponse().read())
+    c.request("GET", "/v2/models/tiny_mlp/config")
+    cfg = json.loads(c.getresponse().read())
+    assert md["platform"] == cfg["platform"] == "pytorch_libtorch" and cfg["backend"] == "gpuloom"

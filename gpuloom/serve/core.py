@@ -39,7 +39,7 @@ def model_metadata(config: Any) -> dict[str, Any]:
     return {
         "name": config.name,
         "versions": [VERSION],
-        "platform": "gpuloom_torch",
+        "platform": "pytorch_libtorch",  # as the model's config says (Triton's name for a PyTorch model)
         "inputs": [{"name": t.name, "datatype": v2_dtype(t.dtype), "shape": [-1, *t.shape]} for t in config.inputs],
         "outputs": [{"name": t.name, "datatype": v2_dtype(t.dtype), "shape": [-1, *t.shape]} for t in config.outputs],
     }
