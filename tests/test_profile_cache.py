@@ -131,3 +131,16 @@ def test_serve_passes_its_profile_flags_to_the_service(tmp_path, monkeypatch):
         assert serve.run(p.parse_args([str(tmp_path / "m.yaml"), "--http-port", "0", "--no-grpc", *argv])) == 2
     assert [(kw["measure_profiles"], kw["profile_cache"]) for kw in seen] == [
         (True, "default"), (False, None), (True, str(tmp_path))]
+
+
+def test_a_cache_that_cannot_be_written_still_serves_the_measured_profile(monkeypatch, tmp_path):
+    from gpuloom.runtime.service import InferenceService
+
+    calls = _measuring(monkeypatch)
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        prof = InferenceService(device="cpu", profile_cache=blocker / "cache")._measured_profile(*_compiled(32))
+    assert prof is not None and prof.model == "m" and len(calls) == 1
+    assert not [w for w in seen if "failed" in str(w.message)], [str(w.message) for w in seen]

@@ -338,7 +338,8 @@ class InferenceService:
         profiles: where to look up each model's latency profile by name (default: the shipped H200
             profiles on CUDA, none on CPU). Without one, on CUDA the model is profiled at load over
             the device's SM grid (``measure_profiles``) and the result kept in ``profile_cache``; on
-            CPU, or with ``measure_profiles=False``, a crude profile is timed at load (warning).
+            CPU, or with ``measure_profiles=False``, a crude profile is timed at load (on CUDA with a
+            warning; on CPU, where latency does not depend on SMs, that is the whole profile).
         measure_profiles: on CUDA, profile a model that has none at its load (default True): latency
             per batch bucket on every SM count of the grid, inside real partitions, as
             ``gpuloom profile`` does (seconds to a minute a model; timed beside the models being
@@ -1423,8 +1424,11 @@ class InferenceService:
                                      fuse_convolutions=config.fuse_convolutions),
                                      device=index, predict=False, log=log.info)
             if cache is not None:
-                path = cache.put(config.name, fp, measured.profile)
-                log.info("model %s: profiled in %.1f s; kept in %s", config.name, measured.seconds, path)
+                try:
+                    path = cache.put(config.name, fp, measured.profile)
+                    log.info("model %s: profiled in %.1f s; kept in %s", config.name, measured.seconds, path)
+                except OSError as e:  # e.g. a read-only home: serve with the measurement, measure next time
+                    log.warning("model %s: profiled in %.1f s; not cached (%s)", config.name, measured.seconds, e)
             return measured.profile
         except Exception as e:  # noqa: BLE001 - a profile is for planning: the model still serves with a crude one
             warnings.warn(f"model {config.name!r}: measuring its profile failed ({type(e).__name__}: {e})",
