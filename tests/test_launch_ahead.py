@@ -150,7 +150,10 @@ def test_the_runtime_opens_a_partition_lookahead_ms_before_its_batch_is_predicte
     # one batch of latency L (the profile's) from t: the partition is offered again at t + L - lookahead
     c = one_model_ctx()
     dev = CountingFake()
-    dev.add_model("m", FakeModel(lambda xs: [xs[0]], 50.0))
+    # the batch is held on the "device" until the partition's opening time has been read (it is gone
+    # once the batch ends): read after a fixed 20 ms, it could be not yet set or gone on a loaded host
+    release = threading.Event()
+    dev.add_model("m", FakeModel(lambda xs: [xs[0]] if release.wait(30) else [], 50.0))
     be = ExecBackend(dev, lookahead_ms=10.0)
     rt = Runtime(make_policy("dstack"), be, c, trace=True)
     rt.start(lambda r, o: None)
@@ -158,8 +161,14 @@ def test_the_runtime_opens_a_partition_lookahead_ms_before_its_batch_is_predicte
     while not rt._parts and time.monotonic() < deadline:
         time.sleep(0.01)
     rt.submit("m", [[np.zeros(2, np.float32)]], timeout_ms=2000.0)
-    time.sleep(0.02)
-    lanes = dict(rt._open_at)
+    try:
+        deadline = time.monotonic() + 30
+        while not rt._open_at:
+            assert time.monotonic() < deadline, "no partition opened in 30 s"
+            time.sleep(0.001)
+        lanes = dict(rt._open_at)
+    finally:
+        release.set()
     assert rt.stop(drain=True, timeout_s=10)
     be.close()
     (index, t_open), = lanes.items()

@@ -27,6 +27,10 @@ from gpuloom.serve.repository import load_repository  # noqa: E402
 from gpuloom.serve.server import ServeError, Server  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1] / "examples" / "repository"
+# Triton's "timeout" parameter (microseconds) for requests in tests that are not about deadlines: the
+# default is the model's SLO (tiny_mlp 50 ms, tiny_cnn 100 ms, mobilenet 1 s), which a loaded host can
+# miss (an outputs test was answered 504 on CI's two busy cores)
+LONG_US = 30_000_000
 
 
 @pytest.fixture(scope="module", params=serve_fake.SERVER_VARIANTS, ids=serve_fake.SERVER_VARIANT_IDS)
@@ -112,13 +116,14 @@ def test_http_outputs_match_eager_for_two_models(served, binary):
     x = rng.standard_normal((3, 16)).astype(np.float32)
     inp = tritonhttp.InferInput("x", [3, 16], "FP32")
     inp.set_data_from_numpy(x, binary_data=binary)
-    res = client.infer("tiny_mlp", [inp], outputs=[tritonhttp.InferRequestedOutput("y", binary_data=binary)])
+    res = client.infer("tiny_mlp", [inp], outputs=[tritonhttp.InferRequestedOutput("y", binary_data=binary)],
+                       timeout=LONG_US)
     np.testing.assert_allclose(res.as_numpy("y"), _eager(eager["tiny_mlp"], x).numpy(), rtol=1e-5, atol=1e-6)
 
     img = rng.standard_normal((2, 3, 16, 16)).astype(np.float32)
     inp = tritonhttp.InferInput("image", [2, 3, 16, 16], "FP32")
     inp.set_data_from_numpy(img, binary_data=binary)
-    res = client.infer("tiny_cnn", [inp])  # no outputs named: all of them, binary by default
+    res = client.infer("tiny_cnn", [inp], timeout=LONG_US)  # no outputs named: all of them, binary by default
     want = _eager(eager["tiny_cnn"], img)
     for name in ("logits", "embedding"):
         np.testing.assert_allclose(res.as_numpy(name), want[name].numpy(), rtol=1e-5, atol=1e-6)
@@ -129,7 +134,8 @@ def test_infer_answers_say_where_the_server_spent_the_time(served, request):
     addr, _, _ = served
     workers = request.node.callspec.params["served"] == 2
     x = np.zeros((1, 16), np.float32)
-    body = json.dumps({"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": x.ravel().tolist()}]})
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": x.ravel().tolist()}],
+                       "parameters": {"timeout": LONG_US}})
     t0 = time.perf_counter()
     status, headers, _ = _post(addr, "/v2/models/tiny_mlp/infer", body.encode())
     client_ms = (time.perf_counter() - t0) * 1e3
@@ -153,7 +159,7 @@ def test_grpc_outputs_match_eager_including_a_torchvision_model(served):
         x = rng.standard_normal(shape).astype(np.float32)
         inp = tritongrpc.InferInput(inname, list(shape), "FP32")
         inp.set_data_from_numpy(x)
-        res = client.infer(name, [inp])
+        res = client.infer(name, [inp], timeout=LONG_US)
         out = _eager(eager[name], x)
         got, want = res.as_numpy("y" if name == "tiny_mlp" else "output0"), out.numpy()
         scale = float(np.abs(want).max())
@@ -175,14 +181,16 @@ def test_metadata_config_statistics_and_repository_index_over_http(served):
     assert idx == {"tiny_mlp": "READY", "tiny_cnn": "READY", "mobilenet_v3_small": "READY"}
     inp = tritonhttp.InferInput("x", [2, 16], "FP32")
     inp.set_data_from_numpy(np.ones((2, 16), np.float32))
-    client.infer("tiny_mlp", [inp])
+    client.infer("tiny_mlp", [inp], timeout=LONG_US)
     st = client.get_inference_statistics("tiny_mlp")["model_stats"][0]
     assert st["name"] == "tiny_mlp" and int(st["inference_stats"]["success"]["count"]) >= 1
     stats = st["inference_stats"]
     # queue and compute times come from the runtime's histograms: one per served request, > 0 ns
     assert int(stats["queue"]["count"]) >= 1 and int(stats["compute_infer"]["count"]) >= 1
     assert int(stats["compute_infer"]["ns"]) > 0
-    assert 1 <= int(st["execution_count"]) <= int(stats["success"]["count"]) * 2  # batches, counted
+    # batches, counted: at least one, and no more than the rows served (each batch holds one or more; the
+    # rows of one request may run in batches of their own: on two busy cores 5 requests took 13 batches)
+    assert 1 <= int(st["execution_count"]) <= int(st["inference_count"]), st
     status, body = _get(addr, "/openapi.json")
     assert status == 200 and json.loads(body)["openapi"].startswith("3.")
 
@@ -308,7 +316,7 @@ def test_unload_and_load_while_serving_another_model(served):
             inp = tritonhttp.InferInput("x", [1, 16], "FP32")
             inp.set_data_from_numpy(x)
             try:
-                c.infer("tiny_mlp", [inp])
+                c.infer("tiny_mlp", [inp], timeout=LONG_US)
                 statuses.append(200)
             except InferenceServerException as e:
                 statuses.append(e.status())
@@ -327,20 +335,18 @@ def test_unload_and_load_while_serving_another_model(served):
         assert e.value.status() in ("404", "503")
         client.load_model("tiny_cnn")
         assert client.is_model_ready("tiny_cnn")
-        assert client.infer("tiny_cnn", [inp]).as_numpy("logits").shape == (1, 10)
+        assert client.infer("tiny_cnn", [inp], timeout=LONG_US).as_numpy("logits").shape == (1, 10)
         with pytest.raises(InferenceServerException) as e:
             client.load_model("not_in_repo")
         assert e.value.status() == "404"
     finally:
         stop.set()
         t.join()
-    # Every request for the model being served is answered, and answered well: 200, or a 504 for the
-    # few whose deadline (tiny_mlp's 50 ms SLO) passed while the other model was compiled and the
-    # policy re-planned (dstack restarts its time-slot cycle; on 2 busy cores the request submitted
-    # during a re-plan took 39-68 ms, scripts/diag_load_while_serving.py, and about 1 run in 10 was
-    # late). Never another error, never more than a few late ones.
-    assert statuses and set(statuses) <= {200, "504"}
-    assert statuses.count("504") <= max(1, len(statuses) // 50), f"{statuses.count('504')} of {len(statuses)} late"
+    # Every request for the model being served is answered 200. Each has a 30 s deadline: with the
+    # default (tiny_mlp's 50 ms SLO) the one submitted while the other model was compiled and the policy
+    # re-planned could be late (39-68 ms on 2 busy cores, scripts/diag_load_while_serving.py, which
+    # measures that delay), and more of them the busier the host.
+    assert statuses and set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
 
 
 def _model_known(client, name):
@@ -430,8 +436,10 @@ def test_graceful_stop_answers_every_queued_request(variant):
     threads = [threading.Thread(target=send) for _ in range(12)]
     for t in threads:
         t.start()
-    time.sleep(0.1)  # most are queued now: batches of at most 4, 50 ms each
-    assert core.books.snapshot()["slow"].in_flight >= 1  # (what the stop must drain)
+    end = time.monotonic() + 10  # polled, not slept: a loaded host may take longer than any fixed wait
+    while core.books.in_flight() < 1:  # (what the stop must drain)
+        assert time.monotonic() < end, "no request reached the service in 10 s"
+        time.sleep(0.005)
     server.stop()
     for t in threads:
         t.join()
@@ -506,18 +514,29 @@ def test_a_stop_under_load_serves_or_refuses_every_client_and_cuts_none_off(runt
     server = Server(core, http_port=0, grpc_port=None, runtime_on=runtime_on)
     addr = server.start()
     body = _infer_json([{"name": "x", "shape": [1, width], "datatype": "FP32", "data": [0.01] * width}])
-    results = []
+    results, sent = [], []
 
     def send():
         try:
-            results.append(_post(addr, "/v2/models/big/infer", body)[0])
+            c = http.client.HTTPConnection(addr.host, addr.http_port, timeout=30)
+            c.request("POST", "/v2/models/big/infer", body=body, headers={"Content-Type": "application/json"})
+            sent.append(1)  # connected and written: read by the server or still in its backlog
+            r = c.getresponse()
+            r.read()
+            c.close()
+            results.append(r.status)
         except OSError as e:
             results.append(type(e).__name__)
 
     threads = [threading.Thread(target=send) for _ in range(30)]
     for t in threads:
         t.start()
-    time.sleep(0.1)
+    # the stop comes once every client has sent its request and the service has taken one (polled: a
+    # fixed 0.1 s sleep can be too short on a loaded host, and a client connecting after the stop is refused)
+    end = time.monotonic() + 30
+    while len(sent) < len(threads) or getattr(core.books.snapshot().get("big"), "accepted", 0) < 1:
+        assert time.monotonic() < end, f"{len(sent)} of {len(threads)} requests sent in 30 s"
+        time.sleep(0.005)
     server.stop()
     for t in threads:
         t.join()
@@ -568,7 +587,8 @@ def test_a_client_that_leaves_mid_body_is_no_error_and_the_server_serves_on(serv
         time.sleep(0.05)
         s.close()
     x = [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [0.0] * 16}]
-    assert _post(addr, "/v2/models/tiny_mlp/infer", _infer_json(x))[0] == 200  # (after the two have been handled)
+    body = _infer_json(x, parameters={"timeout": LONG_US})
+    assert _post(addr, "/v2/models/tiny_mlp/infer", body)[0] == 200  # (after the two have been handled)
     if request.node.callspec.params["served"] != 2:  # (behind workers the handler runs in their processes)
         errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
         assert not errors, [r.getMessage() for r in errors]
@@ -603,7 +623,7 @@ def test_grpc_repository_and_statistics(served):
     assert client.is_model_ready("tiny_cnn")
     inp = tritongrpc.InferInput("x", [1, 16], "FP32")
     inp.set_data_from_numpy(np.zeros((1, 16), np.float32))
-    client.infer("tiny_mlp", [inp])
+    client.infer("tiny_mlp", [inp], timeout=LONG_US)
     st = client.get_inference_statistics("tiny_mlp", as_json=True)
     assert st["model_stats"][0]["name"] == "tiny_mlp" and int(st["model_stats"][0]["inference_stats"]["success"]["count"]) > 0
 
@@ -649,7 +669,7 @@ def test_compressed_requests_from_tritonclient_are_accepted(served, algorithm):
     x = np.random.default_rng(5).standard_normal((2, 16)).astype(np.float32)
     inp = tritonhttp.InferInput("x", [2, 16], "FP32")
     inp.set_data_from_numpy(x)
-    res = client.infer("tiny_mlp", [inp], request_compression_algorithm=algorithm)
+    res = client.infer("tiny_mlp", [inp], request_compression_algorithm=algorithm, timeout=LONG_US)
     np.testing.assert_allclose(res.as_numpy("y"), _eager(eager["tiny_mlp"], x).numpy(), rtol=1e-5, atol=1e-6)
     status, _, data = _post(addr, "/v2/models/tiny_mlp/infer", b"not gzip", {"Content-Encoding": "gzip"})
     assert 400 <= status < 500, data

@@ -70,6 +70,20 @@ def _wait_port(proc, timeout=60):
     raise AssertionError("server did not start:\n" + "".join(lines))
 
 
+def _taken(port, model) -> float:
+    """Requests of ``model`` the server has taken so far, accepted or refused (from its /metrics)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    c.close()
+    n = 0.0
+    for line in text.splitlines():
+        m = re.match(r"^gpuloom_request_(?:accepted|rejected)\{([^}]*)\} (\S+)$", line)
+        if m and f'model="{model}"' in m.group(1):
+            n += float(m.group(2))
+    return n
+
+
 @pytest.mark.parametrize("extra", [[], ["--runtime-on", "http", "--device", "cpu"]], ids=["default", "runtime-on-http"])
 def test_sigterm_drains_and_answers_every_accepted_request(tmp_path, extra):
     (tmp_path / "slow.py").write_text(SLOW)
@@ -92,7 +106,12 @@ def test_sigterm_drains_and_answers_every_accepted_request(tmp_path, extra):
         threads = [threading.Thread(target=send) for _ in range(10)]
         for t in threads:
             t.start()
-        time.sleep(0.15)
+        # the stop comes once every request is in the server (polled: a fixed 0.15 s sleep could come
+        # before any was on a loaded host, and then none is left to drain)
+        end = time.monotonic() + 30
+        while _taken(port, "slow") < len(threads):
+            assert time.monotonic() < end, f"{_taken(port, 'slow')} of {len(threads)} requests in the server in 30 s"
+            time.sleep(0.01)
         proc.send_signal(signal.SIGTERM)
         for t in threads:
             t.join()

@@ -931,6 +931,18 @@ def test_requests_beyond_the_policys_admitted_rate_are_refused_at_once_and_still
     heard = []
     pol.on_refused = lambda model, n, now_ms: heard.append((model, n))
     pol.admit_rps = {"twice": 40.0}  # 40/s x 1.1, 0.05 s of it at once: 2 rows, then one per 23 ms
+    from gpuloom.runtime.admission import TokenBucket
+
+    class HeldClock(TokenBucket):
+        """The service's bucket on a clock the test moves: the ten calls below come at one instant (on
+        the wall clock, 18 ms anywhere among them lets a third row in: a stall a loaded host makes)."""
+
+        now_s = 0.0
+
+        def take(self, rate, n, now_s):
+            return super().take(rate, n, self.now_s)
+
+    bucket = svc._models["twice"].admission = HeldClock()
     x = {"x": np.ones((1, 4), np.float32)}
     admitted, refused = [], 0
     for _ in range(10):
@@ -942,7 +954,7 @@ def test_requests_beyond_the_policys_admitted_rate_are_refused_at_once_and_still
     assert len(admitted) == 2 and refused == 8
     assert len(svc._models["twice"].arrivals) == 10  # the service's own re-plans see the whole demand
     others = [svc.submit("plus", x) for _ in range(10)]  # a model the plan serves in full is not limited
-    time.sleep(0.1)
+    bucket.now_s += 0.1
     admitted.append(svc.submit("twice", x))  # the bucket refilled
     for f in admitted + others:
         f.result(5)
