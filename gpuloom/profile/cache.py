@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 from typing import Iterable
 
-from .store import Profile, ProfileError
+from .store import Profile, ProfileError, write_profile
 
 __all__ = ["ProfileCache", "default_cache_dir", "fingerprint"]
 
@@ -69,10 +69,5 @@ class ProfileCache:
     def put(self, name: str, fp: str, profile: Profile) -> Path:
         """Write ``profile`` atomically (a reader never sees half a file); returns its path."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.path(name, fp)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "w") as f:
-            json.dump(profile.to_json(), f, indent=1)
-            f.write("\n")
-        os.replace(tmp, path)
-        return path
+        return write_profile(profile, self.path(name, fp))
+

@@ -267,13 +267,18 @@ class ProfileStore:
             return None
         self.directory.mkdir(parents=True, exist_ok=True)
         fname = profile.key.replace("|", "__").replace(",", "_") + ".json"
-        path = self.directory / fname
-        tmp = path.with_suffix(".json.tmp")
-        with open(tmp, "w") as f:
-            json.dump(profile.to_json(), f, indent=1)
-            f.write("\n")
-        os.replace(tmp, path)
-        return path
+        return write_profile(profile, self.directory / fname)
+
+
+def write_profile(profile: Profile, path: Path) -> Path:
+    """Write ``profile``'s JSON to ``path`` atomically: a reader (another server, a crash) never sees half a
+    file. The temporary name carries the process id so two writers do not share one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(profile.to_json(), f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
+    return path
 
 
 def today() -> str:
