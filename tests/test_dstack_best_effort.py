@@ -17,14 +17,55 @@ def test_regression_empty_schedule_gives_a_whole_gpu_best_effort_layout():
     # (a server measures a crude profile at load; on a busy host it can come out like this)
     slow = synthetic_profile("slow", per_item_sm_ms=400.0, knee1=32)
     store = ProfileStore(profiles=[slow])
-    assert not plan([Demand("slow", rate=50, slo_ms=10)], store).partitions
+    empty = plan([Demand("slow", rate=50, slo_ms=10)], store)
+    assert not empty.partitions
     w = Workload((ModelSpec("slow", 10.0, arrival=Arrival("poisson", rate=50)),), duration_s=2)
     profiles = {"slow": slow}
     ctx = make_context(w, profiles)
-    policy = make_policy("dstack")
+    # dstack plans such a model for the SLO it can reach (servable, below); a schedule given
+    # ready-made is run as it is, here one with no partition at all
+    policy = make_policy("dstack", schedule=empty)
     record = Runtime(policy, SimBackend(profiles), ctx).run(make_requests(w), until_ms=2000.0, drain_ms=10.0)
     assert [p.sms for p in record.layouts[0][1].partitions] == [132]
     m = compute_metrics(record, models=["slow"])
     assert m.arrived > 50
     assert m.served + m.dropped + m.failed + m.queued == m.arrived  # every request accounted for
     assert m.drops.get("deadline", 0) > 0 and m.on_time == 0
+
+
+def test_servable_raises_only_an_unreachable_slo_to_the_lowest_that_plans():
+    from gpuloom.plan import fits, servable
+
+    slow = synthetic_profile("slow", per_item_sm_ms=400.0, knee1=32)  # batch 1: 12.6 ms on the whole GPU
+    fast = synthetic_profile("fast", per_item_sm_ms=40.0, knee1=32)
+    store = ProfileStore(profiles=[slow, fast])
+    asked = [Demand("slow", rate=50, slo_ms=10), Demand("fast", rate=200, slo_ms=10)]
+    got = {d.model: d for d in servable(asked, store)}
+    assert got["fast"] == asked[1]  # servable as asked: untouched
+    raised = got["slow"].slo_ms
+    assert raised > 10 and got["slow"].rate == 50 and got["slow"].weight == 1.0
+    assert fits([Demand("slow", 1.0, raised)], store)
+    assert not fits([Demand("slow", 1.0, raised / 1.25)], store)  # the lowest step that plans
+
+
+def test_a_model_slower_than_its_slo_next_to_a_servable_one_still_gets_slots():
+    # without servable() the planner gave "slow" nothing and dstack never ran it, even on an idle GPU,
+    # because the fast model's slots left no gap a 12.6 ms batch fits in
+    slow = synthetic_profile("slow", per_item_sm_ms=400.0, knee1=32)
+    fast = synthetic_profile("fast", per_item_sm_ms=40.0, knee1=32)
+    store = ProfileStore(profiles=[slow, fast])
+    bare = plan([Demand("slow", rate=20, slo_ms=10), Demand("fast", rate=200, slo_ms=10)], store)
+    assert next(m for m in bare.models if m.model == "slow").planned_rps == 0
+    w = Workload((ModelSpec("slow", 10.0, arrival=Arrival("poisson", rate=20)),
+                  ModelSpec("fast", 10.0, arrival=Arrival("poisson", rate=200))), duration_s=2)
+    profiles = {"slow": slow, "fast": fast}
+    ctx = make_context(w, profiles)
+    policy = make_policy("dstack")
+    record = Runtime(policy, SimBackend(profiles), ctx).run(make_requests(w), until_ms=2000.0, drain_ms=10.0)
+    assert set(policy.relaxed) == {"slow"} and policy.relaxed["slow"][0] == 10
+    assert any(p for p in policy.schedule.models if p.model == "slow" and p.planned_rps > 0)
+    m = compute_metrics(record, models=["slow", "fast"]).models[0]
+    # its requests (10 ms deadlines, 12.6 ms batches) are dropped at once, none served late or lost
+    assert m.served + m.dropped + m.failed + m.queued == m.arrived and m.drops.get("deadline", 0) == m.arrived
+    f = compute_metrics(record, models=["slow", "fast"]).models[1]
+    assert f.arrived > 200 and f.on_time >= 0.99 * f.arrived

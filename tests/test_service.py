@@ -1375,3 +1375,56 @@ def test_inputs_checked_for_the_models_config_are_only_split_and_a_stale_config_
         assert_books(svc)
     finally:
         svc.close()
+
+
+def test_a_model_slower_than_its_slo_is_said_at_load_and_still_serves_requests_with_time_for_it():
+    # a profile that says the model misses its SLO even alone (a crude one timed on a busy host can
+    # say so too): dstack used to give it no slot next to another model, and its requests waited
+    # their whole deadline on an idle device
+    svc = InferenceService(policy="dstack", device_layer=FakeDeviceLayer())
+    svc.start()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            svc.load(ModelConfig("ok", X4, Y4, max_batch=8, slo_ms=100), FakeModel(lambda xs: [xs[0] * 2], 2.0))
+            svc.load(ModelConfig("slow", X4, Y4, max_batch=8, slo_ms=100), FakeModel(lambda xs: [xs[0] + 1], 150.0))
+        said = [str(w.message) for w in caught if "over its SLO" in str(w.message)]
+        assert len(said) == 1 and "'slow'" in said[0] and "150 ms" in said[0] and "100 ms" in said[0], said
+        t0 = time.monotonic()
+        with pytest.raises(DeadlineExceeded):  # default deadline = SLO: it cannot be met, so at once
+            svc.submit("slow", {"x": np.ones((1, 4), np.float32)}).result(30)
+        assert time.monotonic() - t0 < 0.09
+        out = svc.submit("slow", {"x": np.ones((1, 4), np.float32)}, deadline_ms=30_000).result(30)
+        assert out["y"][0, 0] == 2.0
+        oks = [svc.submit("ok", {"x": np.full((1, 4), i, np.float32)}, deadline_ms=30_000) for i in range(20)]
+        assert [f.result(30)["y"][0, 0] for f in oks] == [2.0 * i for i in range(20)]
+        assert_books(svc)
+    finally:
+        svc.close()
+
+
+def test_the_crude_profile_takes_the_fastest_of_its_runs_not_the_ones_a_busy_host_slowed():
+    import torch
+
+    from gpuloom.runtime.service import crude_profile
+
+    class Disturbed:
+        """Slow for its first runs (other models compiling on the same cores), then fast."""
+        buckets = (1, 4)
+
+        def __init__(self):
+            self.calls = 0
+            self.specs = [dataclasses.make_dataclass("S", ["shape", "dtype", "device"])((4,), torch.float32, "cpu")]
+
+        def __call__(self, x):
+            self.calls += 1
+            time.sleep(0.04 if self.calls <= 4 else 0.001)
+            return x
+
+    runner = Disturbed()
+    dev = FakeDeviceLayer()
+    dev.kind = "cpu"
+    p = crude_profile(ModelConfig("m", X4, Y4, max_batch=4), runner, dev)
+    # the median of three (what it took before) was 40 ms; the fastest run is within sleep's slack of 1 ms
+    assert p.latency(1, p.sms[-1]) < 20.0 and p.latency(4, p.sms[-1]) < 20.0
+    assert runner.calls > 8  # it ran again while its runs had taken less than its budget

@@ -3,6 +3,7 @@
 Plain Python (no torch). Entry points:
 
 * ``plan(demands, profiles)`` -> ``Schedule``: disjoint SM partitions, each a repeating cycle of slots.
+* ``servable(demands, profiles)``: demands no plan can serve with their SLO raised to one it can.
 * ``choose_batch(profile, rate, slo_ms, sms_options)``: the batch-size optimizer on its own.
 * ``RateEstimator`` / ``Replanner``: re-plan online when measured rates drift.
 * ``render_gantt(schedule, path)``: the schedule as a PNG (matplotlib, imported lazily).
@@ -18,7 +19,7 @@ from .schedule import (
     Schedule,
     Slot,
 )
-from .planner import choose_batch, fits, plan
+from .planner import choose_batch, fits, plan, servable
 from .replan import RateEstimator, Replanner, ReplanDecision
 from .gantt import render_gantt
 
@@ -37,5 +38,6 @@ __all__ = [
     "choose_batch",
     "fits",
     "plan",
+    "servable",
     "render_gantt",
 ]

@@ -66,7 +66,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 from gpuloom.profile.store import Profile, ProfileError, ProfileStore
@@ -486,6 +486,39 @@ def fits(
     pl, active, ladders = _setup(demands, profiles, gpu_sms, granularity, cycle_ms, headroom, batch_overhead_ms, min_sms,
                                  model_overhead_ms)
     return not active or pl.feasible({d.model: 1.0 for d in active}, ladders)
+
+
+def servable(
+    demands: Sequence[Demand],
+    profiles: ProfileStore,
+    *,
+    step: float = 1.25,
+    tries: int = 40,
+    **fit_kwargs,
+) -> list[Demand]:
+    """``demands``, each whose SLO no plan can meet even alone at a trickle of requests (1/s) with its
+    SLO raised to the lowest ``slo * step**k`` that can be met.
+
+    ``plan`` gives such a model nothing (it cannot be served within its SLO at any rate); next to
+    other models it then never runs, even on an idle GPU and for requests whose own deadline it could
+    meet. Planned for its reachable SLO it gets slots like any model, and the runtime still drops the
+    requests that cannot make their own deadlines. ``fit_kwargs`` are :func:`fits`'s (the GPU, the
+    holds, ``min_sms``). A demand that no SLO below ``slo * step**tries`` makes servable stays as it is.
+    """
+    out = []
+    for d in demands:
+        probe = replace(d, rate=1.0)
+        if fits([probe], profiles, **fit_kwargs):
+            out.append(d)
+            continue
+        slo = d.slo_ms
+        for _ in range(tries):
+            slo *= step
+            if fits([replace(probe, slo_ms=slo)], profiles, **fit_kwargs):
+                d = replace(d, slo_ms=slo)
+                break
+        out.append(d)
+    return out
 
 
 def plan(

@@ -78,6 +78,14 @@ shed, 0.51 of the SLO). With ``adapt`` the runtime reports what became of each m
 delivered on time, then probed upwards while it keeps up; a cut after which the model misses as
 large a share is undone (:class:`~gpuloom.policy.delivery.DeliveryCap`). Caps survive re-plans.
 
+**Models slower than their SLO.** A model whose profile misses its SLO even alone on the GPU
+(a batch of one too slow, or no period that fits a batch twice: fill, then run) gets nothing from
+the planner; next to other models it then never ran, not even on an idle GPU for requests whose own
+deadline it could meet (a crude profile timed at load on a busy host made tiny models look so).
+Such a model is planned for the lowest SLO it can reach (:func:`~gpuloom.plan.servable`, steps of
+1.25x; :attr:`relaxed` says which, asked and planned); its requests that cannot make their own
+deadlines are still dropped at once.
+
 A request is dropped (reason ``"deadline"``) only when it can no longer meet its deadline on any
 partition, even as a batch of one started now. Arrivals feed a
 :class:`~gpuloom.plan.RateEstimator`; every ``check_ms`` the :class:`~gpuloom.plan.Replanner`
@@ -126,7 +134,7 @@ import math
 import time
 from typing import Mapping, Sequence
 
-from ..plan import Demand, RateEstimator, Replanner, Schedule, plan
+from ..plan import Demand, RateEstimator, Replanner, Schedule, plan, servable
 from ..plan.schedule import Partition as PlanPartition
 from ..plan.planner import REMAINDERS
 from ..plan.slowdown import HoldEstimator, SlowdownEstimator, load_holds, load_slowdowns, slowed_store
@@ -359,6 +367,7 @@ class DStackPolicy(Policy):
         self._fresh_parts: set[int] = set()  # partitions freed since the last decision
         self._fresh_models: set[str] = set()  # models whose queue filled since the last decision
         self.replans = 0
+        self.relaxed: dict[str, tuple[float, float]] = {}  # model -> (SLO asked, SLO planned): see layout()
         # host time of the re-plan checks (a check that plans runs the planner): on a GPU they run on
         # the runtime's thread, holding the interpreter while requests wait to be submitted and launched
         self.check_wall_ms = {"checks": 0, "total": 0.0, "max": 0.0}
@@ -404,6 +413,12 @@ class DStackPolicy(Policy):
         self._slow = {m: f for m, f in slow.items() if m in ctx.models}
         self.holds = dict(kwargs["model_overhead_ms"] or {})
         planning = slowed_store(self.store, self._slow) if self._slow else self.store
+        if self._given is None:
+            fit = {k: v for k, v in kwargs.items() if k not in ("eps", "remainder")}
+            asked = {d.model: d.slo_ms for d in demands}
+            demands = servable(demands, planning, **fit)
+            # models no plan serves within their SLO, planned for the SLO they can reach (module docstring)
+            self.relaxed = {d.model: (asked[d.model], d.slo_ms) for d in demands if d.slo_ms != asked[d.model]}
         sched = self._given or plan(demands, planning, **kwargs)
         self.replanner = Replanner(
             demands, self.store, schedule=sched, band=self.band, hold_s=self.hold_s,
