@@ -499,3 +499,62 @@ def test_a_model_without_a_profile_is_profiled_on_the_sm_grid_at_load_and_taken_
             svc.close()
         monkeypatch.setattr(profiler, "profile_model", lambda *a, **kw: pytest.fail("measured again"))
     assert profiles[0] == profiles[1] and len(list((tmp_path / "cache").rglob("*.json"))) == 1
+
+
+def test_a_model_is_profiled_at_load_while_another_is_served_and_no_request_fails(models, tmp_path):
+    """Profiling at load runs the new model's graphs on every SM count of the grid while the loaded
+    model's requests replay: every one of those must still get its eager output (none dropped or
+    failed), the new model's profile must be measured (not crude), and the new model then serves."""
+    from gpuloom.gpu import device_facts
+    from gpuloom.profile.store import ProfileStore
+    from gpuloom.runtime.service import InferenceService
+
+    (cfg_s, cm_s, m_s), (cfg_w, cm_w, m_w) = models["small"], models["wide"]
+    svc = InferenceService(policy="dstack", device="cuda", profiles=ProfileStore(tmp_path / "none"),
+                           profile_cache=tmp_path / "cache")
+    svc.start()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            svc.load(cfg_s, cm_s)
+        rng = np.random.default_rng(11)
+        sent, stop = [], threading.Event()
+
+        def serve_small():
+            while not stop.is_set():
+                x = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
+                sent.append((time.monotonic(), x, svc.submit("small", {"x": x}, deadline_ms=10_000)))
+                time.sleep(0.002)
+
+        th = threading.Thread(target=serve_small)
+        th.start()
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            svc.load(cfg_w, cm_w)  # measured on the SM grid while "small" is served
+        t1 = time.monotonic()
+        time.sleep(0.1)
+        stop.set()
+        th.join()
+        said = [str(w.message) for w in seen]
+        assert not [w for w in said if "crude" in w or "measuring its profile failed" in w], said
+        p = svc._models["wide"].profile
+        assert p.source == "measured" and p.sms == device_facts(0).grid(), p
+        during = [(s, x, f) for s, x, f in sent if t0 <= s <= t1]
+        assert len(during) > 10, f"only {len(during)} requests were sent during a {t1 - t0:.1f} s load"
+        for s, x, f in sent:
+            out = f.result(30)  # raises if dropped or failed
+            with svc.device.exclusive(), torch.inference_mode():
+                want = m_s(torch.from_numpy(x).cuda()).cpu().numpy()
+            np.testing.assert_allclose(next(iter(out.values())), want, rtol=1e-3, atol=1e-4)
+        st = svc.stats()["models"]["small"]
+        assert st["success"] == len(sent) and not st["dropped"] and st["failure"] == 0
+        print(f"load with profiling {t1 - t0:.2f} s; {len(during)} small requests during it")
+        x = rng.standard_normal((2, 3, 32, 32)).astype(np.float32)
+        with svc.device.exclusive(), torch.inference_mode():
+            want = m_w(torch.from_numpy(x).cuda()).cpu().numpy()
+        np.testing.assert_allclose(next(iter(svc.infer("wide", {"x": x}, timeout_s=30).values())), want,
+                                   rtol=1e-3, atol=1e-4)
+    finally:
+        svc.close()
