@@ -15,10 +15,12 @@ for round in 1 2; do
   for _ in $(seq 1 240); do grep -q "gpuloom serving" "$D/serve_$round.err" && break; sleep 0.5; done
   echo "started in $(( ($(date +%s%N) - t0) / 1000000 )) ms"; grep -E "warning|error|serving|profiled|earlier load" "$D/serve_$round.err" | cut -c1-240
   for m in tiny_mlp tiny_cnn mobilenet_v3_small; do
+    echo "load $m from $(date +%T.%3N)"
     python3 -m gpuloom.cli load 127.0.0.1:8123 --model "$m" --rate 100 --duration 4 --json > "$D/load_${round}_$m.json" 2>&1
     python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[2], {k: d.get(k) for k in ('sent','ok','slo_attainment','p50_ms','p99_ms','errors')})" "$D/load_${round}_$m.json" "$m" 2>&1 | cut -c1-300
   done
   curl -s -X POST 127.0.0.1:8123/v2/repository/index > "$D/index_$round.json"; cat "$D/index_$round.json"; echo
   kill -TERM $pid; wait $pid; echo "serve exit $?"
+  grep -E "layout|re-plan|WARNING|ERROR" "$D/serve_$round.err" | cut -c1-240  # what served where, and when
 done
 ls -R "$D/cache" | tail -5

@@ -49,6 +49,13 @@ _INF = float("inf")
 _SERVED, _DROPPED, _FAILED, _QUEUED = Status.SERVED, Status.DROPPED, Status.FAILED, Status.QUEUED
 
 
+def _describe(layout: Layout) -> str:
+    """One line for the log: each partition's SMs and, where it has one, the model it is for."""
+    parts = [f"{p.label or f'p{p.index}'}{'' if p.label.startswith(str(p.owner)) or p.owner is None else ' ' + p.owner}"
+             f"{' (shared)' if p.shared else ''}" for p in layout.partitions]
+    return f"{len(parts)} partition{'s' if len(parts) != 1 else ''}: " + ", ".join(parts)
+
+
 def _has_index(parts: Sequence[Partition], index: int) -> bool:
     """Whether one of ``parts`` has ``index`` (a plain loop: a generator under any() cost the
     simulator 3% of its time, once per batch)."""
@@ -853,6 +860,8 @@ class Runtime:
         layout changes) goes on dispatching on the current one; swapped in once built
         (:meth:`_replan_ready`). On the H200 a first build of mix6's graphs took about 30 s, every
         model paused for it before (``docs/reports/runtime.md``, fourth and twelfth sessions)."""
+        if self._online:
+            log.info("re-plan: building %s while the current layout serves", _describe(layout))
         token, building = self._build_in_background(layout, self._replan_ready)
         if not building:
             self._replan_ready(layout, token)  # nothing to build: set it up now, with a re-plan's fallback
@@ -908,6 +917,8 @@ class Runtime:
         self._ready_ms = ready_ms
         self._parts = tuple(self.backend.partitions())
         self._layouts.append((self.loop.now, layout))
+        if self._online:  # an operator's record of what serves on which SMs, and when it changed
+            log.info("serving on layout %d: %s", len(self._layouts), _describe(layout))
         if self._trace_on:
             self._log("layout", tuple((p.sm_offset, p.sms, p.shared, p.owner) for p in layout.partitions))
         if self._ready_ms > self.loop.now:
