@@ -110,6 +110,10 @@ class FakeService:
         with self._lock:
             self._models[config.name] = (config, module)
 
+    def load_many(self, models):
+        for config, module in models:
+            self.load(config, module)
+
     def unload(self, name):
         with self._lock:
             if name not in self._models:

@@ -330,7 +330,7 @@ def test_ctrl_c_while_a_model_loads_stops_in_one_line_with_status_130(tmp_path, 
     p, repo = _serve_parser_and_repo(tmp_path)
     assert serve.run(p.parse_args([repo, "--device", "cpu", "--http-port", "0", "--no-grpc"])) == 130
     err = capsys.readouterr().err
-    assert "interrupted while loading m: stopping" in err and "Traceback" not in err, err
+    assert "interrupted while loading: stopping" in err and "Traceback" not in err, err
 
 
 def test_an_empty_repository_is_served_with_a_warning_saying_how_to_add_a_model(tmp_path, monkeypatch, capsys):

@@ -372,3 +372,35 @@ def test_the_repository_guides_example_is_a_valid_model_that_builds(tmp_path):
     import torch
 
     assert module(torch.zeros(2, 3, 224, 224)).shape == (2, 10)
+
+
+def test_a_start_loads_its_models_with_one_layout_build_and_names_a_model_that_fails(tmp_path, monkeypatch):
+    import warnings
+
+    from gpuloom.serve.protocol import ProtocolError
+
+    for name in ("a", "b", "c"):
+        _model_dir(tmp_path, name)
+    service = serve_fake.make_service()
+    try:
+        core = _core(tmp_path, service)
+        before = len(service._runtime._layouts) if service._runtime is not None else 0
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # no latency profiles
+            core.load_all(["a", "b", "c"])
+        assert len(service._runtime._layouts) == before + 1  # one layout for the three, not three
+        assert {n: s for n, (s, _) in _index(core).items()} == {"a": "READY", "b": "READY", "c": "READY"}
+        assert all(_infer(core, n).tolist() == [[1.0] * 4] for n in "abc")
+    finally:
+        service.close(drain=False)
+    # a build that fails stops the start before anything loads, naming its model
+    _model_dir(tmp_path, "d", factory="broken")
+    core = _core(tmp_path)
+    with pytest.raises(ProtocolError, match="'d'.*width 4 is not supported"):
+        core.load_all(["a", "d"])
+    assert not core.service.models()
+    # a joint load that fails falls back to one model at a time
+    core = _core(tmp_path)
+    monkeypatch.setattr(type(core.service), "load_many", lambda self, models: (_ for _ in ()).throw(RuntimeError("x")))
+    core.load_all(["a", "b"])
+    assert sorted(c.name for c in core.service.models()) == ["a", "b"]

@@ -231,16 +231,16 @@ def run(args: argparse.Namespace) -> int:
             return 2
     service.start()
     core = ServeCore(service, repo, max_body_bytes=int(args.max_body_mb * (1 << 20)))
-    for n in names:
-        print(f"loading {n} ...", file=sys.stderr, flush=True)
+    if names:
+        print(f"loading {', '.join(names)} ...", file=sys.stderr, flush=True)
         try:
-            core.load(n)
+            core.load_all(names)  # each compiled (and profiled) in turn, then one layout for all
         except ProtocolError as e:
             print(f"error: {e}", file=sys.stderr)
             service.close(drain=False)
             return 1
         except KeyboardInterrupt:  # Ctrl-C while a model compiles: stop, without the compiler's stack
-            print(f"\ninterrupted while loading {n}: stopping (no model served)", file=sys.stderr)
+            print("\ninterrupted while loading: stopping (no model served)", file=sys.stderr)
             service.close(drain=False)
             return 130
     server = Server(core, host=args.host, http_port=args.http_port, grpc_port=None if args.no_grpc else args.grpc_port,

@@ -628,7 +628,6 @@ class InferenceService:
             if taken:
                 raise ValueError(f"models {taken} are already loaded; unload them first")
             entries = []
-            took: dict[str, tuple[float, float]] = {}  # name -> (compile s, profile s)
             # compiling (torch.export, planning streams) is long pure Python; with models being served,
             # hand the GIL over every LOAD_SWITCH_INTERVAL_MS so their requests are not held up for
             # whole 5 ms slices at each of their threads' hand-offs (see LOAD_SWITCH_INTERVAL_MS)
@@ -640,7 +639,8 @@ class InferenceService:
                         runner, config = self._compile_reclaiming(config, module)
                         t1 = time.perf_counter()
                         profile = self._profile_for(config, runner)
-                        took[config.name] = (t1 - t0, time.perf_counter() - t1)
+                    log.info("model %s: compiled in %.1f s, profile in %.1f s", config.name, t1 - t0,
+                             time.perf_counter() - t1)
                     entries.append(_Model(config, profile, runner))
             finally:
                 ShortSwitchInterval.leave(LOAD_SWITCH_INTERVAL_MS)
@@ -651,10 +651,9 @@ class InferenceService:
             t0 = time.perf_counter()
             err = self._replan()
             if err is None:  # where a load's time goes (a user waiting on a start asks)
-                build = time.perf_counter() - t0
-                for name, (comp, prof) in took.items():
-                    log.info("model %s: compiled in %.1f s, profile %.1f s; the new layout set up in %.1f s%s",
-                             name, comp, prof, build, f" (with {len(took) - 1} other models)" if len(took) > 1 else "")
+                n = len(self._models)
+                log.info("%s: the layout serving %d model%s set up in %.1f s", what, n, "s" if n != 1 else "",
+                         time.perf_counter() - t0)
             if err is not None:
                 with self._lock:
                     for e in entries:
