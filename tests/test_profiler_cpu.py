@@ -208,3 +208,13 @@ def test_profile_model_checks_the_sm_counts_before_it_builds_a_runner(monkeypatc
     spec = ModelSpec("lin", torch.nn.Linear(4, 4).eval(), ((4,),), (torch.float32,))
     with pytest.raises(PartitionError, match=r"\[66\]"):
         profile_model(spec, batches=(1,), sms=(66, 132), device=0)
+
+
+def test_the_progress_bar_goes_to_stderr_so_stdout_stays_the_commands_output(capsys):
+    from gpuloom.profile.profiler import _progress
+
+    with _progress(True, "resnet-ish", 3) as advance:
+        for _ in range(3):
+            advance()
+    out, err = capsys.readouterr()
+    assert out == "" and "resnet-ish" in err and "3/3" in err

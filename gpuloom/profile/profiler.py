@@ -504,10 +504,12 @@ class _progress:
     def __enter__(self) -> Callable[[], None]:
         if not self.on:
             return lambda: None
+        from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+        # on stderr, as pip's and tqdm's: stdout is the command's output (JSON, a server's log redirected)
         self._p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                           transient=False)
+                           transient=False, console=Console(stderr=True))
         self._p.start()
         task = self._p.add_task(self.label, total=self.total)
         return lambda: self._p.advance(task)
