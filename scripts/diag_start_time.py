@@ -30,13 +30,15 @@ def main(argv=None) -> int:
     ap.add_argument("--repo", default="examples/repository")
     ap.add_argument("--device", default=None)
     ap.add_argument("--profile-cache", default=None)
+    ap.add_argument("--log", default="warning", choices=("warning", "info", "debug"),
+                    help="log level on stderr (info: each layout's build time by phase)")
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
     from gpuloom.runtime.service import InferenceService
     from gpuloom.serve.core import ServeCore
     from gpuloom.serve.repository import load_repository
 
-    logging.basicConfig(level=logging.WARNING)
+    logging.basicConfig(level=getattr(logging, a.log.upper()), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     repo = load_repository(a.repo)
     names = repo.names()
     svc = InferenceService(policy="dstack", device=a.device, profile_cache=a.profile_cache)

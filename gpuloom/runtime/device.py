@@ -27,6 +27,7 @@ constructed.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import heapq
 import logging
@@ -37,7 +38,7 @@ import weakref
 from abc import ABC, abstractmethod
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from ..policy.types import Layout, Partition
 
@@ -132,6 +133,8 @@ class DeviceLayer(ABC):
         self._pinned: list[tuple[int, int]] = []
         self._pinned_lock = threading.Lock()
         self.models: dict[str, Any] = {}
+        #: where the last build's time went, seconds by phase (CUDA: carving, captures, uploads, ...)
+        self.build_phases: dict[str, float] = {}
         self._gen: dict[str, int] = {}  # model -> version, so a reloaded model is never served stale graphs
         self.memory_limit_bytes = memory_limit_bytes
         self.cache_layouts = cache_layouts
@@ -259,6 +262,8 @@ class DeviceLayer(ABC):
             need = self._estimate(layout, models)
             self._make_room(need, f"layout {layout_key(layout)[1]} with models {list(models)}")
         lanes = Lanes(layout, key, models=models)
+        t0 = time.perf_counter()
+        self.build_phases = {}
         try:
             with self._device_lock:
                 self._build(lanes)
@@ -292,8 +297,20 @@ class DeviceLayer(ABC):
             while self.memory_bytes() > self.memory_limit_bytes and self._evict_one(keep=key):
                 pass  # the estimate was low: make room after the fact (what is in use stays)
         # on the CPU the "partitions" are the planner's bookkeeping, not SMs: not news to a server's operator
-        log.log(logging.DEBUG if self.kind == "cpu" else logging.INFO, "built %r", lanes)
+        phases = "".join(f", {k} {v:.1f} s" for k, v in self.build_phases.items())
+        log.log(logging.DEBUG if self.kind == "cpu" else logging.INFO, "built %r in %.1f s%s", lanes,
+                time.perf_counter() - t0, phases)
         return lanes
+
+    @contextlib.contextmanager
+    def _phase(self, name: str) -> Iterator[None]:
+        """Add the time of the block to this build's ``build_phases[name]`` (the "built" log line)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            phases = self.__dict__.setdefault("build_phases", {})  # (tests make layers without __init__)
+            phases[name] = phases.get(name, 0.0) + time.perf_counter() - t0
 
     def release(self, lanes: Lanes) -> None:
         """The backend stopped using ``lanes`` (it stays cached until evicted)."""
@@ -1209,7 +1226,8 @@ class CudaDeviceLayer(DeviceLayer):
             return 0.0
         launched = self._launches()
         try:
-            rows = self._time_owners(lanes)
+            with self._phase("carving check"):
+                rows = self._time_owners(lanes)
         except Exception as e:  # noqa: BLE001 - the build stands; only its check is lost
             log.warning("checking the carving of %r failed: %s", lanes.layout, e)
             return 0.0
@@ -1263,8 +1281,9 @@ class CudaDeviceLayer(DeviceLayer):
         layout = lanes.layout
         excl = [p for p in layout.partitions if not p.shared]
         sizes = self._carved_sizes(layout)
-        partitioner = (Partitioner(sizes, mode="green", device=self.device, remainder_split=remainder_split,
-                                   order=order, workqueues=self.workqueues) if excl else None)
+        with self._phase("carving"):
+            partitioner = (Partitioner(sizes, mode="green", device=self.device, remainder_split=remainder_split,
+                                       order=order, workqueues=self.workqueues) if excl else None)
         if partitioner is not None:
             gave = [(p.requested, p.sms) for p in partitioner if p.sms < p.requested]
             if exact and gave:
@@ -1342,7 +1361,8 @@ class CudaDeviceLayer(DeviceLayer):
 
         try:
             try:
-                sets = capture_all()
+                with self._phase("captures"):
+                    sets = capture_all()
             except RuntimeError as e:
                 if "CUDNN" not in str(e).upper() or isinstance(e, torch.cuda.OutOfMemoryError):
                     raise
@@ -1356,9 +1376,10 @@ class CudaDeviceLayer(DeviceLayer):
             raise GraphMemoryError(f"out of device memory capturing {model!r} on {lane.part!r}: {e}") from e
         # replay each graph once now: a graph's first launch uploads it to the device (milliseconds),
         # which would otherwise land on the first request of each bucket on each lane
-        for b, gs in sets.items():
-            gs.replay(b)
-        lane.streams.synchronize()
+        with self._phase("uploads"):
+            for b, gs in sets.items():
+                gs.replay(b)
+            lane.streams.synchronize()
         lane.graphs[model] = sets
         top = max(sets)
         ins = sets[top].inputs(top)
@@ -1366,11 +1387,14 @@ class CudaDeviceLayer(DeviceLayer):
 
         outs = flat_tensors(sets[top].outputs(top))
         lane.in_shapes[model] = [(t.shape, t.dtype) for t in ins]  # pinned input buffers: on first use
-        for slot in range(LANE_SLOTS):
-            pin = lane.pinned_out[(model, slot)] = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in outs]
-            lane.np_out[(model, slot)] = [t.numpy() for t in pin]
-            lane.ptr_out[(model, slot)] = [t.data_ptr() for t in pin]
-        self._make_launch_graphs(lane, model)
+        with self._phase("pinned outputs"):
+            for slot in range(LANE_SLOTS):
+                pin = lane.pinned_out[(model, slot)] = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                                                        for t in outs]
+                lane.np_out[(model, slot)] = [t.numpy() for t in pin]
+                lane.ptr_out[(model, slot)] = [t.data_ptr() for t in pin]
+        with self._phase("launch graphs"):
+            self._make_launch_graphs(lane, model)
 
     def _launch(self, lanes: Lanes, index: int, model: str, rows: Rows) -> Any:
         """Runtime thread. Rows -> pinned buffers (host), then on the lane's main stream: async H2D
