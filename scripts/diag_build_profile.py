@@ -5,10 +5,14 @@ Why: on the H200 a layout of the example repository's three small models took 5-
 99% of it in captures (run 115's "built ... captures 5.3 s" log line); mobilenet_v3_small alone on
 one 16-SM partition took 4.9 s. This compiles the repository's models as the server does, then
 builds a one-partition layout of each alone, then all of them on their own partitions, under
-cProfile, and prints each build's time and its top functions by cumulative and by own time. Needs
-a GPU::
+cProfile, and prints each build's time and its top functions by cumulative and by own time. Run 116:
+0.17 s for mobilenet_v3_small alone, 0.36 s for all three, on the thread that had compiled them, where
+the server's builds (each on a fresh thread) took 5.0-6.6 s: PyTorch keeps cuDNN's autotuning per
+thread (``device.Builder``). ``--threads`` times that directly: the layout of all three built on a
+fresh thread and on the layer's builder thread, A B B A. Needs a GPU::
 
     PYTHONPATH=. python3 scripts/diag_build_profile.py --out /tmp/build_profile.txt
+    PYTHONPATH=. python3 scripts/diag_build_profile.py --threads --out /tmp/build_threads.json
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ def main() -> int:
     ap.add_argument("--repo", default="examples/repository")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--threads", action="store_true",
+                    help="instead: the all-models layout built on a fresh thread, on the layer's builder "
+                         "thread (where the models were compiled), twice, and on a fresh thread again")
     args = ap.parse_args()
 
     from gpuloom.policy.types import Layout
@@ -39,19 +46,22 @@ def main() -> int:
 
     repo = load_repository(args.repo)
     svc = InferenceService(policy="triton", device="cuda", profile_cache=None, measure_profiles=False)
+    layer = CudaDeviceLayer(0)
     compiled = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for name in repo.names():
             config, module = repo.models[name].build()
             t0 = time.perf_counter()
-            cm, _ = svc._compile(config, module)
+            # on the layer's builder thread, as the service compiles (cuDNN's timings are per thread)
+            cm, _ = layer.builder.call(lambda: svc._compile(config, module))
             compiled[name] = cm
             print(f"compiled {name} in {time.perf_counter() - t0:.1f} s; buckets {cm.buckets}", flush=True)
     out = io.StringIO()
-    layer = CudaDeviceLayer(0)
     for name, cm in compiled.items():
         layer.add_model(name, cm)
+    if args.threads:
+        return _threads(layer, compiled, args.out)
     layouts = [(f"{n} alone", Layout.exclusive(layer.gpu_sms, [(16, n)]), [n]) for n in compiled]
     layouts.append(("all", Layout.exclusive(layer.gpu_sms, [(16, n) for n in compiled]), list(compiled)))
     for what, layout, models in layouts:
@@ -82,6 +92,40 @@ def main() -> int:
     print(text)
     if args.out:
         Path(args.out).write_text(text)
+    return 0
+
+
+def _threads(layer, compiled, out_path) -> int:
+    """The same layout built on a fresh thread and on the builder thread, in turn (A B B A)."""
+    import json
+    import threading
+
+    from gpuloom.policy.types import Layout
+
+    layout = Layout.exclusive(layer.gpu_sms, [(16, n) for n in compiled])
+    rows = []
+    for where in ("fresh thread", "builder thread", "builder thread", "fresh thread"):
+        box = {}
+
+        def build() -> None:
+            t0 = time.perf_counter()
+            box["lanes"] = layer.build(layout)
+            box["s"] = time.perf_counter() - t0
+
+        if where == "fresh thread":
+            th = threading.Thread(target=build)
+            th.start()
+            th.join()
+        else:
+            layer.builder.call(build)
+        rows.append({"where": where, "build_s": round(box["s"], 3),
+                     "phases": {k: round(v, 3) for k, v in layer.build_phases.items()}})
+        print(json.dumps(rows[-1]), flush=True)
+        layer.release(box["lanes"])
+        layer.trim()  # the next build captures again instead of taking this one from the cache
+    layer.close()
+    if out_path:
+        Path(out_path).write_text(json.dumps({"models": list(compiled), "rows": rows}, indent=1))
     return 0
 
 

@@ -27,11 +27,13 @@ constructed.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import gc
 import heapq
 import logging
 import os
+import queue
 import threading
 import time
 import weakref
@@ -95,6 +97,61 @@ def allowed(p: Partition, model: str) -> bool:
     return p.owner is None or p.owner == model
 
 
+class Builder:
+    """One long-lived thread that runs a device layer's builds, and the compiles and profiling of the
+    models it serves, in order.
+
+    Why one thread: PyTorch keeps cuDNN's autotuning results per thread (the benchmark cache of its
+    cuDNN v8 API is ``thread_local``). Each build used to run on a thread of its own and timed every
+    convolution of every model at every batch size again: on the H200 a layout of the example
+    repository's three small models took 5.4 s to build that way, and 0.36 s on a thread that had
+    built it before (runs 115-116, ``scripts/diag_build_profile.py``); during a re-plan those timings
+    ran beside the models being served. Compiling on this thread too leaves its timings in the cache
+    the captures read."""
+
+    def __init__(self, name: str = "gpuloom-build") -> None:
+        self.name = name
+        self._q: "queue.SimpleQueue[tuple[Callable[[], Any] | None, concurrent.futures.Future | None]]" = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        """Run ``fn`` on the thread after what was submitted before; its future."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, daemon=True, name=self.name)
+                self._thread.start()
+            self._q.put((fn, fut))
+        return fut
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` on the thread, waiting for it (inline when called from the thread itself)."""
+        if threading.current_thread() is self._thread:
+            return fn()
+        return self.submit(fn).result()
+
+    def stop(self) -> None:
+        """End the thread once what was submitted has run."""
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                self._q.put((None, None))
+            self._thread = None
+
+    def _run(self) -> None:
+        while True:
+            fn, fut = self._q.get()
+            if fn is None:
+                return
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # noqa: BLE001 - the caller's to see
+                fut.set_exception(e)
+            del fn, fut  # nothing of a finished job stays alive on this thread (a model's graphs, weights)
+
+
 class DeviceLayer(ABC):
     """Where batches run. Who calls what:
 
@@ -147,6 +204,11 @@ class DeviceLayer(ABC):
         # allocates or frees device memory meanwhile: callers doing such work off the hot path
         # (compiling, eager reference runs) hold it too (``with layer.exclusive(): ...``).
         self._device_lock = threading.RLock()
+
+    @property
+    def builder(self) -> Builder:
+        """The thread this layer's builds run on (:class:`Builder`; made on first use)."""
+        return self.__dict__.setdefault("_builder", Builder())  # (tests make layers without __init__)
 
     def exclusive(self) -> "threading.RLock":
         """A context manager: no capture or build runs while it is held."""
@@ -389,6 +451,9 @@ class DeviceLayer(ABC):
             for ln in list(self._cache.values()):
                 self._free(ln)
             self._cache.clear()
+        builder = self.__dict__.get("_builder")
+        if builder is not None:
+            builder.stop()
 
     # -- for subclasses -------------------------------------------------------------------------
     @abstractmethod

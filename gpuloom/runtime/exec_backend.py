@@ -247,7 +247,7 @@ class ExecBackend(Backend):
                     self._built[id(layout)] = (lanes, err)
             ready()
 
-        threading.Thread(target=build, daemon=True, name="gpuloom-build").start()
+        self.device.builder.submit(build)  # one thread for every build: cuDNN's timings stay (device.Builder)
         return True
 
     def _drop_built(self) -> None:
