@@ -337,7 +337,10 @@ def test_an_empty_repository_is_served_with_a_warning_saying_how_to_add_a_model(
     from gpuloom.commands import serve
     from gpuloom.serve.server import Server, ServerAddress
 
-    monkeypatch.setattr(Server, "serve_forever", lambda self, on_started=None: on_started(ServerAddress("127.0.0.1", 1, None)))
+    # started, then stopped as the real one stops: the service closed (a started one left open kept the
+    # process's collector settings for the tests after it: test_gcpause failed after this file)
+    monkeypatch.setattr(Server, "serve_forever", lambda self, on_started=None: (
+        on_started(ServerAddress("127.0.0.1", 1, None)), self.core.service.close()))
     p = argparse.ArgumentParser()
     serve.add_arguments(p)
     assert serve.run(p.parse_args([str(tmp_path), "--device", "cpu", "--http-port", "0", "--no-grpc"])) == 0

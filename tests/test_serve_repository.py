@@ -339,7 +339,10 @@ def test_serve_starts_the_models_asked_for_while_another_entry_is_broken_and_say
     (tmp_path / "b.yaml").write_text("name: b\nsource: 'torchvision:resnet18'\ninputs: [{name: x, shap: [3], dtype: float32}]\n")
     loaded = []
     monkeypatch.setattr("gpuloom.serve.core.ServeCore.load", lambda self, name: loaded.append(name))
-    monkeypatch.setattr(Server, "serve_forever", lambda self, on_started=None: on_started(ServerAddress("127.0.0.1", 1, None)))
+    # started, then stopped as the real one stops: the service closed (a started one left open kept the
+    # process's collector settings for the tests after it: test_gcpause failed after this file)
+    monkeypatch.setattr(Server, "serve_forever", lambda self, on_started=None: (
+        on_started(ServerAddress("127.0.0.1", 1, None)), self.core.service.close()))
     p = argparse.ArgumentParser()
     serve.add_arguments(p)
     common = ["--device", "cpu", "--http-port", "0", "--no-grpc"]
