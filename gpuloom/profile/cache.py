@@ -70,4 +70,3 @@ class ProfileCache:
         """Write ``profile`` atomically (a reader never sees half a file); returns its path."""
         self.directory.mkdir(parents=True, exist_ok=True)
         return write_profile(profile, self.path(name, fp))
-

@@ -269,12 +269,7 @@ class ServeCore:
                 repo = self._rescan()
             except RepositoryError as e:
                 raise ProtocolError(f"model repository cannot be read: {e}", 400) from None
-            if name in repo.errors:
-                raise self._load_failed(name, RepositoryError(repo.errors[name]), None, built=False)
-            entry = repo.models.get(name)
-            if entry is None:
-                invalid = f" (and invalid ones {sorted(repo.errors)})" if repo.errors else ""
-                raise ProtocolError(f"model {name!r} is not in the repository; it has {repo.names()}{invalid}", 404)
+            entry = self._entry(repo, name)
             self._states[name] = "LOADING"
             built = False
             try:
@@ -290,8 +285,8 @@ class ServeCore:
 
     def load_all(self, names: Sequence[str]) -> None:
         """Load ``names`` (none loaded yet, as at a server's start) with one plan and one layout build:
-        loaded one by one, each load captures every loaded model's graphs again (on the H200 a start
-        with three small models spent 4-7 s per load on it). Each model's entry is built (its file
+        loaded one by one, each load re-plans and captures every loaded model's graphs again. Each
+        model's entry is built (its file
         run, its weights read) first, one at a time: one that fails stops the load before anything
         is loaded, naming it. If the joint load fails, they are loaded one at a time, so that the
         model at fault is the one reported (and the ones before it serve)."""
@@ -308,11 +303,7 @@ class ServeCore:
                 raise ProtocolError(f"model repository cannot be read: {e}", 400) from None
             built = []
             for name in names:
-                if name in repo.errors:
-                    raise self._load_failed(name, RepositoryError(repo.errors[name]), None, built=False)
-                entry = repo.models.get(name)
-                if entry is None:
-                    raise ProtocolError(f"model {name!r} is not in the repository; it has {repo.names()}", 404)
+                entry = self._entry(repo, name)
                 self._states[name] = "LOADING"
                 try:
                     built.append(entry.build())
@@ -332,6 +323,17 @@ class ServeCore:
         if fallback:
             for name in names:
                 self.load(name)
+
+    def _entry(self, repo: Any, name: str) -> Any:
+        """``name``'s entry in the scanned ``repo``; its invalid entry (marked UNAVAILABLE) or its
+        absence is the ProtocolError to answer."""
+        if name in repo.errors:
+            raise self._load_failed(name, RepositoryError(repo.errors[name]), None, built=False)
+        entry = repo.models.get(name)
+        if entry is None:
+            invalid = f" (and invalid ones {sorted(repo.errors)})" if repo.errors else ""
+            raise ProtocolError(f"model {name!r} is not in the repository; it has {repo.names()}{invalid}", 404)
+        return entry
 
     def _load_failed(self, name: str, e: Exception, entry: Any, *, built: bool) -> ProtocolError:
         """Mark ``name`` unavailable with the cause, log it, and return the answer to raise.
