@@ -37,6 +37,8 @@ def main() -> int:
     ap.add_argument("--threads", action="store_true",
                     help="instead: the all-models layout built on a fresh thread, on the layer's builder "
                          "thread (where the models were compiled), twice, and on a fresh thread again")
+    ap.add_argument("--compile", action="store_true",
+                    help="also profile each model's compile (cProfile, top functions by cumulative time)")
     args = ap.parse_args()
 
     from gpuloom.policy.types import Layout
@@ -53,10 +55,24 @@ def main() -> int:
         for name in repo.names():
             config, module = repo.models[name].build()
             t0 = time.perf_counter()
-            # on the layer's builder thread, as the service compiles (cuDNN's timings are per thread)
-            cm, _ = layer.builder.call(lambda: svc._compile(config, module))
+            prof = cProfile.Profile() if args.compile else None
+
+            def compile_it(config=config, module=module, prof=prof):
+                if prof is not None:
+                    prof.enable()
+                try:  # on the layer's builder thread, as the service compiles (cuDNN's timings are per thread)
+                    return svc._compile(config, module)
+                finally:
+                    if prof is not None:
+                        prof.disable()
+
+            cm, _ = layer.builder.call(compile_it)
             compiled[name] = cm
             print(f"compiled {name} in {time.perf_counter() - t0:.1f} s; buckets {cm.buckets}", flush=True)
+            if prof is not None:
+                s = io.StringIO()
+                pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(args.top)
+                print(f"-- compile of {name} by cumulative\n" + "\n".join(s.getvalue().splitlines()[6:]), flush=True)
     out = io.StringIO()
     for name, cm in compiled.items():
         layer.add_model(name, cm)
