@@ -1428,3 +1428,20 @@ def test_the_crude_profile_takes_the_fastest_of_its_runs_not_the_ones_a_busy_hos
     # the median of three (what it took before) was 40 ms; the fastest run is within sleep's slack of 1 ms
     assert p.latency(1, p.sms[-1]) < 20.0 and p.latency(4, p.sms[-1]) < 20.0
     assert runner.calls > 8  # it ran again while its runs had taken less than its budget
+
+
+def test_an_operator_reads_in_the_log_what_serves_on_which_sms_and_how_long_each_load_took(caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="gpuloom"):
+        svc = fake_service(policy="dstack")
+        svc.close()
+    said = [r.getMessage() for r in caplog.records]
+    layouts = [m for m in said if m.startswith("serving on layout")]
+    # one per load here; a partition that one model owns is named with it (two sharing one by slots are not)
+    first = layouts[0] if layouts else ""
+    assert len(layouts) == 2 and first.startswith("serving on layout 1: 1 partition: p0[") and first.endswith("] twice"), said
+    assert layouts[1].startswith("serving on layout 2: "), said
+    for name in ("twice", "plus"):
+        assert any(m.startswith(f"model {name}: compiled in") and "profile in" in m for m in said), said
+    assert any("the layout serving 2 models set up in" in m for m in said), said
