@@ -675,7 +675,7 @@ class InferenceService:
         say so at load (its requests with the default deadline will fail with DeadlineExceeded)
         rather than let the user find out from errors."""
         p, slo = m.profile, m.config.slo_ms
-        fastest = p.latency(p.batches[0], min(self.device.gpu_sms, p.gpu.sm_count))
+        fastest = p.latency(p.batches[0], self.device.gpu_sms)  # (past the profile's SMs: its whole-GPU row)
         if fastest > slo:
             how = "timed at load" if p.source == "synthetic" else "its measured profile"
             warnings.warn(f"model {m.config.name!r}: a batch of {p.batches[0]} takes {fastest:.3g} ms on the whole "
