@@ -4,6 +4,7 @@ the others. Small conv nets keep it to seconds; skipped without CUDA."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import threading
@@ -50,6 +51,29 @@ def pinned_inputs(dev, rng, n):
         x[...] = rng.standard_normal(x.shape)
         xs.append(x)
     return xs
+
+
+@contextlib.contextmanager
+def sending(svc, name, rng):
+    """A request for ``name`` every 2 ms from a thread of its own, 0.2 s before the block and 0.1 s
+    after it; yields the list of ``(monotonic time sent, input, future)``."""
+    sent, stop = [], threading.Event()
+
+    def send():
+        while not stop.is_set():
+            x = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
+            sent.append((time.monotonic(), x, svc.submit(name, {"x": x}, deadline_ms=10_000)))
+            time.sleep(0.002)
+
+    th = threading.Thread(target=send)
+    th.start()
+    try:
+        time.sleep(0.2)
+        yield sent
+        time.sleep(0.1)
+    finally:
+        stop.set()
+        th.join()
 
 
 def serve(policy, models, **kw):
@@ -386,26 +410,13 @@ def test_a_model_loads_while_another_is_served_on_the_gpu_when_builds_may_run_be
             warnings.simplefilter("ignore")
             svc.load(cfg_s, cm_s)
         rng = np.random.default_rng(3)
-        sent, stop = [], threading.Event()
-
-        def serve_small():
-            while not stop.is_set():
-                x = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
-                sent.append((x, svc.submit("small", {"x": x}, deadline_ms=10_000)))
-                time.sleep(0.002)
-
-        th = threading.Thread(target=serve_small)
-        th.start()
-        time.sleep(0.2)
-        t0 = time.monotonic()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            svc.load(cfg_w, cm_w)  # captured while "small" keeps replaying
-        t1 = time.monotonic()
-        time.sleep(0.1)
-        stop.set()
-        th.join()
-        for x, f in sent:
+        with sending(svc, "small", rng) as sent:
+            t0 = time.monotonic()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                svc.load(cfg_w, cm_w)  # captured while "small" keeps replaying
+            t1 = time.monotonic()
+        for _, x, f in sent:
             out = f.result(30)
             with torch.no_grad():
                 want = m_s(torch.from_numpy(x).cuda()).cpu().numpy()
@@ -518,25 +529,12 @@ def test_a_model_is_profiled_at_load_while_another_is_served_and_no_request_fail
             warnings.simplefilter("ignore")
             svc.load(cfg_s, cm_s)
         rng = np.random.default_rng(11)
-        sent, stop = [], threading.Event()
-
-        def serve_small():
-            while not stop.is_set():
-                x = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
-                sent.append((time.monotonic(), x, svc.submit("small", {"x": x}, deadline_ms=10_000)))
-                time.sleep(0.002)
-
-        th = threading.Thread(target=serve_small)
-        th.start()
-        time.sleep(0.2)
-        t0 = time.monotonic()
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            svc.load(cfg_w, cm_w)  # measured on the SM grid while "small" is served
-        t1 = time.monotonic()
-        time.sleep(0.1)
-        stop.set()
-        th.join()
+        with sending(svc, "small", rng) as sent:
+            t0 = time.monotonic()
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                svc.load(cfg_w, cm_w)  # measured on the SM grid while "small" is served
+            t1 = time.monotonic()
         said = [str(w.message) for w in seen]
         assert not [w for w in said if "crude" in w or "measuring its profile failed" in w], said
         p = svc._models["wide"].profile
