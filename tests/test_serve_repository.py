@@ -402,6 +402,8 @@ def test_a_start_loads_its_models_with_one_layout_build_and_names_a_model_that_f
     with pytest.raises(ProtocolError, match="'d'.*width 4 is not supported"):
         core.load_all(["a", "d"])
     assert not core.service.models()
+    index = _index(core)  # "a" was built, never loaded: not left LOADING
+    assert index["a"] == ("UNAVAILABLE", "not loaded") and index["d"][0] == "UNAVAILABLE", index
     # a joint load that fails falls back to one model at a time
     core = _core(tmp_path)
     monkeypatch.setattr(type(core.service), "load_many", lambda self, models: (_ for _ in ()).throw(RuntimeError("x")))

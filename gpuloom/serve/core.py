@@ -302,13 +302,18 @@ class ServeCore:
             except RepositoryError as e:
                 raise ProtocolError(f"model repository cannot be read: {e}", 400) from None
             built = []
-            for name in names:
-                entry = self._entry(repo, name)
-                self._states[name] = "LOADING"
-                try:
-                    built.append(entry.build())
-                except Exception as e:
-                    raise self._load_failed(name, e, entry, built=False) from None
+            try:
+                for name in names:
+                    entry = self._entry(repo, name)
+                    self._states[name] = "LOADING"
+                    try:
+                        built.append(entry.build())
+                    except Exception as e:
+                        raise self._load_failed(name, e, entry, built=False) from None
+            except ProtocolError:
+                for name in names[:len(built)]:  # built but never loaded: "not loaded" again, not LOADING
+                    self._states.pop(name, None)
+                raise
             try:
                 self.service.load_many(built)
             except Exception as e:  # noqa: BLE001 - attributed below, one model at a time
