@@ -5,7 +5,9 @@ every loaded model's graphs again (on the H200, 4-7 s per load for three small m
 ``ServeCore.load_all`` compiles each model in turn and sets up one layout for all. This times the
 two in one process each, as a start does (the service, the repository's models, until all are
 READY), and prints one JSON line. Profiles come from ``--profile-cache`` (fill it with a first run)
-so that neither variant measures them. A driver runs the variants A B B A::
+so that neither variant measures them. (Most of those 4-7 s were each build re-timing cuDNN on a
+fresh thread; with the device's one builder thread the two ways tie, run 117.) A driver
+(``scripts/gpu_start_ab.sh``) runs the variants A B B A::
 
     PYTHONPATH=. python3 scripts/diag_start_time.py --variant each --profile-cache /tmp/pc
 """

@@ -51,8 +51,12 @@ _SERVED, _DROPPED, _FAILED, _QUEUED = Status.SERVED, Status.DROPPED, Status.FAIL
 
 def _describe(layout: Layout) -> str:
     """One line for the log: each partition's SMs and, where it has one, the model it is for."""
-    parts = [f"{p.label or f'p{p.index}'}{'' if p.label.startswith(str(p.owner)) or p.owner is None else ' ' + p.owner}"
-             f"{' (shared)' if p.shared else ''}" for p in layout.partitions]
+    parts = []
+    for p in layout.partitions:
+        name = p.label or f"p{p.index}"
+        if p.owner is not None and not p.label.startswith(p.owner):  # a shared lane's label names it already
+            name += f" {p.owner}"
+        parts.append(name + (" (shared)" if p.shared else ""))
     return f"{len(parts)} partition{'s' if len(parts) != 1 else ''}: " + ", ".join(parts)
 
 

@@ -1300,6 +1300,7 @@ class InferenceService:
         return knee
 
     def _compile_and_profile(self, config: ModelConfig, module: Any) -> tuple[Any, ModelConfig, Profile]:
+        """One model's share of a load, run on the device's builder thread (see ``load_many``)."""
         with self.device.exclusive():  # no graph capture of a re-plan may run meanwhile
             t0 = time.perf_counter()
             runner, config = self._compile_reclaiming(config, module)
