@@ -599,10 +599,14 @@ def test_runtime_on_http_is_refused_with_front_end_workers_and_on_a_fake_device(
     from gpuloom.runtime.device import FakeDeviceLayer
     from gpuloom.runtime.service import InferenceService
 
-    with pytest.raises(ValueError, match="needs http_workers=0"):
-        Server(ServeCore(serve_fake.make_service()), http_port=0, grpc_port=None, http_workers=2, runtime_on="http")
-    with pytest.raises(ValueError, match="runtime_on: expected one of"):
-        Server(ServeCore(serve_fake.make_service()), http_port=0, grpc_port=None, runtime_on="gpu")
+    service = serve_fake.make_service()
+    try:  # the Server refuses, so the caller still owns the service (an open one changes the collector's settings)
+        with pytest.raises(ValueError, match="needs http_workers=0"):
+            Server(ServeCore(service), http_port=0, grpc_port=None, http_workers=2, runtime_on="http")
+        with pytest.raises(ValueError, match="runtime_on: expected one of"):
+            Server(ServeCore(service), http_port=0, grpc_port=None, runtime_on="gpu")
+    finally:
+        service.close()
     fake = InferenceService(policy="triton", device_layer=FakeDeviceLayer())
     fake.start()
     try:
