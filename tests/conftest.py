@@ -13,6 +13,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _graph_cache(tmp_path_factory):
+    """The tests' compiles keep their decomposed graphs in a directory of this run's, not the user's
+    ~/.cache: a model compiled by two tests is a miss then a hit (both checked against eager)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GPULOOM_GRAPH_CACHE", str(tmp_path_factory.mktemp("graph-cache")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -340,3 +340,25 @@ def test_graphs_keep_their_cublas_workspaces_when_torchs_map_is_cleared():
     proc = subprocess.run([sys.executable, "-c", _WORKSPACE_CHECK], capture_output=True, text=True,
                           timeout=300, env=env)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
+def test_a_compile_from_the_graph_cache_equals_eager_on_gpu(tmp_path, monkeypatch):
+    """The default compile (both layouts timed, the channels-last candidate fused) of a model whose
+    functionalized graph comes from the cache: the same DAGs as the compile that stored it, and
+    equal to eager."""
+    from gpuloom.engine import graph_cache
+
+    monkeypatch.setenv("GPULOOM_GRAPH_CACHE", str(tmp_path))
+    model, shapes, dtype = zoo(64)["resnet18"]
+    model = model.eval().cuda()
+    mk = lambda b: tuple(torch.randn(b, *s, device="cuda", dtype=dtype) for s in shapes)
+    first = gpuloom.compile(model, mk(1), max_batch=8, channels_last=True)  # keeps the fused NHWC DAG
+    hits = graph_cache.Stats.hits
+    cm = gpuloom.compile(model, mk(1), max_batch=8, channels_last=True)
+    assert graph_cache.Stats.hits == hits + 1
+    assert [str(o.target) for o in cm.graph.ops] == [str(o.target) for o in first.graph.ops]
+    assert cm.graph.fused_convolutions == first.graph.fused_convolutions > 0
+    for batch in (1, 3, 8):
+        xs = mk(batch)
+        with torch.no_grad():
+            torch.testing.assert_close(cm(*xs), model(*xs), rtol=1e-4, atol=1e-4)

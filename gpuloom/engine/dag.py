@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import torch
 import torch.fx as fx
 
-from . import fold
+from . import fold, graph_cache
 
 
 class CaptureError(RuntimeError):
@@ -148,7 +148,7 @@ def _export(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], max_
     dynamic = tuple({0: batch} for _ in inputs)
     with torch.no_grad():
         ep = torch.export.export(model, inputs, dynamic_shapes=dynamic)
-        ep = ep.run_decompositions({})  # functionalize: no op mutates its inputs
+        ep = graph_cache.decompose(ep)  # functionalize (no op mutates its inputs), cached by graph
     return ep.module()
 
 

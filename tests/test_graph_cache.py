@@ -1,0 +1,154 @@
+"""The functionalized-graph cache (gpuloom.engine.graph_cache): hits only where the graph is the same,
+with the model's own current weights; misses on an edit; survives a damaged file and an unwritable
+directory; can be turned off."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn as nn
+
+import gpuloom
+from gpuloom.engine import graph_cache
+
+
+class Block(nn.Module):
+    """BatchNorm (folded), an in-place ReLU and a residual add: what the decomposition rewrites."""
+
+    def __init__(self, scale: float = 1.0) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.act = nn.ReLU(inplace=True)
+        self.skip = nn.Conv2d(3, 8, 1)
+        self.head = nn.Linear(8, 5)
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.act(self.bn(self.conv(x)))
+        y += self.skip(x) * self.scale
+        return self.head(y.mean(dim=(2, 3)))
+
+
+def _model(scale: float = 1.0) -> nn.Module:
+    m = Block(scale).eval()
+    with torch.no_grad():  # BatchNorm statistics that are not the identity, so folding them matters
+        m.bn.running_mean.uniform_(-0.5, 0.5)
+        m.bn.running_var.uniform_(0.5, 2.0)
+    return m
+
+
+def _compile(m: nn.Module):
+    return gpuloom.compile(m, torch.randn(1, 3, 12, 12), max_batch=4)
+
+
+def _assert_eager(cm, m: nn.Module) -> None:
+    x = torch.randn(3, 3, 12, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), m(x), rtol=1e-5, atol=1e-5)
+
+
+def _counts() -> tuple[int, int]:
+    return graph_cache.Stats.hits, graph_cache.Stats.misses
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    d = tmp_path / "graphs"
+    monkeypatch.setenv("GPULOOM_GRAPH_CACHE", str(d))
+    return d
+
+
+def test_a_model_compiled_again_takes_its_graph_from_the_cache_and_still_equals_eager(cache):
+    m = _model()
+    h0, m0 = _counts()
+    first = _compile(m)
+    assert _counts() == (h0, m0 + 1)
+    assert len(list(cache.glob("*.json"))) == 1
+    second = _compile(m)
+    assert _counts() == (h0 + 1, m0 + 1)
+    assert [str(o.target) for o in second.graph.ops] == [str(o.target) for o in first.graph.ops]
+    assert second.graph.edges == first.graph.edges
+    assert second.graph.folded_batchnorms == first.graph.folded_batchnorms == 1
+    _assert_eager(second, m)
+
+
+def test_a_hit_compiles_the_models_own_weights_not_the_ones_it_was_stored_with(cache):
+    a, b = _model(), _model()  # same code, other random weights
+    _compile(a)
+    h0, _ = _counts()
+    cm = _compile(b)
+    assert _counts()[0] == h0 + 1
+    _assert_eager(cm, b)
+    x = torch.randn(2, 3, 12, 12)
+    with torch.no_grad():
+        assert not torch.allclose(cm(x), a(x))
+
+
+def test_an_edited_model_misses(cache):
+    _compile(_model(scale=1.0))
+    h0, m0 = _counts()
+    edited = _model(scale=0.5)  # a constant of the forward changed: another graph
+    cm = _compile(edited)
+    assert _counts() == (h0, m0 + 1)
+    assert len(list(cache.glob("*.json"))) == 2
+    _assert_eager(cm, edited)
+
+
+def test_a_damaged_file_is_decomposed_again_and_rewritten(cache, caplog):
+    m = _model()
+    _compile(m)
+    (path,) = cache.glob("*.json")
+    path.write_bytes(b'{"not": "a graph"')
+    with caplog.at_level(logging.WARNING, logger="gpuloom.engine.graph_cache"):
+        cm = _compile(m)
+    assert "does not read back" in caplog.text
+    _assert_eager(cm, m)
+    h0, _ = _counts()
+    _compile(m)  # the rewritten file reads back
+    assert _counts()[0] == h0 + 1
+
+
+def test_an_unwritable_cache_warns_and_compiles(tmp_path, monkeypatch, caplog):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("GPULOOM_GRAPH_CACHE", str(blocker / "graphs"))
+    m = _model()
+    with caplog.at_level(logging.WARNING, logger="gpuloom.engine.graph_cache"):
+        cm = _compile(m)
+    assert "cannot write" in caplog.text and "GPULOOM_GRAPH_CACHE" in caplog.text
+    _assert_eager(cm, m)
+
+
+@pytest.mark.parametrize("value", ["0", "off", "none"])
+def test_the_cache_can_be_turned_off(tmp_path, monkeypatch, value):
+    monkeypatch.setenv("GPULOOM_GRAPH_CACHE", value)
+    assert graph_cache.cache_dir() is None
+    monkeypatch.chdir(tmp_path)
+    before = _counts()
+    _compile(_model())
+    assert _counts() == before
+    assert not list(tmp_path.rglob("*.json"))
+
+
+def test_the_default_directory_follows_xdg(monkeypatch, tmp_path):
+    monkeypatch.delenv("GPULOOM_GRAPH_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert graph_cache.cache_dir() == tmp_path / "gpuloom" / "graphs"
+
+
+def test_the_key_changes_with_the_batch_range_and_the_dtype():
+    m = _model()
+    x = torch.randn(2, 3, 12, 12)
+
+    def key(model, inp, top):
+        batch = torch.export.Dim("batch", min=1, max=top)
+        with torch.no_grad():
+            return graph_cache.graph_key(torch.export.export(model, (inp,), dynamic_shapes=({0: batch},)))
+
+    base = key(m, x, 8)
+    assert key(m, x, 8) == base  # deterministic
+    assert key(m, x, 16) != base
+    assert key(m.double(), x.double(), 8) != base
