@@ -60,7 +60,10 @@ def main(argv=None) -> int:
         layouts = len(svc._runtime._layouts)
     finally:
         svc.close(drain=False)
+    from gpuloom.engine import graph_cache
+
     print(json.dumps({"variant": a.variant, "models": names, "states": states, "layouts": layouts,
+                      "graph_cache": {"hits": graph_cache.Stats.hits, "misses": graph_cache.Stats.misses},
                       "import_and_start_s": round(t_ready - t0, 2), "load_s": round(t_loaded - t_ready, 2),
                       "total_s": round(t_loaded - t0, 2), "device": svc.device.kind}), flush=True)
     return 0 if all(s == "READY" for s in states.values()) else 1
