@@ -20,6 +20,7 @@ takes its functional graph from there.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -35,6 +36,8 @@ def main(argv=None) -> int:
                     help="torchvision names, each with ':SIZE' for its input's height and width (default 224)")
     ap.add_argument("--max-batch", type=int, default=8)
     ap.add_argument("--device", default=None, help="default: cuda if there is one, else cpu")
+    ap.add_argument("--cudnn", choices=("autotune", "heuristics"), default="autotune",
+                    help="heuristics: the captures pick cuDNN's algorithms without timing them (capture.cudnn_heuristics)")
     ap.add_argument("--service", action="store_true",
                     help="compile as the service does (channels_last=False, fuse_convolutions=False)")
     a = ap.parse_args(argv)
@@ -86,12 +89,13 @@ def main(argv=None) -> int:
             ep.run_decompositions({})
         t2 = time.perf_counter()
         row = {"model": name, "side": side, "device": device, "torch": torch.__version__,
-               "options": options or "default", "export_s": round(t1 - t0, 3), "decompose_s": round(t2 - t1, 3)}
+               "options": options or "default", "cudnn": a.cudnn, "export_s": round(t1 - t0, 3), "decompose_s": round(t2 - t1, 3)}
         for attempt in ("compile", "again"):  # the second: cuDNN's autotuning cached on this thread
             spent.update(dict.fromkeys(spent, 0.0))
             hits = graph_cache.Stats.hits
             t3 = time.perf_counter()
-            cm = gpuloom.compile(model, (x,), max_batch=a.max_batch, device=device, **options)
+            with capture.cudnn_heuristics() if a.cudnn == "heuristics" else contextlib.nullcontext():
+                cm = gpuloom.compile(model, (x,), max_batch=a.max_batch, device=device, **options)
             t4 = time.perf_counter()
             row[f"{attempt}_s"] = round(t4 - t3, 3)
             row[f"{attempt}_graph_from_cache"] = graph_cache.Stats.hits > hits
