@@ -34,6 +34,8 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="mobilenet_v3_small:64,resnet50,efficientnet_b0,mobilenet_v2")
     ap.add_argument("--max-batch", type=int, default=8)
     ap.add_argument("--limit", type=int, default=1, help="the limited mode's cudnn.benchmark_limit")
+    ap.add_argument("--modes", default="autotune,limited,heuristics",
+                    help="comma-separated, run in this order and then reversed")
     a = ap.parse_args(argv)
     import torch
     import torchvision
@@ -72,7 +74,7 @@ def main(argv=None) -> int:
         t.join()
         return box
 
-    modes = ["autotune", "limited", "heuristics"]
+    modes = a.modes.split(",")
     order = modes + modes[::-1]
     for item in a.models.split(","):
         name, _, size = item.partition(":")
