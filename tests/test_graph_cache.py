@@ -152,3 +152,25 @@ def test_the_key_changes_with_the_batch_range_and_the_dtype():
     assert key(m, x, 8) == base  # deterministic
     assert key(m, x, 16) != base
     assert key(m.double(), x.double(), 8) != base
+
+
+def test_past_its_bound_the_cache_removes_the_least_recently_used_graphs(cache, monkeypatch):
+    import os
+    import time
+
+    _compile(_model(scale=1.0))
+    (a,) = cache.glob("*.json")
+    _compile(_model(scale=0.5))
+    (b,) = set(cache.glob("*.json")) - {a}
+    now = time.time()
+    os.utime(a, (now - 120, now - 120))  # a written first, b after it, well apart
+    os.utime(b, (now - 60, now - 60))
+    _compile(_model(scale=1.0))  # a hit on a: now the more recently used
+    assert a.stat().st_mtime > b.stat().st_mtime
+    size = max(a.stat().st_size, b.stat().st_size)
+    monkeypatch.setattr(graph_cache, "MAX_BYTES", 2 * size + size // 2)  # room for two graphs, not three
+    h0, m0 = _counts()
+    _compile(_model(scale=0.25))  # a third graph: b, the least recently used, goes
+    assert _counts() == (h0, m0 + 1)
+    left = set(cache.glob("*.json"))
+    assert a in left and b not in left and len(left) == 2

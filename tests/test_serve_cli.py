@@ -202,6 +202,23 @@ def test_launch_on_and_switch_interval_reach_the_service(tmp_path, monkeypatch):
         p.parse_args([repo, "--launch-on", "gpu"])
 
 
+def test_graph_cache_sets_where_this_process_compiles_keep_their_graphs(tmp_path, monkeypatch):
+    """``--graph-cache DIR|none`` is read by every compile of the server's process; without it the
+    environment's setting (or the default) stays."""
+    from gpuloom.commands import serve
+    from gpuloom.engine import graph_cache
+
+    _record_service(monkeypatch)
+    p, repo = _serve_parser_and_repo(tmp_path)
+    monkeypatch.setenv("GPULOOM_GRAPH_CACHE", str(tmp_path / "from-env"))
+    assert serve.run(p.parse_args([repo])) == 2
+    assert graph_cache.cache_dir() == tmp_path / "from-env"
+    assert serve.run(p.parse_args([repo, "--graph-cache", str(tmp_path / "graphs")])) == 2
+    assert graph_cache.cache_dir() == tmp_path / "graphs"
+    assert serve.run(p.parse_args([repo, "--graph-cache", "none"])) == 2
+    assert graph_cache.cache_dir() is None
+
+
 def test_outputs_reach_the_service_and_views_with_torch_launches_are_refused_with_the_reason(
         tmp_path, monkeypatch, capsys):
     """``--outputs views`` reaches the InferenceService (copies by default); with ``--torch-launch``

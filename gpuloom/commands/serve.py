@@ -28,6 +28,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile-cache", default="default", metavar="DIR",
                    help="where profiles measured at load are kept, per GPU and model fingerprint "
                         "(default ~/.cache/gpuloom/profiles or $GPULOOM_PROFILE_CACHE; 'none': keep none)")
+    p.add_argument("--graph-cache", default=None, metavar="DIR",
+                   help="where each compile's functional export graph is kept, filed under a hash of the graph "
+                        "traced from the model's code (default ~/.cache/gpuloom/graphs or $GPULOOM_GRAPH_CACHE; "
+                        "'none': keep none)")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--queue-limit", type=int, default=1024, help="queued requests before 429 (default 1024)")
     p.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body, MiB (default 64)")
@@ -207,6 +211,8 @@ def run(args: argparse.Namespace) -> int:
 
     from gpuloom.commands.bench import parse_policy_spec
 
+    if args.graph_cache is not None:  # read by every compile of this process (gpuloom.engine.graph_cache)
+        os.environ["GPULOOM_GRAPH_CACHE"] = args.graph_cache
     try:
         policy, policy_options, service_options = parse_policy_spec(args.policy)
         if service_options:

@@ -14,9 +14,10 @@ what reads the user's code. Only the decomposed graph is stored (torch's export 
 weights); a hit is rebuilt with the training IR's own parameters and constants, so the model's
 current weights are the ones compiled, and nothing is unpickled.
 
-Where: ``$GPULOOM_GRAPH_CACHE`` (``0``, ``off`` or ``none``: no cache), else
+Where: ``$GPULOOM_GRAPH_CACHE`` (``0``, ``off`` or ``none``: no cache; ``gpuloom serve --graph-cache``), else
 ``$XDG_CACHE_HOME/gpuloom/graphs``, else ``~/.cache/gpuloom/graphs``. A file that does not read
-back is decomposed again and rewritten; a graph torch cannot serialize is never cached.
+back is decomposed again and rewritten; a graph torch cannot serialize is never cached. The
+directory is bounded (:data:`MAX_BYTES`): the least recently used graphs go first.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ log = logging.getLogger(__name__)
 
 #: bump when what is stored, or how it is keyed, changes
 FORMAT = 1
+#: the directory's bound: past it, a store removes the least recently used graphs (a hit counts as a
+#: use). A graph is 0.1-5 MB (mobilenet_v3_small 0.5 MB), and every edit of a model adds one.
+MAX_BYTES = 512 * 2**20
 _OFF = ("0", "off", "none", "false", "no")
 
 
@@ -74,6 +78,10 @@ def decompose(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     hit = _load(path, ep)
     if hit is not None:
         Stats.hits += 1
+        try:
+            os.utime(path)  # recently used: the last to be evicted
+        except OSError:
+            pass
         log.debug("decomposed graph from the cache (%s)", path)
         return hit
     Stats.misses += 1
@@ -130,6 +138,31 @@ def _store(path: Path, out: torch.export.ExportedProgram, ep: torch.export.Expor
             Path(tmp).unlink(missing_ok=True)
             raise
         Stats.stored += 1
+        _evict(path.parent, keep=path)
     except OSError as e:  # e.g. a read-only home: compile on, decompose again next time
         log.warning("graph cache: cannot write %s (%s); set GPULOOM_GRAPH_CACHE to a writable directory, "
                     "or 0 to turn the cache off", path, e)
+
+
+def _evict(directory: Path, *, keep: Path, max_bytes: int | None = None) -> None:
+    """Remove the least recently used graphs until the directory holds at most ``max_bytes``
+    (default :data:`MAX_BYTES`); never ``keep``, the one just written."""
+    limit = MAX_BYTES if max_bytes is None else max_bytes
+    files = []
+    for p in directory.glob("*.json"):
+        try:
+            st = p.stat()
+        except OSError:  # removed meanwhile by another process
+            continue
+        files.append((st.st_mtime, st.st_size, p))
+    total = sum(size for _, size, _ in files)
+    for _, size, p in sorted(files, key=lambda f: f[0]):
+        if total <= limit:
+            break
+        if p == keep:
+            continue
+        try:
+            p.unlink()
+            total -= size
+        except OSError:
+            pass
