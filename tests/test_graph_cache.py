@@ -174,3 +174,30 @@ def test_past_its_bound_the_cache_removes_the_least_recently_used_graphs(cache, 
     assert _counts() == (h0, m0 + 1)
     left = set(cache.glob("*.json"))
     assert a in left and b not in left and len(left) == 2
+
+
+class TupleOrDict(nn.Module):
+    """The same ops either way; only the output's structure differs."""
+
+    def __init__(self, as_dict: bool) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.as_dict = as_dict
+
+    def forward(self, x: torch.Tensor):
+        y = self.lin(x)
+        return {"a": y, "b": y * 2} if self.as_dict else (y, y * 2)
+
+
+def test_a_model_that_returns_another_structure_of_the_same_tensors_misses(cache):
+    as_tuple, as_dict = TupleOrDict(False).eval(), TupleOrDict(True).eval()
+    gpuloom.compile(as_tuple, torch.randn(1, 4), max_batch=4)
+    h0, m0 = _counts()
+    cm = gpuloom.compile(as_dict, torch.randn(1, 4), max_batch=4)
+    assert _counts() == (h0, m0 + 1)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        got, want = cm(x), as_dict(x)
+    assert isinstance(got, dict) and got.keys() == want.keys()
+    for k in want:
+        torch.testing.assert_close(got[k], want[k])

@@ -8,7 +8,8 @@ the larger: mobilenet_v3_small 3.9 s of 8.2 on the H200's host, resnet50 3.2 of 
 
 The second step is a function of the first's graph alone, so its result is filed under a hash of
 that graph: every node with its op, arguments and tensor metadata (shape, stride, dtype, device;
-nested graphs too), the signature, the batch range and the torch version. An edit of the model
+nested graphs too), the signature, the structure of the inputs and outputs (a tuple or a dict of
+the same tensors), the batch range and the torch version. An edit of the model
 that changes what it computes changes that graph, and misses. The first step always runs: it is
 what reads the user's code. Only the decomposed graph is stored (torch's export schema, JSON, no
 weights); a hit is rebuilt with the training IR's own parameters and constants, so the model's
@@ -54,7 +55,10 @@ def cache_dir() -> Path | None:
 def graph_key(ep: torch.export.ExportedProgram) -> str:
     """32 hex digits over everything ``ep.run_decompositions({})`` reads of ``ep``."""
     code = ep.graph_module.print_readable(print_output=False, include_stride=True, include_device=True)
-    what = "\n".join((f"gpuloom graph cache {FORMAT}", f"torch {torch.__version__}", code,
+    # the inputs' and outputs' structure (a tuple or a dict of the same tensors) is not in the graph
+    calls = [(e.fqn, str(e.signature.in_spec), str(e.signature.out_spec)) if e.signature else (e.fqn,)
+             for e in ep.module_call_graph]
+    what = "\n".join((f"gpuloom graph cache {FORMAT}", f"torch {torch.__version__}", code, str(calls),
                       str(ep.graph_signature), str(sorted((str(k), str(v)) for k, v in ep.range_constraints.items())),
                       str(sorted(ep.state_dict)), str(sorted(ep.constants))))
     return hashlib.sha256(what.encode()).hexdigest()[:32]
