@@ -36,6 +36,9 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=1, help="the limited mode's cudnn.benchmark_limit")
     ap.add_argument("--modes", default="autotune,limited,heuristics",
                     help="comma-separated, run in this order and then reversed")
+    ap.add_argument("--fill", choices=("heuristics", "none"), default="heuristics",
+                    help="a first compile of each model before the modes (printed as round -1): with cuDNN's "
+                         "heuristics (it fills the graph cache, so that export costs the same in every row), or none")
     a = ap.parse_args(argv)
     import torch
     import torchvision
@@ -81,8 +84,8 @@ def main(argv=None) -> int:
         side = int(size or 224)
         model = getattr(torchvision.models, name)(weights=None).eval().cuda()
         x = torch.randn(1, 3, side, side, device="cuda")
-        compile_in_thread(model, x, "heuristics")  # fills the graph cache: export costs the same below
-        for rep, mode in enumerate(order):
+        runs = ([(-1, "heuristics")] if a.fill == "heuristics" else []) + list(enumerate(order))
+        for rep, mode in runs:
             box = compile_in_thread(model, x, mode)
             row = {"model": name, "side": side, "mode": mode, "round": rep, "limit": a.limit if mode == "limited" else None}
             if "error" in box:
