@@ -12,7 +12,7 @@ import importlib
 import sys
 
 # Subcommand modules, in the order ``--help`` lists them. The first is the default job.
-COMMANDS = ["demo", "profile", "plan", "simulate", "bench", "serve", "load"]
+COMMANDS = ["demo", "profile", "plan", "simulate", "bench", "serve", "load", "cache"]
 
 
 def _load(name: str):

@@ -28,8 +28,10 @@ import logging
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a graph is handled: `gpuloom cache` lists files without it
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,8 @@ def cache_dir() -> Path | None:
 
 def graph_key(ep: torch.export.ExportedProgram) -> str:
     """32 hex digits over everything ``ep.run_decompositions({})`` reads of ``ep``."""
+    import torch
+
     code = ep.graph_module.print_readable(print_output=False, include_stride=True, include_device=True)
     # the inputs' and outputs' structure (a tuple or a dict of the same tensors) is not in the graph
     calls = [(e.fqn, str(e.signature.in_spec), str(e.signature.out_spec)) if e.signature else (e.fqn,)
