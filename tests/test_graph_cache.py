@@ -67,8 +67,10 @@ def test_a_model_compiled_again_takes_its_graph_from_the_cache_and_still_equals_
     first = _compile(m)
     assert _counts() == (h0, m0 + 1)
     assert len(list(cache.glob("*.json"))) == 1
+    assert not first.graph.graph_from_cache
     second = _compile(m)
     assert _counts() == (h0 + 1, m0 + 1)
+    assert second.graph.graph_from_cache
     assert [str(o.target) for o in second.graph.ops] == [str(o.target) for o in first.graph.ops]
     assert second.graph.edges == first.graph.edges
     assert second.graph.folded_batchnorms == first.graph.folded_batchnorms == 1
@@ -201,3 +203,31 @@ def test_a_model_that_returns_another_structure_of_the_same_tensors_misses(cache
     assert isinstance(got, dict) and got.keys() == want.keys()
     for k in want:
         torch.testing.assert_close(got[k], want[k])
+
+
+def test_a_reload_says_in_the_log_that_its_export_graph_came_from_the_cache(cache, caplog):
+    import warnings
+
+    import numpy as np
+
+    from gpuloom.runtime.service import InferenceService, ModelConfig, TensorSpec
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+    config = ModelConfig("m", (TensorSpec("x", (4,), "float32"),), max_batch=4, slo_ms=500)
+    svc = InferenceService(policy="triton", device="cpu")
+    svc.start()
+    try:
+        with warnings.catch_warnings(), caplog.at_level(logging.INFO, logger="gpuloom"):
+            warnings.simplefilter("ignore")
+            svc.load(config, model)
+            svc.unload("m")
+            svc.load(config, model)
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("model m: compiled in")]
+        assert len(said) == 2 and "graph cache" not in said[0], said
+        assert "(its export graph from the graph cache)" in said[1], said
+        x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+        with torch.no_grad():
+            want = model(torch.from_numpy(x)).numpy()
+        np.testing.assert_allclose(svc.infer("m", {"x": x}, timeout_s=20)["output0"], want, rtol=1e-5, atol=1e-5)
+    finally:
+        svc.close()

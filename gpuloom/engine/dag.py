@@ -60,6 +60,7 @@ class OpGraph:
     folded_batchnorms: int = 0  # BatchNorms folded into convolutions
     channels_last_weights: int = 0  # convolution weights stored NHWC (fold.channels_last)
     fused_convolutions: int = 0  # convolutions fused with their bias and ReLU (fold.fuse_convolutions)
+    graph_from_cache: bool = False  # export's functional graph came from graph_cache (half the export skipped)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -87,9 +88,11 @@ def capture_graph(
     four export path only; see ``fold``).
     """
     export_error: BaseException | None = None
+    from_cache = False
     try:
         gm = _export(model, example_inputs, max_batch)
         method = "export"
+        from_cache = graph_cache.last_was_hit()
         folded = fold.fold_batchnorm(gm) if fold_batchnorm else 0
         fold.restore_batchnorm(gm)
         # before reinplace, whose in-place ReLUs and adds it would no longer recognise
@@ -117,6 +120,7 @@ def capture_graph(
     graph.folded_batchnorms = folded
     graph.fused_convolutions = fused
     graph.channels_last_weights = nhwc  # 0 where the fx fallback took the model (no pass applies)
+    graph.graph_from_cache = from_cache
     return graph
 
 

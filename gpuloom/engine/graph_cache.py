@@ -27,6 +27,7 @@ import hashlib
 import logging
 import os
 import tempfile
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -76,8 +77,17 @@ class Stats:
     stored = 0
 
 
+_last = threading.local()  # what this thread's last decompose() did
+
+
+def last_was_hit() -> bool:
+    """Did this thread's last :func:`decompose` take its graph from the cache?"""
+    return getattr(_last, "hit", False)
+
+
 def decompose(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """``ep.run_decompositions({})``, taken from the cache where this very graph was decomposed before."""
+    _last.hit = False
     directory = cache_dir()
     if directory is None:
         return ep.run_decompositions({})
@@ -86,6 +96,7 @@ def decompose(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     hit = _load(path, ep)
     if hit is not None:
         Stats.hits += 1
+        _last.hit = True
         try:
             os.utime(path)  # recently used: the last to be evicted
         except OSError:

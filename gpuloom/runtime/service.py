@@ -1306,7 +1306,9 @@ class InferenceService:
             runner, config = self._compile_reclaiming(config, module)
             t1 = time.perf_counter()
             profile = self._profile_for(config, runner)
-        log.info("model %s: compiled in %.1f s, profile in %.1f s", config.name, t1 - t0, time.perf_counter() - t1)
+        cached = getattr(getattr(runner, "graph", None), "graph_from_cache", False)
+        log.info("model %s: compiled in %.1f s%s, profile in %.1f s", config.name, t1 - t0,
+                 " (its export graph from the graph cache)" if cached else "", time.perf_counter() - t1)
         return runner, config, profile
 
     def _compile_reclaiming(self, config: ModelConfig, module: Any) -> tuple[Any, ModelConfig]:
