@@ -114,9 +114,7 @@ def _load(path: Path, ep: torch.export.ExportedProgram) -> torch.export.Exported
         data = path.read_bytes()
     except OSError:
         return None
-    serde_log = logging.getLogger("torch._export.serde.serialize")
-    level = serde_log.level
-    serde_log.setLevel(logging.ERROR)  # it warns once per size symbol the batch's guards made and the graph lost
+    _quiet_serde()
     try:
         from torch._export.serde.serialize import SerializedArtifact, deserialize
 
@@ -125,8 +123,18 @@ def _load(path: Path, ep: torch.export.ExportedProgram) -> torch.export.Exported
     except Exception as e:  # noqa: BLE001 - a damaged or foreign file: decompose again, overwrite it
         log.warning("graph cache: %s does not read back (%s: %s); decomposing again", path, type(e).__name__, e)
         return None
-    finally:
-        serde_log.setLevel(level)
+
+
+def _unused_symbol_warning(record: logging.LogRecord) -> bool:
+    return "did not appear in the graph that was deserialized" not in record.getMessage()
+
+
+def _quiet_serde() -> None:
+    """torch's deserializer warns once per size symbol that export's guards made and the graph does
+    not use (tens per model, at every hit): drop those lines, keep the rest of its log."""
+    serde_log = logging.getLogger("torch._export.serde.serialize")
+    if _unused_symbol_warning not in serde_log.filters:
+        serde_log.addFilter(_unused_symbol_warning)
 
 
 def _store(path: Path, out: torch.export.ExportedProgram, ep: torch.export.ExportedProgram) -> None:
