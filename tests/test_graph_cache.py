@@ -231,3 +231,24 @@ def test_a_reload_says_in_the_log_that_its_export_graph_came_from_the_cache(cach
         np.testing.assert_allclose(svc.infer("m", {"x": x}, timeout_s=20)["output0"], want, rtol=1e-5, atol=1e-5)
     finally:
         svc.close()
+
+
+@pytest.mark.parametrize("name", ["resnet18", "googlenet", "inception_v3", "mobilenet_v3_small", "efficientnet_b0",
+                                  "densenet121", "transformer_encoder", "two_inputs"])
+def test_every_engine_model_compiled_from_the_cache_has_the_same_dag_and_equals_eager(cache, name):
+    from engine_models import zoo
+
+    model, shapes, dtype = zoo(64)[name]
+    model = model.eval()
+    mk = lambda b: tuple(torch.randn(b, *s, dtype=dtype) for s in shapes)
+    first = gpuloom.compile(model, mk(1), max_batch=4)
+    hits = graph_cache.Stats.hits
+    cm = gpuloom.compile(model, mk(1), max_batch=4)
+    assert graph_cache.Stats.hits == hits + 1 and cm.graph.graph_from_cache
+    assert [str(o.target) for o in cm.graph.ops] == [str(o.target) for o in first.graph.ops]
+    assert cm.graph.edges == first.graph.edges and cm.plan.num_streams == first.plan.num_streams
+    xs = mk(3)
+    with torch.no_grad():
+        got, want = cm(*xs), model(*xs)
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
