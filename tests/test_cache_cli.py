@@ -33,6 +33,9 @@ def test_dir_names_both_caches_and_follows_the_environment(caches, capsys):
     assert capsys.readouterr().out.splitlines() == [f"profiles: {profiles}", f"graphs: {graphs}"]
     assert main(["cache", "dir", "graphs", "--graph-cache", "none"]) == 0
     assert capsys.readouterr().out.strip() == "graphs: off"
+    assert main(["cache", "purge", "--profile-cache", "none", "--graph-cache", "none"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["profiles: off, nothing to remove", "graphs: off, nothing to remove"]
+    assert len(list(profiles.rglob("*.json"))) == 1 and len(list(graphs.glob("*.json"))) == 3
 
 
 def test_info_counts_gpuloom_files_and_their_size(caches, capsys):

@@ -37,7 +37,10 @@ def directories(args: argparse.Namespace) -> dict[str, Path | None]:
 
     found: dict[str, Path | None] = {}
     if args.kind in (None, "profiles"):
-        found["profiles"] = Path(args.profile_cache) if args.profile_cache else default_cache_dir()
+        if args.profile_cache:  # "none" as in gpuloom serve --profile-cache none
+            found["profiles"] = None if args.profile_cache.strip().lower() == "none" else Path(args.profile_cache)
+        else:
+            found["profiles"] = default_cache_dir()
     if args.kind in (None, "graphs"):
         if args.graph_cache:
             found["graphs"] = None if args.graph_cache.strip().lower() in graph_cache._OFF else Path(args.graph_cache)
