@@ -252,3 +252,26 @@ def test_every_engine_model_compiled_from_the_cache_has_the_same_dag_and_equals_
         got, want = cm(*xs), model(*xs)
     for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
+class WithConstants(nn.Module):
+    """A non-persistent buffer and a tensor made in forward (a lifted constant): values, not graph."""
+
+    def __init__(self, k: float) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("scale", torch.full((4,), k), persistent=False)
+        self.k = k
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * self.scale + torch.tensor([self.k] * 4)
+
+
+def test_a_hit_takes_buffers_and_lifted_constants_from_the_model_compiled(cache):
+    gpuloom.compile(WithConstants(2.0).eval(), torch.randn(1, 4), max_batch=4)
+    other = WithConstants(3.0).eval()  # the same graph; other values
+    cm = gpuloom.compile(other, torch.randn(1, 4), max_batch=4)
+    assert cm.graph.graph_from_cache
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), other(x))
