@@ -19,6 +19,23 @@ def test_the_demo_compiles_a_model_and_prints_its_row_with_full_headers(capsys):
         assert header in out
 
 
+def test_a_second_run_marks_the_compiles_whose_export_graph_came_from_the_cache(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("GPULOOM_GRAPH_CACHE", str(tmp_path))
+    args = ["demo", "resnet18", "--size", "32", "--iters", "1", "--device", "cpu"]
+
+    def compile_cell() -> str:
+        out = capsys.readouterr().out
+        row = next(line for line in out.splitlines() if line.startswith("│ resnet18"))
+        return [c.strip() for c in row.strip("│").split("│")][8], out
+
+    assert cli.main(args) == 0
+    cell, out = compile_cell()
+    assert not cell.endswith("*") and "graph cache" not in out
+    assert cli.main(args) == 0
+    cell, out = compile_cell()
+    assert cell.endswith(" *") and "from the graph cache" in out
+
+
 def test_an_unknown_model_is_refused_with_its_name(capsys):
     assert cli.main(["demo", "no_such_net"]) == 2
     assert "unknown torchvision model 'no_such_net'" in capsys.readouterr().out

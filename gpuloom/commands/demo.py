@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     table.add_column("model", no_wrap=True)
     for col in ("ops", "streams", "syncs", "kept", "eager ms", "gpuloom ms", "speedup", "compile s"):
         table.add_column(col, justify="right")
+    cached_any = False
     for name in args.models:
         try:
             factory = getattr(torchvision.models, name)
@@ -71,11 +72,17 @@ def run(args: argparse.Namespace) -> int:
         # what streams="auto" kept for this batch's bucket: single / multi / forward, "_cl" for NHWC
         kept = cm.stream_choice.get(cm.bucket_for(args.batch), "-") if on_gpu else "-"
         table.add_row(name, str(len(cm.graph.ops)), str(cm.plan.num_streams), str(cm.plan.num_syncs), kept,
-                      f"{eager:.2f}", f"{ours:.2f}", f"{eager / ours:.2f}x", f"{cm.compile_seconds:.1f}")
+                      f"{eager:.2f}", f"{ours:.2f}", f"{eager / ours:.2f}x",
+                      f"{cm.compile_seconds:.1f}" + (" *" if cm.graph.graph_from_cache else ""))
+        cached_any = cached_any or cm.graph.graph_from_cache
         console.print(f"[bold]{name}[/]: {cm!r}")
         console.print(str(cm.plan).splitlines()[0])
         if args.draw:
             Path(args.draw).mkdir(parents=True, exist_ok=True)
             cm.plan.draw(Path(args.draw) / f"{name}_plan.png")
+    if cached_any:
+        from gpuloom.engine.graph_cache import cache_dir
+
+        table.caption = f"* export's functional graph from the graph cache ({cache_dir()}; GPULOOM_GRAPH_CACHE=0: none)"
     console.print(table)
     return 0
