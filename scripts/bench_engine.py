@@ -141,6 +141,9 @@ def bench_model(name: str, dtype: torch.dtype, batches: list[int], args) -> dict
     t0 = time.perf_counter()
     cm = compiled_with()
     rec["compile_s"] = round(time.perf_counter() - t0, 2)
+    # since the thirty-eighth session a compile takes export's functional graph from the graph cache when
+    # this very graph was exported before (GPULOOM_GRAPH_CACHE=0 for the cold time every run)
+    rec["graph_from_cache"] = cm.graph.graph_from_cache
     rec["ops"] = len(cm.graph.ops)
     rec["capture_method"] = cm.graph.method
     rec["streams"] = cm.plan.num_streams
