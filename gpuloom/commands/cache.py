@@ -42,10 +42,7 @@ def directories(args: argparse.Namespace) -> dict[str, Path | None]:
         else:
             found["profiles"] = default_cache_dir()
     if args.kind in (None, "graphs"):
-        if args.graph_cache:
-            found["graphs"] = None if args.graph_cache.strip().lower() in graph_cache._OFF else Path(args.graph_cache)
-        else:
-            found["graphs"] = graph_cache.cache_dir()
+        found["graphs"] = graph_cache.cache_dir(args.graph_cache or None)
     return found
 
 

@@ -88,11 +88,9 @@ def capture_graph(
     four export path only; see ``fold``).
     """
     export_error: BaseException | None = None
-    from_cache = False
     try:
         gm = _export(model, example_inputs, max_batch)
         method = "export"
-        from_cache = graph_cache.last_was_hit()
         folded = fold.fold_batchnorm(gm) if fold_batchnorm else 0
         fold.restore_batchnorm(gm)
         # before reinplace, whose in-place ReLUs and adds it would no longer recognise
@@ -120,7 +118,7 @@ def capture_graph(
     graph.folded_batchnorms = folded
     graph.fused_convolutions = fused
     graph.channels_last_weights = nhwc  # 0 where the fx fallback took the model (no pass applies)
-    graph.graph_from_cache = from_cache
+    graph.graph_from_cache = gm.meta.get(_FROM_CACHE, False)
     return graph
 
 
@@ -145,6 +143,9 @@ def channels_last_variant(graph: OpGraph, *, fuse_convolutions: bool = False) ->
     return variant
 
 
+_FROM_CACHE = "gpuloom_graph_from_cache"  # GraphModule.meta key: _export took its graph from graph_cache
+
+
 def _export(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], max_batch: int) -> fx.GraphModule:
     # Export at batch 2 with a dynamic batch dimension: at batch 1 export specializes the size.
     inputs = tuple(with_batch(x, 2) for x in example_inputs)
@@ -152,8 +153,10 @@ def _export(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], max_
     dynamic = tuple({0: batch} for _ in inputs)
     with torch.no_grad():
         ep = torch.export.export(model, inputs, dynamic_shapes=dynamic)
-        ep = graph_cache.decompose(ep)  # functionalize (no op mutates its inputs), cached by graph
-    return ep.module()
+        ep, from_cache = graph_cache.decompose(ep)  # functionalize (no op mutates its inputs), cached by graph
+    gm = ep.module()
+    gm.meta[_FROM_CACHE] = from_cache
+    return gm
 
 
 def with_batch(x: torch.Tensor, n: int) -> torch.Tensor:

@@ -27,7 +27,6 @@ import hashlib
 import logging
 import os
 import tempfile
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,9 +43,10 @@ MAX_BYTES = 512 * 2**20
 _OFF = ("0", "off", "none", "false", "no")
 
 
-def cache_dir() -> Path | None:
-    """Where decomposed graphs are kept, or None when ``$GPULOOM_GRAPH_CACHE`` turns the cache off."""
-    env = os.environ.get("GPULOOM_GRAPH_CACHE")
+def cache_dir(setting: str | None = None) -> Path | None:
+    """Where decomposed graphs are kept, or None when the cache is off. ``setting`` (a directory, or
+    ``0``/``off``/``none``; ``gpuloom cache --graph-cache``) or else ``$GPULOOM_GRAPH_CACHE`` decides."""
+    env = setting if setting is not None else os.environ.get("GPULOOM_GRAPH_CACHE")
     if env is not None and env.strip().lower() in _OFF:
         return None
     if env:
@@ -77,36 +77,27 @@ class Stats:
     stored = 0
 
 
-_last = threading.local()  # what this thread's last decompose() did
-
-
-def last_was_hit() -> bool:
-    """Did this thread's last :func:`decompose` take its graph from the cache?"""
-    return getattr(_last, "hit", False)
-
-
-def decompose(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
-    """``ep.run_decompositions({})``, taken from the cache where this very graph was decomposed before."""
-    _last.hit = False
+def decompose(ep: torch.export.ExportedProgram) -> tuple[torch.export.ExportedProgram, bool]:
+    """``ep.run_decompositions({})``, taken from the cache where this very graph was decomposed before;
+    and whether it was."""
     directory = cache_dir()
     if directory is None:
-        return ep.run_decompositions({})
+        return ep.run_decompositions({}), False
     key = graph_key(ep)
     path = directory / f"{key}.json"
     hit = _load(path, ep)
     if hit is not None:
         Stats.hits += 1
-        _last.hit = True
         try:
             os.utime(path)  # recently used: the last to be evicted
         except OSError:
             pass
         log.debug("decomposed graph from the cache (%s)", path)
-        return hit
+        return hit, True
     Stats.misses += 1
     out = ep.run_decompositions({})
     _store(path, out, ep)
-    return out
+    return out, False
 
 
 def _load(path: Path, ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram | None:
