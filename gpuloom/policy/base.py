@@ -15,7 +15,9 @@ from typing import ClassVar, Mapping, Sequence
 from ..profile.store import Profile
 from .types import Completion, Decision, Drop, Layout, Partition, Request
 
-Queues = Mapping[str, "deque[Request]"]  # model -> its FIFO queue, oldest first (read only for policies)
+Queues = Mapping[str, "deque[Request]"]  # model -> its queue, earliest deadline first (read only for policies)
+# (requests with the model's SLO come in arrival order; one with a client's timeout goes where its deadline
+# puts it, ties in arrival order: the runtime keeps the order, so a queue's head is its most urgent request)
 Action = Decision | Drop
 
 
@@ -202,7 +204,7 @@ def slo_batch_cap(profile: Profile, sms: float, budget_ms: float) -> int:
 
 
 def take(queue: "deque[Request]", n: int) -> tuple[int, ...]:
-    """Ids of the ``n`` oldest requests of ``queue``."""
+    """Ids of the ``n`` requests at the head of ``queue`` (the most urgent)."""
     n = min(n, len(queue))
     if n == len(queue):
         return tuple(r.id for r in queue)
@@ -221,5 +223,5 @@ def hopeless(queue: "deque[Request]", now_ms: float, min_latency_ms: float) -> t
         if now_ms + min_latency_ms > r.deadline_ms:
             out.append(r.id)
         else:
-            break  # FIFO with one SLO per model: deadlines increase along the queue
+            break  # queues are in deadline order: the rest are due later
     return tuple(out)

@@ -108,7 +108,7 @@ class Decision:
     """Run ``request_ids`` of ``model`` as one batch on partition ``partition`` now."""
 
     model: str
-    request_ids: tuple[int, ...]  # taken from the model's queue, oldest first
+    request_ids: tuple[int, ...]  # taken from the model's queue, in its order
     batch: int  # batch size that runs (>= len(request_ids)); the backend pads it to a profile bucket
     partition: int  # Partition.index, must be free
     sms: int | None = None  # shared lanes only: SMs the batch demands (None = its knee)

@@ -62,7 +62,7 @@ class Backend(ABC):
 
     @abstractmethod
     def submit(self, decision: Decision, requests: Sequence[Request]) -> None:
-        """Start ``decision`` (its ``requests``, oldest first) now on its partition. Asynchronous."""
+        """Start ``decision`` (its ``requests``, in queue order) now on its partition. Asynchronous."""
 
     @abstractmethod
     def busy_sm_ms(self) -> float:

@@ -21,6 +21,7 @@ Two ways to drive it:
 
 from __future__ import annotations
 
+import bisect
 import functools
 import logging
 import threading
@@ -521,7 +522,7 @@ class Runtime:
             elif self._broken:
                 self._finish(Result(r, Status.FAILED, self.loop.now, self._broken))
             else:
-                self.queues[r.model].append(r)
+                _enqueue(self.queues[r.model], r)
                 self._pending[r.id] = r
                 self.policy.on_arrival(r, self.loop.now)
 
@@ -618,7 +619,7 @@ class Runtime:
                 self._finish(Result(r, Status.DROPPED, self.loop.now, "shed"))
                 return
         self._note_arrival()
-        self.queues[r.model].append(r)
+        _enqueue(self.queues[r.model], r)
         self._pending[r.id] = r
         if self._trace_on:
             self._log("arrive", r.model, r.id)
@@ -965,3 +966,19 @@ class Runtime:
 
     def _log(self, kind: str, *detail) -> None:
         self.trace.append(TraceEntry(self.loop.now, kind, detail))
+
+
+def _enqueue(q: "deque[Request]", r: Request) -> None:
+    """Put ``r`` into its model's queue, which is kept in deadline order (earliest first; ties in
+    arrival order). Requests with the model's SLO arrive in that order, so this is an append; one
+    with a deadline of its own (a client's timeout) goes where its deadline puts it, so that the
+    policies, which read a queue's head as its most urgent request, still can."""
+    if not q or q[-1].deadline_ms <= r.deadline_ms:
+        q.append(r)
+        return
+    i = bisect.bisect_right(q, r.deadline_ms, key=_deadline)
+    q.insert(i, r)
+
+
+def _deadline(r: Request) -> float:
+    return r.deadline_ms

@@ -15,7 +15,7 @@ partitions, or the CPU path).
 **Rows and batching.** A client request may carry ``n >= 1`` rows. The runtime batches *rows*: each
 row becomes one runtime request (policies count requests, and a batch of ``b`` requests is ``b``
 rows, so every policy batches by samples unchanged); the service joins the request's rows back into
-one response. Rows of one request arrive together and sit next to each other in the FIFO queue, so
+one response. Rows of one request arrive together with one deadline and sit next to each other in the queue, so
 they nearly always run in one batch; if any row fails or is dropped, the whole request does.
 
 **Books.** Every accepted request ends as exactly one of success, failure, dropped (by reason), and
