@@ -162,6 +162,12 @@ def bench_model(name: str, dtype: torch.dtype, batches: list[int], args) -> dict
             suffix = key.removeprefix("gpuloom_")
             rec[f"compile_s_{suffix}"] = round(time.perf_counter() - t1, 2)
             rec[f"auto_choice_{suffix}"] = {str(b): k for b, k in experiments[key].stream_choice.items()}
+            if experiments[key].split_linears:
+                from gpuloom.engine import gemm
+
+                rec["split_linears"] = experiments[key].split_linears
+                # (input shape, out features) -> parts K was split in (1: cuBLAS's own call)
+                rec["gemm_choices"] = {f"{list(k[0])}x{k[2]}": p for k, p in gemm.choices().items()}
     compiled = None
     rec["torch_compile_batches"] = sorted(args.torch_compile_batches & set(batches)) \
         if "torch_compile" in args.variants else []
@@ -218,6 +224,9 @@ EXPERIMENTS = {
     # compile's default since the thirty-fourth session: gpuloom_cl_auto with the channels-last
     # candidate's convolutions fused with their bias and ReLU (engine runs 100-104); CUDA only
     "gpuloom_cl_auto_fused": {"channels_last": "auto", "fuse_convolutions": "channels_last"},
+    # compile's default since the thirty-ninth session: gpuloom_cl_auto_fused with float32 linear layers
+    # splitting their GEMM's reduction where that was timed faster per shape (gpuloom.engine.gemm)
+    "gpuloom_split": {"channels_last": "auto", "fuse_convolutions": "channels_last", "split_gemms": True},
 }
 
 
@@ -225,7 +234,7 @@ def compile_options(option: dict) -> dict:
     """gpuloom.compile's layout and fusion options for a variant: the model's own layout, unfused,
     unless the variant's ``option`` (an ``EXPERIMENTS`` entry, or {} for gpuloom auto) says otherwise,
     so that each column keeps the meaning it had in every earlier run."""
-    return {"channels_last": False, "fuse_convolutions": False, **option}
+    return {"channels_last": False, "fuse_convolutions": False, "split_gemms": False, **option}
 
 
 def add_ratios(row: dict) -> None:

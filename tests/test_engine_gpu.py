@@ -362,3 +362,31 @@ def test_a_compile_from_the_graph_cache_equals_eager_on_gpu(tmp_path, monkeypatc
         xs = mk(batch)
         with torch.no_grad():
             torch.testing.assert_close(cm(*xs), model(*xs), rtol=1e-4, atol=1e-4)
+
+
+def test_split_gemms_on_a_bert_sized_encoder_time_every_shape_and_equal_eager_on_gpu():
+    """compile's default since the thirty-ninth session splits a float32 linear layer's reduction
+    where that was timed faster for its shape (gpuloom.engine.gemm). Two layers of bert_base's size
+    at 128 tokens: its eight linear layers go through gemm.linear, each of their four shapes is timed
+    once per bucket, and the graphs equal eager; every split itself equals F.linear on the GPU."""
+    import torch.nn.functional as F
+
+    from gpuloom.engine import gemm
+
+    gemm.clear()
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(768, 12, 3072, dropout=0.0, batch_first=True, activation="gelu")
+    model = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval().cuda()
+    mk = lambda b: torch.randn(b, 128, 768, device="cuda")
+    cm = gpuloom.compile(model, mk(1), max_batch=4)
+    assert cm.split_linears == 8
+    chosen = gemm.choices()
+    assert len(chosen) == 4 * len(cm.buckets), chosen  # in-projection, out-projection, FFN 1 and 2; per bucket
+    assert all(parts in gemm.candidates(key[0][-1]) for key, parts in chosen.items())
+    for batch in (1, 3, 4):
+        x = mk(batch)
+        with torch.no_grad():
+            torch.testing.assert_close(cm(x), model(x), rtol=1e-4, atol=1e-4, msg=lambda m: f"b{batch}: {m}")
+    x, w, b = torch.randn(128, 3072, device="cuda"), torch.randn(768, 3072, device="cuda") / 55, torch.randn(768, device="cuda")
+    for parts in gemm.candidates(3072)[1:]:
+        torch.testing.assert_close(gemm.split_k_linear(x, w, b, parts), F.linear(x, w, b), rtol=1e-4, atol=1e-4)

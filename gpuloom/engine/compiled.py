@@ -156,6 +156,12 @@ class CompiledModel:
         where a bucket kept it, the channels-last one): 0 where nothing was fused."""
         return self.graph.fused_convolutions + (self.graph_cl.fused_convolutions if self.graph_cl is not None else 0)
 
+    @property
+    def split_linears(self) -> int:
+        """Float32 linear layers whose GEMM splits its reduction where that was timed faster
+        (``compile(split_gemms=...)``; their choices: ``gpuloom.engine.gemm.choices()``); 0 where none."""
+        return self.graph.split_linears
+
     def _require_channels_last(self, kind: str) -> None:
         """ValueError, saying why, where ``kind`` (an executor) is missing: only the channels-last
         DAG's can be (``single``/``multi`` always exist)."""
@@ -396,6 +402,7 @@ def compile(
     reinplace: bool = False,
     channels_last: bool | str | None = None,
     fuse_convolutions: bool | str | None = None,
+    split_gemms: bool | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> CompiledModel:
     """Compile ``model`` ahead of time into multi-stream CUDA graphs, one per batch bucket.
@@ -441,6 +448,12 @@ def compile(
             batch 8; 1.12x geomean over ten models in float32 at batch 1, never more than noise slower)
             and the NCHW ones 0.90-1.12x (mobilenet_v2 slower by its ReLU6 convolutions). Not
             ``"channels_last"`` with ``reinplace=True`` and ``channels_last="auto"``.
+        split_gemms: run each float32 linear layer's GEMM with its reduction split in 2-8 parts (one
+            batched GEMM, then a sum) where that was timed faster for its shape, at its first call in
+            a capture's warm-ups (``gpuloom.engine.gemm``): at a small batch a GEMM's few output rows
+            leave most SMs idle. CUDA only. Default (None): on for CUDA. On the H200 (run 127) it ran
+            two of bert_base's four GEMMs 1.9x faster at batch 1; a shape where no split wins keeps
+            cuBLAS's own call. Results differ from eager's only by the order of the sums.
         progress: called with a short message at each compile stage.
 
     Raises:
@@ -481,6 +494,13 @@ def compile(
                          f"this model compiles for {dev}")
     # "channels_last": fused where the graph is channels-last, on CUDA only (the fused ops have no CPU kernel)
     fuse_cl = fuse_convolutions is True or (fuse_convolutions == "channels_last" and dev.type == "cuda")
+    if split_gemms is None:
+        split_gemms = dev.type == "cuda"
+    elif not isinstance(split_gemms, bool):
+        raise ValueError(f"split_gemms must be True, False or None, got {split_gemms!r}")
+    elif split_gemms and dev.type != "cuda":
+        raise ValueError("split_gemms=True times its GEMMs on the GPU, which needs a CUDA device; "
+                         f"this model compiles for {dev}")
     bucket_list = tuple(sorted(set(buckets))) if buckets is not None else default_buckets(max_batch)
     if bucket_list[0] < 1 or bucket_list[-1] != max_batch:
         raise ValueError(f"buckets must be positive and end at max_batch={max_batch}, got {bucket_list}")
@@ -488,7 +508,8 @@ def compile(
     say("capturing the operator graph")
     graph = capture_graph(model, example_inputs, max_batch=max_batch, fold_batchnorm=fold_batchnorm,
                           reinplace=reinplace, channels_last=channels_last is True,
-                          fuse_convolutions=fuse_cl if channels_last is True else fuse_convolutions is True)
+                          fuse_convolutions=fuse_cl if channels_last is True else fuse_convolutions is True,
+                          split_gemms=split_gemms)
     graph.module.to(dev)
     graph_cl = None
     if channels_last == "auto" and dev.type == "cuda":  # a timed choice: there is nothing to time on the CPU

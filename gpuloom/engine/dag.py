@@ -60,6 +60,7 @@ class OpGraph:
     folded_batchnorms: int = 0  # BatchNorms folded into convolutions
     channels_last_weights: int = 0  # convolution weights stored NHWC (fold.channels_last)
     fused_convolutions: int = 0  # convolutions fused with their bias and ReLU (fold.fuse_convolutions)
+    split_linears: int = 0  # float32 linear layers whose GEMM may split K (fold.split_linears, gemm)
     graph_from_cache: bool = False  # export's functional graph came from graph_cache (half the export skipped)
 
     @property
@@ -79,13 +80,15 @@ def capture_graph(
     reinplace: bool = False,
     channels_last: bool = False,
     fuse_convolutions: bool = False,
+    split_gemms: bool = False,
 ) -> OpGraph:
     """Capture ``model`` as an FX graph and build its operator DAG (see the module docstring).
 
     ``fold_batchnorm`` folds inference BatchNorms into the convolutions they follow; ``reinplace``
     runs single-reader elementwise ops in place; ``channels_last`` stores convolution weights NHWC;
     ``fuse_convolutions`` uses cuDNN's fused convolution + bias (+ add) + ReLU, for CUDA only (all
-    four export path only; see ``fold``).
+    four export path only; see ``fold``); ``split_gemms`` runs float32 linear layers through
+    :func:`gemm.linear` (K split where timed faster; CUDA only, export path only).
     """
     export_error: BaseException | None = None
     try:
@@ -95,6 +98,7 @@ def capture_graph(
         fold.restore_batchnorm(gm)
         # before reinplace, whose in-place ReLUs and adds it would no longer recognise
         fused = fold.fuse_convolutions(gm) if fuse_convolutions else 0
+        split = fold.split_linears(gm) if split_gemms else 0
         if reinplace:
             fold.reinplace_elementwise(gm)
     except Exception as e:  # export fails in many ways; we report it below if fx fails too
@@ -102,7 +106,7 @@ def capture_graph(
         try:
             gm = fx.symbolic_trace(model)
             method = "fx"
-            folded = fused = 0
+            folded = fused = split = 0
         except Exception as fx_error:
             raise CaptureError(
                 f"gpuloom could not capture {type(model).__name__} as an operator graph.\n"
@@ -117,6 +121,7 @@ def capture_graph(
     graph = _build_dag(gm, method)
     graph.folded_batchnorms = folded
     graph.fused_convolutions = fused
+    graph.split_linears = split
     graph.channels_last_weights = nhwc  # 0 where the fx fallback took the model (no pass applies)
     graph.graph_from_cache = gm.meta.get(_FROM_CACHE, False)
     return graph
@@ -139,6 +144,7 @@ def channels_last_variant(graph: OpGraph, *, fuse_convolutions: bool = False) ->
     variant = _build_dag(gm, "export")
     variant.folded_batchnorms = graph.folded_batchnorms
     variant.fused_convolutions = graph.fused_convolutions or fused
+    variant.split_linears = graph.split_linears  # (the copy keeps the graph's targets)
     variant.channels_last_weights = converted
     return variant
 

@@ -29,6 +29,10 @@ then a ReLU becomes ``cudnn_convolution_relu`` / ``cudnn_convolution_add_relu``:
 convolution, bias, (add,) ReLU: one call where there were three or four kernels (convolution, bias,
 (add,) activation), so two fewer for a ReLU, three for an add and a ReLU, and one for a ReLU6, which
 keeps a ``clamp_max(6)`` after it.
+
+``split_linears`` (CUDA only; compile's ``split_gemms``): every float32 ``aten.linear`` becomes
+:func:`gemm.linear`, which splits the GEMM's reduction where that was timed faster for its shape (a
+small batch's few output rows leave most SMs idle; see :mod:`gpuloom.engine.gemm`).
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ import operator
 
 import torch
 import torch.fx as fx
+
+from . import gemm
 
 _CONVS = {torch.ops.aten.conv1d.default, torch.ops.aten.conv2d.default, torch.ops.aten.conv3d.default}
 _BN = torch.ops.aten._native_batch_norm_legit_no_training.default
@@ -339,3 +345,19 @@ def fuse_convolutions(gm: fx.GraphModule) -> int:
         g.lint()
         gm.recompile()
     return fused
+
+
+def split_linears(gm: fx.GraphModule) -> int:
+    """Make every float32 ``aten.linear`` of ``gm`` a :func:`gemm.linear` (split K where timed faster),
+    in place. Returns how many. Only for graphs that run on CUDA (elsewhere it would run unsplit)."""
+    n = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is not torch.ops.aten.linear.default:
+            continue
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.dtype == torch.float32:
+            node.target = gemm.linear
+            n += 1
+    if n:
+        gm.recompile()
+    return n

@@ -1373,7 +1373,10 @@ class InferenceService:
                                  f"declares ({shapes}, without the batch): {type(e).__name__}: {e}") from e
             cm = gpuloom.compile(module, tuple(examples), max_batch=config.max_batch, device=dev,
                                  input_names=[t.name for t in config.inputs], channels_last=config.channels_last,
-                                 fuse_convolutions=config.fuse_convolutions)
+                                 fuse_convolutions=config.fuse_convolutions,
+                                 # its profiles were timed with cuBLAS's own GEMMs, and a split's choice is
+                                 # timed on the GPU, which other models share while a service compiles
+                                 split_gemms=False)
         else:
             raise TypeError(f"load expects a torch.nn.Module, got {type(module).__name__}")
         want_in = [(t.shape, t.dtype) for t in config.inputs]
