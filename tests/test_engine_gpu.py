@@ -368,7 +368,10 @@ def test_split_gemms_on_a_bert_sized_encoder_time_every_shape_and_equal_eager_on
     """compile's default since the thirty-ninth session splits a float32 linear layer's reduction
     where that was timed faster for its shape (gpuloom.engine.gemm). Two layers of bert_base's size
     at 128 tokens: its eight linear layers go through gemm.linear, each of their four shapes is timed
-    once per bucket, and the graphs equal eager; every split itself equals F.linear on the GPU."""
+    once per bucket, and the graphs equal eager; every split itself equals F.linear on the GPU.
+    Eager runs with grad enabled: under no_grad nn.TransformerEncoder takes its fused fast path, whose
+    kernels differ from the ATen ops the DAG runs by up to 3e-4 here, split or not (run 128; the bench's
+    bert_base DAG without splits: 2.4e-4 relative)."""
     import torch.nn.functional as F
 
     from gpuloom.engine import gemm
@@ -383,10 +386,21 @@ def test_split_gemms_on_a_bert_sized_encoder_time_every_shape_and_equal_eager_on
     chosen = gemm.choices()
     assert len(chosen) == 4 * len(cm.buckets), chosen  # in-projection, out-projection, FFN 1 and 2; per bucket
     assert all(parts in gemm.candidates(key[0][-1]) for key, parts in chosen.items())
+    dag = cm.capture(streams=1)  # the DAG's graphs, split where chosen (compile may keep the forward)
     for batch in (1, 3, 4):
         x = mk(batch)
+        with torch.enable_grad():
+            want = model(x).detach()
         with torch.no_grad():
-            torch.testing.assert_close(cm(x), model(x), rtol=1e-4, atol=1e-4, msg=lambda m: f"b{batch}: {m}")
+            fast = model(x)  # the forward's own graph is the fast path's
+            got = cm(x)
+        bucket = cm._bucket_table[batch]
+        ref = fast if cm.stream_choice[bucket] == "forward" else want
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4, msg=lambda m: f"b{batch}: {m}")
+        if batch in cm.buckets:
+            dag.inputs(batch)[0].copy_(x)
+            dag.replay(batch, stream=torch.cuda.current_stream())
+            torch.testing.assert_close(dag.outputs(batch), want, rtol=1e-4, atol=1e-4, msg=lambda m: f"DAG b{batch}: {m}")
     x, w, b = torch.randn(128, 3072, device="cuda"), torch.randn(768, 3072, device="cuda") / 55, torch.randn(768, device="cuda")
     for parts in gemm.candidates(3072)[1:]:
         torch.testing.assert_close(gemm.split_k_linear(x, w, b, parts), F.linear(x, w, b), rtol=1e-4, atol=1e-4)
