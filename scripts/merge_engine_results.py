@@ -23,6 +23,12 @@ compile-time timing agrees), and the Nimble targets for each.
 adds compile's default since the thirty-fourth session (the ``gpuloom_cl_auto_fused`` variant: both
 layouts timed, the channels-last graph's convolutions fused) against its unfused predecessor
 (``gpuloom_cl_auto``), gpuloom auto and eager of its own process, with the Nimble targets.
+
+    ... --splits docs/results/engine_runs/run128_split_fp32.json ...
+
+adds compile's default since the thirty-ninth session (the ``gpuloom_split`` variant: the fused
+default with float32 linear layers splitting K where timed faster) against the fused default without
+(``gpuloom_cl_auto_fused``) and eager of its own process, with the Nimble targets.
 """
 
 from __future__ import annotations
@@ -205,6 +211,39 @@ def default_summary(rows: list[dict]) -> dict:
     return out
 
 
+def split_rows(paths: list[str]) -> list[dict]:
+    """One row per (model, dtype, batch) timed with the split default and the fused one before it."""
+    def make_row(rec: dict, row: dict) -> dict | None:
+        keys = ("eager_ms", "gpuloom_cl_auto_fused_ms", "gpuloom_split_ms")
+        if not all(row.get(k) for k in keys):
+            return None
+        return {**{k: row[k] for k in keys}, "split_linears": rec.get("split_linears", 0),
+                "kept": rec.get("auto_choice_split", {}).get(str(row["batch"])),
+                "split_over_fused": round(row["gpuloom_cl_auto_fused_ms"] / row["gpuloom_split_ms"], 3)}
+
+    return last_rows(paths, make_row)
+
+
+def split_summary(rows: list[dict]) -> dict:
+    """Per (dtype, batch): geometric means over eager of the fused default and the split one, the split
+    over the fused with its best and worst rows, and at float32 batch 1 the Nimble targets."""
+    out = {}
+    for dtype, batch in sorted({(r["dtype"], r["batch"]) for r in rows}):
+        sel = [r for r in rows if (r["dtype"], r["batch"]) == (dtype, batch)]
+        over = {k: {r["model"]: r["eager_ms"] / r[f"{col}_ms"] for r in sel}
+                for k, col in (("fused", "gpuloom_cl_auto_fused"), ("split", "gpuloom_split"))}
+        entry = {"models": len(sel), **{f"geomean_{k}_over_eager": round(geomean(v.values()), 3) for k, v in over.items()},
+                 "geomean_split_over_fused": round(geomean([r["split_over_fused"] for r in sel]), 3),
+                 "best_split_over_fused": max((r["split_over_fused"], r["model"]) for r in sel),
+                 "worst_split_over_fused": min((r["split_over_fused"], r["model"]) for r in sel)}
+        if (dtype, batch) == ("float32", 1):
+            entry["nimble_targets"] = {m: {"target": t, "split": round(over["split"][m], 2),
+                                           "met": over["split"][m] >= t}
+                                       for m, t in NIMBLE_V100.items() if m in over["split"]}
+        out[f"{dtype}_b{batch}"] = entry
+    return out
+
+
 def table(header: list[str], rows: list[list]) -> None:
     """Print a markdown table."""
     print("| " + " | ".join(header) + " |")
@@ -223,6 +262,8 @@ def main() -> int:
                    help="runs with a gpuloom_cl column, merged row by row into the channels-last comparison")
     p.add_argument("--defaults", nargs="*", default=[], metavar="RUN",
                    help="runs with gpuloom_cl_auto and gpuloom_cl_auto_fused columns: compile's default, fused and not")
+    p.add_argument("--splits", nargs="*", default=[], metavar="RUN",
+                   help="runs with gpuloom_cl_auto_fused and gpuloom_split columns: compile's default, split and not")
     args = p.parse_args()
     merged: dict[tuple[str, str], dict] = {}
     meta = None
@@ -244,9 +285,12 @@ def main() -> int:
     defaults = default_rows(args.defaults)
     if defaults:
         summary["compile_default"] = default_summary(defaults)
+    splits = split_rows(args.splits)
+    if splits:
+        summary["split_gemms"] = split_summary(splits)
     out = {**meta, "runs": sorted({r["run"] for r in results}), "results": results, "summary": summary,
            **({"torch_compile": tc} if tc else {}), **({"channels_last": layouts} if layouts else {}),
-           **({"compile_default": defaults} if defaults else {})}
+           **({"compile_default": defaults} if defaults else {}), **({"split_gemms": splits} if splits else {})}
     Path(args.out).write_text(json.dumps(out, indent=1))
 
     fp = lambda dtype: dtype.replace("float", "fp")  # noqa: E731
@@ -297,6 +341,14 @@ def main() -> int:
                 f"{r['gpuloom_cl_auto_ms']:.3f}", f"**{r['gpuloom_cl_auto_fused_ms']:.3f}**",
                 f"{r['fused_over_unfused']:.2f}x", f"{r['eager_ms'] / r['gpuloom_cl_auto_fused_ms']:.2f}x",
                 r["kept"] or "-", r["run"]] for r in defaults])
+    if splits:
+        print()
+        table(["model", "dtype", "batch", "eager", "fused default", "**default** (split GEMMs)", "split vs fused",
+               "default vs eager", "split linears", "kept", "run"],
+              [[r["model"], fp(r["dtype"]), r["batch"], f"{r['eager_ms']:.3f}", f"{r['gpuloom_cl_auto_fused_ms']:.3f}",
+                f"**{r['gpuloom_split_ms']:.3f}**", f"{r['split_over_fused']:.2f}x",
+                f"{r['eager_ms'] / r['gpuloom_split_ms']:.2f}x", r["split_linears"], r["kept"] or "-", r["run"]]
+               for r in splits])
     print()
     print(json.dumps(summary, indent=1))
     return 0
