@@ -238,17 +238,24 @@ def test_rel_err_refuses_a_reference_that_overflowed_or_vanished():
 
 
 def test_only_the_fused_variant_compiles_fused_and_every_other_column_keeps_its_meaning():
-    """compile's default fuses the channels-last candidate since the thirty-fourth session; the
-    bench's gpuloom, gpuloom_cl, gpuloom_cl_auto and gpuloom_reinplace columns must stay what earlier
-    runs timed (unfused, gpuloom's in the model's own layout), and gpuloom_cl_auto_fused is the default."""
+    """compile's default fuses the channels-last candidate since the thirty-fourth session and splits
+    float32 GEMMs since the thirty-ninth; the bench's gpuloom, gpuloom_cl, gpuloom_cl_auto,
+    gpuloom_reinplace and gpuloom_cl_auto_fused columns must stay what earlier runs timed (unfused and
+    unsplit where they were, gpuloom's in the model's own layout), and gpuloom_split is the default."""
     import inspect
 
     import gpuloom
 
     bench = load_script("bench_engine")
     resolved = {k: bench.compile_options(o) for k, o in {"gpuloom": {}, **bench.EXPERIMENTS}.items()}
-    assert {k for k, o in resolved.items() if o["fuse_convolutions"] is not False} == {"gpuloom_cl_auto_fused"}
-    assert resolved["gpuloom"] == {"channels_last": False, "fuse_convolutions": False}
+    assert {k for k, o in resolved.items() if o["fuse_convolutions"] is not False} == {"gpuloom_cl_auto_fused",
+                                                                                     "gpuloom_split"}
+    assert {k for k, o in resolved.items() if o["split_gemms"]} == {"gpuloom_split"}
+    assert resolved["gpuloom"] == {"channels_last": False, "fuse_convolutions": False, "split_gemms": False}
     default = {k: p.default for k, p in inspect.signature(gpuloom.compile).parameters.items()}
-    assert (default["channels_last"], default["fuse_convolutions"]) == (None, None)  # "auto", "channels_last"
-    assert resolved["gpuloom_cl_auto_fused"] == {"channels_last": "auto", "fuse_convolutions": "channels_last"}
+    # None: channels_last "auto", fuse_convolutions "channels_last", split_gemms on for CUDA
+    assert (default["channels_last"], default["fuse_convolutions"], default["split_gemms"]) == (None, None, None)
+    assert resolved["gpuloom_cl_auto_fused"] == {"channels_last": "auto", "fuse_convolutions": "channels_last",
+                                                 "split_gemms": False}
+    assert resolved["gpuloom_split"] == {"channels_last": "auto", "fuse_convolutions": "channels_last",
+                                         "split_gemms": True}
