@@ -48,7 +48,9 @@ def directories(args: argparse.Namespace) -> dict[str, Path | None]:
 
 def cache_files(kind: str, directory: Path) -> list[Path]:
     """The files gpuloom wrote in ``directory``: profiles under ``<gpu>-<SMs>sm/``, graphs at the top."""
-    patterns = ("*sm/*.json", "*sm/.*.tmp") if kind == "profiles" else ("*.json", ".*.tmp")
+    from gpuloom.engine.graph_cache import SUFFIX
+
+    patterns = ("*sm/*.json", "*sm/.*.tmp") if kind == "profiles" else ("*" + SUFFIX, ".*.tmp")
     return sorted({p for pattern in patterns for p in directory.glob(pattern) if p.is_file()})
 
 

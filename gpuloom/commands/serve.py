@@ -225,7 +225,8 @@ def run(args: argparse.Namespace) -> int:
                                    switch_interval_ms=args.switch_interval_ms, raw_launch=not args.torch_launch,
                                    workqueues=args.workqueues, complete_on=args.complete_on, outputs=args.outputs,
                                    measure_profiles=args.profile_missing == "measure",
-                                   profile_cache=None if args.profile_cache == "none" else args.profile_cache)
+                                   profile_cache=None if args.profile_cache.strip().lower() == "none"
+                                   else args.profile_cache)  # as gpuloom cache --profile-cache reads it
     except (ValueError, TypeError, OSError) as e:  # TypeError: an option the policy does not take
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -40,6 +40,7 @@ FORMAT = 1
 #: the directory's bound: past it, a store removes the least recently used graphs (a hit counts as a
 #: use). A graph is 0.1-5 MB (mobilenet_v3_small 0.5 MB), and every edit of a model adds one.
 MAX_BYTES = 512 * 2**20
+SUFFIX = ".json"  # a graph's file: <key>.json (gpuloom cache lists and purges these too)
 _OFF = ("0", "off", "none", "false", "no")
 
 
@@ -84,7 +85,7 @@ def decompose(ep: torch.export.ExportedProgram) -> tuple[torch.export.ExportedPr
     if directory is None:
         return ep.run_decompositions({}), False
     key = graph_key(ep)
-    path = directory / f"{key}.json"
+    path = directory / f"{key}{SUFFIX}"
     hit = _load(path, ep)
     if hit is not None:
         Stats.hits += 1
@@ -167,7 +168,7 @@ def _evict(directory: Path, *, keep: Path, max_bytes: int | None = None) -> None
     (default :data:`MAX_BYTES`); never ``keep``, the one just written."""
     limit = MAX_BYTES if max_bytes is None else max_bytes
     files = []
-    for p in directory.glob("*.json"):
+    for p in directory.glob("*" + SUFFIX):
         try:
             st = p.stat()
         except OSError:  # removed meanwhile by another process
