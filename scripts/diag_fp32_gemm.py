@@ -20,6 +20,12 @@ model (bert_base, eager forward in one CUDA graph) with cublas and with cublaslt
 line per row. Needs a GPU::
 
     PYTHONPATH=. python3 scripts/diag_fp32_gemm.py --tokens 128,1024
+
+``--dtype float16`` times the same GEMMs in half precision, where a split's partial sums would be
+rounded to half before their sum: ``splitk{s}`` does so, ``splitk{s}_f32`` keeps them in float32
+(``aten.bmm.dtype``, where this torch has it), sums and adds the bias in float32 and rounds once::
+
+    PYTHONPATH=. python3 scripts/diag_fp32_gemm.py --dtype float16 --tokens 128,1024 --no-model
 """
 
 from __future__ import annotations
@@ -82,6 +88,11 @@ def variants(x, w, bias, streams):
             return torch.bmm(xs, ws).sum(0) + bias
 
         out[f"splitk{s}"] = splitk
+        if x.dtype != torch.float32 and hasattr(torch.ops.aten.bmm, "dtype"):
+            def splitk_f32(xs=xs, ws=ws):
+                return torch.ops.aten.bmm.dtype(xs, ws, torch.float32).sum(0).add_(bias).to(x.dtype)
+
+            out[f"splitk{s}_f32"] = splitk_f32
     for s in (2, 4):
         cols = w.shape[0] // s
         ws_ = [w[i * cols:(i + 1) * cols] for i in range(s)]
@@ -116,6 +127,7 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--model-iters", type=int, default=200)
     ap.add_argument("--no-model", action="store_true")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     args = ap.parse_args(argv)
 
     import torch
@@ -126,9 +138,10 @@ def main(argv=None) -> int:
     tflops = lambda n, k, m, ms: 2 * n * k * m / ms / 1e9  # noqa: E731
     for tokens in (int(t) for t in args.tokens.split(",")):
         for name, (k, m) in SHAPES.items():
-            x = torch.randn(tokens, k, device=dev)
-            w = torch.randn(m, k, device=dev) / k ** 0.5
-            bias = torch.randn(m, device=dev)
+            dt = getattr(torch, args.dtype)
+            x = torch.randn(tokens, k, device=dev).to(dt)
+            w = (torch.randn(m, k, device=dev) / k ** 0.5).to(dt)
+            bias = torch.randn(m, device=dev).to(dt)
             ref = (x.double() @ w.double().t() + bias.double())
             scale = ref.abs().max().item()
             for lib in ("cublas", "cublaslt"):
@@ -138,7 +151,7 @@ def main(argv=None) -> int:
                         continue  # the other variants' GEMMs with cuBLASLt: only the plain one
                     err = (fn().double() - ref).abs().max().item() / scale
                     ms = timed_graph(fn, args.reps, args.iters)
-                    row = {"tokens": tokens, "gemm": name, "k": k, "n_out": m,
+                    row = {"dtype": args.dtype, "tokens": tokens, "gemm": name, "k": k, "n_out": m,
                            "variant": "cublaslt" if lib == "cublaslt" else vname, "ms": round(ms, 5),
                            "tflops": round(tflops(tokens, k, m, ms), 2), "rel_err": err}
                     print(json.dumps(row), flush=True)
