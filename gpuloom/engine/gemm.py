@@ -16,8 +16,10 @@ events measure the GPU's time back to back, as in a graph replay, not the host's
 capture an unknown shape runs cuBLAS's call (a capture cannot time). The choices are kept per process
 (:func:`choices`); they depend on what else the GPU runs while timing, so compile alone.
 
-Float32 only: in half precision each partial sum would be rounded before the sum (cuBLAS rounds
-once), so results would drift further from eager's than rounding order alone.
+Float32 only. In half precision the tensor cores already run these GEMMs in 4-10 us and every split
+was 2-3x slower (run 131, ``diag_fp32_gemm.py --dtype float16``: 8.5-18 us at 128 tokens), with
+partial sums either rounded to half before their sum (twice cuBLAS's error) or kept in float32
+(``aten.bmm.dtype``: cuBLAS's error, three more kernels).
 
 Results differ from eager's only by the order of the reduction's sums (the engine's GPU test checks
 every element against eager; the split's error against float64 was at or below cuBLAS's in run 127).
