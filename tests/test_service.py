@@ -302,6 +302,24 @@ def test_a_deadline_that_cannot_be_met_fails_with_deadline_exceeded(policy):
 
 
 @pytest.mark.parametrize("policy", ["dstack", "triton"])
+def test_a_short_deadline_behind_a_backlog_is_served_first_and_in_time(policy):
+    """A client's own timeout can be shorter than the requests queued before it: the runtime queues by
+    deadline, so it runs in the next batch (about 60 ms here) and not behind the 64 ahead of it (eight
+    batches of 30 ms: it would miss its 150 ms)."""
+    svc = fake_service(policy=policy, latency_ms=30.0)
+    try:
+        backlog = [svc.submit("twice", {"x": np.ones((1, 4), np.float32)}, deadline_ms=10_000.0) for _ in range(64)]
+        urgent = svc.submit("twice", {"x": np.full((1, 4), 3.0, np.float32)}, deadline_ms=150.0)
+        assert urgent.result(5)["y"][0, 0] == 6.0  # (DeadlineExceeded while queues were in arrival order)
+        assert sum(f.done() for f in backlog) < 64  # answered before the backlog was
+        assert all(f.result(10)["y"][0, 0] == 2.0 for f in backlog)
+        st = assert_books(svc)["models"]["twice"]
+        assert st["success"] == 65 and st["on_time"] == 65
+    finally:
+        svc.close()
+
+
+@pytest.mark.parametrize("policy", ["dstack", "triton"])
 def test_a_request_that_waited_its_deadline_away_in_a_worker_is_late_from_the_start(policy):
     """``waited_ms``: the deadline (the SLO here, 500 ms) counts from when the front end took the request.
     dstack drops one that waited all of it at its first look instead of serving it late; triton, which
