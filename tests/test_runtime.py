@@ -460,6 +460,7 @@ def test_every_policy_answers_every_request_of_random_mixes_once_arrivals_stop(p
 class _Recorder(_TwoLanes):
     """Test policy: remembers the queue's deadlines at each decision, dispatches nothing."""
     name = "recorder-test"
+    deadline_queues = True
 
     def decide(self, now_ms, queues, free):
         self.seen = [(r.id, r.deadline_ms) for r in queues["toy"]]
@@ -475,17 +476,41 @@ def test_a_queue_is_kept_in_deadline_order_with_ties_in_arrival_order():
     pol = _Recorder()
     toy_run(pol, reqs, until_ms=5.0, slo_ms=1.0)
     assert pol.seen == [(2, 10.0), (4, 10.0), (0, 50.0), (1, 51.0), (3, 51.0), (5, 200.0)]
+    fifo = _Recorder()
+    fifo.deadline_queues = False  # the FIFO baselines' order: arrival
+    toy_run(fifo, reqs, until_ms=5.0, slo_ms=1.0)
+    assert [i for i, _ in fifo.seen] == [0, 1, 2, 3, 4, 5]
 
 
-@pytest.mark.parametrize("policy", ["dstack", "triton", "clipper", "nexus", "gslice", "temporal"])
-def test_an_urgent_request_behind_a_backlog_is_served_before_it(policy):
-    # six requests with a long deadline, then one due 3 ms after it arrives: served in time
-    # (first, or in the first batch it can join), the others after it
+def test_a_queue_changes_order_with_the_policy_that_reads_it():
+    from collections import deque
+
+    from gpuloom.runtime.core import _reorder
+
+    reqs = [Request(0, "toy", 0.0, 50.0), Request(1, "toy", 1.0, 10.0), Request(2, "toy", 2.0, 10.0),
+            Request(3, "toy", 2.0, 5.0)]
+    q = deque(reqs)
+    _reorder(q, True)
+    assert [r.id for r in q] == [3, 1, 2, 0]
+    _reorder(q, False)
+    assert [r.id for r in q] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("policy", policy_names())
+def test_an_urgent_request_behind_a_backlog_is_served_before_it_by_the_deadline_policies(policy):
+    # six requests with a long deadline, then one due 3 ms after it arrives: dstack, nexus and ideal
+    # serve it in time (first, or in the first batch it can join), the others after it; the FIFO
+    # baselines serve in arrival order, as the batchers they model do
     reqs = [Request(i, "toy", 0.0, 100.0) for i in range(6)] + [Request(6, "toy", 0.1, 3.1)]
     rec = toy_run(make_policy(policy), reqs, until_ms=0.1, slo_ms=100.0)
     urgent = rec.results[6]
-    assert urgent.status == Status.SERVED and urgent.finish_ms <= 3.1, (urgent.status, urgent.finish_ms)
-    assert all(r.status == Status.SERVED and r.finish_ms <= 100.0 for r in rec.results)
+    assert urgent.status == Status.SERVED
+    if make_policy(policy).deadline_queues:
+        assert urgent.finish_ms <= 3.1, urgent.finish_ms
+    else:
+        assert urgent.finish_ms == max(r.finish_ms for r in rec.results)  # last, as it came
+    assert all(r.status == Status.SERVED and r.finish_ms <= 100.0 for r in rec.results[:6])
+    assert {p for p in policy_names() if make_policy(p).deadline_queues} == {"dstack", "nexus", "ideal"}
 
 
 @pytest.mark.parametrize("policy", ["dstack", "nexus"])

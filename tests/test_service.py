@@ -301,7 +301,7 @@ def test_a_deadline_that_cannot_be_met_fails_with_deadline_exceeded(policy):
     svc.close()
 
 
-@pytest.mark.parametrize("policy", ["dstack", "triton"])
+@pytest.mark.parametrize("policy", ["dstack", "nexus"])
 def test_a_short_deadline_behind_a_backlog_is_served_first_and_in_time(policy):
     """A client's own timeout can be shorter than the requests queued before it: the runtime queues by
     deadline, so it runs in the next batch (about 60 ms here) and not behind the 64 ahead of it (eight

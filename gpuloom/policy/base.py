@@ -15,9 +15,9 @@ from typing import ClassVar, Mapping, Sequence
 from ..profile.store import Profile
 from .types import Completion, Decision, Drop, Layout, Partition, Request
 
-Queues = Mapping[str, "deque[Request]"]  # model -> its queue, earliest deadline first (read only for policies)
-# (requests with the model's SLO come in arrival order; one with a client's timeout goes where its deadline
-# puts it, ties in arrival order: the runtime keeps the order, so a queue's head is its most urgent request)
+Queues = Mapping[str, "deque[Request]"]  # model -> its queue (read only for policies): in arrival order, or
+# with Policy.deadline_queues earliest deadline first (ties in arrival order). The two agree while every
+# request has its model's SLO; a client's own timeout (or an HTTP worker's wait) makes them differ.
 Action = Decision | Drop
 
 
@@ -93,6 +93,12 @@ class Policy(ABC):
     #: miss their deadline. Replaced (never mutated) when the plan changes: client threads read it.
     #: Empty: admit everything.
     admit_rps: Mapping[str, float] = {}
+    #: True: the runtime keeps each model's queue in deadline order, earliest first (ties in arrival
+    #: order), so that the head is the most urgent request even where clients give their own
+    #: timeouts; False: in arrival order, as the FIFO batchers the baselines model do (Triton's
+    #: dynamic batcher, Clipper). For the policies that drop hopeless heads and size a batch by its
+    #: first request's slack (dstack, nexus, ideal: ``scripts/sim_mixed_deadlines.py``).
+    deadline_queues: ClassVar[bool] = False
     #: True: the runtime reports what became of each batch's and each drop's requests
     #: (:meth:`on_outcomes`); off by default, as it costs a look at every request's deadline
     wants_outcomes: bool = False
@@ -217,11 +223,12 @@ def bucket_for(profile: Profile, n: int) -> int:
 
 
 def hopeless(queue: "deque[Request]", now_ms: float, min_latency_ms: float) -> tuple[int, ...]:
-    """Ids at the head of ``queue`` that cannot finish by their deadline even if started now."""
+    """Ids at the head of ``queue`` that cannot finish by their deadline even if started now (for a
+    policy with ``deadline_queues``: in arrival order a hopeless request behind a hopeful one stays)."""
     out = []
     for r in queue:
         if now_ms + min_latency_ms > r.deadline_ms:
             out.append(r.id)
         else:
-            break  # queues are in deadline order: the rest are due later
+            break  # a policy calling this keeps deadline_queues: the rest are due later
     return tuple(out)

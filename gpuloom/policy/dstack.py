@@ -252,6 +252,7 @@ DEFAULT_REMAINDER = "largest"
 @register
 class DStackPolicy(Policy):
     name = "dstack"
+    deadline_queues = True  # its head is its most urgent request, whatever deadlines clients give
     defers_layout_change = True  # serve the current schedule while a re-plan's layout is built
 
     def __init__(

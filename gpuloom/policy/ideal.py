@@ -31,6 +31,7 @@ from .types import Completion, Decision, Drop, Layout, Partition
 @register
 class IdealPolicy(Policy):
     name = "ideal"
+    deadline_queues = True  # its head is its most urgent request, whatever deadlines clients give
     simulation_only = True
 
     def __init__(self, lanes_per_model: int = 4, preempt: bool = True) -> None:

@@ -33,6 +33,7 @@ from .types import Decision, Drop, Layout, Partition
 @register
 class NexusPolicy(Policy):
     name = "nexus"
+    deadline_queues = True  # its head is its most urgent request, whatever deadlines clients give
 
     def __init__(self, duty_cycle_ms: float | None = None, grow_batches: bool = True) -> None:
         self._d_opt = duty_cycle_ms

@@ -522,7 +522,7 @@ class Runtime:
             elif self._broken:
                 self._finish(Result(r, Status.FAILED, self.loop.now, self._broken))
             else:
-                _enqueue(self.queues[r.model], r)
+                _enqueue(self.queues[r.model], r, self.policy.deadline_queues)
                 self._pending[r.id] = r
                 self.policy.on_arrival(r, self.loop.now)
 
@@ -576,6 +576,9 @@ class Runtime:
                     self._finish(Result(r, Status.DROPPED, self.loop.now, "model unloaded"))
         for m in ctx.models:
             self.queues.setdefault(m, deque())
+        if policy.deadline_queues != self.policy.deadline_queues:  # the queues in the new policy's order
+            for q in self.queues.values():
+                _reorder(q, policy.deadline_queues)
         self.policy, self.ctx = policy, ctx
         self._proposed = None  # a re-plan of the replaced policy
         self._parts, self._free = (), None  # the old layout's indices mean nothing to the new policy
@@ -619,7 +622,7 @@ class Runtime:
                 self._finish(Result(r, Status.DROPPED, self.loop.now, "shed"))
                 return
         self._note_arrival()
-        _enqueue(self.queues[r.model], r)
+        _enqueue(self.queues[r.model], r, self.policy.deadline_queues)
         self._pending[r.id] = r
         if self._trace_on:
             self._log("arrive", r.model, r.id)
@@ -968,16 +971,28 @@ class Runtime:
         self.trace.append(TraceEntry(self.loop.now, kind, detail))
 
 
-def _enqueue(q: "deque[Request]", r: Request) -> None:
-    """Put ``r`` into its model's queue, which is kept in deadline order (earliest first; ties in
-    arrival order). Requests with the model's SLO arrive in that order, so this is an append; one
-    with a deadline of its own (a client's timeout) goes where its deadline puts it, so that the
-    policies, which read a queue's head as its most urgent request, still can."""
-    if not q or q[-1].deadline_ms <= r.deadline_ms:
+def _enqueue(q: "deque[Request]", r: Request, by_deadline: bool) -> None:
+    """Put ``r`` into its model's queue: at its end, or with ``by_deadline`` (the policy's
+    ``deadline_queues``) where its deadline puts it, earliest first, ties in arrival order. Requests
+    with the model's SLO arrive in deadline order, so that too is an append; one with a deadline of
+    its own (a client's timeout) may go ahead of others."""
+    if not by_deadline or not q or q[-1].deadline_ms <= r.deadline_ms:
         q.append(r)
         return
     i = bisect.bisect_right(q, r.deadline_ms, key=_deadline)
     q.insert(i, r)
+
+
+def _reorder(q: "deque[Request]", by_deadline: bool) -> None:
+    """Sort ``q`` in place by deadline (stable: ties keep their order) or back in arrival order, for a
+    policy that keeps the other order than the one it replaces."""
+    items = sorted(q, key=_deadline if by_deadline else _arrival)
+    q.clear()
+    q.extend(items)
+
+
+def _arrival(r: Request) -> tuple[float, int]:
+    return r.arrival_ms, r.id
 
 
 def _deadline(r: Request) -> float:
