@@ -119,3 +119,27 @@ def test_a_rate_sweep_says_each_policy_it_finished_on_stderr(tmp_path, capsys):
     err = capsys.readouterr().err
     assert re.search(r"swept dstack \(1/2\): highest load x[\d.]+ in [\d.]+ s", err), err
     assert re.search(r"swept triton \(2/2\): highest load x[\d.]+ in [\d.]+ s", err), err
+
+
+def test_the_mixed_deadline_script_compares_both_queue_orders_and_keeps_the_class_choice(tmp_path):
+    """scripts/sim_mixed_deadlines.py: each policy with its queues in arrival and in deadline order; the
+    order is set on the policy object only (the class keeps its own), and with deadline order dstack
+    serves nothing late on the overloaded mix."""
+    import json
+
+    from script_loader import load_script
+
+    from gpuloom.policy.dstack import DStackPolicy
+    from gpuloom.policy.triton import TritonPolicy
+
+    script = load_script("sim_mixed_deadlines")
+    out = tmp_path / "md.json"
+    assert script.main(["examples/overload.yaml", "--duration", "1", "--policies", "dstack,triton", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["policies"]) == {"dstack", "triton"}
+    for rows in doc["policies"].values():
+        for order in ("arrival", "deadline"):
+            r = rows[order]
+            assert r["on_time"] + r["late"] + r["dropped"] <= r["requests"]
+    assert doc["policies"]["dstack"]["deadline"]["late"] == 0
+    assert DStackPolicy.deadline_queues is True and TritonPolicy.deadline_queues is False
