@@ -38,7 +38,7 @@ MARGIN = 0.05
 SPLITS = (2, 3, 4, 6, 8)
 MIN_PART = 64
 _REPS = 10  # calls per timing
-_ROUNDS = 3  # timings per candidate (the median is kept)
+_ROUNDS = 3  # timings per candidate, the candidates in turn (the median is kept)
 
 _ATEN_LINEAR = torch.ops.aten.linear.default
 _lock = threading.Lock()
@@ -108,8 +108,17 @@ def _on_gpu(x: torch.Tensor) -> bool:
 
 
 def _tune(key: tuple, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> int:
-    """Time each candidate on the current stream; remember and return the fastest's parts."""
-    times = {s: _time(functools.partial(linear_with, x, weight, bias, s)) for s in candidates(x.shape[-1])}
+    """Time each candidate on the current stream, the candidates in turn in each of ``_ROUNDS`` rounds
+    (a clock still ramping up then costs every candidate alike); remember and return the parts of the
+    fastest by its median."""
+    calls = {s: functools.partial(linear_with, x, weight, bias, s) for s in candidates(x.shape[-1])}
+    for call in calls.values():
+        call()  # lazy initializations (cuBLAS handles, workspaces) outside the timing
+    samples: dict[int, list[float]] = {s: [] for s in calls}
+    for _ in range(_ROUNDS):
+        for s, call in calls.items():
+            samples[s].append(_time(call))
+    times = {s: sorted(v)[len(v) // 2] for s, v in samples.items()}
     best = min(times, key=times.__getitem__)
     parts = best if times[best] <= (1.0 - MARGIN) * times[1] else 1
     with _lock:
@@ -123,22 +132,17 @@ def linear_with(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 
 def _time(fn) -> float:
-    """Median GPU ms of ``_REPS`` calls of ``fn`` queued behind a sleep (so launches do not count)."""
+    """GPU ms per call of ``_REPS`` calls of ``fn`` queued behind a sleep (so launches do not count)."""
     stream = torch.cuda.current_stream()
-    fn()  # lazy initializations (cuBLAS handles, workspaces) outside the timing
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(_ROUNDS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(_SLEEP_CYCLES)
-        start.record(stream)
-        for _ in range(_REPS):
-            fn()
-        end.record(stream)
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / _REPS)
-    samples.sort()
-    return samples[len(samples) // 2]
+    torch.cuda.synchronize()  # (the device: other streams' work would share the GPU with the timing)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(_SLEEP_CYCLES)
+    start.record(stream)
+    for _ in range(_REPS):
+        fn()
+    end.record(stream)
+    end.synchronize()
+    return start.elapsed_time(end) / _REPS
 
 
 # about 1 ms at the H200's ~2 GHz: longer than the host takes to queue _REPS calls of a split
