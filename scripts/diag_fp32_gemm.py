@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -56,18 +55,9 @@ def timed_graph(fn, reps: int, iters: int) -> float:
     with torch.cuda.graph(g):
         for _ in range(reps):
             fn()
-    for _ in range(5):
-        g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / reps)
-    return statistics.median(times)
+    from gpuloom.engine.capture import time_replays
+
+    return time_replays(g, torch.cuda.current_stream(), warmup=5, iters=iters) / reps
 
 
 def variants(x, w, bias, streams):

@@ -9,6 +9,8 @@ serve` on a CPU repository (the example's two small models by default) and, for 
 seconds, runs at once:
 
 - ``http``: inference through unmodified ``tritonclient.http`` (binary tensor data), both models;
+  every third request with a timeout of its own (Triton's ``timeout`` parameter: 50 ms, 200 ms or
+  2 s), so that deadlines along a model's queue are mixed;
 - ``grpc``: inference through ``tritonclient.grpc``;
 - ``bad``: a wrong shape, a wrong datatype, malformed JSON, an unknown model (each must get a 4xx);
 - ``cut``: connections cut mid-body, and requests whose client leaves before the answer;
@@ -213,8 +215,9 @@ class Soak:
             x = self.probes[model][i % PROBES]
             inp = th.InferInput(name, list(x.shape), "FP32")
             inp.set_data_from_numpy(x, binary_data=True)
+            timeout_us = (50_000, 200_000, 2_000_000)[(i // 3) % 3] if i % 3 == 0 else None
             try:
-                res = client.infer(model, [inp])
+                res = client.infer(model, [inp], timeout=timeout_us)
             except InferenceServerException as e:
                 status = str(e.status() or "error")
                 # while ``cycle`` has the model unloaded: not found / not ready; under load 429/503
