@@ -210,7 +210,8 @@ def slo_batch_cap(profile: Profile, sms: float, budget_ms: float) -> int:
 
 
 def take(queue: "deque[Request]", n: int) -> tuple[int, ...]:
-    """Ids of the ``n`` requests at the head of ``queue`` (the most urgent)."""
+    """Ids of the ``n`` requests at the head of ``queue`` (the oldest; with ``deadline_queues`` the
+    most urgent)."""
     n = min(n, len(queue))
     if n == len(queue):
         return tuple(r.id for r in queue)
