@@ -81,6 +81,32 @@ def test_data_dependent_control_flow_names_the_problem():
     assert "control flow" in text
 
 
+class _KeyValueCache:  # a type torch's pytree does not know, as a Hugging Face model's DynamicCache
+    def __init__(self, t):
+        self.t = t
+
+
+class _ReturnsACache(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y, _KeyValueCache(y)
+
+
+def test_an_output_type_export_cannot_carry_is_named_with_what_to_do():
+    # seen with transformers' GPT-2, whose forward returns a DynamicCache unless use_cache=False: the
+    # error said "data-dependent control flow", which is not what stopped it
+    with pytest.raises(CaptureError) as info:
+        gpuloom.compile(_ReturnsACache().eval(), torch.randn(1, 8), max_batch=2)
+    msg = str(info.value)
+    assert "output holds a _KeyValueCache" in msg and "return only tensors from forward()" in msg
+    assert "model.config.use_cache = False" in msg  # a cache type: the Hugging Face advice too
+    assert "data-dependent control flow" not in msg
+
+
 def test_training_mode_is_refused():
     with pytest.raises(ValueError, match=r"model.eval\(\)"):
         gpuloom.compile(TwoInputs().train(), (torch.randn(2, 16), torch.randn(2, 4, 10)))

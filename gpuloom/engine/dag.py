@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import operator
+import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -112,9 +113,7 @@ def capture_graph(
                 f"gpuloom could not capture {type(model).__name__} as an operator graph.\n"
                 f"  torch.export stopped at: {_first_line(export_error)}\n"
                 f"  torch.fx stopped at: {_first_line(fx_error)}\n"
-                "Models with data-dependent control flow or host synchronizations (.item(), .tolist(), "
-                "Python branches on tensor values) cannot be compiled ahead of time; move that logic "
-                "out of forward() or make it static."
+                + _advice(export_error)
             ) from fx_error
     # asked for: a failure here is the caller's error, not a fallback to fx
     nhwc = fold.channels_last(gm) if channels_last and method == "export" else 0
@@ -169,6 +168,30 @@ def with_batch(x: torch.Tensor, n: int) -> torch.Tensor:
     """``n`` rows made by repeating ``x``'s rows (valid token ids stay valid), contiguous."""
     reps = (n + x.shape[0] - 1) // x.shape[0]
     return x.repeat(reps, *([1] * (x.dim() - 1)))[:n].contiguous()
+
+
+_UNKNOWN_TYPE = re.compile(r"Found <class '([^']+)'> in (output|input)")
+
+
+def _advice(export_error: BaseException | None) -> str:
+    """What to change, for the capture error: specific where export named a type it cannot carry in
+    the model's inputs or outputs (a Hugging Face model's key/value cache, seen with GPT-2), else the
+    usual causes."""
+    found = _UNKNOWN_TYPE.search(str(export_error)) if export_error is not None else None
+    if found is None:
+        return ("Models with data-dependent control flow or host synchronizations (.item(), .tolist(), "
+                "Python branches on tensor values) cannot be compiled ahead of time; move that logic "
+                "out of forward() or make it static.")
+    qualname, where = found.groups()
+    name = qualname.rsplit(".", 1)[-1]
+    text = (f"The model's {where} holds a {name} ({qualname}), which is neither a tensor nor a container "
+            f"torch.export knows (tuples, lists, dicts, registered dataclasses): "
+            + ("return only tensors from forward()" if where == "output" else "pass only tensors")
+            + ", or register the type with torch.utils._pytree.register_pytree_node.")
+    if "cache" in name.lower():
+        text += (" A Hugging Face model returns its key/value cache unless told not to: set "
+                 "model.config.use_cache = False before compiling.")
+    return text
 
 
 def _first_line(e: BaseException) -> str:
