@@ -67,6 +67,40 @@ def test_load_client_reports_throughput_attainment_and_percentiles(server, capsy
     assert st["n"] == res["ok"] and 0 < st["p50"] <= st["p99"] and st["p50"] <= res["p99_ms"]
 
 
+def test_requests_carry_their_own_deadline_and_one_that_cannot_be_met_is_a_504(server, capsys):
+    addr, core = server
+    rc = load_cmd.run(_args(addr.http_url, "--model", "tiny_mlp", "--rate", "40", "--duration", "0.5",
+                            "--deadline-ms", "10000", "--json"))
+    assert rc == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["ok"] == res["sent"] > 5 and res["slo_ms"] == 10000.0  # attainment against the deadline
+    before = sum(core.books.snapshot()["tiny_mlp"].dropped.values())
+    rc = load_cmd.run(_args(addr.http_url, "--model", "tiny_mlp", "--rate", "40", "--duration", "0.5",
+                            "--deadline-ms", "0.001", "--json"))  # 1 us: no batch runs that fast
+    assert rc == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["ok"] == 0 and res["errors"] == {"504": res["sent"]} and res["slo_attainment"] == 0.0
+    assert sum(core.books.snapshot()["tiny_mlp"].dropped.values()) - before == res["sent"]  # booked as drops
+    assert load_cmd.run(_args(addr.http_url, "--model", "tiny_mlp", "--concurrency", "2", "--deadline-ms", "5")) == 2
+    assert "goes with --rate" in capsys.readouterr().err
+    assert load_cmd.run(_args(addr.http_url, "--model", "tiny_mlp", "--rate", "5", "--deadline-ms", "0")) == 2
+
+
+def test_the_timeout_parameter_is_triton_microseconds():
+    from gpuloom.serve.loadgen import _body
+    from gpuloom.serve.protocol import deadline_ms_from_parameters
+
+    meta = {"inputs": [{"name": "x", "shape": [-1, 4], "datatype": "FP32"}]}
+    for binary in (True, False):
+        body, headers = _body(meta, 1, binary, np.random.default_rng(0), deadline_ms=12.5)
+        head = body[:int(headers["Inference-Header-Content-Length"])] if binary else body
+        params = json.loads(head)["parameters"]
+        assert params["timeout"] == 12500 and deadline_ms_from_parameters(params) == 12.5
+        assert params.get("binary_data_output", False) is binary
+    body, _ = _body(meta, 1, False, np.random.default_rng(0))
+    assert "parameters" not in json.loads(body)  # no deadline, JSON tensors: no parameters at all
+
+
 def test_load_client_human_output_and_json_tensors(server, capsys):
     addr, _ = server
     rc = load_cmd.run(_args(f"http://{addr.http_url}", "--model", "tiny_mlp", "--rate", "20", "--duration", "0.5", "--json-tensors", "--batch", "2"))

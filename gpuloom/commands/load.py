@@ -22,6 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json-tensors", action="store_true", help="send JSON tensors instead of binary tensor data")
     p.add_argument("--slo-ms", type=float, default=None, help="latency objective, ms (default: the model's, from its config)")
     p.add_argument("--timeout", type=float, default=30.0, help="client timeout per request, s (default 30)")
+    p.add_argument("--deadline-ms", type=float, default=None, metavar="MS",
+                   help="every request's own deadline, sent as Triton's timeout parameter (open loop; the server "
+                        "answers 504 where it cannot meet it; also the SLO unless --slo-ms; default: the model's SLO)")
     p.add_argument("--seed", type=int, default=0)
     # loadgen.CLIENTS, spelled out: importing loadgen here would import numpy for every command's
     # --help (tests/test_load_client.py keeps the two equal)
@@ -38,6 +41,9 @@ def run(args: argparse.Namespace) -> int:
     from gpuloom.serve.loadgen import run_closed, run_load
 
     if args.concurrency is not None:
+        if args.deadline_ms is not None:
+            print("error: --deadline-ms goes with --rate (open loop), not --concurrency", file=sys.stderr)
+            return 2
         if args.concurrency < 1 or args.duration <= 0:
             print(f"error: --concurrency must be >= 1 and --duration positive (found {args.concurrency}, {args.duration})", file=sys.stderr)
             return 2
@@ -59,13 +65,14 @@ def run(args: argparse.Namespace) -> int:
     if args.rate is None:
         print("error: give --rate (open loop) or --concurrency (closed loop)", file=sys.stderr)
         return 2
-    if args.rate <= 0 or args.duration <= 0 or args.batch < 1:
-        print(f"error: --rate and --duration must be positive and --batch >= 1 (found {args.rate}, {args.duration}, {args.batch})", file=sys.stderr)
+    if args.rate <= 0 or args.duration <= 0 or args.batch < 1 or (args.deadline_ms is not None and not args.deadline_ms > 0):
+        print(f"error: --rate, --duration and --deadline-ms must be positive and --batch >= 1 (found {args.rate}, "
+              f"{args.duration}, {args.deadline_ms}, {args.batch})", file=sys.stderr)
         return 2
     try:
         res = run_load(args.url, args.model, rate=args.rate, duration_s=args.duration, poisson=args.poisson,
                        batch=args.batch, binary=not args.json_tensors, slo_ms=args.slo_ms, timeout_s=args.timeout, seed=args.seed,
-                       client=args.client)
+                       client=args.client, deadline_ms=args.deadline_ms)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -76,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(res.as_dict()))
         return 0
     print(f"model {res.model}: offered {args.rate:g} req/s for {args.duration:g} s ({'Poisson' if args.poisson else 'constant'}), batch {args.batch}")
+    if args.deadline_ms is not None:
+        print(f"  every request due within {args.deadline_ms:g} ms (its timeout parameter; 504: not met)")
     print(f"  sent {res.sent}, ok {res.ok}, errors {res.errors or 'none'}")
     print(f"  throughput     {res.throughput:.1f} req/s")
     print(f"  SLO attainment {res.slo_attainment * 100:.1f}% within {res.slo_ms:g} ms")

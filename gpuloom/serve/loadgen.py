@@ -113,7 +113,10 @@ def _url(url: str) -> str:
     return url if url.startswith(("http://", "https://")) else "http://" + url
 
 
-def _body(meta: dict, batch: int, binary: bool, rng: np.random.Generator) -> tuple[bytes, dict]:
+def _body(meta: dict, batch: int, binary: bool, rng: np.random.Generator,
+          deadline_ms: float | None = None) -> tuple[bytes, dict]:
+    """One infer request of ``batch`` random rows; ``deadline_ms``: Triton's ``timeout`` parameter
+    (microseconds), the request's own deadline on servers that honour it (gpuloom, Triton)."""
     inputs, blobs = [], []
     for t in meta["inputs"]:
         shape = [batch, *[d if d > 0 else 1 for d in t["shape"][1:]]]
@@ -128,8 +131,11 @@ def _body(meta: dict, batch: int, binary: bool, rng: np.random.Generator) -> tup
             entry["data"] = arr.reshape(-1).tolist()
         inputs.append(entry)
     req = {"inputs": inputs}
-    if binary:
-        req["parameters"] = {"binary_data_output": True}
+    params: dict = {"binary_data_output": True} if binary else {}
+    if deadline_ms is not None:
+        params["timeout"] = max(1, round(deadline_ms * 1000.0))
+    if params:
+        req["parameters"] = params
     head = json.dumps(req).encode()
     headers = {"Content-Type": "application/octet-stream" if binary else "application/json"}
     if binary:
@@ -197,7 +203,7 @@ async def _metadata(session, base: str, model: str, inputs: list[dict] | None) -
 
 async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: bool, slo_ms: float | None,
                timeout_s: float, seed: int, variants: int = 8, inputs: list[dict] | None = None,
-               client: str = "aiohttp") -> LoadResult:
+               client: str = "aiohttp", deadline_ms: float | None = None) -> LoadResult:
     import aiohttp
 
     base = _url(url)
@@ -207,6 +213,8 @@ async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: b
         meta = await _metadata(s, base, model, inputs)
         if not meta.get("inputs"):
             raise ValueError(f"model {model!r} metadata from {base} lists no inputs; pass them explicitly (inputs=...)")
+        if slo_ms is None and deadline_ms is not None:
+            slo_ms = deadline_ms  # attainment against the deadline the requests carry
         if slo_ms is None:
             try:
                 async with s.get(f"{base}/v2/models/{model}/config") as r:
@@ -217,7 +225,7 @@ async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: b
             if not slo_ms == slo_ms:  # NaN: the server did not say (not gpuloom)
                 slo_ms = 100.0
         rng = np.random.default_rng(seed)
-        sender.use([_body(meta, batch, binary, rng) for _ in range(variants)])
+        sender.use([_body(meta, batch, binary, rng, deadline_ms) for _ in range(variants)])
         lat: list[float] = []
         lag: list[float] = []
         status: Counter = Counter()
@@ -271,14 +279,18 @@ def summarize_timing(samples: dict[str, list[float]]) -> dict[str, dict[str, flo
 
 def run_load(url: str, model: str, *, rate: float, duration_s: float, poisson: bool = True, batch: int = 1,
              binary: bool = True, slo_ms: float | None = None, timeout_s: float = 30.0, seed: int = 0,
-             inputs: list[dict] | None = None, client: str = "aiohttp") -> LoadResult:
-    """Drive ``model`` at ``url`` open-loop; ``slo_ms`` None: the model's own SLO when the server says it.
+             inputs: list[dict] | None = None, client: str = "aiohttp", deadline_ms: float | None = None) -> LoadResult:
+    """Drive ``model`` at ``url`` open-loop; ``slo_ms`` None: ``deadline_ms`` when given, else the
+    model's own SLO when the server says it. ``deadline_ms``: every request carries it as its own
+    deadline (Triton's ``timeout`` parameter); one the server could not meet is answered 504.
 
     ``inputs`` (``[{"name", "shape": [-1, ...], "datatype"}]``) overrides the server's metadata, for
     servers whose metadata does not list them (KServe's Python server). ``client``: one of ``CLIENTS``."""
     times = arrival_times(rate, duration_s, poisson=poisson, seed=seed)
+    if deadline_ms is not None and not deadline_ms > 0:
+        raise ValueError(f"deadline_ms must be a positive number of ms, found {deadline_ms}")
     res = asyncio.run(_run(url, model, times, batch=batch, binary=binary, slo_ms=slo_ms, timeout_s=timeout_s, seed=seed,
-                           inputs=inputs, client=client))
+                           inputs=inputs, client=client, deadline_ms=deadline_ms))
     res.rate = rate
     return res
 
