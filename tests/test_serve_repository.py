@@ -118,6 +118,34 @@ def test_module_factory_with_state_dict_weights_and_torchvision_source(tmp_path)
     assert config.outputs[0].name == "out" and module(torch.zeros(1, 3, 32, 32)).shape == (1, 5)
 
 
+FACTORY_CLASS_PY = '''import torch
+
+
+class Pretrained(torch.nn.Linear):
+    @classmethod
+    def from_pretrained(cls, path, use_cache=True):  # as transformers' AutoModel.from_pretrained(directory)
+        m = cls(3, 2)
+        m.load_state_dict(torch.load(path, weights_only=True))
+        m.use_cache = use_cache
+        return m
+'''
+
+
+def test_a_dotted_factory_reaches_a_class_method_as_transformers_from_pretrained(tmp_path):
+    # source: transformers:AutoModel.from_pretrained, kwargs: {pretrained_model_name_or_path: DIR}
+    # serves a Hugging Face model without a factory file; shown here with a module of our own
+    (tmp_path / "pretrained_mod.py").write_text(FACTORY_CLASS_PY)
+    lin = torch.nn.Linear(3, 2)
+    torch.save(lin.state_dict(), tmp_path / "w.pt")
+    p = _write(tmp_path, "name: a\nsource: pretrained_mod.py:Pretrained.from_pretrained\n"
+                         f"kwargs: {{path: '{tmp_path / 'w.pt'}', use_cache: false}}\ninputs: [{{name: x, shape: [3]}}]\n")
+    config, module = load_repository(p).models["a"].build()
+    assert torch.equal(module.weight, lin.weight) and module.use_cache is False and config.outputs[0].shape == (2,)
+    bad = _write(tmp_path, "name: b\nsource: pretrained_mod.py:Pretrained.nope\ninputs: [{name: x, shape: [3]}]\n")
+    with pytest.raises(RepositoryError, match="has no callable 'Pretrained.nope'"):
+        load_repository(bad).models["b"].build()
+
+
 # -- re-reading the repository: edited model files, one bad entry, the index, logs, unload ----------
 MODEL_PY = '''import torch
 

@@ -228,7 +228,9 @@ def _resolve_factory(source: str, origin: Path | None):
             mod = importlib.import_module(kind)
         except ImportError as e:
             raise RepositoryError(f"source {source!r}: cannot import module {kind!r}: {e}") from e
-    fn = getattr(mod, name, None)
+    fn = mod
+    for part in name.split("."):  # a dotted name reaches a class's factory: transformers:AutoModel.from_pretrained
+        fn = getattr(fn, part, None)
     if not callable(fn):
         raise RepositoryError(f"source {source!r}: module {kind!r} has no callable {name!r}")
     return fn
