@@ -556,3 +556,41 @@ def test_a_model_is_profiled_at_load_while_another_is_served_and_no_request_fail
                                    rtol=1e-3, atol=1e-4)
     finally:
         svc.close()
+
+
+@pytest.mark.parametrize("policy", ["dstack", "triton"])
+def test_a_model_served_with_split_gemms_chooses_on_its_partition_and_equals_eager(policy):
+    """ModelConfig(split_gemms=True): compiled with float32 linear layers that split their reduction
+    where timed faster; captured on a confined partition (dstack), its shapes are timed again there
+    (gemm.scope: the partition's SM count); on shared lanes (triton) the whole GPU's choices hold.
+    Answers equal eager on the ATen path (grad enabled: no_grad takes the encoder's fast path)."""
+    from gpuloom.engine import gemm
+    from gpuloom.runtime.service import InferenceService, ModelConfig, TensorSpec
+
+    gemm.clear()
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(768, 12, 3072, dropout=0.0, batch_first=True)
+    model = torch.nn.TransformerEncoder(layer, 1, enable_nested_tensor=False).eval().cuda()
+    cfg = ModelConfig("enc", (TensorSpec("x", (128, 768), "float32"),), max_batch=2, slo_ms=500, split_gemms=True)
+    svc = InferenceService(policy=policy, device="cuda", profiles=None, measure_profiles=False)
+    svc.start()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a crude profile
+            svc.load(cfg, model)
+        assert svc._models["enc"].runner.split_linears == 4
+        rng = np.random.default_rng(0)
+        for rows in (1, 2):
+            x = rng.standard_normal((rows, 128, 768)).astype(np.float32)
+            y = svc.infer("enc", {"x": x})["output0"]
+            with svc.device.exclusive(), torch.enable_grad():
+                ref = model(torch.from_numpy(x).cuda()).detach().cpu().numpy()
+            assert np.abs(y - ref).max() <= 1e-3, (policy, rows, float(np.abs(y - ref).max()))
+        scopes = {key[-1] for key in gemm.choices()}
+        confined = {ln.part.sms for ln in svc._backend._lanes.state["lanes"] if ln.confined}
+        assert None in scopes  # compile's, on the whole GPU
+        assert confined <= scopes  # each confined partition timed its own (an earlier layout's may be there too)
+        if policy == "triton":  # shared lanes over the whole GPU: nothing confined, no other scope
+            assert not confined and scopes == {None}
+    finally:
+        svc.close()

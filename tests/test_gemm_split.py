@@ -120,3 +120,19 @@ def test_compile_refuses_split_gemms_on_the_cpu():
     with pytest.raises(ValueError, match="split_gemms must be True, False or None"):
         gpuloom.compile(model, torch.randn(1, 128), max_batch=2, split_gemms="yes")
     assert gpuloom.compile(model, torch.randn(1, 128), max_batch=2).split_linears == 0  # None: off on the CPU
+
+
+def test_a_scope_keeps_its_own_choices_apart_from_the_whole_gpus(monkeypatch):
+    # a partition's capture (gemm.scope(its SMs)) times its shapes again: what wins on 132 SMs may
+    # lose on 16; the whole GPU's choice is untouched
+    times = {1: 10.0, 2: 4.0, 4: 5.0}
+    _cpu_as_cuda(monkeypatch, times)
+    x, w, b = torch.randn(16, 256), torch.randn(32, 256), torch.randn(32)
+    gemm.linear(x, w, b)
+    times.update({1: 4.0, 2: 10.0})  # on the partition cuBLAS's call wins
+    with gemm.scope(16):
+        gemm.linear(x, w, b)
+        with gemm.scope(None):  # nested: back to the whole GPU's choices
+            gemm.linear(x, w, b)
+    gemm.linear(x, w, b)
+    assert sorted((k[-1] is None, p) for k, p in gemm.choices().items()) == [(False, 1), (True, 2)]

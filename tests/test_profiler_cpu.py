@@ -79,6 +79,23 @@ def test_a_fused_profile_compiles_so_says_so_and_is_not_compiles_default(monkeyp
         make_runner(spec, (1, 2), runner="graph", device="cpu", fuse_convolutions="channels_last")
 
 
+def test_a_split_gemm_profile_says_so_and_the_default_compiles_without():
+    """split_gemms, like the fusion: named in the profile's runner (a model served with it needs a
+    profile timed so); the runner compiles without it by default, as the service does, though
+    compile's own default is on for CUDA; on the CPU compile refuses it (nothing to time)."""
+    from gpuloom.profile.profiler import EngineRunner, engine_kind, make_runner
+
+    lin = torch.nn.Sequential(torch.nn.Linear(128, 64)).eval()
+    spec = ModelSpec("lin", lin, ((128,),), (torch.float32,))
+    assert engine_kind(split_gemms=True) == "engine:split_gemms=true"
+    assert engine_kind("auto", "channels_last", True) == "engine:channels_last=auto,fuse_convolutions=channels_last,split_gemms=true"
+    assert EngineRunner(spec, (1, 2), device="cpu").cm.split_linears == 0
+    with pytest.raises(ValueError, match="split_gemms=True times its GEMMs on the GPU"):
+        EngineRunner(spec, (1,), device="cpu", split_gemms=True)
+    with pytest.raises(ValueError, match="split_gemms is gpuloom.compile's option"):
+        make_runner(spec, (1, 2), runner="graph", device="cpu", split_gemms=True)
+
+
 def test_profile_command_rejects_a_bad_batch_list(capsys):
     from gpuloom.cli import main
 

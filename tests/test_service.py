@@ -157,6 +157,33 @@ def test_a_models_fuse_convolutions_reaches_gpuloom_compile(monkeypatch):
         ModelConfig("bad", spec, fuse_convolutions="nhwc")
 
 
+def test_a_models_split_gemms_reaches_gpuloom_compile_on_the_gpu_only(monkeypatch):
+    """ModelConfig.split_gemms: off by default (compile's own default is on for CUDA, the shipped
+    profiles were timed without); on the CPU it compiles without (nothing to time), so a repository
+    that asks for it still serves there; a bad value is refused."""
+    import gpuloom
+
+    seen, real = [], gpuloom.compile
+
+    def spy(*a, **kw):
+        seen.append(kw.get("split_gemms"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(gpuloom, "compile", spy)
+    conv, spec, svc = _small_conv_net()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            svc.load(ModelConfig("split", spec, max_batch=4, slo_ms=500, split_gemms=True), conv)
+            svc.load(ModelConfig("plain", spec, max_batch=4, slo_ms=500), conv)
+        assert seen == [False, False]  # the CPU: never split
+        _assert_serves_eager(svc, "split", conv, rows=2, seed=3)
+    finally:
+        svc.close()
+    with pytest.raises(ValueError, match="split_gemms must be true or false"):
+        ModelConfig("bad", spec, split_gemms="yes")
+
+
 def test_a_compiled_model_with_fused_convolutions_is_refused_where_the_config_says_unfused():
     """gpuloom.compile fuses the channels-last candidate by default; the service's ModelConfig does
     not (its profile was made unfused). A CompiledModel handed to load with fused convolutions and

@@ -16,6 +16,11 @@ events measure the GPU's time back to back, as in a graph replay, not the host's
 capture an unknown shape runs cuBLAS's call (a capture cannot time). The choices are kept per process
 (:func:`choices`); they depend on what else the GPU runs while timing, so compile alone.
 
+A split that wins on the whole GPU may lose on a partition of 16 SMs, where cuBLAS's few tiles
+already fill it. So a capture confined to a partition runs inside :func:`scope` with the partition's
+SM count (the runtime and the profiler do): its shapes are timed again there, on the partition's
+own stream, and keep choices of their own.
+
 Float32 only. In half precision the tensor cores already run these GEMMs in 4-10 us and every split
 was 2-3x slower (run 131, ``diag_fp32_gemm.py --dtype float16``: 8.5-18 us at 128 tokens), with
 partial sums either rounded to half before their sum (twice cuBLAS's error) or kept in float32
@@ -27,8 +32,10 @@ every element against eager; the split's error against float64 was at or below c
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
+from typing import Any, Iterator
 
 import torch
 
@@ -43,6 +50,19 @@ _ROUNDS = 3  # timings per candidate, the candidates in turn (the median is kept
 _ATEN_LINEAR = torch.ops.aten.linear.default
 _lock = threading.Lock()
 _choices: dict[tuple, int] = {}  # shape key -> parts (1: cuBLAS's own call)
+_scope = threading.local()  # .tag: what the current thread's choices are kept under (None: the whole GPU)
+
+
+@contextlib.contextmanager
+def scope(tag: Any) -> Iterator[None]:
+    """Within, this thread's choices are made and looked up under ``tag`` (hashable; the SM count of
+    the partition a capture is confined to), apart from the whole GPU's (``None``)."""
+    previous = getattr(_scope, "tag", None)
+    _scope.tag = tag
+    try:
+        yield
+    finally:
+        _scope.tag = previous
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -77,7 +97,7 @@ def split_k_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 
 def choices() -> dict[tuple, int]:
-    """The choices made so far: ``(input shape, input strides, out features, bias, device) -> parts``."""
+    """The choices made so far: ``(input shape, input strides, out features, bias, device, scope) -> parts``."""
     with _lock:
         return dict(_choices)
 
@@ -100,7 +120,8 @@ def _key(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> tu
         return None
     if weight.dim() != 2 or not weight.is_contiguous() or len(candidates(x.shape[-1])) == 1:
         return None
-    return (tuple(x.shape), tuple(x.stride()), weight.shape[0], bias is not None, x.device.index)
+    return (tuple(x.shape), tuple(x.stride()), weight.shape[0], bias is not None, x.device.index,
+            getattr(_scope, "tag", None))
 
 
 def _on_gpu(x: torch.Tensor) -> bool:

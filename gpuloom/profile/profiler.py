@@ -240,13 +240,16 @@ class _EngineCaptured:
         self.sets.clear()
 
 
-def engine_kind(channels_last: bool | str = False, fuse_convolutions: bool | str = False) -> str:
+def engine_kind(channels_last: bool | str = False, fuse_convolutions: bool | str = False,
+                split_gemms: bool = False) -> str:
     """What a profile of ``gpuloom.compile`` graphs timed (its ``runner``): ``engine``, or with the
     options that change it, ``engine:channels_last=true,fuse_convolutions=channels_last``. A model
-    served with channels_last or fused convolutions needs a profile made so. Both default to what the
-    service compiles a model with by default (ModelConfig), not to gpuloom.compile's own defaults."""
+    served with channels_last, fused convolutions or split GEMMs needs a profile made so. All default
+    to what the service compiles a model with by default (ModelConfig), not to gpuloom.compile's own
+    defaults."""
     options = [f"{k}={str(v).lower()}" for k, v in (("channels_last", channels_last),
-                                                     ("fuse_convolutions", fuse_convolutions)) if v is not False]
+                                                     ("fuse_convolutions", fuse_convolutions),
+                                                     ("split_gemms", split_gemms)) if v is not False]
     return "engine" + (":" + ",".join(options) if options else "")
 
 
@@ -261,18 +264,18 @@ class EngineRunner:
 
     def __init__(self, spec: ModelSpec, buckets: Sequence[int], device: str | torch.device = "cuda",
                  streams: str | int = "auto", channels_last: bool | str = False,
-                 fuse_convolutions: bool | str = False, compiled: Any = None) -> None:
+                 fuse_convolutions: bool | str = False, compiled: Any = None, split_gemms: bool = False) -> None:
         import gpuloom
 
         self.spec, self.buckets = spec, tuple(sorted(buckets))
-        self.kind = engine_kind(channels_last, fuse_convolutions)
+        self.kind = engine_kind(channels_last, fuse_convolutions, split_gemms)
         if compiled is not None:  # compiled already, with these options (the service, at a model's load)
             self.cm = compiled
         else:
             example = spec.make_inputs(1, device)
             self.cm = gpuloom.compile(spec.module, tuple(example), max_batch=self.buckets[-1], streams=streams,
                                       device=device, buckets=self.buckets, channels_last=channels_last,
-                                      fuse_convolutions=fuse_convolutions, split_gemms=False)  # as the service
+                                      fuse_convolutions=fuse_convolutions, split_gemms=split_gemms)
         from ..engine.compiled import capture_groups
 
         self.choice = {b: ch for ch, bs in capture_groups(self.cm).items() for b in bs}
@@ -290,29 +293,35 @@ class EngineRunner:
         by_choice: dict[Any, list[int]] = {}
         for b in self.buckets:
             by_choice.setdefault(self.choice[b], []).append(b)
-        for ch, bs in by_choice.items():
-            factory = partition.stream_factory() if partition is not None else None
-            kw = {"warmup": 1} if self._takes_warmup else {}
-            gs = self.cm.capture(stream_factory=factory, buckets=bs, streams=ch, **kw)
-            for b in bs:
-                sets[b] = gs
+        from ..engine import gemm
+
+        confined = partition is not None and partition.confined
+        with gemm.scope(partition.sms if confined else None):  # split GEMMs choose on the partition's SMs
+            for ch, bs in by_choice.items():
+                factory = partition.stream_factory() if partition is not None else None
+                kw = {"warmup": 1} if self._takes_warmup else {}
+                gs = self.cm.capture(stream_factory=factory, buckets=bs, streams=ch, **kw)
+                for b in bs:
+                    sets[b] = gs
         return _EngineCaptured(sets)
 
 
 def make_runner(spec: ModelSpec, buckets: Sequence[int], *, runner: str = "auto", device: str = "cuda",
                 log: Callable[[str], None] = print, channels_last: bool | str = False,
-                fuse_convolutions: bool | str = False) -> Runner:
+                fuse_convolutions: bool | str = False, split_gemms: bool = False) -> Runner:
     """``runner="engine"``, ``"graph"`` or ``"auto"`` (the engine, falling back to a plain graph).
-    ``channels_last``, ``fuse_convolutions``: the engine's options (``gpuloom.compile``), as a served
-    model's config sets them; a plain graph runs the model as written."""
+    ``channels_last``, ``fuse_convolutions``, ``split_gemms``: the engine's options (``gpuloom.compile``),
+    as a served model's config sets them; a plain graph runs the model as written."""
     if runner not in ("auto", "engine", "graph"):
         raise ValueError(f"runner: expected 'auto', 'engine' or 'graph', got {runner!r}")
-    for option, value in (("channels_last", channels_last), ("fuse_convolutions", fuse_convolutions)):
+    for option, value in (("channels_last", channels_last), ("fuse_convolutions", fuse_convolutions),
+                          ("split_gemms", split_gemms)):
         if value is not False and runner == "graph":
             raise ValueError(f"{option} is gpuloom.compile's option: it needs runner 'engine' or 'auto'")
     if runner in ("auto", "engine"):
         try:
-            return EngineRunner(spec, buckets, device, channels_last=channels_last, fuse_convolutions=fuse_convolutions)
+            return EngineRunner(spec, buckets, device, channels_last=channels_last, fuse_convolutions=fuse_convolutions,
+                                split_gemms=split_gemms)
         except Exception as e:  # noqa: BLE001 - the fallback is documented; say why it was taken
             if runner == "engine":
                 raise
@@ -393,7 +402,8 @@ def profile_model(spec: ModelSpec, *, batches: Sequence[int] = DEFAULT_BATCHES, 
                   runner: str | Runner = "auto", device: int = 0, eps: float = 0.1, progress: bool = True,
                   predict: bool = True, knee_method: str = DEFAULT_VARIANT, warmup: int = 2, min_reps: int = 5,
                   max_reps: int = 40, target_ms: float = 40.0, log: Callable[[str], None] = print,
-                  channels_last: bool | str = False, fuse_convolutions: bool | str = False) -> ProfileRun:
+                  channels_last: bool | str = False, fuse_convolutions: bool | str = False,
+                  split_gemms: bool = False) -> ProfileRun:
     """Measure ``spec``'s latency on every (batch, SM count) of the grid, inside real partitions.
 
     ``sms`` defaults to the device's grid (granularity steps up to the whole device). Returns a
@@ -411,7 +421,8 @@ def profile_model(spec: ModelSpec, *, batches: Sequence[int] = DEFAULT_BATCHES, 
     t0 = time.perf_counter()
     if isinstance(runner, str):
         run_obj = make_runner(spec, batches, runner=runner, device=f"cuda:{device}", log=log,
-                              channels_last=channels_last, fuse_convolutions=fuse_convolutions)
+                              channels_last=channels_last, fuse_convolutions=fuse_convolutions,
+                              split_gemms=split_gemms)
     else:
         run_obj = runner
     setup = time.perf_counter() - t0

@@ -1413,15 +1413,18 @@ class CudaDeviceLayer(DeviceLayer):
         torch = self._torch
         cm = self.models[model]
         groups = self._stream_groups(cm)
+        from ..engine import gemm
         from ..engine.capture import cudnn_heuristics
 
         def capture_all() -> dict[int, Any]:
             sets: dict[int, Any] = {}
-            for ch, bs in groups.items():
-                gs = cm.capture(stream_factory=lane.streams.factory(), buckets=bs, streams=ch, warmup=self.warmup,
-                                keep_graph=self.launch_graphs)
-                for b in bs:
-                    sets[b] = gs
+            # split GEMMs (ModelConfig.split_gemms) choose again on a partition's SMs, timed on its streams
+            with gemm.scope(lane.part.sms if lane.confined else None):
+                for ch, bs in groups.items():
+                    gs = cm.capture(stream_factory=lane.streams.factory(), buckets=bs, streams=ch, warmup=self.warmup,
+                                    keep_graph=self.launch_graphs)
+                    for b in bs:
+                        sets[b] = gs
             return sets
 
         try:

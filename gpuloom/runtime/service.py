@@ -131,6 +131,11 @@ class ModelConfig:
     # here on purpose, where compile's own default is "channels_last": as with channels_last, the
     # shipped profiles were timed unfused (`gpuloom profile --fuse-convolutions` times one fused)
     fuse_convolutions: bool | str = False
+    # gpuloom.compile's split_gemms: float32 linear layers split their GEMM's reduction where timed
+    # faster per shape (bert_base 1.30x at batch 1 on the whole H200, engine runs 128-132), chosen again
+    # on each partition the model is captured on. False here, where compile's own default is on for
+    # CUDA: the shipped profiles were timed without it (a model served with it is profiled so at load)
+    split_gemms: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))
@@ -155,6 +160,8 @@ class ModelConfig:
         if not is_fuse_convolutions(self.fuse_convolutions):
             raise ValueError(f"model {self.name!r}: fuse_convolutions must be false, true or 'channels_last', "
                              f"got {self.fuse_convolutions!r}")
+        if not isinstance(self.split_gemms, bool):
+            raise ValueError(f"model {self.name!r}: split_gemms must be true or false, got {self.split_gemms!r}")
 
     @functools.cached_property
     def input_names(self) -> frozenset[str]:
@@ -1361,6 +1368,11 @@ class InferenceService:
                                  f"convolutions but ModelConfig.fuse_convolutions is False (its profile was made "
                                  f"unfused); compile it with fuse_convolutions=False or set "
                                  f"ModelConfig(fuse_convolutions=...) to match")
+            if config.split_gemms is False and cm.split_linears:
+                # likewise: gpuloom.compile splits float32 GEMMs by default on CUDA, the service not
+                raise ValueError(f"model {config.name!r}: the CompiledModel splits the GEMMs of {cm.split_linears} "
+                                 f"linear layers but ModelConfig.split_gemms is False (its profile was made without); "
+                                 f"compile it with split_gemms=False or set ModelConfig(split_gemms=True)")
         elif isinstance(module, torch.nn.Module):
             module = module.eval().to(dev)
             try:  # one eager sample first: a config that does not fit the model is the user's to fix, and
@@ -1374,9 +1386,9 @@ class InferenceService:
             cm = gpuloom.compile(module, tuple(examples), max_batch=config.max_batch, device=dev,
                                  input_names=[t.name for t in config.inputs], channels_last=config.channels_last,
                                  fuse_convolutions=config.fuse_convolutions,
-                                 # its profiles were timed with cuBLAS's own GEMMs, and a split's choice is
-                                 # timed on the GPU, which other models share while a service compiles
-                                 split_gemms=False)
+                                 # off unless configured: the shipped profiles were timed with cuBLAS's own
+                                 # GEMMs (and a split's choice is timed on a GPU other models may be using)
+                                 split_gemms=config.split_gemms and dev.type == "cuda")
         else:
             raise TypeError(f"load expects a torch.nn.Module, got {type(module).__name__}")
         want_in = [(t.shape, t.dtype) for t in config.inputs]
@@ -1438,7 +1450,7 @@ class InferenceService:
         from ..profile.profiler import EngineRunner, ModelSpec, engine_kind, profile_model
 
         index = getattr(self.device, "device", 0)
-        kind = engine_kind(config.channels_last, config.fuse_convolutions)
+        kind = engine_kind(config.channels_last, config.fuse_convolutions, config.split_gemms)
         try:
             facts = device_facts(index)
             gm = runner.graph.module
@@ -1456,7 +1468,7 @@ class InferenceService:
                      config.name, len(facts.grid()), len(runner.buckets))
             measured = profile_model(spec, batches=runner.buckets, runner=EngineRunner(spec, runner.buckets,
                                      compiled=runner, channels_last=config.channels_last,
-                                     fuse_convolutions=config.fuse_convolutions),
+                                     fuse_convolutions=config.fuse_convolutions, split_gemms=config.split_gemms),
                                      device=index, predict=False, log=log.info)
             if cache is not None:
                 try:

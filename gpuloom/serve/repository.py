@@ -18,6 +18,7 @@ A repository is one YAML file or a directory of them (``*.yaml``/``*.yml`` direc
         channels_last: false # optional: true runs the convolutions NHWC, auto times both layouts (GPU)
         fuse_convolutions: false  # optional: true, or channels_last (the NHWC graph only): convolution
                                   # + bias + ReLU as one cuDNN call (GPU)
+        split_gemms: false        # optional: true splits float32 GEMMs' reduction where timed faster (GPU)
 
 Paths (weights, ``file.py`` sources) are relative to the YAML file. Weights are never unpickled as
 objects: safetensors, or ``torch.load(weights_only=True)`` which refuses anything but tensors and plain
@@ -49,7 +50,7 @@ __all__ = ["RepositoryError", "TensorEntry", "ModelEntry", "Repository", "load_r
 _TENSOR_KEYS = {"name", "shape", "dtype"}  # of one entry in inputs / outputs
 _ALLOWED_KEYS = {
     "name", "source", "kwargs", "weights", "inputs", "outputs", "max_batch", "slo_ms", "weight", "rate_hint", "seed",
-    "channels_last", "fuse_convolutions",
+    "channels_last", "fuse_convolutions", "split_gemms",
 }
 
 
@@ -87,6 +88,7 @@ class ModelEntry:
     seed: int | None = None  # torch.manual_seed before the factory runs (random-init models reproducible)
     channels_last: bool | str = False  # gpuloom.compile's option: False, True or "auto"
     fuse_convolutions: bool | str = False  # gpuloom.compile's option: False, True or "channels_last"
+    split_gemms: bool = False  # gpuloom.compile's option: float32 GEMMs split where timed faster (GPU)
 
     # -- building ---------------------------------------------------------------------------
     def build(self):
@@ -122,6 +124,7 @@ class ModelEntry:
             rate_hint=self.rate_hint,
             channels_last=self.channels_last,
             fuse_convolutions=self.fuse_convolutions,
+            split_gemms=self.split_gemms,
         )
         return config, module
 
@@ -339,10 +342,14 @@ def parse_model(m: Any, origin: Path | None) -> ModelEntry:
     fuse = m.get("fuse_convolutions", False)
     if not is_fuse_convolutions(fuse):
         raise RepositoryError(f"{where}: fuse_convolutions must be true, false or channels_last, found {fuse!r}")
+    split = m.get("split_gemms", False)
+    if not isinstance(split, bool):
+        raise RepositoryError(f"{where}: split_gemms must be true or false, found {split!r}")
     return ModelEntry(
         seed=seed,
         channels_last=channels_last,
         fuse_convolutions=fuse,
+        split_gemms=split,
         name=name,
         source=source,
         inputs=_tensors(m.get("inputs"), f"{where}: inputs"),
