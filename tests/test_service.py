@@ -127,18 +127,24 @@ def test_a_model_configured_channels_last_is_compiled_so_and_served_equal_to_eag
         ModelConfig("bad", spec, channels_last="yes")
 
 
-def test_a_models_fuse_convolutions_reaches_gpuloom_compile(monkeypatch):
-    """ModelConfig.fuse_convolutions is passed to gpuloom.compile as written ("channels_last" does
-    nothing on the CPU; True there is compile's clear error, raised by load); a bad value is refused."""
+def _compile_options_seen(monkeypatch, option: str) -> list:
+    """The values of gpuloom.compile's ``option`` at each call from now on (compile still runs)."""
     import gpuloom
 
     seen, real = [], gpuloom.compile
 
     def spy(*a, **kw):
-        seen.append(kw.get("fuse_convolutions"))
+        seen.append(kw.get(option))
         return real(*a, **kw)
 
     monkeypatch.setattr(gpuloom, "compile", spy)
+    return seen
+
+
+def test_a_models_fuse_convolutions_reaches_gpuloom_compile(monkeypatch):
+    """ModelConfig.fuse_convolutions is passed to gpuloom.compile as written ("channels_last" does
+    nothing on the CPU; True there is compile's clear error, raised by load); a bad value is refused."""
+    seen = _compile_options_seen(monkeypatch, "fuse_convolutions")
     conv, spec, svc = _small_conv_net()
     try:
         with warnings.catch_warnings():
@@ -161,15 +167,7 @@ def test_a_models_split_gemms_reaches_gpuloom_compile_on_the_gpu_only(monkeypatc
     """ModelConfig.split_gemms: off by default (compile's own default is on for CUDA, the shipped
     profiles were timed without); on the CPU it compiles without (nothing to time), so a repository
     that asks for it still serves there; a bad value is refused."""
-    import gpuloom
-
-    seen, real = [], gpuloom.compile
-
-    def spy(*a, **kw):
-        seen.append(kw.get("split_gemms"))
-        return real(*a, **kw)
-
-    monkeypatch.setattr(gpuloom, "compile", spy)
+    seen = _compile_options_seen(monkeypatch, "split_gemms")
     conv, spec, svc = _small_conv_net()
     try:
         with warnings.catch_warnings():
