@@ -8,8 +8,9 @@ drop hopeless heads, order models earliest deadline first, size a batch by its f
 Since the thirty-ninth session the runtime keeps each queue in deadline order
 for the policies with ``deadline_queues`` (dstack, nexus, ideal; the FIFO baselines keep arrival
 order, as the systems they model do). This replays a workload whose requests draw their deadline
-from ``--factors`` x their model's SLO, with each policy's queues in arrival order and in deadline
-order (the attribute set on the policy object), on the simulated H200 with its shipped profiles. Pure Python, no GPU; one JSON document on stdout (or ``--out``)::
+from ``--factors`` x their model's SLO (the workload key ``deadline_factors`` on every model), with
+each policy's queues in arrival order and in deadline order (the attribute set on the policy
+object), on the simulated H200 with its shipped profiles. Pure Python, no GPU; one JSON document on stdout (or ``--out``)::
 
     python3 scripts/sim_mixed_deadlines.py examples/mix6.yaml --load 1.0 --out docs/results/simulate/mixed_deadlines_mix6.json
 """
@@ -19,7 +20,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import random
 import sys
 from pathlib import Path
 
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpuloom.bench.experiment import make_context, make_requests  # noqa: E402
 from gpuloom.bench.workload import load_workload, resolve_profiles, validate  # noqa: E402
-from gpuloom.policy import Request, Status, make_policy, policy_names  # noqa: E402
+from gpuloom.policy import Status, make_policy, policy_names  # noqa: E402
 from gpuloom.runtime import Runtime, SimBackend  # noqa: E402
 
 
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     ap.add_argument("--load", type=float, default=1.0, help="scale every arrival rate (default 1.0)")
     ap.add_argument("--factors", default="0.25,1,1,4", help="a request's deadline: one of these x its SLO, at random")
     ap.add_argument("--duration", type=float, default=10.0, help="seconds of arrivals (default 10)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="the workload's seed (arrivals and deadlines)")
     ap.add_argument("--policies", default=",".join(p for p in policy_names()))
     ap.add_argument("--profiles", default=None, help="profile directory (default: the shipped ones, as gpuloom simulate)")
     ap.add_argument("--out", default=None)
@@ -63,10 +63,9 @@ def main(argv=None) -> int:
         print(f"warning: {w}", file=sys.stderr)
     validate(workload, profiles)
     factors = [float(f) for f in args.factors.split(",")]
-    rnd = random.Random(args.seed)
-    slo = {m.name: m.slo_ms for m in workload.models}
-    requests = [Request(r.id, r.model, r.arrival_ms, r.arrival_ms + rnd.choice(factors) * slo[r.model])
-                for r in make_requests(workload)]
+    workload = dataclasses.replace(workload, seed=args.seed, models=tuple(
+        dataclasses.replace(m, deadline_factors=tuple(factors)) for m in workload.models))
+    requests = make_requests(workload)
     out = {"workload": args.workload, "load": args.load, "duration_s": args.duration, "factors": factors,
            "seed": args.seed, "policies": {}}
     for policy in args.policies.split(","):

@@ -19,9 +19,9 @@ models:
 """
 
 
-def run_bench(tmp_path, *extra: str) -> tuple[int, dict]:
+def run_bench(tmp_path, *extra: str, workload: str = WORKLOAD) -> tuple[int, dict]:
     wl = tmp_path / "two.yaml"
-    wl.write_text(WORKLOAD)
+    wl.write_text(workload)
     out = tmp_path / "bench.json"
     p = argparse.ArgumentParser()
     bench.add_arguments(p)
@@ -634,3 +634,17 @@ def test_share_device_serves_every_policy_on_one_layer_and_captures_an_equal_lay
     made.clear()
     rc, _ = run_bench(tmp_path, "--policy", "triton,triton:lookahead_ms=0")  # default: a layer per policy
     assert rc == 0 and len(made) == 2 and builds == [1, 2]  # each service made its own, and captured anew
+
+
+def test_a_models_deadline_factors_are_sent_as_each_requests_own_deadline_and_judged_by_it(tmp_path):
+    # alpha's requests carry a deadline of 0.0001 x 200 ms = 20 us (no batch meets it: answered
+    # DeadlineExceeded, counted as dropped, none on time); beta's, 10 x its SLO: all on time
+    text = WORKLOAD.replace("rate: 20}}", "rate: 20}, deadline_factors: [0.0001]}").replace(
+        "rate: 10}}", "rate: 10}, deadline_factors: [10]}")
+    rc, rep = run_bench(tmp_path, "--policy", "dstack", workload=text)
+    assert rc == 0
+    (pt,) = rep["policies"]["dstack"]["points"]
+    m = {x["model"]: x for x in pt["models"]}
+    assert m["alpha"]["submitted"] > 0 and m["alpha"]["on_time"] == 0
+    assert m["alpha"]["dropped"] + m["alpha"]["rejected"] == m["alpha"]["submitted"]
+    assert m["beta"]["on_time"] == m["beta"]["submitted"] > 0

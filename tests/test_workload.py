@@ -219,3 +219,53 @@ def test_demands_carry_slo_weight_and_mean_or_peak_rate() -> None:
 def test_model_spec_requires_an_arrival() -> None:
     with pytest.raises(WorkloadError, match="arrival must be an Arrival"):
         ModelSpec("resnet50", 25.0)
+
+
+# -- clients' own deadlines ---------------------------------------------------------------------
+def test_deadline_factors_give_each_request_its_own_deadline_without_moving_the_arrivals():
+    import dataclasses
+    from collections import Counter
+
+    from gpuloom.bench.experiment import make_requests
+    from gpuloom.bench.workload import deadlines_ms, workload_from_dict
+
+    data = {"duration_s": 20, "seed": 1, "models": [
+        {"name": "resnet50", "slo_ms": 40, "rate": 200, "deadline_factors": [0.25, 1, 4]},
+        {"name": "bert_base", "slo_ms": 80, "rate": 50}]}
+    wl = workload_from_dict(data)
+    assert wl.models[0].deadline_factors == (0.25, 1.0, 4.0) and wl.models[1].deadline_factors == ()
+    assert workload_from_dict(wl.to_dict()) == wl  # round trip; a model without factors writes none
+    assert "deadline_factors" not in wl.to_dict()["models"][1]
+    plain = dataclasses.replace(wl, models=(dataclasses.replace(wl.models[0], deadline_factors=()), wl.models[1]))
+    reqs, before = make_requests(wl), make_requests(plain)
+    assert [(r.model, r.arrival_ms) for r in reqs] == [(r.model, r.arrival_ms) for r in before]  # same arrivals
+    due = Counter(round(r.deadline_ms - r.arrival_ms, 6) for r in reqs if r.model == "resnet50")
+    assert set(due) == {10.0, 40.0, 160.0} and min(due.values()) > 0.28 * sum(due.values())  # about a third each
+    assert {round(r.deadline_ms - r.arrival_ms, 6) for r in reqs if r.model == "bert_base"} == {80.0}
+    times = {"resnet50": [0.0] * 5, "bert_base": [0.0] * 2}
+    assert deadlines_ms(wl, times) == deadlines_ms(wl, times)  # deterministic for the seed
+    assert deadlines_ms(wl, times)["bert_base"] == [80.0, 80.0]
+
+
+@pytest.mark.parametrize("bad", [[0], [-1.0], ["x"], 2.0, [True]])
+def test_bad_deadline_factors_are_refused(bad):
+    from gpuloom.bench.workload import workload_from_dict
+
+    data = {"duration_s": 1, "models": [{"name": "resnet50", "slo_ms": 40, "rate": 10, "deadline_factors": bad}]}
+    with pytest.raises(WorkloadError, match="deadline_factors"):
+        workload_from_dict(data)
+
+
+def test_simulated_dstack_serves_nothing_late_under_clients_own_deadlines():
+    import dataclasses
+
+    from gpuloom.bench.experiment import simulate
+    from gpuloom.bench.workload import load_workload, resolve_profiles
+
+    wl = load_workload("examples/mix6.yaml")
+    wl = dataclasses.replace(wl, duration_s=2.0, models=tuple(
+        dataclasses.replace(m, deadline_factors=(0.25, 1.0, 4.0)) for m in wl.models))
+    profiles, _ = resolve_profiles(wl, profiles_dir=None, synthetic=False)
+    run = simulate(wl, profiles, "dstack")
+    served = [r for r in run.record.results if r.status.name == "SERVED"]
+    assert served and all(r.finish_ms <= r.request.deadline_ms + 1e-9 for r in served)

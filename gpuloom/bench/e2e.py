@@ -40,7 +40,7 @@ from ..runtime.gcpause import GcMonitor
 from ..runtime.threadcpu import cpu_share, thread_cpu
 from .labels import policy_of
 from .metrics import jain, percentile
-from .workload import Workload, arrival_times
+from .workload import Workload, arrival_times, deadlines_ms
 
 TINY_DIM = 32
 # a point counts at its load only if 99% of its requests were submitted within this many ms of their
@@ -287,6 +287,10 @@ def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s:
     check_arrivals(arrivals)
     wl = dataclasses.replace(workload.scaled(scale), duration_s=duration_s)
     times = arrival_times(wl)
+    # each request's deadline, ms after it is sent: the SLO, or a drawn multiple of it for a model with
+    # deadline_factors (sent as the request's own deadline, as a client's timeout would be)
+    due = deadlines_ms(wl, times)
+    own_deadline = {m.name for m in wl.models if m.deadline_factors}
     cfgs = {c.name: c for c in svc.models()}
     rng = np.random.default_rng(0)
 
@@ -302,20 +306,20 @@ def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s:
     for m in times:
         c = cfgs[m]
         pools[m] = [{t.name: tensor((1, *t.shape), t.dtype) for t in c.inputs} for _ in range(seed_inputs)]
-    events = sorted((t, m) for m, ts in times.items() for t in ts)
+    events = sorted((t, m, d) for m, ts in times.items() for t, d in zip(ts, due[m]))
     lock = threading.Lock()
-    lat: dict[str, list[tuple[bool, float, str]]] = {m: [] for m in times}  # (ok, ms, error kind)
+    lat: dict[str, list[tuple[bool, float, str, float]]] = {m: [] for m in times}  # (ok, ms, error kind, deadline ms)
     rejected = {m: 0 for m in times}
     shed = {m: 0 for m in times}  # of rejected: over the plan's share (Shed)
     before = service_snapshot(svc)
     t0 = time.monotonic()
 
-    def record(m: str, sent: float):
+    def record(m: str, sent: float, deadline: float):
         def cb(f):
             ms = (time.monotonic() - sent) * 1000.0
             e = f.exception()
             with lock:
-                lat[m].append((e is None, ms, "" if e is None else type(e).__name__))
+                lat[m].append((e is None, ms, "" if e is None else type(e).__name__, deadline))
                 pending.discard(f)  # its outputs go as soon as they are counted, as a client's would
         return cb
 
@@ -325,25 +329,25 @@ def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s:
     late_ms: list[float] = []  # per request: submitted this long after its arrival time
     from gpuloom.runtime.service import ServiceError, Shed
 
-    def send(i: int, t: float, m: str) -> None:
+    def send(i: int, t: float, m: str, d: float) -> None:
         sent = time.monotonic()
         late_ms.append((sent - t0 - t) * 1000.0)
         try:
-            f = svc.submit(m, pools[m][i % seed_inputs])
+            f = svc.submit(m, pools[m][i % seed_inputs], deadline_ms=d if m in own_deadline else None)
         except ServiceError as e:
             rejected[m] += 1
             shed[m] += isinstance(e, Shed)
             return
         with lock:
             pending.add(f)
-        f.add_done_callback(record(m, sent))
+        f.add_done_callback(record(m, sent, d))
 
     if arrivals == "thread":
-        for i, (t, m) in enumerate(events):
+        for i, (t, m, d) in enumerate(events):
             delay = t0 + t - time.monotonic()
             if delay > 0.0005:
                 time.sleep(delay)
-            send(i, t, m)
+            send(i, t, m, d)
     elif events:
         next_i = [0]
         all_sent = threading.Event()
@@ -381,10 +385,11 @@ def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s:
         slo = cfgs[m].slo_ms
         with lock:
             rows = list(rows)
-        served = [ms for ok, ms, _ in rows if ok]
-        on_time = sum(1 for ms in served if ms <= slo)
+        served = [ms for ok, ms, _, _ in rows if ok]
+        # within the request's own deadline, or the model's SLO as the service has it
+        on_time = sum(1 for ok, ms, _, d in rows if ok and ms <= (d if m in own_deadline else slo))
         errors: dict[str, int] = {}
-        for ok, _, kind in rows:
+        for ok, _, kind, _ in rows:
             if not ok:
                 errors[kind] = errors.get(kind, 0) + 1
         submitted = len(times[m])

@@ -22,6 +22,8 @@ A workload is a small YAML (or JSON) file::
       - name: efficientnet_b0
         slo_ms: 20
         arrival: {kind: trace, trace: ts.txt}   # one timestamp (s) per line, relative to this file
+        deadline_factors: [0.5, 1, 1, 4]        # optional: clients' own timeouts, each request due at
+                                                # one of these x slo_ms, drawn uniformly (default: 1)
 
 Arrival processes (all rates in requests/s, times in seconds):
 
@@ -215,6 +217,9 @@ class ModelSpec:
     slo_ms: float  # end-to-end latency target of one request, ms
     weight: float = 1.0  # weighted max-min share under overload (2.0 = twice the served fraction)
     arrival: Arrival | None = None  # requests of this model (required; the default only keeps field order)
+    # each request due at one of these x slo_ms, drawn uniformly per request (clients with their own
+    # timeouts); empty: every request due at slo_ms
+    deadline_factors: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -228,6 +233,11 @@ class ModelSpec:
                 f"model {self.name!r}: arrival must be an Arrival (e.g. Arrival('poisson', rate=100)), "
                 f"found {self.arrival!r}"
             )
+        factors = self.deadline_factors
+        if not isinstance(factors, tuple) or not all(
+                isinstance(f, (int, float)) and not isinstance(f, bool) and f > 0 and math.isfinite(f) for f in factors):
+            raise WorkloadError(f"model {self.name!r}: deadline_factors must be a list of positive numbers "
+                                f"(multiples of slo_ms), found {factors!r}")
 
 
 @dataclass(frozen=True)
@@ -293,7 +303,8 @@ class Workload:
             "seed": self.seed,
             "gpu": self.gpu,
             "models": [
-                {"name": m.name, "slo_ms": m.slo_ms, "weight": m.weight, "arrival": m.arrival.to_dict()}
+                {"name": m.name, "slo_ms": m.slo_ms, "weight": m.weight, "arrival": m.arrival.to_dict(),
+                 **({"deadline_factors": list(m.deadline_factors)} if m.deadline_factors else {})}
                 for m in self.models
             ],
         }
@@ -334,9 +345,10 @@ def _model_from_dict(m: Any, i: int, base_dir: str | Path | None) -> ModelSpec:
     if not isinstance(m, Mapping):
         raise WorkloadError(f"models[{i}] must be a mapping with name, slo_ms and arrival, found {m!r}")
     where = f"models[{i}] ({m.get('name', '?')})"
-    unknown = set(m) - {"name", "slo_ms", "weight", "arrival", "rate"}
+    unknown = set(m) - {"name", "slo_ms", "weight", "arrival", "rate", "deadline_factors"}
     if unknown:
-        raise WorkloadError(f"{where}: unknown keys {sorted(unknown)}; expected name, slo_ms, weight, arrival (or rate)")
+        raise WorkloadError(f"{where}: unknown keys {sorted(unknown)}; expected name, slo_ms, weight, arrival "
+                            f"(or rate), deadline_factors")
     for key in ("name", "slo_ms"):
         if key not in m:
             raise WorkloadError(f"{where}: missing {key!r}")
@@ -375,11 +387,15 @@ def _model_from_dict(m: Any, i: int, base_dir: str | Path | None) -> ModelSpec:
             raise WorkloadError(f"{where}: {e}") from None
     else:
         raise WorkloadError(f"{where}: needs 'arrival' (or 'rate' for Poisson)")
+    factors = m.get("deadline_factors", ())
+    if not isinstance(factors, Sequence) or isinstance(factors, (str, bytes)):
+        raise WorkloadError(f"{where}: deadline_factors must be a list of multiples of slo_ms, found {factors!r}")
     return ModelSpec(
         name=str(m["name"]),
         slo_ms=_number(m["slo_ms"], f"{where}: slo_ms"),
         weight=_number(m.get("weight", 1.0), f"{where}: weight"),
         arrival=arrival,
+        deadline_factors=tuple(_number(f, f"{where}: deadline_factors") for f in factors),
     )
 
 
@@ -457,6 +473,21 @@ def arrival_times(workload: Workload) -> dict[str, list[float]]:
         m.name: m.arrival.times(workload.duration_s, random.Random(model_seed(workload.seed, m.name)))
         for m in workload.models
     }
+
+
+def deadlines_ms(workload: Workload, times: Mapping[str, Sequence[float]]) -> dict[str, list[float]]:
+    """Each request's time to its deadline, ms, per model in the order of ``times[model]`` (its
+    arrivals): the model's SLO, or with ``deadline_factors`` one of them x the SLO, drawn from a
+    stream of its own (the arrivals stay the ones drawn without it)."""
+    out = {}
+    for m in workload.models:
+        n = len(times[m.name])
+        if not m.deadline_factors:
+            out[m.name] = [m.slo_ms] * n
+            continue
+        rng = random.Random(model_seed(workload.seed, "deadline:" + m.name))
+        out[m.name] = [rng.choice(m.deadline_factors) * m.slo_ms for _ in range(n)]
+    return out
 
 
 def _poisson(rng: random.Random, rate: float, start: float, end: float) -> list[float]:
