@@ -19,6 +19,10 @@ layout is ready):
 3. nothing fits: try again at the next arrival or completion, and at the start of the next slot of a
    waiting model on a free partition.
 
+Its queues are in deadline order (``deadline_queues``): "oldest request" below means a queue's head,
+its most urgent request, which is its oldest while every request has the model's SLO (a client's
+own timeout can put a younger one first).
+
 With the runtime's launch-ahead (``lookahead_ms``), a partition running one batch is offered again
 shortly before that batch ends (``on_free``). ``ahead_full=True`` takes such an offer only for a
 batch of the model's planned size (or the largest that fits before another model's slot there); a
