@@ -195,18 +195,28 @@ def default_summary(rows: list[dict]) -> dict:
     """Per (dtype, batch): geometric means over eager of gpuloom auto (NCHW), the unfused and the fused
     default, the fused default over the unfused one with its worst row, and at float32 batch 1 the
     Nimble targets."""
+    return variant_summary(rows, (("auto", "gpuloom_auto"), ("cl_auto", "gpuloom_cl_auto"),
+                                  ("default", "gpuloom_cl_auto_fused")), ratio="fused_over_unfused", target="default")
+
+
+def variant_summary(rows: list[dict], columns: tuple[tuple[str, str], ...], *, ratio: str, target: str,
+                    best: bool = False) -> dict:
+    """Per (dtype, batch) of ``rows``: the geometric mean over eager of each ``(label, column)``, of the
+    rows' ``ratio`` with its worst row (and its best, with ``best``), and at float32 batch 1 the Nimble
+    targets met by the column labelled ``target``."""
     out = {}
     for dtype, batch in sorted({(r["dtype"], r["batch"]) for r in rows}):
         sel = [r for r in rows if (r["dtype"], r["batch"]) == (dtype, batch)]
-        over = {k: {r["model"]: r["eager_ms"] / r[f"{col}_ms"] for r in sel}
-                for k, col in (("auto", "gpuloom_auto"), ("cl_auto", "gpuloom_cl_auto"), ("default", "gpuloom_cl_auto_fused"))}
+        over = {k: {r["model"]: r["eager_ms"] / r[f"{col}_ms"] for r in sel} for k, col in columns}
         entry = {"models": len(sel), **{f"geomean_{k}_over_eager": round(geomean(v.values()), 3) for k, v in over.items()},
-                 "geomean_fused_over_unfused": round(geomean([r["fused_over_unfused"] for r in sel]), 3),
-                 "worst_fused_over_unfused": min((r["fused_over_unfused"], r["model"]) for r in sel)}
+                 f"geomean_{ratio}": round(geomean([r[ratio] for r in sel]), 3)}
+        if best:
+            entry[f"best_{ratio}"] = max((r[ratio], r["model"]) for r in sel)
+        entry[f"worst_{ratio}"] = min((r[ratio], r["model"]) for r in sel)
         if (dtype, batch) == ("float32", 1):
-            entry["nimble_targets"] = {m: {"target": t, "default": round(over["default"][m], 2),
-                                           "met": over["default"][m] >= t}
-                                       for m, t in NIMBLE_V100.items() if m in over["default"]}
+            entry["nimble_targets"] = {m: {"target": t, target: round(over[target][m], 2),
+                                           "met": over[target][m] >= t}
+                                       for m, t in NIMBLE_V100.items() if m in over[target]}
         out[f"{dtype}_b{batch}"] = entry
     return out
 
@@ -227,21 +237,8 @@ def split_rows(paths: list[str]) -> list[dict]:
 def split_summary(rows: list[dict]) -> dict:
     """Per (dtype, batch): geometric means over eager of the fused default and the split one, the split
     over the fused with its best and worst rows, and at float32 batch 1 the Nimble targets."""
-    out = {}
-    for dtype, batch in sorted({(r["dtype"], r["batch"]) for r in rows}):
-        sel = [r for r in rows if (r["dtype"], r["batch"]) == (dtype, batch)]
-        over = {k: {r["model"]: r["eager_ms"] / r[f"{col}_ms"] for r in sel}
-                for k, col in (("fused", "gpuloom_cl_auto_fused"), ("split", "gpuloom_split"))}
-        entry = {"models": len(sel), **{f"geomean_{k}_over_eager": round(geomean(v.values()), 3) for k, v in over.items()},
-                 "geomean_split_over_fused": round(geomean([r["split_over_fused"] for r in sel]), 3),
-                 "best_split_over_fused": max((r["split_over_fused"], r["model"]) for r in sel),
-                 "worst_split_over_fused": min((r["split_over_fused"], r["model"]) for r in sel)}
-        if (dtype, batch) == ("float32", 1):
-            entry["nimble_targets"] = {m: {"target": t, "split": round(over["split"][m], 2),
-                                           "met": over["split"][m] >= t}
-                                       for m, t in NIMBLE_V100.items() if m in over["split"]}
-        out[f"{dtype}_b{batch}"] = entry
-    return out
+    return variant_summary(rows, (("fused", "gpuloom_cl_auto_fused"), ("split", "gpuloom_split")),
+                           ratio="split_over_fused", target="split", best=True)
 
 
 def table(header: list[str], rows: list[list]) -> None:

@@ -84,17 +84,12 @@ def make_requests(workload: Workload) -> list[Request]:
     """Every request of ``workload`` in arrival order (ties by model order), ids 0..n-1, each due at
     its model's SLO or, for a model with ``deadline_factors``, at its own drawn multiple of it."""
     times = arrival_times(workload)
-    if any(m.deadline_factors for m in workload.models):
-        due = deadlines_ms(workload, times)
-        merged3 = [(t * 1000.0, m.name, d) for m in workload.models for t, d in zip(times[m.name], due[m.name])]
-        merged3.sort(key=itemgetter(0))
-        return [Request(i, m, t, t + d) for i, (t, m, d) in enumerate(merged3)]
-    slo = {m.name: float(m.slo_ms) for m in workload.models}
+    due = deadlines_ms(workload, times)
     # model by model in workload order, then a stable sort by time alone: equal times stay in model
     # order, as a sort by (time, model's position) left them, with far cheaper comparisons
-    merged = [(t * 1000.0, m.name) for m in workload.models for t in times[m.name]]
+    merged = [(t * 1000.0, m.name, d) for m in workload.models for t, d in zip(times[m.name], due[m.name])]
     merged.sort(key=itemgetter(0))
-    return [Request(i, m, t, t + slo[m]) for i, (t, m) in enumerate(merged)]
+    return [Request(i, m, t, t + d) for i, (t, m, d) in enumerate(merged)]
 
 
 def simulate(

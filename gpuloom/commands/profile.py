@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
                                  eps=args.eps, log=console.print,
                                  channels_last=_option(args.channels_last),
                                  fuse_convolutions=_option(args.fuse_convolutions),
-                                 split_gemms=args.split_gemms == "true")
+                                 split_gemms=_option(args.split_gemms))
         paths = write_outputs(prof_run, args.out, eps=args.eps, png=not args.no_png)
         if store is not None:
             store.put(prof_run.profile)

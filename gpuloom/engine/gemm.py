@@ -74,9 +74,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             parts = 1
         else:
             parts = _tune(key, x, weight, bias)
-    if parts == 1:
-        return _ATEN_LINEAR(x, weight, bias)
-    return split_k_linear(x, weight, bias, parts)
+    return linear_with(x, weight, bias, parts)
 
 
 def split_k_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, parts: int) -> torch.Tensor:
