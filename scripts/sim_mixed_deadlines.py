@@ -9,8 +9,7 @@ Since the thirty-ninth session the runtime keeps each queue in deadline order
 for the policies with ``deadline_queues`` (dstack, nexus, ideal; the FIFO baselines keep arrival
 order, as the systems they model do). This replays a workload whose requests draw their deadline
 from ``--factors`` x their model's SLO (the workload key ``deadline_factors`` on every model), with
-each policy's queues in arrival order and in deadline order (the attribute set on the policy
-object), on the simulated H200 with its shipped profiles. Pure Python, no GPU; one JSON document on stdout (or ``--out``)::
+each policy's queues in arrival order and in deadline order (the policy option ``queues``), on the simulated H200 with its shipped profiles. Pure Python, no GPU; one JSON document on stdout (or ``--out``)::
 
     python3 scripts/sim_mixed_deadlines.py examples/mix6.yaml --load 1.0 --out docs/results/simulate/mixed_deadlines_mix6.json
 """
@@ -32,8 +31,7 @@ from gpuloom.runtime import Runtime, SimBackend  # noqa: E402
 
 
 def run(policy: str, workload, profiles, requests, *, order: str) -> dict:
-    pol = make_policy(policy)
-    pol.deadline_queues = order == "deadline"  # (an instance attribute: the class keeps its own choice)
+    pol = make_policy(policy, queues=order)
     profs = {m.name: profiles.get(m.name) for m in workload.models}
     rt = Runtime(pol, SimBackend(profs), make_context(workload, profs))
     until = workload.duration_s * 1000.0

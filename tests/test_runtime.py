@@ -513,6 +513,20 @@ def test_an_urgent_request_behind_a_backlog_is_served_before_it_by_the_deadline_
     assert {p for p in policy_names() if make_policy(p).deadline_queues} == {"dstack", "nexus", "ideal"}
 
 
+def test_the_queues_option_sets_the_order_a_policy_runs_with():
+    # what `gpuloom bench --policy dstack:queues=arrival` measures: dstack with FIFO queues serves the
+    # urgent request behind the backlog last, and triton with deadline queues serves it first
+    reqs = [Request(i, "toy", 0.0, 100.0) for i in range(6)] + [Request(6, "toy", 0.1, 3.1)]
+    rec = toy_run(make_policy("dstack", queues="arrival"), reqs, until_ms=0.1, slo_ms=100.0)
+    assert rec.results[6].finish_ms == max(r.finish_ms for r in rec.results)
+    rec = toy_run(make_policy("triton", queues="deadline"), reqs, until_ms=0.1, slo_ms=100.0)
+    assert rec.results[6].finish_ms < max(r.finish_ms for r in rec.results)
+    assert make_policy("dstack").deadline_queues and not make_policy("dstack", queues="arrival").deadline_queues
+    assert type(make_policy("dstack", queues="arrival")).deadline_queues  # the class keeps its own
+    with pytest.raises(ValueError, match="expected one of deadline, arrival"):
+        make_policy("dstack", queues="lifo")
+
+
 @pytest.mark.parametrize("policy", ["dstack", "nexus"])
 def test_policies_that_drop_at_deadlines_serve_nothing_late_under_mixed_request_deadlines(policy):
     # dstack and nexus drop what cannot be in time and dispatch only batches that end in time; with

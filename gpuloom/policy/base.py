@@ -182,21 +182,36 @@ def policy_names() -> list[str]:
     return list(_REGISTRY)
 
 
+QUEUE_ORDERS = ("deadline", "arrival")
+
+
 def make_policy(name: str, **options) -> Policy:
     """A new policy object by registry name; ``options`` go to its constructor.
+
+    One option every policy takes: ``queues="deadline"`` or ``"arrival"`` overrides the order the
+    runtime keeps its queues in (:attr:`Policy.deadline_queues`), to measure what the order is worth
+    (``gpuloom bench --policy dstack:queues=arrival``).
 
     >>> make_policy("nope")
     Traceback (most recent call last):
     ...
     ValueError: unknown policy 'nope'; known policies: ...
+    >>> make_policy("triton", queues="deadline").deadline_queues
+    True
     """
     cls = _REGISTRY.get(name)
     if cls is None:
         raise ValueError(f"unknown policy {name!r}; known policies: {', '.join(_REGISTRY)}")
+    queues = options.pop("queues", None)
+    if queues is not None and queues not in QUEUE_ORDERS:
+        raise ValueError(f"policy {name!r}: queues={queues!r}; expected one of {', '.join(QUEUE_ORDERS)}")
     try:
-        return cls(**options)
+        policy = cls(**options)
     except TypeError as e:
         raise TypeError(f"policy {name!r}: bad options {options}: {e}") from e
+    if queues is not None:
+        policy.deadline_queues = queues == "deadline"  # an instance attribute: the class keeps its own
+    return policy
 
 
 # -- helpers shared by policies ----------------------------------------------------------------
