@@ -89,11 +89,12 @@ def build(names, max_batch):
         else:
             ms = load_model(name, device="cuda")
         ex = tuple(torch.randn((1, *s), device=DEV).to(dt) for s, dt in zip(ms.input_shapes, ms.input_dtypes))
-        cm = gpuloom.compile(ms.module, ex, max_batch=max_batch, device=DEV, channels_last=False,  # as served
-                             input_names=[f"input{i}" for i in range(len(ex))])
         specs = tuple(TensorSpec(f"input{i}", tuple(s), str(dt).removeprefix("torch."))
                       for i, (s, dt) in enumerate(zip(ms.input_shapes, ms.input_dtypes)))
-        out[name] = (ModelConfig(name, specs, max_batch=max_batch), cm, ms.module)
+        cfg = ModelConfig(name, specs, max_batch=max_batch)
+        cm = gpuloom.compile(ms.module, ex, max_batch=max_batch, device=DEV, input_names=[t.name for t in specs],
+                             **cfg.compile_options(torch.device(DEV).type))  # as served
+        out[name] = (cfg, cm, ms.module)
         print(f"   compiled {name} in {time.perf_counter() - t:.1f}s, graph memory {cm.memory_bytes / 2**20:.0f} MiB",
               flush=True)
     return out

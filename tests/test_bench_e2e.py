@@ -648,3 +648,32 @@ def test_a_models_deadline_factors_are_sent_as_each_requests_own_deadline_and_ju
     assert m["alpha"]["submitted"] > 0 and m["alpha"]["on_time"] == 0
     assert m["alpha"]["dropped"] + m["alpha"]["rejected"] == m["alpha"]["submitted"]
     assert m["beta"]["on_time"] == m["beta"]["submitted"] > 0
+
+
+def test_bench_compiles_each_model_as_the_service_would(monkeypatch, tmp_path):
+    # gpuloom.compile splits float32 GEMMs by default on CUDA and the service refuses such a model
+    # unless its config asks for them: the bench once compiled with compile's defaults, and every
+    # policy on the H200 stopped at its first load (run 134). It passes the config's own options.
+    import gpuloom
+    from gpuloom.bench.e2e import build_models
+    from gpuloom.bench.workload import workload_from_dict
+    from gpuloom.runtime.service import ModelConfig, TensorSpec
+
+    import yaml
+
+    seen, real = [], gpuloom.compile
+
+    def spy(*a, **kw):
+        seen.append(kw)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(gpuloom, "compile", spy)
+    models = build_models(workload_from_dict(yaml.safe_load(WORKLOAD)), tiny=True, device="cpu", max_batch=4)
+    assert len(seen) == 2
+    default = ModelConfig("m", (TensorSpec("x", (1,), "float32"),))
+    for kw, (cfg, _) in zip(seen, models.values()):
+        assert {k: kw[k] for k in ("channels_last", "fuse_convolutions", "split_gemms")} == cfg.compile_options("cpu")
+        assert cfg.compile_options("cuda") == default.compile_options("cuda") == {
+            "channels_last": False, "fuse_convolutions": False, "split_gemms": False}
+    assert ModelConfig("m", (TensorSpec("x", (1,), "float32"),), split_gemms=True).compile_options("cuda")["split_gemms"]
+    assert not ModelConfig("m", (TensorSpec("x", (1,), "float32"),), split_gemms=True).compile_options("cpu")["split_gemms"]

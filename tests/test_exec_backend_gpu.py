@@ -37,9 +37,11 @@ def models():
     out = {}
     for name, width in (("small", 16), ("wide", 64)):
         m = net(width)
+        cfg = ModelConfig(name, (TensorSpec("x", (3, 32, 32), "float32"),), max_batch=8, slo_ms=200)
+        # as the service compiles by default (layout, fusion, cuBLAS's own GEMMs), or it refuses the model
         cm = gpuloom.compile(m, torch.randn(1, 3, 32, 32, device="cuda"), max_batch=8, input_names=["x"],
-                             channels_last=False)  # the layout the service compiles in by default
-        out[name] = (ModelConfig(name, (TensorSpec("x", (3, 32, 32), "float32"),), max_batch=8, slo_ms=200), cm, m)
+                             **cfg.compile_options("cuda"))
+        out[name] = (cfg, cm, m)
     return out
 
 

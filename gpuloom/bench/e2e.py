@@ -186,14 +186,14 @@ def build_models(workload: Workload, *, tiny: bool, device: str, max_batch: int 
         say(f"compiling {spec.name}")
         module = module.eval().to(dev)
         ex = tuple(torch.randn((1, *s)).to(dt).to(dev) for s, dt in zip(shapes, dtypes))
-        # in the layout the service compiles a model in by default (ModelConfig.channels_last): the
-        # shipped profiles the plans come from were measured in it
-        cm = gpuloom.compile(module, ex, max_batch=max_batch, device=dev, channels_last=False,
-                             input_names=[f"input{i}" for i in range(len(ex))])
         cfg = ModelConfig(spec.name, tuple(TensorSpec(f"input{i}", tuple(s), str(dt).removeprefix("torch."))
                                            for i, (s, dt) in enumerate(zip(shapes, dtypes))),
                           max_batch=max_batch, slo_ms=float(spec.slo_ms), weight=float(spec.weight),
                           rate_hint=float(workload.mean_rate(spec)))
+        # as the service compiles a model by default (its layout, fusion and GEMMs): the shipped
+        # profiles the plans come from were measured so, and the service refuses anything else
+        cm = gpuloom.compile(module, ex, max_batch=max_batch, device=dev, input_names=[t.name for t in cfg.inputs],
+                             **cfg.compile_options(dev.type))
         out[spec.name] = (cfg, cm)
     return out
 

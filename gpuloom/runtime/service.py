@@ -163,6 +163,14 @@ class ModelConfig:
         if not isinstance(self.split_gemms, bool):
             raise ValueError(f"model {self.name!r}: split_gemms must be true or false, got {self.split_gemms!r}")
 
+    def compile_options(self, device_type: str) -> dict:
+        """``gpuloom.compile``'s keyword options for this model on ``device_type`` ("cuda" or "cpu"):
+        the layout, fusion and GEMMs its profile was made with. Whoever compiles a model for the service
+        (the service at a load, ``gpuloom bench``) uses these, as the service refuses a compiled model
+        that differs (compile's own defaults split float32 GEMMs on CUDA, the service's not)."""
+        return {"channels_last": self.channels_last, "fuse_convolutions": self.fuse_convolutions,
+                "split_gemms": self.split_gemms and device_type == "cuda"}
+
     @functools.cached_property
     def input_names(self) -> frozenset[str]:
         """The input names as a set, made once: every submit checks a request's names against it."""
@@ -1383,12 +1391,10 @@ class InferenceService:
                 shapes = ", ".join(f"{t.name} {list(t.shape)} {t.dtype}" for t in config.inputs)
                 raise ValueError(f"model {config.name!r} does not run on one sample of the inputs its config "
                                  f"declares ({shapes}, without the batch): {type(e).__name__}: {e}") from e
+            # split GEMMs off unless configured: the shipped profiles were timed with cuBLAS's own GEMMs
+            # (and a split's choice is timed on a GPU other models may be using)
             cm = gpuloom.compile(module, tuple(examples), max_batch=config.max_batch, device=dev,
-                                 input_names=[t.name for t in config.inputs], channels_last=config.channels_last,
-                                 fuse_convolutions=config.fuse_convolutions,
-                                 # off unless configured: the shipped profiles were timed with cuBLAS's own
-                                 # GEMMs (and a split's choice is timed on a GPU other models may be using)
-                                 split_gemms=config.split_gemms and dev.type == "cuda")
+                                 input_names=[t.name for t in config.inputs], **config.compile_options(dev.type))
         else:
             raise TypeError(f"load expects a torch.nn.Module, got {type(module).__name__}")
         want_in = [(t.shape, t.dtype) for t in config.inputs]
