@@ -677,3 +677,20 @@ def test_bench_compiles_each_model_as_the_service_would(monkeypatch, tmp_path):
             "channels_last": False, "fuse_convolutions": False, "split_gemms": False}
     assert ModelConfig("m", (TensorSpec("x", (1,), "float32"),), split_gemms=True).compile_options("cuda")["split_gemms"]
     assert not ModelConfig("m", (TensorSpec("x", (1,), "float32"),), split_gemms=True).compile_options("cpu")["split_gemms"]
+
+
+def test_a_variants_policy_options_reach_its_simulated_twin(monkeypatch, tmp_path):
+    # each point is also simulated; a variant's options (here the queue order) must be simulated too,
+    # or its simulated column is the plain policy's (run 135: dstack:queues=arrival simulated as dstack)
+    from gpuloom.bench import experiment
+
+    seen, real = [], experiment.simulate
+
+    def spy(*a, **kw):
+        seen.append((a[2], kw.get("options")))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(experiment, "simulate", spy)
+    rc, rep = run_bench(tmp_path, "--policy", "dstack:queues=arrival")
+    assert rc == 0 and not rep["policies"]["dstack:queues=arrival"]["error"]
+    assert seen == [("dstack", {"queues": "arrival"})]

@@ -542,14 +542,15 @@ def host_split(before: dict, after: dict, wall_ms: float) -> dict:
 
 
 def simulate_point(svc, workload: Workload, policy: str, *, scale: float, duration_s: float,
-                   contention: Any = None) -> dict:
-    """The same point through the simulated backend, with the profiles the service planned with:
-    what issue 5's simulator validation compares (goodput and p99 error per policy)."""
+                   contention: Any = None, options: dict | None = None) -> dict:
+    """The same point through the simulated backend, with the profiles the service planned with and
+    the variant's policy ``options`` (``dstack:queues=arrival`` simulates arrival order): what issue
+    5's simulator validation compares (goodput and p99 error per policy)."""
     from .experiment import simulate
 
     wl = dataclasses.replace(workload.scaled(scale), duration_s=duration_s)
     profs = {c.name: svc.profile(c.name) for c in svc.models()}
-    run = simulate(wl, profs, policy, contention=contention)
+    run = simulate(wl, profs, policy, contention=contention, options=options)
     m = run.metrics
     return {"goodput_rps": m.goodput_rps, "slo_attainment": m.slo_attainment, "p50_ms": m.p50_ms,
             "p99_ms": m.p99_ms, "sm_utilization": m.sm_utilization, "fairness": m.fairness}
@@ -659,7 +660,8 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
             seconds["points"] += clock() - t
             if simulate:
                 try:
-                    sim = simulate_point(svc, workload, policy, scale=s, duration_s=duration_s)
+                    sim = simulate_point(svc, workload, policy, scale=s, duration_s=duration_s,
+                                         options=policy_options)
                     g = p.goodput_rps
                     sim["goodput_error"] = (sim["goodput_rps"] - g) / g if g else None
                     p = dataclasses.replace(p, sim=sim)
