@@ -162,6 +162,8 @@ def bench_model(name: str, dtype: torch.dtype, batches: list[int], args) -> dict
             suffix = key.removeprefix("gpuloom_")
             rec[f"compile_s_{suffix}"] = round(time.perf_counter() - t1, 2)
             rec[f"auto_choice_{suffix}"] = {str(b): k for b, k in experiments[key].stream_choice.items()}
+            if experiments[key].fused_epilogues:
+                rec["fused_epilogues"] = experiments[key].fused_epilogues
             if experiments[key].split_linears:
                 from gpuloom.engine import gemm
 
@@ -227,6 +229,10 @@ EXPERIMENTS = {
     # compile's default since the thirty-ninth session: gpuloom_cl_auto_fused with float32 linear layers
     # splitting their GEMM's reduction where that was timed faster per shape (gpuloom.engine.gemm)
     "gpuloom_split": {"channels_last": "auto", "fuse_convolutions": "channels_last", "split_gemms": True},
+    # compile's default since the fortieth session: the above, and each convolution's bias (+ add) +
+    # SiLU / sigmoid / ReLU6 in one kernel (gpuloom.engine.epilogue)
+    "gpuloom_epilogue": {"channels_last": "auto", "fuse_convolutions": "channels_last", "split_gemms": True,
+                         "fuse_epilogues": True},
 }
 
 
@@ -234,7 +240,8 @@ def compile_options(option: dict) -> dict:
     """gpuloom.compile's layout and fusion options for a variant: the model's own layout, unfused,
     unless the variant's ``option`` (an ``EXPERIMENTS`` entry, or {} for gpuloom auto) says otherwise,
     so that each column keeps the meaning it had in every earlier run."""
-    return {"channels_last": False, "fuse_convolutions": False, "split_gemms": False, **option}
+    return {"channels_last": False, "fuse_convolutions": False, "split_gemms": False, "fuse_epilogues": False,
+            **option}
 
 
 def add_ratios(row: dict) -> None:

@@ -238,24 +238,30 @@ def test_rel_err_refuses_a_reference_that_overflowed_or_vanished():
 
 
 def test_only_the_fused_variant_compiles_fused_and_every_other_column_keeps_its_meaning():
-    """compile's default fuses the channels-last candidate since the thirty-fourth session and splits
-    float32 GEMMs since the thirty-ninth; the bench's gpuloom, gpuloom_cl, gpuloom_cl_auto,
-    gpuloom_reinplace and gpuloom_cl_auto_fused columns must stay what earlier runs timed (unfused and
-    unsplit where they were, gpuloom's in the model's own layout), and gpuloom_split is the default."""
+    """compile's default fuses the channels-last candidate since the thirty-fourth session, splits
+    float32 GEMMs since the thirty-ninth and fuses convolution epilogues since the fortieth; the
+    bench's gpuloom, gpuloom_cl, gpuloom_cl_auto, gpuloom_reinplace, gpuloom_cl_auto_fused and
+    gpuloom_split columns must stay what earlier runs timed (unfused, unsplit and eager's epilogues
+    where they were, gpuloom's in the model's own layout), and gpuloom_epilogue is the default."""
     import inspect
 
     import gpuloom
 
     bench = load_script("bench_engine")
     resolved = {k: bench.compile_options(o) for k, o in {"gpuloom": {}, **bench.EXPERIMENTS}.items()}
-    assert {k for k, o in resolved.items() if o["fuse_convolutions"] is not False} == {"gpuloom_cl_auto_fused",
-                                                                                     "gpuloom_split"}
-    assert {k for k, o in resolved.items() if o["split_gemms"]} == {"gpuloom_split"}
-    assert resolved["gpuloom"] == {"channels_last": False, "fuse_convolutions": False, "split_gemms": False}
+    assert {k for k, o in resolved.items() if o["fuse_convolutions"] is not False} == {
+        "gpuloom_cl_auto_fused", "gpuloom_split", "gpuloom_epilogue"}
+    assert {k for k, o in resolved.items() if o["split_gemms"]} == {"gpuloom_split", "gpuloom_epilogue"}
+    assert {k for k, o in resolved.items() if o["fuse_epilogues"]} == {"gpuloom_epilogue"}
+    assert resolved["gpuloom"] == {"channels_last": False, "fuse_convolutions": False, "split_gemms": False,
+                                   "fuse_epilogues": False}
     default = {k: p.default for k, p in inspect.signature(gpuloom.compile).parameters.items()}
-    # None: channels_last "auto", fuse_convolutions "channels_last", split_gemms on for CUDA
-    assert (default["channels_last"], default["fuse_convolutions"], default["split_gemms"]) == (None, None, None)
+    # None: channels_last "auto", fuse_convolutions "channels_last", split_gemms and fuse_epilogues on for CUDA
+    assert (default["channels_last"], default["fuse_convolutions"], default["split_gemms"],
+            default["fuse_epilogues"]) == (None, None, None, None)
     assert resolved["gpuloom_cl_auto_fused"] == {"channels_last": "auto", "fuse_convolutions": "channels_last",
-                                                 "split_gemms": False}
+                                                 "split_gemms": False, "fuse_epilogues": False}
     assert resolved["gpuloom_split"] == {"channels_last": "auto", "fuse_convolutions": "channels_last",
-                                         "split_gemms": True}
+                                         "split_gemms": True, "fuse_epilogues": False}
+    assert resolved["gpuloom_epilogue"] == {"channels_last": "auto", "fuse_convolutions": "channels_last",
+                                            "split_gemms": True, "fuse_epilogues": True}

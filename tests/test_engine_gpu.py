@@ -404,3 +404,49 @@ def test_split_gemms_on_a_bert_sized_encoder_time_every_shape_and_equal_eager_on
     x, w, b = torch.randn(128, 3072, device="cuda"), torch.randn(768, 3072, device="cuda") / 55, torch.randn(768, device="cuda")
     for parts in gemm.candidates(3072)[1:]:
         torch.testing.assert_close(gemm.split_k_linear(x, w, b, parts), F.linear(x, w, b), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_the_epilogue_kernel_equals_eagers_ops_on_gpu(dtype, layout):
+    """gpuloom.engine.epilogue's Triton kernel (bias, residual add, activation in one pass) against
+    the same ops one by one, for every activation, in both layouts, with and without a residual."""
+    from gpuloom.engine import epilogue
+
+    assert epilogue.available()
+    torch.manual_seed(0)
+    fmt = torch.channels_last if layout == "nhwc" else torch.contiguous_format
+    for shape in ((1, 40, 28, 28), (3, 7, 5, 9)):  # one not a multiple of the block, odd channel count
+        y = (3 * torch.randn(shape, device="cuda")).to(dtype).contiguous(memory_format=fmt)
+        r = torch.randn(shape, device="cuda").to(dtype).contiguous(memory_format=fmt)
+        b = torch.randn(shape[1], device="cuda").to(dtype)
+        for act in epilogue.ACTIVATIONS:
+            for res in (None, r):
+                got = epilogue.bias_act(y, b, act, res)
+                want = epilogue.reference(y, b, act, res)
+                assert got.stride() == want.stride() or got.is_contiguous(memory_format=fmt)
+                tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-3, atol=1e-3)
+                torch.testing.assert_close(got, want, **tol, msg=lambda m: f"{shape} {act} {res is not None}: {m}")
+
+
+@pytest.mark.parametrize("name", ["efficientnet_b0", "mobilenet_v2"])
+def test_fused_epilogues_are_compiles_default_and_equal_eager_on_gpu(name):
+    """compile's default on CUDA since the fortieth session runs each convolution's bias (+ add) +
+    SiLU / sigmoid / ReLU6 as one Triton kernel; every graph it keeps equals eager."""
+    import torchvision
+
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, name)(weights=None).eval().cuda()
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.BatchNorm2d):  # folding matters only with statistics of its own
+            mod.running_mean.uniform_(-0.5, 0.5)
+            mod.running_var.uniform_(0.5, 2.0)
+    mk = lambda b: torch.randn(b, 3, 224, 224, device="cuda")
+    cm = gpuloom.compile(model, mk(1), max_batch=4)
+    assert cm.fused_epilogues > 0
+    for streams in (1, "max"):
+        cm.capture(streams=streams)
+    for batch in (1, 3, 4):
+        x = mk(batch)
+        with torch.no_grad():
+            torch.testing.assert_close(cm(x), model(x), rtol=1e-4, atol=1e-4)

@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from . import epilogue
 from .capture import GraphSet, InputSpec, StreamFactory, capture_graphs
 from .dag import CaptureError, OpGraph, capture_graph, channels_last_variant
 from .executor import ForwardExecutor, StreamExecutor
@@ -161,6 +162,12 @@ class CompiledModel:
         """Float32 linear layers whose GEMM splits its reduction where that was timed faster
         (``compile(split_gemms=...)``; their choices: ``gpuloom.engine.gemm.choices()``); 0 where none."""
         return self.graph.split_linears
+
+    @property
+    def fused_epilogues(self) -> int:
+        """Convolutions whose bias, residual add and activation run as one kernel
+        (``compile(fuse_epilogues=...)``, :mod:`gpuloom.engine.epilogue`); 0 where none."""
+        return self.graph.fused_epilogues
 
     def _require_channels_last(self, kind: str) -> None:
         """ValueError, saying why, where ``kind`` (an executor) is missing: only the channels-last
@@ -403,6 +410,7 @@ def compile(
     channels_last: bool | str | None = None,
     fuse_convolutions: bool | str | None = None,
     split_gemms: bool | None = None,
+    fuse_epilogues: bool | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> CompiledModel:
     """Compile ``model`` ahead of time into multi-stream CUDA graphs, one per batch bucket.
@@ -454,6 +462,12 @@ def compile(
             leave most SMs idle. CUDA only. Default (None): on for CUDA. On the H200 (run 127) it ran
             two of bert_base's four GEMMs 1.9x faster at batch 1; a shape where no split wins keeps
             cuBLAS's own call. Results differ from eager's only by the order of the sums.
+        fuse_epilogues: run each convolution's bias, residual add and SiLU / sigmoid / ReLU6 (where
+            the convolution's only reader is one of them) as one kernel (``gpuloom.engine.epilogue``,
+            Triton), where PyTorch's cuDNN path runs the bias add, the add and the activation one
+            kernel each. ReLUs stay ``fuse_convolutions``'s. Default (None): on for CUDA where Triton
+            imports. ``True`` on the CPU runs the same rewritten graph with eager's ops (for tests).
+            Results differ from eager's only by the activation's last bit.
         progress: called with a short message at each compile stage.
 
     Raises:
@@ -501,6 +515,10 @@ def compile(
     elif split_gemms and dev.type != "cuda":
         raise ValueError("split_gemms=True times its GEMMs on the GPU, which needs a CUDA device; "
                          f"this model compiles for {dev}")
+    if fuse_epilogues is None:
+        fuse_epilogues = dev.type == "cuda" and epilogue.available()
+    elif not isinstance(fuse_epilogues, bool):
+        raise ValueError(f"fuse_epilogues must be True, False or None, got {fuse_epilogues!r}")
     bucket_list = tuple(sorted(set(buckets))) if buckets is not None else default_buckets(max_batch)
     if bucket_list[0] < 1 or bucket_list[-1] != max_batch:
         raise ValueError(f"buckets must be positive and end at max_batch={max_batch}, got {bucket_list}")
@@ -509,7 +527,7 @@ def compile(
     graph = capture_graph(model, example_inputs, max_batch=max_batch, fold_batchnorm=fold_batchnorm,
                           reinplace=reinplace, channels_last=channels_last is True,
                           fuse_convolutions=fuse_cl if channels_last is True else fuse_convolutions is True,
-                          split_gemms=split_gemms)
+                          split_gemms=split_gemms, fuse_epilogues=fuse_epilogues)
     graph.module.to(dev)
     graph_cl = None
     if channels_last == "auto" and dev.type == "cuda":  # a timed choice: there is nothing to time on the CPU

@@ -62,6 +62,7 @@ class OpGraph:
     channels_last_weights: int = 0  # convolution weights stored NHWC (fold.channels_last)
     fused_convolutions: int = 0  # convolutions fused with their bias and ReLU (fold.fuse_convolutions)
     split_linears: int = 0  # float32 linear layers whose GEMM may split K (fold.split_linears, gemm)
+    fused_epilogues: int = 0  # convolutions whose bias (+ add) + activation run in one kernel (epilogue)
     graph_from_cache: bool = False  # export's functional graph came from graph_cache (half the export skipped)
 
     @property
@@ -82,6 +83,7 @@ def capture_graph(
     channels_last: bool = False,
     fuse_convolutions: bool = False,
     split_gemms: bool = False,
+    fuse_epilogues: bool = False,
 ) -> OpGraph:
     """Capture ``model`` as an FX graph and build its operator DAG (see the module docstring).
 
@@ -89,7 +91,9 @@ def capture_graph(
     runs single-reader elementwise ops in place; ``channels_last`` stores convolution weights NHWC;
     ``fuse_convolutions`` uses cuDNN's fused convolution + bias (+ add) + ReLU, for CUDA only (all
     four export path only; see ``fold``); ``split_gemms`` runs float32 linear layers through
-    :func:`gemm.linear` (K split where timed faster; CUDA only, export path only).
+    :func:`gemm.linear` (K split where timed faster; CUDA only, export path only); ``fuse_epilogues``
+    runs a convolution's bias, residual add and SiLU / sigmoid / ReLU6 as one :func:`epilogue.bias_act`
+    (export path only; after ``fuse_convolutions``, which takes the ReLUs).
     """
     export_error: BaseException | None = None
     try:
@@ -99,6 +103,7 @@ def capture_graph(
         fold.restore_batchnorm(gm)
         # before reinplace, whose in-place ReLUs and adds it would no longer recognise
         fused = fold.fuse_convolutions(gm) if fuse_convolutions else 0
+        epilogues = fold.fuse_epilogues(gm) if fuse_epilogues else 0
         split = fold.split_linears(gm) if split_gemms else 0
         if reinplace:
             fold.reinplace_elementwise(gm)
@@ -107,7 +112,7 @@ def capture_graph(
         try:
             gm = fx.symbolic_trace(model)
             method = "fx"
-            folded = fused = split = 0
+            folded = fused = split = epilogues = 0
         except Exception as fx_error:
             raise CaptureError(
                 f"gpuloom could not capture {type(model).__name__} as an operator graph.\n"
@@ -121,6 +126,7 @@ def capture_graph(
     graph.folded_batchnorms = folded
     graph.fused_convolutions = fused
     graph.split_linears = split
+    graph.fused_epilogues = epilogues
     graph.channels_last_weights = nhwc  # 0 where the fx fallback took the model (no pass applies)
     graph.graph_from_cache = gm.meta.get(_FROM_CACHE, False)
     return graph
@@ -144,6 +150,7 @@ def channels_last_variant(graph: OpGraph, *, fuse_convolutions: bool = False) ->
     variant.folded_batchnorms = graph.folded_batchnorms
     variant.fused_convolutions = graph.fused_convolutions or fused
     variant.split_linears = graph.split_linears  # (the copy keeps the graph's targets)
+    variant.fused_epilogues = graph.fused_epilogues
     variant.channels_last_weights = converted
     return variant
 

@@ -30,6 +30,12 @@ convolution, bias, (add,) ReLU: one call where there were three or four kernels 
 (add,) activation), so two fewer for a ReLU, three for an add and a ReLU, and one for a ReLU6, which
 keeps a ``clamp_max(6)`` after it.
 
+``fuse_epilogues`` (compile's ``fuse_epilogues``; on by default on CUDA where Triton imports): a
+convolution with a bias whose only reader is a SiLU, a sigmoid, a ReLU6, or a residual add (then
+maybe one of those) runs without its bias, and :func:`epilogue.bias_act` does bias, add and
+activation in one kernel: one or two kernels fewer each. ReLUs are left to ``fuse_convolutions``
+(cuDNN does convolution, bias, add and ReLU in one call, which the channels-last candidate uses).
+
 ``split_linears`` (CUDA only; compile's ``split_gemms``): every float32 ``aten.linear`` becomes
 :func:`gemm.linear`, which splits the GEMM's reduction where that was timed faster for its shape (a
 small batch's few output rows leave most SMs idle; see :mod:`gpuloom.engine.gemm`).
@@ -42,7 +48,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from . import gemm
+from . import epilogue, gemm
 
 _CONVS = {torch.ops.aten.conv1d.default, torch.ops.aten.conv2d.default, torch.ops.aten.conv3d.default}
 _BN = torch.ops.aten._native_batch_norm_legit_no_training.default
@@ -339,6 +345,75 @@ def fuse_convolutions(gm: fx.GraphModule) -> int:
             new.meta = dict(relu.meta)
         relu.replace_all_uses_with(new)
         for n in (relu, user, conv):
+            g.erase_node(n)
+        fused += 1
+    if fused:
+        g.lint()
+        gm.recompile()
+    return fused
+
+
+_SILU = torch.ops.aten.silu.default
+_SIGMOID = torch.ops.aten.sigmoid.default
+
+
+def _epilogue_activation(node: fx.Node | None) -> str | None:
+    """The :data:`epilogue.ACTIVATIONS` name of ``node``'s op, or None for any other op."""
+    if node is None:
+        return None
+    if node.target is _SILU and len(node.args) == 1 and not node.kwargs:
+        return "silu"
+    if node.target is _SIGMOID and len(node.args) == 1 and not node.kwargs:
+        return "sigmoid"
+    if (node.target is _HARDTANH and tuple(node.args[1:3]) == (0.0, 6.0) and not node.kwargs
+            or node.target is _RELU6 and len(node.args) == 1 and not node.kwargs):
+        return "relu6"
+    return None
+
+
+def fuse_epilogues(gm: fx.GraphModule) -> int:
+    """Move each convolution's bias, residual add and SiLU / sigmoid / ReLU6 into one
+    :func:`epilogue.bias_act`, in place (see the module docstring). Returns how many convolutions."""
+    g = gm.graph
+    outputs = {a for n in g.nodes if n.op == "output" for a in n.all_input_nodes}
+    fused = 0
+    for conv in list(g.nodes):
+        params = _conv2d_params(conv)
+        if params is None:
+            continue
+        x, w, b, stride, padding, dilation, groups = params
+        if not isinstance(b, fx.Node) or not isinstance(x, fx.Node):
+            continue
+        user = _only_user(conv, outputs)
+        if user is None:
+            continue
+        residual, last = None, user
+        act = _epilogue_activation(user)
+        if act is None:
+            if user.target is not _ADD or user.kwargs or len(user.args) != 2:
+                continue
+            z = user.args[1] if user.args[0] is conv else user.args[0]
+            if not isinstance(z, fx.Node) or z is conv or not _same_tensor_type(conv, z):
+                continue
+            residual = z
+            after = _only_user(user, outputs)
+            if after is not None and after.target is _RELU:
+                continue  # cuDNN's convolution + bias + add + ReLU (fuse_convolutions) does all four
+            act = _epilogue_activation(after)
+            if act is not None and _same_tensor_type(conv, after):
+                last = after
+            else:
+                act = "none"
+        if not _same_tensor_type(conv, last):
+            continue
+        with g.inserting_before(conv):
+            bare = g.call_function(torch.ops.aten.conv2d.default, (x, w, None, stride, padding, dilation, groups))
+            bare.meta = dict(conv.meta)
+        with g.inserting_before(last):
+            new = g.call_function(epilogue.bias_act, (bare, b, act, residual))
+            new.meta = dict(last.meta)
+        last.replace_all_uses_with(new)
+        for n in ((last, user, conv) if last is not user else (user, conv)):
             g.erase_node(n)
         fused += 1
     if fused:

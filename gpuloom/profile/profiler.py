@@ -275,7 +275,8 @@ class EngineRunner:
             example = spec.make_inputs(1, device)
             self.cm = gpuloom.compile(spec.module, tuple(example), max_batch=self.buckets[-1], streams=streams,
                                       device=device, buckets=self.buckets, channels_last=channels_last,
-                                      fuse_convolutions=fuse_convolutions, split_gemms=split_gemms)
+                                      fuse_convolutions=fuse_convolutions, split_gemms=split_gemms,
+                                      fuse_epilogues=False)  # as the service compiles (compile_options)
         from ..engine.compiled import capture_groups
 
         self.choice = {b: ch for ch, bs in capture_groups(self.cm).items() for b in bs}
