@@ -29,6 +29,12 @@ layouts timed, the channels-last graph's convolutions fused) against its unfused
 adds compile's default since the thirty-ninth session (the ``gpuloom_split`` variant: the fused
 default with float32 linear layers splitting K where timed faster) against the fused default without
 (``gpuloom_cl_auto_fused``) and eager of its own process, with the Nimble targets.
+
+    ... --epilogues docs/results/engine_runs/run136_epilogue_fp32.json ...
+
+adds compile's default since the fortieth session (the ``gpuloom_epilogue`` variant: the split default
+with each convolution's bias (+ add) + SiLU / sigmoid / ReLU6 in one kernel) against the split
+default without (``gpuloom_split``) and eager of its own process, with the Nimble targets.
 """
 
 from __future__ import annotations
@@ -241,6 +247,26 @@ def split_summary(rows: list[dict]) -> dict:
                            ratio="split_over_fused", target="split", best=True)
 
 
+def epilogue_rows(paths: list[str]) -> list[dict]:
+    """One row per (model, dtype, batch) timed with the epilogue default and the split one before it."""
+    def make_row(rec: dict, row: dict) -> dict | None:
+        keys = ("eager_ms", "gpuloom_split_ms", "gpuloom_epilogue_ms")
+        if not all(row.get(k) for k in keys):
+            return None
+        return {**{k: row[k] for k in keys}, "fused_epilogues": rec.get("fused_epilogues", 0),
+                "kept": rec.get("auto_choice_epilogue", {}).get(str(row["batch"])),
+                "epilogue_over_split": round(row["gpuloom_split_ms"] / row["gpuloom_epilogue_ms"], 3)}
+
+    return last_rows(paths, make_row)
+
+
+def epilogue_summary(rows: list[dict]) -> dict:
+    """Per (dtype, batch): geometric means over eager of the split default and the epilogue one, the
+    epilogue over the split with its best and worst rows, and at float32 batch 1 the Nimble targets."""
+    return variant_summary(rows, (("split", "gpuloom_split"), ("epilogue", "gpuloom_epilogue")),
+                           ratio="epilogue_over_split", target="epilogue", best=True)
+
+
 def table(header: list[str], rows: list[list]) -> None:
     """Print a markdown table."""
     print("| " + " | ".join(header) + " |")
@@ -261,6 +287,8 @@ def main() -> int:
                    help="runs with gpuloom_cl_auto and gpuloom_cl_auto_fused columns: compile's default, fused and not")
     p.add_argument("--splits", nargs="*", default=[], metavar="RUN",
                    help="runs with gpuloom_cl_auto_fused and gpuloom_split columns: compile's default, split and not")
+    p.add_argument("--epilogues", nargs="*", default=[], metavar="RUN",
+                   help="runs with gpuloom_split and gpuloom_epilogue columns: compile's default, epilogues fused and not")
     args = p.parse_args()
     merged: dict[tuple[str, str], dict] = {}
     meta = None
@@ -285,9 +313,13 @@ def main() -> int:
     splits = split_rows(args.splits)
     if splits:
         summary["split_gemms"] = split_summary(splits)
+    epilogues = epilogue_rows(args.epilogues)
+    if epilogues:
+        summary["fused_epilogues"] = epilogue_summary(epilogues)
     out = {**meta, "runs": sorted({r["run"] for r in results}), "results": results, "summary": summary,
            **({"torch_compile": tc} if tc else {}), **({"channels_last": layouts} if layouts else {}),
-           **({"compile_default": defaults} if defaults else {}), **({"split_gemms": splits} if splits else {})}
+           **({"compile_default": defaults} if defaults else {}), **({"split_gemms": splits} if splits else {}),
+           **({"fused_epilogues": epilogues} if epilogues else {})}
     Path(args.out).write_text(json.dumps(out, indent=1))
 
     fp = lambda dtype: dtype.replace("float", "fp")  # noqa: E731
@@ -346,6 +378,14 @@ def main() -> int:
                 f"**{r['gpuloom_split_ms']:.3f}**", f"{r['split_over_fused']:.2f}x",
                 f"{r['eager_ms'] / r['gpuloom_split_ms']:.2f}x", r["split_linears"], r["kept"] or "-", r["run"]]
                for r in splits])
+    if epilogues:
+        print()
+        table(["model", "dtype", "batch", "eager", "split default", "**default** (fused epilogues)",
+               "epilogues vs split", "default vs eager", "fused epilogues", "kept", "run"],
+              [[r["model"], fp(r["dtype"]), r["batch"], f"{r['eager_ms']:.3f}", f"{r['gpuloom_split_ms']:.3f}",
+                f"**{r['gpuloom_epilogue_ms']:.3f}**", f"{r['epilogue_over_split']:.2f}x",
+                f"{r['eager_ms'] / r['gpuloom_epilogue_ms']:.2f}x", r["fused_epilogues"], r["kept"] or "-", r["run"]]
+               for r in epilogues])
     print()
     print(json.dumps(summary, indent=1))
     return 0
