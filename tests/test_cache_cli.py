@@ -69,3 +69,21 @@ def test_the_cache_command_does_not_import_torch(caches):
     code = "import sys; from gpuloom.cli import main; main(['cache', 'info']); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "False"
+
+
+@pytest.mark.parametrize("word", ["none", "0", "OFF", " false ", "no"])
+def test_every_cache_reads_the_same_words_as_off(caches, capsys, word):
+    # one rule for both caches (gpuloom.cachedirs): `--profile-cache off` once named a directory "off"
+    assert main(["cache", "dir", "--profile-cache", word, "--graph-cache", word]) == 0
+    assert capsys.readouterr().out.splitlines() == ["profiles: off", "graphs: off"]
+
+
+def test_both_caches_live_under_the_users_cache_directory(tmp_path, monkeypatch):
+    from gpuloom.engine import graph_cache
+    from gpuloom.profile.cache import default_cache_dir
+
+    monkeypatch.delenv("GPULOOM_PROFILE_CACHE", raising=False)
+    monkeypatch.delenv("GPULOOM_GRAPH_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert default_cache_dir() == tmp_path / "gpuloom" / "profiles"
+    assert graph_cache.cache_dir() == tmp_path / "gpuloom" / "graphs"

@@ -32,13 +32,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def directories(args: argparse.Namespace) -> dict[str, Path | None]:
     """Each cache asked for -> its directory (None: turned off)."""
+    from gpuloom.cachedirs import is_off
     from gpuloom.engine import graph_cache
     from gpuloom.profile.cache import default_cache_dir
 
     found: dict[str, Path | None] = {}
     if args.kind in (None, "profiles"):
-        if args.profile_cache:  # "none" as in gpuloom serve --profile-cache none
-            found["profiles"] = None if args.profile_cache.strip().lower() == "none" else Path(args.profile_cache)
+        if args.profile_cache:  # "none" (or 0, off, ...) as in gpuloom serve --profile-cache none
+            found["profiles"] = None if is_off(args.profile_cache) else Path(args.profile_cache)
         else:
             found["profiles"] = default_cache_dir()
     if args.kind in (None, "graphs"):

@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "batch on the whole GPU (default measure; CPU always times it crudely)")
     p.add_argument("--profile-cache", default="default", metavar="DIR",
                    help="where profiles measured at load are kept, per GPU and model fingerprint "
-                        "(default ~/.cache/gpuloom/profiles or $GPULOOM_PROFILE_CACHE; 'none': keep none)")
+                        "(default ~/.cache/gpuloom/profiles or $GPULOOM_PROFILE_CACHE; 'none', '0' or 'off': keep none)")
     p.add_argument("--graph-cache", default=None, metavar="DIR",
                    help="where each compile's functional export graph is kept, filed under a hash of the graph "
                         "traced from the model's code (default ~/.cache/gpuloom/graphs or $GPULOOM_GRAPH_CACHE; "
@@ -205,6 +205,7 @@ def run(args: argparse.Namespace) -> int:
     if not names:
         print(f"warning: {args.repository} has no models: serving none until one is added and loaded with "
               f"POST /v2/repository/models/<name>/load", file=sys.stderr)
+    from gpuloom.cachedirs import is_off
     from gpuloom.runtime.service import InferenceService
 
     from gpuloom.profile.store import ProfileStore
@@ -225,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
                                    switch_interval_ms=args.switch_interval_ms, raw_launch=not args.torch_launch,
                                    workqueues=args.workqueues, complete_on=args.complete_on, outputs=args.outputs,
                                    measure_profiles=args.profile_missing == "measure",
-                                   profile_cache=None if args.profile_cache.strip().lower() == "none"
+                                   profile_cache=None if is_off(args.profile_cache)
                                    else args.profile_cache)  # as gpuloom cache --profile-cache reads it
     except (ValueError, TypeError, OSError) as e:  # TypeError: an option the policy does not take
         print(f"error: {e}", file=sys.stderr)

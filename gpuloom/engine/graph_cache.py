@@ -30,6 +30,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..cachedirs import is_off, user_cache_dir
+
 if TYPE_CHECKING:  # torch is imported where a graph is handled: `gpuloom cache` lists files without it
     import torch
 
@@ -41,19 +43,17 @@ FORMAT = 1
 #: use). A graph is 0.1-5 MB (mobilenet_v3_small 0.5 MB), and every edit of a model adds one.
 MAX_BYTES = 512 * 2**20
 SUFFIX = ".json"  # a graph's file: <key>.json (gpuloom cache lists and purges these too)
-_OFF = ("0", "off", "none", "false", "no")
 
 
 def cache_dir(setting: str | None = None) -> Path | None:
     """Where decomposed graphs are kept, or None when the cache is off. ``setting`` (a directory, or
     ``0``/``off``/``none``; ``gpuloom cache --graph-cache``) or else ``$GPULOOM_GRAPH_CACHE`` decides."""
     env = setting if setting is not None else os.environ.get("GPULOOM_GRAPH_CACHE")
-    if env is not None and env.strip().lower() in _OFF:
+    if is_off(env):
         return None
     if env:
         return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "gpuloom" / "graphs"
+    return user_cache_dir("graphs")
 
 
 def graph_key(ep: torch.export.ExportedProgram) -> str:

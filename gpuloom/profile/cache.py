@@ -20,6 +20,7 @@ import re
 from pathlib import Path
 from typing import Iterable
 
+from ..cachedirs import user_cache_dir
 from .store import Profile, ProfileError, write_profile
 
 __all__ = ["ProfileCache", "default_cache_dir", "fingerprint"]
@@ -29,8 +30,7 @@ def default_cache_dir() -> Path:
     """``$GPULOOM_PROFILE_CACHE``, else ``$XDG_CACHE_HOME/gpuloom/profiles``, else ``~/.cache/gpuloom/profiles``."""
     if os.environ.get("GPULOOM_PROFILE_CACHE"):
         return Path(os.environ["GPULOOM_PROFILE_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "gpuloom" / "profiles"
+    return user_cache_dir("profiles")
 
 
 def fingerprint(name: str, input_shapes: Iterable[Iterable[int]], input_dtypes: Iterable[str], max_batch: int,
