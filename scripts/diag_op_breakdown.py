@@ -10,7 +10,7 @@ kernel sum), then:
 * profiles ``--replays`` replays of the captured CUDA graph as a user calls it (``cm(x, zero_copy=
   True)``): per replay the span from its first kernel's start to its last kernel's end, the kernel
   time inside it (so the gaps between kernels), and the kernel names that take longest;
-* times the replay and eager with CUDA events, taking turns.
+* times the replay and eager with CUDA events, taking turns (``gpu.timing.median_ms_interleaved``).
 
 Needs a GPU; one JSON document (``--out``)::
 
@@ -76,25 +76,12 @@ def replay_trace(fn, replays: int) -> dict:
             "top_kernels_ms": [(n[:120], round(ms, 4)) for n, ms in top]}
 
 
-def time_calls(fn, calls: int) -> list[float]:
-    import torch
-
-    out = []
-    for _ in range(calls):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    return out
-
-
 def measure(name: str, batch: int, dtype: str, replays: int, rounds: int, calls: int) -> dict:
     import torch
 
     import gpuloom
     from gpuloom.engine.critical import op_kernel_ms
+    from gpuloom.gpu.timing import median_ms_interleaved
     from gpuloom.profile.profiler import load_model
 
     dt = getattr(torch, dtype)
@@ -118,13 +105,8 @@ def measure(name: str, batch: int, dtype: str, replays: int, rounds: int, calls:
             model(x)
 
     fns = {"gpuloom": lambda: cm(x, zero_copy=True), "eager": eager}
-    for fn in fns.values():
-        time_calls(fn, 20)
-    times = {k: [] for k in fns}
-    for r in range(rounds):
-        for k in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
-            times[k] += time_calls(fns[k], calls)
-    med = {k: round(statistics.median(v), 4) for k, v in times.items()}
+    med = {k: round(v, 4) for k, v in median_ms_interleaved(fns, warmup=20, iters=rounds * calls, rounds=rounds,
+                                                              cuda=True).items()}
     row = {"model": name, "batch": batch, "dtype": dtype, "compile_s": round(compile_s, 1),
            "kept": {str(b): k for b, k in cm.stream_choice.items()}, "dag_ops": len(cm.graph.ops), "rel_err": err,
            "ms": med, "over_eager": round(med["eager"] / med["gpuloom"], 3),

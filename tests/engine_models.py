@@ -34,6 +34,19 @@ class Branches(nn.Module):
         return sum(b(x) for b in self.branches)
 
 
+def randomize_batchnorm(model: nn.Module, spread: float = 0.5) -> nn.Module:
+    """Give every BatchNorm2d statistics and an affine map of its own (a fresh one is the identity, so a
+    wrong fold would not show); returns the model in eval mode."""
+    with torch.no_grad():
+        for mod in model.modules():
+            if isinstance(mod, nn.BatchNorm2d):
+                mod.running_mean.uniform_(-spread, spread)
+                mod.running_var.uniform_(0.5, 2.0)
+                mod.weight.uniform_(0.5, 1.5)
+                mod.bias.uniform_(-0.5, 0.5)
+    return model.eval()
+
+
 def transformer_encoder() -> nn.Module:
     layer = nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128, batch_first=True, dropout=0.0)
     return nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)

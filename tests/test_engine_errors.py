@@ -9,7 +9,7 @@ import torch.nn as nn
 import gpuloom
 from gpuloom.engine.compiled import default_buckets
 from gpuloom.engine.dag import CaptureError
-from engine_models import TwoInputs
+from engine_models import TwoInputs, randomize_batchnorm
 
 
 @pytest.fixture(scope="module")
@@ -141,14 +141,7 @@ def test_fx_fallback_when_export_fails(monkeypatch):
 def test_batchnorm_folds_into_convolutions():
     import torchvision
 
-    m = torchvision.models.resnet18(weights=None).eval()
-    # non-trivial statistics so a wrong fold would show
-    for mod in m.modules():
-        if isinstance(mod, nn.BatchNorm2d):
-            mod.running_mean.uniform_(-1, 1)
-            mod.running_var.uniform_(0.5, 2)
-            mod.weight.data.uniform_(0.5, 1.5)
-            mod.bias.data.uniform_(-0.5, 0.5)
+    m = randomize_batchnorm(torchvision.models.resnet18(weights=None), spread=1.0)  # so a wrong fold would show
     x = torch.randn(2, 3, 64, 64)
     folded = gpuloom.compile(m, (x,), max_batch=4)
     plain = gpuloom.compile(m, (x,), max_batch=4, fold_batchnorm=False)

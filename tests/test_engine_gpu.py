@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import gpuloom
-from engine_models import Branches, zoo
+from engine_models import Branches, randomize_batchnorm, zoo
 
 pytestmark = pytest.mark.gpu
 
@@ -436,11 +436,7 @@ def test_fused_epilogues_are_compiles_default_and_equal_eager_on_gpu(name):
     import torchvision
 
     torch.manual_seed(0)
-    model = getattr(torchvision.models, name)(weights=None).eval().cuda()
-    for mod in model.modules():
-        if isinstance(mod, torch.nn.BatchNorm2d):  # folding matters only with statistics of its own
-            mod.running_mean.uniform_(-0.5, 0.5)
-            mod.running_var.uniform_(0.5, 2.0)
+    model = randomize_batchnorm(getattr(torchvision.models, name)(weights=None)).cuda()
     mk = lambda b: torch.randn(b, 3, 224, 224, device="cuda")
     cm = gpuloom.compile(model, mk(1), max_batch=4)
     assert cm.fused_epilogues > 0

@@ -11,6 +11,7 @@ import torch.nn as nn
 import gpuloom
 from gpuloom.engine import epilogue, fold
 from gpuloom.engine.dag import _export
+from engine_models import randomize_batchnorm
 
 
 class Patterns(nn.Module):
@@ -39,16 +40,6 @@ class Patterns(nn.Module):
         return self.c(8, m) * 2.0                            # a multiply: left
 
 
-def _randomize_bn(model: nn.Module) -> nn.Module:
-    for mod in model.modules():
-        if isinstance(mod, nn.BatchNorm2d):
-            mod.running_mean.uniform_(-0.5, 0.5)
-            mod.running_var.uniform_(0.5, 2.0)
-            mod.weight.data.uniform_(0.5, 1.5)
-            mod.bias.data.uniform_(-0.5, 0.5)
-    return model.eval()
-
-
 def _fused_graph(model, x):
     gm = _export(model, (x,), 4)
     fold.fold_batchnorm(gm)
@@ -58,7 +49,7 @@ def _fused_graph(model, x):
 
 def test_the_pass_takes_each_pattern_it_may_and_leaves_the_rest():
     torch.manual_seed(0)
-    model = _randomize_bn(Patterns())
+    model = randomize_batchnorm(Patterns())
     gm, fused = _fused_graph(model, torch.randn(1, 8, 12, 12))
     calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is epilogue.bias_act]
     got = sorted((n.args[2], n.args[3] is not None) for n in calls)
@@ -79,7 +70,7 @@ def test_compile_with_fused_epilogues_equals_eager_on_the_cpu(name, want):
     import torchvision
 
     torch.manual_seed(1)
-    model = _randomize_bn(getattr(torchvision.models, name)(weights=None))
+    model = randomize_batchnorm(getattr(torchvision.models, name)(weights=None))
     cm = gpuloom.compile(model, torch.randn(1, 3, 64, 64), max_batch=4, fuse_epilogues=True)
     assert cm.fused_epilogues == want  # resnet18: its convolutions end in ReLUs, cuDNN's to fuse
     x = torch.randn(3, 3, 64, 64)
@@ -88,7 +79,7 @@ def test_compile_with_fused_epilogues_equals_eager_on_the_cpu(name, want):
 
 
 def test_compile_leaves_epilogues_alone_on_the_cpu_by_default_and_checks_the_option():
-    m = _randomize_bn(nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.SiLU()))
+    m = randomize_batchnorm(nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.SiLU()))
     assert gpuloom.compile(m, torch.randn(1, 3, 8, 8), max_batch=2).fused_epilogues == 0
     assert gpuloom.compile(m, torch.randn(1, 3, 8, 8), max_batch=2, fuse_epilogues=True).fused_epilogues == 1
     with pytest.raises(ValueError, match="fuse_epilogues must be True, False or None"):

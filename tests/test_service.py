@@ -207,6 +207,32 @@ def test_a_compiled_model_with_fused_convolutions_is_refused_where_the_config_sa
         svc.close()
 
 
+def test_a_compiled_model_with_fused_epilogues_is_refused_and_the_service_compiles_without():
+    """compile fuses convolution epilogues by default on CUDA; the service's profiles were made
+    without, so a CompiledModel with them is refused with what to do, and a model the service
+    compiles itself gets ModelConfig.compile_options (fuse_epilogues=False)."""
+    import torch
+
+    import gpuloom
+
+    conv, spec, svc = _small_conv_net()
+    silu = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.SiLU(),
+                               torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 5)).eval()
+    try:
+        cm = gpuloom.compile(silu, torch.randn(1, 3, 6, 6), max_batch=4, input_names=["x"], channels_last=False,
+                             fuse_epilogues=True)  # on the CPU: the same graph with eager's ops
+        assert cm.fused_epilogues == 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises(ValueError, match="epilogues of 1 convolutions .* compile it with fuse_epilogues=False"):
+                svc.load(ModelConfig("epi", spec, max_batch=4, slo_ms=500), cm)
+            svc.load(ModelConfig("epi", spec, max_batch=4, slo_ms=500), silu)
+        assert svc._models["epi"].runner.graph.fused_epilogues == 0
+        _assert_serves_eager(svc, "epi", silu, rows=2, seed=4)
+    finally:
+        svc.close()
+
+
 def test_launch_on_auto_runs_batches_inline_on_the_cpu_and_on_the_loop_elsewhere():
     """The default (``"auto"``): on the CPU device the runtime's thread runs each batch itself (no
     watcher hand-off); on any other device (here the fake) the watcher waits for it as before."""

@@ -44,6 +44,7 @@ small batch's few output rows leave most SMs idle; see :mod:`gpuloom.engine.gemm
 from __future__ import annotations
 
 import operator
+from collections.abc import Iterator
 
 import torch
 import torch.fx as fx
@@ -301,6 +302,18 @@ def _same_tensor_type(a: fx.Node, b: fx.Node) -> bool:
             and va.dtype == vb.dtype and va.dim() == 4 and va.dtype in _FUSED_DTYPES)
 
 
+def _biased_convolutions(g: fx.Graph, outputs: set) -> Iterator[tuple[fx.Node, tuple, fx.Node]]:
+    """Each 2-D convolution of ``g`` with a bias whose value has one reader and is no graph output:
+    ``(convolution, its _conv2d_params, the reader)``, in graph order (a pass may rewrite each)."""
+    for conv in list(g.nodes):
+        params = _conv2d_params(conv)
+        if params is None or not isinstance(params[0], fx.Node) or not isinstance(params[2], fx.Node):
+            continue
+        user = _only_user(conv, outputs)
+        if user is not None:
+            yield conv, params, user
+
+
 def fuse_convolutions(gm: fx.GraphModule) -> int:
     """Fuse convolution + bias (+ residual add) + ReLU / ReLU6 into cuDNN's fused convolutions, in
     place (see the module docstring). Only for graphs that run on CUDA with cuDNN: the fused ops have
@@ -308,15 +321,9 @@ def fuse_convolutions(gm: fx.GraphModule) -> int:
     g = gm.graph
     outputs = {a for n in g.nodes if n.op == "output" for a in n.all_input_nodes}
     fused = 0
-    for conv in list(g.nodes):
-        params = _conv2d_params(conv)
-        if params is None:
-            continue
+    for conv, params, user in _biased_convolutions(g, outputs):
         x, w, b, stride, padding, dilation, groups = params
-        if groups != 1 or not isinstance(b, fx.Node) or not isinstance(x, fx.Node):
-            continue
-        user = _only_user(conv, outputs)
-        if user is None:
+        if groups != 1:
             continue
         relu6 = (user.target is _HARDTANH and tuple(user.args[1:3]) == (0.0, 6.0) and not user.kwargs
                  or user.target is _RELU6)
@@ -377,16 +384,8 @@ def fuse_epilogues(gm: fx.GraphModule) -> int:
     g = gm.graph
     outputs = {a for n in g.nodes if n.op == "output" for a in n.all_input_nodes}
     fused = 0
-    for conv in list(g.nodes):
-        params = _conv2d_params(conv)
-        if params is None:
-            continue
+    for conv, params, user in _biased_convolutions(g, outputs):
         x, w, b, stride, padding, dilation, groups = params
-        if not isinstance(b, fx.Node) or not isinstance(x, fx.Node):
-            continue
-        user = _only_user(conv, outputs)
-        if user is None:
-            continue
         residual, last = None, user
         act = _epilogue_activation(user)
         if act is None:
