@@ -96,6 +96,23 @@ def test_a_split_gemm_profile_says_so_and_the_default_compiles_without():
         make_runner(spec, (1, 2), runner="graph", device="cpu", split_gemms=True)
 
 
+def test_a_fused_epilogue_profile_says_so_and_the_default_compiles_without():
+    """fuse_epilogues, like split GEMMs: named in the profile's runner; the runner compiles without it
+    by default, as the service does, though compile's own default is on for CUDA (on the CPU asking
+    for it runs the rewritten graph with eager's ops)."""
+    from gpuloom.profile.profiler import EngineRunner, engine_kind, make_runner
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.SiLU()).eval()
+    spec = ModelSpec("net", net, ((3, 8, 8),), (torch.float32,))
+    assert engine_kind(fuse_epilogues=True) == "engine:fuse_epilogues=true"
+    assert engine_kind(False, False, True, True) == "engine:split_gemms=true,fuse_epilogues=true"
+    assert EngineRunner(spec, (1, 2), device="cpu").cm.fused_epilogues == 0
+    fused = EngineRunner(spec, (1, 2), device="cpu", fuse_epilogues=True)
+    assert fused.cm.fused_epilogues == 1 and fused.kind == "engine:fuse_epilogues=true"
+    with pytest.raises(ValueError, match="fuse_epilogues is gpuloom.compile's option"):
+        make_runner(spec, (1, 2), runner="graph", device="cpu", fuse_epilogues=True)
+
+
 def test_profile_command_rejects_a_bad_batch_list(capsys):
     from gpuloom.cli import main
 

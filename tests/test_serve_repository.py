@@ -31,14 +31,16 @@ def test_example_repository_reads_and_builds_with_its_weights():
 
 
 def test_channels_last_and_fusion_reach_the_model_config(tmp_path):
-    text = (REPO / "tiny_cnn.yaml").read_text() + "\nchannels_last: auto\nfuse_convolutions: channels_last\nsplit_gemms: true\n"
+    text = (REPO / "tiny_cnn.yaml").read_text() + "\nchannels_last: auto\nfuse_convolutions: channels_last\nsplit_gemms: true\nfuse_epilogues: true\n"
     path = tmp_path / "tiny_cnn.yaml"
     path.write_text(text)
     (tmp_path / "nets.py").write_text((REPO / "nets.py").read_text())
     config, _ = load_repository(path).models["tiny_cnn"].build()
     assert config.channels_last == "auto" and config.fuse_convolutions == "channels_last" and config.split_gemms is True
+    assert config.fuse_epilogues is True
     default, _ = load_repository(REPO / "tiny_cnn.yaml").models["tiny_cnn"].build()
     assert default.channels_last is False and default.fuse_convolutions is False and default.split_gemms is False
+    assert default.fuse_epilogues is False
 
 
 def test_outputs_are_found_by_running_the_model_when_not_written():
@@ -71,6 +73,8 @@ def _write(tmp_path, text, name="m.yaml"):
      "fuse_convolutions must be true, false or channels_last"),
     ("name: a\nsource: x:y\ninputs: [{name: x, shape: [3]}]\nsplit_gemms: 1\n",
      "split_gemms must be true or false, found 1"),
+    ("name: a\nsource: x:y\ninputs: [{name: x, shape: [3]}]\nfuse_epilogues: yes please\n",
+     "fuse_epilogues must be true or false, found 'yes please'"),
 ])
 def test_repository_mistakes_name_the_field(tmp_path, text, needle):
     with pytest.raises(RepositoryError, match=None) as e:

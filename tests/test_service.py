@@ -207,10 +207,11 @@ def test_a_compiled_model_with_fused_convolutions_is_refused_where_the_config_sa
         svc.close()
 
 
-def test_a_compiled_model_with_fused_epilogues_is_refused_and_the_service_compiles_without():
-    """compile fuses convolution epilogues by default on CUDA; the service's profiles were made
-    without, so a CompiledModel with them is refused with what to do, and a model the service
-    compiles itself gets ModelConfig.compile_options (fuse_epilogues=False)."""
+def test_a_compiled_model_with_fused_epilogues_is_refused_unless_its_config_says_so():
+    """compile fuses convolution epilogues by default on CUDA; the service's default profiles were
+    made without, so a CompiledModel with them is refused with what to do unless its config says
+    ModelConfig(fuse_epilogues=True); a model the service compiles itself gets compile_options (on
+    the CPU never fused: nothing to gain there); a bad value is refused."""
     import torch
 
     import gpuloom
@@ -224,13 +225,19 @@ def test_a_compiled_model_with_fused_epilogues_is_refused_and_the_service_compil
         assert cm.fused_epilogues == 1
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with pytest.raises(ValueError, match="epilogues of 1 convolutions .* compile it with fuse_epilogues=False"):
+            with pytest.raises(ValueError, match="epilogues of 1 convolutions as one kernel each but ModelConfig.fuse_epilogues is False"):
                 svc.load(ModelConfig("epi", spec, max_batch=4, slo_ms=500), cm)
-            svc.load(ModelConfig("epi", spec, max_batch=4, slo_ms=500), silu)
-        assert svc._models["epi"].runner.graph.fused_epilogues == 0
+            svc.load(ModelConfig("epi", spec, max_batch=4, slo_ms=500, fuse_epilogues=True), cm)
+            svc.load(ModelConfig("own", spec, max_batch=4, slo_ms=500, fuse_epilogues=True), silu)
+        assert svc._models["epi"].runner.graph.fused_epilogues == 1
+        assert svc._models["own"].runner.graph.fused_epilogues == 0  # the CPU: compile_options says no
         _assert_serves_eager(svc, "epi", silu, rows=2, seed=4)
     finally:
         svc.close()
+    with pytest.raises(ValueError, match="fuse_epilogues must be true or false"):
+        ModelConfig("bad", spec, fuse_epilogues="yes")
+    config = ModelConfig("m", spec, fuse_epilogues=True)
+    assert config.compile_options("cuda")["fuse_epilogues"] and not config.compile_options("cpu")["fuse_epilogues"]
 
 
 def test_launch_on_auto_runs_batches_inline_on_the_cpu_and_on_the_loop_elsewhere():

@@ -56,6 +56,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split-gemms", choices=("false", "true"), default="false",
                    help="compile as a served model with this split_gemms would be (repository key split_gemms): "
                         "true splits float32 GEMMs' reduction where timed faster, on each partition")
+    p.add_argument("--fuse-epilogues", choices=("false", "true"), default="false",
+                   help="compile as a served model with this fuse_epilogues would be (repository key "
+                        "fuse_epilogues): true runs each convolution's bias (+ add) + SiLU / sigmoid / ReLU6 as "
+                        "one kernel")
     p.add_argument("--out", default="out/profiles", help="directory for <model>.json and <model>.png")
     p.add_argument("--store", default=None, help="also put the profiles into this ProfileStore directory")
     p.add_argument("--no-png", action="store_true", help="skip the plots")
@@ -100,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
                                  eps=args.eps, log=console.print,
                                  channels_last=_option(args.channels_last),
                                  fuse_convolutions=_option(args.fuse_convolutions),
-                                 split_gemms=_option(args.split_gemms))
+                                 split_gemms=_option(args.split_gemms),
+                                 fuse_epilogues=_option(args.fuse_epilogues))
         paths = write_outputs(prof_run, args.out, eps=args.eps, png=not args.no_png)
         if store is not None:
             store.put(prof_run.profile)

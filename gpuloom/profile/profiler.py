@@ -241,15 +241,16 @@ class _EngineCaptured:
 
 
 def engine_kind(channels_last: bool | str = False, fuse_convolutions: bool | str = False,
-                split_gemms: bool = False) -> str:
+                split_gemms: bool = False, fuse_epilogues: bool = False) -> str:
     """What a profile of ``gpuloom.compile`` graphs timed (its ``runner``): ``engine``, or with the
     options that change it, ``engine:channels_last=true,fuse_convolutions=channels_last``. A model
-    served with channels_last, fused convolutions or split GEMMs needs a profile made so. All default
+    served with channels_last, fused convolutions, split GEMMs or fused epilogues needs a profile made so. All default
     to what the service compiles a model with by default (ModelConfig), not to gpuloom.compile's own
     defaults."""
     options = [f"{k}={str(v).lower()}" for k, v in (("channels_last", channels_last),
                                                      ("fuse_convolutions", fuse_convolutions),
-                                                     ("split_gemms", split_gemms)) if v is not False]
+                                                     ("split_gemms", split_gemms),
+                                                     ("fuse_epilogues", fuse_epilogues)) if v is not False]
     return "engine" + (":" + ",".join(options) if options else "")
 
 
@@ -264,11 +265,12 @@ class EngineRunner:
 
     def __init__(self, spec: ModelSpec, buckets: Sequence[int], device: str | torch.device = "cuda",
                  streams: str | int = "auto", channels_last: bool | str = False,
-                 fuse_convolutions: bool | str = False, compiled: Any = None, split_gemms: bool = False) -> None:
+                 fuse_convolutions: bool | str = False, compiled: Any = None, split_gemms: bool = False,
+                 fuse_epilogues: bool = False) -> None:
         import gpuloom
 
         self.spec, self.buckets = spec, tuple(sorted(buckets))
-        self.kind = engine_kind(channels_last, fuse_convolutions, split_gemms)
+        self.kind = engine_kind(channels_last, fuse_convolutions, split_gemms, fuse_epilogues)
         if compiled is not None:  # compiled already, with these options (the service, at a model's load)
             self.cm = compiled
         else:
@@ -276,7 +278,7 @@ class EngineRunner:
             self.cm = gpuloom.compile(spec.module, tuple(example), max_batch=self.buckets[-1], streams=streams,
                                       device=device, buckets=self.buckets, channels_last=channels_last,
                                       fuse_convolutions=fuse_convolutions, split_gemms=split_gemms,
-                                      fuse_epilogues=False)  # as the service compiles (compile_options)
+                                      fuse_epilogues=fuse_epilogues)  # the service's default: False
         from ..engine.compiled import capture_groups
 
         self.choice = {b: ch for ch, bs in capture_groups(self.cm).items() for b in bs}
@@ -309,20 +311,21 @@ class EngineRunner:
 
 def make_runner(spec: ModelSpec, buckets: Sequence[int], *, runner: str = "auto", device: str = "cuda",
                 log: Callable[[str], None] = print, channels_last: bool | str = False,
-                fuse_convolutions: bool | str = False, split_gemms: bool = False) -> Runner:
+                fuse_convolutions: bool | str = False, split_gemms: bool = False,
+                fuse_epilogues: bool = False) -> Runner:
     """``runner="engine"``, ``"graph"`` or ``"auto"`` (the engine, falling back to a plain graph).
-    ``channels_last``, ``fuse_convolutions``, ``split_gemms``: the engine's options (``gpuloom.compile``),
-    as a served model's config sets them; a plain graph runs the model as written."""
+    ``channels_last``, ``fuse_convolutions``, ``split_gemms``, ``fuse_epilogues``: the engine's options
+    (``gpuloom.compile``), as a served model's config sets them; a plain graph runs the model as written."""
     if runner not in ("auto", "engine", "graph"):
         raise ValueError(f"runner: expected 'auto', 'engine' or 'graph', got {runner!r}")
     for option, value in (("channels_last", channels_last), ("fuse_convolutions", fuse_convolutions),
-                          ("split_gemms", split_gemms)):
+                          ("split_gemms", split_gemms), ("fuse_epilogues", fuse_epilogues)):
         if value is not False and runner == "graph":
             raise ValueError(f"{option} is gpuloom.compile's option: it needs runner 'engine' or 'auto'")
     if runner in ("auto", "engine"):
         try:
             return EngineRunner(spec, buckets, device, channels_last=channels_last, fuse_convolutions=fuse_convolutions,
-                                split_gemms=split_gemms)
+                                split_gemms=split_gemms, fuse_epilogues=fuse_epilogues)
         except Exception as e:  # noqa: BLE001 - the fallback is documented; say why it was taken
             if runner == "engine":
                 raise
@@ -404,7 +407,7 @@ def profile_model(spec: ModelSpec, *, batches: Sequence[int] = DEFAULT_BATCHES, 
                   predict: bool = True, knee_method: str = DEFAULT_VARIANT, warmup: int = 2, min_reps: int = 5,
                   max_reps: int = 40, target_ms: float = 40.0, log: Callable[[str], None] = print,
                   channels_last: bool | str = False, fuse_convolutions: bool | str = False,
-                  split_gemms: bool = False) -> ProfileRun:
+                  split_gemms: bool = False, fuse_epilogues: bool = False) -> ProfileRun:
     """Measure ``spec``'s latency on every (batch, SM count) of the grid, inside real partitions.
 
     ``sms`` defaults to the device's grid (granularity steps up to the whole device). Returns a
@@ -423,7 +426,7 @@ def profile_model(spec: ModelSpec, *, batches: Sequence[int] = DEFAULT_BATCHES, 
     if isinstance(runner, str):
         run_obj = make_runner(spec, batches, runner=runner, device=f"cuda:{device}", log=log,
                               channels_last=channels_last, fuse_convolutions=fuse_convolutions,
-                              split_gemms=split_gemms)
+                              split_gemms=split_gemms, fuse_epilogues=fuse_epilogues)
     else:
         run_obj = runner
     setup = time.perf_counter() - t0

@@ -136,6 +136,11 @@ class ModelConfig:
     # on each partition the model is captured on. False here, where compile's own default is on for
     # CUDA: the shipped profiles were timed without it (a model served with it is profiled so at load)
     split_gemms: bool = False
+    # gpuloom.compile's fuse_epilogues: each convolution's bias (+ residual add) + SiLU / sigmoid / ReLU6
+    # as one kernel (efficientnet_b0 1.15x, mobilenet_v2 1.11x at batch 1 on the whole H200, engine runs
+    # 136-138). False here, where compile's own default is on for CUDA: the shipped profiles were timed
+    # without it (a model served with it is profiled so at load, or with `gpuloom profile --fuse-epilogues`)
+    fuse_epilogues: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))
@@ -162,6 +167,8 @@ class ModelConfig:
                              f"got {self.fuse_convolutions!r}")
         if not isinstance(self.split_gemms, bool):
             raise ValueError(f"model {self.name!r}: split_gemms must be true or false, got {self.split_gemms!r}")
+        if not isinstance(self.fuse_epilogues, bool):
+            raise ValueError(f"model {self.name!r}: fuse_epilogues must be true or false, got {self.fuse_epilogues!r}")
 
     def compile_options(self, device_type: str) -> dict:
         """``gpuloom.compile``'s keyword options for this model on ``device_type`` ("cuda" or "cpu"):
@@ -170,8 +177,7 @@ class ModelConfig:
         that differs (compile's own defaults split float32 GEMMs on CUDA, the service's not)."""
         return {"channels_last": self.channels_last, "fuse_convolutions": self.fuse_convolutions,
                 "split_gemms": self.split_gemms and device_type == "cuda",
-                # not (yet) a config of its own: the shipped profiles were timed with eager's epilogues
-                "fuse_epilogues": False}
+                "fuse_epilogues": self.fuse_epilogues and device_type == "cuda"}
 
     @functools.cached_property
     def input_names(self) -> frozenset[str]:
@@ -1383,11 +1389,11 @@ class InferenceService:
                 raise ValueError(f"model {config.name!r}: the CompiledModel splits the GEMMs of {cm.split_linears} "
                                  f"linear layers but ModelConfig.split_gemms is False (its profile was made without); "
                                  f"compile it with split_gemms=False or set ModelConfig(split_gemms=True)")
-            if cm.fused_epilogues:  # likewise: compile's default on CUDA, not the service's profiles'
+            if config.fuse_epilogues is False and cm.fused_epilogues:  # likewise: compile's default on CUDA
                 raise ValueError(f"model {config.name!r}: the CompiledModel runs the epilogues of "
-                                 f"{cm.fused_epilogues} convolutions as one kernel each, which the service's "
-                                 f"profiles were not made with; compile it with fuse_epilogues=False "
-                                 f"(ModelConfig.compile_options gives the service's options)")
+                                 f"{cm.fused_epilogues} convolutions as one kernel each but "
+                                 f"ModelConfig.fuse_epilogues is False (its profile was made without); compile it "
+                                 f"with fuse_epilogues=False or set ModelConfig(fuse_epilogues=True)")
         elif isinstance(module, torch.nn.Module):
             module = module.eval().to(dev)
             try:  # one eager sample first: a config that does not fit the model is the user's to fix, and
@@ -1463,7 +1469,8 @@ class InferenceService:
         from ..profile.profiler import EngineRunner, ModelSpec, engine_kind, profile_model
 
         index = getattr(self.device, "device", 0)
-        kind = engine_kind(config.channels_last, config.fuse_convolutions, config.split_gemms)
+        kind = engine_kind(config.channels_last, config.fuse_convolutions, config.split_gemms,
+                           config.fuse_epilogues)
         try:
             facts = device_facts(index)
             gm = runner.graph.module
@@ -1481,7 +1488,8 @@ class InferenceService:
                      config.name, len(facts.grid()), len(runner.buckets))
             measured = profile_model(spec, batches=runner.buckets, runner=EngineRunner(spec, runner.buckets,
                                      compiled=runner, channels_last=config.channels_last,
-                                     fuse_convolutions=config.fuse_convolutions, split_gemms=config.split_gemms),
+                                     fuse_convolutions=config.fuse_convolutions, split_gemms=config.split_gemms,
+                                     fuse_epilogues=config.fuse_epilogues),
                                      device=index, predict=False, log=log.info)
             if cache is not None:
                 try:

@@ -19,6 +19,8 @@ A repository is one YAML file or a directory of them (``*.yaml``/``*.yml`` direc
         fuse_convolutions: false  # optional: true, or channels_last (the NHWC graph only): convolution
                                   # + bias + ReLU as one cuDNN call (GPU)
         split_gemms: false        # optional: true splits float32 GEMMs' reduction where timed faster (GPU)
+        fuse_epilogues: false     # optional: true runs a convolution's bias (+ add) + SiLU / sigmoid /
+                                  # ReLU6 as one kernel (GPU)
 
 Paths (weights, ``file.py`` sources) are relative to the YAML file. Weights are never unpickled as
 objects: safetensors, or ``torch.load(weights_only=True)`` which refuses anything but tensors and plain
@@ -50,7 +52,7 @@ __all__ = ["RepositoryError", "TensorEntry", "ModelEntry", "Repository", "load_r
 _TENSOR_KEYS = {"name", "shape", "dtype"}  # of one entry in inputs / outputs
 _ALLOWED_KEYS = {
     "name", "source", "kwargs", "weights", "inputs", "outputs", "max_batch", "slo_ms", "weight", "rate_hint", "seed",
-    "channels_last", "fuse_convolutions", "split_gemms",
+    "channels_last", "fuse_convolutions", "split_gemms", "fuse_epilogues",
 }
 
 
@@ -89,6 +91,7 @@ class ModelEntry:
     channels_last: bool | str = False  # gpuloom.compile's option: False, True or "auto"
     fuse_convolutions: bool | str = False  # gpuloom.compile's option: False, True or "channels_last"
     split_gemms: bool = False  # gpuloom.compile's option: float32 GEMMs split where timed faster (GPU)
+    fuse_epilogues: bool = False  # gpuloom.compile's option: conv bias (+ add) + activation in one kernel (GPU)
 
     # -- building ---------------------------------------------------------------------------
     def build(self):
@@ -125,6 +128,7 @@ class ModelEntry:
             channels_last=self.channels_last,
             fuse_convolutions=self.fuse_convolutions,
             split_gemms=self.split_gemms,
+            fuse_epilogues=self.fuse_epilogues,
         )
         return config, module
 
@@ -345,11 +349,15 @@ def parse_model(m: Any, origin: Path | None) -> ModelEntry:
     split = m.get("split_gemms", False)
     if not isinstance(split, bool):
         raise RepositoryError(f"{where}: split_gemms must be true or false, found {split!r}")
+    epilogues = m.get("fuse_epilogues", False)
+    if not isinstance(epilogues, bool):
+        raise RepositoryError(f"{where}: fuse_epilogues must be true or false, found {epilogues!r}")
     return ModelEntry(
         seed=seed,
         channels_last=channels_last,
         fuse_convolutions=fuse,
         split_gemms=split,
+        fuse_epilogues=epilogues,
         name=name,
         source=source,
         inputs=_tensors(m.get("inputs"), f"{where}: inputs"),
