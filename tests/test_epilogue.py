@@ -108,3 +108,25 @@ def test_the_kernel_takes_only_what_it_can_index():
     assert not epilogue._fits(y, torch.randn(4).double(), None)
     assert not epilogue._fits(y, torch.randn(4), y.contiguous(memory_format=torch.channels_last))  # other strides
     assert not epilogue._fits(y.int(), torch.randn(4).int(), None)
+
+
+def test_a_kernel_that_fails_falls_back_to_eagers_ops_once_and_for_all(monkeypatch, caplog):
+    # a GPU Triton cannot compile for must not stop a model: the first failure is logged, and from
+    # then on every call runs eager's ops (here the CPU stands in for the GPU, a raising launch for
+    # the kernel)
+    calls = []
+
+    def broken(kernel, *args):
+        calls.append(args)
+        raise RuntimeError("no kernel image is available for execution on the device")
+
+    monkeypatch.setattr(epilogue, "_on_gpu", lambda y: True)
+    monkeypatch.setattr(epilogue, "_kernel", lambda: object())
+    monkeypatch.setattr(epilogue, "_launch", broken)
+    monkeypatch.setattr(epilogue, "_failed", False)
+    y, b = torch.randn(1, 3, 4, 4), torch.randn(3)
+    with caplog.at_level("WARNING"):
+        for _ in range(3):
+            torch.testing.assert_close(epilogue.bias_act(y, b, "silu"), epilogue.reference(y, b, "silu"))
+    assert len(calls) == 1
+    assert "the fused kernel failed (RuntimeError: no kernel image" in caplog.text

@@ -16,13 +16,17 @@ layout the kernel does not take, no Triton) it runs the same ops as eager, one b
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
+
+log = logging.getLogger(__name__)
 
 ACTIVATIONS = ("none", "relu6", "silu", "sigmoid")
 _ACT_CODE = {a: i for i, a in enumerate(ACTIVATIONS)}
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _BLOCK = 1024
+_failed = False  # the kernel failed once in this process: eager's ops from then on
 
 
 def reference(y: torch.Tensor, bias: torch.Tensor, act: str, residual: torch.Tensor | None = None) -> torch.Tensor:
@@ -40,17 +44,37 @@ def reference(y: torch.Tensor, bias: torch.Tensor, act: str, residual: torch.Ten
 
 
 def bias_act(y: torch.Tensor, bias: torch.Tensor, act: str, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """``act((y + bias) [+ residual])``: one kernel on CUDA where it applies (see the module)."""
-    if y.is_cuda and _fits(y, bias, residual):
+    """``act((y + bias) [+ residual])``: one kernel on CUDA where it applies (see the module).
+
+    Should the kernel fail to build or launch (a GPU Triton cannot compile for), the first failure is
+    logged and every later call runs eager's ops: a model keeps serving, at eager's speed. A failure
+    inside a CUDA graph capture is raised (the warm-ups before it launched the same kernel)."""
+    global _failed
+    if _on_gpu(y) and not _failed and _fits(y, bias, residual):
         kernel = _kernel()
         if kernel is not None:
-            out = torch.empty_like(y)
-            n = y.numel()
-            kernel[(-(-n // _BLOCK),)](
-                y, bias, residual if residual is not None else y, out, n, y.shape[1], y.stride(1),
-                ACT=_ACT_CODE[act], HAS_RESIDUAL=residual is not None, BLOCK=_BLOCK, num_warps=4)
-            return out
+            try:
+                return _launch(kernel, y, bias, act, residual)
+            except Exception as e:  # noqa: BLE001 - the eager ops below compute the same
+                if y.is_cuda and torch.cuda.is_current_stream_capturing():
+                    raise
+                _failed = True
+                log.warning("gpuloom.engine.epilogue: the fused kernel failed (%s: %s); convolution epilogues "
+                            "run eager's ops from now on", type(e).__name__, e)
     return reference(y, bias, act, residual)
+
+
+def _launch(kernel, y: torch.Tensor, bias: torch.Tensor, act: str, residual: torch.Tensor | None) -> torch.Tensor:
+    out = torch.empty_like(y)
+    n = y.numel()
+    kernel[(-(-n // _BLOCK),)](
+        y, bias, residual if residual is not None else y, out, n, y.shape[1], y.stride(1),
+        ACT=_ACT_CODE[act], HAS_RESIDUAL=residual is not None, BLOCK=_BLOCK, num_warps=4)
+    return out
+
+
+def _on_gpu(y: torch.Tensor) -> bool:
+    return y.is_cuda
 
 
 def available() -> bool:
@@ -63,7 +87,7 @@ def _dense(t: torch.Tensor) -> bool:
 
 
 def _fits(y: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | None) -> bool:
-    """The kernel's assumptions: a dense 2-D to 5-D map whose channel is dimension 1, one contiguous
+    """The kernel's assumptions: a dense map of two or more dimensions, its channel dimension 1, one contiguous
     bias per channel, a residual laid out as ``y`` is, one dtype, offsets within int32."""
     if y.dtype not in _DTYPES or y.dim() < 2 or y.numel() == 0 or y.numel() >= 2**31 or not _dense(y):
         return False
