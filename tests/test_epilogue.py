@@ -130,3 +130,17 @@ def test_a_kernel_that_fails_falls_back_to_eagers_ops_once_and_for_all(monkeypat
             torch.testing.assert_close(epilogue.bias_act(y, b, "silu"), epilogue.reference(y, b, "silu"))
     assert len(calls) == 1
     assert "the fused kernel failed (RuntimeError: no kernel image" in caplog.text
+
+
+@pytest.mark.parametrize("options", [{"channels_last": True}, {"reinplace": True}])
+def test_fused_epilogues_compose_with_channels_last_and_reinplace(options):
+    # the NHWC pass runs after the epilogues (their inputs become channels-last), reinplace after both
+    import torchvision
+
+    torch.manual_seed(3)
+    model = randomize_batchnorm(torchvision.models.mobilenet_v2(weights=None))
+    cm = gpuloom.compile(model, torch.randn(1, 3, 64, 64), max_batch=2, fuse_epilogues=True, streams=1, **options)
+    assert cm.fused_epilogues == 45
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), model(x), rtol=1e-4, atol=1e-5)
