@@ -227,17 +227,26 @@ def variant_summary(rows: list[dict], columns: tuple[tuple[str, str], ...], *, r
     return out
 
 
-def split_rows(paths: list[str]) -> list[dict]:
-    """One row per (model, dtype, batch) timed with the split default and the fused one before it."""
+def successor_rows(paths: list[str], before: str, after: str, count: str, ratio: str) -> list[dict]:
+    """One row per (model, dtype, batch) timed with the default variant ``after`` and the default
+    ``before`` it (``gpuloom_<name>`` columns), with its ``count`` (what the new default changed),
+    the layout it kept, and the speedup of ``after`` over ``before`` as ``ratio``."""
+    old, new = f"gpuloom_{before}_ms", f"gpuloom_{after}_ms"
+
     def make_row(rec: dict, row: dict) -> dict | None:
-        keys = ("eager_ms", "gpuloom_cl_auto_fused_ms", "gpuloom_split_ms")
+        keys = ("eager_ms", old, new)
         if not all(row.get(k) for k in keys):
             return None
-        return {**{k: row[k] for k in keys}, "split_linears": rec.get("split_linears", 0),
-                "kept": rec.get("auto_choice_split", {}).get(str(row["batch"])),
-                "split_over_fused": round(row["gpuloom_cl_auto_fused_ms"] / row["gpuloom_split_ms"], 3)}
+        return {**{k: row[k] for k in keys}, count: rec.get(count, 0),
+                "kept": rec.get(f"auto_choice_{after}", {}).get(str(row["batch"])),
+                ratio: round(row[old] / row[new], 3)}
 
     return last_rows(paths, make_row)
+
+
+def split_rows(paths: list[str]) -> list[dict]:
+    """The split default against the fused one before it."""
+    return successor_rows(paths, "cl_auto_fused", "split", "split_linears", "split_over_fused")
 
 
 def split_summary(rows: list[dict]) -> dict:
@@ -248,16 +257,8 @@ def split_summary(rows: list[dict]) -> dict:
 
 
 def epilogue_rows(paths: list[str]) -> list[dict]:
-    """One row per (model, dtype, batch) timed with the epilogue default and the split one before it."""
-    def make_row(rec: dict, row: dict) -> dict | None:
-        keys = ("eager_ms", "gpuloom_split_ms", "gpuloom_epilogue_ms")
-        if not all(row.get(k) for k in keys):
-            return None
-        return {**{k: row[k] for k in keys}, "fused_epilogues": rec.get("fused_epilogues", 0),
-                "kept": rec.get("auto_choice_epilogue", {}).get(str(row["batch"])),
-                "epilogue_over_split": round(row["gpuloom_split_ms"] / row["gpuloom_epilogue_ms"], 3)}
-
-    return last_rows(paths, make_row)
+    """The epilogue default against the split one before it."""
+    return successor_rows(paths, "split", "epilogue", "fused_epilogues", "epilogue_over_split")
 
 
 def epilogue_summary(rows: list[dict]) -> dict:

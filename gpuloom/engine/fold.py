@@ -314,6 +314,23 @@ def _biased_convolutions(g: fx.Graph, outputs: set) -> Iterator[tuple[fx.Node, t
             yield conv, params, user
 
 
+def _is_relu6(node: fx.Node) -> bool:
+    """``hardtanh(x, 0, 6)`` (how ``nn.ReLU6`` exports) or ``relu6(x)``."""
+    return (node.target is _HARDTANH and tuple(node.args[1:3]) == (0.0, 6.0) and not node.kwargs
+            or node.target is _RELU6 and len(node.args) == 1 and not node.kwargs)
+
+
+def _residual_of(conv: fx.Node, add: fx.Node) -> fx.Node | None:
+    """The other operand of ``add`` when it is a plain two-operand add of ``conv``'s value and another
+    value of its shape and dtype (a residual connection), else None."""
+    if add.target is not _ADD or add.kwargs or len(add.args) != 2:
+        return None
+    z = add.args[1] if add.args[0] is conv else add.args[0]
+    if not isinstance(z, fx.Node) or z is conv or not _same_tensor_type(conv, z):
+        return None
+    return z
+
+
 def fuse_convolutions(gm: fx.GraphModule) -> int:
     """Fuse convolution + bias (+ residual add) + ReLU / ReLU6 into cuDNN's fused convolutions, in
     place (see the module docstring). Only for graphs that run on CUDA with cuDNN: the fused ops have
@@ -325,8 +342,7 @@ def fuse_convolutions(gm: fx.GraphModule) -> int:
         x, w, b, stride, padding, dilation, groups = params
         if groups != 1:
             continue
-        relu6 = (user.target is _HARDTANH and tuple(user.args[1:3]) == (0.0, 6.0) and not user.kwargs
-                 or user.target is _RELU6)
+        relu6 = _is_relu6(user)
         if (user.target is _RELU or relu6) and _same_tensor_type(conv, user):
             with g.inserting_before(user):
                 new = g.call_function(_CONV_RELU, (x, w, b, stride, padding, dilation, groups))
@@ -340,12 +356,9 @@ def fuse_convolutions(gm: fx.GraphModule) -> int:
             g.erase_node(conv)
             fused += 1
             continue
-        if user.target is not _ADD or user.kwargs or len(user.args) != 2:
-            continue
-        relu = _only_user(user, outputs)
-        z = user.args[1] if user.args[0] is conv else user.args[0]
-        if (relu is None or relu.target is not _RELU or not isinstance(z, fx.Node) or z is conv
-                or not _same_tensor_type(conv, z) or not _same_tensor_type(conv, relu)):
+        z = _residual_of(conv, user)
+        relu = _only_user(user, outputs) if z is not None else None
+        if relu is None or relu.target is not _RELU or not _same_tensor_type(conv, relu):
             continue
         with g.inserting_before(relu):
             new = g.call_function(_CONV_ADD_RELU, (x, w, z, 1.0, b, stride, padding, dilation, groups))
@@ -372,8 +385,7 @@ def _epilogue_activation(node: fx.Node | None) -> str | None:
         return "silu"
     if node.target is _SIGMOID and len(node.args) == 1 and not node.kwargs:
         return "sigmoid"
-    if (node.target is _HARDTANH and tuple(node.args[1:3]) == (0.0, 6.0) and not node.kwargs
-            or node.target is _RELU6 and len(node.args) == 1 and not node.kwargs):
+    if _is_relu6(node):
         return "relu6"
     return None
 
@@ -389,12 +401,9 @@ def fuse_epilogues(gm: fx.GraphModule) -> int:
         residual, last = None, user
         act = _epilogue_activation(user)
         if act is None:
-            if user.target is not _ADD or user.kwargs or len(user.args) != 2:
+            residual = _residual_of(conv, user)
+            if residual is None:
                 continue
-            z = user.args[1] if user.args[0] is conv else user.args[0]
-            if not isinstance(z, fx.Node) or z is conv or not _same_tensor_type(conv, z):
-                continue
-            residual = z
             after = _only_user(user, outputs)
             if after is not None and after.target is _RELU:
                 continue  # cuDNN's convolution + bias + add + ReLU (fuse_convolutions) does all four
