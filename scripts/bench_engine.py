@@ -162,8 +162,11 @@ def bench_model(name: str, dtype: torch.dtype, batches: list[int], args) -> dict
             suffix = key.removeprefix("gpuloom_")
             rec[f"compile_s_{suffix}"] = round(time.perf_counter() - t1, 2)
             rec[f"auto_choice_{suffix}"] = {str(b): k for b, k in experiments[key].stream_choice.items()}
-            if experiments[key].fused_epilogues:
-                rec["fused_epilogues"] = experiments[key].fused_epilogues
+            if experiments[key].fused_epilogues:  # (fewer with the gates, which take some convolutions)
+                rec["fused_epilogues" if key == "gpuloom_epilogue" else f"fused_epilogues_{suffix}"] = \
+                    experiments[key].fused_epilogues
+            if experiments[key].fused_gates:
+                rec["fused_gates"] = experiments[key].fused_gates
             if experiments[key].split_linears:
                 from gpuloom.engine import gemm
 
@@ -233,6 +236,10 @@ EXPERIMENTS = {
     # SiLU / sigmoid / ReLU6 in one kernel (gpuloom.engine.epilogue)
     "gpuloom_epilogue": {"channels_last": "auto", "fuse_convolutions": "channels_last", "split_gemms": True,
                          "fuse_epilogues": True},
+    # compile's default since the forty-first session: the above, and each squeeze-excitation gate in
+    # one kernel (gpuloom.engine.excitation)
+    "gpuloom_gates": {"channels_last": "auto", "fuse_convolutions": "channels_last", "split_gemms": True,
+                      "fuse_epilogues": True, "fuse_gates": True},
 }
 
 
@@ -241,7 +248,7 @@ def compile_options(option: dict) -> dict:
     unless the variant's ``option`` (an ``EXPERIMENTS`` entry, or {} for gpuloom auto) says otherwise,
     so that each column keeps the meaning it had in every earlier run."""
     return {"channels_last": False, "fuse_convolutions": False, "split_gemms": False, "fuse_epilogues": False,
-            **option}
+            "fuse_gates": False, **option}
 
 
 def add_ratios(row: dict) -> None:

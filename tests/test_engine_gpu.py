@@ -429,17 +429,42 @@ def test_the_epilogue_kernel_equals_eagers_ops_on_gpu(dtype, layout):
                 torch.testing.assert_close(got, want, **tol, msg=lambda m: f"{shape} {act} {res is not None}: {m}")
 
 
-@pytest.mark.parametrize("name", ["efficientnet_b0", "mobilenet_v2"])
-def test_fused_epilogues_are_compiles_default_and_equal_eager_on_gpu(name):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_gate_kernel_equals_eagers_ops_on_gpu(dtype):
+    """gpuloom.engine.excitation's Triton kernel (a squeeze-excitation gate: 1x1 convolution,
+    activation, 1x1 convolution, gate activation on a pooled map) against eager's four ops, for every
+    pair of activations, NCHW and NHWC weights, odd sizes and several tiles of hidden channels."""
+    from gpuloom.engine import excitation
+
+    assert excitation._kernel() is not None
+    torch.manual_seed(0)
+    for (n, c, hidden, out), fmt in (((3, 1152, 48, 1152), torch.contiguous_format), ((2, 7, 3, 5), torch.channels_last),
+                                     ((1, 960, 240, 960), torch.channels_last)):
+        p = torch.randn(n, c, 1, 1, device="cuda").to(dtype).contiguous(memory_format=torch.channels_last)
+        w1 = (torch.randn(hidden, c, 1, 1, device="cuda") / c ** 0.5).to(dtype).contiguous(memory_format=fmt)
+        w2 = (torch.randn(out, hidden, 1, 1, device="cuda") / hidden ** 0.5).to(dtype).contiguous(memory_format=fmt)
+        b1, b2 = torch.randn(hidden, device="cuda").to(dtype), torch.randn(out, device="cuda").to(dtype)
+        for act1 in excitation.HIDDEN_ACTIVATIONS:
+            for act2 in excitation.GATE_ACTIVATIONS:
+                got = excitation.gate(p, w1, b1, w2, b2, act1, act2)
+                want = excitation.reference(p, w1, b1, w2, b2, act1, act2)
+                tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-3, atol=2e-3)
+                torch.testing.assert_close(got, want, **tol, msg=lambda m: f"{(n, c, hidden, out)} {act1} {act2}: {m}")
+    assert not excitation._guard.failed
+
+
+@pytest.mark.parametrize("name, gates", [("efficientnet_b0", 16), ("mobilenet_v2", 0), ("mobilenet_v3_small", 9)])
+def test_fused_epilogues_are_compiles_default_and_equal_eager_on_gpu(name, gates):
     """compile's default on CUDA since the fortieth session runs each convolution's bias (+ add) +
-    SiLU / sigmoid / ReLU6 as one Triton kernel; every graph it keeps equals eager."""
+    SiLU / sigmoid / ReLU6 as one Triton kernel, since the forty-first each squeeze-excitation gate;
+    every graph it keeps equals eager."""
     import torchvision
 
     torch.manual_seed(0)
     model = randomize_batchnorm(getattr(torchvision.models, name)(weights=None)).cuda()
     mk = lambda b: torch.randn(b, 3, 224, 224, device="cuda")
     cm = gpuloom.compile(model, mk(1), max_batch=4)
-    assert cm.fused_epilogues > 0
+    assert cm.fused_epilogues > 0 and cm.fused_gates == gates
     for streams in (1, "max"):
         cm.capture(streams=streams)
     for batch in (1, 3, 4):

@@ -123,13 +123,13 @@ def test_a_kernel_that_fails_falls_back_to_eagers_ops_once_and_for_all(monkeypat
     monkeypatch.setattr(epilogue, "_on_gpu", lambda y: True)
     monkeypatch.setattr(epilogue, "_kernel", lambda: object())
     monkeypatch.setattr(epilogue, "_launch", broken)
-    monkeypatch.setattr(epilogue, "_failed", False)
+    monkeypatch.setattr(epilogue._guard, "failed", False)
     y, b = torch.randn(1, 3, 4, 4), torch.randn(3)
     with caplog.at_level("WARNING"):
         for _ in range(3):
             torch.testing.assert_close(epilogue.bias_act(y, b, "silu"), epilogue.reference(y, b, "silu"))
     assert len(calls) == 1
-    assert "the fused kernel failed (RuntimeError: no kernel image" in caplog.text
+    assert "the fused convolution epilogue kernel failed (RuntimeError: no kernel image" in caplog.text
 
 
 @pytest.mark.parametrize("options", [{"channels_last": True}, {"reinplace": True}])

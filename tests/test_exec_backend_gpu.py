@@ -598,3 +598,60 @@ def test_a_model_served_with_split_gemms_chooses_on_its_partition_and_equals_eag
             assert confined
     finally:
         svc.close()
+
+
+class GatedNet(torch.nn.Module):
+    """A convolution with a SiLU, a squeeze-excitation gate and a residual block: what gpuloom's own
+    Triton kernels (convolution epilogues, the gate) take."""
+
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.stem, self.bn = nn.Conv2d(3, width, 3, padding=1), nn.BatchNorm2d(width)
+        self.fc1, self.fc2 = nn.Conv2d(width, 8, 1), nn.Conv2d(8, width, 1)
+        self.proj, self.bn2 = nn.Conv2d(width, width, 3, padding=1), nn.BatchNorm2d(width)
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x):
+        f = torch.nn.functional
+        y = f.silu(self.bn(self.stem(x)))
+        y = y * torch.sigmoid(self.fc2(f.silu(self.fc1(f.adaptive_avg_pool2d(y, 1)))))
+        y = self.bn2(self.proj(y)) + y
+        return self.head(f.adaptive_avg_pool2d(y, 1).flatten(1))
+
+
+@pytest.mark.parametrize("policy", ["gslice", "dstack", "triton"])
+def test_gpuloom_kernels_serve_inside_partitions_equal_to_eager(policy, models):
+    """A model configured fuse_epilogues=True (gpuloom's Triton kernels: epilogues and gates) is
+    captured on its partition's streams (green contexts for gslice and dstack) and serves eager's
+    outputs beside another model, with the kernels themselves (not the eager fallback) running."""
+    import gpuloom
+    from gpuloom.engine import epilogue, excitation
+    from gpuloom.runtime.service import ModelConfig, TensorSpec
+
+    torch.manual_seed(0)
+    gated = GatedNet().eval().cuda()
+    cfg = ModelConfig("gated", (TensorSpec("x", (3, 32, 32), "float32"),), max_batch=8, slo_ms=200,
+                      fuse_epilogues=True)
+    cm = gpuloom.compile(gated, torch.randn(1, 3, 32, 32, device="cuda"), max_batch=8, input_names=["x"],
+                         **cfg.compile_options("cuda"))
+    assert cm.fused_epilogues == 2 and cm.fused_gates == 1
+    both = {"small": models["small"], "gated": (cfg, cm, gated)}
+    svc = serve(policy, both)
+    try:
+        rng = np.random.default_rng(1)
+        sent = []
+        for i in range(30):
+            name = "small" if i % 3 == 0 else "gated"
+            x = rng.standard_normal((1 + i % 4, 3, 32, 32)).astype(np.float32)
+            sent.append((name, x, svc.submit(name, {"x": x})))
+        for name, x, f in sent:
+            y = f.result(30)["output0"]
+            with svc.device.exclusive(), torch.inference_mode():
+                ref = both[name][2](torch.from_numpy(x).cuda()).cpu().numpy()
+            assert np.abs(y - ref).max() <= 1e-2 * max(1e-6, np.abs(ref).max()), (policy, name)
+        if policy != "triton":
+            assert any(not p.shared for p in svc._backend._lanes.layout.partitions)
+        assert not epilogue._guard.failed and not excitation._guard.failed
+    finally:
+        svc.close()

@@ -219,25 +219,38 @@ def test_a_compiled_model_with_fused_epilogues_is_refused_unless_its_config_says
     conv, spec, svc = _small_conv_net()
     silu = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.SiLU(),
                                torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 5)).eval()
+    gated = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Conv2d(8, 2, 1),
+                                torch.nn.ReLU(), torch.nn.Conv2d(2, 8, 1), torch.nn.Sigmoid(), torch.nn.Flatten(),
+                                torch.nn.Linear(8, 5)).eval()
     try:
         cm = gpuloom.compile(silu, torch.randn(1, 3, 6, 6), max_batch=4, input_names=["x"], channels_last=False,
                              fuse_epilogues=True)  # on the CPU: the same graph with eager's ops
         assert cm.fused_epilogues == 1
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with pytest.raises(ValueError, match="epilogues of 1 convolutions as one kernel each but ModelConfig.fuse_epilogues is False"):
+            with pytest.raises(ValueError, match="runs 1 convolution epilogues and 0 squeeze-excitation gates as "
+                                                 "gpuloom's own kernels but ModelConfig.fuse_epilogues is False"):
                 svc.load(ModelConfig("epi", spec, max_batch=4, slo_ms=500), cm)
+            gates = gpuloom.compile(gated, torch.randn(1, 3, 6, 6), max_batch=4, input_names=["x"],
+                                    channels_last=False, fuse_gates=True)
+            assert (gates.fused_gates, gates.fused_epilogues) == (1, 0)
+            with pytest.raises(ValueError, match="0 convolution epilogues and 1 squeeze-excitation gates"):
+                svc.load(ModelConfig("gated", spec, max_batch=4, slo_ms=500), gates)
+            svc.load(ModelConfig("gated", spec, max_batch=4, slo_ms=500, fuse_epilogues=True), gates)
             svc.load(ModelConfig("epi", spec, max_batch=4, slo_ms=500, fuse_epilogues=True), cm)
             svc.load(ModelConfig("own", spec, max_batch=4, slo_ms=500, fuse_epilogues=True), silu)
         assert svc._models["epi"].runner.graph.fused_epilogues == 1
         assert svc._models["own"].runner.graph.fused_epilogues == 0  # the CPU: compile_options says no
         _assert_serves_eager(svc, "epi", silu, rows=2, seed=4)
+        _assert_serves_eager(svc, "gated", gated, rows=3, seed=5)
     finally:
         svc.close()
     with pytest.raises(ValueError, match="fuse_epilogues must be true or false"):
         ModelConfig("bad", spec, fuse_epilogues="yes")
     config = ModelConfig("m", spec, fuse_epilogues=True)
-    assert config.compile_options("cuda")["fuse_epilogues"] and not config.compile_options("cpu")["fuse_epilogues"]
+    for option in ("fuse_epilogues", "fuse_gates"):  # one switch for gpuloom's own kernels
+        assert config.compile_options("cuda")[option] and not config.compile_options("cpu")[option]
+        assert not ModelConfig("m", spec).compile_options("cuda")[option]
 
 
 def test_launch_on_auto_runs_batches_inline_on_the_cpu_and_on_the_loop_elsewhere():

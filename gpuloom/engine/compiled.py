@@ -169,6 +169,12 @@ class CompiledModel:
         (``compile(fuse_epilogues=...)``, :mod:`gpuloom.engine.epilogue`); 0 where none."""
         return self.graph.fused_epilogues
 
+    @property
+    def fused_gates(self) -> int:
+        """Squeeze-excitation gates (1x1 convolution, activation, 1x1 convolution, gate) run as one
+        kernel each (``compile(fuse_gates=...)``, :mod:`gpuloom.engine.excitation`); 0 where none."""
+        return self.graph.fused_gates
+
     def _require_channels_last(self, kind: str) -> None:
         """ValueError, saying why, where ``kind`` (an executor) is missing: only the channels-last
         DAG's can be (``single``/``multi`` always exist)."""
@@ -411,6 +417,7 @@ def compile(
     fuse_convolutions: bool | str | None = None,
     split_gemms: bool | None = None,
     fuse_epilogues: bool | None = None,
+    fuse_gates: bool | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> CompiledModel:
     """Compile ``model`` ahead of time into multi-stream CUDA graphs, one per batch bucket.
@@ -468,6 +475,12 @@ def compile(
             kernel each. ReLUs stay ``fuse_convolutions``'s. Default (None): on for CUDA where Triton
             imports. ``True`` on the CPU runs the same rewritten graph with eager's ops (for tests).
             Results differ from eager's only by the activation's last bit.
+        fuse_gates: run each squeeze-excitation gate (on a pooled ``[N, C, 1, 1]`` map: 1x1
+            convolution, ReLU / SiLU, 1x1 convolution, sigmoid / hardsigmoid; EfficientNet's and
+            MobileNetV3's) as one kernel (``gpuloom.engine.excitation``, Triton) where eager runs two
+            GEMVs and their epilogues. Default (None): as ``fuse_epilogues``'s default. ``True`` on
+            the CPU runs the rewritten graph with eager's ops (for tests). Results differ from eager's
+            by the order of the sums (and TF32: the kernel multiplies in full float32).
         progress: called with a short message at each compile stage.
 
     Raises:
@@ -519,6 +532,10 @@ def compile(
         fuse_epilogues = dev.type == "cuda" and epilogue.available()
     elif not isinstance(fuse_epilogues, bool):
         raise ValueError(f"fuse_epilogues must be True, False or None, got {fuse_epilogues!r}")
+    if fuse_gates is None:
+        fuse_gates = dev.type == "cuda" and epilogue.available()
+    elif not isinstance(fuse_gates, bool):
+        raise ValueError(f"fuse_gates must be True, False or None, got {fuse_gates!r}")
     bucket_list = tuple(sorted(set(buckets))) if buckets is not None else default_buckets(max_batch)
     if bucket_list[0] < 1 or bucket_list[-1] != max_batch:
         raise ValueError(f"buckets must be positive and end at max_batch={max_batch}, got {bucket_list}")
@@ -527,7 +544,7 @@ def compile(
     graph = capture_graph(model, example_inputs, max_batch=max_batch, fold_batchnorm=fold_batchnorm,
                           reinplace=reinplace, channels_last=channels_last is True,
                           fuse_convolutions=fuse_cl if channels_last is True else fuse_convolutions is True,
-                          split_gemms=split_gemms, fuse_epilogues=fuse_epilogues)
+                          split_gemms=split_gemms, fuse_epilogues=fuse_epilogues, fuse_gates=fuse_gates)
     graph.module.to(dev)
     graph_cl = None
     if channels_last == "auto" and dev.type == "cuda":  # a timed choice: there is nothing to time on the CPU

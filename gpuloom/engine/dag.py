@@ -63,6 +63,7 @@ class OpGraph:
     fused_convolutions: int = 0  # convolutions fused with their bias and ReLU (fold.fuse_convolutions)
     split_linears: int = 0  # float32 linear layers whose GEMM may split K (fold.split_linears, gemm)
     fused_epilogues: int = 0  # convolutions whose bias (+ add) + activation run in one kernel (epilogue)
+    fused_gates: int = 0  # squeeze-excitation gates run as one kernel each (fold.fuse_gates, excitation)
     graph_from_cache: bool = False  # export's functional graph came from graph_cache (half the export skipped)
 
     @property
@@ -84,6 +85,7 @@ def capture_graph(
     fuse_convolutions: bool = False,
     split_gemms: bool = False,
     fuse_epilogues: bool = False,
+    fuse_gates: bool = False,
 ) -> OpGraph:
     """Capture ``model`` as an FX graph and build its operator DAG (see the module docstring).
 
@@ -93,7 +95,9 @@ def capture_graph(
     four export path only; see ``fold``); ``split_gemms`` runs float32 linear layers through
     :func:`gemm.linear` (K split where timed faster; CUDA only, export path only); ``fuse_epilogues``
     runs a convolution's bias, residual add and SiLU / sigmoid / ReLU6 as one :func:`epilogue.bias_act`
-    (export path only; after ``fuse_convolutions``, which takes the ReLUs).
+    (export path only; after ``fuse_convolutions``, which takes the ReLUs); ``fuse_gates`` runs each
+    squeeze-excitation gate as one :func:`excitation.gate` (export path only; before the convolution
+    passes, which would take its convolutions).
     """
     export_error: BaseException | None = None
     try:
@@ -101,6 +105,7 @@ def capture_graph(
         method = "export"
         folded = fold.fold_batchnorm(gm) if fold_batchnorm else 0
         fold.restore_batchnorm(gm)
+        gates = fold.fuse_gates(gm) if fuse_gates else 0
         # before reinplace, whose in-place ReLUs and adds it would no longer recognise
         fused = fold.fuse_convolutions(gm) if fuse_convolutions else 0
         epilogues = fold.fuse_epilogues(gm) if fuse_epilogues else 0
@@ -112,7 +117,7 @@ def capture_graph(
         try:
             gm = fx.symbolic_trace(model)
             method = "fx"
-            folded = fused = split = epilogues = 0
+            folded = fused = split = epilogues = gates = 0
         except Exception as fx_error:
             raise CaptureError(
                 f"gpuloom could not capture {type(model).__name__} as an operator graph.\n"
@@ -127,6 +132,7 @@ def capture_graph(
     graph.fused_convolutions = fused
     graph.split_linears = split
     graph.fused_epilogues = epilogues
+    graph.fused_gates = gates
     graph.channels_last_weights = nhwc  # 0 where the fx fallback took the model (no pass applies)
     graph.graph_from_cache = gm.meta.get(_FROM_CACHE, False)
     return graph
@@ -151,6 +157,7 @@ def channels_last_variant(graph: OpGraph, *, fuse_convolutions: bool = False) ->
     variant.fused_convolutions = graph.fused_convolutions or fused
     variant.split_linears = graph.split_linears  # (the copy keeps the graph's targets)
     variant.fused_epilogues = graph.fused_epilogues
+    variant.fused_gates = graph.fused_gates
     variant.channels_last_weights = converted
     return variant
 

@@ -26,7 +26,6 @@ ACTIVATIONS = ("none", "relu6", "silu", "sigmoid")
 _ACT_CODE = {a: i for i, a in enumerate(ACTIVATIONS)}
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _BLOCK = 1024
-_failed = False  # the kernel failed once in this process: eager's ops from then on
 
 
 def reference(y: torch.Tensor, bias: torch.Tensor, act: str, residual: torch.Tensor | None = None) -> torch.Tensor:
@@ -43,24 +42,40 @@ def reference(y: torch.Tensor, bias: torch.Tensor, act: str, residual: torch.Ten
     return v
 
 
-def bias_act(y: torch.Tensor, bias: torch.Tensor, act: str, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """``act((y + bias) [+ residual])``: one kernel on CUDA where it applies (see the module).
+class KernelGuard:
+    """Runs a fused kernel's launch, and eager's ops for good once it has failed.
 
-    Should the kernel fail to build or launch (a GPU Triton cannot compile for), the first failure is
-    logged and every later call runs eager's ops: a model keeps serving, at eager's speed. A failure
+    A GPU Triton cannot compile for (or any other failure to build or launch) must not stop a model:
+    the first failure is logged and every later call runs eager's ops, at eager's speed. A failure
     inside a CUDA graph capture is raised (the warm-ups before it launched the same kernel)."""
-    global _failed
-    if _on_gpu(y) and not _failed and _fits(y, bias, residual):
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.failed = False
+
+    def __call__(self, launch, eager, tensor: torch.Tensor):
+        if not self.failed:
+            try:
+                return launch()
+            except Exception as e:  # noqa: BLE001 - eager's ops compute the same
+                if tensor.is_cuda and torch.cuda.is_current_stream_capturing():
+                    raise
+                self.failed = True
+                log.warning("gpuloom.engine: the fused %s kernel failed (%s: %s); eager's ops run instead "
+                            "from now on", self.what, type(e).__name__, e)
+        return eager()
+
+
+_guard = KernelGuard("convolution epilogue")
+
+
+def bias_act(y: torch.Tensor, bias: torch.Tensor, act: str, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """``act((y + bias) [+ residual])``: one kernel on CUDA where it applies (see the module), eager's
+    ops elsewhere. A kernel that fails is logged once and eager's ops run from then on (:class:`KernelGuard`)."""
+    if _on_gpu(y) and _fits(y, bias, residual):
         kernel = _kernel()
         if kernel is not None:
-            try:
-                return _launch(kernel, y, bias, act, residual)
-            except Exception as e:  # noqa: BLE001 - the eager ops below compute the same
-                if y.is_cuda and torch.cuda.is_current_stream_capturing():
-                    raise
-                _failed = True
-                log.warning("gpuloom.engine.epilogue: the fused kernel failed (%s: %s); convolution epilogues "
-                            "run eager's ops from now on", type(e).__name__, e)
+            return _guard(lambda: _launch(kernel, y, bias, act, residual), lambda: reference(y, bias, act, residual), y)
     return reference(y, bias, act, residual)
 
 

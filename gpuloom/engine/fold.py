@@ -49,7 +49,7 @@ from collections.abc import Iterator
 import torch
 import torch.fx as fx
 
-from . import epilogue, gemm
+from . import epilogue, excitation, gemm
 
 _CONVS = {torch.ops.aten.conv1d.default, torch.ops.aten.conv2d.default, torch.ops.aten.conv3d.default}
 _BN = torch.ops.aten._native_batch_norm_legit_no_training.default
@@ -423,6 +423,73 @@ def fuse_epilogues(gm: fx.GraphModule) -> int:
         last.replace_all_uses_with(new)
         for n in ((last, user, conv) if last is not user else (user, conv)):
             g.erase_node(n)
+        fused += 1
+    if fused:
+        g.lint()
+        gm.recompile()
+    return fused
+
+
+_HIDDEN_ACTIVATIONS = {_RELU: "relu", _SILU: "silu"}
+_GATE_ACTIVATIONS = {_SIGMOID: "sigmoid", torch.ops.aten.hardsigmoid.default: "hardsigmoid"}
+
+
+def _unary(node: fx.Node | None, table: dict) -> str | None:
+    """``table``'s name for ``node``'s op when it is a plain one-operand call of one of its ops."""
+    if node is None or node.target not in table or len(node.args) != 1 or node.kwargs:
+        return None
+    return table[node.target]
+
+
+def _pointwise_on_pooled(gm: fx.GraphModule, node: fx.Node | None) -> tuple | None:
+    """(input, weight, bias) of a 1x1 convolution (one group, no padding, with a bias) of a known
+    ``[N, C, 1, 1]`` value: a matrix-vector product per sample, as in a squeeze-excitation block."""
+    params = _conv2d_params(node) if node is not None else None
+    if params is None:
+        return None
+    x, w, b, _stride, padding, _dilation, groups = params
+    if groups != 1 or padding != [0, 0] or not all(isinstance(v, fx.Node) for v in (x, w, b)):
+        return None
+    try:
+        weight = _attr(gm, w)
+    except LookupError:
+        return None
+    val = x.meta.get("val")
+    if (not isinstance(val, torch.Tensor) or val.dim() != 4 or tuple(val.shape[2:]) != (1, 1) or weight is None
+            or weight.dim() != 4 or tuple(weight.shape[1:]) != (val.shape[1], 1, 1)):
+        return None
+    return x, w, b
+
+
+def fuse_gates(gm: fx.GraphModule) -> int:
+    """Make each squeeze-excitation gate, 1x1 convolution -> ReLU / SiLU -> 1x1 convolution -> sigmoid /
+    hardsigmoid on a pooled ``[N, C, 1, 1]`` map (every value read once), one
+    :func:`excitation.gate`, in place. Run before the convolution passes, which would take its
+    convolutions apart. Returns how many gates."""
+    g = gm.graph
+    outputs = {a for n in g.nodes if n.op == "output" for a in n.all_input_nodes}
+    fused, erased = 0, set()
+    for conv1 in list(g.nodes):
+        if conv1 in erased:  # a later node of a gate already fused
+            continue
+        first = _pointwise_on_pooled(gm, conv1)
+        act1 = _only_user(conv1, outputs) if first is not None else None
+        hidden = _unary(act1, _HIDDEN_ACTIVATIONS)
+        conv2 = _only_user(act1, outputs) if hidden is not None else None
+        second = _pointwise_on_pooled(gm, conv2)
+        if second is None or second[0] is not act1:
+            continue
+        act2 = _only_user(conv2, outputs)
+        gate_act = _unary(act2, _GATE_ACTIVATIONS)
+        if gate_act is None:
+            continue
+        with g.inserting_before(act2):
+            new = g.call_function(excitation.gate, (*first, *second[1:], hidden, gate_act))
+            new.meta = dict(act2.meta)
+        act2.replace_all_uses_with(new)
+        for n in (act2, conv2, act1, conv1):
+            g.erase_node(n)
+            erased.add(n)
         fused += 1
     if fused:
         g.lint()

@@ -278,7 +278,8 @@ class EngineRunner:
             self.cm = gpuloom.compile(spec.module, tuple(example), max_batch=self.buckets[-1], streams=streams,
                                       device=device, buckets=self.buckets, channels_last=channels_last,
                                       fuse_convolutions=fuse_convolutions, split_gemms=split_gemms,
-                                      fuse_epilogues=fuse_epilogues)  # the service's default: False
+                                      fuse_epilogues=fuse_epilogues,  # the service's default: False
+                                      fuse_gates=fuse_epilogues)  # the service's option covers both kernels
         from ..engine.compiled import capture_groups
 
         self.choice = {b: ch for ch, bs in capture_groups(self.cm).items() for b in bs}

@@ -136,9 +136,10 @@ class ModelConfig:
     # on each partition the model is captured on. False here, where compile's own default is on for
     # CUDA: the shipped profiles were timed without it (a model served with it is profiled so at load)
     split_gemms: bool = False
-    # gpuloom.compile's fuse_epilogues: each convolution's bias (+ residual add) + SiLU / sigmoid / ReLU6
-    # as one kernel (efficientnet_b0 1.15x, mobilenet_v2 1.11x at batch 1 on the whole H200, engine runs
-    # 136-138). False here, where compile's own default is on for CUDA: the shipped profiles were timed
+    # gpuloom.compile's fuse_epilogues and fuse_gates, gpuloom's own Triton kernels: each convolution's
+    # bias (+ residual add) + SiLU / sigmoid / ReLU6 as one kernel (efficientnet_b0 1.15x, mobilenet_v2
+    # 1.11x at batch 1 on the whole H200, engine runs 136-138), and each squeeze-excitation gate as one
+    # kernel (EfficientNet, MobileNetV3). False here, where compile's own default is on for CUDA: the shipped profiles were timed
     # without it (a model served with it is profiled so at load, or with `gpuloom profile --fuse-epilogues`)
     fuse_epilogues: bool = False
 
@@ -177,7 +178,8 @@ class ModelConfig:
         that differs (compile's own defaults split float32 GEMMs on CUDA, the service's not)."""
         return {"channels_last": self.channels_last, "fuse_convolutions": self.fuse_convolutions,
                 "split_gemms": self.split_gemms and device_type == "cuda",
-                "fuse_epilogues": self.fuse_epilogues and device_type == "cuda"}
+                "fuse_epilogues": self.fuse_epilogues and device_type == "cuda",
+                "fuse_gates": self.fuse_epilogues and device_type == "cuda"}
 
     @functools.cached_property
     def input_names(self) -> frozenset[str]:
@@ -1389,11 +1391,12 @@ class InferenceService:
                 raise ValueError(f"model {config.name!r}: the CompiledModel splits the GEMMs of {cm.split_linears} "
                                  f"linear layers but ModelConfig.split_gemms is False (its profile was made without); "
                                  f"compile it with split_gemms=False or set ModelConfig(split_gemms=True)")
-            if config.fuse_epilogues is False and cm.fused_epilogues:  # likewise: compile's default on CUDA
-                raise ValueError(f"model {config.name!r}: the CompiledModel runs the epilogues of "
-                                 f"{cm.fused_epilogues} convolutions as one kernel each but "
-                                 f"ModelConfig.fuse_epilogues is False (its profile was made without); compile it "
-                                 f"with fuse_epilogues=False or set ModelConfig(fuse_epilogues=True)")
+            if config.fuse_epilogues is False and cm.fused_epilogues + cm.fused_gates:  # likewise: compile's defaults on CUDA
+                raise ValueError(f"model {config.name!r}: the CompiledModel runs {cm.fused_epilogues} convolution "
+                                 f"epilogues and {cm.fused_gates} squeeze-excitation gates as gpuloom's own kernels "
+                                 f"but ModelConfig.fuse_epilogues is False (its profile was made without); compile "
+                                 f"it with fuse_epilogues=False, fuse_gates=False or set "
+                                 f"ModelConfig(fuse_epilogues=True)")
         elif isinstance(module, torch.nn.Module):
             module = module.eval().to(dev)
             try:  # one eager sample first: a config that does not fit the model is the user's to fix, and
