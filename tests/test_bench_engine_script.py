@@ -239,10 +239,11 @@ def test_rel_err_refuses_a_reference_that_overflowed_or_vanished():
 
 def test_only_the_fused_variant_compiles_fused_and_every_other_column_keeps_its_meaning():
     """compile's default fuses the channels-last candidate since the thirty-fourth session, splits
-    float32 GEMMs since the thirty-ninth and fuses convolution epilogues since the fortieth; the
-    bench's gpuloom, gpuloom_cl, gpuloom_cl_auto, gpuloom_reinplace, gpuloom_cl_auto_fused and
-    gpuloom_split columns must stay what earlier runs timed (unfused, unsplit and eager's epilogues
-    where they were, gpuloom's in the model's own layout), and gpuloom_epilogue is the default."""
+    float32 GEMMs since the thirty-ninth, fuses convolution epilogues since the fortieth and
+    squeeze-excitation gates since the forty-first; the bench's gpuloom, gpuloom_cl, gpuloom_cl_auto,
+    gpuloom_reinplace, gpuloom_cl_auto_fused, gpuloom_split and gpuloom_epilogue columns must stay what
+    earlier runs timed (unfused, unsplit and eager's epilogues and gates where they were, gpuloom's in
+    the model's own layout), and gpuloom_gates is the default."""
     import inspect
 
     import gpuloom
@@ -250,18 +251,18 @@ def test_only_the_fused_variant_compiles_fused_and_every_other_column_keeps_its_
     bench = load_script("bench_engine")
     resolved = {k: bench.compile_options(o) for k, o in {"gpuloom": {}, **bench.EXPERIMENTS}.items()}
     assert {k for k, o in resolved.items() if o["fuse_convolutions"] is not False} == {
-        "gpuloom_cl_auto_fused", "gpuloom_split", "gpuloom_epilogue"}
-    assert {k for k, o in resolved.items() if o["split_gemms"]} == {"gpuloom_split", "gpuloom_epilogue"}
-    assert {k for k, o in resolved.items() if o["fuse_epilogues"]} == {"gpuloom_epilogue"}
-    assert resolved["gpuloom"] == {"channels_last": False, "fuse_convolutions": False, "split_gemms": False,
-                                   "fuse_epilogues": False}
+        "gpuloom_cl_auto_fused", "gpuloom_split", "gpuloom_epilogue", "gpuloom_gates"}
+    assert {k for k, o in resolved.items() if o["split_gemms"]} == {"gpuloom_split", "gpuloom_epilogue", "gpuloom_gates"}
+    assert {k for k, o in resolved.items() if o["fuse_epilogues"]} == {"gpuloom_epilogue", "gpuloom_gates"}
+    assert {k for k, o in resolved.items() if o["fuse_gates"]} == {"gpuloom_gates"}
+    off = {"channels_last": False, "fuse_convolutions": False, "split_gemms": False, "fuse_epilogues": False,
+           "fuse_gates": False}
+    assert resolved["gpuloom"] == off
     default = {k: p.default for k, p in inspect.signature(gpuloom.compile).parameters.items()}
-    # None: channels_last "auto", fuse_convolutions "channels_last", split_gemms and fuse_epilogues on for CUDA
-    assert (default["channels_last"], default["fuse_convolutions"], default["split_gemms"],
-            default["fuse_epilogues"]) == (None, None, None, None)
-    assert resolved["gpuloom_cl_auto_fused"] == {"channels_last": "auto", "fuse_convolutions": "channels_last",
-                                                 "split_gemms": False, "fuse_epilogues": False}
-    assert resolved["gpuloom_split"] == {"channels_last": "auto", "fuse_convolutions": "channels_last",
-                                         "split_gemms": True, "fuse_epilogues": False}
-    assert resolved["gpuloom_epilogue"] == {"channels_last": "auto", "fuse_convolutions": "channels_last",
-                                            "split_gemms": True, "fuse_epilogues": True}
+    # None: channels_last "auto", fuse_convolutions "channels_last", the rest on for CUDA
+    assert {k: default[k] for k in off} == dict.fromkeys(off)
+    fused = {"channels_last": "auto", "fuse_convolutions": "channels_last"}
+    assert resolved["gpuloom_cl_auto_fused"] == {**off, **fused}
+    assert resolved["gpuloom_split"] == {**off, **fused, "split_gemms": True}
+    assert resolved["gpuloom_epilogue"] == {**off, **fused, "split_gemms": True, "fuse_epilogues": True}
+    assert resolved["gpuloom_gates"] == {**fused, "split_gemms": True, "fuse_epilogues": True, "fuse_gates": True}

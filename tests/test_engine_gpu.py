@@ -430,26 +430,33 @@ def test_the_epilogue_kernel_equals_eagers_ops_on_gpu(dtype, layout):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_the_gate_kernel_equals_eagers_ops_on_gpu(dtype):
-    """gpuloom.engine.excitation's Triton kernel (a squeeze-excitation gate: 1x1 convolution,
-    activation, 1x1 convolution, gate activation on a pooled map) against eager's four ops, for every
-    pair of activations, NCHW and NHWC weights, odd sizes and several tiles of hidden channels."""
+def test_the_gate_kernels_equal_eagers_ops_on_gpu(dtype):
+    """gpuloom.engine.excitation's two Triton kernels (a squeeze-excitation gate: 1x1 convolution and
+    activation; 1x1 convolution, gate activation and the scaling of the map) against eager's ops, for
+    every activation, NCHW and NHWC, odd sizes, several tiles of hidden channels and of pixels."""
     from gpuloom.engine import excitation
 
-    assert excitation._kernel() is not None
+    assert excitation._kernels() is not None
     torch.manual_seed(0)
-    for (n, c, hidden, out), fmt in (((3, 1152, 48, 1152), torch.contiguous_format), ((2, 7, 3, 5), torch.channels_last),
-                                     ((1, 960, 240, 960), torch.channels_last)):
-        p = torch.randn(n, c, 1, 1, device="cuda").to(dtype).contiguous(memory_format=torch.channels_last)
+    for (n, c, hidden, hw), fmt in (((3, 1152, 48, (7, 7)), torch.contiguous_format),
+                                    ((2, 7, 3, (5, 3)), torch.channels_last),
+                                    ((1, 960, 240, (7, 7)), torch.channels_last),
+                                    ((2, 96, 4, (112, 112)), torch.contiguous_format),
+                                    ((8, 3072, 128, (15, 15)), torch.channels_last)):
+        x = torch.randn(n, c, *hw, device="cuda").to(dtype).contiguous(memory_format=fmt)
+        p = torch.nn.functional.adaptive_avg_pool2d(x, 1)
         w1 = (torch.randn(hidden, c, 1, 1, device="cuda") / c ** 0.5).to(dtype).contiguous(memory_format=fmt)
-        w2 = (torch.randn(out, hidden, 1, 1, device="cuda") / hidden ** 0.5).to(dtype).contiguous(memory_format=fmt)
-        b1, b2 = torch.randn(hidden, device="cuda").to(dtype), torch.randn(out, device="cuda").to(dtype)
+        w2 = (torch.randn(c, hidden, 1, 1, device="cuda") / hidden ** 0.5).to(dtype).contiguous(memory_format=fmt)
+        b1, b2 = torch.randn(hidden, device="cuda").to(dtype), torch.randn(c, device="cuda").to(dtype)
+        tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-3, atol=2e-3)
         for act1 in excitation.HIDDEN_ACTIVATIONS:
+            h = excitation.hidden(p, w1, b1, act1)
+            torch.testing.assert_close(h, excitation.hidden_reference(p, w1, b1, act1), **tol)
             for act2 in excitation.GATE_ACTIVATIONS:
-                got = excitation.gate(p, w1, b1, w2, b2, act1, act2)
-                want = excitation.reference(p, w1, b1, w2, b2, act1, act2)
-                tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-3, atol=2e-3)
-                torch.testing.assert_close(got, want, **tol, msg=lambda m: f"{(n, c, hidden, out)} {act1} {act2}: {m}")
+                got = excitation.excite(x, h, w2, b2, act2)
+                want = excitation.excite_reference(x, h, w2, b2, act2)
+                assert got.stride() == x.stride()
+                torch.testing.assert_close(got, want, **tol, msg=lambda m: f"{(n, c, hidden, hw)} {act1} {act2}: {m}")
     assert not excitation._guard.failed
 
 

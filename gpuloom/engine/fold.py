@@ -461,11 +461,28 @@ def _pointwise_on_pooled(gm: fx.GraphModule, node: fx.Node | None) -> tuple | No
     return x, w, b
 
 
+_MUL = torch.ops.aten.mul.Tensor
+
+
+def _scaled_by(gate: fx.Node, mul: fx.Node | None) -> fx.Node | None:
+    """The map ``mul`` scales by ``gate`` (a ``[N, C, 1, 1]`` value) when it is ``x * gate`` or
+    ``gate * x`` for a 4-D ``x`` of as many samples and channels and the same dtype, else None."""
+    if mul is None or mul.target is not _MUL or mul.kwargs or len(mul.args) != 2:
+        return None
+    x = mul.args[1] if mul.args[0] is gate else mul.args[0]
+    vx, vg = (x.meta.get("val") if isinstance(x, fx.Node) else None), gate.meta.get("val")
+    if x is gate or not isinstance(vx, torch.Tensor) or not isinstance(vg, torch.Tensor) or vx.dim() != 4:
+        return None
+    if tuple(vx.shape[:2]) != tuple(vg.shape[:2]) or vx.dtype != vg.dtype:
+        return None
+    return x
+
+
 def fuse_gates(gm: fx.GraphModule) -> int:
-    """Make each squeeze-excitation gate, 1x1 convolution -> ReLU / SiLU -> 1x1 convolution -> sigmoid /
-    hardsigmoid on a pooled ``[N, C, 1, 1]`` map (every value read once), one
-    :func:`excitation.gate`, in place. Run before the convolution passes, which would take its
-    convolutions apart. Returns how many gates."""
+    """Make each squeeze-excitation gate two kernels, in place: ``x * act2(conv2(act1(conv1(pooled))))``
+    with 1x1 convolutions on a ``[N, C, 1, 1]`` map, ReLU / SiLU then sigmoid / hardsigmoid (every value
+    read once) becomes :func:`excitation.hidden` and :func:`excitation.excite`. Run before the
+    convolution passes, which would take its convolutions apart. Returns how many gates."""
     g = gm.graph
     outputs = {a for n in g.nodes if n.op == "output" for a in n.all_input_nodes}
     fused, erased = 0, set()
@@ -474,20 +491,25 @@ def fuse_gates(gm: fx.GraphModule) -> int:
             continue
         first = _pointwise_on_pooled(gm, conv1)
         act1 = _only_user(conv1, outputs) if first is not None else None
-        hidden = _unary(act1, _HIDDEN_ACTIVATIONS)
-        conv2 = _only_user(act1, outputs) if hidden is not None else None
+        hidden_act = _unary(act1, _HIDDEN_ACTIVATIONS)
+        conv2 = _only_user(act1, outputs) if hidden_act is not None else None
         second = _pointwise_on_pooled(gm, conv2)
         if second is None or second[0] is not act1:
             continue
         act2 = _only_user(conv2, outputs)
         gate_act = _unary(act2, _GATE_ACTIVATIONS)
-        if gate_act is None:
+        mul = _only_user(act2, outputs) if gate_act is not None else None
+        x = _scaled_by(act2, mul)
+        if x is None:
             continue
-        with g.inserting_before(act2):
-            new = g.call_function(excitation.gate, (*first, *second[1:], hidden, gate_act))
-            new.meta = dict(act2.meta)
-        act2.replace_all_uses_with(new)
-        for n in (act2, conv2, act1, conv1):
+        with g.inserting_before(act1):
+            h = g.call_function(excitation.hidden, (*first, hidden_act))
+            h.meta = dict(act1.meta)
+        with g.inserting_before(mul):
+            new = g.call_function(excitation.excite, (x, h, *second[1:], gate_act))
+            new.meta = dict(mul.meta)
+        mul.replace_all_uses_with(new)
+        for n in (mul, act2, conv2, act1, conv1):
             g.erase_node(n)
             erased.add(n)
         fused += 1
