@@ -268,6 +268,39 @@ def epilogue_summary(rows: list[dict]) -> dict:
                            ratio="epilogue_over_split", target="epilogue", best=True)
 
 
+def gate_rows(paths: list[str]) -> list[dict]:
+    """The gates default against the epilogue one before it."""
+    return successor_rows(paths, "epilogue", "gates", "fused_gates", "gates_over_epilogue")
+
+
+def gate_summary(rows: list[dict]) -> dict:
+    """Per (dtype, batch): geometric means over eager of the epilogue default and the gates one, the
+    gates over the epilogues with its best and worst rows."""
+    return variant_summary(rows, (("epilogue", "gpuloom_epilogue"), ("gates", "gpuloom_gates")),
+                           ratio="gates_over_epilogue", target="gates", best=True)
+
+
+def current_rows(paths: list[str]) -> list[dict]:
+    """compile's current default (the ``gpuloom_gates`` column) against eager, timed side by side in
+    one process per row: the model set's geometric mean and Nimble's targets as the default stands."""
+    def make_row(rec: dict, row: dict) -> dict | None:
+        if not (row.get("eager_ms") and row.get("gpuloom_gates_ms")):
+            return None
+        return {"eager_ms": row["eager_ms"], "gpuloom_gates_ms": row["gpuloom_gates_ms"],
+                "default_over_eager": round(row["eager_ms"] / row["gpuloom_gates_ms"], 3),
+                "kept": rec.get("auto_choice_gates", {}).get(str(row["batch"])),
+                "rel_err": row.get("rel_err_gpuloom_gates")}
+
+    return last_rows(paths, make_row)
+
+
+def current_summary(rows: list[dict]) -> dict:
+    """Per (dtype, batch): the geometric mean of the current default over eager, its best and worst
+    rows, and at float32 batch 1 Nimble's targets."""
+    return variant_summary(rows, (("default", "gpuloom_gates"),), ratio="default_over_eager", target="default",
+                           best=True)
+
+
 def table(header: list[str], rows: list[list]) -> None:
     """Print a markdown table."""
     print("| " + " | ".join(header) + " |")
@@ -290,6 +323,10 @@ def main() -> int:
                    help="runs with gpuloom_cl_auto_fused and gpuloom_split columns: compile's default, split and not")
     p.add_argument("--epilogues", nargs="*", default=[], metavar="RUN",
                    help="runs with gpuloom_split and gpuloom_epilogue columns: compile's default, epilogues fused and not")
+    p.add_argument("--gates", nargs="*", default=[], metavar="RUN",
+                   help="runs with gpuloom_epilogue and gpuloom_gates columns: compile's default, gates fused and not")
+    p.add_argument("--current", nargs="*", default=[], metavar="RUN",
+                   help="runs with eager and gpuloom_gates columns: compile's current default over the model set")
     args = p.parse_args()
     merged: dict[tuple[str, str], dict] = {}
     meta = None
@@ -317,10 +354,17 @@ def main() -> int:
     epilogues = epilogue_rows(args.epilogues)
     if epilogues:
         summary["fused_epilogues"] = epilogue_summary(epilogues)
+    gates = gate_rows(args.gates)
+    if gates:
+        summary["fused_gates"] = gate_summary(gates)
+    current = current_rows(args.current)
+    if current:
+        summary["current_default"] = current_summary(current)
     out = {**meta, "runs": sorted({r["run"] for r in results}), "results": results, "summary": summary,
            **({"torch_compile": tc} if tc else {}), **({"channels_last": layouts} if layouts else {}),
            **({"compile_default": defaults} if defaults else {}), **({"split_gemms": splits} if splits else {}),
-           **({"fused_epilogues": epilogues} if epilogues else {})}
+           **({"fused_epilogues": epilogues} if epilogues else {}), **({"fused_gates": gates} if gates else {}),
+           **({"current_default": current} if current else {})}
     Path(args.out).write_text(json.dumps(out, indent=1))
 
     fp = lambda dtype: dtype.replace("float", "fp")  # noqa: E731
@@ -387,6 +431,21 @@ def main() -> int:
                 f"**{r['gpuloom_epilogue_ms']:.3f}**", f"{r['epilogue_over_split']:.2f}x",
                 f"{r['eager_ms'] / r['gpuloom_epilogue_ms']:.2f}x", r["fused_epilogues"], r["kept"] or "-", r["run"]]
                for r in epilogues])
+    if gates:
+        print()
+        table(["model", "dtype", "batch", "eager", "epilogue default", "**default** (fused gates)",
+               "gates vs epilogues", "default vs eager", "fused gates", "kept", "run"],
+              [[r["model"], fp(r["dtype"]), r["batch"], f"{r['eager_ms']:.3f}", f"{r['gpuloom_epilogue_ms']:.3f}",
+                f"**{r['gpuloom_gates_ms']:.3f}**", f"{r['gates_over_epilogue']:.2f}x",
+                f"{r['eager_ms'] / r['gpuloom_gates_ms']:.2f}x", r["fused_gates"], r["kept"] or "-", r["run"]]
+               for r in gates])
+    if current:
+        print()
+        table(["model", "dtype", "batch", "eager", "**default**", "default vs eager", "Nimble V100", "kept", "run"],
+              [[r["model"], fp(r["dtype"]), r["batch"], f"{r['eager_ms']:.3f}", f"**{r['gpuloom_gates_ms']:.3f}**",
+                f"{r['default_over_eager']:.2f}x",
+                f"{NIMBLE_V100[r['model']]}x" if r["model"] in NIMBLE_V100 and r["batch"] == 1 else "-",
+                r["kept"] or "-", r["run"]] for r in current])
     print()
     print(json.dumps(summary, indent=1))
     return 0
