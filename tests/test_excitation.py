@@ -69,6 +69,9 @@ def test_compile_with_fused_gates_equals_eager_on_the_cpu(name, gates, epilogues
     cm = gpuloom.compile(model, torch.randn(1, 3, 64, 64), max_batch=4, fuse_gates=True, fuse_epilogues=True)
     # the gates go first: their convolutions are no longer the epilogue pass's (efficientnet_b0 had 74)
     assert (cm.fused_gates, cm.fused_epilogues) == (gates, epilogues)
+    # what compile changed, as a user sees it: only the passes that changed something
+    assert cm.rewrites.get("fused_gates", 0) == gates and cm.rewrites.get("fused_epilogues", 0) == epilogues
+    assert ("fused_gates=" in repr(cm)) == bool(gates) and "split_linears" not in repr(cm)
     x = torch.randn(3, 3, 64, 64)
     with torch.no_grad():
         torch.testing.assert_close(cm(x), model(x), rtol=1e-4, atol=1e-5)

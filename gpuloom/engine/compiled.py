@@ -327,11 +327,23 @@ class CompiledModel:
             extra = [torch.cuda.Stream(self.device) for _ in range(ex.plan.num_streams - 1)]
             return ex.run(inputs, [cur, *extra])
 
+    @property
+    def rewrites(self) -> dict[str, int]:
+        """What compile's graph passes changed, by pass (only those that changed something): folded
+        BatchNorms, NHWC weights, fused convolutions, split GEMMs, fused epilogues and gates."""
+        counts = {"folded_batchnorms": self.graph.folded_batchnorms,
+                  "channels_last_weights": self.graph_cl.channels_last_weights if self.graph_cl is not None
+                  else self.graph.channels_last_weights,
+                  "fused_convolutions": self.fused_convolutions, "split_linears": self.split_linears,
+                  "fused_epilogues": self.fused_epilogues, "fused_gates": self.fused_gates}
+        return {k: v for k, v in counts.items() if v}
+
     def __repr__(self) -> str:
         where = "cuda graphs" if self._graphs is not None else "cpu, no graphs"
+        rewrites = "".join(f", {k}={v}" for k, v in self.rewrites.items())
         return (f"CompiledModel(ops={len(self.graph.ops)}, streams={self.plan.num_streams}, "
                 f"syncs={self.plan.num_syncs}, buckets={self.buckets}, device={self.device}, {where}, "
-                f"capture={self.graph.method})")
+                f"capture={self.graph.method}{rewrites})")
 
 
 def _slice(value: Any, n: int, bucket: int, *, copy: bool) -> Any:
