@@ -301,6 +301,17 @@ def current_summary(rows: list[dict]) -> dict:
                            best=True)
 
 
+def successor_table(rows: list[dict], before: str, after: str, ratio: str, count: str, labels: tuple) -> None:
+    """Print ``successor_rows``' rows: eager, the default ``before`` and the new one ``after``, ratios, count.
+    ``labels``: (the old default's column, what the new one does, the ratio's column, the count's column)."""
+    old, new = f"gpuloom_{before}_ms", f"gpuloom_{after}_ms"
+    table(["model", "dtype", "batch", "eager", labels[0], f"**default** ({labels[1]})", labels[2],
+           "default vs eager", labels[3], "kept", "run"],
+          [[r["model"], r["dtype"].replace("float", "fp"), r["batch"], f"{r['eager_ms']:.3f}", f"{r[old]:.3f}",
+            f"**{r[new]:.3f}**", f"{r[ratio]:.2f}x", f"{r['eager_ms'] / r[new]:.2f}x", r[count], r["kept"] or "-",
+            r["run"]] for r in rows])
+
+
 def table(header: list[str], rows: list[list]) -> None:
     """Print a markdown table."""
     print("| " + " | ".join(header) + " |")
@@ -415,30 +426,16 @@ def main() -> int:
                 f"{r['gpuloom_cl_auto_ms']:.3f}", f"**{r['gpuloom_cl_auto_fused_ms']:.3f}**",
                 f"{r['fused_over_unfused']:.2f}x", f"{r['eager_ms'] / r['gpuloom_cl_auto_fused_ms']:.2f}x",
                 r["kept"] or "-", r["run"]] for r in defaults])
-    if splits:
-        print()
-        table(["model", "dtype", "batch", "eager", "fused default", "**default** (split GEMMs)", "split vs fused",
-               "default vs eager", "split linears", "kept", "run"],
-              [[r["model"], fp(r["dtype"]), r["batch"], f"{r['eager_ms']:.3f}", f"{r['gpuloom_cl_auto_fused_ms']:.3f}",
-                f"**{r['gpuloom_split_ms']:.3f}**", f"{r['split_over_fused']:.2f}x",
-                f"{r['eager_ms'] / r['gpuloom_split_ms']:.2f}x", r["split_linears"], r["kept"] or "-", r["run"]]
-               for r in splits])
-    if epilogues:
-        print()
-        table(["model", "dtype", "batch", "eager", "split default", "**default** (fused epilogues)",
-               "epilogues vs split", "default vs eager", "fused epilogues", "kept", "run"],
-              [[r["model"], fp(r["dtype"]), r["batch"], f"{r['eager_ms']:.3f}", f"{r['gpuloom_split_ms']:.3f}",
-                f"**{r['gpuloom_epilogue_ms']:.3f}**", f"{r['epilogue_over_split']:.2f}x",
-                f"{r['eager_ms'] / r['gpuloom_epilogue_ms']:.2f}x", r["fused_epilogues"], r["kept"] or "-", r["run"]]
-               for r in epilogues])
-    if gates:
-        print()
-        table(["model", "dtype", "batch", "eager", "epilogue default", "**default** (fused gates)",
-               "gates vs epilogues", "default vs eager", "fused gates", "kept", "run"],
-              [[r["model"], fp(r["dtype"]), r["batch"], f"{r['eager_ms']:.3f}", f"{r['gpuloom_epilogue_ms']:.3f}",
-                f"**{r['gpuloom_gates_ms']:.3f}**", f"{r['gates_over_epilogue']:.2f}x",
-                f"{r['eager_ms'] / r['gpuloom_gates_ms']:.2f}x", r["fused_gates"], r["kept"] or "-", r["run"]]
-               for r in gates])
+    for rows, before, after, ratio, count, labels in (
+            (splits, "cl_auto_fused", "split", "split_over_fused", "split_linears",
+             ("fused default", "split GEMMs", "split vs fused", "split linears")),
+            (epilogues, "split", "epilogue", "epilogue_over_split", "fused_epilogues",
+             ("split default", "fused epilogues", "epilogues vs split", "fused epilogues")),
+            (gates, "epilogue", "gates", "gates_over_epilogue", "fused_gates",
+             ("epilogue default", "fused gates", "gates vs epilogues", "fused gates"))):
+        if rows:
+            print()
+            successor_table(rows, before, after, ratio, count, labels)
     if current:
         print()
         table(["model", "dtype", "batch", "eager", "**default**", "default vs eager", "Nimble V100", "kept", "run"],
