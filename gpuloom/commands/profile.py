@@ -58,8 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "true splits float32 GEMMs' reduction where timed faster, on each partition")
     p.add_argument("--fuse-epilogues", choices=("false", "true"), default="false",
                    help="compile as a served model with this fuse_epilogues would be (repository key "
-                        "fuse_epilogues): true runs each convolution's bias (+ add) + SiLU / sigmoid / ReLU6, "
-                        "and each squeeze-excitation gate, as one kernel")
+                        "fuse_epilogues): true runs each convolution's bias (+ add) + SiLU / sigmoid / ReLU6 "
+                        "as one kernel, and each squeeze-excitation gate as two")
     p.add_argument("--out", default="out/profiles", help="directory for <model>.json and <model>.png")
     p.add_argument("--store", default=None, help="also put the profiles into this ProfileStore directory")
     p.add_argument("--no-png", action="store_true", help="skip the plots")

@@ -171,8 +171,8 @@ class CompiledModel:
 
     @property
     def fused_gates(self) -> int:
-        """Squeeze-excitation gates (1x1 convolution, activation, 1x1 convolution, gate) run as one
-        kernel each (``compile(fuse_gates=...)``, :mod:`gpuloom.engine.excitation`); 0 where none."""
+        """Squeeze-excitation gates (1x1 convolution, activation, 1x1 convolution, gate, scaling) run as
+        two kernels each (``compile(fuse_gates=...)``, :mod:`gpuloom.engine.excitation`); 0 where none."""
         return self.graph.fused_gates
 
     def _require_channels_last(self, kind: str) -> None:
@@ -487,12 +487,13 @@ def compile(
             kernel each. ReLUs stay ``fuse_convolutions``'s. Default (None): on for CUDA where Triton
             imports. ``True`` on the CPU runs the same rewritten graph with eager's ops (for tests).
             Results differ from eager's only by the activation's last bit.
-        fuse_gates: run each squeeze-excitation gate (on a pooled ``[N, C, 1, 1]`` map: 1x1
-            convolution, ReLU / SiLU, 1x1 convolution, sigmoid / hardsigmoid; EfficientNet's and
-            MobileNetV3's) as one kernel (``gpuloom.engine.excitation``, Triton) where eager runs two
-            GEMVs and their epilogues. Default (None): as ``fuse_epilogues``'s default. ``True`` on
+        fuse_gates: run each squeeze-excitation gate (1x1 convolution, ReLU / SiLU, 1x1 convolution,
+            sigmoid / hardsigmoid on a pooled ``[N, C, 1, 1]`` map, then the map scaled by it;
+            EfficientNet's and MobileNetV3's) as two Triton kernels (``gpuloom.engine.excitation``)
+            where eager runs two GEMVs, their epilogues and the multiply: efficientnet_b0 1.24x at
+            batch 1 on the H200 (engine run 140). Default (None): as ``fuse_epilogues``'s. ``True`` on
             the CPU runs the rewritten graph with eager's ops (for tests). Results differ from eager's
-            by the order of the sums (and TF32: the kernel multiplies in full float32).
+            by the order of the sums (and TF32: the kernels multiply in full float32).
         progress: called with a short message at each compile stage.
 
     Raises:

@@ -63,7 +63,7 @@ class OpGraph:
     fused_convolutions: int = 0  # convolutions fused with their bias and ReLU (fold.fuse_convolutions)
     split_linears: int = 0  # float32 linear layers whose GEMM may split K (fold.split_linears, gemm)
     fused_epilogues: int = 0  # convolutions whose bias (+ add) + activation run in one kernel (epilogue)
-    fused_gates: int = 0  # squeeze-excitation gates run as one kernel each (fold.fuse_gates, excitation)
+    fused_gates: int = 0  # squeeze-excitation gates run as two kernels each (fold.fuse_gates, excitation)
     graph_from_cache: bool = False  # export's functional graph came from graph_cache (half the export skipped)
 
     @property
@@ -96,8 +96,8 @@ def capture_graph(
     :func:`gemm.linear` (K split where timed faster; CUDA only, export path only); ``fuse_epilogues``
     runs a convolution's bias, residual add and SiLU / sigmoid / ReLU6 as one :func:`epilogue.bias_act`
     (export path only; after ``fuse_convolutions``, which takes the ReLUs); ``fuse_gates`` runs each
-    squeeze-excitation gate as one :func:`excitation.gate` (export path only; before the convolution
-    passes, which would take its convolutions).
+    squeeze-excitation gate as :func:`excitation.hidden` and :func:`excitation.excite` (export path
+    only; before the convolution passes, which would take its convolutions).
     """
     export_error: BaseException | None = None
     try:

@@ -36,6 +36,12 @@ maybe one of those) runs without its bias, and :func:`epilogue.bias_act` does bi
 activation in one kernel: one or two kernels fewer each. ReLUs are left to ``fuse_convolutions``
 (cuDNN does convolution, bias, add and ReLU in one call, which the channels-last candidate uses).
 
+``fuse_gates`` (compile's ``fuse_gates``; on by default on CUDA where Triton imports): a
+squeeze-excitation gate, ``x * act2(conv2(act1(conv1(pooled))))`` with 1x1 convolutions on a pooled
+``[N, C, 1, 1]`` map, runs as :func:`excitation.hidden` and :func:`excitation.excite` (two Triton
+kernels) where eager runs two GEMVs, their bias epilogues and the multiply. Before the convolution
+passes, which would otherwise take the gate's convolutions.
+
 ``split_linears`` (CUDA only; compile's ``split_gemms``): every float32 ``aten.linear`` becomes
 :func:`gemm.linear`, which splits the GEMM's reduction where that was timed faster for its shape (a
 small batch's few output rows leave most SMs idle; see :mod:`gpuloom.engine.gemm`).

@@ -138,9 +138,10 @@ class ModelConfig:
     split_gemms: bool = False
     # gpuloom.compile's fuse_epilogues and fuse_gates, gpuloom's own Triton kernels: each convolution's
     # bias (+ residual add) + SiLU / sigmoid / ReLU6 as one kernel (efficientnet_b0 1.15x, mobilenet_v2
-    # 1.11x at batch 1 on the whole H200, engine runs 136-138), and each squeeze-excitation gate as one
-    # kernel (EfficientNet, MobileNetV3). False here, where compile's own default is on for CUDA: the shipped profiles were timed
-    # without it (a model served with it is profiled so at load, or with `gpuloom profile --fuse-epilogues`)
+    # 1.11x at batch 1 on the whole H200, engine runs 136-138), and each squeeze-excitation gate as two
+    # (efficientnet_b0 a further 1.24x, run 140). False here, where compile's own defaults are on for
+    # CUDA: the shipped profiles were timed without them (a model served with them is profiled so at
+    # load, or with `gpuloom profile --fuse-epilogues`)
     fuse_epilogues: bool = False
 
     def __post_init__(self) -> None:

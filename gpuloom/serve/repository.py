@@ -20,7 +20,7 @@ A repository is one YAML file or a directory of them (``*.yaml``/``*.yml`` direc
                                   # + bias + ReLU as one cuDNN call (GPU)
         split_gemms: false        # optional: true splits float32 GEMMs' reduction where timed faster (GPU)
         fuse_epilogues: false     # optional: true runs a convolution's bias (+ add) + SiLU / sigmoid /
-                                  # ReLU6, and a squeeze-excitation gate, as one kernel each (GPU)
+                                  # ReLU6 as one kernel, a squeeze-excitation gate as two (GPU)
 
 Paths (weights, ``file.py`` sources) are relative to the YAML file. Weights are never unpickled as
 objects: safetensors, or ``torch.load(weights_only=True)`` which refuses anything but tensors and plain
