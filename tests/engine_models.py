@@ -34,6 +34,23 @@ class Branches(nn.Module):
         return sum(b(x) for b in self.branches)
 
 
+class TinySqueezeExcite(nn.Module):
+    """A convolution, a squeeze-excitation gate (pool, 1x1, ReLU, 1x1, sigmoid, the map scaled by it)
+    and a classifier: the smallest model ``fold.fuse_gates`` takes."""
+
+    def __init__(self, channels: int = 8, hidden: int = 2, classes: int = 5) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, channels, 3, padding=1)
+        self.fc1, self.fc2 = nn.Conv2d(channels, hidden, 1), nn.Conv2d(hidden, channels, 1)
+        self.head = nn.Linear(channels, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = torch.nn.functional
+        y = self.conv(x)
+        y = y * torch.sigmoid(self.fc2(torch.relu(self.fc1(f.adaptive_avg_pool2d(y, 1)))))
+        return self.head(f.adaptive_avg_pool2d(y, 1).flatten(1))
+
+
 def randomize_batchnorm(model: nn.Module, spread: float = 0.5) -> nn.Module:
     """Give every BatchNorm2d statistics and an affine map of its own (a fresh one is the identity, so a
     wrong fold would not show); returns the model in eval mode."""

@@ -109,8 +109,9 @@ def test_a_fused_epilogue_profile_says_so_and_the_default_compiles_without():
     assert EngineRunner(spec, (1, 2), device="cpu").cm.fused_epilogues == 0
     fused = EngineRunner(spec, (1, 2), device="cpu", fuse_epilogues=True)
     assert fused.cm.fused_epilogues == 1 and fused.kind == "engine:fuse_epilogues=true"
-    gated = torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(1), torch.nn.Conv2d(3, 2, 1), torch.nn.SiLU(),
-                                torch.nn.Conv2d(2, 3, 1), torch.nn.Sigmoid()).eval()
+    from engine_models import TinySqueezeExcite
+
+    gated = TinySqueezeExcite().eval()
     gated_spec = ModelSpec("gated", gated, ((3, 8, 8),), (torch.float32,))
     assert EngineRunner(gated_spec, (1, 2), device="cpu").cm.fused_gates == 0
     assert EngineRunner(gated_spec, (1, 2), device="cpu", fuse_epilogues=True).cm.fused_gates == 1  # both kernels

@@ -219,9 +219,9 @@ def test_a_compiled_model_with_fused_epilogues_is_refused_unless_its_config_says
     conv, spec, svc = _small_conv_net()
     silu = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.SiLU(),
                                torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 5)).eval()
-    gated = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Conv2d(8, 2, 1),
-                                torch.nn.ReLU(), torch.nn.Conv2d(2, 8, 1), torch.nn.Sigmoid(), torch.nn.Flatten(),
-                                torch.nn.Linear(8, 5)).eval()
+    from engine_models import TinySqueezeExcite
+
+    gated = TinySqueezeExcite().eval()
     try:
         cm = gpuloom.compile(silu, torch.randn(1, 3, 6, 6), max_batch=4, input_names=["x"], channels_last=False,
                              fuse_epilogues=True)  # on the CPU: the same graph with eager's ops
