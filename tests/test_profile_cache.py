@@ -144,3 +144,56 @@ def test_a_cache_that_cannot_be_written_still_serves_the_measured_profile(monkey
         prof = InferenceService(device="cpu", profile_cache=blocker / "cache")._measured_profile(*_compiled(32))
     assert prof is not None and prof.model == "m" and len(calls) == 1
     assert not [w for w in seen if "failed" in str(w.message)], [str(w.message) for w in seen]
+
+
+def _stored_profile_service(monkeypatch, runner: str, measure: bool = True):
+    """A service on a stand-in CUDA layer whose store holds a profile of "m" timed as ``runner``; a
+    measurement at load returns a marker profile."""
+    import dataclasses
+
+    from gpuloom.profile.store import ProfileStore
+    from gpuloom.runtime.service import InferenceService
+
+    stored = dataclasses.replace(synthetic_profile("m", per_item_sm_ms=20.0, batches=(1, 2, 4),
+                                                   input_shapes=((3, 6, 6),)), runner=runner)
+    store = ProfileStore()
+    store.put(stored)
+    svc = InferenceService(device="cpu", profiles=store, measure_profiles=measure)
+    svc._layer = types.SimpleNamespace(kind="cuda", gpu_sms=stored.gpu.sm_count, expected_ms=lambda *a: None)
+    svc._profiles_resolved = True
+    measured = synthetic_profile("m", per_item_sm_ms=5.0, batches=(1, 2, 4), input_shapes=((3, 6, 6),))
+    calls = []
+    monkeypatch.setattr(svc, "_measured_profile", lambda config, cm: calls.append(config.name) or measured)
+    return svc, stored, measured, calls
+
+
+def test_a_stored_profile_of_other_graphs_than_the_model_compiles_is_measured_again(monkeypatch):
+    # the shipped profiles timed the default's graphs: a model whose config's engine options change
+    # what it compiles (here its squeeze-excitation gate as gpuloom's kernels) is planned with a
+    # profile of its own graphs, measured at load; an option that changed nothing keeps the stored one
+    import gpuloom
+    from gpuloom.runtime.service import ModelConfig, TensorSpec, compiled_kind
+    from engine_models import TinySqueezeExcite
+
+    spec = (TensorSpec("x", (3, 6, 6), "float32"),)
+    gated = gpuloom.compile(TinySqueezeExcite().eval(), torch.randn(1, 3, 6, 6), max_batch=4, input_names=["x"],
+                            fuse_gates=True, fuse_epilogues=True)
+    plain_net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(64, 5)).eval()
+    plain = gpuloom.compile(plain_net, torch.randn(1, 3, 6, 6), max_batch=4, input_names=["x"], fuse_epilogues=True)
+    kernels = ModelConfig("m", spec, max_batch=4, fuse_epilogues=True)
+    assert compiled_kind(kernels, gated) == "engine:fuse_epilogues=true"
+    assert compiled_kind(kernels, plain) == "engine"  # nothing for the option to fuse: the default's graph
+    assert compiled_kind(ModelConfig("m", spec, max_batch=4), gated) == "engine"  # (the service refuses it anyway)
+
+    svc, stored, measured, calls = _stored_profile_service(monkeypatch, "engine")
+    assert svc._profile_for(kernels, gated) == measured and calls == ["m"]
+    assert svc._profile_for(kernels, plain) == stored and calls == ["m"]
+    assert svc._profile_for(ModelConfig("m", spec, max_batch=4), plain) == stored and calls == ["m"]
+    svc, stored, measured, calls = _stored_profile_service(monkeypatch, "engine:fuse_epilogues=true")
+    assert svc._profile_for(kernels, gated) == stored and not calls  # a profile made with the same options
+    svc, stored, measured, calls = _stored_profile_service(monkeypatch, "graph", measure=False)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert svc._profile_for(kernels, gated) == stored and not calls  # not measured: the stored one, said
+    assert any("timed 'graph' graphs, the model compiles as 'engine:fuse_epilogues=true'" in str(w.message)
+               for w in seen), [str(w.message) for w in seen]

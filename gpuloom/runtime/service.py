@@ -1451,7 +1451,21 @@ class InferenceService:
             elif prof.gpu.sm_count != dev.gpu_sms:
                 warnings.warn(f"profile of {config.name!r} was measured on {prof.gpu.sm_count} SMs; this device has "
                               f"{dev.gpu_sms}", stacklevel=3)
-        if prof is None and dev.kind == "cuda" and self.measure_profiles and not isinstance(runner, FakeModel):
+        measurable = dev.kind == "cuda" and self.measure_profiles and not isinstance(runner, FakeModel)
+        kind = compiled_kind(config, runner)
+        if prof is not None and kind != "engine" and prof.runner != kind:
+            # the stored profile timed other graphs than this model's options compile (the shipped ones
+            # are the default's): plan with a measurement of these, or say that the plan is approximate
+            measured = self._measured_profile(config, runner) if measurable else None
+            if measured is None:
+                warnings.warn(f"the profile of {config.name!r} timed {prof.runner or 'unnamed'!r} graphs, the model "
+                              f"compiles as {kind!r} (its config's engine options): planning with it anyway "
+                              f"(`gpuloom profile` with the same options makes a matching one)", stacklevel=3)
+            else:
+                log.info("model %s: its stored profile timed %r graphs, the model compiles as %r: measured its own",
+                         config.name, prof.runner, kind)
+                prof = measured
+        if prof is None and measurable:
             prof = self._measured_profile(config, runner)
         if prof is None:
             if dev.kind == "cpu":  # latency does not depend on SMs here: batch 1 and max batch are the profile
@@ -1506,6 +1520,22 @@ class InferenceService:
             warnings.warn(f"model {config.name!r}: measuring its profile failed ({type(e).__name__}: {e})",
                           stacklevel=4)
             return None
+
+
+def compiled_kind(config: ModelConfig, runner: Any) -> str:
+    """What a profile of ``runner`` (the model as ``config`` compiled it) would name as its runner:
+    ``profiler.engine_kind`` of the config's engine options that changed the compiled graph. An option
+    that changed nothing (``fuse_epilogues`` on a model without such epilogues or gates) leaves the
+    default's graph, whose stored profile then still holds. ``"engine"`` for anything not compiled."""
+    from ..profile.profiler import engine_kind
+
+    done = getattr(runner, "rewrites", None)
+    if not isinstance(done, dict):
+        return engine_kind()
+    return engine_kind(config.channels_last if done.get("channels_last_weights") else False,
+                       config.fuse_convolutions if done.get("fused_convolutions") else False,
+                       config.split_gemms if done.get("split_linears") else False,
+                       config.fuse_epilogues if done.get("fused_epilogues") or done.get("fused_gates") else False)
 
 
 def trim_profile(p: Profile, max_batch: int) -> Profile:
