@@ -695,3 +695,37 @@ def test_a_variants_policy_options_reach_its_simulated_twin(monkeypatch, tmp_pat
     rc, rep = run_bench(tmp_path, "--policy", "dstack:queues=arrival")
     assert rc == 0 and not rep["policies"]["dstack:queues=arrival"]["error"]
     assert seen == [("dstack", {"queues": "arrival"})]
+
+
+def test_engine_options_reach_every_models_config_and_the_report(tmp_path, monkeypatch, capsys):
+    # `gpuloom bench --engine fuse_epilogues=true` serves every model as a repository's key would
+    # (the A/B of gpuloom's own kernels in the service); a bad key or value is refused up front
+    from gpuloom.bench import e2e
+    from gpuloom.engine.options import parse_engine_options
+
+    assert parse_engine_options("fuse_epilogues=true, channels_last=auto,split_gemms=False") == {
+        "fuse_epilogues": True, "channels_last": "auto", "split_gemms": False}
+    assert parse_engine_options("") == {}
+    for bad, says in (("fuse_gates=true", "KEY one of channels_last"), ("fuse_epilogues=yes", "true or false"),
+                      ("fuse_convolutions=auto", "true, false or channels_last"), ("split_gemms", "KEY=VALUE")):
+        with pytest.raises(ValueError, match=says):
+            parse_engine_options(bad)
+    seen, real = [], e2e.build_models
+
+    def spy(*a, **kw):
+        models = real(*a, **kw)
+        seen.append({name: cfg for name, (cfg, _) in models.items()})
+        return models
+
+    monkeypatch.setattr(e2e, "build_models", spy)
+    monkeypatch.setattr(bench, "build_models", spy, raising=False)
+    rc, rep = run_bench(tmp_path, "--policy", "triton", "--engine", "fuse_epilogues=true,split_gemms=true")
+    assert rc == 0 and rep["meta"]["engine"] == {"fuse_epilogues": True, "split_gemms": True}
+    assert seen and all(cfg.fuse_epilogues and cfg.split_gemms and not cfg.channels_last
+                        for cfg in seen[0].values())
+    wl = tmp_path / "two.yaml"
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    assert bench.run(p.parse_args([str(wl), "--tiny", "--device", "cpu", "--engine", "fuse_epilogues=maybe"])) == 2
+    said = " ".join(capsys.readouterr().err.split())  # errors on stderr (the console wraps long lines)
+    assert "error: --engine: engine option fuse_epilogues: expected true or false, got 'maybe'" in said, said[-300:]

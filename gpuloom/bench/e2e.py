@@ -165,8 +165,12 @@ def resolve_device_and_profiles(workload: Workload, *, device: str | None, profi
 
 
 def build_models(workload: Workload, *, tiny: bool, device: str, max_batch: int = 32,
-                 progress: Callable[[str], None] | None = None) -> dict[str, tuple[Any, Any]]:
-    """``{name: (ModelConfig, CompiledModel)}`` for the workload's models, compiled once."""
+                 progress: Callable[[str], None] | None = None,
+                 engine_options: dict | None = None) -> dict[str, tuple[Any, Any]]:
+    """``{name: (ModelConfig, CompiledModel)}`` for the workload's models, compiled once.
+    ``engine_options``: ``ModelConfig``'s engine keys for every model (``gpuloom bench --engine``);
+    a model they change nothing in keeps the default's graph and its stored profile, one they
+    change is profiled at its load (``service.compiled_kind``)."""
     import torch
 
     import gpuloom
@@ -189,7 +193,7 @@ def build_models(workload: Workload, *, tiny: bool, device: str, max_batch: int 
         cfg = ModelConfig(spec.name, tuple(TensorSpec(f"input{i}", tuple(s), str(dt).removeprefix("torch."))
                                            for i, (s, dt) in enumerate(zip(shapes, dtypes))),
                           max_batch=max_batch, slo_ms=float(spec.slo_ms), weight=float(spec.weight),
-                          rate_hint=float(workload.mean_rate(spec)))
+                          rate_hint=float(workload.mean_rate(spec)), **(engine_options or {}))
         # as the service compiles a model by default (its layout, fusion and GEMMs): the shipped
         # profiles the plans come from were measured so, and the service refuses anything else
         cm = gpuloom.compile(module, ex, max_batch=max_batch, device=dev, input_names=[t.name for t in cfg.inputs],

@@ -34,6 +34,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profiles", metavar="DIR", default=None,
                    help="profile directory (default: shipped H200 profiles on CUDA; crude ones measured at load "
                         "with --tiny)")
+    p.add_argument("--engine", metavar="KEY=VALUE[,...]", default="",
+                   help="engine options for every model, as a repository's keys: channels_last, fuse_convolutions, "
+                        "split_gemms, fuse_epilogues (e.g. fuse_epilogues=true); a model whose graph they change "
+                        "is profiled at its load (once; cached)")
     p.add_argument("--queue-limit", type=int, default=1024, help="per-model queue bound (default 1024)")
     p.add_argument("--warmup", type=float, default=2.0,
                    help="seconds of unmeasured load before each policy's first point, at most --duration "
@@ -132,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from gpuloom.engine.options import parse_engine_options
     from gpuloom.gpu.connections import connections_in_effect
     from gpuloom.policy.dstack import DEFAULT_LANES, DEFAULT_MIN_SMS, DEFAULT_REMAINDER
     from gpuloom.bench.e2e import (bench_policy, build_models, check_arrivals, resolve_device_and_profiles,
@@ -178,6 +183,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError:
         console.print(f"[red]error:[/red] --scale expects comma-separated numbers, got {args.scale!r}")
         return 2
+    try:
+        engine = parse_engine_options(args.engine)
+    except ValueError as e:
+        console.print(f"[red]error:[/red] --engine: {e}")
+        return 2
     import torch
 
     try:
@@ -195,11 +205,11 @@ def run(args: argparse.Namespace) -> int:
     console.print(summary(machine["start"]))
     t0 = time.monotonic()
     models = build_models(workload, tiny=args.tiny, device=device, max_batch=args.max_batch,
-                          progress=lambda s: console.print(s))
+                          progress=lambda s: console.print(s), engine_options=engine)
     results = []
 
     def write_report() -> dict:
-        meta = {"torch": torch.__version__, "tiny": args.tiny, "max_batch": args.max_batch,
+        meta = {"torch": torch.__version__, "tiny": args.tiny, "max_batch": args.max_batch, "engine": engine,
                 "duration_s": args.duration, "warmup_s": min(args.warmup, args.duration),
                 "seconds": round(time.monotonic() - t0, 1), "argv": sys.argv[1:],
                 # what plain "dstack" meant in this run (reports before the key planned down to 8 SMs: 0)

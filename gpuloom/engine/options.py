@@ -16,3 +16,27 @@ def is_channels_last(value: Any) -> bool:
 def is_fuse_convolutions(value: Any) -> bool:
     """False, True or "channels_last" (the channels-last graph only)."""
     return isinstance(value, bool) or value == "channels_last"
+
+
+ENGINE_KEYS = ("channels_last", "fuse_convolutions", "split_gemms", "fuse_epilogues")  # a served model's
+_CHOICES = {"channels_last": "true, false or auto", "fuse_convolutions": "true, false or channels_last",
+            "split_gemms": "true or false", "fuse_epilogues": "true or false"}
+
+
+def parse_engine_options(text: str) -> dict[str, Any]:
+    """``"fuse_epilogues=true,split_gemms=true"`` -> ``{"fuse_epilogues": True, "split_gemms": True}``:
+    a served model's engine options (``ModelConfig``'s, the repository's keys) as a command line
+    writes them. ValueError saying what was expected for an unknown key or value."""
+    out: dict[str, Any] = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        key, eq, raw = item.partition("=")
+        key, raw = key.strip(), raw.strip().lower()
+        if not eq or key not in ENGINE_KEYS:
+            raise ValueError(f"engine option {item!r}: expected KEY=VALUE with KEY one of {', '.join(ENGINE_KEYS)}")
+        value: Any = {"true": True, "false": False}.get(raw, raw)
+        ok = (is_channels_last(value) if key == "channels_last" else is_fuse_convolutions(value)
+              if key == "fuse_convolutions" else isinstance(value, bool))
+        if not ok:
+            raise ValueError(f"engine option {key}: expected {_CHOICES[key]}, got {raw!r}")
+        out[key] = value
+    return out
