@@ -396,6 +396,15 @@ def resolve_channels_last(channels_last: bool | str | None, streams: str | int) 
     return channels_last
 
 
+def _triton_option(name: str, value: bool | None, dev: torch.device) -> bool:
+    """An option that runs gpuloom's Triton kernels: as given, or for None on for CUDA where Triton imports."""
+    if value is None:
+        return dev.type == "cuda" and epilogue.available()
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True, False or None, got {value!r}")
+    return value
+
+
 def resolve_fuse_convolutions(fuse: bool | str | None, *, reinplace: bool, channels_last: bool | str) -> bool | str:
     """compile's ``fuse_convolutions`` as given, or for None (the default since the thirty-fourth
     session) "channels_last": the NHWC graph fused (engine runs 100-101: 1.27-1.74x faster than the
@@ -541,14 +550,8 @@ def compile(
     elif split_gemms and dev.type != "cuda":
         raise ValueError("split_gemms=True times its GEMMs on the GPU, which needs a CUDA device; "
                          f"this model compiles for {dev}")
-    if fuse_epilogues is None:
-        fuse_epilogues = dev.type == "cuda" and epilogue.available()
-    elif not isinstance(fuse_epilogues, bool):
-        raise ValueError(f"fuse_epilogues must be True, False or None, got {fuse_epilogues!r}")
-    if fuse_gates is None:
-        fuse_gates = dev.type == "cuda" and epilogue.available()
-    elif not isinstance(fuse_gates, bool):
-        raise ValueError(f"fuse_gates must be True, False or None, got {fuse_gates!r}")
+    fuse_epilogues = _triton_option("fuse_epilogues", fuse_epilogues, dev)
+    fuse_gates = _triton_option("fuse_gates", fuse_gates, dev)
     bucket_list = tuple(sorted(set(buckets))) if buckets is not None else default_buckets(max_batch)
     if bucket_list[0] < 1 or bucket_list[-1] != max_batch:
         raise ValueError(f"buckets must be positive and end at max_batch={max_batch}, got {bucket_list}")

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 ACTIVATIONS = ("none", "relu6", "silu", "sigmoid")
 _ACT_CODE = {a: i for i, a in enumerate(ACTIVATIONS)}
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what gpuloom's Triton kernels take
 _BLOCK = 1024
 
 
@@ -104,7 +104,7 @@ def _dense(t: torch.Tensor) -> bool:
 def _fits(y: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | None) -> bool:
     """The kernel's assumptions: a dense map of two or more dimensions, its channel dimension 1, one contiguous
     bias per channel, a residual laid out as ``y`` is, one dtype, offsets within int32."""
-    if y.dtype not in _DTYPES or y.dim() < 2 or y.numel() == 0 or y.numel() >= 2**31 or not _dense(y):
+    if y.dtype not in KERNEL_DTYPES or y.dim() < 2 or y.numel() == 0 or y.numel() >= 2**31 or not _dense(y):
         return False
     if bias.dtype != y.dtype or bias.dim() != 1 or bias.numel() != y.shape[1] or not bias.is_contiguous():
         return False

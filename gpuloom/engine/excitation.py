@@ -27,12 +27,11 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from .epilogue import KernelGuard
+from .epilogue import KERNEL_DTYPES, KernelGuard
 
 HIDDEN_ACTIVATIONS = ("relu", "silu")
 GATE_ACTIVATIONS = ("sigmoid", "hardsigmoid")
 _CODE = {"relu": 0, "silu": 1, "sigmoid": 0, "hardsigmoid": 1}
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _MAX_HIDDEN = 512  # excite's programs hold a [channels, hidden] tile of the second weight
 _HIDDEN_ROWS, _HIDDEN_K = 2, 512  # hidden's tile: rows of the first weight x input channels per step
 _EXCITE_C, _EXCITE_HW = 32, 64  # excite's tile of x: channels x pixels
@@ -106,7 +105,7 @@ def _on_gpu(t: torch.Tensor) -> bool:
 
 def _pooled(t: torch.Tensor) -> bool:
     """A ``[N, C, 1, 1]`` map of a kernel's dtype with its channels dense (NCHW and NHWC alike)."""
-    return (t.dtype in _DTYPES and t.dim() == 4 and tuple(t.shape[2:]) == (1, 1) and t.numel() > 0
+    return (t.dtype in KERNEL_DTYPES and t.dim() == 4 and tuple(t.shape[2:]) == (1, 1) and t.numel() > 0
             and (t.shape[1] == 1 or t.stride(1) == 1))
 
 
@@ -126,7 +125,7 @@ def _weight_fits(w: torch.Tensor, b: torch.Tensor, like: torch.Tensor, cols: int
 def _excite_fits(x, h, w2, b2) -> bool:
     """x a dense NCHW or NHWC 4-D map (int32 offsets), h its samples' pooled hidden map, w2 from the
     hidden width (at most 512) to x's channels."""
-    if x.dtype not in _DTYPES or x.dim() != 4 or x.numel() == 0 or x.numel() >= 2**31:
+    if x.dtype not in KERNEL_DTYPES or x.dim() != 4 or x.numel() == 0 or x.numel() >= 2**31:
         return False
     if not (x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last)):
         return False

@@ -308,6 +308,19 @@ def _same_tensor_type(a: fx.Node, b: fx.Node) -> bool:
             and va.dtype == vb.dtype and va.dim() == 4 and va.dtype in _FUSED_DTYPES)
 
 
+def _output_values(g: fx.Graph) -> set[fx.Node]:
+    """The values ``g`` returns: a fusion must leave each as it is (callers read it)."""
+    return {a for n in g.nodes if n.op == "output" for a in n.all_input_nodes}
+
+
+def _relinted(gm: fx.GraphModule, rewritten: int) -> int:
+    """``rewritten``, after checking and recompiling ``gm`` where a pass rewrote anything."""
+    if rewritten:
+        gm.graph.lint()
+        gm.recompile()
+    return rewritten
+
+
 def _biased_convolutions(g: fx.Graph, outputs: set) -> Iterator[tuple[fx.Node, tuple, fx.Node]]:
     """Each 2-D convolution of ``g`` with a bias whose value has one reader and is no graph output:
     ``(convolution, its _conv2d_params, the reader)``, in graph order (a pass may rewrite each)."""
@@ -342,7 +355,7 @@ def fuse_convolutions(gm: fx.GraphModule) -> int:
     place (see the module docstring). Only for graphs that run on CUDA with cuDNN: the fused ops have
     no CPU kernel. Returns how many convolutions were fused."""
     g = gm.graph
-    outputs = {a for n in g.nodes if n.op == "output" for a in n.all_input_nodes}
+    outputs = _output_values(g)
     fused = 0
     for conv, params, user in _biased_convolutions(g, outputs):
         x, w, b, stride, padding, dilation, groups = params
@@ -373,10 +386,7 @@ def fuse_convolutions(gm: fx.GraphModule) -> int:
         for n in (relu, user, conv):
             g.erase_node(n)
         fused += 1
-    if fused:
-        g.lint()
-        gm.recompile()
-    return fused
+    return _relinted(gm, fused)
 
 
 _SILU = torch.ops.aten.silu.default
@@ -400,7 +410,7 @@ def fuse_epilogues(gm: fx.GraphModule) -> int:
     """Move each convolution's bias, residual add and SiLU / sigmoid / ReLU6 into one
     :func:`epilogue.bias_act`, in place (see the module docstring). Returns how many convolutions."""
     g = gm.graph
-    outputs = {a for n in g.nodes if n.op == "output" for a in n.all_input_nodes}
+    outputs = _output_values(g)
     fused = 0
     for conv, params, user in _biased_convolutions(g, outputs):
         x, w, b, stride, padding, dilation, groups = params
@@ -430,10 +440,7 @@ def fuse_epilogues(gm: fx.GraphModule) -> int:
         for n in ((last, user, conv) if last is not user else (user, conv)):
             g.erase_node(n)
         fused += 1
-    if fused:
-        g.lint()
-        gm.recompile()
-    return fused
+    return _relinted(gm, fused)
 
 
 _HIDDEN_ACTIVATIONS = {_RELU: "relu", _SILU: "silu"}
@@ -490,7 +497,7 @@ def fuse_gates(gm: fx.GraphModule) -> int:
     read once) becomes :func:`excitation.hidden` and :func:`excitation.excite`. Run before the
     convolution passes, which would take its convolutions apart. Returns how many gates."""
     g = gm.graph
-    outputs = {a for n in g.nodes if n.op == "output" for a in n.all_input_nodes}
+    outputs = _output_values(g)
     fused, erased = 0, set()
     for conv1 in list(g.nodes):
         if conv1 in erased:  # a later node of a gate already fused
@@ -519,10 +526,7 @@ def fuse_gates(gm: fx.GraphModule) -> int:
             g.erase_node(n)
             erased.add(n)
         fused += 1
-    if fused:
-        g.lint()
-        gm.recompile()
-    return fused
+    return _relinted(gm, fused)
 
 
 def split_linears(gm: fx.GraphModule) -> int:
