@@ -350,32 +350,20 @@ def main() -> int:
                 merged[(rec["model"], rec["dtype"])] = rec
     results = sorted(merged.values(), key=lambda r: (r["dtype"] != "float32", r["model"]))
     summary = main_summary(results)
-    tc = torch_compile_rows(args.torch_compile)
-    if tc:
-        summary["torch_compile"] = torch_compile_summary(tc, results)
-    layouts = layout_rows(args.layouts)
-    if layouts:
-        summary["channels_last"] = layout_summary(layouts)
-    defaults = default_rows(args.defaults)
-    if defaults:
-        summary["compile_default"] = default_summary(defaults)
-    splits = split_rows(args.splits)
-    if splits:
-        summary["split_gemms"] = split_summary(splits)
-    epilogues = epilogue_rows(args.epilogues)
-    if epilogues:
-        summary["fused_epilogues"] = epilogue_summary(epilogues)
-    gates = gate_rows(args.gates)
-    if gates:
-        summary["fused_gates"] = gate_summary(gates)
-    current = current_rows(args.current)
-    if current:
-        summary["current_default"] = current_summary(current)
+    # each comparison: its key (in the summary and the document), its rows, how its summary is made
+    sections = [("torch_compile", torch_compile_rows(args.torch_compile), lambda rows: torch_compile_summary(rows, results)),
+                ("channels_last", layout_rows(args.layouts), layout_summary),
+                ("compile_default", default_rows(args.defaults), default_summary),
+                ("split_gemms", split_rows(args.splits), split_summary),
+                ("fused_epilogues", epilogue_rows(args.epilogues), epilogue_summary),
+                ("fused_gates", gate_rows(args.gates), gate_summary),
+                ("current_default", current_rows(args.current), current_summary)]
+    for key, rows, summarize in sections:
+        if rows:
+            summary[key] = summarize(rows)
+    tc, layouts, defaults, splits, epilogues, gates, current = (rows for _, rows, _ in sections)
     out = {**meta, "runs": sorted({r["run"] for r in results}), "results": results, "summary": summary,
-           **({"torch_compile": tc} if tc else {}), **({"channels_last": layouts} if layouts else {}),
-           **({"compile_default": defaults} if defaults else {}), **({"split_gemms": splits} if splits else {}),
-           **({"fused_epilogues": epilogues} if epilogues else {}), **({"fused_gates": gates} if gates else {}),
-           **({"current_default": current} if current else {})}
+           **{key: rows for key, rows, _ in sections if rows}}
     Path(args.out).write_text(json.dumps(out, indent=1))
 
     fp = lambda dtype: dtype.replace("float", "fp")  # noqa: E731
