@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 
@@ -90,7 +91,9 @@ def test_sigterm_drains_and_answers_every_accepted_request(tmp_path, extra):
     (tmp_path / "slow.yaml").write_text("name: slow\nsource: slow.py:slow\ninputs: [{name: x, shape: [2]}]\nmax_batch: 4\nslo_ms: 5000\n")
     proc = _spawn(str(tmp_path), "--http-port", "0", "--grpc-port", "0", *extra)
     try:
-        port, _ = _wait_port(proc)
+        port, lines = _wait_port(proc)
+        # by default (--runtime-on auto) a model whose batches take 100 ms keeps the loop off HTTP's
+        assert ("the runtime's loop on HTTP's event loop" in lines[-1]) == bool(extra), lines[-1]
         results = []
         body = json.dumps({"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1.0, 2.0]}]})
 
@@ -125,6 +128,33 @@ def test_sigterm_drains_and_answers_every_accepted_request(tmp_path, extra):
     # really slow), never cut off
     assert all(s in (200, 429, 503) for s, _ in results), results
     assert "stopped (drained)" in proc.stderr.read()
+
+
+def test_by_default_a_small_cpu_model_is_served_from_the_http_event_loop():
+    """``--runtime-on auto`` (the default): on the CPU, a model whose largest batch takes under
+    AUTO_HOST_MAX_BATCH_MS has its runtime's loop on HTTP's event loop, and serves from there."""
+    proc = _spawn(str(ROOT / "examples" / "repository" / "tiny_mlp.yaml"), "--http-port", "0", "--no-grpc",
+                  "--device", "cpu")
+    try:
+        port, lines = _wait_port(proc)
+        assert "the runtime's loop on HTTP's event loop" in lines[-1], lines[-1]
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        c.request("GET", "/v2/models/tiny_mlp")
+        meta = json.loads(c.getresponse().read())
+        spec = meta["inputs"][0]
+        shape = [1, *[d for d in spec["shape"] if d != -1]]
+        body = json.dumps({"inputs": [{"name": spec["name"], "shape": shape, "datatype": spec["datatype"],
+                                       "data": [0.5] * int(np.prod(shape))}]})
+        for _ in range(3):
+            c.request("POST", "/v2/models/tiny_mlp/infer", body=body, headers={"Content-Type": "application/json"})
+            r = c.getresponse()
+            assert r.status == 200, r.read()
+            assert json.loads(r.read())["outputs"][0]["shape"][0] == 1
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
 
 
 def test_serve_says_clearly_when_the_port_is_taken(tmp_path):

@@ -1264,6 +1264,66 @@ def test_a_hosted_runtime_queues_computes_and_answers_on_the_hosts_thread_and_ma
         _stop_host(aloop, th)
 
 
+def test_a_host_with_a_batch_limit_takes_the_loop_only_while_every_models_batches_are_short():
+    """``host_loop_on(longest_batch_ms=...)`` (``gpuloom serve --runtime-on auto``): a model whose largest
+    batch takes longer than the limit would hold the host's other work up for that long, so loading
+    one gives the loop back to the runtime's thread, and unloading it hosts the loop again."""
+    import asyncio
+
+    import torch
+
+    from gpuloom.profile.store import GpuInfo, Profile, ProfileStore
+    from gpuloom.runtime.service import longest_batch_ms
+
+    sms = (8, 132)
+    slow = Profile(model="slow", input_shapes=((4,),), dtype="float32", gpu=GpuInfo("cpu", 132), batches=(1, 8),
+                   sms=sms, latency_ms=((3.0, 3.0), (12.0, 12.0)))  # its batch of 8: 12 ms, over a 2 ms limit
+    assert longest_batch_ms(slow) == 12.0
+    svc = InferenceService(policy="dstack", device="cpu", profiles=ProfileStore(profiles=[slow]))
+    svc.start()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "m": no profile, a crude one timed at load (a Linear(4, 4): microseconds)
+        svc.load(ModelConfig("m", X4, Y4, max_batch=8, slo_ms=5000), torch.nn.Linear(4, 4).eval())
+    assert longest_batch_ms(svc._models["m"].profile) < 2.0
+    aloop, th = _asyncio_host()
+    x = np.ones((1, 4), np.float32)
+
+    def answered_on() -> str:
+        fut = asyncio.run_coroutine_threadsafe(_infer_on_host(svc, "m", x), aloop)
+        fut.result(30)
+        names: list = []
+        f = svc.submit("m", {"x": x})  # from this thread: who completes it is who steps the loop
+        _completed_on(f, names)
+        f.result(30)
+        return names[0]
+
+    def settle(hosted: bool) -> None:  # the hand-over is posted to the loop: it happens at its next event
+        deadline = time.monotonic() + 10
+        while svc._runtime.hosted != hosted and time.monotonic() < deadline:
+            svc.submit("m", {"x": x}).result(30)
+            time.sleep(0.01)
+        assert svc._runtime.hosted == hosted
+
+    try:
+        svc.host_loop_on(aloop, longest_batch_ms=2.0)
+        assert svc.loop_hosted
+        settle(True)
+        assert answered_on() == "host"
+        svc.load(ModelConfig("slow", X4, Y4, max_batch=8, slo_ms=5000), torch.nn.Identity())
+        assert not svc.loop_hosted
+        settle(False)
+        assert answered_on() == "gpuloom-runtime-dstack"
+        svc.unload("slow")
+        assert svc.loop_hosted
+        settle(True)
+        assert answered_on() == "host"
+        svc.close(drain=True, timeout_s=30)
+        assert not svc._runtime.running
+        assert_books(svc)
+    finally:
+        _stop_host(aloop, th)
+
+
 def test_a_host_that_stops_first_hands_the_loop_back_and_close_still_answers_every_request():
     import asyncio
 

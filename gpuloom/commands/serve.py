@@ -9,6 +9,8 @@ HELP = "serve a model repository (directory or YAML) over KServe v2 / Triton-com
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..serve import AUTO_HOST_MAX_BATCH_MS, RUNTIME_ON  # (the package alone: no aiohttp at parse time)
+
     p.add_argument("repository", help="model repository: a directory of model YAML files or one YAML file (format: "
                         "docs/model-repository.md; examples: examples/repository)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)")
@@ -67,11 +69,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "waits for it), lane (the watcher launches it too), inline (the runtime's thread launches "
                         "and waits for it: no thread hand-off per batch), auto (default: inline on --device cpu, "
                         "loop on a GPU)")
-    p.add_argument("--runtime-on", choices=("thread", "http"), default="thread",
-                   help="where the runtime's scheduling loop runs: thread (default: its own) or http (the HTTP "
-                        "server's event loop, as KServe runs its models: each request is queued, batched, computed "
-                        "and answered with no thread hand-off, but HTTP waits while a batch runs; --device cpu "
-                        "only, without --http-workers)")
+    p.add_argument("--runtime-on", choices=RUNTIME_ON, default="auto",
+                   help="where the runtime's scheduling loop runs: thread (its own), http (the HTTP server's event "
+                        "loop, as KServe runs its models: each request is queued, batched, computed and answered "
+                        "with no thread hand-off, but HTTP waits while a batch runs; --device cpu only, without "
+                        "--http-workers) or auto (default: http where it can run there and every model's largest "
+                        f"batch takes at most {AUTO_HOST_MAX_BATCH_MS:g} ms, else thread; decided again at each load)")
     p.add_argument("--switch-interval-ms", type=float, default=None, metavar="MS",
                    help="the interpreter's GIL switch interval while serving (default: Python's, 5 ms): how long "
                         "a thread woken for a request may wait for another busy thread to hand over the GIL")
@@ -260,7 +263,8 @@ def run(args: argparse.Namespace) -> int:
     def started(addr):
         grpc = f", gRPC on {addr.grpc_url}" if addr.grpc_port else ""
         workers = f" ({args.http_workers} front-end workers, at nice +{server.worker_nice})" if args.http_workers else ""
-        print(f"gpuloom serving {_count(len(names), 'model')} ({', '.join(names) or 'none yet'}) with policy {args.policy}: HTTP on http://{addr.http_url}{workers}{grpc}", file=sys.stderr, flush=True)
+        hosted = " (the runtime's loop on HTTP's event loop)" if service.loop_hosted else ""
+        print(f"gpuloom serving {_count(len(names), 'model')} ({', '.join(names) or 'none yet'}) with policy {args.policy}: HTTP on http://{addr.http_url}{workers}{hosted}{grpc}", file=sys.stderr, flush=True)
 
     try:
         server.serve_forever(on_started=started)

@@ -514,6 +514,7 @@ class InferenceService:
         self._waker = self._shared_waker()
         self._intakes: list[Callable[[], float]] = []  # pollers on every runtime loop (add_intake)
         self._host: Any = None  # host_loop_on: the event loop every runtime's loop runs on
+        self._host_batch_limit_ms: float | None = None  # ... while every model's largest batch takes at most this
 
     # -- lifecycle ----------------------------------------------------------------------------
     @property
@@ -1080,7 +1081,7 @@ class InferenceService:
                     "(they wake the runtime's own thread)")
         return None
 
-    def host_loop_on(self, host: Any) -> None:
+    def host_loop_on(self, host: Any, *, longest_batch_ms: float | None = None) -> None:
         """Run the runtime's loop on ``host`` (the HTTP server's asyncio event loop, running) instead
         of on the runtime's thread: now, and for every runtime a later load starts. Each request is
         then queued, decided, computed and answered on the host's thread, with no hand-off per
@@ -1088,15 +1089,19 @@ class InferenceService:
         with inline launches: on a GPU the loop sleeps on a semaphore the device posts; front-end
         workers (:meth:`add_intake`) post it from their processes, so they cannot be used with it.
         ValueError says why not (:meth:`host_loop_refusal`). Undo with :meth:`unhost_loop`. While
-        hosted, :meth:`loop_cpu`'s thread figure is the whole host thread's (HTTP included)."""
+        hosted, :meth:`loop_cpu`'s thread figure is the whole host thread's (HTTP included).
+
+        ``longest_batch_ms``: host the loop only while every loaded model's largest batch takes at
+        most this long (its profile, timed at load): everything else the host does waits for the
+        batch running, so a model with long batches would hold health checks and other models'
+        requests up for as long. Decided again after each load and unload (``--runtime-on auto``)."""
         with self._lock:
             why = self.host_loop_refusal()
             if why is not None:
                 raise ValueError(why)
             self._host = host
-            rt = self._runtime
-        if rt is not None:
-            rt.host_on(host)
+            self._host_batch_limit_ms = longest_batch_ms
+        self._place_loop()
 
     def unhost_loop(self) -> None:
         """The runtime's loop goes back to a thread of its own (``Runtime.take_back``): before the
@@ -1106,6 +1111,39 @@ class InferenceService:
             rt = self._runtime
         if rt is not None:
             rt.take_back()
+
+    @property
+    def loop_hosted(self) -> bool:
+        """Whether the runtime's loop is to run on the host's event loop now (:meth:`host_loop_on`
+        was called and the loaded models' batches are short enough); the hand-over itself is posted
+        to the loop and happens at its next event."""
+        with self._lock:
+            return self._host_wanted() is not None
+
+    def _host_wanted(self) -> Any:
+        """The host the loop should run on for the models loaded now, or None. Called with ``_lock``."""
+        limit = self._host_batch_limit_ms
+        if self._host is None or limit is None:
+            return self._host
+        if all(longest_batch_ms(m.profile) <= limit for m in self._models.values()):
+            return self._host
+        return None
+
+    def _place_loop(self) -> None:
+        """Hand the runtime's loop to the host, or back to a thread of its own, as :meth:`host_loop_on`
+        asked and the loaded models allow (both are no-ops where the loop already is)."""
+        with self._lock:
+            rt = self._runtime
+            host = self._host_wanted()
+        if rt is None:
+            return
+        if host is not None:
+            rt.host_on(host)
+            return
+        if rt.hosted:
+            log.info("a loaded model's batches take longer than %.1f ms: the runtime's loop runs on its own thread",
+                     self._host_batch_limit_ms)
+        rt.take_back()  # (also cancels a hand-over host_on posted that has not happened yet)
 
     def add_intake(self, poll: Callable[[], float]) -> int | None:
         """Run ``poll()`` on the runtime's loop thread each time it wakes, now and after any re-plan
@@ -1249,6 +1287,7 @@ class InferenceService:
         with self._lock:
             for pid in policy_id:  # failures that were not retried: nobody will read them
                 self._layout_failed.pop(pid, None)
+        self._place_loop()  # the model set changed: the host (host_loop_on) may take the loop, or give it back
         return err
 
     def _not_on_host(self, what: str) -> None:
@@ -1297,8 +1336,6 @@ class InferenceService:
                 self._backend.on_served = self._on_result  # answers once: the runtime's later call finds it done
             self._runtime = Runtime(policy, self._backend, ctx)
             self._runtime.start(self._on_result, on_layout=self._on_layout, on_results=self._on_results)
-            if self._host is not None:
-                self._runtime.host_on(self._host)
         else:
             self._runtime.reconfigure(policy, ctx)
         with self._lock:
@@ -1536,6 +1573,12 @@ def compiled_kind(config: ModelConfig, runner: Any) -> str:
                        config.fuse_convolutions if done.get("fused_convolutions") else False,
                        config.split_gemms if done.get("split_linears") else False,
                        config.fuse_epilogues if done.get("fused_epilogues") or done.get("fused_gates") else False)
+
+
+def longest_batch_ms(p: Profile) -> float:
+    """How long ``p``'s largest batch takes with the whole device: the longest a batch of the model
+    holds the thread that runs it (``InferenceService.host_loop_on``'s limit)."""
+    return p.latency(p.max_batch, p.sms[-1])
 
 
 def trim_profile(p: Profile, max_batch: int) -> Profile:

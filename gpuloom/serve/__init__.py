@@ -10,4 +10,16 @@ The server adds nothing to scheduling: batching, deadlines and placement are the
 Submodules are imported on use so ``import gpuloom.serve`` stays light.
 """
 
-__all__ = ["repository", "protocol", "core", "http_server", "grpc_server", "server", "metrics", "openapi"]
+#: where the runtime's loop runs: its own thread, the server's HTTP event loop, or the event loop
+#: where it can run there and every model's batches are short (Server.runtime_on)
+RUNTIME_ON = ("thread", "http", "auto")
+
+#: ``runtime_on="auto"`` hosts the runtime's loop on the HTTP event loop while every loaded model's
+#: largest batch takes at most this long (ms). While a batch runs there, everything else the server
+#: does waits: a health check behind a 40 ms CPU batch waited 47-197 ms at p99 against 4.5-6 ms on
+#: the runtime's own thread (twenty-sixth session, ``docs/reports/serving.md``); 2 ms keeps that wait
+#: within the threaded server's own tail. A tiny model gains: one thread hand-off less each way.
+AUTO_HOST_MAX_BATCH_MS = 2.0
+
+__all__ = ["AUTO_HOST_MAX_BATCH_MS", "RUNTIME_ON", "repository", "protocol", "core", "http_server", "grpc_server", "server",
+           "metrics", "openapi"]

@@ -21,15 +21,12 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from . import frontend
+from . import AUTO_HOST_MAX_BATCH_MS, RUNTIME_ON, frontend
 from .core import ServeCore
 
 log = logging.getLogger("gpuloom.serve")
 
-__all__ = ["Server", "ServeError", "ServerAddress", "RUNTIME_ON", "check_ports_free"]
-
-#: where the runtime's loop runs: its own thread, or the server's HTTP event loop (Server.runtime_on)
-RUNTIME_ON = ("thread", "http")
+__all__ = ["AUTO_HOST_MAX_BATCH_MS", "Server", "ServeError", "ServerAddress", "RUNTIME_ON", "check_ports_free"]
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -80,7 +77,8 @@ class Server:
             raise ValueError("runtime_on='http' runs the runtime's loop on this process's HTTP event loop: it needs "
                              "http_workers=0 (front-end workers wake the runtime's own thread)")
         # where the runtime's loop runs: its own thread, or this server's event loop (the CPU device:
-        # no thread hand-off per request; InferenceService.host_loop_on)
+        # no thread hand-off per request; InferenceService.host_loop_on); "auto": the event loop where
+        # the service can be hosted (the CPU device, no front-end workers) and its batches are short
         self.runtime_on = runtime_on
         # the CPUs the front-end workers run on (None: those of this process when it starts them)
         self.worker_cpus = worker_cpus
@@ -188,6 +186,8 @@ class Server:
             await self._grpc.start()
         if self.runtime_on == "http":  # last: nothing can fail after it and leave the runtime on a dead loop
             self.core.service.host_loop_on(asyncio.get_running_loop())
+        elif self.runtime_on == "auto" and not self.http_workers and self.core.service.host_loop_refusal() is None:
+            self.core.service.host_loop_on(asyncio.get_running_loop(), longest_batch_ms=AUTO_HOST_MAX_BATCH_MS)
         self.address = ServerAddress(self.host, http_port, grpc_port)
 
     def _start_workers(self, port: int, internal: int) -> None:
@@ -276,7 +276,7 @@ class Server:
     async def _shutdown(self) -> None:
         core = self.core
         loop = asyncio.get_running_loop()
-        if self.runtime_on == "http":  # the drain runs on the runtime's own thread: HTTP stays free to answer
+        if self.runtime_on != "thread":  # the drain runs on the runtime's own thread: HTTP stays free to answer
             core.service.unhost_loop()
         if self._workers:  # they forward to this process: stop them first, while it still answers
             await loop.run_in_executor(None, self._stop_workers)
