@@ -9,6 +9,8 @@
 #   BENCH_PREFIX="taskset -c 0-1" ...   (runs the bench under that command: here, on two CPU cores)
 #   BENCH_ENVS="- CUDA_DEVICE_MAX_CONNECTIONS=32 -" ...   (one bench process per entry, "-" = as is: an
 #     A/B/A of a process-wide setting; outputs bench/<workload>_<i>.json)
+#   BENCH_EXTRA="-|--engine fuse_epilogues=true|-" ...   (one bench process per "|"-separated entry of
+#     more bench arguments, "-" = none: an A/B/A of gpuloom bench's options; with BENCH_ENVS, every pair)
 # Every step has its own time limit and log; results land under $OUT (one tarball of the
 # small files plus the JSONs), so a step that fails or runs out of time leaves the others.
 set -uo pipefail
@@ -44,13 +46,16 @@ for s in $STEPS; do
              --only overhead ${OVERHEAD_ARGS:-} > "$OUT/logs/overhead.txt" 2>&1; tail -c 2000 "$OUT/logs/overhead.txt" ;;
     bench) for w in $BENCH; do n=$(basename "$w" .yaml); i=0
              own="BENCH_ARGS_$n"; args=${!own:-$BENCH_ARGS}
+             IFS='|' read -ra extras <<< "${BENCH_EXTRA:--}"
              for e in ${BENCH_ENVS:--}; do  # one bench process per entry: "-" as is, or NAME=VALUE[,NAME=VALUE]
-               tag=$n; [ -n "${BENCH_ENVS:-}" ] && tag="${n}_$i"
+              for x in "${extras[@]}"; do  # ... and per entry of BENCH_EXTRA: "-" none, or more arguments
+               tag=$n; [ -n "${BENCH_ENVS:-}${BENCH_EXTRA:-}" ] && tag="${n}_$i"
                envs=(); [ "$e" != "-" ] && IFS=, read -ra envs <<< "$e"
-               echo "--- bench $tag: ${e}"
-               timeout "$T_BENCH" env ${envs[@]+"${envs[@]}"} ${BENCH_PREFIX:-} python3 -m gpuloom.cli bench "$w" $args \
+               more=""; [ "$x" != "-" ] && more=$x
+               echo "--- bench $tag: ${e} ${x}"
+               timeout "$T_BENCH" env ${envs[@]+"${envs[@]}"} ${BENCH_PREFIX:-} python3 -m gpuloom.cli bench "$w" $args $more \
                  --out "$OUT/bench/$tag.json" > "$OUT/logs/bench_$tag.txt" 2>&1; tail -25 "$OUT/logs/bench_$tag.txt"
-               i=$((i + 1)); done; done ;;
+               i=$((i + 1)); done; done; done ;;
     engine) timeout "${T_ENGINE:-240}" bash -c "$ENGINE_CMD" > "$OUT/logs/engine.txt" 2>&1; tail -30 "$OUT/logs/engine.txt" ;;
     serve) timeout "${T_SERVE:-150}" bash -c "$SERVE_CMD" > "$OUT/logs/serve.txt" 2>&1; tail -30 "$OUT/logs/serve.txt" ;;
     *) echo "unknown step $s" ;;
