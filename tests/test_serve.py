@@ -188,6 +188,9 @@ def test_metadata_config_statistics_and_repository_index_over_http(served):
     # queue and compute times come from the runtime's histograms: one per served request, > 0 ns
     assert int(stats["queue"]["count"]) >= 1 and int(stats["compute_infer"]["count"]) >= 1
     assert int(stats["compute_infer"]["ns"]) > 0
+    # Triton counts each request in all three compute steps; perf_analyzer stops ("Server side statistics
+    # compute counts must be the same") where they differ
+    assert stats["compute_input"]["count"] == stats["compute_infer"]["count"] == stats["compute_output"]["count"]
     # batches, counted: at least one, and no more than the rows served (each batch holds one or more; the
     # rows of one request may run in batches of their own: on two busy cores 5 requests took 13 batches)
     assert 1 <= int(st["execution_count"]) <= int(st["inference_count"]), st

@@ -399,6 +399,7 @@ class ServeCore:
             b = snap.get(n)
             sm = st_models.get(n, {})
             fail = (b.failure + sum(b.dropped.values())) if b else 0
+            compute = _duration(sm.get("compute_ms"))
             models.append({
                 "name": n,
                 "version": VERSION,
@@ -409,10 +410,13 @@ class ServeCore:
                     "success": {"count": b.success if b else 0, "ns": int((b.request_us if b else 0) * 1000)},
                     "fail": {"count": fail, "ns": 0},
                     "queue": _duration(sm.get("queue_ms")),
-                    # the runtime times the whole batch (input copy, replay, output copy) as one
-                    "compute_input": {"count": 0, "ns": 0},
-                    "compute_infer": _duration(sm.get("compute_ms")),
-                    "compute_output": {"count": 0, "ns": 0},
+                    # the runtime times the whole batch (input copy, replay, output copy) as one, so all of
+                    # it is compute_infer's; the input and output steps count the same requests with no
+                    # time of their own (Triton counts each request in all three, and perf_analyzer
+                    # refuses statistics whose three counts differ)
+                    "compute_input": {"count": compute["count"], "ns": 0},
+                    "compute_infer": compute,
+                    "compute_output": {"count": compute["count"], "ns": 0},
                 },
                 "batch_stats": [],
                 "gpuloom": {"books": b.as_dict() if b else {}, "runtime": sm},
