@@ -76,6 +76,9 @@ def main() -> int:
                     help="host_arrival_ms grid (that same host, per request that enters, dropped ones too)")
     ap.add_argument("--gil-request", default="0", help="gil_request_ms grid (shared interpreter, per request)")
     ap.add_argument("--gil-batch", default="0", help="gil_batch_ms grid (shared interpreter, per batch)")
+    ap.add_argument("--model-overhead", action="append", default=[], metavar="MODEL=MS",
+                    help="a model whose batches hold their lane this long instead of the grid's batch overhead "
+                         "(ContentionModel.model_overhead_ms; repeat for more; e.g. bert_base=2.0)")
     ap.add_argument("--variants", default="",
                     help="comma-separated variant keys whose points are kept (e.g. pinned_inputs,complete_on); points "
                          "of any other variant (policy:key=value) are left out, as the simulator would not know them")
@@ -83,6 +86,13 @@ def main() -> int:
                     help="points measured below this attainment are reported but not fitted")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    model_overhead = []
+    for kv in a.model_overhead:
+        model, _, ms = kv.partition("=")
+        try:
+            model_overhead.append((model, float(ms)))
+        except ValueError:
+            ap.error(f"--model-overhead: expected MODEL=MS (e.g. bert_base=2.0), got {kv!r}")
 
     points = []
     store = ProfileStore.builtin("h200")
@@ -116,7 +126,8 @@ def main() -> int:
              a.gil_request, a.gil_batch)
     for ov, df, it, hl, hr, ha, gr, gb in itertools.product(*[[float(v) for v in g.split(",")] for g in grids]):
         cm = ContentionModel(batch_overhead_ms=ov, demand_fraction=df, interference=it, host_launch_ms=hl,
-                             host_request_ms=hr, host_arrival_ms=ha, gil_request_ms=gr, gil_batch_ms=gb)
+                             host_request_ms=hr, host_arrival_ms=ha, gil_request_ms=gr, gil_batch_ms=gb,
+                             model_overhead_ms=tuple(model_overhead))
         rows = []
         for pt in points:
             wl = dataclasses.replace(pt["wl"].scaled(pt["scale"]), duration_s=pt["duration"])
@@ -154,6 +165,7 @@ def main() -> int:
               f"simulated {r['simulated_goodput']:7.0f}/s error {r['goodput_error']:+.3f}"
               f"{'' if r['fitted'] else '  (client late: not fitted)' if r['client_late'] else '  (collapse: not fitted)'}")
     report = {"method": __doc__.strip().splitlines()[0], "min_attainment": a.min_attainment,
+              "model_overhead_ms": dict(model_overhead),
               "measured_overhead": measured_overhead(a.check), "best": {k: best[k] for k in best if k != "points"},
               "best_points": best["points"],
               "grid": [{**{k: g[k] for k in g if k != "points"},
