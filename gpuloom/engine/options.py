@@ -19,8 +19,19 @@ def is_fuse_convolutions(value: Any) -> bool:
 
 
 ENGINE_KEYS = ("channels_last", "fuse_convolutions", "split_gemms", "fuse_epilogues")  # a served model's
-_CHOICES = {"channels_last": "true, false or auto", "fuse_convolutions": "true, false or channels_last",
-            "split_gemms": "true or false", "fuse_epilogues": "true or false"}
+#: what each of ENGINE_KEYS takes, as error messages say it
+ENGINE_CHOICES = {"channels_last": "true, false or auto", "fuse_convolutions": "true, false or channels_last",
+                  "split_gemms": "true or false", "fuse_epilogues": "true or false"}
+
+
+def is_engine_value(key: str, value: Any) -> bool:
+    """Whether ``value`` is one ``key`` (of ENGINE_KEYS) takes: the one check a repository's YAML and
+    ``gpuloom bench --engine`` share."""
+    if key == "channels_last":
+        return is_channels_last(value)
+    if key == "fuse_convolutions":
+        return is_fuse_convolutions(value)
+    return isinstance(value, bool)
 
 
 def parse_engine_options(text: str) -> dict[str, Any]:
@@ -34,9 +45,7 @@ def parse_engine_options(text: str) -> dict[str, Any]:
         if not eq or key not in ENGINE_KEYS:
             raise ValueError(f"engine option {item!r}: expected KEY=VALUE with KEY one of {', '.join(ENGINE_KEYS)}")
         value: Any = {"true": True, "false": False}.get(raw, raw)
-        ok = (is_channels_last(value) if key == "channels_last" else is_fuse_convolutions(value)
-              if key == "fuse_convolutions" else isinstance(value, bool))
-        if not ok:
-            raise ValueError(f"engine option {key}: expected {_CHOICES[key]}, got {raw!r}")
+        if not is_engine_value(key, value):
+            raise ValueError(f"engine option {key}: expected {ENGINE_CHOICES[key]}, got {raw!r}")
         out[key] = value
     return out

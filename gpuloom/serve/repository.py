@@ -45,14 +45,14 @@ from typing import Any, Iterable
 import numpy as np
 import yaml
 
-from ..engine.options import is_channels_last, is_fuse_convolutions
+from ..engine.options import ENGINE_CHOICES, ENGINE_KEYS, is_engine_value
 
 __all__ = ["RepositoryError", "TensorEntry", "ModelEntry", "Repository", "load_repository", "scan_repository"]
 
 _TENSOR_KEYS = {"name", "shape", "dtype"}  # of one entry in inputs / outputs
 _ALLOWED_KEYS = {
     "name", "source", "kwargs", "weights", "inputs", "outputs", "max_batch", "slo_ms", "weight", "rate_hint", "seed",
-    "channels_last", "fuse_convolutions", "split_gemms", "fuse_epilogues",
+    *ENGINE_KEYS,
 }
 
 
@@ -340,24 +340,13 @@ def parse_model(m: Any, origin: Path | None) -> ModelEntry:
     seed = m.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise RepositoryError(f"{where}: seed must be a non-negative integer, found {seed!r}")
-    channels_last = m.get("channels_last", False)
-    if not is_channels_last(channels_last):
-        raise RepositoryError(f"{where}: channels_last must be true, false or auto, found {channels_last!r}")
-    fuse = m.get("fuse_convolutions", False)
-    if not is_fuse_convolutions(fuse):
-        raise RepositoryError(f"{where}: fuse_convolutions must be true, false or channels_last, found {fuse!r}")
-    split = m.get("split_gemms", False)
-    if not isinstance(split, bool):
-        raise RepositoryError(f"{where}: split_gemms must be true or false, found {split!r}")
-    epilogues = m.get("fuse_epilogues", False)
-    if not isinstance(epilogues, bool):
-        raise RepositoryError(f"{where}: fuse_epilogues must be true or false, found {epilogues!r}")
+    engine = {key: m.get(key, False) for key in ENGINE_KEYS}
+    for key, value in engine.items():
+        if not is_engine_value(key, value):
+            raise RepositoryError(f"{where}: {key} must be {ENGINE_CHOICES[key]}, found {value!r}")
     return ModelEntry(
         seed=seed,
-        channels_last=channels_last,
-        fuse_convolutions=fuse,
-        split_gemms=split,
-        fuse_epilogues=epilogues,
+        **engine,
         name=name,
         source=source,
         inputs=_tensors(m.get("inputs"), f"{where}: inputs"),
