@@ -47,7 +47,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..engine.options import is_channels_last, is_fuse_convolutions
+from ..engine.options import ENGINE_KEYS, is_engine_value
 from ..gpu.partition import check_workqueues
 from ..policy import make_policy
 from ..policy.base import ModelInfo, PolicyContext
@@ -86,6 +86,9 @@ _NO_TIME_LEFT_MS = 1e-3
 _SERVED = Status.SERVED  # read per row answered (an Enum attribute costs more than a module constant)
 #: upper bounds (ms) of the latency histogram buckets; the last bucket is +inf
 LATENCY_BUCKETS_MS = (0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+#: what each engine option of ModelConfig takes, as its errors say it (ENGINE_CHOICES in YAML's spelling)
+_PYTHON_CHOICES = {"channels_last": "false, true or 'auto'", "fuse_convolutions": "false, true or 'channels_last'",
+                   "split_gemms": "true or false", "fuse_epilogues": "true or false"}
 
 
 # -- configuration ------------------------------------------------------------------------------
@@ -161,16 +164,10 @@ class ModelConfig:
                 raise ValueError(f"model {self.name!r}: {what} must be a positive number, got {v!r}")
         if not (isinstance(self.rate_hint, (int, float)) and self.rate_hint >= 0):
             raise ValueError(f"model {self.name!r}: rate_hint must be >= 0 requests/s, got {self.rate_hint!r}")
-        if not is_channels_last(self.channels_last):
-            raise ValueError(f"model {self.name!r}: channels_last must be false, true or 'auto', "
-                             f"got {self.channels_last!r}")
-        if not is_fuse_convolutions(self.fuse_convolutions):
-            raise ValueError(f"model {self.name!r}: fuse_convolutions must be false, true or 'channels_last', "
-                             f"got {self.fuse_convolutions!r}")
-        if not isinstance(self.split_gemms, bool):
-            raise ValueError(f"model {self.name!r}: split_gemms must be true or false, got {self.split_gemms!r}")
-        if not isinstance(self.fuse_epilogues, bool):
-            raise ValueError(f"model {self.name!r}: fuse_epilogues must be true or false, got {self.fuse_epilogues!r}")
+        for key in ENGINE_KEYS:  # the repository's check, said in Python's spellings
+            value = getattr(self, key)
+            if not is_engine_value(key, value):
+                raise ValueError(f"model {self.name!r}: {key} must be {_PYTHON_CHOICES[key]}, got {value!r}")
 
     def compile_options(self, device_type: str) -> dict:
         """``gpuloom.compile``'s keyword options for this model on ``device_type`` ("cuda" or "cpu"):
