@@ -76,6 +76,9 @@ def main() -> int:
                     help="host_arrival_ms grid (that same host, per request that enters, dropped ones too)")
     ap.add_argument("--gil-request", default="0", help="gil_request_ms grid (shared interpreter, per request)")
     ap.add_argument("--gil-batch", default="0", help="gil_batch_ms grid (shared interpreter, per batch)")
+    ap.add_argument("--hold-spread", default="0",
+                    help="hold_spread grid (lognormal sigma of each batch's hold around its mean; run 54's light3 "
+                         "lanes measured 0.46-0.69)")
     ap.add_argument("--model-overhead", action="append", default=[], metavar="MODEL=MS",
                     help="a model whose batches hold their lane this long instead of the grid's batch overhead "
                          "(ContentionModel.model_overhead_ms; repeat for more; e.g. bert_base=2.0)")
@@ -123,11 +126,11 @@ def main() -> int:
                  f"{a.min_attainment}, client on schedule); points of variants are kept only with --variants KEY,...")
     grid = []
     grids = (a.overheads, a.demand_fractions, a.interference, a.host_launch, a.host_request, a.host_arrival,
-             a.gil_request, a.gil_batch)
-    for ov, df, it, hl, hr, ha, gr, gb in itertools.product(*[[float(v) for v in g.split(",")] for g in grids]):
+             a.gil_request, a.gil_batch, a.hold_spread)
+    for ov, df, it, hl, hr, ha, gr, gb, hs in itertools.product(*[[float(v) for v in g.split(",")] for g in grids]):
         cm = ContentionModel(batch_overhead_ms=ov, demand_fraction=df, interference=it, host_launch_ms=hl,
                              host_request_ms=hr, host_arrival_ms=ha, gil_request_ms=gr, gil_batch_ms=gb,
-                             model_overhead_ms=tuple(model_overhead))
+                             model_overhead_ms=tuple(model_overhead), hold_spread=hs)
         rows = []
         for pt in points:
             wl = dataclasses.replace(pt["wl"].scaled(pt["scale"]), duration_s=pt["duration"])
@@ -146,12 +149,14 @@ def main() -> int:
         over = [abs(r["goodput_error"]) for r in rows if not r["fitted"] and r["goodput_error"] is not None]
         grid.append({"batch_overhead_ms": ov, "demand_fraction": df, "interference": it, "host_launch_ms": hl,
                      "host_request_ms": hr, "host_arrival_ms": ha, "gil_request_ms": gr, "gil_batch_ms": gb,
+                     "hold_spread": hs,
                      "worst_abs_error_fitted": round(max(fitted), 4) if fitted else None,
                      "mean_abs_error_fitted": round(sum(fitted) / len(fitted), 4) if fitted else None,
                      "median_abs_error_unfitted": round(sorted(over)[len(over) // 2], 4) if over else None,
                      "points": rows})
         print(f"overhead {ov:.2f} ms, demand_fraction {df:.2f}, interference {it:.3f}, host launch {hl:.2f} ms, "
-              f"host per request {hr:.3f} ms, per arrival {ha:.3f} ms, GIL per request {gr:.3f} / batch {gb:.3f} ms: "
+              f"host per request {hr:.3f} ms, per arrival {ha:.3f} ms, GIL per request {gr:.3f} / batch {gb:.3f} ms, "
+              f"hold spread {hs:.2f}: "
               f"worst |error| {max(fitted):.3f}, mean {sum(fitted) / len(fitted):.3f} over {len(fitted)} fitted "
               f"points; median |error| {grid[-1]['median_abs_error_unfitted']} over {len(over)} points in collapse",
               flush=True)
@@ -159,7 +164,8 @@ def main() -> int:
     print(f"best: batch_overhead_ms={best['batch_overhead_ms']}, demand_fraction={best['demand_fraction']}, "
           f"interference={best['interference']}, host_launch_ms={best['host_launch_ms']}, "
           f"host_request_ms={best['host_request_ms']}, host_arrival_ms={best['host_arrival_ms']}, "
-          f"gil_request_ms={best['gil_request_ms']}, gil_batch_ms={best['gil_batch_ms']}")
+          f"gil_request_ms={best['gil_request_ms']}, gil_batch_ms={best['gil_batch_ms']}, "
+          f"hold_spread={best['hold_spread']}")
     for r in best["points"]:
         print(f"  {r['policy']:9s} x{r['scale']:<6.3g} measured {r['measured_goodput']:7.0f}/s "
               f"simulated {r['simulated_goodput']:7.0f}/s error {r['goodput_error']:+.3f}"

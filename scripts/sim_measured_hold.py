@@ -8,7 +8,11 @@ every profiled latency. If the simulated attainment matches the measured one, th
 slowdown explain the loss; if the simulator stays higher, something the mean hides does (a tail, a
 burst). A fourth variant gives each model its own mean hold and slowdown
 (``ContentionModel.model_overhead_ms``: from each model's own ``hold_ms`` where the report has it,
-else approximately, see :func:`per_model`), since one model's batches may hold far longer.
+else approximately, see :func:`per_model`), since one model's batches may hold far longer. Two more
+(forty-third session) draw every batch's hold from a lognormal around those means
+(``ContentionModel.hold_spread``), its sigma from the point's hold median and p99
+(``layouts[].hold_p50_ms`` / ``hold_p99_ms``, see :func:`measured_spread`), with no slowdown: the
+point's device slowdown on shared lanes is already the simulator's own sharing model.
 
     python scripts/sim_measured_hold.py docs/results/runtime/bench_mix6_h200_run25_high_load.json \\
         --policy dstack:min_sms=16 --out docs/results/runtime/sim_measured_hold_session10.json
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -47,6 +52,19 @@ def measured(point: dict) -> tuple[float, float, int]:
     hold = mean_by(("all", q["gap_ms"] or 0.0, q["batches"]) for q in lanes).get("all", 0.0)
     slow = slowdown(point.get("profile_check") or [])
     return hold, (1.0 if slow is None else slow), sum(1 for q in point["layouts"] if not q["shared"])
+
+
+#: a standard normal's 99th percentile: a lognormal's p99 / median is exp(Z99 * sigma)
+Z99 = 2.3263
+
+
+def measured_spread(point: dict) -> float | None:
+    """The lognormal sigma of one point's holds, ``ln(p99 / p50) / Z99`` per lane, weighted by its
+    batches; None when no lane has both figures (reports before the eleventh session's runs)."""
+    lanes = [(math.log(q["hold_p99_ms"] / q["hold_p50_ms"]) / Z99, q["batches"]) for q in point["layouts"]
+             if q["batches"] and (q.get("hold_p50_ms") or 0) > 0 and (q.get("hold_p99_ms") or 0) >= q["hold_p50_ms"]]
+    n = sum(b for _, b in lanes)
+    return sum(s * b for s, b in lanes) / n if n else None
 
 
 def per_model(point: dict) -> tuple[dict[str, float], dict[str, float], bool]:
@@ -122,17 +140,27 @@ def main() -> int:
         row["hold_by_model_exact"] = exact
         row["device_over_profile_by_model"] = {m: round(v, 3) for m, v in sorted(slows.items())}
         row["measured_attainment_by_model"] = {m["model"]: round(m["slo_attainment"], 4) for m in p["models"]}
-        for label, cm, pr in (("plain", plain, profs), ("hold", held, profs), ("hold_and_slowdown", held, slower),
-                              ("per_model", mine, slower_each)):
+        spread = measured_spread(p)
+        row["hold_spread"] = None if spread is None else round(spread, 3)
+        row["measured_goodput"] = round(p["goodput_rps"], 1)
+        worlds = [("plain", plain, profs), ("hold", held, profs), ("hold_and_slowdown", held, slower),
+                  ("per_model", mine, slower_each)]
+        if spread is not None:
+            worlds += [("hold_spread", dataclasses.replace(held, hold_spread=spread), profs),
+                       ("per_model_spread", dataclasses.replace(mine, hold_spread=spread), profs)]
+        for label, cm, pr in worlds:
             met = simulate(w, pr, name, contention=cm, options=options).metrics
             row[f"simulated_{label}"] = round(met.slo_attainment, 4)
+            row[f"simulated_{label}_goodput"] = round(met.goodput_rps, 1)
             if label == "per_model":
                 row["simulated_per_model_by_model"] = {m.model: round(m.slo_attainment, 4) for m in met.models}
         rows.append(row)
         print(f"{a.policy} x{p['scale']:g}: measured {row['measured_attainment']:.3f} | hold {hold:.2f} ms/batch, device "
               f"{slow:.2f}x profile | simulated: plain {row['simulated_plain']:.3f}, with the hold "
               f"{row['simulated_hold']:.3f}, with the hold and the slowdown {row['simulated_hold_and_slowdown']:.3f}, "
-              f"each model its own {row['simulated_per_model']:.3f}")
+              f"each model its own {row['simulated_per_model']:.3f}"
+              + (f" | holds spread (sigma {spread:.2f}, no slowdown): mean {row['simulated_hold_spread']:.3f}, "
+                 f"each model its own {row['simulated_per_model_spread']:.3f}" if spread is not None else ""))
     if a.out:
         save_json(a.out, {"method": __doc__.split("\n\n")[1].replace("\n", " "), "bench": a.bench,
                           "policy": a.policy, "points": rows})

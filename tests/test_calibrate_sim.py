@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from script_loader import load_script as _load
 
 
@@ -62,3 +63,16 @@ def test_the_measured_hold_and_slowdown_of_a_point_are_batch_weighted():
                                {"profile_ms": 2.0, "measured_ms": 2.0, "batches": 5}]}
     hold, slow, parts = mod.measured(point)
     assert hold == 1.5 and slow == (12 + 10) / (10 + 10) and parts == 3
+
+
+def test_the_spread_of_a_points_holds_is_the_batch_weighted_lognormal_sigma_of_its_lanes():
+    import math
+
+    mod = _load("sim_measured_hold")
+    wide = math.exp(mod.Z99 * 0.6)  # p99 / p50 of a lognormal of sigma 0.6
+    point = {"layouts": [{"batches": 30, "hold_p50_ms": 0.5, "hold_p99_ms": 0.5 * wide},
+                         {"batches": 10, "hold_p50_ms": 1.0, "hold_p99_ms": 1.0},  # no tail: sigma 0
+                         {"batches": 0, "hold_p50_ms": 1.0, "hold_p99_ms": 9.0},  # ran nothing: left out
+                         {"batches": 5, "hold_p50_ms": None, "hold_p99_ms": None}]}  # no figures: left out
+    assert mod.measured_spread(point) == pytest.approx(0.6 * 30 / 40)
+    assert mod.measured_spread({"layouts": [{"batches": 5, "gap_ms": 1.0}]}) is None  # reports before the figures

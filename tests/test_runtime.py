@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
@@ -126,6 +127,42 @@ def test_a_model_with_its_own_batch_overhead_holds_its_lane_that_long():
     assert c.finish_ms == pytest.approx(7.0)  # waited for a lane until 4.0, then 1 ms alone + 2 ms held
     with pytest.raises(ValueError, match="model_overhead_ms"):
         ContentionModel(model_overhead_ms=(("toy", -1.0),))
+
+
+def _holds(contention, n=2000):
+    """Each lone batch's hold (its finish less its arrival less its 1 ms on the GPU), ``n`` batches."""
+    reqs = [Request(i, "toy", 20.0 * i, 20.0 * i + 15.0) for i in range(n)]
+    rec = toy_run(make_policy("temporal"), reqs, until_ms=20.0 * n, contention=contention, slo_ms=15.0, trace=False)
+    assert rec.count(Status.SERVED) == n
+    return [r.finish_ms - r.request.arrival_ms - 1.0 for r in rec.results]
+
+
+def test_spread_holds_keep_their_mean_and_draw_a_lognormal_tail_repeatably():
+    # hold_spread: each batch's hold from a lognormal of the configured mean (run 54's lanes: median
+    # 0.52, p99 2.1 ms around a mean of 0.64), drawn from a generator seeded by the model
+    spread = ContentionModel(batch_overhead_ms=1.0, hold_spread=0.6, seed=3)
+    holds = _holds(spread)
+    ordered = sorted(holds)
+    median, p99 = ordered[len(ordered) // 2], ordered[int(0.99 * len(ordered))]
+    assert sum(holds) / len(holds) == pytest.approx(1.0, rel=0.06)  # the mean is the configured hold
+    assert median == pytest.approx(math.exp(-0.18), rel=0.08)  # a lognormal's median: mean * exp(-sigma^2 / 2)
+    assert 3.0 < p99 / median < 5.5  # exp(2.326 * 0.6) = 4.04
+    assert _holds(spread)[:50] == holds[:50]  # the same seed draws the same holds
+    assert _holds(ContentionModel(batch_overhead_ms=1.0, hold_spread=0.6, seed=4))[:50] != holds[:50]
+    assert _holds(ContentionModel(batch_overhead_ms=1.0), n=50) == pytest.approx([1.0] * 50)  # no spread: constant
+    with pytest.raises(ValueError, match="hold_spread"):
+        ContentionModel(hold_spread=-0.1)
+
+
+def test_spread_holds_cost_a_tight_slo_what_a_constant_hold_of_the_same_mean_does_not():
+    # 2.5 ms SLO, 1 ms of GPU work, a mean hold of 0.9 ms: at a constant hold every batch is back in
+    # time for the next request 2 ms later; with the tail, a long hold makes the next one wait past its SLO
+    reqs = [Request(i, "toy", 2.0 * i, 2.0 * i + 2.5) for i in range(3000)]
+    def on_time(contention):
+        rec = toy_run(make_policy("temporal"), reqs, until_ms=6000.0, contention=contention, slo_ms=2.5, trace=False)
+        return sum(1 for r in rec.results if r.status == Status.SERVED and r.finish_ms <= r.request.deadline_ms)
+    assert on_time(ContentionModel(batch_overhead_ms=0.9)) == len(reqs)
+    assert on_time(ContentionModel(batch_overhead_ms=0.9, hold_spread=0.6)) < 0.97 * len(reqs)
 
 
 class _TwoPartitions(_TwoLanes):

@@ -88,17 +88,20 @@ def test_simulate_command_runs_a_gpu_slower_than_the_profiles_the_policies_plan_
     slow = tmp_path / "slow.json"
     slow.write_text(json.dumps({"resnet50": 3.0, "mobilenet_v2": 3.0}))
     out = {}
-    for label, extra in (("plain", []), ("slowed", ["--slowdowns", str(slow), "--batch-overhead-ms", "0.5"])):
+    for label, extra in (("plain", []), ("slowed", ["--slowdowns", str(slow), "--batch-overhead-ms", "0.5",
+                                                        "--hold-spread", "0.6"])):
         d = tmp_path / label
         assert main(["simulate", str(wl), "--synthetic", "--policy", "dstack,triton", "--out", str(d)] + extra) == 0
         out[label] = json.loads((d / "tiny.simulate.json").read_text())
     assert out["plain"]["slowdowns"] is None and out["slowed"]["slowdowns"]["factors"]["resnet50"] == 3.0
-    assert out["slowed"]["contention"]["batch_overhead_ms"] == 0.5
+    assert out["slowed"]["contention"]["batch_overhead_ms"] == 0.5 and out["slowed"]["contention"]["hold_spread"] == 0.6
     for plain, slowed in zip(out["plain"]["runs"], out["slowed"]["runs"]):
         assert plain["policy_config"] == slowed["policy_config"]  # planned from the same profiles
         assert slowed["metrics"]["p50_ms"] > 2 * plain["metrics"]["p50_ms"]  # on a GPU 3x slower
     assert main(["simulate", str(wl), "--synthetic", "--slowdowns", str(tmp_path / "none.json")]) == 2
     assert "could not read" in capsys.readouterr().err
+    assert main(["simulate", str(wl), "--synthetic", "--hold-spread", "-1"]) == 2
+    assert "hold_spread must be >= 0" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("spec, says", [("dstack:lookahead_ms=1", "real runtime"), ("dstack:bogus=1", "bogus"),

@@ -36,6 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-overhead-ms", type=float, default=0.0,
                    help="contention model: ms each batch holds its lane beyond its GPU work (default 0; 0.5 fits "
                         "the holds measured on an H200, docs/reports/runtime.md)")
+    p.add_argument("--hold-spread", type=float, default=0.0,
+                   help="contention model: each batch's hold drawn from a lognormal of that mean with this sigma "
+                        "(default 0: constant; the H200's holds measured 0.46-0.69, docs/reports/runtime.md)")
     p.add_argument("--slowdowns", metavar="PATH", default=None,
                    help="simulate a GPU on which each model runs this much slower than its profile, while the "
                         "policies plan with the profiles: a JSON {model: factor} or a gpuloom bench report whose "
@@ -94,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
             err.print(f"[yellow]warning:[/] {w}")
         validate(workload, profiles)
         contention = ContentionModel(demand_fraction=args.demand_fraction, efficiency=args.efficiency,
-                                     interference=args.interference, batch_overhead_ms=args.batch_overhead_ms)
+                                     interference=args.interference, batch_overhead_ms=args.batch_overhead_ms,
+                                     hold_spread=args.hold_spread)
         slow = load_slowdowns(args.slowdowns) if args.slowdowns else {}
         device = {m.name: slowed(profiles.get(m.name), slow.get(m.name, 1.0)) for m in workload.models} if slow else None
     except (WorkloadError, ValueError) as e:
@@ -130,7 +134,9 @@ def run(args: argparse.Namespace) -> int:
         title=f"{name}: {workload.total_rate():.0f} req/s over {workload.duration_s:g} s, "
         f"{len(workload.models)} models, simulated (contention: demand_fraction {contention.demand_fraction:g}, "
         f"efficiency {contention.efficiency:g}, interference {contention.interference:g}, batch overhead "
-        f"{contention.batch_overhead_ms:g} ms{'; models slowed as measured' if slow else ''})",
+        f"{contention.batch_overhead_ms:g} ms"
+        f"{f', spread {contention.hold_spread:g}' if contention.hold_spread else ''}"
+        f"{'; models slowed as measured' if slow else ''})",
         title_justify="left",
     )
     cols = ["policy"]

@@ -32,6 +32,10 @@ against the GPU, issue 5). Its parameters live in :class:`ContentionModel`.
   ``model_overhead_ms`` gives some models their own (pairs of model and ms): on the H200 bert_base's
   partition held each batch 1.5-2.8 ms beyond device time where the others held 0.6-0.9 ms
   (``scripts/sim_measured_hold.py``, eleventh session).
+  ``hold_spread`` draws each batch's hold from a lognormal of that mean with this sigma (0: every
+  batch the mean). On the H200 the holds have a heavy tail (run 54, light3: mean 0.64, median 0.52,
+  p99 2.1 ms, a lognormal of sigma 0.61); SLOs of 5-10 ms feel that tail, SLOs of 25-100 ms mostly
+  the mean. Drawn from a generator seeded with ``seed``: a simulation stays repeatable.
 * **Host launch** (``host_launch_ms``): one host thread launches every batch, one after another
   (the Python runtime's loop thread). A batch waits for the launcher to be free, then occupies it
   this long; its lane is busy from the decision on, so queueing on the launcher delays it. Unlike
@@ -78,6 +82,8 @@ both.
 
 from __future__ import annotations
 
+import math
+import random
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
@@ -110,6 +116,8 @@ class ContentionModel:
     gil_request_ms: float = 0.0  # per request that enters, interpreter time that stretches every turnaround
     gil_batch_ms: float = 0.0  # per batch launched, likewise (see "Shared interpreter" above)
     model_overhead_ms: tuple[tuple[str, float], ...] = ()  # (model, ms): batch_overhead_ms for that model
+    hold_spread: float = 0.0  # lognormal sigma of each batch's hold around its mean (0: constant)
+    seed: int = 0  # of the holds' draws (hold_spread > 0)
 
     def __post_init__(self) -> None:
         if not (0.0 < self.efficiency <= 1.0):
@@ -117,13 +125,14 @@ class ContentionModel:
         if not (0.0 < self.demand_fraction <= 1.0):
             raise ValueError(f"ContentionModel.demand_fraction must be in (0, 1], found {self.demand_fraction}")
         if min(self.interference, self.knee_eps, self.switch_ms, self.batch_overhead_ms, self.host_launch_ms,
-               self.host_request_ms, self.host_arrival_ms, self.gil_request_ms, self.gil_batch_ms) < 0:
+               self.host_request_ms, self.host_arrival_ms, self.gil_request_ms, self.gil_batch_ms,
+               self.hold_spread) < 0:
             raise ValueError(
                 "ContentionModel: knee_eps, interference, switch_ms, batch_overhead_ms, host_launch_ms, "
-                f"host_request_ms, host_arrival_ms, gil_request_ms and gil_batch_ms must be >= 0, found "
-                f"{self.knee_eps}, {self.interference}, {self.switch_ms}, {self.batch_overhead_ms}, "
+                f"host_request_ms, host_arrival_ms, gil_request_ms, gil_batch_ms and hold_spread must be >= 0, "
+                f"found {self.knee_eps}, {self.interference}, {self.switch_ms}, {self.batch_overhead_ms}, "
                 f"{self.host_launch_ms}, {self.host_request_ms}, {self.host_arrival_ms}, {self.gil_request_ms}, "
-                f"{self.gil_batch_ms}"
+                f"{self.gil_batch_ms}, {self.hold_spread}"
             )
         bad = [(m, ms) for m, ms in self.model_overhead_ms if not (isinstance(m, str) and ms >= 0)]
         if bad:
@@ -181,7 +190,8 @@ class _Run:
 class SimBackend(Backend):
     """Runs batches on a simulated clock using latency profiles and a :class:`ContentionModel`.
 
-    ``profiles`` maps model name -> :class:`Profile`. Deterministic: no randomness inside.
+    ``profiles`` maps model name -> :class:`Profile`. Deterministic: the only draws (the holds'
+    spread, :attr:`ContentionModel.hold_spread`) come from a generator seeded by the model.
     """
 
     def __init__(
@@ -215,6 +225,7 @@ class SimBackend(Backend):
         self._excl: dict[tuple[str, int, int], tuple[float, float]] = {}  # see _exclusive
         # model -> how long its batches hold their lane after their GPU work (the batch overhead, ms)
         self._tails = {m: self.contention.overhead_ms(m) for m in self.profiles}
+        self._holds = random.Random(self.contention.seed) if self.contention.hold_spread > 0 else None
         self._seq = 0
         self._dependent = 0  # runs whose speed depends on the others (shared lanes, or interference)
         self._launcher_free = 0.0  # when the one host launching thread is next free (host_launch_ms)
@@ -229,6 +240,11 @@ class SimBackend(Backend):
     # -- Backend ------------------------------------------------------------------------------
     def start(self, on_completion: Callable[[Completion], None]) -> None:
         self._on_completion = on_completion
+
+    def _hold_factor(self) -> float:
+        """One batch's hold over the mean hold: lognormal with sigma ``hold_spread`` and mean 1."""
+        sigma = self.contention.hold_spread
+        return math.exp(sigma * self._holds.gauss(0.0, 1.0) - 0.5 * sigma * sigma)
 
     def configure(self, layout: Layout) -> float:
         if layout.gpu_sms != self.gpu_sms:
@@ -270,6 +286,8 @@ class SimBackend(Backend):
         self._settle()
         # the tail: the lane is busy after the GPU work, the GPU is not
         tail = self._tails[decision.model]
+        if self._holds is not None and tail > 0.0:
+            tail *= self._hold_factor()
         if self._gil:
             self._gil_add(self.contention.gil_batch_ms)
             tail *= self._gil_stretch()
