@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +14,8 @@ from gpuloom.bench.workload import Arrival, ModelSpec, Workload
 from gpuloom.cli import main
 from gpuloom.profile.store import ProfileStore
 from gpuloom.profile.synthetic import zoo
+
+ROOT = Path(__file__).resolve().parents[1]
 
 TINY = """\
 duration_s: 1
@@ -89,12 +93,13 @@ def test_simulate_command_runs_a_gpu_slower_than_the_profiles_the_policies_plan_
     slow.write_text(json.dumps({"resnet50": 3.0, "mobilenet_v2": 3.0}))
     out = {}
     for label, extra in (("plain", []), ("slowed", ["--slowdowns", str(slow), "--batch-overhead-ms", "0.5",
-                                                        "--hold-spread", "0.6"])):
+                                                        "--hold-spread", "0.6", "--host-launch-ms", "0.15"])):
         d = tmp_path / label
         assert main(["simulate", str(wl), "--synthetic", "--policy", "dstack,triton", "--out", str(d)] + extra) == 0
         out[label] = json.loads((d / "tiny.simulate.json").read_text())
     assert out["plain"]["slowdowns"] is None and out["slowed"]["slowdowns"]["factors"]["resnet50"] == 3.0
     assert out["slowed"]["contention"]["batch_overhead_ms"] == 0.5 and out["slowed"]["contention"]["hold_spread"] == 0.6
+    assert out["slowed"]["contention"]["host_launch_ms"] == 0.15
     for plain, slowed in zip(out["plain"]["runs"], out["slowed"]["runs"]):
         assert plain["policy_config"] == slowed["policy_config"]  # planned from the same profiles
         assert slowed["metrics"]["p50_ms"] > 2 * plain["metrics"]["p50_ms"]  # on a GPU 3x slower
@@ -146,3 +151,26 @@ def test_the_mixed_deadline_script_compares_both_queue_orders_and_keeps_the_clas
             assert r["on_time"] + r["late"] + r["dropped"] <= r["requests"]
     assert doc["policies"]["dstack"]["deadline"]["late"] == 0
     assert DStackPolicy.deadline_queues is True and TritonPolicy.deadline_queues is False
+
+
+def test_the_h200_contention_preset_is_the_calibrations_best_and_flags_change_one_parameter(tmp_path):
+    from gpuloom.runtime.sim import ContentionModel
+
+    wl = tmp_path / "tiny.yaml"
+    wl.write_text(TINY)
+    runs = {}
+    for label, extra in (("h200", ["--contention", "h200"]),
+                         ("h200_hold", ["--contention", "h200", "--batch-overhead-ms", "0.5"]),
+                         ("plain", [])):
+        assert main(["simulate", str(wl), "--synthetic", "--policy", "dstack", "--out", str(tmp_path / label)] + extra) == 0
+        runs[label] = json.loads((tmp_path / label / "tiny.simulate.json").read_text())
+    h200 = runs["h200"]["contention"]
+    assert runs["h200"]["contention_preset"] == "h200"
+    assert (h200["batch_overhead_ms"], h200["host_launch_ms"], h200["demand_fraction"]) == (1.125, 0.1, 0.89)
+    assert runs["h200_hold"]["contention"] == {**h200, "batch_overhead_ms": 0.5}  # only that one moved
+    assert runs["plain"]["contention"] == json.loads(json.dumps(dataclasses.asdict(ContentionModel())))
+    # the preset is what the calibration it cites found best (scripts/calibrate_sim.py's minimax choice)
+    fit = json.loads((ROOT / "docs/results/runtime/sim_calibration_session43_host_launch.json").read_text())["best"]
+    preset = ContentionModel.h200_runs()
+    for k in ("batch_overhead_ms", "host_launch_ms", "demand_fraction", "hold_spread", "interference"):
+        assert getattr(preset, k) == fit[k], k

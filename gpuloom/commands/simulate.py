@@ -8,6 +8,10 @@ NAME = "simulate"
 HELP = "simulate a workload under scheduling policies (dstack and baselines); compare, sweep the load"
 
 DEFAULT_POLICIES = "dstack,triton,clipper,nexus,gslice,temporal,ideal"
+#: ``--contention``'s choices: the sharing model a simulation starts from
+CONTENTION_PRESETS = ("plain", "h200")
+#: the flags that change one parameter of it (``ContentionModel`` field names)
+CONTENTION_FLAGS = ("demand_fraction", "efficiency", "interference", "batch_overhead_ms", "host_launch_ms", "hold_spread")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,24 +30,41 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", type=float, default=0.99, help="SLO attainment the sweep must keep (default 0.99)")
     p.add_argument("--sweep-duration", type=float, default=10.0,
                    help="seconds of arrivals per sweep point (default 10; at most the workload's)")
-    p.add_argument("--demand-fraction", type=float, default=1.0,
-                   help="contention model: share of its knee a shared batch occupies (default 1; 0.89 fits the "
-                        "goodput measured on an H200, docs/results/runtime/sim_calibration.json)")
-    p.add_argument("--efficiency", type=float, default=1.0,
-                   help="contention model: fraction of shared SMs delivered when oversubscribed (default 1)")
-    p.add_argument("--interference", type=float, default=0.0,
-                   help="contention model: slowdown per co-running batch (default 0)")
-    p.add_argument("--batch-overhead-ms", type=float, default=0.0,
-                   help="contention model: ms each batch holds its lane beyond its GPU work (default 0; 0.5 fits "
-                        "the holds measured on an H200, docs/reports/runtime.md)")
-    p.add_argument("--hold-spread", type=float, default=0.0,
+    p.add_argument("--contention", choices=CONTENTION_PRESETS, default="plain",
+                   help="the simulated GPU's sharing model: plain (the knee model, no host terms; the default) or h200 "
+                        "(fitted to the H200 bench runs: a 1.125 ms hold per batch, 0.1 ms of one launching host "
+                        "thread per batch, demand fraction 0.89; docs/reports/runtime.md). The flags below change "
+                        "one parameter of it")
+    p.add_argument("--demand-fraction", type=float, default=None,
+                   help="contention model: share of its knee a shared batch occupies (plain: 1)")
+    p.add_argument("--efficiency", type=float, default=None,
+                   help="contention model: fraction of shared SMs delivered when oversubscribed (plain: 1)")
+    p.add_argument("--interference", type=float, default=None,
+                   help="contention model: slowdown per co-running batch (plain: 0)")
+    p.add_argument("--batch-overhead-ms", type=float, default=None,
+                   help="contention model: ms each batch holds its lane beyond its GPU work (plain: 0)")
+    p.add_argument("--host-launch-ms", type=float, default=None,
+                   help="contention model: ms of the one host thread that launches every batch, one after another "
+                        "(plain: 0)")
+    p.add_argument("--hold-spread", type=float, default=None,
                    help="contention model: each batch's hold drawn from a lognormal of that mean with this sigma "
-                        "(default 0: constant; the H200's holds measured 0.46-0.69, docs/reports/runtime.md)")
+                        "(plain: 0, every hold the mean; the H200's lanes measured 0.46-0.69)")
     p.add_argument("--slowdowns", metavar="PATH", default=None,
                    help="simulate a GPU on which each model runs this much slower than its profile, while the "
                         "policies plan with the profiles: a JSON {model: factor} or a gpuloom bench report whose "
                         "dstack points measured them (on the H200, 1.00-1.6x on dstack's partitions)")
     p.add_argument("--out", metavar="DIR", default=None, help="write <name>.simulate.json and <name>.simulate.png here")
+
+
+def contention_model(args: argparse.Namespace):
+    """``--contention``'s model with every parameter flag given on the command line in place of its own."""
+    import dataclasses
+
+    from gpuloom.runtime.sim import ContentionModel
+
+    base = ContentionModel.h200_runs() if args.contention == "h200" else ContentionModel()
+    given = {k: getattr(args, k) for k in CONTENTION_FLAGS if getattr(args, k, None) is not None}
+    return dataclasses.replace(base, **given)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,7 +83,6 @@ def run(args: argparse.Namespace) -> int:
     from gpuloom.commands.output import table_console
     from gpuloom.plan.slowdown import load_slowdowns, slowed
     from gpuloom.policy import make_policy, policy_names
-    from gpuloom.runtime.sim import ContentionModel
 
     console = table_console(170)
     err = Console(stderr=True)
@@ -96,9 +116,7 @@ def run(args: argparse.Namespace) -> int:
         for w in warnings:
             err.print(f"[yellow]warning:[/] {w}")
         validate(workload, profiles)
-        contention = ContentionModel(demand_fraction=args.demand_fraction, efficiency=args.efficiency,
-                                     interference=args.interference, batch_overhead_ms=args.batch_overhead_ms,
-                                     hold_spread=args.hold_spread)
+        contention = contention_model(args)
         slow = load_slowdowns(args.slowdowns) if args.slowdowns else {}
         device = {m.name: slowed(profiles.get(m.name), slow.get(m.name, 1.0)) for m in workload.models} if slow else None
     except (WorkloadError, ValueError) as e:
@@ -136,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
         f"efficiency {contention.efficiency:g}, interference {contention.interference:g}, batch overhead "
         f"{contention.batch_overhead_ms:g} ms"
         f"{f', spread {contention.hold_spread:g}' if contention.hold_spread else ''}"
+        f"{f', host launch {contention.host_launch_ms:g} ms' if contention.host_launch_ms else ''}"
         f"{'; models slowed as measured' if slow else ''})",
         title_justify="left",
     )
@@ -181,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
             "duration_s": workload.duration_s,
             "profiles": "synthetic" if (args.synthetic or any("SYNTHETIC" in w for w in warnings)) else (args.profiles or f"builtin:{workload.gpu}"),
             "sweep_duration_s": min(workload.duration_s, args.sweep_duration) if args.sweep_rate else None,
-            "contention": dataclasses.asdict(contention),
+            "contention": dataclasses.asdict(contention), "contention_preset": args.contention,
             "slowdowns": {"path": args.slowdowns, "factors": slow} if slow else None,
             "runs": [{"policy_config": r.policy, "metrics": r.metrics.to_json(), "wall_s": r.wall_s} for r in runs],
             "fluid_bound": bound,
