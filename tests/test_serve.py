@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import queue
 import re
 import sys
 import threading
@@ -251,6 +252,75 @@ def test_grpc_bad_shape_is_invalid_argument_and_unknown_model_not_found(served):
     with pytest.raises(InferenceServerException) as e:
         client.get_model_metadata("nope")
     assert "NOT_FOUND" in str(e.value.status())
+
+
+def test_grpc_stream_answers_each_request_with_its_own_outputs_and_a_bad_one_with_its_error(served):
+    """ModelStreamInfer (tritonclient's start_stream / async_stream_infer, perf_analyzer --streaming):
+    every request on the stream is answered with its own outputs, matched by id; a bad one gets its
+    error and the stream goes on."""
+    addr, _, eager = served
+    client = tritongrpc.InferenceServerClient(addr.grpc_url)
+    answers: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    rng = np.random.default_rng(7)
+    sent = {}
+    try:
+        for k in range(12):
+            name, inname, outname, shape = (("tiny_mlp", "x", "y", (1 + k % 3, 16)) if k % 2 else
+                                            ("tiny_cnn", "image", "logits", (1 + k % 2, 3, 16, 16)))
+            x = rng.standard_normal(shape).astype(np.float32)
+            inp = tritongrpc.InferInput(inname, list(shape), "FP32")
+            inp.set_data_from_numpy(x)
+            client.async_stream_infer(name, [inp], request_id=str(k), timeout=LONG_US)
+            sent[str(k)] = (name, outname, x)
+            if k == 4:
+                bad = tritongrpc.InferInput("x", [1, 15], "FP32")
+                bad.set_data_from_numpy(np.zeros((1, 15), np.float32))
+                client.async_stream_infer("tiny_mlp", [bad], request_id="bad", timeout=LONG_US)
+        got, errors = {}, []
+        for _ in range(len(sent) + 1):
+            result, error = answers.get(timeout=60)
+            if error is not None:
+                errors.append(error.message())
+            else:
+                got[result.get_response().id] = result
+    finally:
+        client.stop_stream()
+    assert len(errors) == 1 and "expected shape" in errors[0], errors
+    assert sorted(got) == sorted(sent)
+    for k, (name, outname, x) in sent.items():
+        want = _eager(eager[name], x)
+        want = (want[outname] if isinstance(want, dict) else want).numpy()  # tiny_cnn: named outputs
+        assert np.abs(got[k].as_numpy(outname) - want).max() <= 1e-4 * float(np.abs(want).max()), k
+
+
+def test_grpc_shared_memory_trace_and_log_rpcs_say_they_are_not_supported(served):
+    addr, _, _ = served
+    client = tritongrpc.InferenceServerClient(addr.grpc_url)
+    for call, says in ((client.get_system_shared_memory_status, "raw_input_contents"),
+                       (client.get_cuda_shared_memory_status, "raw_input_contents"),
+                       (client.get_trace_settings, "/metrics"), (client.get_log_settings, "stderr")):
+        with pytest.raises(InferenceServerException) as e:
+            call()
+        assert "UNIMPLEMENTED" in str(e.value.status()) and says in e.value.message(), e.value.message()
+
+
+@pytest.mark.parametrize("method, path, says", [
+    ("GET", "/v2/systemsharedmemory/status", "send the tensors in the request"),
+    ("POST", "/v2/cudasharedmemory/region/r0/register", "send the tensors in the request"),
+    ("GET", "/v2/trace/setting", "GET /metrics"),
+    ("POST", "/v2/models/tiny_mlp/trace/setting", "GET /metrics"),
+    ("GET", "/v2/logging", "logs to stderr"),
+    ("GET", "/v2/nothing/here", "GET /openapi.json"),
+])
+def test_an_unknown_or_unimplemented_endpoint_is_a_404_that_says_what_to_do(served, method, path, says):
+    addr, _, _ = served
+    if method == "GET":
+        status, body = _get(addr, path)
+    else:
+        status, _, body = _post(addr, path, b"{}")
+    assert status == 404
+    assert path in json.loads(body)["error"] and says in json.loads(body)["error"], body
 
 
 def test_server_keeps_serving_after_garbage(served):

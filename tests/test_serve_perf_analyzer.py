@@ -1,5 +1,5 @@
 """Triton's perf_analyzer, unmodified, against ``gpuloom serve`` (issue 6): HTTP and gRPC, synchronous
-and asynchronous, concurrency and request-rate modes, batches of several rows. Each run must finish
+and asynchronous, streaming, concurrency and request-rate modes, batches of several rows. Each run must finish
 (perf_analyzer exits non-zero on anything it cannot read, e.g. statistics whose compute counts
 differ) and the server's books must count every request it sent.
 
@@ -68,8 +68,17 @@ def _successes(http_port: int) -> int:
         return int(json.loads(r.read())["model_stats"][0]["inference_stats"]["success"]["count"])
 
 
+#: perf_analyzer reports only once three windows in a row agree on latency and throughput within this
+#: many percent (its default 10). On CI's two shared cores a request-rate run at 100 req/s (50 requests
+#: per 500 ms window, each after an idle gap) missed that in about one run of ten and exited 2 ("Failed
+#: to obtain stable measurement"). These tests check that perf_analyzer can drive and read gpuloom,
+#: not how steady the machine is, so they allow 50% (and 20 windows before giving up).
+STABILITY_PERCENT = "50"
+
+
 def _run(*args: str) -> str:
-    out = subprocess.run([PERF_ANALYZER, "-m", "tiny_mlp", "--measurement-interval", "500", *args],
+    out = subprocess.run([PERF_ANALYZER, "-m", "tiny_mlp", "--measurement-interval", "500",
+                          "--stability-percentage", STABILITY_PERCENT, "--max-trials", "20", *args],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     return out.stdout
@@ -81,7 +90,8 @@ def _run(*args: str) -> str:
     ["-i", "http", "--request-rate-range", "100"],
     ["-i", "grpc", "--concurrency-range", "4"],
     ["-i", "grpc", "--async", "--concurrency-range", "8"],
-], ids=["http-concurrency", "http-batch-4", "http-request-rate", "grpc", "grpc-async"])
+    ["-i", "grpc", "--streaming", "--concurrency-range", "4"],
+], ids=["http-concurrency", "http-batch-4", "http-request-rate", "grpc", "grpc-async", "grpc-streaming"])
 def test_perf_analyzer_measures_gpuloom_and_every_request_is_booked(server, args):
     http_port, grpc_port = server
     url = f"127.0.0.1:{grpc_port if args[1] == 'grpc' else http_port}"

@@ -1,9 +1,13 @@
 """The ``inference.GRPCInferenceService`` front end (grpc.aio), on the generated stubs tritonclient ships.
 
 Implements ServerLive/Ready/Metadata, ModelReady/Metadata/Config/Statistics, ModelInfer (raw input
-contents or typed ``contents``; outputs returned as raw output contents, as Triton does), and the
-repository RPCs. Protocol errors map to gRPC codes: 400 -> INVALID_ARGUMENT, 404 -> NOT_FOUND,
-429 -> RESOURCE_EXHAUSTED, 503 -> UNAVAILABLE, 504 -> DEADLINE_EXCEEDED, 5xx -> INTERNAL.
+contents or typed ``contents``; outputs returned as raw output contents, as Triton does),
+ModelStreamInfer (the same requests on one bidirectional stream, answered as each finishes; a failed
+request is answered with its ``error_message`` and the stream goes on, as Triton does for models that
+are not decoupled) and the repository RPCs. Protocol errors map to gRPC codes: 400 ->
+INVALID_ARGUMENT, 404 -> NOT_FOUND, 429 -> RESOURCE_EXHAUSTED, 503 -> UNAVAILABLE, 504 ->
+DEADLINE_EXCEEDED, 5xx -> INTERNAL. The shared-memory, trace and log RPCs answer UNIMPLEMENTED with
+what to do instead.
 """
 
 from __future__ import annotations
@@ -122,20 +126,72 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request, context):
         try:
-            inputs = self._inputs(request)
-            params = {k: _param_value(v) for k, v in request.parameters.items()}
-            deadline = None
-            t = params.get("timeout")
-            if isinstance(t, (int, float)) and t > 0:
-                deadline = t / 1000.0  # microseconds -> ms
-            remaining = context.time_remaining()
-            if remaining is not None:  # the client's gRPC deadline, seconds
-                deadline = min(deadline or float("inf"), remaining * 1000.0)
-            self.core.check_outputs(request.model_name, request.model_version,
-                                    [o.name for o in request.outputs] or None)
-            outputs = await self.core.infer(request.model_name, request.model_version, inputs, deadline)
+            return await self._infer(request, context)
         except ProtocolError as e:
             await _abort(context, e)
+
+    async def ModelStreamInfer(self, request_iterator, context):
+        """Each request of the stream is submitted as it arrives (so the runtime batches them with
+        everyone else's) and answered as it finishes, in that order; the client matches answers by
+        ``id``. A request that fails is answered with its ``error_message``; the stream goes on. The
+        stream ends once the client has closed its side and every request has been answered."""
+        answers: asyncio.Queue = asyncio.Queue()
+        pending: set[asyncio.Task] = set()
+
+        def answered(task: asyncio.Task) -> None:
+            pending.discard(task)
+            if not task.cancelled():
+                answers.put_nowait(task.result())
+
+        async def read() -> None:
+            async for request in request_iterator:
+                task = asyncio.ensure_future(self._stream_answer(request, context))
+                pending.add(task)
+                task.add_done_callback(answered)
+            answers.put_nowait(None)  # the client closed its side
+
+        reader = asyncio.ensure_future(read())
+        closed = False
+        try:
+            while not (closed and not pending and answers.empty()):
+                msg = await answers.get()
+                if msg is None:
+                    closed = True
+                else:
+                    yield msg
+            await reader  # (done: it put the None) an error reading the stream surfaces here
+        finally:  # the client went away (or the server stops): nothing is left running for it
+            reader.cancel()
+            for task in list(pending):
+                task.cancel()
+
+    async def _stream_answer(self, request, context) -> pb.ModelStreamInferResponse:
+        try:
+            return pb.ModelStreamInferResponse(infer_response=await self._infer(request, context))
+        except ProtocolError as e:
+            return pb.ModelStreamInferResponse(
+                error_message=str(e),
+                infer_response=pb.ModelInferResponse(model_name=request.model_name, id=request.id))
+        except Exception as e:  # noqa: BLE001 - a bug of ours fails this request, not the stream
+            log.exception("stream request %r of model %r failed", request.id, request.model_name)
+            return pb.ModelStreamInferResponse(
+                error_message=f"internal error: {type(e).__name__}: {e}",
+                infer_response=pb.ModelInferResponse(model_name=request.model_name, id=request.id))
+
+    async def _infer(self, request, context) -> pb.ModelInferResponse:
+        """One ModelInfer request, answered; raises ProtocolError for a request that cannot be."""
+        inputs = self._inputs(request)
+        params = {k: _param_value(v) for k, v in request.parameters.items()}
+        deadline = None
+        t = params.get("timeout")
+        if isinstance(t, (int, float)) and t > 0:
+            deadline = t / 1000.0  # microseconds -> ms
+        remaining = context.time_remaining()
+        if remaining is not None:  # the client's gRPC deadline, seconds
+            deadline = min(deadline or float("inf"), remaining * 1000.0)
+        self.core.check_outputs(request.model_name, request.model_version,
+                                [o.name for o in request.outputs] or None)
+        outputs = await self.core.infer(request.model_name, request.model_version, inputs, deadline)
         names = [o.name for o in request.outputs] or list(outputs)
         resp = pb.ModelInferResponse(model_name=request.model_name, model_version="1", id=request.id)
         for n in names:
@@ -170,6 +226,24 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
                     raise ProtocolError(f"{where}: shape {list(shape)} needs {n} elements, contents has {len(vals)}")
                 out[t.name] = np.asarray(vals, dtype=dtype).reshape(shape)
         return out
+
+
+def _unsupported(rpc: str, why: str):
+    async def answer(self, request, context):
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{rpc}: {why}")
+    answer.__name__ = rpc
+    return answer
+
+
+_NO_SHM = ("gpuloom does not implement Triton's shared-memory extensions; send the tensors in the request "
+           "(raw_input_contents)")
+for _rpc in ("SystemSharedMemoryStatus", "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister",
+             "CudaSharedMemoryStatus", "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister"):
+    setattr(InferenceServicer, _rpc, _unsupported(_rpc, _NO_SHM))
+InferenceServicer.TraceSetting = _unsupported(
+    "TraceSetting", "gpuloom does not implement Triton's trace extension; its metrics are at /metrics (HTTP)")
+InferenceServicer.LogSettings = _unsupported(
+    "LogSettings", "gpuloom does not implement Triton's logging extension; the server logs to stderr (Python logging, INFO)")
 
 
 def add_servicer(server: grpc.aio.Server, core: ServeCore) -> None:

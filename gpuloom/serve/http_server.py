@@ -45,6 +45,29 @@ def _error(message: str, status: int, retry_after_s: float | None = None) -> web
     return web.json_response({"error": message}, status=status, headers=headers)
 
 
+#: Triton extensions gpuloom does not implement: a path's first segments -> what to do instead
+_UNSUPPORTED = (
+    (("v2", "systemsharedmemory"), "Triton's shared-memory extensions are not implemented; send the tensors in the "
+                                   "request (JSON, or binary tensor data)"),
+    (("v2", "cudasharedmemory"), "Triton's shared-memory extensions are not implemented; send the tensors in the "
+                                 "request (JSON, or binary tensor data)"),
+    (("v2", "trace"), "Triton's trace extension is not implemented; the server's metrics are at GET /metrics"),
+    (("v2", "logging"), "Triton's logging extension is not implemented; the server logs to stderr"),
+)
+
+
+def _no_such_endpoint(request: web.Request) -> str:
+    """What a 404 for an unknown path says: what this server does not implement, or where its API is."""
+    parts = tuple(p for p in request.path.split("/") if p)
+    if len(parts) >= 4 and parts[:2] == ("v2", "models") and parts[-2:] == ("trace", "setting"):
+        parts = ("v2", "trace")  # a model's trace settings
+    for prefix, why in _UNSUPPORTED:
+        if parts[:len(prefix)] == prefix:
+            return f"{request.method} {request.path}: {why}"
+    return (f"no such endpoint: {request.method} {request.path} (gpuloom serves the KServe v2 / Triton HTTP API; "
+            f"GET /openapi.json describes it)")
+
+
 @web.middleware
 async def _errors(request: web.Request, handler):
     try:
@@ -53,6 +76,8 @@ async def _errors(request: web.Request, handler):
         return _error(str(e), e.status, e.retry_after_s)
     except web.HTTPRequestEntityTooLarge as e:
         return _error(f"request body too large: {e.text}; the limit is {request.app[CORE_KEY].max_body_bytes} bytes", 413)
+    except web.HTTPNotFound:
+        return _error(_no_such_endpoint(request), 404)
     except web.HTTPException as e:
         if e.status >= 400:
             return _error(e.reason or e.text or "error", e.status)
