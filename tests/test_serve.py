@@ -294,6 +294,46 @@ def test_grpc_stream_answers_each_request_with_its_own_outputs_and_a_bad_one_wit
         assert np.abs(got[k].as_numpy(outname) - want).max() <= 1e-4 * float(np.abs(want).max()), k
 
 
+def test_a_grpc_stream_whose_reading_fails_answers_what_it_took_and_ends_with_the_error():
+    """The stream's reader fails after one request (a broken client stream): that request is still
+    answered, then the error ends the call; nothing waits forever for a close that never comes."""
+    import asyncio
+
+    from tritonclient.grpc import service_pb2 as pb
+
+    from gpuloom.serve.grpc_server import InferenceServicer
+
+    class Core:  # answers every request with its input doubled
+        def check_outputs(self, *a):
+            pass
+
+        async def infer(self, name, version, inputs, deadline):
+            await asyncio.sleep(0.01)
+            return {"y": inputs["x"] * 2}
+
+    class Context:
+        def time_remaining(self):
+            return None
+
+    async def requests():
+        req = pb.ModelInferRequest(model_name="m", id="r1")
+        req.inputs.add(name="x", datatype="FP32", shape=[1, 2])
+        req.raw_input_contents.append(np.array([[1.0, 2.0]], np.float32).tobytes())
+        yield req
+        raise ConnectionResetError("the client's stream broke")
+
+    async def run():
+        got = []
+        with pytest.raises(ConnectionResetError):
+            async for msg in InferenceServicer(Core()).ModelStreamInfer(requests(), Context()):
+                got.append(msg)
+        return got
+
+    got = asyncio.run(asyncio.wait_for(run(), 10))
+    assert [m.infer_response.id for m in got] == ["r1"] and not got[0].error_message
+    assert np.frombuffer(got[0].infer_response.raw_output_contents[0], np.float32).tolist() == [2.0, 4.0]
+
+
 def test_grpc_shared_memory_trace_and_log_rpcs_say_they_are_not_supported(served):
     addr, _, _ = served
     client = tritongrpc.InferenceServerClient(addr.grpc_url)

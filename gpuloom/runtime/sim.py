@@ -45,8 +45,8 @@ against the GPU, issue 5). Its parameters live in :class:`ContentionModel`.
   run found the runtime thread mostly idle, so it stays off by default. With the deadline and light3
   runs in the fit it is not (forty-third session): 0.1 ms with a 1.125 ms hold fits 31 of 35 points
   within 10% against 28 without (:meth:`ContentionModel.h200_runs`). On nexus's one lane the time from
-  booking a batch to launching the next measured 0.28 ms per batch (its GPU idle with work queued). Same simplification as the
-  batch overhead.
+  booking a batch to launching the next measured 0.28 ms per batch (its GPU idle with work queued).
+  Same simplification as the batch overhead.
 * **Host per request** (``host_request_ms``): the same one host, also busy this long for each
   request of a batch. It stands for the Python interpreter that every request crosses (``submit``,
   the loop's arrival and answer, the bridge over HTTP) and that the GIL serializes: on the H200 the

@@ -144,11 +144,13 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
                 answers.put_nowait(task.result())
 
         async def read() -> None:
-            async for request in request_iterator:
-                task = asyncio.ensure_future(self._stream_answer(request, context))
-                pending.add(task)
-                task.add_done_callback(answered)
-            answers.put_nowait(None)  # the client closed its side
+            try:
+                async for request in request_iterator:
+                    task = asyncio.ensure_future(self._stream_answer(request, context))
+                    pending.add(task)
+                    task.add_done_callback(answered)
+            finally:  # the client closed its side (or reading failed: raised below, once the rest is answered)
+                answers.put_nowait(None)
 
         reader = asyncio.ensure_future(read())
         closed = False
@@ -159,7 +161,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
                     closed = True
                 else:
                     yield msg
-            await reader  # (done: it put the None) an error reading the stream surfaces here
+            await reader  # (done: it put the None) an error reading the stream is raised here
         finally:  # the client went away (or the server stops): nothing is left running for it
             reader.cancel()
             for task in list(pending):

@@ -45,12 +45,11 @@ def _error(message: str, status: int, retry_after_s: float | None = None) -> web
     return web.json_response({"error": message}, status=status, headers=headers)
 
 
+_NO_SHM = "Triton's shared-memory extensions are not implemented; send the tensors in the request (JSON, or binary tensor data)"
 #: Triton extensions gpuloom does not implement: a path's first segments -> what to do instead
 _UNSUPPORTED = (
-    (("v2", "systemsharedmemory"), "Triton's shared-memory extensions are not implemented; send the tensors in the "
-                                   "request (JSON, or binary tensor data)"),
-    (("v2", "cudasharedmemory"), "Triton's shared-memory extensions are not implemented; send the tensors in the "
-                                 "request (JSON, or binary tensor data)"),
+    (("v2", "systemsharedmemory"), _NO_SHM),
+    (("v2", "cudasharedmemory"), _NO_SHM),
     (("v2", "trace"), "Triton's trace extension is not implemented; the server's metrics are at GET /metrics"),
     (("v2", "logging"), "Triton's logging extension is not implemented; the server logs to stderr"),
 )
