@@ -9,7 +9,8 @@ HELP = "serve a model repository (directory or YAML) over KServe v2 / Triton-com
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..serve import AUTO_HOST_MAX_BATCH_MS, RUNTIME_ON  # (the package alone: no aiohttp at parse time)
+    # (the package alone: no aiohttp at parse time)
+    from ..serve import AUTO_HOST_MAX_BATCH_MS, DEFAULT_CLIENT_TIMEOUT_S, RUNTIME_ON
 
     p.add_argument("repository", help="model repository: a directory of model YAML files or one YAML file (format: "
                         "docs/model-repository.md; examples: examples/repository)")
@@ -38,6 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--queue-limit", type=int, default=1024, help="queued requests before 429 (default 1024)")
     p.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body, MiB (default 64)")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to drain queued requests on SIGTERM (default 30)")
+    p.add_argument("--client-timeout", type=float, default=DEFAULT_CLIENT_TIMEOUT_S, metavar="S",
+                   help=f"close an HTTP connection whose client keeps the server waiting this long: no request "
+                        f"headers since it connected, a body still arriving, or idle after an answer (default "
+                        f"{DEFAULT_CLIENT_TIMEOUT_S:g}); a request being computed is never cut")
     p.add_argument("--models", default=None, help="comma-separated subset of the repository to load at start")
     p.add_argument("--http-workers", type=http_workers_arg, default=None, metavar="N|auto",
                    help="HTTP front-end processes that parse requests outside the runtime's process and share "
@@ -255,7 +260,8 @@ def run(args: argparse.Namespace) -> int:
             service.close(drain=False)
             return 130
     server = Server(core, host=args.host, http_port=args.http_port, grpc_port=None if args.no_grpc else args.grpc_port,
-                    drain_timeout_s=args.drain_timeout, http_workers=args.http_workers,
+                    drain_timeout_s=args.drain_timeout, client_timeout_s=args.client_timeout,
+                    http_workers=args.http_workers,
                     worker_arena_mb=args.http_worker_arena_mb, worker_ring_kb=args.http_worker_ring_kb,
                     worker_cpus=worker_cpus, runtime_on=args.runtime_on,
                     **({} if args.http_worker_nice is None else {"worker_nice": args.http_worker_nice}))

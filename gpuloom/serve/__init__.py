@@ -20,6 +20,10 @@ RUNTIME_ON = ("thread", "http", "auto")
 #: the runtime's own thread (twenty-sixth session, ``docs/reports/serving.md``); 2 ms keeps that wait
 #: within the threaded server's own tail. A tiny model gains: one thread hand-off less each way.
 AUTO_HOST_MAX_BATCH_MS = 2.0
+#: ``gpuloom serve --client-timeout``'s default, seconds: a connection whose client keeps the server
+#: waiting this long is closed (``client_timeout.py``; nginx closes an idle keep-alive connection
+#: after 75 s and waits 60 s for a request's headers or the next piece of its body)
+DEFAULT_CLIENT_TIMEOUT_S = 60.0
 
-__all__ = ["AUTO_HOST_MAX_BATCH_MS", "RUNTIME_ON", "repository", "protocol", "core", "http_server", "grpc_server", "server",
+__all__ = ["AUTO_HOST_MAX_BATCH_MS", "DEFAULT_CLIENT_TIMEOUT_S", "RUNTIME_ON", "repository", "protocol", "core", "http_server", "grpc_server", "server",
            "metrics", "openapi"]

@@ -50,6 +50,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..runtime.gcpause import RareFullCollections, freeze_loaded
+from .client_timeout import DEFAULT_CLIENT_TIMEOUT_S, ClientTimeouts
 from .protocol import ProtocolError, numpy_dtype, v2_dtype
 
 log = logging.getLogger(__name__)
@@ -1052,6 +1053,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-body", type=int, required=True)
     ap.add_argument("--backlog", type=int, default=2048)
     ap.add_argument("--drain-timeout", type=float, default=30.0)
+    ap.add_argument("--client-timeout", type=float, default=DEFAULT_CLIENT_TIMEOUT_S,
+                    help="close connections whose client keeps this worker waiting this long, s (client_timeout.py)")
     ap.add_argument("--arena-mb", type=int, default=arena_mb_default(),
                     help="shared memory for request tensors, MiB (0: send them over the socket)")
     ap.add_argument("--ring-kb", type=int, default=ring_kb_default(),
@@ -1072,8 +1075,11 @@ def main(argv: list[str] | None = None) -> int:
 
     async def run() -> None:
         app = build_worker_app(args.socket, args.upstream, args.max_body, args.arena_mb << 20, args.ring_kb << 10)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=args.drain_timeout)
+        guard = ClientTimeouts(args.client_timeout)
+        app.middlewares.insert(0, guard.middleware)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=args.drain_timeout, **guard.runner_kwargs())
         await runner.setup()
+        guard.start(runner.server)
         site = web.TCPSite(runner, args.host, args.port, reuse_port=True, backlog=args.backlog)
         # the worker allocates per request too: keep its start-up heap out of collections and its
         # full collections rare (gpuloom.runtime.gcpause; 53-75 ms pauses measured in the runtime),
@@ -1087,6 +1093,7 @@ def main(argv: list[str] | None = None) -> int:
             loop.add_signal_handler(sig, stop.set)
         print("READY", flush=True)
         await stop.wait()
+        guard.stop()
         await runner.cleanup()  # stops accepting; in-flight requests finish within the drain timeout
 
     asyncio.run(run())

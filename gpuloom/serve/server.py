@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import AUTO_HOST_MAX_BATCH_MS, RUNTIME_ON, frontend
+from .client_timeout import DEFAULT_CLIENT_TIMEOUT_S, ClientTimeouts
 from .core import ServeCore
 
 log = logging.getLogger("gpuloom.serve")
@@ -65,8 +66,13 @@ class Server:
                  drain_timeout_s: float = 30.0, listen_backlog: int = 2048, http_workers: int = 0,
                  worker_arena_mb: int | None = None, worker_ring_kb: int | None = None,
                  worker_cpus: set[int] | None = None, ring_drain_on: str = "loop", runtime_on: str = "thread",
-                 close_service: bool = True, worker_nice: int = frontend.WORKER_NICE):
+                 close_service: bool = True, worker_nice: int = frontend.WORKER_NICE,
+                 client_timeout_s: float = DEFAULT_CLIENT_TIMEOUT_S):
         self.core = core
+        # a connection whose client sends nothing this long while the server waits on it (its first
+        # request, a body, the next request) is closed (client_timeout.ClientTimeouts: why)
+        self.client_timeout_s = ClientTimeouts(client_timeout_s).timeout_s  # (checked here, at construction)
+        self._client_timeouts: ClientTimeouts | None = None
         # stopping closes the runtime (drained) as well; False leaves it running with its models
         # loaded, for the next server on it (a benchmark's front ends taking turns on one service),
         # which needs a ServeCore of its own: this one's stays closing (503) once stopped
@@ -136,8 +142,12 @@ class Server:
 
         self._stop_event = asyncio.Event()
         app = build_app(self.core)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=self.drain_timeout_s)
+        guard = self._client_timeouts = ClientTimeouts(self.client_timeout_s)
+        app.middlewares.insert(0, guard.middleware)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=self.drain_timeout_s,
+                                     **guard.runner_kwargs())
         await self._runner.setup()
+        guard.start(self._runner.server)
         if self.http_workers:
             try:
                 self._reserved = frontend.reserve_port(self.host, self.http_port)
@@ -202,7 +212,7 @@ class Server:
         cmd = [sys.executable, "-m", "gpuloom.serve.frontend", "--socket", path, "--host", self.host,
                "--port", str(port), "--upstream", f"http://127.0.0.1:{internal}",
                "--max-body", str(int(self.core.max_body_bytes)), "--backlog", str(self.listen_backlog),
-               "--drain-timeout", str(self.drain_timeout_s)]
+               "--drain-timeout", str(self.drain_timeout_s), "--client-timeout", str(self.client_timeout_s)]
         if self.worker_arena_mb is not None:
             cmd += ["--arena-mb", str(self.worker_arena_mb)]
         if self.worker_ring_kb is not None:
@@ -291,6 +301,8 @@ class Server:
         await self._answer_backlog(loop.time() + 2.0)
         if self._grpc is not None:
             await self._grpc.stop(grace=2.0)
+        if self._client_timeouts is not None:
+            self._client_timeouts.stop()
         if self._runner is not None:
             await self._runner.cleanup()
 
