@@ -163,7 +163,8 @@ def main() -> int:
               f"host per request {hr:.3f} ms, per arrival {ha:.3f} ms, GIL per request {gr:.3f} / batch {gb:.3f} ms, "
               f"hold spread {hs:.2f}: "
               f"worst |error| {max(fitted):.3f}, mean {sum(fitted) / len(fitted):.3f}, "
-              f"{grid[-1]['within_target_fitted']} within {TARGET:.0%} over {len(fitted)} fitted points; median |error| {grid[-1]['median_abs_error_unfitted']} over {len(over)} points in collapse",
+              f"{grid[-1]['within_target_fitted']} within {TARGET:.0%} over {len(fitted)} fitted points; "
+              f"median |error| {grid[-1]['median_abs_error_unfitted']} over {len(over)} points in collapse",
               flush=True)
     best = min(grid, key=lambda g: (g["worst_abs_error_fitted"], g["mean_abs_error_fitted"]))
     print(f"best: batch_overhead_ms={best['batch_overhead_ms']}, demand_fraction={best['demand_fraction']}, "

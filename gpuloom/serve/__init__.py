@@ -25,5 +25,5 @@ AUTO_HOST_MAX_BATCH_MS = 2.0
 #: after 75 s and waits 60 s for a request's headers or the next piece of its body)
 DEFAULT_CLIENT_TIMEOUT_S = 60.0
 
-__all__ = ["AUTO_HOST_MAX_BATCH_MS", "DEFAULT_CLIENT_TIMEOUT_S", "RUNTIME_ON", "repository", "protocol", "core", "http_server", "grpc_server", "server",
-           "metrics", "openapi"]
+__all__ = ["AUTO_HOST_MAX_BATCH_MS", "DEFAULT_CLIENT_TIMEOUT_S", "RUNTIME_ON", "repository", "protocol", "core",
+           "http_server", "grpc_server", "server", "metrics", "openapi"]

@@ -245,7 +245,8 @@ for _rpc in ("SystemSharedMemoryStatus", "SystemSharedMemoryRegister", "SystemSh
 InferenceServicer.TraceSetting = _unsupported(
     "TraceSetting", "gpuloom does not implement Triton's trace extension; its metrics are at /metrics (HTTP)")
 InferenceServicer.LogSettings = _unsupported(
-    "LogSettings", "gpuloom does not implement Triton's logging extension; the server logs to stderr (Python logging, INFO)")
+    "LogSettings",
+    "gpuloom does not implement Triton's logging extension; the server logs to stderr (Python logging, INFO)")
 
 
 def add_servicer(server: grpc.aio.Server, core: ServeCore) -> None:

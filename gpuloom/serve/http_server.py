@@ -45,7 +45,8 @@ def _error(message: str, status: int, retry_after_s: float | None = None) -> web
     return web.json_response({"error": message}, status=status, headers=headers)
 
 
-_NO_SHM = "Triton's shared-memory extensions are not implemented; send the tensors in the request (JSON, or binary tensor data)"
+_NO_SHM = ("Triton's shared-memory extensions are not implemented; send the tensors in the request (JSON, or "
+           "binary tensor data)")
 #: Triton extensions gpuloom does not implement: a path's first segments -> what to do instead
 _UNSUPPORTED = (
     (("v2", "systemsharedmemory"), _NO_SHM),
