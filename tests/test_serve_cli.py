@@ -326,6 +326,20 @@ def test_http_worker_nice_takes_0_to_19_and_refuses_the_rest_with_the_range(tmp_
             nice_arg(bad)
 
 
+def test_client_timeout_takes_seconds_above_zero_and_says_so_otherwise(tmp_path, capsys):
+    from gpuloom.commands.serve import client_timeout_arg
+
+    p, repo = _serve_parser_and_repo(tmp_path)
+    assert p.parse_args([repo]).client_timeout == 60.0
+    assert p.parse_args([repo, "--client-timeout", "2.5"]).client_timeout == 2.5
+    for bad in ("0", "-1", "x", "inf", "nan"):
+        with pytest.raises(argparse.ArgumentTypeError, match="seconds > 0"):
+            client_timeout_arg(bad)
+    with pytest.raises(SystemExit):  # at parse time, before any model is compiled
+        p.parse_args([repo, "--client-timeout", "0"])
+    assert "--client-timeout: expected seconds > 0, got '0'" in capsys.readouterr().err
+
+
 def test_cpus_pins_every_thread_of_the_server(tmp_path):
     """``--cpus``: every thread of the server runs on those CPUs, those started at import included."""
     cpu = sorted(os.sched_getaffinity(0))[-1]

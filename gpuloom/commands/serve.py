@@ -39,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--queue-limit", type=int, default=1024, help="queued requests before 429 (default 1024)")
     p.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body, MiB (default 64)")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to drain queued requests on SIGTERM (default 30)")
-    p.add_argument("--client-timeout", type=float, default=DEFAULT_CLIENT_TIMEOUT_S, metavar="S",
+    p.add_argument("--client-timeout", type=client_timeout_arg, default=DEFAULT_CLIENT_TIMEOUT_S, metavar="S",
                    help=f"close an HTTP connection whose client keeps the server waiting this long: no request "
                         f"headers since it connected, a body still arriving, or idle after an answer (default "
                         f"{DEFAULT_CLIENT_TIMEOUT_S:g}); a request being computed is never cut")
@@ -128,6 +128,17 @@ def cpus_arg(text: str) -> set[int]:
         return parse_cpus(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def client_timeout_arg(text: str) -> float:
+    """Seconds > 0 (argparse type)."""
+    try:
+        s = float(text)
+    except ValueError:
+        s = -1.0
+    if not 0 < s < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+    return s
 
 
 def arena_mb_arg(text: str) -> int:
