@@ -61,10 +61,9 @@ Z99 = 2.3263
 def measured_spread(point: dict) -> float | None:
     """The lognormal sigma of one point's holds, ``ln(p99 / p50) / Z99`` per lane, weighted by its
     batches; None when no lane has both figures (reports before the eleventh session's runs)."""
-    lanes = [(math.log(q["hold_p99_ms"] / q["hold_p50_ms"]) / Z99, q["batches"]) for q in point["layouts"]
-             if q["batches"] and (q.get("hold_p50_ms") or 0) > 0 and (q.get("hold_p99_ms") or 0) >= q["hold_p50_ms"]]
-    n = sum(b for _, b in lanes)
-    return sum(s * b for s, b in lanes) / n if n else None
+    return mean_by(("all", math.log(q["hold_p99_ms"] / q["hold_p50_ms"]) / Z99, q["batches"]) for q in point["layouts"]
+                   if q["batches"] and (q.get("hold_p50_ms") or 0) > 0
+                   and (q.get("hold_p99_ms") or 0) >= q["hold_p50_ms"]).get("all")
 
 
 def per_model(point: dict) -> tuple[dict[str, float], dict[str, float], bool]:

@@ -131,14 +131,13 @@ def cpus_arg(text: str) -> set[int]:
 
 
 def client_timeout_arg(text: str) -> float:
-    """Seconds > 0 (argparse type)."""
+    """Seconds > 0 (argparse type; the server's own check, ``serve.check_client_timeout``)."""
+    from ..serve import check_client_timeout
+
     try:
-        s = float(text)
+        return check_client_timeout(float(text))
     except ValueError:
-        s = -1.0
-    if not 0 < s < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
-    return s
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}") from None
 
 
 def arena_mb_arg(text: str) -> int:

@@ -25,5 +25,13 @@ AUTO_HOST_MAX_BATCH_MS = 2.0
 #: after 75 s and waits 60 s for a request's headers or the next piece of its body)
 DEFAULT_CLIENT_TIMEOUT_S = 60.0
 
-__all__ = ["AUTO_HOST_MAX_BATCH_MS", "DEFAULT_CLIENT_TIMEOUT_S", "RUNTIME_ON", "repository", "protocol", "core",
+
+def check_client_timeout(seconds: object) -> float:
+    """``seconds`` as a client timeout (a finite number > 0), or ValueError saying what was expected."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < float("inf"):
+        raise ValueError(f"client timeout: expected seconds > 0, got {seconds!r}")
+    return float(seconds)
+
+
+__all__ = ["AUTO_HOST_MAX_BATCH_MS", "DEFAULT_CLIENT_TIMEOUT_S", "RUNTIME_ON", "check_client_timeout", "repository", "protocol", "core",
            "http_server", "grpc_server", "server", "metrics", "openapi"]

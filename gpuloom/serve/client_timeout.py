@@ -1,15 +1,16 @@
 """Closing connections whose client keeps the server waiting: silent, stalled or idle ones.
 
-aiohttp waits for a connection's first request, and for a request's body, as long as the client
-likes, and keeps an idle connection open for an hour between requests (its ``keepalive_timeout``).
-So a client that opens connections and sends nothing, or sends a body that never ends, holds a file
-descriptor per connection until the server can accept no more. Measured before this module: a
-silent connection and a request with half its body were both still open after 100 s.
+aiohttp waits for a request's body as long as the client likes, and its keep-alive timer, which also
+runs before a connection's first request (aiohttp 3.14), defaults to an hour. So a client that opens
+connections and sends nothing, or sends a body that never ends, holds a file descriptor per
+connection until the server can accept no more. Measured before this module: a silent connection and
+a request with half its body were both still open after 100 s.
 :class:`ClientTimeouts` closes a connection that
 
-- has not sent its first request's headers ``timeout_s`` after the server first saw it,
-- has not sent the whole body of a request ``timeout_s`` after that request's headers, or
-- has sat idle ``timeout_s`` after an answer (aiohttp's own keep-alive timer, set to ``timeout_s``).
+- has not sent its first request's headers ``timeout_s`` after the server first saw it (aiohttp's
+  keep-alive timer, set to ``timeout_s``, closes these too; the sweep does not rely on it),
+- has not sent the whole body of a request ``timeout_s`` after that request's headers (only the sweep), or
+- has sat idle ``timeout_s`` after an answer (aiohttp's keep-alive timer).
 
 A request that is being computed is never cut: then the server, not the client, is taking its time.
 A sweep every ``timeout_s / 4`` (at most every second) looks at the server's connections. A middleware
@@ -27,7 +28,7 @@ from typing import Any, Iterable
 
 from aiohttp import web
 
-from . import DEFAULT_CLIENT_TIMEOUT_S
+from . import DEFAULT_CLIENT_TIMEOUT_S, check_client_timeout
 
 log = logging.getLogger("gpuloom.serve.http")
 
@@ -53,8 +54,8 @@ class _Connection:
 
 @dataclass
 class ClientTimeouts:
-    """One server's guard: add :attr:`middleware` to its app (outermost), build its runner with
-    :meth:`runner_kwargs`, :meth:`start` it on the runner's server and :meth:`stop` it before cleanup."""
+    """One server's guard: :meth:`runner` sets up the server's app with it; :meth:`stop` it before the
+    runner's cleanup."""
 
     timeout_s: float = DEFAULT_CLIENT_TIMEOUT_S
     closed: Counter = field(default_factory=Counter)  # connections closed, by reason
@@ -62,8 +63,7 @@ class ClientTimeouts:
     _task: asyncio.Task | None = None
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0):
-            raise ValueError(f"client timeout: expected seconds > 0, got {self.timeout_s!r}")
+        self.timeout_s = check_client_timeout(self.timeout_s)
         guard = self
 
         @web.middleware
@@ -78,9 +78,14 @@ class ClientTimeouts:
 
         self.middleware = middleware
 
-    def runner_kwargs(self) -> dict:
-        """``web.AppRunner`` arguments: idle keep-alive connections close after the same timeout."""
-        return {"keepalive_timeout": self.timeout_s}
+    async def runner(self, app: web.Application, **kwargs: Any) -> web.AppRunner:
+        """``app``'s runner, set up, with this guard: its middleware outermost, idle keep-alive
+        connections closed after the same timeout (aiohttp's own timer), and the sweep started."""
+        app.middlewares.insert(0, self.middleware)
+        runner = web.AppRunner(app, keepalive_timeout=self.timeout_s, **kwargs)
+        await runner.setup()
+        self._start(runner.server)
+        return runner
 
     def _connection(self, handler: Any, now: float) -> _Connection:
         conn = self._conns.get(id(handler))
@@ -107,7 +112,7 @@ class ClientTimeouts:
             del self._conns[key]
         return n
 
-    def start(self, server: web.Server) -> None:
+    def _start(self, server: web.Server) -> None:
         """Sweep ``server``'s connections from now on (on the running loop)."""
         every = min(1.0, self.timeout_s / 4)
 

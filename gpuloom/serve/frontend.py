@@ -1076,10 +1076,7 @@ def main(argv: list[str] | None = None) -> int:
     async def run() -> None:
         app = build_worker_app(args.socket, args.upstream, args.max_body, args.arena_mb << 20, args.ring_kb << 10)
         guard = ClientTimeouts(args.client_timeout)
-        app.middlewares.insert(0, guard.middleware)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=args.drain_timeout, **guard.runner_kwargs())
-        await runner.setup()
-        guard.start(runner.server)
+        runner = await guard.runner(app, access_log=None, shutdown_timeout=args.drain_timeout)
         site = web.TCPSite(runner, args.host, args.port, reuse_port=True, backlog=args.backlog)
         # the worker allocates per request too: keep its start-up heap out of collections and its
         # full collections rare (gpuloom.runtime.gcpause; 53-75 ms pauses measured in the runtime),

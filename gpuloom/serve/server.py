@@ -21,8 +21,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from . import AUTO_HOST_MAX_BATCH_MS, RUNTIME_ON, frontend
-from .client_timeout import DEFAULT_CLIENT_TIMEOUT_S, ClientTimeouts
+from . import AUTO_HOST_MAX_BATCH_MS, DEFAULT_CLIENT_TIMEOUT_S, RUNTIME_ON, check_client_timeout, frontend
+from .client_timeout import ClientTimeouts
 from .core import ServeCore
 
 log = logging.getLogger("gpuloom.serve")
@@ -71,7 +71,7 @@ class Server:
         self.core = core
         # a connection whose client sends nothing this long while the server waits on it (its first
         # request, a body, the next request) is closed (client_timeout.ClientTimeouts: why)
-        self.client_timeout_s = ClientTimeouts(client_timeout_s).timeout_s  # (checked here, at construction)
+        self.client_timeout_s = check_client_timeout(client_timeout_s)
         self._client_timeouts: ClientTimeouts | None = None
         # stopping closes the runtime (drained) as well; False leaves it running with its models
         # loaded, for the next server on it (a benchmark's front ends taking turns on one service),
@@ -142,12 +142,8 @@ class Server:
 
         self._stop_event = asyncio.Event()
         app = build_app(self.core)
-        guard = self._client_timeouts = ClientTimeouts(self.client_timeout_s)
-        app.middlewares.insert(0, guard.middleware)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=self.drain_timeout_s,
-                                     **guard.runner_kwargs())
-        await self._runner.setup()
-        guard.start(self._runner.server)
+        self._client_timeouts = ClientTimeouts(self.client_timeout_s)
+        self._runner = await self._client_timeouts.runner(app, access_log=None, shutdown_timeout=self.drain_timeout_s)
         if self.http_workers:
             try:
                 self._reserved = frontend.reserve_port(self.host, self.http_port)
