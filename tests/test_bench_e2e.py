@@ -674,8 +674,9 @@ def test_bench_compiles_each_model_as_the_service_would(monkeypatch, tmp_path):
     for kw, (cfg, _) in zip(seen, models.values()):
         assert {k: kw[k] for k in cfg.compile_options("cpu")} == cfg.compile_options("cpu")
         assert cfg.compile_options("cuda") == default.compile_options("cuda") == {
-            "channels_last": False, "fuse_convolutions": False, "split_gemms": False, "fuse_epilogues": False,
-            "fuse_gates": False}
+            "channels_last": False, "fuse_convolutions": False, "split_gemms": False, "fuse_epilogues": True,
+            "fuse_gates": True}  # gpuloom's kernels, on by default since the forty-fourth session (run 148)
+        assert not cfg.compile_options("cpu")["fuse_epilogues"] and not cfg.compile_options("cpu")["fuse_gates"]
     assert ModelConfig("m", (TensorSpec("x", (1,), "float32"),), split_gemms=True).compile_options("cuda")["split_gemms"]
     assert not ModelConfig("m", (TensorSpec("x", (1,), "float32"),), split_gemms=True).compile_options("cpu")["split_gemms"]
 

@@ -168,9 +168,11 @@ def _stored_profile_service(monkeypatch, runner: str, measure: bool = True):
 
 
 def test_a_stored_profile_of_other_graphs_than_the_model_compiles_is_measured_again(monkeypatch):
-    # the shipped profiles timed the default's graphs: a model whose config's engine options change
-    # what it compiles (here its squeeze-excitation gate as gpuloom's kernels) is planned with a
-    # profile of its own graphs, measured at load; an option that changed nothing keeps the stored one
+    # the shipped profiles timed the plain engine's graphs: a model whose config's engine options
+    # change what it compiles (here its squeeze-excitation gate as gpuloom's kernels, the default since
+    # the forty-fourth session) is planned with a profile of its own graphs, measured at load; an option
+    # that changed nothing keeps the stored one; and the other way round, a stored profile of the
+    # kernels does not plan a model configured without them
     import gpuloom
     from gpuloom.runtime.service import ModelConfig, TensorSpec, compiled_kind
     from engine_models import TinySqueezeExcite
@@ -183,14 +185,20 @@ def test_a_stored_profile_of_other_graphs_than_the_model_compiles_is_measured_ag
     kernels = ModelConfig("m", spec, max_batch=4, fuse_epilogues=True)
     assert compiled_kind(kernels, gated) == "engine:fuse_epilogues=true"
     assert compiled_kind(kernels, plain) == "engine"  # nothing for the option to fuse: the default's graph
-    assert compiled_kind(ModelConfig("m", spec, max_batch=4), gated) == "engine"  # (the service refuses it anyway)
+    assert ModelConfig("m", spec, max_batch=4).fuse_epilogues  # on by default
+    opted_out = ModelConfig("m", spec, max_batch=4, fuse_epilogues=False)
+    assert compiled_kind(opted_out, gated) == "engine"  # (the service refuses it anyway)
 
     svc, stored, measured, calls = _stored_profile_service(monkeypatch, "engine")
     assert svc._profile_for(kernels, gated) == measured and calls == ["m"]
     assert svc._profile_for(kernels, plain) == stored and calls == ["m"]
-    assert svc._profile_for(ModelConfig("m", spec, max_batch=4), plain) == stored and calls == ["m"]
+    assert svc._profile_for(opted_out, plain) == stored and calls == ["m"]
     svc, stored, measured, calls = _stored_profile_service(monkeypatch, "engine:fuse_epilogues=true")
     assert svc._profile_for(kernels, gated) == stored and not calls  # a profile made with the same options
+    assert svc._profile_for(opted_out, plain) == measured and calls == ["m"]  # the kernels' profile: not its
+    for plain_name in ("graph", ""):  # the eager forward's graph, an older unnamed profile: the plain engine's
+        svc, stored, measured, calls = _stored_profile_service(monkeypatch, plain_name)
+        assert svc._profile_for(opted_out, plain) == stored and not calls
     svc, stored, measured, calls = _stored_profile_service(monkeypatch, "graph", measure=False)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")

@@ -69,9 +69,10 @@ def test_a_fused_profile_compiles_so_says_so_and_is_not_compiles_default(monkeyp
     spec = ModelSpec("conv", conv, ((3, 8, 8),), (torch.float32,))
     assert EngineRunner(spec, (1, 2), device="cpu").kind == "engine"
     runner = EngineRunner(spec, (1, 2), device="cpu", channels_last=True, fuse_convolutions="channels_last")
-    assert runner.kind == "engine:channels_last=true,fuse_convolutions=channels_last"
-    assert EngineRunner(spec, (1,), device="cpu", fuse_convolutions="channels_last").kind == \
-        "engine:fuse_convolutions=channels_last"
+    # the runner names what changed the graph, as the service names the model it serves: on the CPU
+    # the layout, not the fusion (cuDNN's fused convolutions are the GPU's)
+    assert runner.kind == "engine:channels_last=true" and not runner.cm.rewrites.get("fused_convolutions")
+    assert EngineRunner(spec, (1,), device="cpu", fuse_convolutions="channels_last").kind == "engine"  # no NHWC graph
     assert [kw["fuse_convolutions"] for kw in seen] == [False, "channels_last", "channels_last"]
     with pytest.raises(ValueError, match="need a CUDA device"):  # compile's own refusal reaches the user
         EngineRunner(spec, (1,), device="cpu", fuse_convolutions=True)
@@ -109,6 +110,12 @@ def test_a_fused_epilogue_profile_says_so_and_the_default_compiles_without():
     assert EngineRunner(spec, (1, 2), device="cpu").cm.fused_epilogues == 0
     fused = EngineRunner(spec, (1, 2), device="cpu", fuse_epilogues=True)
     assert fused.cm.fused_epilogues == 1 and fused.kind == "engine:fuse_epilogues=true"
+    # an option with nothing to change leaves the plain graph, and the profile says so (as the service
+    # names the model served with it: a profile made with the default options plans it)
+    relu = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()).eval()
+    unchanged = EngineRunner(ModelSpec("relu", relu, ((3, 8, 8),), (torch.float32,)), (1, 2), device="cpu",
+                             fuse_epilogues=True)
+    assert unchanged.cm.fused_epilogues == 0 and unchanged.kind == "engine"
     from engine_models import TinySqueezeExcite
 
     gated = TinySqueezeExcite().eval()
@@ -258,3 +265,19 @@ def test_the_progress_bar_goes_to_stderr_so_stdout_stays_the_commands_output(cap
             advance()
     out, err = capsys.readouterr()
     assert out == "" and "resnet-ish" in err and "3/3" in err
+
+
+def test_the_profile_commands_kernels_follow_the_served_default():
+    """``gpuloom profile`` times a model as the service serves it by default: with gpuloom's epilogue
+    and gate kernels (ModelConfig.fuse_epilogues), except a plain graph of the eager model, which has
+    none to turn on; ``--fuse-epilogues`` says otherwise."""
+    import argparse
+
+    from gpuloom.commands import profile
+
+    p = argparse.ArgumentParser()
+    profile.add_arguments(p)
+    assert profile.fuse_epilogues(p.parse_args(["m"])) is True
+    assert profile.fuse_epilogues(p.parse_args(["m", "--runner", "graph"])) is False
+    assert profile.fuse_epilogues(p.parse_args(["m", "--fuse-epilogues", "false"])) is False
+    assert profile.fuse_epilogues(p.parse_args(["m", "--runner", "graph", "--fuse-epilogues", "true"])) is True

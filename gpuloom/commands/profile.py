@@ -37,6 +37,14 @@ def _option(text: str) -> bool | str:
     return {"false": False, "true": True}.get(text, text)
 
 
+def fuse_epilogues(args: argparse.Namespace) -> bool:
+    """``--fuse-epilogues`` as given, or as a served model compiles by default (gpuloom's kernels on;
+    a plain graph of the eager model has none to turn on)."""
+    if args.fuse_epilogues is None:
+        return args.runner != "graph"
+    return bool(_option(args.fuse_epilogues))
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("models", nargs="+", help="torchvision/timm names, bert_base, or module:factory")
     p.add_argument("--batch", type=_ints, default=(1, 2, 4, 8, 16, 32, 64), help="batch buckets (default 1..64)")
@@ -56,10 +64,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split-gemms", choices=("false", "true"), default="false",
                    help="compile as a served model with this split_gemms would be (repository key split_gemms): "
                         "true splits float32 GEMMs' reduction where timed faster, on each partition")
-    p.add_argument("--fuse-epilogues", choices=("false", "true"), default="false",
+    p.add_argument("--fuse-epilogues", choices=("false", "true"), default=None,
                    help="compile as a served model with this fuse_epilogues would be (repository key "
                         "fuse_epilogues): true runs each convolution's bias (+ add) + SiLU / sigmoid / ReLU6 "
-                        "as one kernel, and each squeeze-excitation gate as two")
+                        "as one kernel, and each squeeze-excitation gate as two (default: true, as served; "
+                        "false with --runner graph, which runs the model as written)")
     p.add_argument("--out", default="out/profiles", help="directory for <model>.json and <model>.png")
     p.add_argument("--store", default=None, help="also put the profiles into this ProfileStore directory")
     p.add_argument("--no-png", action="store_true", help="skip the plots")
@@ -105,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
                                  channels_last=_option(args.channels_last),
                                  fuse_convolutions=_option(args.fuse_convolutions),
                                  split_gemms=_option(args.split_gemms),
-                                 fuse_epilogues=_option(args.fuse_epilogues))
+                                 fuse_epilogues=fuse_epilogues(args))
         paths = write_outputs(prof_run, args.out, eps=args.eps, png=not args.no_png)
         if store is not None:
             store.put(prof_run.profile)

@@ -244,14 +244,28 @@ def engine_kind(channels_last: bool | str = False, fuse_convolutions: bool | str
                 split_gemms: bool = False, fuse_epilogues: bool = False) -> str:
     """What a profile of ``gpuloom.compile`` graphs timed (its ``runner``): ``engine``, or with the
     options that change it, ``engine:channels_last=true,fuse_convolutions=channels_last``. A model
-    served with channels_last, fused convolutions, split GEMMs or fused epilogues needs a profile made so. All default
-    to what the service compiles a model with by default (ModelConfig), not to gpuloom.compile's own
-    defaults."""
+    served with channels_last, fused convolutions, split GEMMs or fused epilogues needs a profile made so. Each
+    option is named where it is not False (off): the plain engine's graph is ``engine``."""
     options = [f"{k}={str(v).lower()}" for k, v in (("channels_last", channels_last),
                                                      ("fuse_convolutions", fuse_convolutions),
                                                      ("split_gemms", split_gemms),
                                                      ("fuse_epilogues", fuse_epilogues)) if v is not False]
     return "engine" + (":" + ",".join(options) if options else "")
+
+
+def applied_kind(compiled: Any, channels_last: bool | str = False, fuse_convolutions: bool | str = False,
+                 split_gemms: bool = False, fuse_epilogues: bool = False) -> str:
+    """:func:`engine_kind` of the options that changed ``compiled``'s graph (its ``rewrites``): an
+    option with nothing to change in a model (``fuse_epilogues`` on resnet50) leaves the plain graph,
+    so a profile of it and the model served with it both say ``engine``. The profiler names its
+    profiles and the service checks a stored one this one way. ``engine`` for anything not compiled."""
+    done = getattr(compiled, "rewrites", None)
+    if not isinstance(done, dict):
+        return engine_kind()
+    return engine_kind(channels_last if done.get("channels_last_weights") else False,
+                       fuse_convolutions if done.get("fused_convolutions") else False,
+                       split_gemms if done.get("split_linears") else False,
+                       fuse_epilogues if done.get("fused_epilogues") or done.get("fused_gates") else False)
 
 
 class EngineRunner:
@@ -270,7 +284,6 @@ class EngineRunner:
         import gpuloom
 
         self.spec, self.buckets = spec, tuple(sorted(buckets))
-        self.kind = engine_kind(channels_last, fuse_convolutions, split_gemms, fuse_epilogues)
         if compiled is not None:  # compiled already, with these options (the service, at a model's load)
             self.cm = compiled
         else:
@@ -278,8 +291,9 @@ class EngineRunner:
             self.cm = gpuloom.compile(spec.module, tuple(example), max_batch=self.buckets[-1], streams=streams,
                                       device=device, buckets=self.buckets, channels_last=channels_last,
                                       fuse_convolutions=fuse_convolutions, split_gemms=split_gemms,
-                                      fuse_epilogues=fuse_epilogues,  # the service's default: False
+                                      fuse_epilogues=fuse_epilogues,
                                       fuse_gates=fuse_epilogues)  # the service's option covers both kernels
+        self.kind = applied_kind(self.cm, channels_last, fuse_convolutions, split_gemms, fuse_epilogues)
         from ..engine.compiled import capture_groups
 
         self.choice = {b: ch for ch, bs in capture_groups(self.cm).items() for b in bs}

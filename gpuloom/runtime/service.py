@@ -142,10 +142,11 @@ class ModelConfig:
     # gpuloom.compile's fuse_epilogues and fuse_gates, gpuloom's own Triton kernels: each convolution's
     # bias (+ residual add) + SiLU / sigmoid / ReLU6 as one kernel (efficientnet_b0 1.15x, mobilenet_v2
     # 1.11x at batch 1 on the whole H200, engine runs 136-138), and each squeeze-excitation gate as two
-    # (efficientnet_b0 a further 1.24x, run 140). False here, where compile's own defaults are on for
-    # CUDA: the shipped profiles were timed without them (a model served with them is profiled so at
-    # load, or with `gpuloom profile --fuse-epilogues`)
-    fuse_epilogues: bool = False
+    # (efficientnet_b0 a further 1.24x, run 140). On by default since the forty-fourth session: served on
+    # mix6 (run 148, A/B/A, dstack at x1) the two models they change computed 14-29% faster and the mix
+    # held 0.962 of its SLOs against 0.925 / 0.835. CUDA only (compile_options). The shipped profiles
+    # timed the models without them, so a model they change is profiled at its load (about 7 s, cached)
+    fuse_epilogues: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))
@@ -1487,9 +1488,10 @@ class InferenceService:
                               f"{dev.gpu_sms}", stacklevel=3)
         measurable = dev.kind == "cuda" and self.measure_profiles and not isinstance(runner, FakeModel)
         kind = compiled_kind(config, runner)
-        if prof is not None and kind != "engine" and prof.runner != kind:
+        if prof is not None and plain_runner(prof.runner) != kind:
             # the stored profile timed other graphs than this model's options compile (the shipped ones
-            # are the default's): plan with a measurement of these, or say that the plan is approximate
+            # timed the plain engine's, without gpuloom's kernels): plan with a measurement of these, or
+            # say that the plan is approximate
             measured = self._measured_profile(config, runner) if measurable else None
             if measured is None:
                 warnings.warn(f"the profile of {config.name!r} timed {prof.runner or 'unnamed'!r} graphs, the model "
@@ -1518,11 +1520,10 @@ class InferenceService:
 
         from ..gpu import device_facts
         from ..profile.cache import ProfileCache, fingerprint
-        from ..profile.profiler import EngineRunner, ModelSpec, engine_kind, profile_model
+        from ..profile.profiler import EngineRunner, ModelSpec, profile_model
 
         index = getattr(self.device, "device", 0)
-        kind = engine_kind(config.channels_last, config.fuse_convolutions, config.split_gemms,
-                           config.fuse_epilogues)
+        kind = compiled_kind(config, runner)
         try:
             facts = device_facts(index)
             gm = runner.graph.module
@@ -1556,20 +1557,21 @@ class InferenceService:
             return None
 
 
+def plain_runner(runner: str) -> str:
+    """A stored profile's ``runner`` as :func:`compiled_kind` spells it: the eager forward's graph
+    (``"graph"``) and an unnamed one (older profiles) time the plain engine's graphs, ``"engine"``."""
+    return "engine" if runner in ("", "graph") else runner
+
+
 def compiled_kind(config: ModelConfig, runner: Any) -> str:
     """What a profile of ``runner`` (the model as ``config`` compiled it) would name as its runner:
-    ``profiler.engine_kind`` of the config's engine options that changed the compiled graph. An option
-    that changed nothing (``fuse_epilogues`` on a model without such epilogues or gates) leaves the
-    default's graph, whose stored profile then still holds. ``"engine"`` for anything not compiled."""
-    from ..profile.profiler import engine_kind
+    ``profiler.applied_kind`` of the config's engine options, those that changed the compiled graph.
+    An option that changed nothing (``fuse_epilogues`` on a model without such epilogues or gates)
+    leaves the plain engine's graph, whose stored profile then still holds."""
+    from ..profile.profiler import applied_kind
 
-    done = getattr(runner, "rewrites", None)
-    if not isinstance(done, dict):
-        return engine_kind()
-    return engine_kind(config.channels_last if done.get("channels_last_weights") else False,
-                       config.fuse_convolutions if done.get("fused_convolutions") else False,
-                       config.split_gemms if done.get("split_linears") else False,
-                       config.fuse_epilogues if done.get("fused_epilogues") or done.get("fused_gates") else False)
+    return applied_kind(runner, config.channels_last, config.fuse_convolutions, config.split_gemms,
+                        config.fuse_epilogues)
 
 
 def longest_batch_ms(p: Profile) -> float:

@@ -19,8 +19,8 @@ A repository is one YAML file or a directory of them (``*.yaml``/``*.yml`` direc
         fuse_convolutions: false  # optional: true, or channels_last (the NHWC graph only): convolution
                                   # + bias + ReLU as one cuDNN call (GPU)
         split_gemms: false        # optional: true splits float32 GEMMs' reduction where timed faster (GPU)
-        fuse_epilogues: false     # optional: true runs a convolution's bias (+ add) + SiLU / sigmoid /
-                                  # ReLU6 as one kernel, a squeeze-excitation gate as two (GPU)
+        fuse_epilogues: true      # optional (default true): a convolution's bias (+ add) + SiLU / sigmoid /
+                                  # ReLU6 as one kernel, a squeeze-excitation gate as two (GPU; false: eager's)
 
 Paths (weights, ``file.py`` sources) are relative to the YAML file. Weights are never unpickled as
 objects: safetensors, or ``torch.load(weights_only=True)`` which refuses anything but tensors and plain
@@ -91,7 +91,7 @@ class ModelEntry:
     channels_last: bool | str = False  # gpuloom.compile's option: False, True or "auto"
     fuse_convolutions: bool | str = False  # gpuloom.compile's option: False, True or "channels_last"
     split_gemms: bool = False  # gpuloom.compile's option: float32 GEMMs split where timed faster (GPU)
-    fuse_epilogues: bool = False  # gpuloom.compile's fuse_epilogues and fuse_gates: gpuloom's own kernels (GPU)
+    fuse_epilogues: bool = True  # gpuloom.compile's fuse_epilogues and fuse_gates: gpuloom's own kernels (GPU)
 
     # -- building ---------------------------------------------------------------------------
     def build(self):
