@@ -24,3 +24,5 @@ for round in 1 2; do
   grep -E "layout|re-plan|WARNING|ERROR" "$D/serve_$round.err" | cut -c1-240  # what served where, and when
 done
 ls -R "$D/cache" | tail -5
+# which graphs each cached profile timed: a model gpuloom's kernels change says engine:fuse_epilogues=true
+python3 -c "import json,pathlib,sys; [print(f.name, json.loads(f.read_text()).get('runner')) for f in sorted(pathlib.Path(sys.argv[1]).rglob('*.json'))]" "$D/cache"
