@@ -207,11 +207,12 @@ def test_a_compiled_model_with_fused_convolutions_is_refused_where_the_config_sa
         svc.close()
 
 
-def test_a_compiled_model_with_fused_epilogues_is_refused_unless_its_config_says_so():
-    """compile fuses convolution epilogues by default on CUDA; the service's default profiles were
-    made without, so a CompiledModel with them is refused with what to do unless its config says
-    ModelConfig(fuse_epilogues=True); a model the service compiles itself gets compile_options (on
-    the CPU never fused: nothing to gain there); a bad value is refused."""
+def test_a_compiled_model_with_fused_epilogues_is_refused_where_its_config_says_without():
+    """compile fuses convolution epilogues by default on CUDA, as the service does since the
+    forty-fourth session (ModelConfig.fuse_epilogues=True); a config that opts out
+    (fuse_epilogues=False: planned with a profile of eager's kernels) refuses a CompiledModel with
+    them, saying what to do; a model the service compiles itself gets compile_options (on the CPU
+    never fused: nothing to gain there); a bad value is refused."""
     import torch
 
     import gpuloom
@@ -230,15 +231,15 @@ def test_a_compiled_model_with_fused_epilogues_is_refused_unless_its_config_says
             warnings.simplefilter("ignore")
             with pytest.raises(ValueError, match="runs 1 convolution epilogues and 0 squeeze-excitation gates as "
                                                  "gpuloom's own kernels but ModelConfig.fuse_epilogues is False"):
-                svc.load(ModelConfig("epi", spec, max_batch=4, slo_ms=500), cm)
+                svc.load(ModelConfig("epi", spec, max_batch=4, slo_ms=500, fuse_epilogues=False), cm)
             gates = gpuloom.compile(gated, torch.randn(1, 3, 6, 6), max_batch=4, input_names=["x"],
                                     channels_last=False, fuse_gates=True)
             assert (gates.fused_gates, gates.fused_epilogues) == (1, 0)
             with pytest.raises(ValueError, match="0 convolution epilogues and 1 squeeze-excitation gates"):
-                svc.load(ModelConfig("gated", spec, max_batch=4, slo_ms=500), gates)
-            svc.load(ModelConfig("gated", spec, max_batch=4, slo_ms=500, fuse_epilogues=True), gates)
+                svc.load(ModelConfig("gated", spec, max_batch=4, slo_ms=500, fuse_epilogues=False), gates)
+            svc.load(ModelConfig("gated", spec, max_batch=4, slo_ms=500), gates)  # the default takes them
             svc.load(ModelConfig("epi", spec, max_batch=4, slo_ms=500, fuse_epilogues=True), cm)
-            svc.load(ModelConfig("own", spec, max_batch=4, slo_ms=500, fuse_epilogues=True), silu)
+            svc.load(ModelConfig("own", spec, max_batch=4, slo_ms=500), silu)
         assert svc._models["epi"].runner.graph.fused_epilogues == 1
         assert svc._models["own"].runner.graph.fused_epilogues == 0  # the CPU: compile_options says no
         _assert_serves_eager(svc, "epi", silu, rows=2, seed=4)
@@ -250,7 +251,8 @@ def test_a_compiled_model_with_fused_epilogues_is_refused_unless_its_config_says
     config = ModelConfig("m", spec, fuse_epilogues=True)
     for option in ("fuse_epilogues", "fuse_gates"):  # one switch for gpuloom's own kernels
         assert config.compile_options("cuda")[option] and not config.compile_options("cpu")[option]
-        assert not ModelConfig("m", spec).compile_options("cuda")[option]
+        assert ModelConfig("m", spec).compile_options("cuda")[option]  # on by default
+        assert not ModelConfig("m", spec, fuse_epilogues=False).compile_options("cuda")[option]
 
 
 def test_launch_on_auto_runs_batches_inline_on_the_cpu_and_on_the_loop_elsewhere():
