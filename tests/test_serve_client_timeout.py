@@ -49,19 +49,13 @@ class _Request:
         return self._eof
 
 
-def _in_request(guard, request, now):
-    """What the middleware does when a request's handler starts, at ``now``."""
-    conn = guard._connection(request.protocol, now)
-    conn.request, conn.started = request, now
-
-
 def test_the_sweep_closes_silent_and_stalled_clients_and_never_a_request_being_computed():
     guard = ClientTimeouts(10.0)
     silent, stalled, computing, idle = _Handler(), _Handler(), _Handler(), _Handler()
     handlers = [silent, stalled, computing, idle]
     assert guard.sweep(handlers, now=0.0) == 0  # first seen now
-    _in_request(guard, _Request(stalled, body_in=False), 1.0)  # headers in, body still coming
-    _in_request(guard, _Request(computing, body_in=True), 1.0)  # whole body in: the server computes
+    guard.begin(_Request(stalled, body_in=False), 1.0)  # headers in, body still coming (as the middleware)
+    guard.begin(_Request(computing, body_in=True), 1.0)  # whole body in: the server computes
     guard._connection(idle, 0.0).answered = 1  # answered once, idle since: aiohttp's keep-alive timer
     assert guard.sweep(handlers, now=9.0) == 0  # nobody overdue yet
     assert guard.sweep(handlers, now=10.5) == 1 and silent.transport.closed  # no headers 10.5 s after

@@ -68,8 +68,7 @@ class ClientTimeouts:
 
         @web.middleware
         async def middleware(request: web.Request, handler):
-            conn = guard._connection(request.protocol, time.monotonic())
-            conn.request, conn.started = request, time.monotonic()
+            conn = guard.begin(request, time.monotonic())
             try:
                 return await handler(request)
             finally:
@@ -86,6 +85,12 @@ class ClientTimeouts:
         await runner.setup()
         self._start(runner.server)
         return runner
+
+    def begin(self, request: Any, now: float) -> _Connection:
+        """Note that ``request``'s handler starts at ``now`` (its headers are in) on its connection."""
+        conn = self._connection(request.protocol, now)
+        conn.request, conn.started = request, now
+        return conn
 
     def _connection(self, handler: Any, now: float) -> _Connection:
         conn = self._conns.get(id(handler))
