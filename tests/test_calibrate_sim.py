@@ -1,4 +1,4 @@
-"""scripts/calibrate_sim.py's rule for points whose load generator fell behind."""
+"""scripts/calibrate_sim.py's rules: points whose load generator fell behind, the best setting of a grid."""
 
 from __future__ import annotations
 
@@ -76,3 +76,13 @@ def test_the_spread_of_a_points_holds_is_the_batch_weighted_lognormal_sigma_of_i
                          {"batches": 5, "hold_p50_ms": None, "hold_p99_ms": None}]}  # no figures: left out
     assert mod.measured_spread(point) == pytest.approx(0.6 * 30 / 40)
     assert mod.measured_spread({"layouts": [{"batches": 5, "gap_ms": 1.0}]}) is None  # reports before the figures
+
+
+def test_the_best_setting_is_the_minimax_or_the_one_with_most_points_within_the_target():
+    cal = load_script()
+    near = {"name": "near", "worst_abs_error_fitted": 0.12, "mean_abs_error_fitted": 0.06, "within_target_fitted": 30}
+    many = {"name": "many", "worst_abs_error_fitted": 0.21, "mean_abs_error_fitted": 0.04, "within_target_fitted": 33}
+    tie = {**many, "name": "tie", "worst_abs_error_fitted": 0.20, "mean_abs_error_fitted": 0.05}
+    assert cal.best_setting([near, many])["name"] == "near"  # the default: the smallest worst error
+    assert cal.best_setting([near, many], "within")["name"] == "many"
+    assert cal.best_setting([near, many, tie], "within")["name"] == "tie"  # equal counts: the smaller worst error

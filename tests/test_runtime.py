@@ -154,6 +154,26 @@ def test_spread_holds_keep_their_mean_and_draw_a_lognormal_tail_repeatably():
         ContentionModel(hold_spread=-0.1)
 
 
+def test_holds_grow_with_the_batch_per_gpu_ms_and_per_request():
+    # hold_per_ms / hold_per_request_ms: on the H200 a batch's hold grows with the batch (run 54's
+    # efficientnet_b0 lanes: 0.50 ms at batch 1, 0.99 at batch 8). Lone requests make batches of 1
+    # (1 ms on the GPU), pairs batches of 2 (1.5 ms): each finishes after its GPU work and its hold
+    def finish_less_arrival(contention, size):
+        reqs = [Request(i, "toy", 20.0 * (i // size), 20.0 * (i // size) + 15.0) for i in range(40 * size)]
+        rec = toy_run(make_policy("temporal"), reqs, until_ms=20.0 * 40, contention=contention, slo_ms=15.0,
+                      trace=False)
+        assert rec.count(Status.SERVED) == len(reqs)
+        return {round(r.finish_ms - r.request.arrival_ms, 6) for r in rec.results}
+    per_ms = ContentionModel(batch_overhead_ms=0.5, hold_per_ms=0.2)
+    assert finish_less_arrival(per_ms, 1) == {round(1.0 + 0.5 + 0.2 * 1.0, 6)}
+    assert finish_less_arrival(per_ms, 2) == {round(1.5 + 0.5 + 0.2 * 1.5, 6)}
+    per_request = ContentionModel(batch_overhead_ms=0.5, hold_per_request_ms=0.1)
+    assert finish_less_arrival(per_request, 1) == {round(1.0 + 0.5 + 0.1, 6)}
+    assert finish_less_arrival(per_request, 2) == {round(1.5 + 0.5 + 0.2, 6)}
+    with pytest.raises(ValueError, match="hold_per_ms"):
+        ContentionModel(hold_per_ms=-0.1)
+
+
 def test_spread_holds_cost_a_tight_slo_what_a_constant_hold_of_the_same_mean_does_not():
     # 2.5 ms SLO, 1 ms of GPU work, a mean hold of 0.9 ms: at a constant hold every batch is back in
     # time for the next request 2 ms later; with the tail, a long hold makes the next one wait past its SLO

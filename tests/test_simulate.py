@@ -93,20 +93,22 @@ def test_simulate_command_runs_a_gpu_slower_than_the_profiles_the_policies_plan_
     slow.write_text(json.dumps({"resnet50": 3.0, "mobilenet_v2": 3.0}))
     out = {}
     for label, extra in (("plain", []), ("slowed", ["--slowdowns", str(slow), "--batch-overhead-ms", "0.5",
-                                                        "--hold-spread", "0.6", "--host-launch-ms", "0.15"])):
+                                                        "--hold-spread", "0.6", "--host-launch-ms", "0.15",
+                                                        "--hold-per-ms", "0.2"])):
         d = tmp_path / label
         assert main(["simulate", str(wl), "--synthetic", "--policy", "dstack,triton", "--out", str(d)] + extra) == 0
         out[label] = json.loads((d / "tiny.simulate.json").read_text())
     assert out["plain"]["slowdowns"] is None and out["slowed"]["slowdowns"]["factors"]["resnet50"] == 3.0
     assert out["slowed"]["contention"]["batch_overhead_ms"] == 0.5 and out["slowed"]["contention"]["hold_spread"] == 0.6
-    assert out["slowed"]["contention"]["host_launch_ms"] == 0.15
+    assert out["slowed"]["contention"]["host_launch_ms"] == 0.15 and out["slowed"]["contention"]["hold_per_ms"] == 0.2
     for plain, slowed in zip(out["plain"]["runs"], out["slowed"]["runs"]):
         assert plain["policy_config"] == slowed["policy_config"]  # planned from the same profiles
         assert slowed["metrics"]["p50_ms"] > 2 * plain["metrics"]["p50_ms"]  # on a GPU 3x slower
     assert main(["simulate", str(wl), "--synthetic", "--slowdowns", str(tmp_path / "none.json")]) == 2
     assert "could not read" in capsys.readouterr().err
     assert main(["simulate", str(wl), "--synthetic", "--hold-spread", "-1"]) == 2
-    assert "hold_spread must be >= 0" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "hold_spread" in err and "must be >= 0" in err and "found" in err
 
 
 @pytest.mark.parametrize("spec, says", [("dstack:lookahead_ms=1", "real runtime"), ("dstack:bogus=1", "bogus"),
@@ -166,11 +168,13 @@ def test_the_h200_contention_preset_is_the_calibrations_best_and_flags_change_on
         runs[label] = json.loads((tmp_path / label / "tiny.simulate.json").read_text())
     h200 = runs["h200"]["contention"]
     assert runs["h200"]["contention_preset"] == "h200"
-    assert (h200["batch_overhead_ms"], h200["host_launch_ms"], h200["demand_fraction"]) == (1.125, 0.1, 0.89)
+    assert (h200["batch_overhead_ms"], h200["hold_per_ms"], h200["host_launch_ms"], h200["demand_fraction"]) \
+        == (0.75, 0.1, 0.15, 0.89)
     assert runs["h200_hold"]["contention"] == {**h200, "batch_overhead_ms": 0.5}  # only that one moved
     assert runs["plain"]["contention"] == json.loads(json.dumps(dataclasses.asdict(ContentionModel())))
-    # the preset is what the calibration it cites found best (scripts/calibrate_sim.py's minimax choice)
-    fit = json.loads((ROOT / "docs/results/runtime/sim_calibration_session43_host_launch.json").read_text())["best"]
+    # the preset is what the calibration it cites found best (scripts/calibrate_sim.py --rank within)
+    fit = json.loads((ROOT / "docs/results/runtime/sim_calibration_session45_hold_per_ms.json").read_text())["best"]
     preset = ContentionModel.h200_runs()
-    for k in ("batch_overhead_ms", "host_launch_ms", "demand_fraction", "hold_spread", "interference"):
+    for k in ("batch_overhead_ms", "hold_per_ms", "host_launch_ms", "demand_fraction", "hold_spread", "interference",
+              "hold_per_request_ms"):
         assert getattr(preset, k) == fit[k], k

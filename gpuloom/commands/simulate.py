@@ -11,7 +11,8 @@ DEFAULT_POLICIES = "dstack,triton,clipper,nexus,gslice,temporal,ideal"
 #: ``--contention``'s choices: the sharing model a simulation starts from
 CONTENTION_PRESETS = ("plain", "h200")
 #: the flags that change one parameter of it (``ContentionModel`` field names)
-CONTENTION_FLAGS = ("demand_fraction", "efficiency", "interference", "batch_overhead_ms", "host_launch_ms", "hold_spread")
+CONTENTION_FLAGS = ("demand_fraction", "efficiency", "interference", "batch_overhead_ms", "host_launch_ms", "hold_spread",
+                    "hold_per_ms")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,9 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds of arrivals per sweep point (default 10; at most the workload's)")
     p.add_argument("--contention", choices=CONTENTION_PRESETS, default="plain",
                    help="the simulated GPU's sharing model: plain (the knee model, no host terms; the default) or h200 "
-                        "(fitted to the H200 bench runs: a 1.125 ms hold per batch, 0.1 ms of one launching host "
-                        "thread per batch, demand fraction 0.89; docs/reports/runtime.md). The flags below change "
-                        "one parameter of it")
+                        "(fitted to the H200 bench runs: each batch holds its lane 0.75 ms + 0.1 ms per ms of its "
+                        "GPU time, 0.15 ms of one launching host thread per batch, demand fraction 0.89; "
+                        "docs/reports/runtime.md). The flags below change one parameter of it")
     p.add_argument("--demand-fraction", type=float, default=None,
                    help="contention model: share of its knee a shared batch occupies (plain: 1)")
     p.add_argument("--efficiency", type=float, default=None,
@@ -49,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hold-spread", type=float, default=None,
                    help="contention model: each batch's hold drawn from a lognormal of that mean with this sigma "
                         "(plain: 0, every hold the mean; the H200's lanes measured 0.46-0.69)")
+    p.add_argument("--hold-per-ms", type=float, default=None,
+                   help="contention model: more hold per ms of the batch's GPU time (plain: 0; the H200's holds grow "
+                        "with the batch)")
     p.add_argument("--slowdowns", metavar="PATH", default=None,
                    help="simulate a GPU on which each model runs this much slower than its profile, while the "
                         "policies plan with the profiles: a JSON {model: factor} or a gpuloom bench report whose "
@@ -153,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
         f"{len(workload.models)} models, simulated (contention: demand_fraction {contention.demand_fraction:g}, "
         f"efficiency {contention.efficiency:g}, interference {contention.interference:g}, batch overhead "
         f"{contention.batch_overhead_ms:g} ms"
+        f"{f' + {contention.hold_per_ms:g} per GPU ms' if contention.hold_per_ms else ''}"
         f"{f', spread {contention.hold_spread:g}' if contention.hold_spread else ''}"
         f"{f', host launch {contention.host_launch_ms:g} ms' if contention.host_launch_ms else ''}"
         f"{'; models slowed as measured' if slow else ''})",
