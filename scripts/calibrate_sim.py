@@ -5,14 +5,15 @@
 
 Every measured point (policy, load factor) is simulated again with the same arrivals and the
 profiles the service planned with (shipped H200 profiles, trimmed to the run's max batch), for a
-grid of ``ContentionModel(batch_overhead_ms=..., demand_fraction=..., interference=..., host_launch_ms=...,
-hold_per_ms=..., ...)``. For each setting it
-reports the relative goodput error (simulated - measured) / measured of every point, and picks the
-setting with the smallest worst error (``--rank within``: the most points within 10%) over the points that are not in collapse (measured attainment
->= ``--min-attainment``: past the point where the Python runtime falls over, no queueing model of
-the GPU explains the measurement) and whose load generator kept to its arrival times (points that
-record ``offered_as_scheduled``; older runs did not check it). The per-batch overhead measured directly (lane busy time minus
-device time, per batch) is reported beside the fit, from ``--check`` JSONs.
+grid of ``ContentionModel(batch_overhead_ms=..., demand_fraction=..., interference=...,
+host_launch_ms=..., hold_per_ms=..., ...)``. For each setting it reports the relative goodput error
+(simulated - measured) / measured of every point, and picks the setting with the smallest worst
+error (``--rank within``: the most points within 10%) over the points that are not in collapse
+(measured attainment >= ``--min-attainment``: past the point where the Python runtime falls over,
+no queueing model of the GPU explains the measurement) and whose load generator kept to its arrival
+times (points that record ``offered_as_scheduled``; older runs did not check it). The per-batch
+overhead measured directly (lane busy time minus device time, per batch) is reported beside the
+fit, from ``--check`` JSONs.
 """
 
 from __future__ import annotations
