@@ -174,6 +174,37 @@ def test_holds_grow_with_the_batch_per_gpu_ms_and_per_request():
         ContentionModel(hold_per_ms=-0.1)
 
 
+@pytest.mark.parametrize("hold", [{"batch_overhead_ms": 1.0}, {"hold_per_ms": 0.6}])
+def test_ideal_told_the_simulated_hold_spends_no_gpu_time_on_an_answer_the_hold_makes_late(hold):
+    # one request due 1.5 ms after it arrives; its batch takes 1 ms on the GPU, and the simulated device
+    # holds the answer back 1 ms (or 0.6 ms per GPU ms) more: the oracle that is not told launches it and
+    # answers late; told the hold (ideal's options of the contention model's names) it drops it at once
+    reqs = [Request(0, "toy", 0.0, 1.5)]
+    device = ContentionModel(**hold)
+    blind = toy_run(make_policy("ideal"), reqs, until_ms=10.0, contention=device, slo_ms=1.5, trace=False)
+    assert blind.count(Status.SERVED) == 1 and blind.results[0].finish_ms > 1.5
+    told = toy_run(make_policy("ideal", **hold), reqs, until_ms=10.0, contention=device, slo_ms=1.5, trace=False)
+    assert told.count(Status.DROPPED) == 1 and told.count(Status.SERVED) == 0
+    # and one it can answer in time it still serves
+    ok = toy_run(make_policy("ideal", **hold), [Request(0, "toy", 0.0, 2.5)], until_ms=10.0, contention=device,
+                 slo_ms=2.5, trace=False)
+    assert ok.count(Status.SERVED) == 1 and ok.results[0].finish_ms <= 2.5
+    with pytest.raises(ValueError, match="hold_per_ms"):
+        make_policy("ideal", hold_per_ms=-1)
+
+
+def test_a_simulation_tells_ideal_the_simulated_devices_holds_unless_its_options_say_otherwise():
+    w = Workload((ModelSpec("toy", 10.0, arrival=Arrival("poisson", rate=50.0)),), duration_s=0.2)
+    profs = {"toy": toy_profile()}
+    device = ContentionModel(batch_overhead_ms=0.7, hold_per_ms=0.1)
+    told = simulate(w, profs, "ideal", contention=device).policy
+    assert (told["batch_overhead_ms"], told["hold_per_ms"]) == (0.7, 0.1)
+    blind = simulate(w, profs, "ideal", contention=device, options={"batch_overhead_ms": 0, "hold_per_ms": 0}).policy
+    assert (blind["batch_overhead_ms"], blind["hold_per_ms"]) == (0.0, 0.0)
+    assert simulate(w, profs, "ideal").policy["batch_overhead_ms"] == 0.0  # the plain device holds nothing
+    assert "batch_overhead_ms" not in simulate(w, profs, "triton", contention=device).policy  # the oracle only
+
+
 def test_spread_holds_cost_a_tight_slo_what_a_constant_hold_of_the_same_mean_does_not():
     # 2.5 ms SLO, 1 ms of GPU work, a mean hold of 0.9 ms: at a constant hold every batch is back in
     # time for the next request 2 ms later; with the tail, a long hold makes the next one wait past its SLO

@@ -108,11 +108,17 @@ def simulate(
     SLO so that every request's fate is decided by its deadline, then running batches finish.
     ``device_profiles``: how long batches really take on the simulated GPU, where that differs from
     the ``profiles`` the policy plans with (a GPU slower than its profiles, as measured on the H200).
+    ``ideal`` is told ``contention``'s holds (``batch_overhead_ms``, ``hold_per_ms``) unless its
+    options say otherwise: the oracle knows the simulated device.
     """
     t0 = time.perf_counter()
     profs = _profiles_for(workload, profiles)
     ctx = make_context(workload, profs, contention=contention)
-    pol = make_policy(policy, **(options or {})) if isinstance(policy, str) else policy
+    options = dict(options or {})
+    if policy == "ideal" and contention is not None:
+        options.setdefault("batch_overhead_ms", contention.batch_overhead_ms)
+        options.setdefault("hold_per_ms", contention.hold_per_ms)
+    pol = make_policy(policy, **options) if isinstance(policy, str) else policy
     backend = SimBackend(profs if device_profiles is None else _profiles_for(workload, device_profiles),
                          contention=contention)
     requests = make_requests(workload)

@@ -17,6 +17,13 @@ most efficient). It is a strong heuristic on an idealized GPU, *not* a proven up
 measured profiles ``dstack``'s planned space-time packing can beat it (see
 ``gpuloom.bench.experiment.fluid_bound`` for a capacity bound).
 
+``batch_overhead_ms`` / ``hold_per_ms`` tell the oracle the simulated device's holds (its
+:class:`~gpuloom.runtime.sim.ContentionModel`'s terms of the same names): a batch's requests are
+answered that long after its GPU work, so its deadline check, its batch cap and its hopeless rule
+count the hold too. Without them the oracle launches batches whose GPU work meets a deadline its
+answer misses (forty-fifth session: under ``--contention h200`` it simulated below dstack planning
+the hold).
+
 It cannot run on a GPU (the hardware does not divide SMs losslessly), hence ``simulation_only``.
 """
 
@@ -34,19 +41,29 @@ class IdealPolicy(Policy):
     deadline_queues = True  # its head is its most urgent request, whatever deadlines clients give
     simulation_only = True
 
-    def __init__(self, lanes_per_model: int = 4, preempt: bool = True) -> None:
+    def __init__(self, lanes_per_model: int = 4, preempt: bool = True, batch_overhead_ms: float = 0.0,
+                 hold_per_ms: float = 0.0) -> None:
         self.preempt = bool(preempt)
         if lanes_per_model < 1:
             raise ValueError(f"ideal: lanes_per_model must be >= 1, found {lanes_per_model}")
+        if not (batch_overhead_ms >= 0 and hold_per_ms >= 0):
+            raise ValueError(f"ideal: batch_overhead_ms and hold_per_ms must be >= 0, found {batch_overhead_ms}, "
+                             f"{hold_per_ms}")
         self.lanes_per_model = int(lanes_per_model)
+        self.batch_overhead_ms = float(batch_overhead_ms)
+        self.hold_per_ms = float(hold_per_ms)
+
+    def _answered_ms(self, gpu_ms: float) -> float:
+        """How long after its launch a batch of ``gpu_ms`` on the GPU answers its requests: the hold too."""
+        return gpu_ms * (1.0 + self.hold_per_ms) + self.batch_overhead_ms
 
     def layout(self, ctx: PolicyContext) -> Layout:
         self.cap, self.fastest, self.demand, self.sm_steps = {}, {}, {}, {}
         for m, i in ctx.models.items():
             p = i.profile
-            ok = [b for b in p.batches if p.latency(b, p.knee(b, ctx.knee_eps)) <= i.slo_ms / 2]
+            ok = [b for b in p.batches if self._answered_ms(p.latency(b, p.knee(b, ctx.knee_eps))) <= i.slo_ms / 2]
             self.cap[m] = max(ok or [p.batches[0]])
-            self.fastest[m] = p.full_latency(p.batches[0])
+            self.fastest[m] = self._answered_ms(p.full_latency(p.batches[0]))
             self.demand[m] = {b: min(ctx.gpu_sms, p.knee(b, ctx.knee_eps)) for b in p.batches}
             # SM counts a batch may be granted: the profile's, up to its knee
             self.sm_steps[m] = {b: [s for s in p.sms if s <= self.demand[m][b]] or [p.sms[0]] for b in p.batches}
@@ -105,7 +122,7 @@ class IdealPolicy(Policy):
                 if s > room:
                     break
                 lat = prof.latency(b, s)
-                if lat > slack_ms:
+                if self._answered_ms(lat) > slack_ms:
                     continue
                 key = (k, -s * lat / k)
                 if best is None or key > best[0]:
@@ -115,4 +132,5 @@ class IdealPolicy(Policy):
         return None if best is None else (best[1], best[2])
 
     def describe(self) -> dict:
-        return {"name": self.name, "lanes_per_model": self.lanes_per_model, "batch_cap": dict(self.cap)}
+        return {"name": self.name, "lanes_per_model": self.lanes_per_model, "batch_cap": dict(self.cap),
+                "batch_overhead_ms": self.batch_overhead_ms, "hold_per_ms": self.hold_per_ms}
