@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 import pytest
@@ -696,6 +697,31 @@ def test_a_variants_policy_options_reach_its_simulated_twin(monkeypatch, tmp_pat
     rc, rep = run_bench(tmp_path, "--policy", "dstack:queues=arrival")
     assert rc == 0 and not rep["policies"]["dstack:queues=arrival"]["error"]
     assert seen == [("dstack", {"queues": "arrival"})]
+
+
+def test_each_point_is_simulated_on_the_contention_model_asked_for_and_the_report_says_which(monkeypatch, tmp_path):
+    from gpuloom.bench import experiment
+    from gpuloom.commands.bench import sim_contention
+    from gpuloom.runtime.sim import ContentionModel
+
+    seen, real = [], experiment.simulate
+
+    def spy(*a, **kw):
+        seen.append(kw.get("contention"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(experiment, "simulate", spy)
+    rc, rep = run_bench(tmp_path, "--policy", "triton")  # tiny models on the CPU: the plain model
+    assert rc == 0 and seen == [ContentionModel()] and rep["meta"]["sim_contention"]["preset"] == "plain"
+    seen.clear()
+    rc, rep = run_bench(tmp_path, "--policy", "triton", "--contention", "h200")
+    assert rc == 0 and seen == [ContentionModel.h200_runs()]
+    assert rep["meta"]["sim_contention"] == {"preset": "h200", **json.loads(json.dumps(
+        dataclasses.asdict(ContentionModel.h200_runs())))}
+    # the defaults: the H200's fit for real models on CUDA, the plain model elsewhere
+    assert sim_contention(None, "cuda:0", tiny=False)[0] == "h200"
+    assert sim_contention(None, "cuda", tiny=True)[0] == sim_contention(None, "cpu", tiny=False)[0] == "plain"
+    assert sim_contention("plain", "cuda", tiny=False) == ("plain", ContentionModel())
 
 
 def test_engine_options_reach_every_models_config_and_the_report(tmp_path, monkeypatch, capsys):

@@ -595,11 +595,14 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
                  retune: bool = True, progress: Callable[[str], None] | None = None,
                  service_options: dict | None = None, label: str | None = None,
                  on_point: Callable[[PolicyResult], None] | None = None, warmup_s: float = 0.0,
-                 device_layer: Any = None) -> PolicyResult:
+                 device_layer: Any = None, contention: Any = None) -> PolicyResult:
     """Serve ``workload`` under ``policy``: the given ``scales``, and/or a rate sweep.
 
     ``device_layer``: serve on this layer (left open) instead of one made for the policy, so that
     layouts it captured for an earlier policy are served again without capturing them anew.
+
+    ``contention``: the simulated GPU's :class:`~gpuloom.runtime.sim.ContentionModel` each point is
+    also run through (``simulate``; default the plain knee model).
 
     ``on_point``: called after every point with the result so far (``error`` says it is in
     progress), so a caller can save it: a run killed mid-policy keeps every point it measured.
@@ -665,7 +668,7 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
             if simulate:
                 try:
                     sim = simulate_point(svc, workload, policy, scale=s, duration_s=duration_s,
-                                         options=policy_options)
+                                         options=policy_options, contention=contention)
                     g = p.goodput_rps
                     sim["goodput_error"] = (sim["goodput_rps"] - g) / g if g else None
                     p = dataclasses.replace(p, sim=sim)

@@ -44,6 +44,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default 2; 0: none): on the H200 the first policy of a process lost to itself run later")
     p.add_argument("--no-simulate", action="store_true",
                    help="skip running each point through the simulator too (simulated vs measured goodput, p99)")
+    p.add_argument("--contention", choices=("plain", "h200"), default=None,
+                   help="the simulated GPU each point is run through: h200 (fitted to the H200 bench runs, as "
+                        "gpuloom simulate --contention h200; the default on CUDA) or plain (the knee model; the "
+                        "default on the CPU and with --tiny)")
     p.add_argument("--share-device", action="store_true",
                    help="one device layer for every policy with the same device options (raw_launch, workqueues, "
                         "lane_streams, outputs): a layout captured for one policy is served to the next without "
@@ -128,7 +132,17 @@ def sim_policy(spec: str, meta: dict, plan: dict | None = None) -> tuple[str, di
     return name, options
 
 
+def sim_contention(preset: str | None, device: str, tiny: bool):
+    """(preset name, ``ContentionModel``) each point is simulated with: ``preset``, else ``h200`` for
+    real models on CUDA (the shipped profiles and the fit are the H200's) and ``plain`` otherwise."""
+    from gpuloom.runtime.sim import ContentionModel
+
+    name = preset or ("h200" if device.startswith("cuda") and not tiny else "plain")
+    return name, ContentionModel.h200_runs() if name == "h200" else ContentionModel()
+
+
 def run(args: argparse.Namespace) -> int:
+    import dataclasses
     import sys
     import time
     from pathlib import Path
@@ -206,6 +220,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     models = build_models(workload, tiny=args.tiny, device=device, max_batch=args.max_batch,
                           progress=lambda s: console.print(s), engine_options=engine)
+    sim_preset, contention = sim_contention(args.contention, device, args.tiny)
     results = []
 
     def write_report() -> dict:
@@ -220,7 +235,9 @@ def run(args: argparse.Namespace) -> int:
                 # hardware queues the driver opens for the process (8 by default; gpuloom asks for 32)
                 **connections_in_effect().as_meta(),
                 # the host's CPU and speed probes at the start (and the end, once every policy ran)
-                "machine": dict(machine)}
+                "machine": dict(machine),
+                # the simulated GPU each point's "sim" comes from
+                "sim_contention": {"preset": sim_preset, **dataclasses.asdict(contention)}}
         if device.startswith("cuda"):
             meta["gpu"] = torch.cuda.get_device_name(0)
         rep = to_json(workload, results, device=device, target=args.target, meta=meta)
@@ -269,7 +286,8 @@ def run(args: argparse.Namespace) -> int:
                                             simulate=not args.no_simulate, progress=lambda s: console.print(s),
                                             policy_options=opts or None, label=label, service_options=service_opts,
                                             on_point=save_partial if args.out else None,
-                                            warmup_s=min(args.warmup, args.duration), device_layer=layer))
+                                            warmup_s=min(args.warmup, args.duration), device_layer=layer,
+                                            contention=contention))
             write_report()
     finally:
         for layer in layers.values():
