@@ -177,14 +177,18 @@ def test_holds_grow_with_the_batch_per_gpu_ms_and_per_request():
 @pytest.mark.parametrize("hold", [{"batch_overhead_ms": 1.0}, {"hold_per_ms": 0.6}])
 def test_ideal_told_the_simulated_hold_spends_no_gpu_time_on_an_answer_the_hold_makes_late(hold):
     # one request due 1.5 ms after it arrives; its batch takes 1 ms on the GPU, and the simulated device
-    # holds the answer back 1 ms (or 0.6 ms per GPU ms) more: the oracle that is not told launches it and
-    # answers late; told the hold (ideal's options of the contention model's names) it drops it at once
+    # holds the answer back 1 ms (or 0.6 ms per GPU ms) more: the oracle blind to it launches it and
+    # answers late; told the hold (by the simulated device's context, or by ideal's options of the
+    # contention model's names) it drops it at once
     reqs = [Request(0, "toy", 0.0, 1.5)]
     device = ContentionModel(**hold)
-    blind = toy_run(make_policy("ideal"), reqs, until_ms=10.0, contention=device, slo_ms=1.5, trace=False)
+    blind = toy_run(make_policy("ideal", batch_overhead_ms=0, hold_per_ms=0), reqs, until_ms=10.0, contention=device,
+                    slo_ms=1.5, trace=False)
     assert blind.count(Status.SERVED) == 1 and blind.results[0].finish_ms > 1.5
-    told = toy_run(make_policy("ideal", **hold), reqs, until_ms=10.0, contention=device, slo_ms=1.5, trace=False)
-    assert told.count(Status.DROPPED) == 1 and told.count(Status.SERVED) == 0
+    for told_by in ({}, hold):
+        told = toy_run(make_policy("ideal", **told_by), reqs, until_ms=10.0, contention=device, slo_ms=1.5,
+                       trace=False)
+        assert told.count(Status.DROPPED) == 1 and told.count(Status.SERVED) == 0
     # and one it can answer in time it still serves
     ok = toy_run(make_policy("ideal", **hold), [Request(0, "toy", 0.0, 2.5)], until_ms=10.0, contention=device,
                  slo_ms=2.5, trace=False)

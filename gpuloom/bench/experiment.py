@@ -65,18 +65,22 @@ def _profiles_for(workload: Workload, profiles: ProfileStore | Mapping[str, Prof
 def make_context(
     workload: Workload, profiles: Mapping[str, Profile], *, contention: ContentionModel | None = None
 ) -> PolicyContext:
-    """The :class:`PolicyContext` for ``workload``: profiles, SLOs, weights, mean rates, the GPU."""
+    """The :class:`PolicyContext` for ``workload``: profiles, SLOs, weights, mean rates, the GPU, and
+    what of the simulated device (``contention``) a policy may know: its knee and its holds."""
     first = next(iter(profiles.values()))
     models = {
         m.name: ModelInfo(m.name, profiles[m.name], float(m.slo_ms), float(m.weight), workload.mean_rate(m))
         for m in workload.models
     }
+    device = contention or ContentionModel()
     return PolicyContext(
         models=models,
         gpu_sms=first.gpu.sm_count,
         granularity=first.gpu.sm_granularity,
         simulated=True,
-        knee_eps=(contention or ContentionModel()).knee_eps,
+        knee_eps=device.knee_eps,
+        sim_hold_ms=device.batch_overhead_ms,
+        sim_hold_per_ms=device.hold_per_ms,
     )
 
 
@@ -108,17 +112,11 @@ def simulate(
     SLO so that every request's fate is decided by its deadline, then running batches finish.
     ``device_profiles``: how long batches really take on the simulated GPU, where that differs from
     the ``profiles`` the policy plans with (a GPU slower than its profiles, as measured on the H200).
-    ``ideal`` is told ``contention``'s holds (``batch_overhead_ms``, ``hold_per_ms``) unless its
-    options say otherwise: the oracle knows the simulated device.
     """
     t0 = time.perf_counter()
     profs = _profiles_for(workload, profiles)
     ctx = make_context(workload, profs, contention=contention)
-    options = dict(options or {})
-    if policy == "ideal" and contention is not None:
-        options.setdefault("batch_overhead_ms", contention.batch_overhead_ms)
-        options.setdefault("hold_per_ms", contention.hold_per_ms)
-    pol = make_policy(policy, **options) if isinstance(policy, str) else policy
+    pol = make_policy(policy, **(options or {})) if isinstance(policy, str) else policy
     backend = SimBackend(profs if device_profiles is None else _profiles_for(workload, device_profiles),
                          contention=contention)
     requests = make_requests(workload)

@@ -45,6 +45,10 @@ class PolicyContext:
     granularity: int  # partition sizes must be multiples of this (or the whole GPU)
     simulated: bool = True  # False on a real GPU (simulation-only policies refuse to run there)
     knee_eps: float = 0.1  # knee definition shared with the simulator's contention model
+    # the simulated device's hold beyond each batch's GPU work: fixed ms, and ms per GPU ms (its
+    # ContentionModel's batch_overhead_ms and hold_per_ms; 0 on a real GPU), for the oracle (ideal)
+    sim_hold_ms: float = 0.0
+    sim_hold_per_ms: float = 0.0
     options: Mapping[str, object] = field(default_factory=dict)  # policy options, by name
 
 

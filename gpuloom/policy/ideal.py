@@ -17,12 +17,12 @@ most efficient). It is a strong heuristic on an idealized GPU, *not* a proven up
 measured profiles ``dstack``'s planned space-time packing can beat it (see
 ``gpuloom.bench.experiment.fluid_bound`` for a capacity bound).
 
-``batch_overhead_ms`` / ``hold_per_ms`` tell the oracle the simulated device's holds (its
-:class:`~gpuloom.runtime.sim.ContentionModel`'s terms of the same names): a batch's requests are
-answered that long after its GPU work, so its deadline check, its batch cap and its hopeless rule
-count the hold too. Without them the oracle launches batches whose GPU work meets a deadline its
-answer misses (forty-fifth session: under ``--contention h200`` it simulated below dstack planning
-the hold).
+The oracle knows the simulated device's holds (``PolicyContext.sim_hold_ms`` / ``sim_hold_per_ms``,
+from its :class:`~gpuloom.runtime.sim.ContentionModel`; the options ``batch_overhead_ms`` /
+``hold_per_ms`` set others, 0 the oracle blind to them): a batch's requests are answered that long
+after its GPU work, so its deadline check, its batch cap and its hopeless rule count the hold too.
+Blind, it launches batches whose GPU work meets a deadline its answer misses (forty-fifth session:
+under ``--contention h200`` it simulated below dstack planning the hold).
 
 It cannot run on a GPU (the hardware does not divide SMs losslessly), hence ``simulation_only``.
 """
@@ -41,23 +41,25 @@ class IdealPolicy(Policy):
     deadline_queues = True  # its head is its most urgent request, whatever deadlines clients give
     simulation_only = True
 
-    def __init__(self, lanes_per_model: int = 4, preempt: bool = True, batch_overhead_ms: float = 0.0,
-                 hold_per_ms: float = 0.0) -> None:
+    def __init__(self, lanes_per_model: int = 4, preempt: bool = True, batch_overhead_ms: float | None = None,
+                 hold_per_ms: float | None = None) -> None:
         self.preempt = bool(preempt)
         if lanes_per_model < 1:
             raise ValueError(f"ideal: lanes_per_model must be >= 1, found {lanes_per_model}")
-        if not (batch_overhead_ms >= 0 and hold_per_ms >= 0):
+        if any(v is not None and not v >= 0 for v in (batch_overhead_ms, hold_per_ms)):
             raise ValueError(f"ideal: batch_overhead_ms and hold_per_ms must be >= 0, found {batch_overhead_ms}, "
                              f"{hold_per_ms}")
         self.lanes_per_model = int(lanes_per_model)
-        self.batch_overhead_ms = float(batch_overhead_ms)
-        self.hold_per_ms = float(hold_per_ms)
+        self._given_holds = (batch_overhead_ms, hold_per_ms)  # None: the simulated device's (layout)
 
     def _answered_ms(self, gpu_ms: float) -> float:
         """How long after its launch a batch of ``gpu_ms`` on the GPU answers its requests: the hold too."""
         return gpu_ms * (1.0 + self.hold_per_ms) + self.batch_overhead_ms
 
     def layout(self, ctx: PolicyContext) -> Layout:
+        fixed, per_ms = self._given_holds
+        self.batch_overhead_ms = float(ctx.sim_hold_ms if fixed is None else fixed)
+        self.hold_per_ms = float(ctx.sim_hold_per_ms if per_ms is None else per_ms)
         self.cap, self.fastest, self.demand, self.sm_steps = {}, {}, {}, {}
         for m, i in ctx.models.items():
             p = i.profile
