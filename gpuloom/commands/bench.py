@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .simulate import CONTENTION_PRESETS, preset_model
+
 NAME = "bench"
 HELP = "end-to-end benchmark: serve a workload for real under each policy, find the highest load within the SLO"
 
@@ -44,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default 2; 0: none): on the H200 the first policy of a process lost to itself run later")
     p.add_argument("--no-simulate", action="store_true",
                    help="skip running each point through the simulator too (simulated vs measured goodput, p99)")
-    p.add_argument("--contention", choices=("plain", "h200"), default=None,
+    p.add_argument("--contention", choices=CONTENTION_PRESETS, default=None,
                    help="the simulated GPU each point is run through: h200 (fitted to the H200 bench runs, as "
                         "gpuloom simulate --contention h200; the default on CUDA) or plain (the knee model; the "
                         "default on the CPU and with --tiny)")
@@ -135,10 +137,8 @@ def sim_policy(spec: str, meta: dict, plan: dict | None = None) -> tuple[str, di
 def sim_contention(preset: str | None, device: str, tiny: bool):
     """(preset name, ``ContentionModel``) each point is simulated with: ``preset``, else ``h200`` for
     real models on CUDA (the shipped profiles and the fit are the H200's) and ``plain`` otherwise."""
-    from gpuloom.runtime.sim import ContentionModel
-
     name = preset or ("h200" if device.startswith("cuda") and not tiny else "plain")
-    return name, ContentionModel.h200_runs() if name == "h200" else ContentionModel()
+    return name, preset_model(name)
 
 
 def run(args: argparse.Namespace) -> int:

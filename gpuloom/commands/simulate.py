@@ -60,13 +60,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="DIR", default=None, help="write <name>.simulate.json and <name>.simulate.png here")
 
 
+def preset_model(name: str):
+    """The :class:`~gpuloom.runtime.sim.ContentionModel` a ``--contention`` preset names."""
+    from gpuloom.runtime.sim import ContentionModel
+
+    return ContentionModel.h200_runs() if name == "h200" else ContentionModel()
+
+
 def contention_model(args: argparse.Namespace):
     """``--contention``'s model with every parameter flag given on the command line in place of its own."""
     import dataclasses
 
-    from gpuloom.runtime.sim import ContentionModel
-
-    base = ContentionModel.h200_runs() if args.contention == "h200" else ContentionModel()
+    base = preset_model(args.contention)
     given = {k: getattr(args, k) for k in CONTENTION_FLAGS if getattr(args, k, None) is not None}
     return dataclasses.replace(base, **given)
 
