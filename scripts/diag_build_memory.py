@@ -47,7 +47,7 @@ def main() -> int:
     import gpuloom
     from gpuloom.policy.types import Layout, Partition
     from gpuloom.profile.profiler import load_model
-    from gpuloom.runtime.device import CudaDeviceLayer
+    from gpuloom.runtime.cuda_device import CudaDeviceLayer
 
     compiled = {}
     for name in args.models.split(","):

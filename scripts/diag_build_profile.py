@@ -42,7 +42,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from gpuloom.policy.types import Layout
-    from gpuloom.runtime.device import CudaDeviceLayer
+    from gpuloom.runtime.cuda_device import CudaDeviceLayer
     from gpuloom.runtime.service import InferenceService
     from gpuloom.serve.repository import load_repository
 

@@ -28,7 +28,7 @@ from gpuloom.bench.e2e import run_point, simulate_point  # noqa: E402
 from gpuloom.bench.workload import load_workload  # noqa: E402
 from gpuloom.commands.bench import parse_policy_spec  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
-from gpuloom.runtime.device import FakeDeviceLayer, FakeModel  # noqa: E402
+from gpuloom.runtime.host_device import FakeDeviceLayer, FakeModel  # noqa: E402
 from gpuloom.runtime.service import InferenceService, ModelConfig, TensorSpec  # noqa: E402
 
 

@@ -169,7 +169,7 @@ def measure_model(name: str, reps: int, every: int, waits: bool = False, launch_
     from gpuloom.gpu.launch import Driver, LaunchPlan, row_bytes
     from gpuloom.policy.types import Layout, Partition
     from gpuloom.profile.profiler import load_model
-    from gpuloom.runtime.device import CudaDeviceLayer
+    from gpuloom.runtime.cuda_device import CudaDeviceLayer
 
     ms = load_model(name, device="cuda")
     ex = tuple(torch.randn((1, *s), device="cuda").to(dt) for s, dt in zip(ms.input_shapes, ms.input_dtypes))

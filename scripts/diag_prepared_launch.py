@@ -52,7 +52,7 @@ def main(argv=None) -> int:
         return 2
     from gpuloom.bench.e2e import run_point, save_json
     from gpuloom.commands.bench import parse_policy_spec
-    from gpuloom.runtime.device import CudaDeviceLayer
+    from gpuloom.runtime.cuda_device import CudaDeviceLayer
 
     grc.RATE_SCALE_HINT = a.scale
     prepared = CudaDeviceLayer._launch

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from gpuloom.runtime.device import FakeDeviceLayer, FakeModel  # noqa: E402
+from gpuloom.runtime.host_device import FakeDeviceLayer, FakeModel  # noqa: E402
 from gpuloom.runtime.service import InferenceService, ModelConfig, TensorSpec  # noqa: E402
 
 X4 = (TensorSpec("x", (4,), "float32"),)

@@ -260,7 +260,7 @@ def check_failure(models, duration):
 
 
 def check_memory(models):
-    from gpuloom.runtime.device import CudaDeviceLayer
+    from gpuloom.runtime.cuda_device import CudaDeviceLayer
     from gpuloom.runtime.service import InferenceService, ModelNotReady
 
     name = "resnet50"

@@ -376,7 +376,7 @@ def test_a_point_splits_each_models_copies_and_wake_up_per_batch():
     """Where a model's hold beyond its device time goes (CUDA: ``copy_ms_by_model``), per batch of the
     point; a model without batches in the point is left out."""
     from gpuloom.bench.e2e import host_split
-    from gpuloom.runtime.device import book_copies
+    from gpuloom.runtime.cuda_device import book_copies
 
     before = {"host_ms": 0.0, "batches": 0, "copy_ms": {}, "copy_ms_by_model": {}}
     book_copies(before["copy_ms"], 1.0, 1.0, 1.0, 1.0)

@@ -14,8 +14,10 @@ from gpuloom.policy import Layout, Status, make_policy
 from gpuloom.policy.base import ModelInfo, PolicyContext
 from gpuloom.profile.synthetic import synthetic_profile
 from gpuloom.runtime.core import Runtime
-from gpuloom.runtime.device import BufferPool, FakeDeviceLayer, FakeModel, GraphMemoryError, LiveBytes, lease_views
+from gpuloom.runtime.device import GraphMemoryError
 from gpuloom.runtime.exec_backend import ExecBackend
+from gpuloom.runtime.host_device import FakeDeviceLayer, FakeModel
+from gpuloom.runtime.pinned import BufferPool, LiveBytes, lease_views
 
 POLICIES = ["dstack", "triton", "clipper", "nexus", "gslice", "temporal"]
 # (launch_on, complete_on): every way a batch is launched and booked
@@ -293,7 +295,7 @@ def _cuda_layer_with_carvings(fail_first: int):
 
     import torch
 
-    from gpuloom.runtime.device import CudaDeviceLayer
+    from gpuloom.runtime.cuda_device import CudaDeviceLayer
 
     import collections
 
@@ -322,7 +324,7 @@ def test_the_wake_up_splits_into_the_gpus_start_and_the_way_back_on_the_lanes_cl
     import threading
     import types
 
-    from gpuloom.runtime.device import CudaDeviceLayer
+    from gpuloom.runtime.cuda_device import CudaDeviceLayer
 
     class Ev:
         def __init__(self, at_ms):
@@ -349,7 +351,7 @@ def test_a_lane_ties_its_clock_to_the_hosts_only_on_an_idle_stream():
     import time
     import types
 
-    from gpuloom.runtime.device import CudaDeviceLayer
+    from gpuloom.runtime.cuda_device import CudaDeviceLayer
 
     recorded = []
 
@@ -380,7 +382,7 @@ def test_a_lane_ties_its_clock_to_the_hosts_only_on_an_idle_stream():
 def test_lanes_capture_each_bucket_with_its_compiled_stream_choice_or_one_stream_when_told():
     import types
 
-    from gpuloom.runtime.device import CudaDeviceLayer
+    from gpuloom.runtime.cuda_device import CudaDeviceLayer
 
     cm = types.SimpleNamespace(buckets=(1, 2, 4, 8, 16),
                                stream_choice={1: "multi", 2: "multi", 4: "single", 8: "single", 16: "forward"})
@@ -480,7 +482,7 @@ def test_a_carving_the_driver_gives_short_is_carved_another_way_before_anything_
     """On the H200, (48, 16, 16, 16, 16, 20) carved as given got 10 SMs for each 16 (the layout still
     said 16, and they ran 1.5-1.6x their profiles); smallest first gave 16 each (run 41). Short is
     never kept while another carving gives what was asked, even with re-carving of slow ones off."""
-    from gpuloom.runtime.device import CudaDeviceLayer
+    from gpuloom.runtime.cuda_device import CudaDeviceLayer
 
     layer, lanes, tried, freed = _cuda_layer_with_slow_carvings([0, 1.0, 1.0], fail={0: _short(16, 10)})
     layer.carving_slow = CudaDeviceLayer.carving_slow  # the default: slow ones are only timed
@@ -549,7 +551,8 @@ def test_a_short_carving_is_refused_before_anything_is_captured(monkeypatch):
     import types
 
     import gpuloom.gpu as gpu
-    from gpuloom.runtime.device import CudaDeviceLayer, ShortCarving
+    from gpuloom.runtime.cuda_device import CudaDeviceLayer
+    from gpuloom.runtime.device import ShortCarving
 
     closed = []
 
@@ -579,7 +582,7 @@ def test_a_short_carving_is_refused_before_anything_is_captured(monkeypatch):
 
 
 def test_slow_carvings_are_only_timed_unless_recarving_is_asked_for(monkeypatch):
-    from gpuloom.runtime.device import CudaDeviceLayer
+    from gpuloom.runtime.cuda_device import CudaDeviceLayer
 
     layer, lanes, tried, freed = _cuda_layer_with_slow_carvings([1.7, 1.0, 1.0])
     layer.carving_slow = CudaDeviceLayer.carving_slow  # the default
@@ -608,7 +611,8 @@ def test_the_carving_check_times_each_owner_alone_against_its_profile(monkeypatc
 
     from gpuloom.engine import capture
     from gpuloom.policy.types import Layout, Partition
-    from gpuloom.runtime.device import CudaDeviceLayer, Lanes
+    from gpuloom.runtime.cuda_device import CudaDeviceLayer
+    from gpuloom.runtime.device import Lanes
 
     timed = []
     monkeypatch.setattr(capture, "time_replays", lambda graph, stream, **kw: timed.append(graph) or graph * 2.0)
@@ -816,7 +820,7 @@ def _raw_launch_shell(outputs: str = "copies"):
     import torch
 
     from gpuloom.policy.types import Partition
-    from gpuloom.runtime.device import LANE_SLOTS, CudaDeviceLayer, _CudaLane
+    from gpuloom.runtime.cuda_device import LANE_SLOTS, CudaDeviceLayer, _CudaLane
 
     calls = []
 
@@ -895,7 +899,9 @@ def test_a_prepared_launch_makes_the_same_driver_calls_as_the_first_without_look
     look-ups. Rows that are not page-locked, and outputs="views", keep the full path."""
     import torch
 
-    from gpuloom.runtime.device import LANE_SLOTS, PinnedRow
+    from gpuloom.runtime.cuda_device import LANE_SLOTS
+
+    from gpuloom.runtime.device import PinnedRow
 
     layer, lanes, lane, calls, graphs, _, _ = _raw_launch_shell()
     first = [[torch.rand(4)], [torch.rand(4)]]

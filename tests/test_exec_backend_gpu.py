@@ -220,7 +220,7 @@ def test_raw_launches_match_eager_and_cost_less_host_time_than_torch_launches(mo
     and raw calls are timed in A B B A order (each a service of its own): measured graphs first, the
     test failed 4 times in 5 in the thirty-fourth session's run 106 (0.080-0.089 against 0.071-0.081
     ms a launch) after passing in runs 98-99, and whatever the first service pays fell on them."""
-    from gpuloom.runtime.device import CudaDeviceLayer
+    from gpuloom.runtime.cuda_device import CudaDeviceLayer
 
     rng = np.random.default_rng(3)
     xs = [rng.standard_normal((1 + i % 4, 3, 32, 32)).astype(np.float32) for i in range(60)]
@@ -316,7 +316,7 @@ def test_output_views_stay_each_requests_own_while_later_batches_run(models):
 def test_views_over_their_byte_limit_copy_and_stay_correct(models):
     """A layer whose views may hold at most 1 byte: every batch copies its outputs out instead
     (views_refused), and the answers are still eager's."""
-    from gpuloom.runtime.device import CudaDeviceLayer
+    from gpuloom.runtime.cuda_device import CudaDeviceLayer
     from gpuloom.runtime.service import InferenceService
 
     svc = InferenceService(policy="triton", profiles=None, device_layer=CudaDeviceLayer(
@@ -346,7 +346,7 @@ def test_batches_launched_through_torch_copy_and_leave_callers_page_locked_memor
     page-locked memory (pinned_empty) go through the lane's own buffers. Either torch copy would tie
     the caller's memory to the lane's stream, and freeing it after the service closed aborted the
     process (run 63): here every input and output is freed only after close."""
-    from gpuloom.runtime.device import CudaDeviceLayer
+    from gpuloom.runtime.cuda_device import CudaDeviceLayer
 
     monkeypatch.setattr(CudaDeviceLayer, "_raw_plan", lambda self, *a, **k: None)
     rng = np.random.default_rng(5)
@@ -400,7 +400,7 @@ def test_a_model_loads_while_another_is_served_on_the_gpu_when_builds_may_run_be
     """The test that decides ``CudaDeviceLayer.builds_while_serving`` (False until it passes on the
     H200): with it on, a load captures the new layout's graphs while the other model's graphs replay
     on their streams; every request must still get its eager output, and none may fail."""
-    from gpuloom.runtime.device import CudaDeviceLayer
+    from gpuloom.runtime.cuda_device import CudaDeviceLayer
     from gpuloom.runtime.service import InferenceService
 
     monkeypatch.setattr(CudaDeviceLayer, "builds_while_serving", True)

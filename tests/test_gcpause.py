@@ -11,7 +11,7 @@ import weakref
 import numpy as np
 import pytest
 
-from gpuloom.runtime.device import FakeDeviceLayer, FakeModel
+from gpuloom.runtime.host_device import FakeDeviceLayer, FakeModel
 from gpuloom.runtime.gcpause import GcMonitor, freeze_loaded, thaw
 from gpuloom.runtime.service import InferenceService, ModelConfig, TensorSpec
 

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from gpuloom.runtime.device import FakeDeviceLayer
+from gpuloom.runtime.host_device import FakeDeviceLayer
 from gpuloom.runtime.gilswitch import ShortSwitchInterval
 from gpuloom.runtime.service import InferenceService
 

@@ -15,7 +15,7 @@ from gpuloom.policy import Status, make_policy
 from gpuloom.policy.base import ModelInfo, PolicyContext
 from gpuloom.profile.synthetic import synthetic_profile
 from gpuloom.runtime.core import Runtime
-from gpuloom.runtime.device import FakeDeviceLayer, FakeModel
+from gpuloom.runtime.host_device import FakeDeviceLayer, FakeModel
 from gpuloom.runtime.exec_backend import ExecBackend
 
 

@@ -709,7 +709,7 @@ def test_a_client_that_leaves_mid_body_is_no_error_and_the_server_serves_on(serv
 
 
 def test_runtime_on_http_is_refused_with_front_end_workers_and_on_a_fake_device():
-    from gpuloom.runtime.device import FakeDeviceLayer
+    from gpuloom.runtime.host_device import FakeDeviceLayer
     from gpuloom.runtime.service import InferenceService
 
     service = serve_fake.make_service()

@@ -164,7 +164,7 @@ class _PinningCpuLayer:
 
     @staticmethod
     def make():
-        from gpuloom.runtime.device import CpuDeviceLayer
+        from gpuloom.runtime.host_device import CpuDeviceLayer
 
         class Layer(CpuDeviceLayer):
             stages = True
@@ -224,7 +224,7 @@ def test_a_page_locked_arena_sends_rows_to_the_device_without_a_copy_and_is_unlo
 
 
 def test_is_pinned_needs_every_array_wholly_inside_one_registered_span():
-    from gpuloom.runtime.device import FakeDeviceLayer
+    from gpuloom.runtime.host_device import FakeDeviceLayer
 
     layer = FakeDeviceLayer()
     buf = np.zeros(1024, np.uint8)
@@ -268,7 +268,7 @@ def test_memory_from_pinned_empty_stays_known_while_any_array_onto_it_lives():
 
     import torch
 
-    from gpuloom.runtime.device import FakeDeviceLayer
+    from gpuloom.runtime.host_device import FakeDeviceLayer
 
     layer = FakeDeviceLayer()
     a = layer._track_pinned(torch.zeros(4, 8))

@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 import pytest
 
-from gpuloom.runtime.device import FakeDeviceLayer, FakeModel
+from gpuloom.runtime.host_device import FakeDeviceLayer, FakeModel
 from gpuloom.runtime.service import (
     DeadlineExceeded, Dropped, InferenceService, InvalidInput, ModelConfig, ModelFailed, ModelNotReady,
     Overloaded, Shed, TensorSpec, UnknownModel,
@@ -309,7 +309,7 @@ def test_device_options_reach_the_device_layer_made_for_cuda_and_bad_values_are_
 
 
 def test_the_cuda_layer_refuses_views_with_torch_launches_before_it_touches_cuda():
-    from gpuloom.runtime.device import CudaDeviceLayer
+    from gpuloom.runtime.cuda_device import CudaDeviceLayer
 
     with pytest.raises(ValueError, match="raw_launch=True"):
         CudaDeviceLayer(outputs="views", raw_launch=False)
@@ -1091,7 +1091,7 @@ def test_the_admission_bucket_admits_the_rate_with_slack_and_a_short_burst():
 def test_dstack_adapt_online_sheds_a_model_that_misses_and_answers_every_request_it_admits():
     # the plan believes the crude profile measured at load (1 ms a row); the model then runs 15 ms a
     # row, so the plan admits everything and most of it misses: adapt caps it at what it delivers
-    from gpuloom.runtime.device import FakeModel
+    from gpuloom.runtime.host_device import FakeModel
 
     lat = {"ms": 1.0}
     svc = InferenceService(policy="dstack", device_layer=FakeDeviceLayer(),

@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuloom.commands.output import table_console
     from gpuloom.policy import make_policy, policy_names
     from gpuloom.runtime.affinity import parse_cpus, pinned
-    from gpuloom.runtime.device import check_outputs
+    from gpuloom.runtime.cuda_device import check_outputs
 
     console = Console(stderr=True)
     try:

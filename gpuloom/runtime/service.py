@@ -56,7 +56,9 @@ from ..profile.store import GpuInfo, Profile, ProfileStore
 from .admission import TokenBucket
 from .core import Runtime
 from .events import ARRIVAL
-from .device import DeviceLayer, FakeModel, PinnedRow, check_lane_streams, check_outputs, make_device_layer
+from .cuda_device import check_lane_streams, check_outputs
+from .device import DeviceLayer, PinnedRow, make_device_layer
+from .host_device import FakeModel
 from .exec_backend import ExecBackend, ExecOutput, check_complete_on, check_launch_on, check_lookahead
 from .gcpause import GcMonitor, RareFullCollections, freeze_loaded, thaw
 from .gilswitch import DEFAULT_MS as DEFAULT_SWITCH_INTERVAL_MS
@@ -412,12 +414,12 @@ class InferenceService:
             (:class:`~gpuloom.gpu.Partitioner`). Not measured yet.
         lane_streams: on CUDA, ``"single"`` captures every model with one stream on every lane instead
             of each bucket's compile-time choice (``"compiled"``, default); an experiment
-            (:class:`~gpuloom.runtime.device.CudaDeviceLayer`). Not measured yet.
+            (:class:`~gpuloom.runtime.cuda_device.CudaDeviceLayer`). Not measured yet.
         outputs: on CUDA, ``"views"`` hands requests views of a finished batch's page-locked output
             buffers instead of copies of their rows (``"copies"``, default); off by default until
             measured on more than one machine (run 62: bert_base's copy 1.94 -> 0.10 ms a batch).
             Needs ``raw_launch=True`` (refused otherwise: see
-            :class:`~gpuloom.runtime.device.CudaDeviceLayer`).
+            :class:`~gpuloom.runtime.cuda_device.CudaDeviceLayer`).
         complete_on: ``"watcher"`` (default) or ``"loop"``: who learns that a batch is done
             (:attr:`ExecBackend.COMPLETE_ON`). ``"loop"``: the GPU wakes the runtime's thread itself
             (a host function posting its semaphore; raw launches only), which books the batch, where
