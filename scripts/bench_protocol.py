@@ -120,12 +120,30 @@ def measure(port: int, args) -> dict:
     kw = dict(binary=args.binary, slo_ms=100.0, inputs=[{"name": "x", "shape": [-1, 16], "datatype": "FP32"}], timeout_s=60.0)
     run_load(url, "linear", rate=50, duration_s=1.0, **kw)  # warm up
     fixed = run_load(url, "linear", rate=args.rate, duration_s=args.rate_duration or args.duration, seed=2, **kw)
-    out = {"fixed_rate": fixed.as_dict()}
+    out = {"fixed_rate": fixed.as_dict(), "_fixed_latencies_ms": list(fixed.latencies_ms)}  # not written out
     for c in args.concurrency:
         out[f"closed_c{c}"] = run_closed(url, "linear", concurrency=c, duration_s=args.duration, seed=3, **kw).as_dict()
     if args.sat_rate:
         out["open_overload"] = run_load(url, "linear", rate=args.sat_rate, duration_s=args.duration, seed=1, **kw).as_dict()
     return out
+
+
+def _compare_tails(run: dict, rate: float) -> None:
+    """Each gpuloom server's p99 at the fixed rate against KServe's in this run, with a bootstrap
+    interval of the difference (gpuloom.bench.compare): whether the lower p99 is beyond what
+    resampling each server's own requests could explain. Written as ``run[name]["p99_vs_kserve"]``."""
+    from gpuloom.bench.compare import quantile_difference
+
+    ref = run.get("kserve", {}).pop("_fixed_latencies_ms", None)
+    for name, r in run.items():
+        lat = r.pop("_fixed_latencies_ms", None)
+        if ref is None or lat is None or len(lat) < 2 or len(ref) < 2:
+            continue
+        d = quantile_difference(lat, ref, q=0.99)
+        r["p99_vs_kserve"] = {k: d[k] for k in ("diff", "lo", "hi", "level", "n_a", "n_b", "a_lower")}
+        verdict = {True: "lower", False: "higher", None: "not distinguishable"}[d["a_lower"]]
+        print(f"  {name}: p99 at {rate:g} req/s {d['a']:.2f} ms against KServe's {d['b']:.2f}: {d['diff']:+.2f} ms "
+              f"(95% bootstrap {d['lo']:+.2f} to {d['hi']:+.2f}; {verdict})", file=sys.stderr, flush=True)
 
 
 def main() -> int:
@@ -192,6 +210,9 @@ def main() -> int:
             envs[f"gpuloom:{label}"] = dict(env, PYTHONPATH=str(Path(paths[-1]).resolve()))
         servers.append((f"gpuloom:{label}", base + [w for w in words if not w.startswith("PYTHONPATH=")]))
     if Path(args.kserve_python).exists():
+        version = subprocess.run([args.kserve_python, "-c", "import importlib.metadata as m; print(m.version('kserve'))"],
+                                 capture_output=True, text=True)
+        results["machine"]["kserve"] = version.stdout.strip() or None
         servers.append(("kserve", [args.kserve_python, "-c", KSERVE_SERVER, "{port}", str(w), str(b)]))
         if args.kserve_cpus:
             servers.append((f"kserve:cpus{args.kserve_cpus}",
@@ -209,6 +230,7 @@ def main() -> int:
                 print(f"[{rep}] measuring {name} on port {port} ...", file=sys.stderr, flush=True)
                 run[name] = _pinned(args.client_cpus, measure, port, args)
         runs.append(run)
+        _compare_tails(run, args.rate)
     results["servers"] = runs[0]
     if args.repeat > 1:
         results["runs"] = runs

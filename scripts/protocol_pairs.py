@@ -7,8 +7,9 @@ across runs this VM's p99 moves by several times).
         --pair gpuloom:http gpuloom --pair gpuloom:http kserve
 
 For each pair ``A B`` and each run: p50 and p99 at the fixed rate (ms; lower wins), requests/s at each
-closed-loop concurrency (higher wins); then the count of runs A won, per figure. ``--json`` prints it
-as JSON instead.
+closed-loop concurrency (higher wins); then the count of runs A won, per figure, with a one-sided
+sign test's p (how unlikely that many wins would be if each run were a coin toss). ``--json`` prints
+it as JSON instead.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gpuloom.bench.compare import sign_test  # noqa: E402
 
 
 def runs_of(path: Path) -> list[dict]:
@@ -49,7 +54,8 @@ def compare(files: list[Path], a: str, b: str) -> dict:
                 wins[k] = wins.get(k, 0) + int(won)
                 counted[k] = counted.get(k, 0) + 1
             rows.append(row)
-    return {"a": a, "b": b, "runs": rows, "a_won": {k: f"{wins[k]} of {counted[k]}" for k in sorted(counted)}}
+    return {"a": a, "b": b, "runs": rows, "a_won": {k: f"{wins[k]} of {counted[k]}" for k in sorted(counted)},
+            "sign_test_p": {k: round(sign_test(wins[k], counted[k]), 4) for k in sorted(counted)}}
 
 
 def main() -> int:
@@ -78,7 +84,8 @@ def main() -> int:
             cells = "".join(f"{r[k][0]:>8.2f} /{r[k][1]:>8.2f}" if k.endswith("_ms") else f"{r[k][0]:>8.0f} /{r[k][1]:>8.0f}"
                             for k in keys)
             print(f"{r['file']:<48}{r['run']:>4}{cells}")
-        print(f"{c['a']} won: " + ", ".join(f"{k} {v}" for k, v in c["a_won"].items()))
+        print(f"{c['a']} won: " + ", ".join(f"{k} {v} (sign test p = {c['sign_test_p'][k]:.4f})"
+                                           for k, v in c["a_won"].items()))
     return 0
 
 

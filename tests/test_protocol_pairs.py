@@ -21,5 +21,6 @@ def test_wins_are_counted_run_by_run_lower_latency_and_higher_throughput_winning
     (tmp_path / "one.json").write_text(json.dumps({"servers": runs[0]}))  # a file of one run (no --repeat)
     out = pairs.compare([tmp_path / "set1.json", tmp_path / "one.json"], "a", "b")
     assert out["a_won"] == {"p50_ms": "2 of 3", "p99_ms": "1 of 3", "rps_c1": "2 of 3", "rps_c8": "1 of 3"}
+    assert out["sign_test_p"] == {"p50_ms": 0.5, "p99_ms": 0.875, "rps_c1": 0.5, "rps_c8": 0.875}
     assert [(r["file"], r["run"]) for r in out["runs"]] == [("set1.json", 0), ("set1.json", 1), ("one.json", 0)]
     assert out["runs"][1]["p99_ms"] == [1.0, 4.0]
