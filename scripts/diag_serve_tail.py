@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 PATCHED_SERVER = r'''
 import argparse, sys, threading, time, gc
 pc = time.perf_counter
-from gpuloom.runtime import core as rcore, exec_backend as eb, service as svc, device as dev
+from gpuloom.runtime import core as rcore, exec_backend as eb, host_device as dev, service as svc
 from gpuloom.serve import core as score, http_server as hs
 EV = {}           # runtime request id -> {event: perf_counter s}
 TL = threading.local()
