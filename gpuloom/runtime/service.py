@@ -25,6 +25,11 @@ submissions (invalid input, overload) are counted apart and never enter the book
 **Rates.** Policies plan from each model's expected rate: ``ModelConfig.rate_hint`` for the first
 plan; at every later (re)load the measured rate of the last minute is used, and ``dstack`` re-plans
 from its own rate estimates while serving.
+
+Beside it: :mod:`~gpuloom.runtime.model_config` (``ModelConfig``, ``TensorSpec``),
+:mod:`~gpuloom.runtime.errors` (what a request's future fails with) and
+:mod:`~gpuloom.runtime.model_profiles` (the profile a loaded model is planned with); their names are
+importable from here too.
 """
 
 from __future__ import annotations
@@ -32,10 +37,8 @@ from __future__ import annotations
 import bisect
 import concurrent.futures
 import dataclasses
-import functools
 import heapq
 import logging
-import math
 import os
 import threading
 import time
@@ -47,22 +50,25 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..engine.options import ENGINE_KEYS, is_engine_value
 from ..gpu.partition import check_workqueues
 from ..policy import make_policy
 from ..policy.base import ModelInfo, PolicyContext
 from ..policy.types import Layout, Result, Status
-from ..profile.store import GpuInfo, Profile, ProfileStore
+from ..profile.store import Profile, ProfileStore
 from .admission import TokenBucket
 from .core import Runtime
-from .events import ARRIVAL
 from .cuda_device import check_lane_streams, check_outputs
 from .device import DeviceLayer, PinnedRow, make_device_layer
-from .host_device import FakeModel
+from .errors import (DeadlineExceeded, Dropped, Expired, InvalidInput, ModelFailed, ModelNotReady, Overloaded,
+                     ServiceError, Shed, UnknownModel)
+from .events import ARRIVAL
 from .exec_backend import ExecBackend, ExecOutput, check_complete_on, check_launch_on, check_lookahead
 from .gcpause import GcMonitor, RareFullCollections, freeze_loaded, thaw
 from .gilswitch import DEFAULT_MS as DEFAULT_SWITCH_INTERVAL_MS
 from .gilswitch import ShortSwitchInterval, check_interval_ms
+from .host_device import FakeModel
+from .model_config import DTYPES, ModelConfig, TensorSpec
+from .model_profiles import compiled_kind, crude_profile, longest_batch_ms, plain_runner, trim_profile
 from .waker import make_waker
 
 log = logging.getLogger(__name__)
@@ -77,175 +83,16 @@ LOAD_SWITCH_INTERVAL_MS = 0.5
 #: the coarsest step a failed layout makes the service plan partitions in (SMs; see _replan)
 MAX_PARTITION_STEP_SMS = 32
 
-_DTYPES = ("float32", "float16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
-#: each of _DTYPES as a numpy dtype: submit compares ``x.dtype`` against these (~0.05 us) instead of
+#: each of DTYPES as a numpy dtype: submit compares ``x.dtype`` against these (~0.05 us) instead of
 #: ``str(x.dtype)`` against the name (~3.6 us: numpy builds a dtype's name in Python); the outcome is
 #: the same for every dtype (byte order, aliases such as "long", structured ones)
-_NP_DTYPES = {name: np.dtype(name) for name in _DTYPES}
+_NP_DTYPES = {name: np.dtype(name) for name in DTYPES}
 #: the deadline, ms from now, of a request that waited its whole deadline before it reached the
 #: service: past by the scheduler's next look, which drops it (DeadlineExceeded), books and all
 _NO_TIME_LEFT_MS = 1e-3
 _SERVED = Status.SERVED  # read per row answered (an Enum attribute costs more than a module constant)
 #: upper bounds (ms) of the latency histogram buckets; the last bucket is +inf
 LATENCY_BUCKETS_MS = (0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
-#: what each engine option of ModelConfig takes, as its errors say it (ENGINE_CHOICES in YAML's spelling)
-_PYTHON_CHOICES = {"channels_last": "false, true or 'auto'", "fuse_convolutions": "false, true or 'channels_last'",
-                   "split_gemms": "true or false", "fuse_epilogues": "true or false"}
-
-
-# -- configuration ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class TensorSpec:
-    """One input or output tensor of a model, per sample (no batch dimension)."""
-
-    name: str
-    shape: tuple[int, ...]  # per sample; every dimension >= 1 (no -1: graphs have static shapes)
-    dtype: str  # numpy/torch dtype name: "float32", "float16", "int64", ...
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", tuple(self.shape))
-        if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"TensorSpec name must be a non-empty string, got {self.name!r}")
-        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in self.shape):
-            raise ValueError(f"TensorSpec {self.name!r}: shape must be positive ints per sample (no batch, no -1), "
-                             f"got {self.shape}")
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"TensorSpec {self.name!r}: dtype must be one of {_DTYPES}, got {self.dtype!r}")
-
-    def describe(self) -> str:
-        return f"{self.name}: {self.dtype}[n, {', '.join(map(str, self.shape))}]".replace("[n, ]", "[n]")
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """A model as the service serves it."""
-
-    name: str
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...] = ()  # filled in by load() from the compiled model when empty
-    max_batch: int = 32  # rows per batch (and per request) at most
-    slo_ms: float = 100.0  # latency objective of a request, ms (its default deadline)
-    weight: float = 1.0  # fairness weight when the GPU is short
-    rate_hint: float = 50.0  # expected requests/s, for the first plan
-    # gpuloom.compile's channels_last for this model: False, True (convolutions NHWC) or "auto" (both
-    # layouts timed per bucket on the GPU). The planner's profile stays the one looked up by name (the
-    # shipped ones were timed without it; `gpuloom profile --channels-last` times one with it)
-    channels_last: bool | str = False
-    # gpuloom.compile's fuse_convolutions: False, True (CUDA only) or "channels_last" (the channels-last
-    # graph only: 1.27-1.74x faster there on the H200, engine runs 100-101; nothing on the CPU). False
-    # here on purpose, where compile's own default is "channels_last": as with channels_last, the
-    # shipped profiles were timed unfused (`gpuloom profile --fuse-convolutions` times one fused)
-    fuse_convolutions: bool | str = False
-    # gpuloom.compile's split_gemms: float32 linear layers split their GEMM's reduction where timed
-    # faster per shape (bert_base 1.30x at batch 1 on the whole H200, engine runs 128-132), chosen again
-    # on each partition the model is captured on. False here, where compile's own default is on for
-    # CUDA: the shipped profiles were timed without it (a model served with it is profiled so at load)
-    split_gemms: bool = False
-    # gpuloom.compile's fuse_epilogues and fuse_gates, gpuloom's own Triton kernels: each convolution's
-    # bias (+ residual add) + SiLU / sigmoid / ReLU6 as one kernel (efficientnet_b0 1.15x, mobilenet_v2
-    # 1.11x at batch 1 on the whole H200, engine runs 136-138), and each squeeze-excitation gate as two
-    # (efficientnet_b0 a further 1.24x, run 140). On by default since the forty-fourth session: served on
-    # mix6 (run 148, A/B/A, dstack at x1) the two models they change computed 14-29% faster and the mix
-    # held 0.962 of its SLOs against 0.925 / 0.835. CUDA only (compile_options). The shipped profiles
-    # timed the models without them, so a model they change is profiled at its load (about 7 s, cached)
-    fuse_epilogues: bool = True
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "inputs", tuple(self.inputs))
-        object.__setattr__(self, "outputs", tuple(self.outputs))
-        if not isinstance(self.name, str) or not self.name or "/" in self.name:
-            raise ValueError(f"model name must be a non-empty string without '/', got {self.name!r}")
-        if not self.inputs:
-            raise ValueError(f"model {self.name!r}: needs at least one input TensorSpec")
-        names = [t.name for t in self.inputs]
-        if len(set(names)) != len(names):
-            raise ValueError(f"model {self.name!r}: input names must be unique, got {names}")
-        if not isinstance(self.max_batch, int) or self.max_batch < 1:
-            raise ValueError(f"model {self.name!r}: max_batch must be a positive int, got {self.max_batch!r}")
-        for what, v in (("slo_ms", self.slo_ms), ("weight", self.weight)):
-            if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
-                raise ValueError(f"model {self.name!r}: {what} must be a positive number, got {v!r}")
-        if not (isinstance(self.rate_hint, (int, float)) and self.rate_hint >= 0):
-            raise ValueError(f"model {self.name!r}: rate_hint must be >= 0 requests/s, got {self.rate_hint!r}")
-        for key in ENGINE_KEYS:  # the repository's check, said in Python's spellings
-            value = getattr(self, key)
-            if not is_engine_value(key, value):
-                raise ValueError(f"model {self.name!r}: {key} must be {_PYTHON_CHOICES[key]}, got {value!r}")
-
-    def compile_options(self, device_type: str) -> dict:
-        """``gpuloom.compile``'s keyword options for this model on ``device_type`` ("cuda" or "cpu"):
-        the layout, fusion and GEMMs its profile was made with. Whoever compiles a model for the service
-        (the service at a load, ``gpuloom bench``) uses these, as the service refuses a compiled model
-        that differs (compile's own defaults split float32 GEMMs on CUDA, the service's not)."""
-        return {"channels_last": self.channels_last, "fuse_convolutions": self.fuse_convolutions,
-                "split_gemms": self.split_gemms and device_type == "cuda",
-                "fuse_epilogues": self.fuse_epilogues and device_type == "cuda",
-                "fuse_gates": self.fuse_epilogues and device_type == "cuda"}
-
-    @functools.cached_property
-    def input_names(self) -> frozenset[str]:
-        """The input names as a set, made once: every submit checks a request's names against it."""
-        return frozenset(t.name for t in self.inputs)
-
-    @functools.cached_property
-    def output_names(self) -> tuple[str, ...]:
-        """The output names in order, made once: every answer is keyed by them."""
-        return tuple(t.name for t in self.outputs)
-
-
-# -- errors -------------------------------------------------------------------------------------
-class ServiceError(Exception):
-    """Base of every error the service raises or fails a future with."""
-
-
-class UnknownModel(ServiceError, KeyError):
-    """No model of that name is loaded."""
-
-    def __str__(self) -> str:  # KeyError would quote the message
-        return str(self.args[0]) if self.args else ""
-
-
-class ModelNotReady(ServiceError):
-    """The model is loading or unloading, or the service is not running."""
-
-
-class InvalidInput(ServiceError, ValueError):
-    """Wrong input names, shapes or dtypes; the message says what was expected."""
-
-
-class Overloaded(ServiceError):
-    """The model's queue is full; retry after ``retry_after_s`` seconds."""
-
-    def __init__(self, message: str, retry_after_s: float) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-class Shed(Overloaded):
-    """The model is over its planned share of an overloaded GPU or host (the policy's ``admit_rps``:
-    dstack's plan, or with ``adapt`` what the model delivers on time): refused at once rather than
-    queued to miss its deadline; retry after ``retry_after_s`` seconds."""
-
-
-class DeadlineExceeded(ServiceError):
-    """The request could not be answered by its deadline."""
-
-
-class Expired(DeadlineExceeded):
-    """The runtime had not answered the request ``expiry_grace_s`` after its deadline: the service
-    answered it instead (a safety net; each one is logged as an error, it means a runtime bug)."""
-
-
-class Dropped(ServiceError):
-    """The scheduler dropped the request; ``reason`` says why (e.g. "shutdown", "model unloaded")."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"request dropped: {reason}")
-        self.reason = reason
-
-
-class ModelFailed(ServiceError):
-    """The model's execution failed for this request's batch; the message carries the error."""
 
 
 # -- bookkeeping --------------------------------------------------------------------------------
@@ -1557,96 +1404,6 @@ class InferenceService:
             warnings.warn(f"model {config.name!r}: measuring its profile failed ({type(e).__name__}: {e})",
                           stacklevel=4)
             return None
-
-
-def plain_runner(runner: str) -> str:
-    """A stored profile's ``runner`` as :func:`compiled_kind` spells it: the eager forward's graph
-    (``"graph"``) and an unnamed one (older profiles) time the plain engine's graphs, ``"engine"``."""
-    return "engine" if runner in ("", "graph") else runner
-
-
-def compiled_kind(config: ModelConfig, runner: Any) -> str:
-    """What a profile of ``runner`` (the model as ``config`` compiled it) would name as its runner:
-    ``profiler.applied_kind`` of the config's engine options, those that changed the compiled graph.
-    An option that changed nothing (``fuse_epilogues`` on a model without such epilogues or gates)
-    leaves the plain engine's graph, whose stored profile then still holds."""
-    from ..profile.profiler import applied_kind
-
-    return applied_kind(runner, config.channels_last, config.fuse_convolutions, config.split_gemms,
-                        config.fuse_epilogues)
-
-
-def longest_batch_ms(p: Profile) -> float:
-    """How long ``p``'s largest batch takes with the whole device: the longest a batch of the model
-    holds the thread that runs it (``InferenceService.host_loop_on``'s limit)."""
-    return p.latency(p.max_batch, p.sms[-1])
-
-
-def trim_profile(p: Profile, max_batch: int) -> Profile:
-    """``p`` without batch buckets above ``max_batch`` (the engine captures none beyond it)."""
-    keep = [i for i, b in enumerate(p.batches) if b <= max_batch]
-    if not keep:
-        raise ValueError(f"profile of {p.model!r} has no batch <= max_batch={max_batch} (has {p.batches})")
-    if len(keep) == len(p.batches):
-        return p
-    return Profile(model=p.model, input_shapes=p.input_shapes, dtype=p.dtype, gpu=p.gpu,
-                   batches=tuple(p.batches[i] for i in keep), sms=p.sms,
-                   latency_ms=tuple(p.latency_ms[i] for i in keep), date=p.date, source=p.source)
-
-
-def crude_profile(config: ModelConfig, runner: Any, device: DeviceLayer, reps: int = 3, max_reps: int = 20,
-                  budget_ms: float = 300.0) -> Profile:
-    """A profile from timing the compiled model at batch 1 and ``max_batch`` on the whole device
-    (linear in batch in between). On CUDA latency is assumed to scale with 1/SMs (knee = the whole GPU:
-    conservative); on CPU it does not depend on SMs. Good enough to plan with; not a measurement.
-
-    Each batch is run ``reps`` times, and again while it has taken less than ``budget_ms`` (up to
-    ``max_reps``), after one warm-up; the fastest run counts. A load times this while other models
-    compile or serve: on two busy cores the median of three came out 400x a tiny model's latency
-    (40 ms for 0.1) and planned it as unservable; the fastest run is the one least disturbed."""
-    from ..profile.synthetic import sm_grid
-
-    gpu = GpuInfo(name=f"{device.kind} (crude)", sm_count=device.gpu_sms, sm_granularity=device.granularity)
-    buckets = tuple(getattr(runner, "buckets", None) or (1, config.max_batch))
-    lat = {}
-    if isinstance(runner, FakeModel):
-        for b in (buckets[0], buckets[-1]):
-            lat[b] = runner.latency_ms(b) if callable(runner.latency_ms) else float(runner.latency_ms)
-    else:
-        import torch
-
-        for b in (buckets[0], buckets[-1]):
-            xs = []
-            for spec, t in zip(runner.specs, config.inputs):
-                xs.append(torch.zeros((b, *spec.shape), dtype=spec.dtype, device=spec.device))
-            times = []
-            with torch.inference_mode():
-                while len(times) < reps + 1 or (len(times) < max_reps + 1 and sum(times[1:]) < budget_ms):
-                    if device.kind == "cuda":
-                        torch.cuda.synchronize()
-                    t0 = time.perf_counter()
-                    runner(*xs)
-                    if device.kind == "cuda":
-                        torch.cuda.synchronize()
-                    times.append((time.perf_counter() - t0) * 1000.0)
-            lat[b] = max(1e-3, min(times[1:]))  # times[0] is the warm-up
-    b0, b1 = buckets[0], buckets[-1]
-    sms = sm_grid(gpu)
-    rows = []
-    for b in buckets:
-        base = lat[b0] if b1 == b0 else lat[b0] + (lat[b1] - lat[b0]) * (b - b0) / (b1 - b0)
-        base = max(base, 1e-3)
-        if device.kind == "cuda":
-            rows.append(tuple(base * gpu.sm_count / s for s in sms))
-        else:
-            rows.append(tuple(base for _ in sms))
-    # keep the rows non-decreasing in batch (noise)
-    fixed = []
-    for r in rows:
-        fixed.append(tuple(max(v, fixed[-1][j]) for j, v in enumerate(r)) if fixed else r)
-    shapes = tuple(t.shape for t in config.inputs)
-    return Profile(model=config.name, input_shapes=shapes, dtype=config.inputs[0].dtype, gpu=gpu, batches=buckets,
-                   sms=sms, latency_ms=tuple(fixed), source="synthetic")
 
 
 __all__ = [

@@ -1,0 +1,111 @@
+"""Latency profiles for the models a service loads: which stored profile fits a compiled model, and a
+crude one timed at load where none does.
+
+The planner needs L(batch, SMs) for every model. A shipped or cached profile fits a compiled model
+only if it timed the same graph (:func:`compiled_kind` against the profile's ``runner``); otherwise
+the service measures one on the GPU (:mod:`gpuloom.profile.profiler`) or, on the CPU or when asked,
+times the model crudely at its smallest and largest batch (:func:`crude_profile`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..profile.store import GpuInfo, Profile
+from .device import DeviceLayer
+from .host_device import FakeModel
+from .model_config import ModelConfig
+
+
+def plain_runner(runner: str) -> str:
+    """A stored profile's ``runner`` as :func:`compiled_kind` spells it: the eager forward's graph
+    (``"graph"``) and an unnamed one (older profiles) time the plain engine's graphs, ``"engine"``."""
+    return "engine" if runner in ("", "graph") else runner
+
+
+def compiled_kind(config: ModelConfig, runner: Any) -> str:
+    """What a profile of ``runner`` (the model as ``config`` compiled it) would name as its runner:
+    ``profiler.applied_kind`` of the config's engine options, those that changed the compiled graph.
+    An option that changed nothing (``fuse_epilogues`` on a model without such epilogues or gates)
+    leaves the plain engine's graph, whose stored profile then still holds."""
+    from ..profile.profiler import applied_kind
+
+    return applied_kind(runner, config.channels_last, config.fuse_convolutions, config.split_gemms,
+                        config.fuse_epilogues)
+
+
+def longest_batch_ms(p: Profile) -> float:
+    """How long ``p``'s largest batch takes with the whole device: the longest a batch of the model
+    holds the thread that runs it (``InferenceService.host_loop_on``'s limit)."""
+    return p.latency(p.max_batch, p.sms[-1])
+
+
+def trim_profile(p: Profile, max_batch: int) -> Profile:
+    """``p`` without batch buckets above ``max_batch`` (the engine captures none beyond it)."""
+    keep = [i for i, b in enumerate(p.batches) if b <= max_batch]
+    if not keep:
+        raise ValueError(f"profile of {p.model!r} has no batch <= max_batch={max_batch} (has {p.batches})")
+    if len(keep) == len(p.batches):
+        return p
+    return Profile(model=p.model, input_shapes=p.input_shapes, dtype=p.dtype, gpu=p.gpu,
+                   batches=tuple(p.batches[i] for i in keep), sms=p.sms,
+                   latency_ms=tuple(p.latency_ms[i] for i in keep), date=p.date, source=p.source)
+
+
+def crude_profile(config: ModelConfig, runner: Any, device: DeviceLayer, reps: int = 3, max_reps: int = 20,
+                  budget_ms: float = 300.0) -> Profile:
+    """A profile from timing the compiled model at batch 1 and ``max_batch`` on the whole device
+    (linear in batch in between). On CUDA latency is assumed to scale with 1/SMs (knee = the whole GPU:
+    conservative); on CPU it does not depend on SMs. Good enough to plan with; not a measurement.
+
+    Each batch is run ``reps`` times, and again while it has taken less than ``budget_ms`` (up to
+    ``max_reps``), after one warm-up; the fastest run counts. A load times this while other models
+    compile or serve: on two busy cores the median of three came out 400x a tiny model's latency
+    (40 ms for 0.1) and planned it as unservable; the fastest run is the one least disturbed."""
+    from ..profile.synthetic import sm_grid
+
+    gpu = GpuInfo(name=f"{device.kind} (crude)", sm_count=device.gpu_sms, sm_granularity=device.granularity)
+    buckets = tuple(getattr(runner, "buckets", None) or (1, config.max_batch))
+    lat = {}
+    if isinstance(runner, FakeModel):
+        for b in (buckets[0], buckets[-1]):
+            lat[b] = runner.latency_ms(b) if callable(runner.latency_ms) else float(runner.latency_ms)
+    else:
+        import torch
+
+        for b in (buckets[0], buckets[-1]):
+            xs = []
+            for spec, t in zip(runner.specs, config.inputs):
+                xs.append(torch.zeros((b, *spec.shape), dtype=spec.dtype, device=spec.device))
+            times = []
+            with torch.inference_mode():
+                while len(times) < reps + 1 or (len(times) < max_reps + 1 and sum(times[1:]) < budget_ms):
+                    if device.kind == "cuda":
+                        torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    runner(*xs)
+                    if device.kind == "cuda":
+                        torch.cuda.synchronize()
+                    times.append((time.perf_counter() - t0) * 1000.0)
+            lat[b] = max(1e-3, min(times[1:]))  # times[0] is the warm-up
+    b0, b1 = buckets[0], buckets[-1]
+    sms = sm_grid(gpu)
+    rows = []
+    for b in buckets:
+        base = lat[b0] if b1 == b0 else lat[b0] + (lat[b1] - lat[b0]) * (b - b0) / (b1 - b0)
+        base = max(base, 1e-3)
+        if device.kind == "cuda":
+            rows.append(tuple(base * gpu.sm_count / s for s in sms))
+        else:
+            rows.append(tuple(base for _ in sms))
+    # keep the rows non-decreasing in batch (noise)
+    fixed = []
+    for r in rows:
+        fixed.append(tuple(max(v, fixed[-1][j]) for j, v in enumerate(r)) if fixed else r)
+    shapes = tuple(t.shape for t in config.inputs)
+    return Profile(model=config.name, input_shapes=shapes, dtype=config.inputs[0].dtype, gpu=gpu, batches=buckets,
+                   sms=sms, latency_ms=tuple(fixed), source="synthetic")
+
+
+__all__ = ["compiled_kind", "crude_profile", "longest_batch_ms", "plain_runner", "trim_profile"]
