@@ -336,6 +336,18 @@ def books(text: str) -> dict:
     return {m: dict(v) for m, v in out.items()}
 
 
+def gc_between(start: dict | None, end: dict) -> dict | None:
+    """The collections and pauses between two :func:`gc_pauses` readings: per generation, pause ms, and
+    the longest pause where it is longer than every one before ``start`` (None otherwise: the metrics
+    keep only the longest so far). None without both readings."""
+    if not start or not end.get("collections") or start.get("pause_ms") is None or end.get("pause_ms") is None:
+        return None
+    runs = {g: end["collections"].get(g, 0.0) - start["collections"].get(g, 0.0) for g in end["collections"]}
+    grew = end["max_pause_ms"] is not None and start["max_pause_ms"] is not None and end["max_pause_ms"] > start["max_pause_ms"]
+    return {"collections": runs, "pause_ms": end["pause_ms"] - start["pause_ms"],
+            "max_pause_ms": end["max_pause_ms"] if grew else None, "max_pause_ms_at_start": start["max_pause_ms"]}
+
+
 def gc_pauses(text: str) -> dict:
     """The runtime process's garbage collections by generation, and their pauses (ms), from ``/metrics``."""
     runs = {m.group(1): float(m.group(2))
@@ -395,6 +407,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"soak: server pid {proc.pid}, HTTP {http_port}, gRPC {grpc_port}, started in "
           f"{time.monotonic() - t_start:.1f} s; {args.duration:.0f} s of traffic", file=sys.stderr, flush=True)
     soak = Soak(http_port, grpc_port, args.duration, args.rate, args.cycle_s)
+    try:  # the collector's record before the traffic: start-up's collections (loading) are not the traffic's
+        gc_start = gc_pauses(scrape(http_port))
+    except OSError:
+        gc_start = None
     samples: list[dict] = []
     t0 = time.monotonic()
     sampler_stop = threading.Event()
@@ -447,6 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         "outcomes": {k: dict(v) for k, v in soak.outcomes.items()},
         "unexpected_n": soak.unexpected_n, "unexpected": soak.unexpected, "answer_mismatches": soak.mismatches,
         "cycles": soak.cycles, "books": final_books, "books_balanced": balanced, "gc": gc_end,
+        "gc_during_traffic": gc_between(gc_start, gc_end),
         "server_alive_at_end": server_alive, "sigterm_exit_code": exit_code, "sigterm_stop_s": round(stop_s, 2),
         "resources": {k: trend(samples, k) for k in ("rss_mib", "rss_shmem_mib", "fds", "threads", "processes")},
         "samples": samples, "server_log_tail": log_lines[-20:],
@@ -464,6 +481,12 @@ def main(argv: list[str] | None = None) -> int:
           f"books balanced {balanced}, SIGTERM exit {exit_code} in {stop_s:.1f} s", file=sys.stderr)
     print(f"  garbage collections by generation {gc_end['collections']}, paused {gc_end['pause_ms']} ms in all, "
           f"longest {gc_end['max_pause_ms']} ms", file=sys.stderr)
+    during = report["gc_during_traffic"]
+    if during:
+        longest = (f"longest {during['max_pause_ms']:.1f} ms" if during["max_pause_ms"] is not None
+                   else f"none longer than start-up's {during['max_pause_ms_at_start']:.1f} ms")
+        print(f"  of them during the traffic: {during['collections']}, paused {during['pause_ms']:.1f} ms, {longest}",
+              file=sys.stderr)
     for k in ("rss_mib", "rss_shmem_mib", "fds", "threads"):
         print(f"  {k}: {r[k]['at_20pct']:.1f} at 20% -> {r[k]['end']:.1f} at the end (max {r[k]['max']:.1f}; "
               f"second half {r[k]['second_half_slope_per_min']:+.2f}/min)", file=sys.stderr)

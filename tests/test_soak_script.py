@@ -25,6 +25,19 @@ def test_the_trend_reads_growth_in_the_second_half_and_none_in_a_flat_series():
     assert not soak.growing(wavy, "fds")
 
 
+def test_the_collections_during_the_traffic_leave_out_start_ups():
+    """The metrics keep running totals and the longest pause so far: start-up's collections (a load's
+    full collection of the whole heap, 168-171 ms on the build VM) must not read as the traffic's."""
+    start = {"collections": {"0": 762.0, "1": 70.0, "2": 4.0}, "pause_ms": 348.8, "max_pause_ms": 168.0}
+    quiet = {"collections": {"0": 1136.0, "1": 104.0, "2": 4.0}, "pause_ms": 559.2, "max_pause_ms": 168.0}
+    d = soak.gc_between(start, quiet)
+    assert d["collections"] == {"0": 374.0, "1": 34.0, "2": 0.0}
+    assert d["pause_ms"] == pytest.approx(210.4) and d["max_pause_ms"] is None and d["max_pause_ms_at_start"] == 168.0
+    spiky = dict(quiet, max_pause_ms=200.0)
+    assert soak.gc_between(start, spiky)["max_pause_ms"] == 200.0
+    assert soak.gc_between(None, quiet) is None
+
+
 @pytest.mark.slow
 def test_a_short_soak_of_the_real_server_answers_everything_as_expected(tmp_path):
     out = tmp_path / "soak.json"
@@ -37,3 +50,4 @@ def test_a_short_soak_of_the_real_server_answers_everything_as_expected(tmp_path
     assert sum(r["outcomes"]["bad"].values()) > 10 and sum(r["outcomes"]["cut"].values()) > 5
     assert r["books_balanced"] and set(r["books"]) >= {"tiny_mlp", "tiny_cnn"}
     assert r["server_alive_at_end"] and r["sigterm_exit_code"] == 0
+    assert r["gc_during_traffic"] is not None and r["gc_during_traffic"]["pause_ms"] >= 0
