@@ -821,3 +821,30 @@ def test_a_front_end_worker_that_dies_is_replaced_and_requests_keep_being_answer
             assert bridge.loop_requests - taken == 20
     finally:
         server.stop()
+
+
+def test_serve_forever_off_the_main_thread_serves_without_signal_handlers_and_stops():
+    """An embedding application may run serve_forever on a thread of its own: there no signal handler
+    can be set (asyncio raises RuntimeError, uvloop ValueError, which once escaped and killed the
+    server before it listened); it serves, and stop() drains it."""
+    service = serve_fake.make_service()
+    server = Server(ServeCore(service), http_port=0, grpc_port=None)
+    started, errors = queue.Queue(), []
+
+    def run():
+        try:
+            server.serve_forever(on_started=started.put)
+        except BaseException as e:  # noqa: BLE001 - the test's to see
+            errors.append(e)
+            started.put(None)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    addr = started.get(timeout=60)
+    assert addr is not None, errors
+    status, _ = _get(addr, "/v2/health/live")
+    assert status == 200
+    server.stop(timeout_s=30)
+    t.join(30)
+    assert not t.is_alive() and not errors
+    service.close()

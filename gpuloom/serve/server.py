@@ -343,7 +343,7 @@ class Server:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 try:
                     self._loop.add_signal_handler(sig, self._stop_event.set)
-                except (NotImplementedError, RuntimeError):
+                except (NotImplementedError, RuntimeError, ValueError):  # off the main thread (uvloop: ValueError)
                     pass
             if on_started:
                 on_started(self.address)
