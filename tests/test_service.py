@@ -1596,3 +1596,47 @@ def test_an_operator_reads_in_the_log_what_serves_on_which_sms_and_how_long_each
     for name in ("twice", "plus"):
         assert any(m.startswith(f"model {name}: compiled in") and "profile in" in m for m in said), said
     assert any("the layout serving 2 models set up in" in m for m in said), said
+
+
+@pytest.mark.parametrize("threshold_mib, freed_at_once", [(1.0, True), (100.0, False)])
+def test_unloading_a_big_model_gives_its_weights_back_at_once_and_a_small_one_at_the_next_collection(
+        threshold_mib, freed_at_once):
+    """tune_gc thaws at an unload and leaves the model's cycles (its FX graphs hold its weights) to the
+    next full collection, which it makes rare: hours under reloads. A model of at least
+    unload_collect_mib is collected at its unload; a smaller one still waits for that collection."""
+    import gc
+    import weakref
+
+    import torch
+
+    from gpuloom.runtime.gcpause import GcMonitor
+
+    svc = InferenceService(policy="dstack", device="cpu", unload_collect_mib=threshold_mib)
+    svc.start()
+    try:
+        def load() -> weakref.ref:  # the module is the service's alone: nothing here keeps it
+            net = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 4)).eval()
+            svc.load(ModelConfig("big", (TensorSpec("x", (1024,), "float32"),), max_batch=2, slo_ms=1000), net)
+            return weakref.ref(net[0].weight)  # 4 MiB
+
+        weight = load()
+        x = np.ones((1, 1024), np.float32)
+        assert svc.submit("big", {"x": x}).result(30)["output0"].shape == (1, 4)
+        assert weight() is not None
+        full_before = GcMonitor.installed().collections[2]
+        svc.unload("big")
+        full_after = GcMonitor.installed().collections[2]
+        assert svc.stats()["unload_collections"] == int(freed_at_once)
+        if freed_at_once:
+            assert weight() is None, "a model over unload_collect_mib kept its weights after its unload"
+        elif full_after == full_before:  # (an automatic full collection in between would free it too)
+            assert weight() is not None
+            gc.collect()
+            assert weight() is None, "the unloaded model's weights outlived a full collection"
+    finally:
+        svc.close()
+
+
+def test_unload_collect_mib_takes_zero_or_more():
+    with pytest.raises(ValueError, match="unload_collect_mib must be >= 0"):
+        InferenceService(policy="dstack", device="cpu", unload_collect_mib=-1)

@@ -37,6 +37,7 @@ from __future__ import annotations
 import bisect
 import concurrent.futures
 import dataclasses
+import gc
 import heapq
 import logging
 import os
@@ -158,6 +159,7 @@ class _Model:
     #: batch rows -> the profile's knee (SMs) for them; the profile is fixed for this load, and the
     #: backend asks once per batch (Profile.knee interpolates every measured SM count: ~30 us)
     knee_by_batch: dict = field(default_factory=dict)
+    held_bytes: int = 0  # what its unload can give back: the module's weights and the graphs' memory
 
     @property
     def answered(self) -> int:
@@ -192,6 +194,17 @@ class _Call:
         self.queue_ms = 0.0
         self.compute_ms = 0.0
         self.batch = 0
+
+
+def _held_bytes(module: Any, runner: Any) -> int:
+    """What unloading a model can give back: its module's parameters and buffers (when the service
+    compiled it from an ``nn.Module``; a ``CompiledModel`` passed in is the caller's, shared) and its
+    compiled graphs' memory."""
+    n = int(getattr(runner, "memory_bytes", 0) or 0) if runner is not module else 0
+    tensors = getattr(module, "parameters", None), getattr(module, "buffers", None)
+    if callable(tensors[0]) and callable(tensors[1]):
+        n += sum(t.numel() * t.element_size() for t in (*tensors[0](), *tensors[1]()))
+    return n
 
 
 def _split_rows(arrays: list[np.ndarray], copy: bool) -> list[list[np.ndarray]]:
@@ -238,6 +251,13 @@ class InferenceService:
             the next full collection, not by a pause now, and that collection freezes the rest
             again; a load meanwhile freezes nothing), and so does close, which also restores the
             thresholds.
+        unload_collect_mib: with ``tune_gc``, an unloaded model whose weights and graph memory come to
+            at least this many MiB is freed at once: its unload runs one full collection, a pause of
+            every served model (150 ms on the build VM with one small model loaded beside it; the
+            whole heap is scanned) to give the memory back now rather than at the next full
+            collection, which under ``tune_gc`` can be hours away (none came in 15 minutes of the
+            soak with a reload every 20 s). A smaller model waits for it, as before. 0: every unload
+            collects; ``float("inf")``: none does. Default 256.
         switch_interval_ms: the interpreter's GIL switch interval while the service runs (process-
             wide, restored at close; None, the default, leaves it alone). Python's 5 ms lets any
             busy thread hold the runtime's loop thread off for up to 5 ms at each of its torch
@@ -299,9 +319,15 @@ class InferenceService:
         expiry_grace_s: float = 5.0,
         measure_profiles: bool = True,
         profile_cache: str | os.PathLike | None = "default",
+        unload_collect_mib: float = 256.0,
     ) -> None:
         self.lookahead_ms = check_lookahead(lookahead_ms)  # here, not at the first load
         self.tune_gc = bool(tune_gc)
+        if not (isinstance(unload_collect_mib, (int, float)) and unload_collect_mib >= 0):
+            raise ValueError(f"unload_collect_mib must be >= 0 MiB (0: always; float('inf'): never), "
+                             f"got {unload_collect_mib!r}")
+        self.unload_collect_mib = float(unload_collect_mib)
+        self.unload_collections = 0  # unloads that collected at once (unload_collect_mib)
         self.switch_interval_ms = None if switch_interval_ms is None else check_interval_ms(switch_interval_ms)
         self._switch_held = False
         self.launch_on = launch_on if launch_on == "auto" else check_launch_on(launch_on)
@@ -512,7 +538,7 @@ class InferenceService:
                     # compiling are kept per thread, and the captures then find them (device.Builder)
                     runner, config, profile = self.device.builder.call(
                         lambda config=config, module=module: self._compile_and_profile(config, module))
-                    entries.append(_Model(config, profile, runner))
+                    entries.append(_Model(config, profile, runner, held_bytes=_held_bytes(module, runner)))
             finally:
                 ShortSwitchInterval.leave(LOAD_SWITCH_INTERVAL_MS)
             for e in entries:
@@ -588,6 +614,7 @@ class InferenceService:
                 m.state = "unloading"
                 self._cv.wait_for(lambda: m.in_flight == 0, timeout=timeout_s)
                 del self._models[name]
+                held = m.held_bytes
                 m = None  # nothing here may keep the model alive past the collection below
             # off the device first, so the re-plan's build leaves it out (a build made while it was
             # still there kept its graphs and weights alive until the next layout change)
@@ -599,6 +626,13 @@ class InferenceService:
                 # models still served for one now; that collection freezes the rest again (a load
                 # before it freezes nothing: it would freeze the unloaded model's cycles for good)
                 thaw(refreeze=True)
+                if held >= self.unload_collect_mib * 2**20:  # big: give its memory back now, for a pause
+                    t0 = time.perf_counter()
+                    gc.collect()  # frees the model's cycles; the refreeze (thaw's) runs at its end
+                    self.unload_collections += 1
+                    log.info("unloaded %s: a full collection (%.0f ms) gave back its %.0f MiB at once "
+                             "(unload_collect_mib=%g)", name, (time.perf_counter() - t0) * 1e3, held / 2**20,
+                             self.unload_collect_mib)
 
     # -- requests -----------------------------------------------------------------------------
     def submit(self, name: str, inputs: Mapping[str, np.ndarray], *, deadline_ms: float | None = None,
@@ -735,6 +769,7 @@ class InferenceService:
             "runtime": idle,
             "layout_swaps": swaps,  # layouts the current runtime switched to (re-plans, loads), the first included
             "gc": self._gc.snapshot(),  # the process's garbage-collector pauses (gcpause.GcMonitor)
+            "unload_collections": self.unload_collections,  # unloads that collected at once (unload_collect_mib)
             "totals": dict(tot),
         }
 
