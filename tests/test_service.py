@@ -1629,6 +1629,7 @@ def test_unloading_a_big_model_gives_its_weights_back_at_once_and_a_small_one_at
         assert svc.stats()["unload_collections"] == int(freed_at_once)
         if freed_at_once:
             assert weight() is None, "a model over unload_collect_mib kept its weights after its unload"
+            assert gc.get_freeze_count() > 0, "the models still served were not frozen again after the collection"
         elif full_after == full_before:  # (an automatic full collection in between would free it too)
             assert weight() is not None
             gc.collect()
