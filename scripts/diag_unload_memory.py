@@ -55,6 +55,9 @@ def main() -> int:
     p.add_argument("--hidden", type=int, default=2048, help="width of the cycled MLP (default 2048)")
     p.add_argument("--tight", action="store_true", help="CUDA: reload a 1 GiB model with room for one copy only "
                    "(see above)")
+    p.add_argument("--unload-collect-mib", type=float, default=256.0,
+                   help="the service's unload_collect_mib (default 256, the service's: the 1 GiB --tight model is "
+                        "collected at its unload; inf: as before the forty-sixth session, never)")
     p.add_argument("--out", type=Path, default=None, help="write the figures here (JSON)")
     args = p.parse_args()
     if args.tight:
@@ -76,7 +79,7 @@ def main() -> int:
     def mlp(hidden: int) -> torch.nn.Module:
         return torch.nn.Sequential(torch.nn.Linear(16, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 4)).eval()
 
-    svc = InferenceService(policy="dstack", device=args.device)
+    svc = InferenceService(policy="dstack", device=args.device, unload_collect_mib=args.unload_collect_mib)
     cuda = args.device.startswith("cuda")
 
     def device_mib() -> float | None:
@@ -133,7 +136,7 @@ def tight(args: argparse.Namespace) -> int:
     def model() -> torch.nn.Module:
         return torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, 4)).eval()
 
-    svc = InferenceService(policy="dstack", device=args.device)
+    svc = InferenceService(policy="dstack", device=args.device, unload_collect_mib=args.unload_collect_mib)
     svc.start()
     rows, error, cap = [], None, None
     try:
@@ -168,7 +171,7 @@ def tight(args: argparse.Namespace) -> int:
         error = f"{type(e).__name__}: {e}"
     finally:
         svc.close()
-    report = {"mode": "tight", "cycles": args.cycles, "cap_mib": round(cap / 2**20) if cap else None,
+    report = {"mode": "tight", "cycles": args.cycles, "unload_collect_mib": args.unload_collect_mib, "cap_mib": round(cap / 2**20) if cap else None,
               "per_cycle": rows, "error": error, "loads_ok": sum(r["load_ok"] for r in rows)}
     print(json.dumps({k: v for k, v in report.items() if k != "per_cycle"}))
     if args.out:
