@@ -174,27 +174,34 @@ def test_holds_grow_with_the_batch_per_gpu_ms_and_per_request():
         ContentionModel(hold_per_ms=-0.1)
 
 
-@pytest.mark.parametrize("hold", [{"batch_overhead_ms": 1.0}, {"hold_per_ms": 0.6}])
-def test_ideal_told_the_simulated_hold_spends_no_gpu_time_on_an_answer_the_hold_makes_late(hold):
+@pytest.mark.parametrize("hold, options", [
+    ({"batch_overhead_ms": 1.0}, {"batch_overhead_ms": 1.0}),
+    ({"hold_per_ms": 0.6}, {"hold_per_ms": 0.6}),
+    ({"model_overhead_ms": (("toy", 1.0),)}, {"batch_overhead_ms": 1.0}),  # the model's own hold
+    ({"hold_per_request_ms": 0.6}, {"hold_per_request_ms": 0.6}),
+])
+def test_ideal_told_the_simulated_hold_spends_no_gpu_time_on_an_answer_the_hold_makes_late(hold, options):
     # one request due 1.5 ms after it arrives; its batch takes 1 ms on the GPU, and the simulated device
-    # holds the answer back 1 ms (or 0.6 ms per GPU ms) more: the oracle blind to it launches it and
-    # answers late; told the hold (by the simulated device's context, or by ideal's options of the
-    # contention model's names) it drops it at once
+    # holds the answer back 1 ms (or 0.6 ms per GPU ms, or per request) more: the oracle blind to it
+    # launches it and answers late; told the hold (by the simulated device's context, or by ideal's
+    # options) it drops it at once
     reqs = [Request(0, "toy", 0.0, 1.5)]
     device = ContentionModel(**hold)
-    blind = toy_run(make_policy("ideal", batch_overhead_ms=0, hold_per_ms=0), reqs, until_ms=10.0, contention=device,
-                    slo_ms=1.5, trace=False)
+    blind = toy_run(make_policy("ideal", batch_overhead_ms=0, hold_per_ms=0, hold_per_request_ms=0), reqs,
+                    until_ms=10.0, contention=device, slo_ms=1.5, trace=False)
     assert blind.count(Status.SERVED) == 1 and blind.results[0].finish_ms > 1.5
-    for told_by in ({}, hold):
+    for told_by in ({}, options):
         told = toy_run(make_policy("ideal", **told_by), reqs, until_ms=10.0, contention=device, slo_ms=1.5,
                        trace=False)
         assert told.count(Status.DROPPED) == 1 and told.count(Status.SERVED) == 0
     # and one it can answer in time it still serves
-    ok = toy_run(make_policy("ideal", **hold), [Request(0, "toy", 0.0, 2.5)], until_ms=10.0, contention=device,
+    ok = toy_run(make_policy("ideal", **options), [Request(0, "toy", 0.0, 2.5)], until_ms=10.0, contention=device,
                  slo_ms=2.5, trace=False)
     assert ok.count(Status.SERVED) == 1 and ok.results[0].finish_ms <= 2.5
     with pytest.raises(ValueError, match="hold_per_ms"):
         make_policy("ideal", hold_per_ms=-1)
+    with pytest.raises(ValueError, match="hold_per_request_ms"):
+        make_policy("ideal", hold_per_request_ms=-1)
 
 
 def test_a_simulation_tells_ideal_the_simulated_devices_holds_unless_its_options_say_otherwise():
@@ -203,6 +210,10 @@ def test_a_simulation_tells_ideal_the_simulated_devices_holds_unless_its_options
     device = ContentionModel(batch_overhead_ms=0.7, hold_per_ms=0.1)
     told = simulate(w, profs, "ideal", contention=device).policy
     assert (told["batch_overhead_ms"], told["hold_per_ms"]) == (0.7, 0.1)
+    own = ContentionModel(batch_overhead_ms=0.7, model_overhead_ms=(("toy", 2.0),), hold_per_request_ms=0.05)
+    told = simulate(w, profs, "ideal", contention=own).policy
+    assert (told["model_hold_ms"], told["hold_per_request_ms"]) == ({"toy": 2.0}, 0.05)
+    assert simulate(w, profs, "ideal", contention=own, options={"batch_overhead_ms": 0.3}).policy["model_hold_ms"] == {}
     blind = simulate(w, profs, "ideal", contention=device, options={"batch_overhead_ms": 0, "hold_per_ms": 0}).policy
     assert (blind["batch_overhead_ms"], blind["hold_per_ms"]) == (0.0, 0.0)
     assert simulate(w, profs, "ideal").policy["batch_overhead_ms"] == 0.0  # the plain device holds nothing

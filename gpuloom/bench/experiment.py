@@ -81,6 +81,8 @@ def make_context(
         knee_eps=device.knee_eps,
         sim_hold_ms=device.batch_overhead_ms,
         sim_hold_per_ms=device.hold_per_ms,
+        sim_model_hold_ms=dict(device.model_overhead_ms),
+        sim_hold_per_request_ms=device.hold_per_request_ms,
     )
 
 

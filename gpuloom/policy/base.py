@@ -49,6 +49,10 @@ class PolicyContext:
     # ContentionModel's batch_overhead_ms and hold_per_ms; 0 on a real GPU), for the oracle (ideal)
     sim_hold_ms: float = 0.0
     sim_hold_per_ms: float = 0.0
+    # ... and its per-model fixed holds in place of sim_hold_ms (model_overhead_ms), and ms per request
+    # of the batch (hold_per_request_ms)
+    sim_model_hold_ms: Mapping[str, float] = field(default_factory=dict)
+    sim_hold_per_request_ms: float = 0.0
     options: Mapping[str, object] = field(default_factory=dict)  # policy options, by name
 
 

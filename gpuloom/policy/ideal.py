@@ -18,9 +18,11 @@ measured profiles ``dstack``'s planned space-time packing can beat it (see
 ``gpuloom.bench.experiment.fluid_bound`` for a capacity bound).
 
 The oracle knows the simulated device's holds (``PolicyContext.sim_hold_ms`` / ``sim_hold_per_ms``,
-from its :class:`~gpuloom.runtime.sim.ContentionModel`; the options ``batch_overhead_ms`` /
-``hold_per_ms`` set others, 0 the oracle blind to them): a batch's requests are answered that long
-after its GPU work, so its deadline check, its batch cap and its hopeless rule count the hold too.
+each model's own ``sim_model_hold_ms`` and ``sim_hold_per_request_ms``, from its
+:class:`~gpuloom.runtime.sim.ContentionModel`; the options ``batch_overhead_ms`` (for every model) /
+``hold_per_ms`` / ``hold_per_request_ms`` set others, 0 the oracle blind to them): a batch's requests
+are answered that long after its GPU work, so its deadline check, its batch cap and its hopeless rule
+count the hold too.
 Blind, it launches batches whose GPU work meets a deadline its answer misses (forty-fifth session:
 under ``--contention h200`` it simulated below dstack planning the hold).
 
@@ -42,30 +44,35 @@ class IdealPolicy(Policy):
     simulation_only = True
 
     def __init__(self, lanes_per_model: int = 4, preempt: bool = True, batch_overhead_ms: float | None = None,
-                 hold_per_ms: float | None = None) -> None:
+                 hold_per_ms: float | None = None, hold_per_request_ms: float | None = None) -> None:
         self.preempt = bool(preempt)
         if lanes_per_model < 1:
             raise ValueError(f"ideal: lanes_per_model must be >= 1, found {lanes_per_model}")
-        if any(v is not None and not v >= 0 for v in (batch_overhead_ms, hold_per_ms)):
-            raise ValueError(f"ideal: batch_overhead_ms and hold_per_ms must be >= 0, found {batch_overhead_ms}, "
-                             f"{hold_per_ms}")
+        if any(v is not None and not v >= 0 for v in (batch_overhead_ms, hold_per_ms, hold_per_request_ms)):
+            raise ValueError(f"ideal: batch_overhead_ms, hold_per_ms and hold_per_request_ms must be >= 0, found "
+                             f"{batch_overhead_ms}, {hold_per_ms}, {hold_per_request_ms}")
         self.lanes_per_model = int(lanes_per_model)
-        self._given_holds = (batch_overhead_ms, hold_per_ms)  # None: the simulated device's (layout)
+        # None: the simulated device's (layout)
+        self._given_holds = (batch_overhead_ms, hold_per_ms, hold_per_request_ms)
 
-    def _answered_ms(self, gpu_ms: float) -> float:
-        """How long after its launch a batch of ``gpu_ms`` on the GPU answers its requests: the hold too."""
-        return gpu_ms * (1.0 + self.hold_per_ms) + self.batch_overhead_ms
+    def _answered_ms(self, m: str, gpu_ms: float, n: int) -> float:
+        """How long after its launch a batch of ``n`` requests of ``m`` taking ``gpu_ms`` on the GPU
+        answers them: the simulated hold too."""
+        return gpu_ms * (1.0 + self.hold_per_ms) + self.holds_ms.get(m, self.batch_overhead_ms) \
+            + self.hold_per_request_ms * n
 
     def layout(self, ctx: PolicyContext) -> Layout:
-        fixed, per_ms = self._given_holds
+        fixed, per_ms, per_request = self._given_holds
         self.batch_overhead_ms = float(ctx.sim_hold_ms if fixed is None else fixed)
+        self.holds_ms = {m: float(ms) for m, ms in ctx.sim_model_hold_ms.items()} if fixed is None else {}
         self.hold_per_ms = float(ctx.sim_hold_per_ms if per_ms is None else per_ms)
+        self.hold_per_request_ms = float(ctx.sim_hold_per_request_ms if per_request is None else per_request)
         self.cap, self.fastest, self.demand, self.sm_steps = {}, {}, {}, {}
         for m, i in ctx.models.items():
             p = i.profile
-            ok = [b for b in p.batches if self._answered_ms(p.latency(b, p.knee(b, ctx.knee_eps))) <= i.slo_ms / 2]
+            ok = [b for b in p.batches if self._answered_ms(m, p.latency(b, p.knee(b, ctx.knee_eps)), b) <= i.slo_ms / 2]
             self.cap[m] = max(ok or [p.batches[0]])
-            self.fastest[m] = self._answered_ms(p.full_latency(p.batches[0]))
+            self.fastest[m] = self._answered_ms(m, p.full_latency(p.batches[0]), 1)
             self.demand[m] = {b: min(ctx.gpu_sms, p.knee(b, ctx.knee_eps)) for b in p.batches}
             # SM counts a batch may be granted: the profile's, up to its knee
             self.sm_steps[m] = {b: [s for s in p.sms if s <= self.demand[m][b]] or [p.sms[0]] for b in p.batches}
@@ -124,7 +131,7 @@ class IdealPolicy(Policy):
                 if s > room:
                     break
                 lat = prof.latency(b, s)
-                if self._answered_ms(lat) > slack_ms:
+                if self._answered_ms(m, lat, k) > slack_ms:
                     continue
                 key = (k, -s * lat / k)
                 if best is None or key > best[0]:
@@ -135,4 +142,5 @@ class IdealPolicy(Policy):
 
     def describe(self) -> dict:
         return {"name": self.name, "lanes_per_model": self.lanes_per_model, "batch_cap": dict(self.cap),
-                "batch_overhead_ms": self.batch_overhead_ms, "hold_per_ms": self.hold_per_ms}
+                "batch_overhead_ms": self.batch_overhead_ms, "model_hold_ms": dict(self.holds_ms),
+                "hold_per_ms": self.hold_per_ms, "hold_per_request_ms": self.hold_per_request_ms}
