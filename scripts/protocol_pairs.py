@@ -54,8 +54,15 @@ def compare(files: list[Path], a: str, b: str) -> dict:
                 wins[k] = wins.get(k, 0) + int(won)
                 counted[k] = counted.get(k, 0) + 1
             rows.append(row)
-    return {"a": a, "b": b, "runs": rows, "a_won": {k: f"{wins[k]} of {counted[k]}" for k in sorted(counted)},
-            "sign_test_p": {k: round(sign_test(wins[k], counted[k]), 4) for k in sorted(counted)}}
+    keys = sorted(counted, key=_figure_order)
+    return {"a": a, "b": b, "runs": rows, "a_won": {k: f"{wins[k]} of {counted[k]}" for k in keys},
+            "sign_test_p": {k: round(sign_test(wins[k], counted[k]), 4) for k in keys}}
+
+
+def _figure_order(key: str) -> tuple:
+    """Latencies first, then requests/s by concurrency as numbers (rps_c8 before rps_c32)."""
+    head, _, num = key.rpartition("_c")
+    return (key.startswith("rps"), head if num.isdigit() else key, int(num) if num.isdigit() else 0)
 
 
 def main() -> int:
@@ -77,7 +84,7 @@ def main() -> int:
         if not c["runs"]:
             print(f"{c['a']} vs {c['b']}: no run has both")
             continue
-        keys = sorted(c["a_won"])
+        keys = list(c["a_won"])
         print(f"\n{c['a']} vs {c['b']} (each cell: A / B)")
         print(f"{'file':<48}{'run':>4}" + "".join(f"{k:>18}" for k in keys))
         for r in c["runs"]:

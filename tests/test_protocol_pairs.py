@@ -24,3 +24,9 @@ def test_wins_are_counted_run_by_run_lower_latency_and_higher_throughput_winning
     assert out["sign_test_p"] == {"p50_ms": 0.5, "p99_ms": 0.875, "rps_c1": 0.5, "rps_c8": 0.875}
     assert [(r["file"], r["run"]) for r in out["runs"]] == [("set1.json", 0), ("set1.json", 1), ("one.json", 0)]
     assert out["runs"][1]["p99_ms"] == [1.0, 4.0]
+
+
+def test_figures_are_listed_latencies_first_then_by_concurrency_as_numbers():
+    pairs = load_script("protocol_pairs")
+    keys = ["rps_c32", "p99_ms", "rps_c8", "p50_ms", "rps_c1"]
+    assert sorted(keys, key=pairs._figure_order) == ["p50_ms", "p99_ms", "rps_c1", "rps_c8", "rps_c32"]
