@@ -18,7 +18,6 @@ import argparse
 import gc
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -29,14 +28,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+from bench_protocol import _free_port  # noqa: E402
 
 
 CLIENT = r"""
