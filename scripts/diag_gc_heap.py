@@ -22,7 +22,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -30,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from bench_http_big_tensor import _wait_ready  # noqa: E402
 from bench_protocol import _free_port  # noqa: E402
 
 
@@ -83,14 +83,11 @@ def main() -> int:
                          str(grpc_port), "--device", "cpu", "--profile-cache", "none"])
 
     def measure() -> None:
-        t_end = time.time() + 300
-        while time.time() < t_end:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.3)
+        try:
+            _wait_ready(http_port, timeout_s=300.0)
+        except RuntimeError as e:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            os._exit(1)
         rows = [heap("ready")]
         # the clients in a process of their own: their modules and objects stay out of this heap
         subprocess.run([sys.executable, "-c", CLIENT, str(http_port), str(grpc_port), str(a.requests)], check=True)

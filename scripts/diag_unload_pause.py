@@ -24,10 +24,9 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-
-def rss_mib() -> float:
-    return int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0]) / 1024
+from diag_unload_memory import rss_mib  # noqa: E402
 
 
 def main() -> int:

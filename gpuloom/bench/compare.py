@@ -35,9 +35,9 @@ def quantile_difference(a: Sequence[float], b: Sequence[float], *, q: float = 0.
     qa = np.quantile(x[rng.integers(0, len(x), size=(reps, len(x)))], q, axis=1)
     qb = np.quantile(y[rng.integers(0, len(y), size=(reps, len(y)))], q, axis=1)
     lo, hi = np.quantile(qa - qb, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
-    diff = float(np.quantile(x, q) - np.quantile(y, q))
+    at_a, at_b = float(np.quantile(x, q)), float(np.quantile(y, q))
     lower = True if hi < 0 else False if lo > 0 else None
-    return {"q": q, "a": float(np.quantile(x, q)), "b": float(np.quantile(y, q)), "diff": diff,
+    return {"q": q, "a": at_a, "b": at_b, "diff": at_a - at_b,
             "lo": float(lo), "hi": float(hi), "level": level, "reps": int(reps), "n_a": len(x), "n_b": len(y),
             "a_lower": lower}
 
