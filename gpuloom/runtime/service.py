@@ -201,9 +201,9 @@ def _held_bytes(module: Any, runner: Any) -> int:
     compiled it from an ``nn.Module``; a ``CompiledModel`` passed in is the caller's, shared) and its
     compiled graphs' memory."""
     n = int(getattr(runner, "memory_bytes", 0) or 0) if runner is not module else 0
-    tensors = getattr(module, "parameters", None), getattr(module, "buffers", None)
-    if callable(tensors[0]) and callable(tensors[1]):
-        n += sum(t.numel() * t.element_size() for t in (*tensors[0](), *tensors[1]()))
+    params, buffers = getattr(module, "parameters", None), getattr(module, "buffers", None)
+    if callable(params) and callable(buffers):  # an nn.Module (torch is not imported here)
+        n += sum(t.numel() * t.element_size() for t in (*params(), *buffers()))
     return n
 
 
@@ -253,8 +253,8 @@ class InferenceService:
             thresholds.
         unload_collect_mib: with ``tune_gc``, an unloaded model whose weights and graph memory come to
             at least this many MiB is freed at once: its unload runs one full collection, a pause of
-            every served model (150 ms on the build VM with one small model loaded beside it; the
-            whole heap is scanned) to give the memory back now rather than at the next full
+            every served model (the whole heap is scanned: on the build VM 150 ms beside one small
+            model, 310 ms unloading vgg16 beside resnet50, scripts/diag_unload_pause.py) to give the memory back now rather than at the next full
             collection, which under ``tune_gc`` can be hours away (none came in 15 minutes of the
             soak with a reload every 20 s). A smaller model waits for it, as before. 0: every unload
             collects; ``float("inf")``: none does. Default 256.
