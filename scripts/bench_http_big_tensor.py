@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,8 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_protocol import _free_port  # noqa: E402  (the one free-port helper of the scripts)
 
 NETS = """import torch
 class Pool(torch.nn.Module):
@@ -46,12 +47,6 @@ max_batch: 16
 slo_ms: 100
 rate_hint: 400
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_ready(port: int, timeout_s: float = 120.0) -> None:
