@@ -1638,6 +1638,49 @@ def test_unloading_a_big_model_gives_its_weights_back_at_once_and_a_small_one_at
         svc.close()
 
 
+@pytest.mark.parametrize("collect_after_first, expect_collected_at", [(False, [2]), (True, [])])
+def test_small_unloaded_models_add_up_to_unload_collect_mib_and_are_then_collected(
+        collect_after_first, expect_collected_at):
+    """Reloading a small model over and over must not hold its dead copies until a full collection
+    hours away: the unload that brings the unloaded models still waiting to unload_collect_mib
+    collects them all (here three 4 MiB models against 10 MiB: the third unload). A full collection
+    in between has freed the earlier ones: the count starts again (4 + 4 MiB: no collection)."""
+    import gc
+    import weakref
+
+    import torch
+
+    from gpuloom.runtime.gcpause import GcMonitor
+
+    svc = InferenceService(policy="dstack", device="cpu", unload_collect_mib=10.0)
+    svc.start()
+    try:  # one model stays served (a load beside none collects anyway: it pauses nobody)
+        svc.load(ModelConfig("resident", (TensorSpec("x", (4,), "float32"),), max_batch=2, slo_ms=1000),
+                 torch.nn.Linear(4, 4).eval())
+        weights, collected_at = [], []
+        for cycle in range(3):
+            net = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 4)).eval()
+            weights.append(weakref.ref(net[0].weight))  # 4 MiB; the module is the service's alone
+            svc.load(ModelConfig("small", (TensorSpec("x", (1024,), "float32"),), max_batch=2, slo_ms=1000), net)
+            del net
+            full_before = GcMonitor.installed().collections[2]
+            svc.unload("small")
+            if GcMonitor.installed().collections[2] != full_before + svc.stats()["unload_collections"] - len(collected_at):
+                pytest.skip("an automatic full collection came in between: it frees them too")
+            if svc.stats()["unload_collections"] > len(collected_at):
+                collected_at.append(cycle)
+            if cycle == 0 and collect_after_first:
+                gc.collect()
+                assert weights[0]() is None
+        assert collected_at == expect_collected_at, f"unloads that collected: {collected_at}"
+        if not collect_after_first:
+            assert [w() for w in weights] == [None] * 3, "the unloaded models' weights outlived their collection"
+        else:
+            assert weights[2]() is not None  # 8 MiB waiting: under the 10
+    finally:
+        svc.close()
+
+
 def test_unload_collect_mib_takes_zero_or_more():
     with pytest.raises(ValueError, match="unload_collect_mib must be >= 0"):
         InferenceService(policy="dstack", device="cpu", unload_collect_mib=-1)

@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="an unloaded model whose weights and graphs take at least this many MiB is freed at once: "
                         "one full garbage collection, a pause of the models still served (0.15-0.35 s), gives its "
                         "memory back now instead of at the next full collection, which can be hours away "
-                        "(default 256; 0: every unload; inf: none)")
+                        "(default 256; smaller unloaded models add up to it; 0: every unload; inf: none)")
     p.add_argument("--client-timeout", type=client_timeout_arg, default=DEFAULT_CLIENT_TIMEOUT_S, metavar="S",
                    help=f"close an HTTP connection whose client keeps the server waiting this long: no request "
                         f"headers since it connected, a body still arriving, or idle after an answer (default "

@@ -72,6 +72,13 @@ def thaw(*, refreeze: bool = False) -> None:
         _Refreeze.epoch += 1
 
 
+def full_collection_awaited() -> bool:
+    """Whether a thaw (an unload's) still waits for its full collection: False once one has run (or
+    a load's collecting freeze), so whatever was unloaded before it has been freed."""
+    with _Refreeze.lock:
+        return _Refreeze.pending
+
+
 class _Refreeze:
     """After an unload's thaw: freeze at the end of the next full collection (``gc.callbacks``).
     ``lock`` orders thaws and freezes across threads; the callback, which may run in any thread at

@@ -64,7 +64,7 @@ from .errors import (DeadlineExceeded, Dropped, Expired, InvalidInput, ModelFail
                      ServiceError, Shed, UnknownModel)
 from .events import ARRIVAL
 from .exec_backend import ExecBackend, ExecOutput, check_complete_on, check_launch_on, check_lookahead
-from .gcpause import GcMonitor, RareFullCollections, freeze_loaded, thaw
+from .gcpause import GcMonitor, RareFullCollections, freeze_loaded, full_collection_awaited, thaw
 from .gilswitch import DEFAULT_MS as DEFAULT_SWITCH_INTERVAL_MS
 from .gilswitch import ShortSwitchInterval, check_interval_ms
 from .host_device import FakeModel
@@ -256,8 +256,10 @@ class InferenceService:
             every served model (the whole heap is scanned: on the build VM 150 ms beside one small
             model, 310 ms unloading vgg16 beside resnet50, scripts/diag_unload_pause.py) to give the memory back now rather than at the next full
             collection, which under ``tune_gc`` can be hours away (none came in 15 minutes of the
-            soak with a reload every 20 s). A smaller model waits for it, as before. 0: every unload
-            collects; ``float("inf")``: none does. Default 256.
+            soak with a reload every 20 s). Smaller models wait for it, but their memory counts: the
+            unload that brings the unloaded models still waiting to this many MiB collects, so
+            reloads never hold more than this of dead models. 0: every unload collects;
+            ``float("inf")``: none does. Default 256.
         switch_interval_ms: the interpreter's GIL switch interval while the service runs (process-
             wide, restored at close; None, the default, leaves it alone). Python's 5 ms lets any
             busy thread hold the runtime's loop thread off for up to 5 ms at each of its torch
@@ -328,6 +330,7 @@ class InferenceService:
                              f"got {unload_collect_mib!r}")
         self.unload_collect_mib = float(unload_collect_mib)
         self.unload_collections = 0  # unloads that collected at once (unload_collect_mib)
+        self._uncollected_bytes = 0  # unloaded models' memory still waiting for a full collection
         self.switch_interval_ms = None if switch_interval_ms is None else check_interval_ms(switch_interval_ms)
         self._switch_held = False
         self.launch_on = launch_on if launch_on == "auto" else check_launch_on(launch_on)
@@ -625,14 +628,18 @@ class InferenceService:
                 # collectable: thaw, and let the next full collection free them rather than stop the
                 # models still served for one now; that collection freezes the rest again (a load
                 # before it freezes nothing: it would freeze the unloaded model's cycles for good)
+                if not full_collection_awaited():  # one has run since the last unload: all freed
+                    self._uncollected_bytes = 0
                 thaw(refreeze=True)
-                if held >= self.unload_collect_mib * 2**20:  # big: give its memory back now, for a pause
+                self._uncollected_bytes += held
+                if self._uncollected_bytes >= self.unload_collect_mib * 2**20:  # give it back now, for a pause
                     t0 = time.perf_counter()
-                    gc.collect()  # frees the model's cycles; the refreeze (thaw's) runs at its end
+                    gc.collect()  # frees the models' cycles; the refreeze (thaw's) runs at its end
                     self.unload_collections += 1
-                    log.info("unloaded %s: a full collection (%.0f ms) gave back its %.0f MiB at once "
-                             "(unload_collect_mib=%g)", name, (time.perf_counter() - t0) * 1e3, held / 2**20,
-                             self.unload_collect_mib)
+                    log.info("unloaded %s: a full collection (%.0f ms) gave back %.0f MiB of unloaded models "
+                             "at once (unload_collect_mib=%g)", name, (time.perf_counter() - t0) * 1e3,
+                             self._uncollected_bytes / 2**20, self.unload_collect_mib)
+                    self._uncollected_bytes = 0
 
     # -- requests -----------------------------------------------------------------------------
     def submit(self, name: str, inputs: Mapping[str, np.ndarray], *, deadline_ms: float | None = None,
