@@ -62,7 +62,7 @@ def _compiled(width: int):
 
 
 def _measuring(monkeypatch, fail: bool = False) -> list:
-    """A GPU as far as _measured_profile looks, and profile_model replaced by a recorder."""
+    """A GPU as far as measured_profile looks, and profile_model replaced by a recorder."""
     import gpuloom.gpu
     import gpuloom.profile.profiler as profiler
 
@@ -81,31 +81,33 @@ def _measuring(monkeypatch, fail: bool = False) -> list:
     return calls
 
 
-def test_a_model_is_measured_once_then_taken_from_the_cache_and_measured_again_when_it_changes(monkeypatch, tmp_path):
-    from gpuloom.runtime.service import InferenceService
+def _measure(cache_dir, config, cm):
+    """What a service's load does to measure ``cm``'s profile on device 0, cached in ``cache_dir``."""
+    from gpuloom.runtime.model_profiles import measured_profile
 
+    return measured_profile(config, cm, types.SimpleNamespace(device=0), cache_dir)
+
+
+def test_a_model_is_measured_once_then_taken_from_the_cache_and_measured_again_when_it_changes(monkeypatch, tmp_path):
     calls = _measuring(monkeypatch)
-    svc = InferenceService(device="cpu", profile_cache=tmp_path)
     config, cm = _compiled(32)
-    first = svc._measured_profile(config, cm)
+    first = _measure(tmp_path, config, cm)
     assert len(calls) == 1 and calls[0][:3] == ("m", (1, 2, 4), "engine") and calls[0][3] is cm  # no recompile
     files = list(tmp_path.rglob("*.json"))
     assert len(files) == 1 and json.loads(files[0].read_text())["model"] == "m"
-    again = InferenceService(device="cpu", profile_cache=tmp_path)._measured_profile(*_compiled(32))
+    again = _measure(tmp_path, *_compiled(32))
     assert again == first and len(calls) == 1  # a new process, the same model: from the cache
-    InferenceService(device="cpu", profile_cache=tmp_path)._measured_profile(*_compiled(64))  # wider: measured
+    _measure(tmp_path, *_compiled(64))  # wider: measured
     assert len(calls) == 2 and len(list(tmp_path.rglob("*.json"))) == 2
-    InferenceService(device="cpu", profile_cache=None)._measured_profile(*_compiled(32))  # no cache: measured
+    _measure(None, *_compiled(32))  # no cache: measured
     assert len(calls) == 3
 
 
 def test_a_failed_measurement_is_a_warning_and_no_profile_so_the_load_goes_on_crudely(monkeypatch, tmp_path):
-    from gpuloom.runtime.service import InferenceService
-
     _measuring(monkeypatch, fail=True)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        assert InferenceService(device="cpu", profile_cache=tmp_path)._measured_profile(*_compiled(32)) is None
+        assert _measure(tmp_path, *_compiled(32)) is None
     assert any("measuring its profile failed (RuntimeError: cuDNN could not run on 8 SMs)" in str(w.message)
                for w in seen), [str(w.message) for w in seen]
     assert not list(tmp_path.rglob("*.json"))
@@ -134,37 +136,37 @@ def test_serve_passes_its_profile_flags_to_the_service(tmp_path, monkeypatch):
 
 
 def test_a_cache_that_cannot_be_written_still_serves_the_measured_profile(monkeypatch, tmp_path):
-    from gpuloom.runtime.service import InferenceService
-
     calls = _measuring(monkeypatch)
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        prof = InferenceService(device="cpu", profile_cache=blocker / "cache")._measured_profile(*_compiled(32))
+        prof = _measure(blocker / "cache", *_compiled(32))
     assert prof is not None and prof.model == "m" and len(calls) == 1
     assert not [w for w in seen if "failed" in str(w.message)], [str(w.message) for w in seen]
 
 
 def _stored_profile_service(monkeypatch, runner: str, measure: bool = True):
-    """A service on a stand-in CUDA layer whose store holds a profile of "m" timed as ``runner``; a
-    measurement at load returns a marker profile."""
+    """How a service on a CUDA device (a stand-in) picks the profile of "m" when its store holds one
+    timed as ``runner``: ``profile(config, compiled)``; a measurement at load returns a marker profile."""
     import dataclasses
 
+    import gpuloom.runtime.model_profiles as model_profiles
     from gpuloom.profile.store import ProfileStore
-    from gpuloom.runtime.service import InferenceService
 
     stored = dataclasses.replace(synthetic_profile("m", per_item_sm_ms=20.0, batches=(1, 2, 4),
                                                    input_shapes=((3, 6, 6),)), runner=runner)
     store = ProfileStore()
     store.put(stored)
-    svc = InferenceService(device="cpu", profiles=store, measure_profiles=measure)
-    svc._layer = types.SimpleNamespace(kind="cuda", gpu_sms=stored.gpu.sm_count, expected_ms=lambda *a: None)
-    svc._profiles_resolved = True
+    dev = types.SimpleNamespace(kind="cuda", gpu_sms=stored.gpu.sm_count, expected_ms=lambda *a: None)
     measured = synthetic_profile("m", per_item_sm_ms=5.0, batches=(1, 2, 4), input_shapes=((3, 6, 6),))
     calls = []
-    monkeypatch.setattr(svc, "_measured_profile", lambda config, cm: calls.append(config.name) or measured)
-    return svc, stored, measured, calls
+    monkeypatch.setattr(model_profiles, "measured_profile",
+                        lambda config, cm, device, cache_dir: calls.append(config.name) or measured)
+
+    def profile(config, cm):
+        return model_profiles.profile_for(config, cm, dev, store, measure=measure, cache_dir=None)
+    return profile, stored, measured, calls
 
 
 def test_a_stored_profile_of_other_graphs_than_the_model_compiles_is_measured_again(monkeypatch):
@@ -174,7 +176,8 @@ def test_a_stored_profile_of_other_graphs_than_the_model_compiles_is_measured_ag
     # that changed nothing keeps the stored one; and the other way round, a stored profile of the
     # kernels does not plan a model configured without them
     import gpuloom
-    from gpuloom.runtime.service import ModelConfig, TensorSpec, compiled_kind
+    from gpuloom.runtime.model_profiles import compiled_kind
+    from gpuloom.runtime.service import ModelConfig, TensorSpec
     from engine_models import TinySqueezeExcite
 
     spec = (TensorSpec("x", (3, 6, 6), "float32"),)
@@ -189,19 +192,19 @@ def test_a_stored_profile_of_other_graphs_than_the_model_compiles_is_measured_ag
     opted_out = ModelConfig("m", spec, max_batch=4, fuse_epilogues=False)
     assert compiled_kind(opted_out, gated) == "engine"  # (the service refuses it anyway)
 
-    svc, stored, measured, calls = _stored_profile_service(monkeypatch, "engine")
-    assert svc._profile_for(kernels, gated) == measured and calls == ["m"]
-    assert svc._profile_for(kernels, plain) == stored and calls == ["m"]
-    assert svc._profile_for(opted_out, plain) == stored and calls == ["m"]
-    svc, stored, measured, calls = _stored_profile_service(monkeypatch, "engine:fuse_epilogues=true")
-    assert svc._profile_for(kernels, gated) == stored and not calls  # a profile made with the same options
-    assert svc._profile_for(opted_out, plain) == measured and calls == ["m"]  # the kernels' profile: not its
+    profile, stored, measured, calls = _stored_profile_service(monkeypatch, "engine")
+    assert profile(kernels, gated) == measured and calls == ["m"]
+    assert profile(kernels, plain) == stored and calls == ["m"]
+    assert profile(opted_out, plain) == stored and calls == ["m"]
+    profile, stored, measured, calls = _stored_profile_service(monkeypatch, "engine:fuse_epilogues=true")
+    assert profile(kernels, gated) == stored and not calls  # a profile made with the same options
+    assert profile(opted_out, plain) == measured and calls == ["m"]  # the kernels' profile: not its
     for plain_name in ("graph", ""):  # the eager forward's graph, an older unnamed profile: the plain engine's
-        svc, stored, measured, calls = _stored_profile_service(monkeypatch, plain_name)
-        assert svc._profile_for(opted_out, plain) == stored and not calls
-    svc, stored, measured, calls = _stored_profile_service(monkeypatch, "graph", measure=False)
+        profile, stored, measured, calls = _stored_profile_service(monkeypatch, plain_name)
+        assert profile(opted_out, plain) == stored and not calls
+    profile, stored, measured, calls = _stored_profile_service(monkeypatch, "graph", measure=False)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        assert svc._profile_for(kernels, gated) == stored and not calls  # not measured: the stored one, said
+        assert profile(kernels, gated) == stored and not calls  # not measured: the stored one, said
     assert any("timed 'graph' graphs, the model compiles as 'engine:fuse_epilogues=true'" in str(w.message)
                for w in seen), [str(w.message) for w in seen]

@@ -9,13 +9,17 @@ times the model crudely at its smallest and largest batch (:func:`crude_profile`
 
 from __future__ import annotations
 
+import logging
 import time
+import warnings
 from typing import Any
 
 from ..profile.store import GpuInfo, Profile
 from .device import DeviceLayer
 from .host_device import FakeModel
 from .model_config import ModelConfig
+
+log = logging.getLogger(__name__)
 
 
 def plain_runner(runner: str) -> str:
@@ -109,3 +113,91 @@ def crude_profile(config: ModelConfig, runner: Any, device: DeviceLayer, reps: i
 
 
 __all__ = ["compiled_kind", "crude_profile", "longest_batch_ms", "plain_runner", "trim_profile"]
+
+
+def profile_for(config: ModelConfig, runner: Any, dev: DeviceLayer, profiles: Any, *, measure: bool,
+                cache_dir: Any) -> Profile:
+    """The latency profile a service plans ``config``'s model with: the stored one of its name in
+    ``profiles`` (a ``ProfileStore`` or None) where it timed the same graphs as ``runner``; else one
+    measured on the GPU with ``measure`` (kept in ``cache_dir``, a directory or None); else a crude
+    one timed at load (the CPU's whole profile)."""
+    prof = None
+    if profiles is not None and config.name in profiles:
+        prof = profiles.get(config.name)
+        shapes = tuple(t.shape for t in config.inputs)
+        if prof.input_shapes != shapes:
+            warnings.warn(f"the profile named {config.name!r} was measured for inputs {prof.input_shapes}, the "
+                          f"model takes {shapes}: not using it", stacklevel=3)
+            prof = None
+        elif prof.gpu.sm_count != dev.gpu_sms:
+            warnings.warn(f"profile of {config.name!r} was measured on {prof.gpu.sm_count} SMs; this device has "
+                          f"{dev.gpu_sms}", stacklevel=3)
+    measurable = dev.kind == "cuda" and measure and not isinstance(runner, FakeModel)
+    kind = compiled_kind(config, runner)
+    if prof is not None and plain_runner(prof.runner) != kind:
+        # the stored profile timed other graphs than this model's options compile (the shipped ones
+        # timed the plain engine's, without gpuloom's kernels): plan with a measurement of these, or
+        # say that the plan is approximate
+        measured = measured_profile(config, runner, dev, cache_dir) if measurable else None
+        if measured is None:
+            warnings.warn(f"the profile of {config.name!r} timed {prof.runner or 'unnamed'!r} graphs, the model "
+                          f"compiles as {kind!r} (its config's engine options): planning with it anyway "
+                          f"(`gpuloom profile` with the same options makes a matching one)", stacklevel=3)
+        else:
+            log.info("model %s: its stored profile timed %r graphs, the model compiles as %r: measured its own",
+                     config.name, prof.runner, kind)
+            prof = measured
+    if prof is None and measurable:
+        prof = measured_profile(config, runner, dev, cache_dir)
+    if prof is None:
+        if dev.kind == "cpu":  # latency does not depend on SMs here: batch 1 and max batch are the profile
+            log.info("model %s: latency timed at batch 1 and %d (the CPU's whole profile)", config.name,
+                     config.max_batch)
+        else:
+            warnings.warn(f"no latency profile for {config.name!r}: using a crude one measured at load "
+                          f"(run `gpuloom profile` for a real one)", stacklevel=3)
+        prof = crude_profile(config, runner, dev)
+    return trim_profile(prof, config.max_batch)
+
+def measured_profile(config: ModelConfig, runner: Any, device: DeviceLayer, cache_dir: Any) -> Profile | None:
+    """Profile ``config``'s compiled model on this GPU, or take the one measured at an earlier load
+    from the cache. None (and a warning) if measuring fails: the load goes on with a crude one."""
+    import torch
+
+    from ..gpu import device_facts
+    from ..profile.cache import ProfileCache, fingerprint
+    from ..profile.profiler import EngineRunner, ModelSpec, profile_model
+
+    index = getattr(device, "device", 0)
+    kind = compiled_kind(config, runner)
+    try:
+        facts = device_facts(index)
+        gm = runner.graph.module
+        params = [(n, tuple(t.shape), str(t.dtype)) for n, t in (*gm.named_parameters(), *gm.named_buffers())]
+        fp = fingerprint(config.name, [t.shape for t in config.inputs], [t.dtype for t in config.inputs],
+                         config.max_batch, kind, params, [str(n.target) for n in runner.graph.ops])
+        cache = ProfileCache(cache_dir, facts.name, facts.sm_count) if cache_dir else None
+        cached = cache.get(config.name, fp) if cache is not None else None
+        if cached is not None:
+            log.info("model %s: the profile measured at an earlier load (%s)", config.name, cache.path(config.name, fp))
+            return cached
+        spec = ModelSpec(config.name, None, tuple(t.shape for t in config.inputs),
+                         tuple(getattr(torch, t.dtype) for t in config.inputs), dtype=config.inputs[0].dtype)
+        log.info("model %s: no profile; measuring one on %d SM counts x %d batch sizes (once: it is cached)",
+                 config.name, len(facts.grid()), len(runner.buckets))
+        measured = profile_model(spec, batches=runner.buckets, runner=EngineRunner(spec, runner.buckets,
+                                 compiled=runner, channels_last=config.channels_last,
+                                 fuse_convolutions=config.fuse_convolutions, split_gemms=config.split_gemms,
+                                 fuse_epilogues=config.fuse_epilogues),
+                                 device=index, predict=False, log=log.info)
+        if cache is not None:
+            try:
+                path = cache.put(config.name, fp, measured.profile)
+                log.info("model %s: profiled in %.1f s; kept in %s", config.name, measured.seconds, path)
+            except OSError as e:  # e.g. a read-only home: serve with the measurement, measure next time
+                log.warning("model %s: profiled in %.1f s; not cached (%s)", config.name, measured.seconds, e)
+        return measured.profile
+    except Exception as e:  # noqa: BLE001 - a profile is for planning: the model still serves with a crude one
+        warnings.warn(f"model {config.name!r}: measuring its profile failed ({type(e).__name__}: {e})",
+                      stacklevel=4)
+        return None

@@ -28,8 +28,9 @@ from its own rate estimates while serving.
 
 Beside it: :mod:`~gpuloom.runtime.model_config` (``ModelConfig``, ``TensorSpec``),
 :mod:`~gpuloom.runtime.errors` (what a request's future fails with) and
-:mod:`~gpuloom.runtime.model_profiles` (the profile a loaded model is planned with); their names are
-importable from here too.
+:mod:`~gpuloom.runtime.model_profiles` (the profile a loaded model is planned with) and
+:mod:`~gpuloom.runtime.model_compile` (a model compiled as the service serves it); the first three's
+public names are importable from here too.
 """
 
 from __future__ import annotations
@@ -67,9 +68,9 @@ from .exec_backend import ExecBackend, ExecOutput, check_complete_on, check_laun
 from .gcpause import GcMonitor, RareFullCollections, freeze_loaded, full_collection_awaited, thaw
 from .gilswitch import DEFAULT_MS as DEFAULT_SWITCH_INTERVAL_MS
 from .gilswitch import ShortSwitchInterval, check_interval_ms
-from .host_device import FakeModel
 from .model_config import DTYPES, ModelConfig, TensorSpec
-from .model_profiles import compiled_kind, crude_profile, longest_batch_ms, plain_runner, trim_profile
+from .model_compile import compile_model
+from .model_profiles import crude_profile, longest_batch_ms, profile_for, trim_profile
 from .waker import make_waker
 
 log = logging.getLogger(__name__)
@@ -1257,7 +1258,8 @@ class InferenceService:
             t0 = time.perf_counter()
             runner, config = self._compile_reclaiming(config, module)
             t1 = time.perf_counter()
-            profile = self._profile_for(config, runner)
+            profile = profile_for(config, runner, self.device, self.profiles, measure=self.measure_profiles,
+                                  cache_dir=self.profile_cache)
         cached = getattr(getattr(runner, "graph", None), "graph_from_cache", False)
         log.info("model %s: compiled in %.1f s%s, profile in %.1f s", config.name, t1 - t0,
                  " (its export graph from the graph cache)" if cached else "", time.perf_counter() - t1)
@@ -1278,174 +1280,7 @@ class InferenceService:
         return self._compile(config, module)
 
     def _compile(self, config: ModelConfig, module: Any) -> tuple[Any, ModelConfig]:
-        if isinstance(module, FakeModel):
-            if not config.outputs:
-                raise ValueError(f"model {config.name!r}: a FakeModel needs ModelConfig.outputs")
-            return module, config
-        import torch
-
-        import gpuloom
-        from ..engine.compiled import CompiledModel
-
-        kind = self.device.kind
-        dev = torch.device("cuda", getattr(self.device, "device", 0)) if kind == "cuda" else torch.device("cpu")
-        examples = []
-        for t in config.inputs:
-            dt = getattr(torch, t.dtype)
-            if dt.is_floating_point:
-                examples.append(torch.randn((1, *t.shape), dtype=torch.float32).to(dt).to(dev))
-            else:
-                examples.append(torch.zeros((1, *t.shape), dtype=dt, device=dev))
-        if isinstance(module, CompiledModel):  # compiled already (benchmarks share one across services)
-            cm = module
-            if cm.device.type != dev.type or cm.max_batch != config.max_batch:
-                raise ValueError(f"model {config.name!r}: the CompiledModel is for {cm.device} with max_batch "
-                                 f"{cm.max_batch}; expected {dev} and max_batch {config.max_batch}")
-            if config.channels_last != "auto" and cm.channels_last != config.channels_last:
-                # the plan takes the model's profile by name, made in the layout its config names
-                raise ValueError(f"model {config.name!r}: the CompiledModel runs channels_last={cm.channels_last!r} "
-                                 f"but ModelConfig.channels_last is {config.channels_last!r} (the layout its profile "
-                                 f"was made in); compile it with channels_last={config.channels_last!r} or set "
-                                 f"ModelConfig(channels_last=...) to match")
-            if config.fuse_convolutions is False and cm.fused_convolutions:
-                # likewise: gpuloom.compile fuses the channels-last candidate by default, the service not
-                raise ValueError(f"model {config.name!r}: the CompiledModel runs {cm.fused_convolutions} fused "
-                                 f"convolutions but ModelConfig.fuse_convolutions is False (its profile was made "
-                                 f"unfused); compile it with fuse_convolutions=False or set "
-                                 f"ModelConfig(fuse_convolutions=...) to match")
-            if config.split_gemms is False and cm.split_linears:
-                # likewise: gpuloom.compile splits float32 GEMMs by default on CUDA, the service not
-                raise ValueError(f"model {config.name!r}: the CompiledModel splits the GEMMs of {cm.split_linears} "
-                                 f"linear layers but ModelConfig.split_gemms is False (its profile was made without); "
-                                 f"compile it with split_gemms=False or set ModelConfig(split_gemms=True)")
-            if config.fuse_epilogues is False and cm.fused_epilogues + cm.fused_gates:  # likewise: compile's defaults on CUDA
-                raise ValueError(f"model {config.name!r}: the CompiledModel runs {cm.fused_epilogues} convolution "
-                                 f"epilogues and {cm.fused_gates} squeeze-excitation gates as gpuloom's own kernels "
-                                 f"but ModelConfig.fuse_epilogues is False (its profile was made without); compile "
-                                 f"it with fuse_epilogues=False, fuse_gates=False or set "
-                                 f"ModelConfig(fuse_epilogues=True)")
-        elif isinstance(module, torch.nn.Module):
-            module = module.eval().to(dev)
-            try:  # one eager sample first: a config that does not fit the model is the user's to fix, and
-                # torch.export would fail on it deep inside, with its own error log, as an internal error
-                with torch.inference_mode():
-                    module(*examples)
-            except Exception as e:  # noqa: BLE001 - any failure here is the model's on these inputs
-                shapes = ", ".join(f"{t.name} {list(t.shape)} {t.dtype}" for t in config.inputs)
-                raise ValueError(f"model {config.name!r} does not run on one sample of the inputs its config "
-                                 f"declares ({shapes}, without the batch): {type(e).__name__}: {e}") from e
-            # split GEMMs off unless configured: the shipped profiles were timed with cuBLAS's own GEMMs
-            # (and a split's choice is timed on a GPU other models may be using)
-            cm = gpuloom.compile(module, tuple(examples), max_batch=config.max_batch, device=dev,
-                                 input_names=[t.name for t in config.inputs], **config.compile_options(dev.type))
-        else:
-            raise TypeError(f"load expects a torch.nn.Module, got {type(module).__name__}")
-        want_in = [(t.shape, t.dtype) for t in config.inputs]
-        got_in = [(tuple(s.shape), str(s.dtype).removeprefix("torch.")) for s in cm.specs]
-        if want_in != got_in:
-            raise ValueError(f"model {config.name!r}: ModelConfig.inputs say {want_in} but the model was compiled "
-                             f"for {got_in}")
-        with torch.inference_mode():
-            out = cm(*examples)
-        from ..engine.dag import flat_tensors
-
-        flat = flat_tensors(out)
-        found = tuple(TensorSpec(f"output{i}", tuple(int(d) for d in t.shape[1:]), str(t.dtype).removeprefix("torch."))
-                      for i, t in enumerate(flat))
-        if not config.outputs:
-            import dataclasses
-
-            config = dataclasses.replace(config, outputs=found)
-        else:
-            got = [(t.shape, t.dtype) for t in found]
-            want = [(t.shape, t.dtype) for t in config.outputs]
-            if got != want:
-                raise ValueError(f"model {config.name!r}: ModelConfig.outputs say {want} (shape, dtype per sample) "
-                                 f"but the model returns {got}")
-        return cm, config
-
-    def _profile_for(self, config: ModelConfig, runner: Any) -> Profile:
-        dev = self.device
-        prof = None
-        if self.profiles is not None and config.name in self.profiles:
-            prof = self.profiles.get(config.name)
-            shapes = tuple(t.shape for t in config.inputs)
-            if prof.input_shapes != shapes:
-                warnings.warn(f"the profile named {config.name!r} was measured for inputs {prof.input_shapes}, the "
-                              f"model takes {shapes}: not using it", stacklevel=3)
-                prof = None
-            elif prof.gpu.sm_count != dev.gpu_sms:
-                warnings.warn(f"profile of {config.name!r} was measured on {prof.gpu.sm_count} SMs; this device has "
-                              f"{dev.gpu_sms}", stacklevel=3)
-        measurable = dev.kind == "cuda" and self.measure_profiles and not isinstance(runner, FakeModel)
-        kind = compiled_kind(config, runner)
-        if prof is not None and plain_runner(prof.runner) != kind:
-            # the stored profile timed other graphs than this model's options compile (the shipped ones
-            # timed the plain engine's, without gpuloom's kernels): plan with a measurement of these, or
-            # say that the plan is approximate
-            measured = self._measured_profile(config, runner) if measurable else None
-            if measured is None:
-                warnings.warn(f"the profile of {config.name!r} timed {prof.runner or 'unnamed'!r} graphs, the model "
-                              f"compiles as {kind!r} (its config's engine options): planning with it anyway "
-                              f"(`gpuloom profile` with the same options makes a matching one)", stacklevel=3)
-            else:
-                log.info("model %s: its stored profile timed %r graphs, the model compiles as %r: measured its own",
-                         config.name, prof.runner, kind)
-                prof = measured
-        if prof is None and measurable:
-            prof = self._measured_profile(config, runner)
-        if prof is None:
-            if dev.kind == "cpu":  # latency does not depend on SMs here: batch 1 and max batch are the profile
-                log.info("model %s: latency timed at batch 1 and %d (the CPU's whole profile)", config.name,
-                         config.max_batch)
-            else:
-                warnings.warn(f"no latency profile for {config.name!r}: using a crude one measured at load "
-                              f"(run `gpuloom profile` for a real one)", stacklevel=3)
-            prof = crude_profile(config, runner, dev)
-        return trim_profile(prof, config.max_batch)
-
-    def _measured_profile(self, config: ModelConfig, runner: Any) -> Profile | None:
-        """Profile ``config``'s compiled model on this GPU, or take the one measured at an earlier load
-        from the cache. None (and a warning) if measuring fails: the load goes on with a crude one."""
-        import torch
-
-        from ..gpu import device_facts
-        from ..profile.cache import ProfileCache, fingerprint
-        from ..profile.profiler import EngineRunner, ModelSpec, profile_model
-
-        index = getattr(self.device, "device", 0)
-        kind = compiled_kind(config, runner)
-        try:
-            facts = device_facts(index)
-            gm = runner.graph.module
-            params = [(n, tuple(t.shape), str(t.dtype)) for n, t in (*gm.named_parameters(), *gm.named_buffers())]
-            fp = fingerprint(config.name, [t.shape for t in config.inputs], [t.dtype for t in config.inputs],
-                             config.max_batch, kind, params, [str(n.target) for n in runner.graph.ops])
-            cache = ProfileCache(self.profile_cache, facts.name, facts.sm_count) if self.profile_cache else None
-            cached = cache.get(config.name, fp) if cache is not None else None
-            if cached is not None:
-                log.info("model %s: the profile measured at an earlier load (%s)", config.name, cache.path(config.name, fp))
-                return cached
-            spec = ModelSpec(config.name, None, tuple(t.shape for t in config.inputs),
-                             tuple(getattr(torch, t.dtype) for t in config.inputs), dtype=config.inputs[0].dtype)
-            log.info("model %s: no profile; measuring one on %d SM counts x %d batch sizes (once: it is cached)",
-                     config.name, len(facts.grid()), len(runner.buckets))
-            measured = profile_model(spec, batches=runner.buckets, runner=EngineRunner(spec, runner.buckets,
-                                     compiled=runner, channels_last=config.channels_last,
-                                     fuse_convolutions=config.fuse_convolutions, split_gemms=config.split_gemms,
-                                     fuse_epilogues=config.fuse_epilogues),
-                                     device=index, predict=False, log=log.info)
-            if cache is not None:
-                try:
-                    path = cache.put(config.name, fp, measured.profile)
-                    log.info("model %s: profiled in %.1f s; kept in %s", config.name, measured.seconds, path)
-                except OSError as e:  # e.g. a read-only home: serve with the measurement, measure next time
-                    log.warning("model %s: profiled in %.1f s; not cached (%s)", config.name, measured.seconds, e)
-            return measured.profile
-        except Exception as e:  # noqa: BLE001 - a profile is for planning: the model still serves with a crude one
-            warnings.warn(f"model {config.name!r}: measuring its profile failed ({type(e).__name__}: {e})",
-                          stacklevel=4)
-            return None
+        return compile_model(config, module, self.device)
 
 
 __all__ = [

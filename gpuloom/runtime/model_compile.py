@@ -1,0 +1,104 @@
+"""Compiling a model the way a service serves it: ``gpuloom.compile`` with the config's engine options on
+the service's device, after one eager sample (a config that does not fit the model is the user's
+error, said plainly, not an export failure deep inside torch); then the compiled model's inputs and
+outputs checked against the config, and the outputs filled in where the config leaves them out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .device import DeviceLayer
+from .host_device import FakeModel
+from .model_config import ModelConfig, TensorSpec
+
+
+def compile_model(config: ModelConfig, module: Any, device: DeviceLayer) -> tuple[Any, ModelConfig]:
+    """``(runner, config)``: ``module`` (an ``nn.Module``, a ``CompiledModel`` compiled already, or a
+    ``FakeModel``) ready to serve on ``device``, and ``config`` with its outputs found. Raises
+    ValueError (the config does not fit the model) or TypeError (not a model)."""
+    if isinstance(module, FakeModel):
+        if not config.outputs:
+            raise ValueError(f"model {config.name!r}: a FakeModel needs ModelConfig.outputs")
+        return module, config
+    import torch
+
+    import gpuloom
+    from ..engine.compiled import CompiledModel
+
+    kind = device.kind
+    dev = torch.device("cuda", getattr(device, "device", 0)) if kind == "cuda" else torch.device("cpu")
+    examples = []
+    for t in config.inputs:
+        dt = getattr(torch, t.dtype)
+        if dt.is_floating_point:
+            examples.append(torch.randn((1, *t.shape), dtype=torch.float32).to(dt).to(dev))
+        else:
+            examples.append(torch.zeros((1, *t.shape), dtype=dt, device=dev))
+    if isinstance(module, CompiledModel):  # compiled already (benchmarks share one across services)
+        cm = module
+        if cm.device.type != dev.type or cm.max_batch != config.max_batch:
+            raise ValueError(f"model {config.name!r}: the CompiledModel is for {cm.device} with max_batch "
+                             f"{cm.max_batch}; expected {dev} and max_batch {config.max_batch}")
+        if config.channels_last != "auto" and cm.channels_last != config.channels_last:
+            # the plan takes the model's profile by name, made in the layout its config names
+            raise ValueError(f"model {config.name!r}: the CompiledModel runs channels_last={cm.channels_last!r} "
+                             f"but ModelConfig.channels_last is {config.channels_last!r} (the layout its profile "
+                             f"was made in); compile it with channels_last={config.channels_last!r} or set "
+                             f"ModelConfig(channels_last=...) to match")
+        if config.fuse_convolutions is False and cm.fused_convolutions:
+            # likewise: gpuloom.compile fuses the channels-last candidate by default, the service not
+            raise ValueError(f"model {config.name!r}: the CompiledModel runs {cm.fused_convolutions} fused "
+                             f"convolutions but ModelConfig.fuse_convolutions is False (its profile was made "
+                             f"unfused); compile it with fuse_convolutions=False or set "
+                             f"ModelConfig(fuse_convolutions=...) to match")
+        if config.split_gemms is False and cm.split_linears:
+            # likewise: gpuloom.compile splits float32 GEMMs by default on CUDA, the service not
+            raise ValueError(f"model {config.name!r}: the CompiledModel splits the GEMMs of {cm.split_linears} "
+                             f"linear layers but ModelConfig.split_gemms is False (its profile was made without); "
+                             f"compile it with split_gemms=False or set ModelConfig(split_gemms=True)")
+        if config.fuse_epilogues is False and cm.fused_epilogues + cm.fused_gates:  # likewise: compile's defaults on CUDA
+            raise ValueError(f"model {config.name!r}: the CompiledModel runs {cm.fused_epilogues} convolution "
+                             f"epilogues and {cm.fused_gates} squeeze-excitation gates as gpuloom's own kernels "
+                             f"but ModelConfig.fuse_epilogues is False (its profile was made without); compile "
+                             f"it with fuse_epilogues=False, fuse_gates=False or set "
+                             f"ModelConfig(fuse_epilogues=True)")
+    elif isinstance(module, torch.nn.Module):
+        module = module.eval().to(dev)
+        try:  # one eager sample first: a config that does not fit the model is the user's to fix, and
+            # torch.export would fail on it deep inside, with its own error log, as an internal error
+            with torch.inference_mode():
+                module(*examples)
+        except Exception as e:  # noqa: BLE001 - any failure here is the model's on these inputs
+            shapes = ", ".join(f"{t.name} {list(t.shape)} {t.dtype}" for t in config.inputs)
+            raise ValueError(f"model {config.name!r} does not run on one sample of the inputs its config "
+                             f"declares ({shapes}, without the batch): {type(e).__name__}: {e}") from e
+        # split GEMMs off unless configured: the shipped profiles were timed with cuBLAS's own GEMMs
+        # (and a split's choice is timed on a GPU other models may be using)
+        cm = gpuloom.compile(module, tuple(examples), max_batch=config.max_batch, device=dev,
+                             input_names=[t.name for t in config.inputs], **config.compile_options(dev.type))
+    else:
+        raise TypeError(f"load expects a torch.nn.Module, got {type(module).__name__}")
+    want_in = [(t.shape, t.dtype) for t in config.inputs]
+    got_in = [(tuple(s.shape), str(s.dtype).removeprefix("torch.")) for s in cm.specs]
+    if want_in != got_in:
+        raise ValueError(f"model {config.name!r}: ModelConfig.inputs say {want_in} but the model was compiled "
+                         f"for {got_in}")
+    with torch.inference_mode():
+        out = cm(*examples)
+    from ..engine.dag import flat_tensors
+
+    flat = flat_tensors(out)
+    found = tuple(TensorSpec(f"output{i}", tuple(int(d) for d in t.shape[1:]), str(t.dtype).removeprefix("torch."))
+                  for i, t in enumerate(flat))
+    if not config.outputs:
+        import dataclasses
+
+        config = dataclasses.replace(config, outputs=found)
+    else:
+        got = [(t.shape, t.dtype) for t in found]
+        want = [(t.shape, t.dtype) for t in config.outputs]
+        if got != want:
+            raise ValueError(f"model {config.name!r}: ModelConfig.outputs say {want} (shape, dtype per sample) "
+                             f"but the model returns {got}")
+    return cm, config
