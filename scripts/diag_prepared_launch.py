@@ -1,11 +1,11 @@
 """Dispatch overhead at batch 1 with and without the device layer's prepared launches (or launch graphs), in one process.
 
-Why: run 90 timed the prepared launch (``CudaDeviceLayer._launch_raw`` from a ``_Prepared``) against the
+Why: run 90 timed the prepared launch (``CudaDeviceLayer._launch_raw`` from a ``cuda_lane.Prepared``) against the
 previous code in two processes, and the spread between processes (each captures its own graphs,
 with its own cuDNN picks: resnet50's ``cuGraphLaunch`` cost 4.5 us of host time in one, 13.8 in the
 other) was larger than the 5 us the change saves. Here the same services, graphs and host alternate
 the two: "prepared" is the layer as it is; "looked_up" makes every batch take the full look-up path
-(``_launch_general``: the code before the change, plus a look-up of the ``_Prepared`` entry it made
+(``_launch_general``: the code before the change, plus a look-up of the ``cuda_lane.Prepared`` entry it made
 the first time; in run 92 it read the slot's four event handles and rebuilt that entry for every
 batch, as the code before read the handles, since changed).
 

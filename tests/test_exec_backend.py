@@ -720,7 +720,7 @@ def test_trim_frees_every_cached_build_nobody_uses_and_keeps_the_one_in_use():
 
 
 class _HostBuffer:
-    """Stands for the layer's page-locked output buffer (``_OutBuffer``): bytes behind a memoryview."""
+    """Stands for the layer's page-locked output buffer (``cuda_lane.OutBuffer``): bytes behind a memoryview."""
 
     def __init__(self, like):
         self.array = np.zeros(like.shape, like.dtype)
@@ -820,7 +820,8 @@ def _raw_launch_shell(outputs: str = "copies"):
     import torch
 
     from gpuloom.policy.types import Partition
-    from gpuloom.runtime.cuda_device import LANE_SLOTS, CudaDeviceLayer, _CudaLane
+    from gpuloom.runtime.cuda_device import LANE_SLOTS, CudaDeviceLayer
+    from gpuloom.runtime.cuda_lane import CudaLane
 
     calls = []
 
@@ -875,7 +876,7 @@ def _raw_launch_shell(outputs: str = "copies"):
     layer.launch_ms = {"inputs": 0.0, "replay": 0.0, "outputs": 0.0, "launches": 0}
     layer.inplace_batches = layer.eager_batches = layer.views_torch_copies = 0
     layer.models = {"m": types.SimpleNamespace(bucket_for=lambda n: 1 if n == 1 else 2)}
-    lane = _CudaLane(Partition(0, 0, 132, shared=True), None, False)
+    lane = CudaLane(Partition(0, 0, 132, shared=True), None, False)
     lane.graphs = Graphs()
     st = Stream()
     buckets = {}

@@ -6,7 +6,8 @@ context, or the whole GPU when there are none). Graphs are captured per (model, 
 streams, so they stay confined; graph memory is accounted and bounded (:class:`GraphMemoryError`, LRU
 eviction of cached layouts). A batch is launched on the runtime's thread (its rows' async copies in,
 the graph, the copies out, an event: nothing waits) and finished on the lane's watcher thread, which
-sleeps on the batch's blocking-sync event. The contract is :class:`~gpuloom.runtime.device.DeviceLayer`.
+sleeps on the batch's blocking-sync event. The contract is :class:`~gpuloom.runtime.device.DeviceLayer`;
+what the layer keeps per lane and per batch is in :mod:`~gpuloom.runtime.cuda_lane`.
 
 torch is imported when the layer is constructed, not at import time.
 """
@@ -18,177 +19,15 @@ import os
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from ..policy.types import Layout, Partition
+from .cuda_lane import (ANCHOR_S, LANE_SLOTS, LANE_STREAMS, OUTPUTS, CudaLane, CudaTicket, EagerTicket, OutBuffer,
+                        Prepared, StreamList, book_copies, check_lane_streams, check_outputs)
 from .device import DeviceLayer, GraphMemoryError, Lanes, PinnedRow, Rows, ShortCarving, allowed, numpy_outputs
 from .pinned import BufferPool, LiveBytes, lease_views
 
 log = logging.getLogger(__name__)
-
-
-class _StreamList:
-    """The streams of one lane: ``factory()`` hands them out from the first, creating more on demand
-    (so every model captured on the lane shares its few streams; one batch runs at a time)."""
-
-    def __init__(self, maker: Callable[[], Any]) -> None:
-        self.maker = maker
-        self.streams: list[Any] = []
-
-    def synchronize(self) -> None:
-        """Wait until every stream of the lane is idle."""
-        for s in self.streams:
-            s.synchronize()
-
-    def factory(self) -> Callable[[], Any]:
-        k = [0]
-
-        def next_stream() -> Any:
-            while len(self.streams) <= k[0]:
-                self.streams.append(self.maker())
-            s = self.streams[k[0]]
-            k[0] += 1
-            return s
-
-        return next_stream
-
-
-#: batches a lane may hold at once: the running one and one launched ahead
-LANE_SLOTS = 2
-#: a lane's GPU clock is tied to the host's again after this long (cuEventElapsedTime is a float32 of
-#: ms: over minutes its resolution falls to tens of us)
-ANCHOR_S = 60.0
-#: CudaDeviceLayer(lane_streams=...): each bucket's compile-time stream choice, or one stream everywhere
-LANE_STREAMS = ("compiled", "single")
-
-
-#: CudaDeviceLayer(outputs=...): how a finished batch's rows reach its requests
-OUTPUTS = ("copies", "views")
-
-
-class _OutBuffer:
-    """A page-locked output buffer shaped as ``like`` (a torch tensor), with what a launch needs of it
-    made once: its bytes (numpy arrays are made over them per batch) and its address."""
-
-    __slots__ = ("tensor", "memory", "ptr")
-
-    def __init__(self, like: Any) -> None:
-        import torch
-
-        self.tensor = torch.empty(like.shape, dtype=like.dtype, pin_memory=True)
-        self.memory = memoryview(self.tensor.numpy()).cast("B")  # keeps the tensor's memory alive
-        self.ptr = self.tensor.data_ptr()
-
-
-def check_outputs(outputs: str, raw_launch: bool = True) -> str:
-    """``outputs`` unchanged, or ValueError unless it is one of :data:`OUTPUTS` (and "views" comes with
-    raw launches: see :class:`CudaDeviceLayer`)."""
-    if outputs not in OUTPUTS:
-        raise ValueError(f"outputs: expected one of {OUTPUTS}, got {outputs!r}")
-    if outputs == "views" and not raw_launch:
-        raise ValueError("outputs='views' needs raw_launch=True: torch's copy ties a view's page-locked "
-                         "buffer to the lane's stream, and freeing it after the layout closed aborts the "
-                         "process; use outputs='copies' with torch launches")
-    return outputs
-
-
-def check_lane_streams(lane_streams: str) -> str:
-    """``lane_streams`` unchanged, or ValueError unless it is one of :data:`LANE_STREAMS`."""
-    if lane_streams not in LANE_STREAMS:
-        raise ValueError(f"lane_streams: expected one of {LANE_STREAMS}, got {lane_streams!r}")
-    return lane_streams
-
-
-@dataclass
-class _CudaLane:
-    part: Partition
-    streams: _StreamList
-    confined: bool  # kernels captured here run on this lane's SMs only
-    graphs: dict[str, dict[int, Any]] = field(default_factory=dict)  # model -> bucket -> GraphSet
-    # Host buffers and events come in LANE_SLOTS sets, used in turn: a lane holds its running batch and
-    # at most one launched ahead (Runtime.lookahead_ms), and batch k reuses the set of batch
-    # k - LANE_SLOTS, whose outputs its watcher copied out before the runtime could launch batch k.
-    pinned_in: dict[tuple[str, int], list[Any]] = field(default_factory=dict)  # (model, slot) -> pinned (max_batch, ...)
-    pinned_out: dict[tuple[str, int], list[Any]] = field(default_factory=dict)
-    np_in: dict[tuple[str, int], list[Any]] = field(default_factory=dict)  # numpy views of pinned_in
-    np_out: dict[tuple[str, int], list[Any]] = field(default_factory=dict)
-    static_out: dict[tuple[str, int], list[Any]] = field(default_factory=dict)  # (model, bucket) -> flat outputs
-    ptr_in: dict[tuple[str, int], list[int]] = field(default_factory=dict)  # (model, slot) -> pinned_in addresses
-    ptr_out: dict[tuple[str, int], list[int]] = field(default_factory=dict)  # (model, slot) -> pinned_out addresses
-    plans: dict[tuple[str, int], Any] = field(default_factory=dict)  # (model, bucket) -> LaunchPlan, or None: torch path
-    events: list[tuple] = field(default_factory=list)  # per slot: (t_in, t0, t1, done)
-    in_shapes: dict[str, list[tuple]] = field(default_factory=dict)  # model -> (shape, dtype) per input, max_batch rows
-    launches: int = 0  # batches launched on the lane (slot = launches % LANE_SLOTS)
-    # (model, batch size, slot) -> _Prepared: what a raw launch of it looks up, made by its first launch
-    prepared: dict[tuple[str, int, int], Any] = field(default_factory=dict)
-    # (model, bucket, slot) -> (graph, exec) of the bucket's launch graph with the slot's events and
-    # output buffers (CudaDeviceLayer(launch_graphs=True)), or None where it could not be made
-    launch_graphs: dict[tuple[str, int, int], tuple[int, int] | None] = field(default_factory=dict)
-    # (event, perf_counter) recorded together on the idle stream: any later event of the lane is at
-    # perf_counter time anchor[1] + elapsed(anchor[0], event) (CudaDeviceLayer._anchor)
-    anchor: tuple | None = None
-
-    def graph_sets(self) -> list[Any]:
-        """Each GraphSet once (a model's buckets share one per single/multi-stream group)."""
-        return list({id(gs): gs for sets in self.graphs.values() for gs in sets.values()}.values())
-
-
-def book_copies(sums: dict[str, float], h2d: float, d2h: float, host_out: float, wake: float,
-                h2d_untimed: bool = False) -> None:
-    """Add one batch's copy and wake-up ms to ``sums`` (``CudaDeviceLayer.copy_ms`` and its per-model
-    twin): device ms copying inputs in and outputs out, host ms copying outputs off the pinned
-    buffers, host ms from launch to the watcher awake beyond the device's work. ``h2d_untimed``: a
-    launch-graph batch, whose input copies were not timed (h2d 0): their device time is in its wake
-    (and in ``wake_split``'s start); ``h2d_untimed`` counts such batches."""
-    for key, ms in (("h2d", h2d), ("d2h", d2h), ("host_out", host_out), ("wake", wake)):
-        sums[key] = sums.get(key, 0.0) + ms
-    sums["batches"] = sums.get("batches", 0) + 1
-    if h2d_untimed:
-        sums["h2d_untimed"] = sums.get("h2d_untimed", 0) + 1
-
-
-@dataclass
-class _EagerTicket:
-    """A model without a graph on this lane: run it eagerly on the lane's stream in the watcher."""
-
-    lane: _CudaLane
-    model: str
-    rows: Any
-
-
-@dataclass(frozen=True, slots=True)
-class _Prepared:
-    """One (model, batch size, slot) of a lane, ready for a raw launch: the bucket's
-    :class:`~gpuloom.gpu.launch.LaunchPlan`, the slot's events and pinned outputs. Why: looking these
-    up per batch (bucket, graph set, plan, slot buffers, events) cost the runtime's thread more host
-    time than the launch's own driver calls on the H200 (run 89: 84 us a launch against 25); launching
-    from this took 5-16 us of host time per batch off the runtime's thread on mix6 at batch 1 (runs 92-93)."""
-
-    plan: Any  # LaunchPlan
-    stream: Any  # the lane's torch stream the plan launches on (clock anchor; a failed launch waits on it)
-    events: tuple  # (t_in, t0, t1, done) torch events of the slot
-    raw: tuple  # their driver handles
-    out_np: list  # numpy views of the slot's pinned output buffers
-    out_ptr: list  # their addresses
-    launch_graph: int = 0  # the bucket's launch graph for this slot (exec handle), 0 where there is none
-
-
-@dataclass(slots=True)
-class _CudaTicket:
-    n: int
-    done: Any  # torch.cuda.Event(blocking=True), after the outputs' copy
-    t0: Any  # timing events around the replay
-    t1: Any
-    t_in: Any  # before the inputs' copy
-    out: list[Any]  # numpy views of the pinned output buffers
-    rows: Any = None  # the batch's staged rows, alive until finish()
-    launched: float = 0.0  # perf_counter when the launch returned (the wake-up's reference)
-    stream: int = 0  # the lane stream's driver handle, where launched by raw driver calls (else 0)
-    began: float = 0.0  # perf_counter when the launch's first call was made
-    anchor: tuple | None = None  # the lane's clock anchor at launch (_CudaLane.anchor)
-    model: str = ""  # whose batch: the copies and the wake-up are booked per model too
-    views: bool = False  # ``out`` are this batch's own buffers (outputs="views"): handed out, not copied
 
 
 class CudaDeviceLayer(DeviceLayer):
@@ -585,14 +424,14 @@ class CudaDeviceLayer(DeviceLayer):
             if not p.shared:
                 gp = partitioner[k]
                 k += 1
-                sl = _StreamList(gp.new_stream)
+                sl = StreamList(gp.new_stream)
                 sl.streams.append(gp.stream)
-                lane = _CudaLane(p, sl, True)
+                lane = CudaLane(p, sl, True)
             elif partitioner is not None:
                 rest = partitioner[len(excl)]
-                lane = _CudaLane(p, _StreamList(rest.new_stream), True)
+                lane = CudaLane(p, StreamList(rest.new_stream), True)
             else:
-                lane = _CudaLane(p, _StreamList(lambda: torch.cuda.Stream(dev)), False)
+                lane = CudaLane(p, StreamList(lambda: torch.cuda.Stream(dev)), False)
             state["lanes"].append(lane)
         before = torch.cuda.memory_reserved(self.device)
         try:
@@ -626,7 +465,7 @@ class CudaDeviceLayer(DeviceLayer):
 
         return capture_groups(cm, single=self.lane_streams == "single")
 
-    def _capture(self, lane: _CudaLane, model: str) -> None:
+    def _capture(self, lane: CudaLane, model: str) -> None:
         torch = self._torch
         cm = self.models[model]
         groups = self._stream_groups(cm)
@@ -689,7 +528,7 @@ class CudaDeviceLayer(DeviceLayer):
 
         Rows already page-locked (stage()'s tensors, or PinnedRows) of a (model, batch size, slot)
         launched before go straight to :meth:`_launch_raw` with what that launch prepared."""
-        lane: _CudaLane = lanes.state["lanes"][index]
+        lane: CudaLane = lanes.state["lanes"][index]
         prep = lane.prepared.get((model, len(rows), lane.launches % LANE_SLOTS))
         if prep is not None and self.outputs == "copies":
             spans = _pinned_spans(rows)
@@ -699,7 +538,7 @@ class CudaDeviceLayer(DeviceLayer):
                 return self._launch_raw(lane, prep, model, rows, rows_in=spans)
         return self._launch_general(lane, model, rows)
 
-    def _launch_general(self, lane: _CudaLane, model: str, rows: Rows) -> Any:
+    def _launch_general(self, lane: CudaLane, model: str, rows: Rows) -> Any:
         """:meth:`_launch` for a batch without a prepared launch: looks everything up (and prepares
         the launch for next time where it is raw), stages rows that are not page-locked into the
         lane's own pinned buffers, and launches through torch where there is no raw plan."""
@@ -709,7 +548,7 @@ class CudaDeviceLayer(DeviceLayer):
         sets = lane.graphs.get(model)
         if sets is None:
             self.eager_batches += 1
-            return _EagerTicket(lane, model, rows)
+            return EagerTicket(lane, model, rows)
         n = len(rows)
         b = self.models[model].bucket_for(n)
         gs = sets[b]
@@ -743,7 +582,7 @@ class CudaDeviceLayer(DeviceLayer):
             if prep is None:  # what it holds stays as it is until the lane is freed
                 # a launch graph copies its bucket's rows out: only for a batch that fills its bucket
                 graph = lane.launch_graphs.get((model, b, slot)) if n == b else None
-                prep = lane.prepared[(model, n, slot)] = _Prepared(
+                prep = lane.prepared[(model, n, slot)] = Prepared(
                     plan, st, (t_in, t0, t1, done), tuple(e.cuda_event for e in (t_in, t0, t1, done)),
                     lane.np_out[key], lane.ptr_out[key], graph[1] if graph else 0)
             out = None
@@ -790,9 +629,9 @@ class CudaDeviceLayer(DeviceLayer):
         lane.launches += 1
         c3 = clock()
         self._book_launch(c0, c1, c2, c3)
-        return _CudaTicket(n, done, t0, t1, t_in, out_np, rows, c3, 0, c0, lane.anchor, model, False)
+        return CudaTicket(n, done, t0, t1, t_in, out_np, rows, c3, 0, c0, lane.anchor, model, False)
 
-    def _launch_raw(self, lane: _CudaLane, prep: _Prepared, model: str, rows: Rows, *,
+    def _launch_raw(self, lane: CudaLane, prep: Prepared, model: str, rows: Rows, *,
                     rows_in: list | None = None, batch_in: list | None = None, out: tuple | None = None) -> Any:
         """The batch in raw driver calls (gpu/launch.py: why): its inputs from ``rows_in`` (per row,
         per input, a page-locked ``(address, bytes)``) or ``batch_in`` (per input, the lane's pinned
@@ -831,10 +670,10 @@ class CudaDeviceLayer(DeviceLayer):
         if wrapped:
             self.launch_graph_batches += 1
         # a launch graph records no event before the input copies: its batch's t_in is t0 (copy in 0)
-        return _CudaTicket(n, ev[3], ev[1], ev[2], ev[1] if wrapped else ev[0], out_np, rows, c3, plan.stream, c0,
+        return CudaTicket(n, ev[3], ev[1], ev[2], ev[1] if wrapped else ev[0], out_np, rows, c3, plan.stream, c0,
                            lane.anchor, model, out is not None)
 
-    def _static_out(self, lane: _CudaLane, model: str, bucket: int, entry: Any) -> list[Any]:
+    def _static_out(self, lane: CudaLane, model: str, bucket: int, entry: Any) -> list[Any]:
         """The bucket's static outputs, flattened (made once per lane)."""
         static_out = lane.static_out.get((model, bucket))
         if static_out is None:
@@ -843,7 +682,7 @@ class CudaDeviceLayer(DeviceLayer):
             static_out = lane.static_out[(model, bucket)] = flat_tensors(entry.outputs)
         return static_out
 
-    def _slot_events(self, lane: _CudaLane, slot: int, stream: Any) -> tuple:
+    def _slot_events(self, lane: CudaLane, slot: int, stream: Any) -> tuple:
         """The slot's (t_in, t0, t1, done) events, made on first use (recorded once on ``stream``:
         marked recorded, for elapsed_time, before their raw handles are read)."""
         torch = self._torch
@@ -855,7 +694,7 @@ class CudaDeviceLayer(DeviceLayer):
             lane.events.append(evs)
         return lane.events[slot]
 
-    def _make_launch_graphs(self, lane: _CudaLane, model: str) -> None:
+    def _make_launch_graphs(self, lane: CudaLane, model: str) -> None:
         """Right after ``model``'s capture on ``lane`` (no batch pays for it): per bucket and slot, the
         bucket's launch graph (``Driver.wrap_graph``): its captured graph between the slot's events,
         then the copy of the bucket's rows into the slot's pinned outputs. Not with
@@ -892,7 +731,7 @@ class CudaDeviceLayer(DeviceLayer):
         ph["outputs"] += (c3 - c2) * 1e3
         ph["launches"] += 1
 
-    def _anchor(self, lane: _CudaLane, stream: Any) -> None:
+    def _anchor(self, lane: CudaLane, stream: Any) -> None:
         """Tie the lane's GPU clock to the host's: on an idle stream an event runs as soon as it is
         recorded, so its GPU time is the host time of the record (to the ~10 us a record takes to
         reach the GPU). A busy stream keeps the anchor it has (or none) until it is idle."""
@@ -906,7 +745,7 @@ class CudaDeviceLayer(DeviceLayer):
         except Exception:  # noqa: BLE001 - a diagnostic: never in the way of a launch
             log.debug("no clock anchor for lane %s", lane.part, exc_info=True)
 
-    def _split_wake(self, t: _CudaTicket, awake: float) -> None:
+    def _split_wake(self, t: CudaTicket, awake: float) -> None:
         """Book the batch's start latency (first launch call -> GPU starts it) and its way back (GPU
         done -> this thread ``awake``) against its lane's clock anchor (see :attr:`wake_split`)."""
         if t.anchor is None:
@@ -936,7 +775,7 @@ class CudaDeviceLayer(DeviceLayer):
             self._driver.close()
             self._driver = None
 
-    def _raw_plan(self, lane: _CudaLane, model: str, bucket: int, entry: Any, static_out: list[Any], stream: Any) -> Any:
+    def _raw_plan(self, lane: CudaLane, model: str, bucket: int, entry: Any, static_out: list[Any], stream: Any) -> Any:
         """The bucket's :class:`~gpuloom.gpu.launch.LaunchPlan` (made once), or None where a raw launch
         cannot do what the torch path does: a buffer that is not contiguous, or a torch without
         ``CUDAGraph.raw_cuda_graph_exec``."""
@@ -963,14 +802,14 @@ class CudaDeviceLayer(DeviceLayer):
     def notify(self, ticket: Any, waker: Any) -> bool:
         """After a raw launch: ``cuLaunchHostFunc(stream, sem_post, &loop semaphore)`` behind the
         batch's last copy, so the finished batch wakes the runtime's loop itself."""
-        if self._driver is None or not isinstance(ticket, _CudaTicket) or not ticket.stream or waker.c_post is None:
+        if self._driver is None or not isinstance(ticket, CudaTicket) or not ticket.stream or waker.c_post is None:
             return False
         fn, arg = waker.c_post
         self._driver.host_func(ticket.stream, fn, arg)  # same thread as the launch: its context is current
         return True
 
     def is_done(self, ticket: Any) -> bool:
-        if self._driver is None or not isinstance(ticket, _CudaTicket):
+        if self._driver is None or not isinstance(ticket, CudaTicket):
             return True  # finish() blocks as before
         self._driver.ensure_context()
         return self._driver.done(ticket.done.cuda_event)
@@ -978,7 +817,7 @@ class CudaDeviceLayer(DeviceLayer):
     def finish(self, ticket: Any) -> tuple[list[Any], float]:
         """Watcher thread (or the runtime's, once :meth:`is_done`): sleep until the batch's event
         fires; copy its rows out of the pinned buffers."""
-        if isinstance(ticket, _EagerTicket):
+        if isinstance(ticket, EagerTicket):
             return self._run_eager(ticket)
         drv = self._driver
         if drv is not None:
@@ -1018,7 +857,7 @@ class CudaDeviceLayer(DeviceLayer):
         pool = self._out_pool
         return {"made": pool.made, "reused": pool.reused, "dropped": pool.dropped}
 
-    def _fresh_outputs(self, lane: _CudaLane, key: tuple[str, int]) -> tuple | None:
+    def _fresh_outputs(self, lane: CudaLane, key: tuple[str, int]) -> tuple | None:
         """outputs="views": page-locked output buffers for one batch alone (tensors, numpy views,
         addresses), shaped as the slot's, from the layer's :class:`BufferPool` (torch's caching host
         allocator on a miss), which takes a buffer back only once the batch's ticket and every view
@@ -1026,7 +865,7 @@ class CudaDeviceLayer(DeviceLayer):
         batch copies out of the slot's buffers instead) when page-locked memory runs out, e.g. while
         callers hold many outputs."""
         like = lane.np_out[key]  # numpy views of the slot's buffers: shape, dtype, nbytes without torch calls
-        leased = lease_views(self._out_pool, self.views_bytes, like, lambda i: _OutBuffer(lane.pinned_out[key][i]))
+        leased = lease_views(self._out_pool, self.views_bytes, like, lambda i: OutBuffer(lane.pinned_out[key][i]))
         if isinstance(leased, str):
             self._refuse_views(leased)
             return None
@@ -1078,7 +917,7 @@ class CudaDeviceLayer(DeviceLayer):
             out.append(t)
         return out
 
-    def _run_eager(self, t: _EagerTicket) -> tuple[list[Any], float]:
+    def _run_eager(self, t: EagerTicket) -> tuple[list[Any], float]:
         """Watcher thread: the model's single-stream DAG, eagerly, on the lane's main stream (kernels
         launched into a green context's stream run on its SMs, so this stays confined too)."""
         torch = self._torch
@@ -1159,7 +998,7 @@ class CudaDeviceLayer(DeviceLayer):
 _TORCH_DTYPES: dict[str, Any] = {}
 
 
-def _settle(lane: _CudaLane, stream: Any) -> None:
+def _settle(lane: CudaLane, stream: Any) -> None:
     """After a launch failed part way: part of the batch may be queued (copies reading the request
     rows, which raw copies read without torch knowing, and writing the output buffers). Let it finish
     before either can be freed."""
