@@ -1280,6 +1280,8 @@ class InferenceService:
         return self._compile(config, module)
 
     def _compile(self, config: ModelConfig, module: Any) -> tuple[Any, ModelConfig]:
+        """:func:`~gpuloom.runtime.model_compile.compile_model` on this service's device (a method, so
+        that diagnostics and tests can time or replace one load's compile)."""
         return compile_model(config, module, self.device)
 
 
