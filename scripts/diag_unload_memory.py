@@ -19,6 +19,13 @@ after that collection: always 0, as frozen objects are invisible to it; the coun
     python3 scripts/diag_unload_memory.py --device cuda --hidden 262144 --cycles 10   # on a GPU (20 MiB of weights)
     python3 scripts/diag_unload_memory.py --device cuda --tight --cycles 3          # the load after an unload, no room
 
+``--no-collect``: no collection from outside after each cycle, as a served process sees reloads (its
+own full collections are rare under ``tune_gc``): per cycle the resident memory and the unloads the
+service collected at (``unload_collections``; smaller unloaded models add up to
+``--unload-collect-mib``, forty-seventh session).
+
+    .venv/bin/python scripts/diag_unload_memory.py --no-collect --hidden 838861 --cycles 12   # 64 MiB a copy
+
 ``--tight`` (CUDA): the cycled model holds 1 GiB of weights (a 16,384-wide linear layer), and after
 the first load torch may use only 0.6 GiB more than it then holds
 (``torch.cuda.set_per_process_memory_fraction``). Each cycle unloads it and loads it again with no
@@ -58,6 +65,8 @@ def main() -> int:
     p.add_argument("--unload-collect-mib", type=float, default=256.0,
                    help="the service's unload_collect_mib (default 256, the service's: the 1 GiB --tight model is "
                         "collected at its unload; inf: as before the forty-sixth session, never)")
+    p.add_argument("--no-collect", action="store_true", help="no full collection after each cycle: what reloads "
+                   "keep when nothing outside the service collects (see above)")
     p.add_argument("--out", type=Path, default=None, help="write the figures here (JSON)")
     args = p.parse_args()
     if args.tight:
@@ -99,9 +108,10 @@ def main() -> int:
                 svc.load(config("cycled"), mlp(args.hidden))
             held = device_mib()
             t0 = time.perf_counter()
-            gc.collect()
+            if not args.no_collect:
+                gc.collect()
             rows.append({"collect_ms": round((time.perf_counter() - t0) * 1e3, 1), "frozen": gc.get_freeze_count(),
-                         "rss_mib": round(rss_mib(), 1),
+                         "rss_mib": round(rss_mib(), 1), "unload_collections": svc.stats()["unload_collections"],
                          "device_mib_before_collect": held, "device_mib_after_collect": device_mib()})
         out = svc.infer("keep", {"x": np.ones((1, 16), np.float32)}, timeout_s=30)  # still served
     finally:
@@ -112,7 +122,8 @@ def main() -> int:
         "cycles": args.cycles, "per_cycle": rows,
         "frozen_per_cycle": round((last["frozen"] - first["frozen"]) / n, 1),
         "rss_mib_per_cycle": round((last["rss_mib"] - first["rss_mib"]) / n, 3),
-        "device": args.device, "hidden": args.hidden,
+        "device": args.device, "hidden": args.hidden, "collect_each_cycle": not args.no_collect,
+        "unload_collect_mib": args.unload_collect_mib, "rss_mib_max": max(r["rss_mib"] for r in rows),
         "collect_ms_median": sorted(r["collect_ms"] for r in rows[1:] or rows)[len(rows[1:] or rows) // 2],
         "keep_answer_shapes": {k: list(v.shape) for k, v in out.items()},
     }
