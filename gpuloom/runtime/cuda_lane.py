@@ -69,7 +69,7 @@ class OutBuffer:
 
 def check_outputs(outputs: str, raw_launch: bool = True) -> str:
     """``outputs`` unchanged, or ValueError unless it is one of :data:`OUTPUTS` (and "views" comes with
-    raw launches: see :class:`CudaDeviceLayer`)."""
+    raw launches: see :class:`~gpuloom.runtime.cuda_device.CudaDeviceLayer`)."""
     if outputs not in OUTPUTS:
         raise ValueError(f"outputs: expected one of {OUTPUTS}, got {outputs!r}")
     if outputs == "views" and not raw_launch:
@@ -88,6 +88,9 @@ def check_lane_streams(lane_streams: str) -> str:
 
 @dataclass
 class CudaLane:
+    """One lane of a layout (a partition's green context or the shared streams): its captured graphs
+    and, per model, the buffers, events and prepared launches its batches use in turn."""
+
     part: Partition
     streams: StreamList
     confined: bool  # kernels captured here run on this lane's SMs only
