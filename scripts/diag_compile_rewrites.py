@@ -48,7 +48,7 @@ def main() -> int:
         row = {"model": name, "resolution": res, "options": opts, "torch": torch.__version__}
         try:
             cm = gpuloom.compile(model, (x,), max_batch=8, device=args.device, input_names=["input"], **opts)
-            row.update(method=cm.graph.method, rewrites=cm.rewrites)
+            row.update(method=cm.graph.method, rewrites=cm.rewrites, fx_because=cm.graph.fx_because)
         except Exception as e:  # noqa: BLE001 - the finding
             row.update(compile_error=f"{type(e).__name__}: {e}"[:500])
         steps = {}

@@ -131,8 +131,10 @@ def test_fx_fallback_when_export_fails(monkeypatch):
 
     monkeypatch.setattr(dag, "_export", refuse)
     m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(inplace=True), nn.Linear(8, 4)).eval()
-    cm = gpuloom.compile(m, torch.randn(2, 4), max_batch=4)
-    assert cm.graph.method == "fx"
+    with pytest.warns(UserWarning, match=r"Sequential: torch.export stopped at: RuntimeError: export refused this "
+                                         r"model; captured with torch.fx instead.*\(asked for: fold_batchnorm\)"):
+        cm = gpuloom.compile(m, torch.randn(2, 4), max_batch=4)
+    assert cm.graph.method == "fx" and cm.graph.fx_because == "torch.export: RuntimeError: export refused this model"
     x = torch.randn(3, 4)
     with torch.no_grad():
         torch.testing.assert_close(cm(x), m(x))
@@ -557,3 +559,23 @@ def test_compile_fuses_the_channels_last_graph_by_default_and_quietly_not_where_
                gpuloom.compile(model, x, max_batch=2, reinplace=True, channels_last="auto")):
         assert cm.graph.fused_convolutions == 0 and cm.graph_cl is None
         torch.testing.assert_close(cm(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_rewrite_pass_that_fails_falls_back_to_fx_and_says_which_pass(monkeypatch):
+    """A model exported fine but one of gpuloom's passes raised on its graph: the model is still served
+    (captured by fx, equal to eager), and the warning names the pass, not torch.export, since that is
+    gpuloom's bug and every rewrite asked for is now off."""
+    import gpuloom.engine.fold as fold
+
+    def broken(gm):
+        raise IndexError("pattern walked off the graph")
+
+    monkeypatch.setattr(fold, "fuse_gates", broken)
+    m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4)).eval()
+    with pytest.warns(UserWarning, match=r"gpuloom's fuse_gates pass failed on the exported graph \(IndexError: "
+                                         r"pattern walked off the graph; please report it\).*fuse_gates"):
+        cm = gpuloom.compile(m, torch.randn(2, 4), max_batch=4, fuse_gates=True)
+    assert cm.graph.method == "fx" and cm.graph.fx_because.startswith("fuse_gates: IndexError")
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), m(x))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import operator
 import re
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -65,6 +66,7 @@ class OpGraph:
     fused_epilogues: int = 0  # convolutions whose bias (+ add) + activation run in one kernel (epilogue)
     fused_gates: int = 0  # squeeze-excitation gates run as two kernels each (fold.fuse_gates, excitation)
     graph_from_cache: bool = False  # export's functional graph came from graph_cache (half the export skipped)
+    fx_because: str = ""  # method "fx": what stopped the export path (export itself, or which rewrite pass)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -100,16 +102,23 @@ def capture_graph(
     only; before the convolution passes, which would take its convolutions).
     """
     export_error: BaseException | None = None
+    stage = "torch.export"
     try:
         gm = _export(model, example_inputs, max_batch)
         method = "export"
+        stage = "fold_batchnorm"
         folded = fold.fold_batchnorm(gm) if fold_batchnorm else 0
         fold.restore_batchnorm(gm)
+        stage = "fuse_gates"
         gates = fold.fuse_gates(gm) if fuse_gates else 0
         # before reinplace, whose in-place ReLUs and adds it would no longer recognise
+        stage = "fuse_convolutions"
         fused = fold.fuse_convolutions(gm) if fuse_convolutions else 0
+        stage = "fuse_epilogues"
         epilogues = fold.fuse_epilogues(gm) if fuse_epilogues else 0
+        stage = "split_gemms"
         split = fold.split_linears(gm) if split_gemms else 0
+        stage = "reinplace"
         if reinplace:
             fold.reinplace_elementwise(gm)
     except Exception as e:  # export fails in many ways; we report it below if fx fails too
@@ -118,6 +127,17 @@ def capture_graph(
             gm = fx.symbolic_trace(model)
             method = "fx"
             folded = fused = split = epilogues = gates = 0
+            # say so: every rewrite asked for is off now, and the model runs slower for it
+            asked = [n for n, on in (("fold_batchnorm", fold_batchnorm), ("fuse_gates", fuse_gates),
+                                     ("fuse_convolutions", fuse_convolutions), ("fuse_epilogues", fuse_epilogues),
+                                     ("split_gemms", split_gemms), ("channels_last", channels_last)) if on]
+            if stage == "torch.export":
+                because = f"torch.export stopped at: {_first_line(e)}"
+            else:  # gpuloom's own pass: a bug to report, not the model's
+                because = f"gpuloom's {stage} pass failed on the exported graph ({_first_line(e)}; please report it)"
+            warnings.warn(f"{type(model).__name__}: {because}; captured with torch.fx instead, where none of "
+                          f"gpuloom's graph rewrites apply" + (f" (asked for: {', '.join(asked)})" if asked else ""),
+                          stacklevel=3)
         except Exception as fx_error:
             raise CaptureError(
                 f"gpuloom could not capture {type(model).__name__} as an operator graph.\n"
@@ -135,6 +155,8 @@ def capture_graph(
     graph.fused_gates = gates
     graph.channels_last_weights = nhwc  # 0 where the fx fallback took the model (no pass applies)
     graph.graph_from_cache = gm.meta.get(_FROM_CACHE, False)
+    if method == "fx":
+        graph.fx_because = f"{stage}: {_first_line(export_error)}"
     return graph
 
 
