@@ -102,6 +102,7 @@ def capture_graph(
     only; before the convolution passes, which would take its convolutions).
     """
     export_error: BaseException | None = None
+    fx_because = ""
     stage = "torch.export"
     try:
         gm = _export(model, example_inputs, max_batch)
@@ -127,6 +128,7 @@ def capture_graph(
             gm = fx.symbolic_trace(model)
             method = "fx"
             folded = fused = split = epilogues = gates = 0
+            fx_because = f"{stage}: {_first_line(e)}"
             # say so: every rewrite asked for is off now, and the model runs slower for it
             asked = [n for n, on in (("fold_batchnorm", fold_batchnorm), ("fuse_gates", fuse_gates),
                                      ("fuse_convolutions", fuse_convolutions), ("fuse_epilogues", fuse_epilogues),
@@ -155,8 +157,7 @@ def capture_graph(
     graph.fused_gates = gates
     graph.channels_last_weights = nhwc  # 0 where the fx fallback took the model (no pass applies)
     graph.graph_from_cache = gm.meta.get(_FROM_CACHE, False)
-    if method == "fx":
-        graph.fx_because = f"{stage}: {_first_line(export_error)}"
+    graph.fx_because = fx_because
     return graph
 
 

@@ -112,9 +112,6 @@ def crude_profile(config: ModelConfig, runner: Any, device: DeviceLayer, reps: i
                    sms=sms, latency_ms=tuple(fixed), source="synthetic")
 
 
-__all__ = ["compiled_kind", "crude_profile", "longest_batch_ms", "plain_runner", "trim_profile"]
-
-
 def profile_for(config: ModelConfig, runner: Any, dev: DeviceLayer, profiles: Any, *, measure: bool,
                 cache_dir: Any) -> Profile:
     """The latency profile a service plans ``config``'s model with: the stored one of its name in
@@ -201,3 +198,7 @@ def measured_profile(config: ModelConfig, runner: Any, device: DeviceLayer, cach
         warnings.warn(f"model {config.name!r}: measuring its profile failed ({type(e).__name__}: {e})",
                       stacklevel=4)
         return None
+
+
+__all__ = ["compiled_kind", "crude_profile", "longest_batch_ms", "measured_profile", "plain_runner", "profile_for",
+           "trim_profile"]

@@ -255,9 +255,9 @@ class InferenceService:
         unload_collect_mib: with ``tune_gc``, an unloaded model whose weights and graph memory come to
             at least this many MiB is freed at once: its unload runs one full collection, a pause of
             every served model (the whole heap is scanned: on the build VM 150 ms beside one small
-            model, 310 ms unloading vgg16 beside resnet50, scripts/diag_unload_pause.py) to give the memory back now rather than at the next full
-            collection, which under ``tune_gc`` can be hours away (none came in 15 minutes of the
-            soak with a reload every 20 s). Smaller models wait for it, but their memory counts: the
+            model, 310 ms unloading vgg16 beside resnet50, scripts/diag_unload_pause.py) to give the
+            memory back now rather than at the next full collection, which under ``tune_gc`` can be
+            hours away (none came in 15 minutes of the soak with a reload every 20 s). Smaller models wait for it, but their memory counts: the
             unload that brings the unloaded models still waiting to this many MiB collects, so
             reloads never hold more than this of dead models. 0: every unload collects;
             ``float("inf")``: none does. Default 256.
