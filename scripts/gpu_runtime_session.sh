@@ -36,8 +36,10 @@ MON_PID=$!
 for s in $STEPS; do
   echo "=== $s $(date +%T)"
   case $s in
-    tests) timeout "$T_TESTS" python3 -m pytest -q -p no:cacheprovider -m gpu --timeout 120 $TESTS 2>&1 \
-             | tail -60 > "$OUT/logs/gpu_tests.txt"; tail -15 "$OUT/logs/gpu_tests.txt" ;;
+    tests) # the whole log with -s (tests print their timings as they go): a step that runs out of time
+           # keeps what the tests printed, which a failure summary at the end would lose (run 150)
+           timeout "$T_TESTS" python3 -m pytest -q -p no:cacheprovider -m gpu --timeout 120 --durations=12 -s $TESTS \
+             > "$OUT/logs/gpu_tests.txt" 2>&1; tail -25 "$OUT/logs/gpu_tests.txt" ;;
     diag) timeout "${T_DIAG:-60}" bash -c "$DIAG_CMD" > "$OUT/logs/diag.txt" 2>&1; tail -20 "$OUT/logs/diag.txt" ;;
     check) timeout "$T_CHECK" python3 scripts/gpu_runtime_check.py --out "$OUT/check" \
              --only serve,disjoint,failure,memory,loadwhile > "$OUT/logs/check.txt" 2>&1
