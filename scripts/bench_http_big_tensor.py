@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_protocol import _free_port  # noqa: E402  (the one free-port helper of the scripts)
+from bench_protocol import free_port  # noqa: E402
 
 NETS = """import torch
 class Pool(torch.nn.Module):
@@ -74,7 +74,7 @@ def _children(pid: int) -> list[int]:
 
 
 def measure(tree: Path, repo: Path, rates: list[float], duration: float, policy: str, workers: int = 0) -> list[dict]:
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, PYTHONPATH=str(tree))
     extra = ["--http-workers", str(workers)] if workers else []
     srv = subprocess.Popen([sys.executable, "-m", "gpuloom.cli", "serve", str(repo), "--http-port", str(port),

@@ -60,7 +60,8 @@ GPULOOM_SERVER = (
 )
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port free right now (the benchmark scripts' one helper for it; others import it)."""
     import socket
 
     s = socket.socket()
@@ -224,7 +225,7 @@ def main() -> int:
     for rep in range(max(1, args.repeat)):
         run: dict = {}
         for name, cmd in servers:
-            port = _free_port()
+            port = free_port()
             cmd = [c.replace("{port}", str(port)) for c in cmd]
             with server_process(cmd, port, "linear", env=envs.get(name, env), cwd=tmp):
                 print(f"[{rep}] measuring {name} on port {port} ...", file=sys.stderr, flush=True)

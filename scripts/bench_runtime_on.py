@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_protocol import GPULOOM_SERVER, _free_port, server_process  # noqa: E402
+from bench_protocol import GPULOOM_SERVER, free_port, server_process  # noqa: E402
 
 
 def _health_probe(port: int, stop: threading.Event, out: list[float], period_s: float = 0.02) -> None:
@@ -90,7 +90,7 @@ def main() -> int:
     for rep in range(max(1, args.repeat)):
         run = {}
         for name, extra in variants.items():
-            port = _free_port()
+            port = free_port()
             cmd = [sys.executable, "-c", GPULOOM_SERVER, args.repository, "--models", args.model, "--no-grpc",
                    "--http-port", str(port), "--device", "cpu", "--http-workers", "0", *extra]
             with server_process(cmd, port, args.model, env=env, timeout_s=300):

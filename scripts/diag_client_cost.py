@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's gpuloom
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_protocol import _free_port, server_process  # noqa: E402
+from bench_protocol import free_port, server_process  # noqa: E402
 
 SHAPE = [-1, 3, 224, 224]
 
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     from gpuloom.serve import httpconn  # noqa: F401
     from gpuloom.serve.loadgen import CLIENTS, _run, arrival_times
 
-    port = _free_port()
+    port = free_port()
     with server_process([sys.executable, __file__, "--serve", str(port)], port, "m", env=dict(os.environ)):
         times = arrival_times(a.rate, a.duration, poisson=True, seed=0)
         legs = []

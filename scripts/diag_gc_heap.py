@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_http_big_tensor import _wait_ready  # noqa: E402
-from bench_protocol import _free_port  # noqa: E402
+from bench_protocol import free_port  # noqa: E402
 
 
 CLIENT = r"""
@@ -76,7 +76,7 @@ def main() -> int:
 
     from gpuloom.commands import serve
 
-    http_port, grpc_port = _free_port(), _free_port()
+    http_port, grpc_port = free_port(), free_port()
     p = argparse.ArgumentParser()
     serve.add_arguments(p)
     args = p.parse_args([a.repository, "--models", a.models, "--http-port", str(http_port), "--grpc-port",

@@ -260,7 +260,7 @@ def main() -> int:
     results: dict = {"rate": args.rate, "duration_s": args.duration, "runs": []}
     for rep in range(args.repeat):
         for label, extra in variants:
-            port = bp._free_port()
+            port = bp.free_port()
             paths = [w.partition("=")[2] for w in extra if w.startswith("PYTHONPATH=")]  # another checkout's code
             run_env = dict(env, PYTHONPATH=str(Path(paths[-1]).resolve())) if paths else env
             extra = [w for w in extra if not w.startswith("PYTHONPATH=")]

@@ -6,6 +6,7 @@ outputs checked against the config, and the outputs filled in where the config l
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from .device import DeviceLayer
@@ -92,8 +93,6 @@ def compile_model(config: ModelConfig, module: Any, device: DeviceLayer) -> tupl
     found = tuple(TensorSpec(f"output{i}", tuple(int(d) for d in t.shape[1:]), str(t.dtype).removeprefix("torch."))
                   for i, t in enumerate(flat))
     if not config.outputs:
-        import dataclasses
-
         config = dataclasses.replace(config, outputs=found)
     else:
         got = [(t.shape, t.dtype) for t in found]
