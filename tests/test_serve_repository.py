@@ -13,6 +13,7 @@ import serve_fake  # noqa: E402,F401  (provides gpuloom.runtime.service until th
 
 import torch  # noqa: E402
 
+from gpuloom.engine.options import ENGINE_DEFAULTS  # noqa: E402
 from gpuloom.serve.repository import RepositoryError, load_repository, load_weights  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1] / "examples" / "repository"
@@ -38,9 +39,19 @@ def test_channels_last_and_fusion_reach_the_model_config(tmp_path):
     config, _ = load_repository(path).models["tiny_cnn"].build()
     assert config.channels_last == "auto" and config.fuse_convolutions == "channels_last" and config.split_gemms is True
     assert config.fuse_epilogues is True
+    off = text.replace("fuse_epilogues: true", "fuse_epilogues: false")
+    path.write_text(off)
+    assert load_repository(path).models["tiny_cnn"].build()[0].fuse_epilogues is False
+    # a YAML that does not name them gets ModelConfig's defaults: gpuloom's kernels on (the parser once
+    # said False for every key, and served models ran without them: H100 run 149)
     default, _ = load_repository(REPO / "tiny_cnn.yaml").models["tiny_cnn"].build()
     assert default.channels_last is False and default.fuse_convolutions is False and default.split_gemms is False
-    assert default.fuse_epilogues is False
+    assert default.fuse_epilogues is True
+    from gpuloom.runtime.model_config import ModelConfig, TensorSpec
+
+    bare = ModelConfig("m", inputs=(TensorSpec("x", (4,), "float32"),))
+    assert {key: getattr(default, key) for key in ENGINE_DEFAULTS} == ENGINE_DEFAULTS
+    assert {key: getattr(bare, key) for key in ENGINE_DEFAULTS} == ENGINE_DEFAULTS
 
 
 def test_outputs_are_found_by_running_the_model_when_not_written():

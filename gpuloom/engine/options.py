@@ -19,6 +19,10 @@ def is_fuse_convolutions(value: Any) -> bool:
 
 
 ENGINE_KEYS = ("channels_last", "fuse_convolutions", "split_gemms", "fuse_epilogues")  # a served model's
+#: a served model's value of each of ENGINE_KEYS where its config does not say (ModelConfig's, the
+#: repository's: one place, as the repository once defaulted fuse_epilogues to False after ModelConfig
+#: had turned it on, and served models ran without the kernels: H100 run 149)
+ENGINE_DEFAULTS = {"channels_last": False, "fuse_convolutions": False, "split_gemms": False, "fuse_epilogues": True}
 #: what each of ENGINE_KEYS takes, as error messages say it
 ENGINE_CHOICES = {"channels_last": "true, false or auto", "fuse_convolutions": "true, false or channels_last",
                   "split_gemms": "true or false", "fuse_epilogues": "true or false"}

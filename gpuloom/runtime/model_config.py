@@ -11,7 +11,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from ..engine.options import ENGINE_KEYS, is_engine_value
+from ..engine.options import ENGINE_DEFAULTS, ENGINE_KEYS, is_engine_value
 
 #: the tensor dtypes the service takes (numpy / torch names)
 DTYPES = ("float32", "float16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
@@ -56,17 +56,17 @@ class ModelConfig:
     # gpuloom.compile's channels_last for this model: False, True (convolutions NHWC) or "auto" (both
     # layouts timed per bucket on the GPU). The planner's profile stays the one looked up by name (the
     # shipped ones were timed without it; `gpuloom profile --channels-last` times one with it)
-    channels_last: bool | str = False
+    channels_last: bool | str = ENGINE_DEFAULTS["channels_last"]
     # gpuloom.compile's fuse_convolutions: False, True (CUDA only) or "channels_last" (the channels-last
     # graph only: 1.27-1.74x faster there on the H200, engine runs 100-101; nothing on the CPU). False
     # here on purpose, where compile's own default is "channels_last": as with channels_last, the
     # shipped profiles were timed unfused (`gpuloom profile --fuse-convolutions` times one fused)
-    fuse_convolutions: bool | str = False
+    fuse_convolutions: bool | str = ENGINE_DEFAULTS["fuse_convolutions"]
     # gpuloom.compile's split_gemms: float32 linear layers split their GEMM's reduction where timed
     # faster per shape (bert_base 1.30x at batch 1 on the whole H200, engine runs 128-132), chosen again
     # on each partition the model is captured on. False here, where compile's own default is on for
     # CUDA: the shipped profiles were timed without it (a model served with it is profiled so at load)
-    split_gemms: bool = False
+    split_gemms: bool = ENGINE_DEFAULTS["split_gemms"]
     # gpuloom.compile's fuse_epilogues and fuse_gates, gpuloom's own Triton kernels: each convolution's
     # bias (+ residual add) + SiLU / sigmoid / ReLU6 as one kernel (efficientnet_b0 1.15x, mobilenet_v2
     # 1.11x at batch 1 on the whole H200, engine runs 136-138), and each squeeze-excitation gate as two
@@ -74,7 +74,7 @@ class ModelConfig:
     # mix6 (run 148, A/B/A, dstack at x1) the two models they change computed 14-29% faster and the mix
     # held 0.962 of its SLOs against 0.925 / 0.835. CUDA only (compile_options). The shipped profiles
     # timed the models without them, so a model they change is profiled at its load (about 7 s, cached)
-    fuse_epilogues: bool = True
+    fuse_epilogues: bool = ENGINE_DEFAULTS["fuse_epilogues"]
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inputs", tuple(self.inputs))

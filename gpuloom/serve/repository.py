@@ -45,7 +45,7 @@ from typing import Any, Iterable
 import numpy as np
 import yaml
 
-from ..engine.options import ENGINE_CHOICES, ENGINE_KEYS, is_engine_value
+from ..engine.options import ENGINE_CHOICES, ENGINE_DEFAULTS, ENGINE_KEYS, is_engine_value
 
 __all__ = ["RepositoryError", "TensorEntry", "ModelEntry", "Repository", "load_repository", "scan_repository"]
 
@@ -88,10 +88,13 @@ class ModelEntry:
     kwargs: dict = field(default_factory=dict, hash=False, compare=False)
     origin: Path | None = None  # the YAML file it came from
     seed: int | None = None  # torch.manual_seed before the factory runs (random-init models reproducible)
-    channels_last: bool | str = False  # gpuloom.compile's option: False, True or "auto"
-    fuse_convolutions: bool | str = False  # gpuloom.compile's option: False, True or "channels_last"
-    split_gemms: bool = False  # gpuloom.compile's option: float32 GEMMs split where timed faster (GPU)
-    fuse_epilogues: bool = True  # gpuloom.compile's fuse_epilogues and fuse_gates: gpuloom's own kernels (GPU)
+    channels_last: bool | str = ENGINE_DEFAULTS["channels_last"]  # gpuloom.compile's option: False, True or "auto"
+    # gpuloom.compile's option: False, True or "channels_last"
+    fuse_convolutions: bool | str = ENGINE_DEFAULTS["fuse_convolutions"]
+    # gpuloom.compile's option: float32 GEMMs split where timed faster (GPU)
+    split_gemms: bool = ENGINE_DEFAULTS["split_gemms"]
+    # gpuloom.compile's fuse_epilogues and fuse_gates: gpuloom's own kernels (GPU)
+    fuse_epilogues: bool = ENGINE_DEFAULTS["fuse_epilogues"]
 
     # -- building ---------------------------------------------------------------------------
     def build(self):
@@ -340,7 +343,7 @@ def parse_model(m: Any, origin: Path | None) -> ModelEntry:
     seed = m.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise RepositoryError(f"{where}: seed must be a non-negative integer, found {seed!r}")
-    engine = {key: m.get(key, False) for key in ENGINE_KEYS}
+    engine = {key: m.get(key, ENGINE_DEFAULTS[key]) for key in ENGINE_KEYS}
     for key, value in engine.items():
         if not is_engine_value(key, value):
             raise RepositoryError(f"{where}: {key} must be {ENGINE_CHOICES[key]}, found {value!r}")
