@@ -41,7 +41,9 @@ def fuse_epilogues(args: argparse.Namespace) -> bool:
     """``--fuse-epilogues`` as given, or as a served model compiles by default (gpuloom's kernels on;
     a plain graph of the eager model has none to turn on)."""
     if args.fuse_epilogues is None:
-        return args.runner != "graph"
+        from ..engine.options import ENGINE_DEFAULTS
+
+        return ENGINE_DEFAULTS["fuse_epilogues"] and args.runner != "graph"
     return bool(_option(args.fuse_epilogues))
 
 
