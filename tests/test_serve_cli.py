@@ -215,6 +215,25 @@ def _record_service(monkeypatch) -> list[dict]:
     return seen
 
 
+def test_every_flag_left_alone_gives_the_service_its_own_default(tmp_path, monkeypatch):
+    """``gpuloom serve`` with no flags configures the InferenceService exactly as its own defaults do:
+    a default written twice drifts unseen (the repository's parser once kept gpuloom's kernels off
+    after ModelConfig had turned them on)."""
+    import inspect
+
+    from gpuloom.commands import serve
+    from gpuloom.runtime.service import InferenceService
+
+    defaults = {k: v.default for k, v in inspect.signature(InferenceService).parameters.items()}
+    seen = _record_service(monkeypatch)
+    p, repo = _serve_parser_and_repo(tmp_path)
+    assert serve.run(p.parse_args([repo])) == 2
+    given = {k: v for k, v in seen[0].items() if k not in ("policy_options", "profiles")}
+    assert len(given) >= 12, given
+    assert given == {k: defaults[k] for k in given}
+    assert seen[0]["policy_options"] == {} and seen[0]["profiles"] is defaults["profiles"]
+
+
 def test_launch_on_and_switch_interval_reach_the_service(tmp_path, monkeypatch):
     """``--launch-on`` and ``--switch-interval-ms`` configure the InferenceService; by default the
     service picks the launch thread for its device, and the interpreter's switch interval stays."""

@@ -176,6 +176,21 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
+def service_options_of(args: argparse.Namespace) -> dict:
+    """``InferenceService``'s keyword options from ``gpuloom serve``'s flags (all but the policy and the
+    profiles, which need parsing first). A flag left alone gives the service's own default (a test
+    holds them equal: the repository's parser once drifted from ModelConfig's default unseen)."""
+    from gpuloom.cachedirs import is_off
+
+    return {"device": args.device, "queue_limit": args.queue_limit, "early_answer": args.early_answer,
+            "launch_on": args.launch_on, "switch_interval_ms": args.switch_interval_ms,
+            "raw_launch": not args.torch_launch, "workqueues": args.workqueues, "complete_on": args.complete_on,
+            "outputs": args.outputs, "measure_profiles": args.profile_missing == "measure",
+            "unload_collect_mib": args.unload_collect_mib,
+            # as gpuloom cache --profile-cache reads it
+            "profile_cache": None if is_off(args.profile_cache) else args.profile_cache}
+
+
 def run(args: argparse.Namespace) -> int:
     import logging
     import os
@@ -228,7 +243,6 @@ def run(args: argparse.Namespace) -> int:
     if not names:
         print(f"warning: {args.repository} has no models: serving none until one is added and loaded with "
               f"POST /v2/repository/models/<name>/load", file=sys.stderr)
-    from gpuloom.cachedirs import is_off
     from gpuloom.runtime.service import InferenceService
 
     from gpuloom.profile.store import ProfileStore
@@ -243,15 +257,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--policy {args.policy}: {sorted(service_options)} configure the service, not the policy; "
                              f"gpuloom serve sets them with its own flags (see gpuloom serve --help)")
         profiles = ProfileStore(args.profiles) if args.profiles else None
-        service = InferenceService(policy=policy, policy_options=policy_options, device=args.device, profiles=profiles,
-                                   queue_limit=args.queue_limit,
-                                   early_answer=args.early_answer, launch_on=args.launch_on,
-                                   switch_interval_ms=args.switch_interval_ms, raw_launch=not args.torch_launch,
-                                   workqueues=args.workqueues, complete_on=args.complete_on, outputs=args.outputs,
-                                   measure_profiles=args.profile_missing == "measure",
-                                   unload_collect_mib=args.unload_collect_mib,
-                                   profile_cache=None if is_off(args.profile_cache)
-                                   else args.profile_cache)  # as gpuloom cache --profile-cache reads it
+        service = InferenceService(policy=policy, policy_options=policy_options, profiles=profiles,
+                                   **service_options_of(args))
     except (ValueError, TypeError, OSError) as e:  # TypeError: an option the policy does not take
         print(f"error: {e}", file=sys.stderr)
         return 2
