@@ -454,3 +454,18 @@ def test_a_start_loads_its_models_with_one_layout_build_and_names_a_model_that_f
     monkeypatch.setattr(type(core.service), "load_many", lambda self, models: (_ for _ in ()).throw(RuntimeError("x")))
     core.load_all(["a", "b"])
     assert sorted(c.name for c in core.service.models()) == ["a", "b"]
+
+
+def test_a_model_that_names_only_its_source_and_inputs_gets_every_default_of_model_config(tmp_path):
+    """The parser's defaults are ModelConfig's: batch, SLO, weight, rate hint and the engine keys (a
+    default written twice drifts: the engine keys' once did, H100 run 149)."""
+    import dataclasses
+
+    from gpuloom.runtime.model_config import ModelConfig, TensorSpec
+
+    (tmp_path / "m.yaml").write_text("name: m\nsource: 'x.py:f'\ninputs: [{name: x, shape: [4], dtype: float32}]\n")
+    entry = load_repository(tmp_path / "m.yaml").models["m"]
+    bare = ModelConfig("m", inputs=(TensorSpec("x", (4,), "float32"),))
+    keys = [f.name for f in dataclasses.fields(ModelConfig) if f.name not in ("name", "inputs", "outputs")]
+    assert {"max_batch", "slo_ms", "weight", "rate_hint", *ENGINE_DEFAULTS} <= set(keys)
+    assert {k: getattr(entry, k) for k in keys} == {k: getattr(bare, k) for k in keys}
