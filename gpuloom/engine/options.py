@@ -18,7 +18,8 @@ def is_fuse_convolutions(value: Any) -> bool:
     return isinstance(value, bool) or value == "channels_last"
 
 
-ENGINE_KEYS = ("channels_last", "fuse_convolutions", "split_gemms", "fuse_epilogues")  # a served model's
+#: a served model's engine options (ModelConfig's fields, the repository's keys, gpuloom bench --engine)
+ENGINE_KEYS = ("channels_last", "fuse_convolutions", "split_gemms", "fuse_epilogues")
 #: a served model's value of each of ENGINE_KEYS where its config does not say (ModelConfig's, the
 #: repository's: one place, as the repository once defaulted fuse_epilogues to False after ModelConfig
 #: had turned it on, and served models ran without the kernels: H100 run 149)
