@@ -126,8 +126,24 @@ def test_closed_loop_concurrency_mode_measures_saturation(server, capsys, client
                             "--client", client))
     res = json.loads(capsys.readouterr().out)
     assert rc == 0 and res["ok"] == res["sent"] > 4 and res["throughput"] > 0
+    assert res["slo_ms"] == 50.0  # the model's SLO, read from its config (it was a fixed 100 ms once)
     assert load_cmd.run(_args(addr.http_url, "--model", "tiny_mlp")) == 2  # neither --rate nor --concurrency
     assert "--concurrency" in capsys.readouterr().err
+
+
+def test_closed_loop_sends_the_rows_asked_for(server, capsys):
+    """``--batch`` with ``--concurrency``: requests of that many rows (it was ignored once: batch 1
+    always). tiny_mlp takes at most 16 rows a request, so 17 are refused and 16 served."""
+    addr, _ = server
+    argv = (addr.http_url, "--model", "tiny_mlp", "--concurrency", "2", "--duration", "0.3", "--json")
+    assert load_cmd.run(_args(*argv, "--batch", "16")) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["ok"] == res["sent"] > 0
+    assert load_cmd.run(_args(*argv, "--batch", "17")) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["ok"] == 0 and sum(res["errors"].values()) == res["sent"] > 0 and set(res["errors"]) == {"400"}
+    assert load_cmd.run(_args(*argv, "--batch", "0")) == 2
+    assert "--batch" in capsys.readouterr().err
 
 
 def test_server_timing_header_round_trips_and_tolerates_junk():

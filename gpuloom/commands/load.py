@@ -20,7 +20,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     arr.add_argument("--constant", dest="poisson", action="store_false", help="evenly spaced arrivals")
     p.add_argument("--batch", type=int, default=1, help="rows per request (default 1)")
     p.add_argument("--json-tensors", action="store_true", help="send JSON tensors instead of binary tensor data")
-    p.add_argument("--slo-ms", type=float, default=None, help="latency objective, ms (default: the model's, from its config)")
+    p.add_argument("--slo-ms", type=float, default=None, help="latency objective, ms (default: the model's, from its config on a gpuloom server; "
+                        "100 where the server does not say)")
     p.add_argument("--timeout", type=float, default=30.0, help="client timeout per request, s (default 30)")
     p.add_argument("--deadline-ms", type=float, default=None, metavar="MS",
                    help="every request's own deadline, sent as Triton's timeout parameter (open loop; the server "
@@ -44,22 +45,24 @@ def run(args: argparse.Namespace) -> int:
         if args.deadline_ms is not None:
             print("error: --deadline-ms goes with --rate (open loop), not --concurrency", file=sys.stderr)
             return 2
-        if args.concurrency < 1 or args.duration <= 0:
-            print(f"error: --concurrency must be >= 1 and --duration positive (found {args.concurrency}, {args.duration})", file=sys.stderr)
+        if args.concurrency < 1 or args.duration <= 0 or args.batch < 1:
+            print(f"error: --concurrency and --batch must be >= 1 and --duration positive (found {args.concurrency}, "
+                  f"{args.batch}, {args.duration})", file=sys.stderr)
             return 2
         try:
             res = run_closed(args.url, args.model, concurrency=args.concurrency, duration_s=args.duration,
-                             binary=not args.json_tensors, slo_ms=args.slo_ms or 100.0, timeout_s=args.timeout, seed=args.seed,
-                             client=args.client)
+                             binary=not args.json_tensors, slo_ms=args.slo_ms, timeout_s=args.timeout, seed=args.seed,
+                             client=args.client, batch=args.batch)
         except Exception as e:
             print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
             return 1
         if args.json:
             print(json.dumps(res.as_dict()))
         else:
-            print(f"model {res.model}: {args.concurrency} closed-loop clients for {args.duration:g} s")
+            print(f"model {res.model}: {args.concurrency} closed-loop clients for {args.duration:g} s, batch {args.batch}")
             print(f"  sent {res.sent}, ok {res.ok}, errors {res.errors or 'none'}")
             print(f"  throughput     {res.throughput:.1f} req/s")
+            print(f"  SLO attainment {res.slo_attainment * 100:.1f}% within {res.slo_ms:g} ms")
             print(f"  latency ms     p50 {res.p50_ms:.2f}  p90 {res.p90_ms:.2f}  p99 {res.p99_ms:.2f}  mean {res.mean_ms:.2f}")
         return 0
     if args.rate is None:

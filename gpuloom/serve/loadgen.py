@@ -27,6 +27,8 @@ __all__ = ["LoadResult", "run_load", "run_closed", "arrival_times", "failure_kin
 #: about half aiohttp's CPU per 600 KB request, on the build VM and the H200 host: for load
 #: generators that share a host with the server they measure)
 CLIENTS = ("aiohttp", "lean")
+#: the SLO attainment is measured against where neither the caller nor the server names one (not gpuloom)
+DEFAULT_SLO_MS = 100.0
 
 
 def failure_kind(e: BaseException) -> str:
@@ -201,6 +203,18 @@ async def _metadata(session, base: str, model: str, inputs: list[dict] | None) -
     return meta if inputs is None else dict(meta, inputs=inputs)
 
 
+async def _model_slo_ms(s: Any, base: str, model: str) -> float:
+    """The model's SLO as a gpuloom server's model config states it (``parameters.slo_ms``), or
+    ``DEFAULT_SLO_MS`` where the server does not say (not gpuloom)."""
+    try:
+        async with s.get(f"{base}/v2/models/{model}/config") as r:
+            cfg = await r.json() if r.status == 200 else {}
+        slo_ms = float(cfg.get("parameters", {}).get("slo_ms", {}).get("string_value", "nan"))
+    except Exception:  # noqa: BLE001 - any answer that is not a gpuloom config
+        slo_ms = float("nan")
+    return slo_ms if slo_ms == slo_ms else DEFAULT_SLO_MS
+
+
 async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: bool, slo_ms: float | None,
                timeout_s: float, seed: int, variants: int = 8, inputs: list[dict] | None = None,
                client: str = "aiohttp", deadline_ms: float | None = None) -> LoadResult:
@@ -216,14 +230,7 @@ async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: b
         if slo_ms is None and deadline_ms is not None:
             slo_ms = deadline_ms  # attainment against the deadline the requests carry
         if slo_ms is None:
-            try:
-                async with s.get(f"{base}/v2/models/{model}/config") as r:
-                    cfg = await r.json() if r.status == 200 else {}
-                slo_ms = float(cfg.get("parameters", {}).get("slo_ms", {}).get("string_value", "nan"))
-            except Exception:
-                slo_ms = float("nan")
-            if not slo_ms == slo_ms:  # NaN: the server did not say (not gpuloom)
-                slo_ms = 100.0
+            slo_ms = await _model_slo_ms(s, base, model)
         rng = np.random.default_rng(seed)
         sender.use([_body(meta, batch, binary, rng, deadline_ms) for _ in range(variants)])
         lat: list[float] = []
@@ -295,8 +302,9 @@ def run_load(url: str, model: str, *, rate: float, duration_s: float, poisson: b
     return res
 
 
-async def _closed(url: str, model: str, concurrency: int, duration_s: float, *, binary: bool, slo_ms: float,
-                  inputs: list[dict] | None, seed: int, timeout_s: float, client: str = "aiohttp") -> LoadResult:
+async def _closed(url: str, model: str, concurrency: int, duration_s: float, *, binary: bool, slo_ms: float | None,
+                  inputs: list[dict] | None, seed: int, timeout_s: float, client: str = "aiohttp",
+                  batch: int = 1) -> LoadResult:
     import aiohttp
 
     base = _url(url)
@@ -304,8 +312,10 @@ async def _closed(url: str, model: str, concurrency: int, duration_s: float, *, 
                                      timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
         sender = _Sender(client, s, base, model, timeout_s)
         meta = await _metadata(s, base, model, inputs)
+        if slo_ms is None:
+            slo_ms = await _model_slo_ms(s, base, model)
         rng = np.random.default_rng(seed)
-        sender.use([_body(meta, 1, binary, rng) for _ in range(8)])
+        sender.use([_body(meta, batch, binary, rng) for _ in range(8)])
         lat: list[float] = []
         status: Counter = Counter()
         sent = 0
@@ -344,12 +354,14 @@ async def _closed(url: str, model: str, concurrency: int, duration_s: float, *, 
     )
 
 
-def run_closed(url: str, model: str, *, concurrency: int, duration_s: float, binary: bool = True, slo_ms: float = 100.0,
-               inputs: list[dict] | None = None, seed: int = 0, timeout_s: float = 30.0,
-               client: str = "aiohttp") -> LoadResult:
+def run_closed(url: str, model: str, *, concurrency: int, duration_s: float, binary: bool = True,
+               slo_ms: float | None = None, inputs: list[dict] | None = None, seed: int = 0, timeout_s: float = 30.0,
+               client: str = "aiohttp", batch: int = 1) -> LoadResult:
     """Closed loop (perf_analyzer's concurrency mode): ``concurrency`` clients, each sending its next
-    request when the last one answers, for ``duration_s``. Measures requests/s at saturation."""
-    if concurrency < 1 or duration_s <= 0:
-        raise ValueError(f"concurrency must be >= 1 and duration positive, found {concurrency}, {duration_s}")
+    request of ``batch`` rows when the last one answers, for ``duration_s``. Measures requests/s at
+    saturation; ``slo_ms`` None: the model's, as :func:`run_load` takes it."""
+    if concurrency < 1 or duration_s <= 0 or batch < 1:
+        raise ValueError(f"concurrency and batch must be >= 1 and duration positive, found {concurrency}, {batch}, "
+                         f"{duration_s}")
     return asyncio.run(_closed(url, model, concurrency, duration_s, binary=binary, slo_ms=slo_ms, inputs=inputs,
-                               seed=seed, timeout_s=timeout_s, client=client))
+                               seed=seed, timeout_s=timeout_s, client=client, batch=batch))
