@@ -18,8 +18,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scale", type=float, default=1.0, help="multiply every arrival rate (default 1)")
     p.add_argument("--headroom", type=float, default=0.0, help="plan capacity for rate x (1 + headroom) (default 0)")
     p.add_argument("--peak", action="store_true", help="plan for each model's peak rate instead of its mean")
+    p.add_argument("--min-sms", type=int, default=None, metavar="N",
+                   help="smallest partition to plan, SMs (default: dstack's, 16 or the whole GPU if it has fewer: "
+                        "the plan dstack would serve; 0 lets the planner go down to the granularity)")
     p.add_argument("--cycles", type=int, default=1, help="cycles to draw in the Gantt chart (default 1)")
     p.add_argument("--no-png", action="store_true", help="do not draw the Gantt chart")
+
+
+def _min_sms(asked: int | None, demands: list, profiles) -> int:
+    """``--min-sms``, or dstack's floor on the profiles' GPU (``DStackPolicy.floor_sms``), so that the
+    plan printed is the plan dstack serves (it once planned with no smallest partition, and light3's
+    came out 60/40/32 SMs where dstack serves 84/48)."""
+    if asked is not None:
+        return asked
+    from gpuloom.policy.dstack import DStackPolicy
+
+    gpu_sms = max(profiles.get(d.model).gpu.sm_count for d in demands)
+    return DStackPolicy().floor_sms(gpu_sms)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,13 +60,16 @@ def run(args: argparse.Namespace) -> int:
         for w in warnings:
             err.print(f"[yellow]warning:[/] {w}")
         validate(workload, profiles)
-        schedule = plan(workload.demands(peak=args.peak), profiles, headroom=args.headroom)
+        demands = workload.demands(peak=args.peak)
+        min_sms = _min_sms(args.min_sms, demands, profiles)
+        schedule = plan(demands, profiles, headroom=args.headroom, min_sms=min_sms)
     except (WorkloadError, PlanError) as e:
         err.print(f"[red]error:[/] {e}")
         return 2
 
     title = (
         f"{Path(args.workload).name}: {schedule.gpu} ({schedule.gpu_sms} SMs, granularity {schedule.granularity}), "
+        f"partitions of {min_sms} SMs or more, "
         f"cycle {schedule.cycle_ms:.2f} ms, planned SM utilization {schedule.utilization():.0%}, "
         f"planned in {schedule.meta.get('plan_ms', 0):.1f} ms"
     )
