@@ -274,8 +274,17 @@ def profile_check(svc, before: dict, after: dict) -> list[dict]:
     return out
 
 
+#: the load generator's inputs lie in page-locked memory and launch in place, as the server's worker
+#: arenas do; copying 600 KB per request on the generator's thread made it fall seconds behind on the
+#: H200 (docs/reports/runtime.md, ninth session) and measured the client instead of the runtime.
+#: run_point once defaulted to copies while gpuloom bench used this: gpu_runtime_check.py's figures
+#: before the forty-eighth session were taken with copies
+DEFAULT_PINNED_INPUTS = True
+
+
 def run_point(svc, workload: Workload, policy: str, *, scale: float, duration_s: float, seed_inputs: int = 4,
-              drain_s: float | None = None, pinned_inputs: bool = False, arrivals: str = "thread") -> Point:
+              drain_s: float | None = None, pinned_inputs: bool = DEFAULT_PINNED_INPUTS,
+              arrivals: str = "thread") -> Point:
     """Replay ``workload`` x ``scale`` for ``duration_s`` against the running service ``svc``.
 
     ``pinned_inputs``: the requests' inputs lie in memory the device reads in place
@@ -622,10 +631,8 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
 
     say = progress or (lambda s: None)
     service_options = dict(service_options or {})
-    # the load generator's, not the service's. Default: in place, as the server's page-locked worker
-    # arenas are; copying 600 KB per request on the generator's thread made it fall seconds behind on
-    # the H200 (docs/reports/runtime.md, ninth session) and measured the client instead of the runtime
-    pinned_inputs = bool(service_options.pop("pinned_inputs", True))
+    # the load generator's, not the service's (DEFAULT_PINNED_INPUTS says why in place)
+    pinned_inputs = bool(service_options.pop("pinned_inputs", DEFAULT_PINNED_INPUTS))
     arrivals = str(service_options.pop("arrivals", "thread"))  # likewise
     svc = InferenceService(policy=policy, device=device, profiles=profiles, policy_options=policy_options,
                            queue_limit=queue_limit, device_layer=device_layer, **service_options)
