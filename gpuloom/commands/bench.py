@@ -141,6 +141,18 @@ def sim_contention(preset: str | None, device: str, tiny: bool):
     return name, preset_model(name)
 
 
+def dstack_flag_defaults() -> dict:
+    """What plain ``dstack``'s grow, shed and adapt were in this run, read off its constructor (a
+    report's re-simulation takes them from here: a copy written by hand could drift)."""
+    import inspect
+
+    from gpuloom.policy.dstack import DStackPolicy
+
+    d = {k: p.default for k, p in inspect.signature(DStackPolicy).parameters.items()}
+    return {"dstack_grow_default": "auto" if d["grow"] is None else d["grow"], "dstack_shed_default": d["shed"],
+            "dstack_adapt_default": d["adapt"]}
+
+
 def run(args: argparse.Namespace) -> int:
     import dataclasses
     import sys
@@ -230,8 +242,7 @@ def run(args: argparse.Namespace) -> int:
                 # what plain "dstack" meant in this run (reports before the key planned down to 8 SMs: 0)
                 "dstack_min_sms_default": DEFAULT_MIN_SMS,
                 "dstack_remainder_default": DEFAULT_REMAINDER,
-                "dstack_lanes_default": DEFAULT_LANES, "dstack_grow_default": "auto", "dstack_shed_default": True,
-                "dstack_adapt_default": False,
+                "dstack_lanes_default": DEFAULT_LANES, **dstack_flag_defaults(),
                 # hardware queues the driver opens for the process (8 by default; gpuloom asks for 32)
                 **connections_in_effect().as_meta(),
                 # the host's CPU and speed probes at the start (and the end, once every policy ran)
