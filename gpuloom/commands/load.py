@@ -20,8 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     arr.add_argument("--constant", dest="poisson", action="store_false", help="evenly spaced arrivals")
     p.add_argument("--batch", type=int, default=1, help="rows per request (default 1)")
     p.add_argument("--json-tensors", action="store_true", help="send JSON tensors instead of binary tensor data")
-    p.add_argument("--slo-ms", type=float, default=None, help="latency objective, ms (default: the model's, from its config on a gpuloom server; "
-                        "100 where the server does not say)")
+    p.add_argument("--slo-ms", type=float, default=None,
+                   help="latency objective, ms (default: the model's, from its config on a gpuloom server; 100 "
+                        "where the server does not say)")
     p.add_argument("--timeout", type=float, default=30.0, help="client timeout per request, s (default 30)")
     p.add_argument("--deadline-ms", type=float, default=None, metavar="MS",
                    help="every request's own deadline, sent as Triton's timeout parameter (open loop; the server "
@@ -59,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(res.as_dict()))
         else:
-            print(f"model {res.model}: {args.concurrency} closed-loop clients for {args.duration:g} s, batch {args.batch}")
+            print(f"model {res.model}: {args.concurrency} closed-loop clients for {args.duration:g} s, "
+                  f"batch {args.batch}")
             print(f"  sent {res.sent}, ok {res.ok}, errors {res.errors or 'none'}")
             print(f"  throughput     {res.throughput:.1f} req/s")
             print(f"  SLO attainment {res.slo_attainment * 100:.1f}% within {res.slo_ms:g} ms")
