@@ -60,7 +60,12 @@ class ServerAddress:
 
 
 class Server:
-    """HTTP (+ optional gRPC) over ``core``. Ports 0 pick free ports (see :attr:`address` after start)."""
+    """HTTP (+ optional gRPC) over ``core``. Ports 0 pick free ports (see :attr:`address` after start).
+
+    The defaults are the plainest server: HTTP parsed in this process (``http_workers=0``) and the
+    runtime's loop on its own thread (``runtime_on="thread"``). ``gpuloom serve`` chooses both per host
+    instead (``commands.serve.default_http_workers``, ``--runtime-on auto``): pass those to serve as it
+    does."""
 
     def __init__(self, core: ServeCore, *, host: str = "127.0.0.1", http_port: int = 8000, grpc_port: int | None = 8001,
                  drain_timeout_s: float = 30.0, listen_backlog: int = 2048, http_workers: int = 0,
