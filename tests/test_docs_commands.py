@@ -1,0 +1,48 @@
+"""Every ``gpuloom COMMAND ...`` line the docs, the scripts and the examples show uses flags that
+command has, and names example files that exist: a flag renamed in code and left in the docs is
+what a user copies first (defaults written twice drifted twice in the forty-eighth session)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+from gpuloom.cli import COMMANDS, build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = ["README.md", "docs/*.md", "docs/reports/*.md", "scripts/*.sh", "examples/**/*.yaml"]
+_COMMAND = re.compile(r"(?:^|[\s`(])(?:\.venv/bin/)?gpuloom\s+(" + "|".join(COMMANDS) + r")\b([^`\n]*)")
+
+
+def _options() -> dict[str, set[str]]:
+    parser = build_parser()
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {name: {o for act in sp._actions for o in act.option_strings} for name, sp in subs.choices.items()}
+
+
+def _command_lines() -> list[tuple[str, int, str, str]]:
+    """(file, line, command, the rest of the line) for every gpuloom command written out."""
+    found = []
+    for pattern in SOURCES:
+        for path in sorted(ROOT.glob(pattern)):
+            text = re.sub(r"\\\n\s*", " ", path.read_text())  # shell continuations joined
+            for i, line in enumerate(text.splitlines(), 1):
+                for m in _COMMAND.finditer(line):
+                    found.append((str(path.relative_to(ROOT)), i, m.group(1), m.group(2).split(" # ")[0]))
+    return found
+
+
+def test_every_documented_command_line_uses_flags_its_command_has():
+    options = _options()
+    lines = _command_lines()
+    assert len(lines) > 100  # the README, reports and scripts name gpuloom commands
+    wrong = [(f, i, cmd, flag) for f, i, cmd, rest in lines
+             for flag in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", rest) if flag not in options[cmd]]
+    assert not wrong, wrong
+
+
+def test_every_example_file_a_documented_command_names_exists():
+    missing = [(f, i, p) for f, i, _, rest in _command_lines()
+               for p in re.findall(r"(?<![\w/.])(examples/[\w./-]+\.(?:yaml|json))", rest) if not (ROOT / p).exists()]
+    assert not missing, missing
