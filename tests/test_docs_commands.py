@@ -46,3 +46,31 @@ def test_every_example_file_a_documented_command_names_exists():
     missing = [(f, i, p) for f, i, _, rest in _command_lines()
                for p in re.findall(r"(?<![\w/.])(examples/[\w./-]+\.(?:yaml|json))", rest) if not (ROOT / p).exists()]
     assert not missing, missing
+
+
+def test_every_documented_policy_spelling_names_a_policy_and_options_it_takes():
+    """``--policy dstack:batch_overhead_ms=1.125,triton`` as the docs write it: each name registered,
+    each option one its constructor takes (built, except options naming a JSON file the docs only
+    show by name), and none of the service's keys under ``gpuloom serve``, which refuses them."""
+    import inspect
+
+    from gpuloom.commands.bench import parse_policy_spec
+    from gpuloom.policy import make_policy
+
+    specs = [(f, i, cmd, spec) for f, i, cmd, rest in _command_lines()
+             for m in re.finditer(r"--policy[ =]([^\s`\"']+)", rest) for spec in m.group(1).split(",")
+             if spec and "$" not in spec]
+    assert len(specs) > 10
+    wrong = []
+    for f, i, cmd, spec in specs:
+        try:
+            name, options, service = parse_policy_spec(spec)
+            files = {k for k, v in options.items() if isinstance(v, str) and v.endswith(".json")}
+            cls = type(make_policy(name, **{k: v for k, v in options.items() if k not in files}))
+            if not files <= set(inspect.signature(cls).parameters):
+                raise ValueError(f"no option {sorted(files)}")
+            if cmd == "serve" and service:
+                raise ValueError(f"gpuloom serve refuses the service's keys {sorted(service)} in --policy")
+        except (ValueError, TypeError) as e:
+            wrong.append((f, i, spec, str(e)[:120]))
+    assert not wrong, wrong
