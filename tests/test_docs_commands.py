@@ -74,3 +74,20 @@ def test_every_documented_policy_spelling_names_a_policy_and_options_it_takes():
         except (ValueError, TypeError) as e:
             wrong.append((f, i, spec, str(e)[:120]))
     assert not wrong, wrong
+
+
+def test_every_documented_engine_option_parses():
+    """``gpuloom bench --engine fuse_epilogues=false`` as the docs write it: keys and values the
+    repository takes (``parse_engine_options``)."""
+    from gpuloom.engine.options import parse_engine_options
+
+    specs = [(f, i, m.group(1)) for f, i, cmd, rest in _command_lines()
+             for m in re.finditer(r"--engine[ =]([^\s`\"'|]+)", rest) if "$" not in m.group(1)]
+    assert specs
+    wrong = []
+    for f, i, spec in specs:
+        try:
+            parse_engine_options(spec)
+        except ValueError as e:
+            wrong.append((f, i, spec, str(e)[:120]))
+    assert not wrong, wrong
