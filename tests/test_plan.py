@@ -24,7 +24,7 @@ from gpuloom.plan import (
     render_gantt,
 )
 from gpuloom.profile.store import ProfileStore
-from gpuloom.profile.synthetic import H200, synthetic_profile, zoo
+from gpuloom.profile.synthetic import synthetic_profile, zoo
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 ZOO = ProfileStore(profiles=zoo())

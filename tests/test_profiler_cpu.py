@@ -10,7 +10,7 @@ import torch
 
 from gpuloom.gpu import NoGpuError
 from gpuloom.profile.knee import KernelRecord, OccupancyLimits
-from gpuloom.profile.profiler import (ModelSpec, ProfileRun, load_model, predict_all, profile_model, run_to_json,
+from gpuloom.profile.profiler import (ModelSpec, ProfileRun, load_model, predict_all, profile_model,
                                       write_outputs)
 from gpuloom.profile.store import Profile, ProfileStore
 from gpuloom.profile.synthetic import synthetic_profile

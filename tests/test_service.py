@@ -14,7 +14,7 @@ import pytest
 
 from gpuloom.runtime.host_device import FakeDeviceLayer, FakeModel
 from gpuloom.runtime.service import (
-    DeadlineExceeded, Dropped, InferenceService, InvalidInput, ModelConfig, ModelFailed, ModelNotReady,
+    DeadlineExceeded, InferenceService, InvalidInput, ModelConfig, ModelFailed, ModelNotReady,
     Overloaded, Shed, TensorSpec, UnknownModel,
 )
 
@@ -1487,8 +1487,6 @@ def test_a_host_that_closes_with_a_pump_still_queued_is_noticed_at_the_next_requ
 
 
 def test_unhosting_before_the_hand_over_event_ran_cancels_it():
-    import asyncio
-
     svc = _cpu_service_with("heavy", _Heavy.make(), 20000)
     aloop, th = _asyncio_host()
     try:

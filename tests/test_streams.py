@@ -16,7 +16,6 @@ from dag_helpers import (
     brute_critical_path,
     brute_max_antichain,
     brute_max_matching,
-    brute_reach,
     brute_transitive_reduction,
     chain_partitions,
     check_plan,
