@@ -281,3 +281,19 @@ def test_the_profile_commands_kernels_follow_the_served_default():
     assert profile.fuse_epilogues(p.parse_args(["m", "--runner", "graph"])) is False
     assert profile.fuse_epilogues(p.parse_args(["m", "--fuse-epilogues", "false"])) is False
     assert profile.fuse_epilogues(p.parse_args(["m", "--runner", "graph", "--fuse-epilogues", "true"])) is True
+
+
+def test_the_profile_commands_engine_flags_default_to_a_served_models():
+    """Left alone, ``gpuloom profile``'s engine flags time the graph a model configured with none of
+    its repository keys is served with (ENGINE_DEFAULTS, the one place those defaults live)."""
+    import argparse
+
+    from gpuloom.commands import profile
+    from gpuloom.engine.options import ENGINE_DEFAULTS
+
+    p = argparse.ArgumentParser()
+    profile.add_arguments(p)
+    args = p.parse_args(["m"])
+    got = {k: profile._option(getattr(args, k)) for k in ("channels_last", "fuse_convolutions", "split_gemms")}
+    got["fuse_epilogues"] = profile.fuse_epilogues(args)
+    assert got == ENGINE_DEFAULTS

@@ -37,6 +37,13 @@ def _option(text: str) -> bool | str:
     return {"false": False, "true": True}.get(text, text)
 
 
+def _served(key: str) -> str:
+    """A served model's default of engine option ``key`` as this command's choices spell it."""
+    from ..engine.options import ENGINE_DEFAULTS
+
+    return str(ENGINE_DEFAULTS[key]).lower()
+
+
 def fuse_epilogues(args: argparse.Namespace) -> bool:
     """``--fuse-epilogues`` as given, or as a served model compiles by default (gpuloom's kernels on;
     a plain graph of the eager model has none to turn on)."""
@@ -56,14 +63,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="engine: gpuloom.compile graphs; graph: single-stream CUDA graph of the eager model; "
                         "auto: engine, falling back to graph")
     p.add_argument("--input-shape", type=_shape, default=None, help="input shape without batch, e.g. 3x224x224")
-    p.add_argument("--channels-last", choices=("false", "true", "auto"), default="false",
+    p.add_argument("--channels-last", choices=("false", "true", "auto"), default=_served("channels_last"),
                    help="compile as a served model with this channels_last would be (repository key "
                         "channels_last): true runs convolutions NHWC, auto times both layouts per bucket")
-    p.add_argument("--fuse-convolutions", choices=("false", "true", "channels_last"), default="false",
+    p.add_argument("--fuse-convolutions", choices=("false", "true", "channels_last"),
+                   default=_served("fuse_convolutions"),
                    help="compile as a served model with this fuse_convolutions would be (repository key "
                         "fuse_convolutions): channels_last fuses the NHWC graph's convolutions with their bias "
                         "and ReLU, true every graph's")
-    p.add_argument("--split-gemms", choices=("false", "true"), default="false",
+    p.add_argument("--split-gemms", choices=("false", "true"), default=_served("split_gemms"),
                    help="compile as a served model with this split_gemms would be (repository key split_gemms): "
                         "true splits float32 GEMMs' reduction where timed faster, on each partition")
     p.add_argument("--fuse-epilogues", choices=("false", "true"), default=None,
