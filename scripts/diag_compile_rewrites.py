@@ -8,6 +8,9 @@ build VM (torch 2.14, CPU) fuses its 9 squeeze-excitation gates. ``capture_graph
 with ``ModelConfig.compile_options`` for the device and prints the capture method, the rewrites (a
 pass that matched nothing is absent) and, after a fallback, the step that raised (``fx_because``).
 
+Found (run 151, forty-eighth session): on the H100 the compile fused 9 gates and 6 epilogues at both
+resolutions; the repository's parser had turned the kernels off (its engine keys' defaults).
+
     python3 scripts/diag_compile_rewrites.py --device cuda mobilenet_v3_small:64 mobilenet_v3_small:224
 """
 

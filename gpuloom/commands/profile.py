@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..engine.options import ENGINE_DEFAULTS  # torch-free: --help stays instant
+
 NAME = "profile"
 HELP = "measure latency vs SMs per batch (GPU), print the knee table, write JSON + PNG per model"
 
@@ -39,8 +41,6 @@ def _option(text: str) -> bool | str:
 
 def _served(key: str) -> str:
     """A served model's default of engine option ``key`` as this command's choices spell it."""
-    from ..engine.options import ENGINE_DEFAULTS
-
     return str(ENGINE_DEFAULTS[key]).lower()
 
 
@@ -48,8 +48,6 @@ def fuse_epilogues(args: argparse.Namespace) -> bool:
     """``--fuse-epilogues`` as given, or as a served model compiles by default (gpuloom's kernels on;
     a plain graph of the eager model has none to turn on)."""
     if args.fuse_epilogues is None:
-        from ..engine.options import ENGINE_DEFAULTS
-
         return ENGINE_DEFAULTS["fuse_epilogues"] and args.runner != "graph"
     return bool(_option(args.fuse_epilogues))
 

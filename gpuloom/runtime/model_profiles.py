@@ -156,6 +156,7 @@ def profile_for(config: ModelConfig, runner: Any, dev: DeviceLayer, profiles: An
         prof = crude_profile(config, runner, dev)
     return trim_profile(prof, config.max_batch)
 
+
 def measured_profile(config: ModelConfig, runner: Any, device: DeviceLayer, cache_dir: Any) -> Profile | None:
     """Profile ``config``'s compiled model on this GPU, or take the one measured at an earlier load
     from the cache. None (and a warning) if measuring fails: the load goes on with a crude one."""

@@ -257,10 +257,10 @@ class InferenceService:
             every served model (the whole heap is scanned: on the build VM 150 ms beside one small
             model, 310 ms unloading vgg16 beside resnet50, scripts/diag_unload_pause.py) to give the
             memory back now rather than at the next full collection, which under ``tune_gc`` can be
-            hours away (none came in 15 minutes of the soak with a reload every 20 s). Smaller models wait for it, but their memory counts: the
-            unload that brings the unloaded models still waiting to this many MiB collects, so
-            reloads never hold more than this of dead models. 0: every unload collects;
-            ``float("inf")``: none does. Default 256.
+            hours away (none came in 15 minutes of the soak with a reload every 20 s). Smaller models
+            wait for it, but their memory counts: the unload that brings the unloaded models still
+            waiting to this many MiB collects, so reloads never hold more than this of dead models.
+            0: every unload collects; ``float("inf")``: none does. Default 256.
         switch_interval_ms: the interpreter's GIL switch interval while the service runs (process-
             wide, restored at close; None, the default, leaves it alone). Python's 5 ms lets any
             busy thread hold the runtime's loop thread off for up to 5 ms at each of its torch
