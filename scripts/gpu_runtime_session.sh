@@ -6,6 +6,7 @@
 #   STEPS="tests diag bench" TESTS="tests/test_exec_backend_gpu.py" DIAG_CMD="python3 scripts/diag_wake.py --out \$OUT/diag/w.json" ...
 #   BENCH_ARGS_light3="--scale 8,9 ..." ...   (a workload's own arguments instead of BENCH_ARGS)
 #   OVERHEAD_ARGS="--overhead-outputs copies,views" ...   (more arguments for the overhead check)
+#   OVERHEAD_POINTS=full ...   (the overhead check's 3 s points instead of --quick's 1.5 s: run 158)
 #   BENCH_PREFIX="taskset -c 0-1" ...   (runs the bench under that command: here, on two CPU cores)
 #   BENCH_ENVS="- CUDA_DEVICE_MAX_CONNECTIONS=32 -" ...   (one bench process per entry, "-" = as is: an
 #     A/B/A of a process-wide setting; outputs bench/<workload>_<i>.json)
@@ -44,7 +45,8 @@ for s in $STEPS; do
     check) timeout "$T_CHECK" python3 scripts/gpu_runtime_check.py --out "$OUT/check" \
              --only serve,disjoint,failure,memory,loadwhile > "$OUT/logs/check.txt" 2>&1
            tail -c 3000 "$OUT/logs/check.txt" ;;
-    overhead) timeout "$T_OVERHEAD" python3 scripts/gpu_runtime_check.py --out "$OUT/overhead" --quick \
+    overhead) quick=--quick; [ "${OVERHEAD_POINTS:-quick}" = full ] && quick=""
+             timeout "$T_OVERHEAD" python3 scripts/gpu_runtime_check.py --out "$OUT/overhead" $quick \
              --only overhead ${OVERHEAD_ARGS:-} > "$OUT/logs/overhead.txt" 2>&1; tail -c 2000 "$OUT/logs/overhead.txt" ;;
     bench) for w in $BENCH; do n=$(basename "$w" .yaml); i=0
              own="BENCH_ARGS_$n"; args=${!own:-$BENCH_ARGS}
