@@ -10,7 +10,7 @@ import warnings
 
 import pytest
 
-from gpuloom.profile.cache import ProfileCache, default_cache_dir, fingerprint
+from gpuloom.profile.cache import ProfileCache, default_cache_dir, fingerprint, op_name
 from gpuloom.profile.synthetic import synthetic_profile
 
 BASE = dict(name="m", input_shapes=[(16,)], input_dtypes=["float32"], max_batch=8, runner="engine",
@@ -25,6 +25,26 @@ def test_the_fingerprint_changes_with_everything_a_measured_profile_depends_on()
                    ops=["aten.linear.default", "aten.relu.default"])
     for key, value in changed.items():
         assert fingerprint(**{**BASE, key: value}) != fp, key
+
+
+def _kernel(y):
+    return y
+
+
+class _Stable:
+    def __str__(self) -> str:
+        return "aten.conv2d.default"
+
+
+def test_an_operator_is_named_without_the_address_a_python_function_prints():
+    assert str(_kernel).startswith("<function _kernel at 0x")  # what the fingerprint used to take
+    assert op_name(_kernel) == f"{__name__}._kernel"
+    again = types.FunctionType(_kernel.__code__, _kernel.__globals__, "_kernel")  # another process's copy
+    assert again is not _kernel and op_name(again) == op_name(_kernel)
+    assert op_name(_Stable()) == "aten.conv2d.default"  # torch's operators and builtins as before
+    assert op_name(len) == str(len) and op_name("getattr") == "getattr"
+    bare = object()  # no qualified name: its address is cut out
+    assert op_name(bare) == "<object object>" and op_name(bare) == op_name(object())
 
 
 def test_a_cached_profile_round_trips_per_gpu_and_a_torn_file_reads_as_none(tmp_path):
@@ -101,6 +121,19 @@ def test_a_model_is_measured_once_then_taken_from_the_cache_and_measured_again_w
     assert len(calls) == 2 and len(list(tmp_path.rglob("*.json"))) == 2
     _measure(None, *_compiled(32))  # no cache: measured
     assert len(calls) == 3
+
+
+def test_a_graph_with_gpuloom_kernels_is_taken_from_the_cache_in_the_next_process(monkeypatch, tmp_path):
+    """A fused op's target is a Python function (engine.epilogue.bias_act), a new object at another
+    address in each process: the next start must still find its profile (run 156 measured it again)."""
+    calls = _measuring(monkeypatch)
+    config, cm = _compiled(32)
+    cm.graph.ops[1].target = _kernel  # where a fused epilogue would stand
+    _measure(tmp_path, config, cm)
+    config, cm = _compiled(32)
+    cm.graph.ops[1].target = types.FunctionType(_kernel.__code__, _kernel.__globals__, "_kernel")
+    _measure(tmp_path, config, cm)
+    assert len(calls) == 1 and len(list(tmp_path.rglob("*.json"))) == 1
 
 
 def test_a_failed_measurement_is_a_warning_and_no_profile_so_the_load_goes_on_crudely(monkeypatch, tmp_path):

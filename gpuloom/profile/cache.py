@@ -23,7 +23,9 @@ from typing import Iterable
 from ..cachedirs import user_cache_dir
 from .store import Profile, ProfileError, write_profile
 
-__all__ = ["ProfileCache", "default_cache_dir", "fingerprint"]
+__all__ = ["ProfileCache", "default_cache_dir", "fingerprint", "op_name"]
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 def default_cache_dir() -> Path:
@@ -40,6 +42,21 @@ def fingerprint(name: str, input_shapes: Iterable[Iterable[int]], input_dtypes: 
             "max_batch": int(max_batch), "runner": runner,
             "parameters": [[n, list(map(int, shape)), dt] for n, shape, dt in parameters], "ops": list(ops)}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def op_name(target: object) -> str:
+    """A compiled graph operator's target as the fingerprint names it, the same in every process.
+
+    ``str()`` of a torch operator (``aten.conv2d.default``) or a builtin is stable, but a Python
+    function's is ``<function bias_act at 0x7f...>``: a new address each process, so a model with
+    gpuloom's epilogue or gate kernels missed the cache at every start and was profiled again (the
+    H100's serve smoke, run 156). Those are named by module and qualified name instead; the names
+    that never carried an address stay as they were, so their cached profiles still match."""
+    text = str(target)
+    if not _ADDRESS.search(text):
+        return text
+    module, name = getattr(target, "__module__", None), getattr(target, "__qualname__", None)
+    return f"{module}.{name}" if module and name else _ADDRESS.sub("", text)
 
 
 def _slug(text: str) -> str:

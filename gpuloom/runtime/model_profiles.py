@@ -163,7 +163,7 @@ def measured_profile(config: ModelConfig, runner: Any, device: DeviceLayer, cach
     import torch
 
     from ..gpu import device_facts
-    from ..profile.cache import ProfileCache, fingerprint
+    from ..profile.cache import ProfileCache, fingerprint, op_name
     from ..profile.profiler import EngineRunner, ModelSpec, profile_model
 
     index = getattr(device, "device", 0)
@@ -173,7 +173,7 @@ def measured_profile(config: ModelConfig, runner: Any, device: DeviceLayer, cach
         gm = runner.graph.module
         params = [(n, tuple(t.shape), str(t.dtype)) for n, t in (*gm.named_parameters(), *gm.named_buffers())]
         fp = fingerprint(config.name, [t.shape for t in config.inputs], [t.dtype for t in config.inputs],
-                         config.max_batch, kind, params, [str(n.target) for n in runner.graph.ops])
+                         config.max_batch, kind, params, [op_name(n.target) for n in runner.graph.ops])
         cache = ProfileCache(cache_dir, facts.name, facts.sm_count) if cache_dir else None
         cached = cache.get(config.name, fp) if cache is not None else None
         if cached is not None:
