@@ -1275,7 +1275,7 @@ def test_a_host_with_a_batch_limit_takes_the_loop_only_while_every_models_batche
     import torch
 
     from gpuloom.profile.store import GpuInfo, Profile, ProfileStore
-    from gpuloom.runtime.service import longest_batch_ms
+    from gpuloom.runtime.model_profiles import longest_batch_ms
 
     sms = (8, 132)
     slow = Profile(model="slow", input_shapes=((4,),), dtype="float32", gpu=GpuInfo("cpu", 132), batches=(1, 8),

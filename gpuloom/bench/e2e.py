@@ -232,7 +232,7 @@ def service_snapshot(svc) -> dict:
 
 def hist_delta(before: dict, after: dict, model: str, key: str) -> dict:
     """Mean and p99 (upper bound of its bucket) of a service histogram over the point, ms."""
-    from gpuloom.runtime.service import Histogram
+    from gpuloom.runtime.books import Histogram
 
     a = after["hist"].get((model, key))
     if not a:

@@ -30,12 +30,14 @@ Beside it: :mod:`~gpuloom.runtime.model_config` (``ModelConfig``, ``TensorSpec``
 :mod:`~gpuloom.runtime.errors` (what a request's future fails with) and
 :mod:`~gpuloom.runtime.model_profiles` (the profile a loaded model is planned with) and
 :mod:`~gpuloom.runtime.model_compile` (a model compiled as the service serves it); the first three's
-public names are importable from here too.
+public names are importable from here too. Split out of this module: :mod:`~gpuloom.runtime.books`
+(the per-model books: ``Histogram``, ``_Model``, ``_Call``; importable from here too) and
+:mod:`~gpuloom.runtime.loop_hosting` (``LoopHosting``, which ``InferenceService`` inherits: where the
+runtime's loop runs and what feeds it from outside).
 """
 
 from __future__ import annotations
 
-import bisect
 import concurrent.futures
 import dataclasses
 import gc
@@ -45,9 +47,7 @@ import os
 import threading
 import time
 import warnings
-import weakref
-from collections import Counter, deque
-from dataclasses import dataclass, field
+from collections import Counter
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -57,21 +57,20 @@ from ..policy import make_policy
 from ..policy.base import ModelInfo, PolicyContext
 from ..policy.types import Layout, Result, Status
 from ..profile.store import Profile, ProfileStore
-from .admission import TokenBucket
+from .books import Histogram, _Call, _Model
 from .core import Runtime
 from .cuda_device import check_lane_streams, check_outputs
 from .device import DeviceLayer, PinnedRow, make_device_layer
 from .errors import (DeadlineExceeded, Dropped, Expired, InvalidInput, ModelFailed, ModelNotReady, Overloaded,
                      ServiceError, Shed, UnknownModel)
-from .events import ARRIVAL
 from .exec_backend import ExecBackend, ExecOutput, check_complete_on, check_launch_on, check_lookahead
 from .gcpause import GcMonitor, RareFullCollections, freeze_loaded, full_collection_awaited, thaw
 from .gilswitch import DEFAULT_MS as DEFAULT_SWITCH_INTERVAL_MS
 from .gilswitch import ShortSwitchInterval, check_interval_ms
+from .loop_hosting import LoopHosting
 from .model_config import DTYPES, ModelConfig, TensorSpec
 from .model_compile import compile_model
-from .model_profiles import crude_profile, longest_batch_ms, profile_for, trim_profile
-from .waker import make_waker
+from .model_profiles import crude_profile, profile_for, trim_profile
 
 log = logging.getLogger(__name__)
 
@@ -93,110 +92,9 @@ _NP_DTYPES = {name: np.dtype(name) for name in DTYPES}
 #: service: past by the scheduler's next look, which drops it (DeadlineExceeded), books and all
 _NO_TIME_LEFT_MS = 1e-3
 _SERVED = Status.SERVED  # read per row answered (an Enum attribute costs more than a module constant)
-#: upper bounds (ms) of the latency histogram buckets; the last bucket is +inf
-LATENCY_BUCKETS_MS = (0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 
 
-# -- bookkeeping --------------------------------------------------------------------------------
-class Histogram:
-    """Counts per bucket of ``bounds`` (upper bounds, ascending) plus one +inf bucket; sum too."""
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = tuple(float(b) for b in bounds)
-        self.counts = [0] * (len(self.bounds) + 1)
-        self.sum = 0.0
-        self.n = 0
-
-    def add(self, v: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, v)] += 1
-        self.sum += v
-        self.n += 1
-
-    def quantile(self, q: float) -> float:
-        """Upper bound of the bucket holding the ``q`` quantile (inf when it is the last one)."""
-        if not self.n:
-            return float("nan")
-        target, acc = q * self.n, 0
-        for i, c in enumerate(self.counts):
-            acc += c
-            if acc >= target:
-                return self.bounds[i] if i < len(self.bounds) else float("inf")
-        return float("inf")
-
-    def to_json(self) -> dict:
-        return {"bounds": list(self.bounds), "counts": list(self.counts), "sum": self.sum, "count": self.n}
-
-    @classmethod
-    def delta(cls, after: dict, before: dict | None) -> "Histogram":
-        """What was added between two :meth:`to_json` snapshots of one histogram (``before`` None: all)."""
-        h = cls(after["bounds"])
-        h.counts = [x - (before["counts"][i] if before else 0) for i, x in enumerate(after["counts"])]
-        h.sum = after["sum"] - (before["sum"] if before else 0.0)
-        h.n = sum(h.counts)
-        return h
-
-
-@dataclass
-class _Model:
-    config: ModelConfig
-    profile: Profile
-    runner: Any  # CompiledModel, or FakeModel on a fake device
-    state: str = "loading"  # loading | ready | unloading
-    loaded_at: float = field(default_factory=time.monotonic)
-    accepted: int = 0
-    success: int = 0
-    failure: int = 0
-    on_time: int = 0
-    rejected: int = 0
-    shed: int = 0  # of rejected: calls refused beyond the policy's admitted rate (admit_rps)
-    admission: TokenBucket = field(default_factory=TokenBucket)
-    dropped: Counter = field(default_factory=Counter)
-    n_dropped: int = 0  # sum(dropped.values()), kept as _settle counts: in_flight is read on every submit
-    queue_ms: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_MS))
-    compute_ms: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_MS))
-    total_ms: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_MS))
-    batch: Counter = field(default_factory=Counter)  # rows of the batch a request ran in -> requests
-    arrivals: deque = field(default_factory=lambda: deque(maxlen=4096))  # monotonic s, for the rate
-    #: batch rows -> the profile's knee (SMs) for them; the profile is fixed for this load, and the
-    #: backend asks once per batch (Profile.knee interpolates every measured SM count: ~30 us)
-    knee_by_batch: dict = field(default_factory=dict)
-    held_bytes: int = 0  # what its unload can give back: the module's weights and the graphs' memory
-
-    @property
-    def answered(self) -> int:
-        return self.success + self.failure + self.n_dropped
-
-    @property
-    def in_flight(self) -> int:
-        return self.accepted - self.answered
-
-    def rate(self, now: float, window_s: float = 60.0) -> float | None:
-        ts = [t for t in self.arrivals if t >= now - window_s]
-        if len(ts) < 10:
-            return None
-        return len(ts) / max(1e-3, now - ts[0])
-
-
-class _Call:
-    """One accepted client request: its rows' fates joined into one future."""
-
-    __slots__ = ("model", "future", "outputs", "left", "error", "t0", "deadline_s", "explicit", "queue_ms",
-                 "compute_ms", "batch")
-
-    def __init__(self, model: _Model, n: int, deadline_s: float, explicit: bool) -> None:
-        self.model = model
-        self.future: concurrent.futures.Future = concurrent.futures.Future()
-        self.outputs: list[Any] = [None] * n
-        self.left = n
-        self.error: ServiceError | None = None
-        self.t0 = time.monotonic()
-        self.deadline_s = deadline_s
-        self.explicit = explicit
-        self.queue_ms = 0.0
-        self.compute_ms = 0.0
-        self.batch = 0
-
-
+# -- helpers ------------------------------------------------------------------------------------
 def _held_bytes(module: Any, runner: Any) -> int:
     """What unloading a model can give back: its module's parameters and buffers (when the service
     compiled it from an ``nn.Module``; a ``CompiledModel`` passed in is the caller's, shared) and its
@@ -216,7 +114,7 @@ def _split_rows(arrays: list[np.ndarray], copy: bool) -> list[list[np.ndarray]]:
 
 
 # -- the service --------------------------------------------------------------------------------
-class InferenceService:
+class InferenceService(LoopHosting):
     """Serve many models on one device with one scheduling policy. Thread-safe.
 
     Args:
@@ -921,176 +819,6 @@ class InferenceService:
         period = min(0.25, self.expiry_grace_s / 4)
         while not self._expiry_stop.wait(period):
             self.expire_overdue(time.monotonic())
-
-    def call_on_loop_at(self, when_s: float, fn: Any) -> None:
-        """Run ``fn()`` on the runtime's loop thread at monotonic time ``when_s`` (s), or as soon as it
-        can if that has passed. For a client that shares the loop's thread instead of a thread of its
-        own (the bench's ``arrivals=loop``: no other Python thread competes for the interpreter).
-
-        A call already due waits its turn behind the completions and submissions posted before it, so
-        a client that falls behind cannot starve the runtime's own work (a timer set in the past would
-        run before them, and a client that keeps catching up would keep the policy from dispatching).
-        ``fn`` must be short; what it raises is logged, and does not stop the loop."""
-        rt = self._runtime
-        if rt is None or not self._started or self._closed:
-            raise ModelNotReady("the service is not running")
-        loop = rt.loop  # a RealtimeLoop: the service's runtime serves online (Runtime.start checks)
-
-        def guarded() -> None:
-            try:
-                fn()
-            except Exception:  # noqa: BLE001 - a client's error must not stop the runtime
-                log.exception("a callback run on the runtime's loop failed")
-
-        def schedule() -> None:  # on the loop's thread
-            delay_ms = (when_s - time.monotonic()) * 1000.0
-            if delay_ms > 0:
-                loop.schedule(loop.wall_ms() + delay_ms, ARRIVAL, guarded)
-            else:
-                loop.post(ARRIVAL, guarded)
-
-        if when_s <= time.monotonic():
-            loop.post(ARRIVAL, guarded)
-        else:
-            loop.post(ARRIVAL, schedule)
-
-    def _shared_waker(self) -> Any:
-        """A loop semaphore other processes can post (``make_waker(shared=True)``), its descriptor
-        closed once this service is gone."""
-        waker = make_waker(shared=True)
-        weakref.finalize(self, waker.close)
-        return waker
-
-    def host_loop_refusal(self) -> str | None:
-        """Why the runtime's loop cannot run on another event loop (:meth:`host_loop_on`), or None."""
-        if self.device.kind != "cpu" or self.resolved_launch_on() != "inline":
-            return (f"the runtime's loop can run on the HTTP server's event loop only on the CPU device with inline "
-                    f"launches; this service runs on {self.device.kind!r} with launch_on={self.resolved_launch_on()!r}")
-        if self._intakes:
-            return ("the runtime's loop cannot run on the HTTP server's event loop while front-end workers feed it "
-                    "(they wake the runtime's own thread)")
-        return None
-
-    def host_loop_on(self, host: Any, *, longest_batch_ms: float | None = None) -> None:
-        """Run the runtime's loop on ``host`` (the HTTP server's asyncio event loop, running) instead
-        of on the runtime's thread: now, and for every runtime a later load starts. Each request is
-        then queued, decided, computed and answered on the host's thread, with no hand-off per
-        request (``Runtime.host_on``; ``gpuloom serve --runtime-on http``). The CPU device only,
-        with inline launches: on a GPU the loop sleeps on a semaphore the device posts; front-end
-        workers (:meth:`add_intake`) post it from their processes, so they cannot be used with it.
-        ValueError says why not (:meth:`host_loop_refusal`). Undo with :meth:`unhost_loop`. While
-        hosted, :meth:`loop_cpu`'s thread figure is the whole host thread's (HTTP included).
-
-        ``longest_batch_ms``: host the loop only while every loaded model's largest batch takes at
-        most this long (its profile, timed at load): everything else the host does waits for the
-        batch running, so a model with long batches would hold health checks and other models'
-        requests up for as long. Decided again after each load and unload (``--runtime-on auto``)."""
-        with self._lock:
-            why = self.host_loop_refusal()
-            if why is not None:
-                raise ValueError(why)
-            self._host = host
-            self._host_batch_limit_ms = longest_batch_ms
-        self._place_loop()
-
-    def unhost_loop(self) -> None:
-        """The runtime's loop goes back to a thread of its own (``Runtime.take_back``): before the
-        host stops, or while it must stay free (a server draining answers new connections meanwhile)."""
-        with self._lock:
-            self._host = None
-            rt = self._runtime
-        if rt is not None:
-            rt.take_back()
-
-    @property
-    def loop_hosted(self) -> bool:
-        """Whether the runtime's loop is to run on the host's event loop now (:meth:`host_loop_on`
-        was called and the loaded models' batches are short enough); the hand-over itself is posted
-        to the loop and happens at its next event."""
-        with self._lock:
-            return self._host_wanted() is not None
-
-    def _host_wanted(self) -> Any:
-        """The host the loop should run on for the models loaded now, or None. Called with ``_lock``."""
-        limit = self._host_batch_limit_ms
-        if self._host is None or limit is None:
-            return self._host
-        if all(longest_batch_ms(m.profile) <= limit for m in self._models.values()):
-            return self._host
-        return None
-
-    def _place_loop(self) -> None:
-        """Hand the runtime's loop to the host, or back to a thread of its own, as :meth:`host_loop_on`
-        asked and the loaded models allow (both are no-ops where the loop already is)."""
-        with self._lock:
-            rt = self._runtime
-            host = self._host_wanted()
-        if rt is None:
-            return
-        if host is not None:
-            rt.host_on(host)
-            return
-        if rt.hosted:
-            log.info("a loaded model's batches take longer than %.1f ms: the runtime's loop runs on its own thread",
-                     self._host_batch_limit_ms)
-        rt.take_back()  # (also cancels a hand-over host_on posted that has not happened yet)
-
-    def add_intake(self, poll: Callable[[], float]) -> int | None:
-        """Run ``poll()`` on the runtime's loop thread each time it wakes, now and after any re-plan
-        (``RealtimeLoop.add_poller``'s contract: it returns when it wants to be called again, ms, or
-        ``inf``). A source of requests that other processes queue in shared memory (the HTTP workers'
-        rings, ``serve/frontend.py``): submitted from the loop's own thread, with no thread to wake and
-        no GIL hand-off. Returns a new descriptor of the loop's semaphore (the caller passes it on and
-        closes it): a process that maps it (``SemaphoreWaker.attach``) and posts it wakes the loop.
-        None when the loop cannot be woken from another process: ``poll`` is then not registered.
-        Adding a ``poll`` already registered only hands out another descriptor (one poller can serve
-        many producers, each with its own descriptor); one :meth:`remove_intake` removes it."""
-        fd = self._waker.share_fd
-        if fd is None:
-            return None
-        with self._lock:
-            if self._host is not None:
-                raise ValueError("front-end workers cannot feed a runtime whose loop runs on the HTTP server's event "
-                                 "loop (host_loop_on): they wake the runtime's own thread")
-            mine = os.dup(fd)  # first: if it fails (no descriptors left), nothing is registered
-            if poll not in self._intakes:
-                self._intakes.append(poll)
-                if self._backend is not None:
-                    self._backend.loop.add_poller(poll)
-        return mine
-
-    def remove_intake(self, poll: Callable[[], float]) -> None:
-        with self._lock:
-            # the object registered, which an equal one (a bound method made anew) is not: the loop
-            # removes by identity
-            registered = next((p for p in self._intakes if p == poll), None)
-            if registered is None:
-                return
-            self._intakes.remove(registered)
-            if self._backend is not None:
-                self._backend.loop.remove_poller(registered)
-
-    def loop_lag(self, since: float) -> dict:
-        """How late the runtime's loop took submissions and completions since monotonic ``since`` (s):
-        counts over 1 / 5 / 20 ms and the longest (ms); see ``RealtimeLoop.lag_since``."""
-        rt = self._runtime
-        loop = rt.loop if rt is not None else None
-        return loop.lag_since(since) if hasattr(loop, "lag_since") else {}
-
-    def loop_cpu(self, on: bool | None = None) -> dict:
-        """Where the runtime loop's thread spends its CPU, per callback and poller
-        (``RealtimeLoop.account_cpu`` / ``cpu_report``). ``on=True`` starts charging (off by default,
-        see its cost there), ``on=False`` stops; either way the report so far is returned (empty while
-        no runtime exists: before the first load, after the last unload). A load after the last
-        unload starts a new runtime, with charging off. Two reports apart give a window:
-        ``events.cpu_delta``."""
-        rt = self._runtime
-        loop = rt.loop if rt is not None else None
-        if not hasattr(loop, "cpu_report"):
-            return {}
-        if on is not None and (on != (loop.cpu is not None)):
-            loop.account_cpu(on)
-        return loop.cpu_report()
 
     def policy_summary(self, timeout_s: float = 5.0) -> dict:
         """The running policy's own summary (``Policy.describe``: dstack's partitions, batches,

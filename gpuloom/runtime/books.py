@@ -1,0 +1,125 @@
+"""The online service's per-model books: counts, latency histograms, requests in flight.
+
+:class:`~gpuloom.runtime.service.InferenceService` keeps one :class:`_Model` per loaded model and one
+:class:`_Call` per accepted client request; every accepted request ends as exactly one of success,
+failure or dropped (by reason), so ``accepted == success + failure + dropped + in_flight`` holds at
+any time (:meth:`InferenceService.stats`). Rejected submissions are counted apart (``rejected``,
+``shed``) and never enter the books. Split out of ``service.py``; ``service`` still exports these
+names.
+"""
+
+from __future__ import annotations
+
+import bisect
+import concurrent.futures
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..profile.store import Profile
+from .admission import TokenBucket
+from .errors import ServiceError
+from .model_config import ModelConfig
+
+#: upper bounds (ms) of the latency histogram buckets; the last bucket is +inf
+LATENCY_BUCKETS_MS = (0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+
+
+class Histogram:
+    """Counts per bucket of ``bounds`` (upper bounds, ascending) plus one +inf bucket; sum too."""
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = tuple(float(b) for b in bounds)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.sum = 0.0
+        self.n = 0
+
+    def add(self, v: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, v)] += 1
+        self.sum += v
+        self.n += 1
+
+    def quantile(self, q: float) -> float:
+        """Upper bound of the bucket holding the ``q`` quantile (inf when it is the last one)."""
+        if not self.n:
+            return float("nan")
+        target, acc = q * self.n, 0
+        for i, c in enumerate(self.counts):
+            acc += c
+            if acc >= target:
+                return self.bounds[i] if i < len(self.bounds) else float("inf")
+        return float("inf")
+
+    def to_json(self) -> dict:
+        return {"bounds": list(self.bounds), "counts": list(self.counts), "sum": self.sum, "count": self.n}
+
+    @classmethod
+    def delta(cls, after: dict, before: dict | None) -> "Histogram":
+        """What was added between two :meth:`to_json` snapshots of one histogram (``before`` None: all)."""
+        h = cls(after["bounds"])
+        h.counts = [x - (before["counts"][i] if before else 0) for i, x in enumerate(after["counts"])]
+        h.sum = after["sum"] - (before["sum"] if before else 0.0)
+        h.n = sum(h.counts)
+        return h
+
+
+@dataclass
+class _Model:
+    config: ModelConfig
+    profile: Profile
+    runner: Any  # CompiledModel, or FakeModel on a fake device
+    state: str = "loading"  # loading | ready | unloading
+    loaded_at: float = field(default_factory=time.monotonic)
+    accepted: int = 0
+    success: int = 0
+    failure: int = 0
+    on_time: int = 0
+    rejected: int = 0
+    shed: int = 0  # of rejected: calls refused beyond the policy's admitted rate (admit_rps)
+    admission: TokenBucket = field(default_factory=TokenBucket)
+    dropped: Counter = field(default_factory=Counter)
+    n_dropped: int = 0  # sum(dropped.values()), kept as _settle counts: in_flight is read on every submit
+    queue_ms: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_MS))
+    compute_ms: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_MS))
+    total_ms: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_MS))
+    batch: Counter = field(default_factory=Counter)  # rows of the batch a request ran in -> requests
+    arrivals: deque = field(default_factory=lambda: deque(maxlen=4096))  # monotonic s, for the rate
+    #: batch rows -> the profile's knee (SMs) for them; the profile is fixed for this load, and the
+    #: backend asks once per batch (Profile.knee interpolates every measured SM count: ~30 us)
+    knee_by_batch: dict = field(default_factory=dict)
+    held_bytes: int = 0  # what its unload can give back: the module's weights and the graphs' memory
+
+    @property
+    def answered(self) -> int:
+        return self.success + self.failure + self.n_dropped
+
+    @property
+    def in_flight(self) -> int:
+        return self.accepted - self.answered
+
+    def rate(self, now: float, window_s: float = 60.0) -> float | None:
+        ts = [t for t in self.arrivals if t >= now - window_s]
+        if len(ts) < 10:
+            return None
+        return len(ts) / max(1e-3, now - ts[0])
+
+
+class _Call:
+    """One accepted client request: its rows' fates joined into one future."""
+
+    __slots__ = ("model", "future", "outputs", "left", "error", "t0", "deadline_s", "explicit", "queue_ms",
+                 "compute_ms", "batch")
+
+    def __init__(self, model: _Model, n: int, deadline_s: float, explicit: bool) -> None:
+        self.model = model
+        self.future: concurrent.futures.Future = concurrent.futures.Future()
+        self.outputs: list[Any] = [None] * n
+        self.left = n
+        self.error: ServiceError | None = None
+        self.t0 = time.monotonic()
+        self.deadline_s = deadline_s
+        self.explicit = explicit
+        self.queue_ms = 0.0
+        self.compute_ms = 0.0
+        self.batch = 0
