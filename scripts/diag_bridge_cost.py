@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""CPU cost of the HTTP workers' bridge (``gpuloom.serve.frontend.InferBridge``) per request, on CPU.
+"""CPU cost of the HTTP workers' bridge (``gpuloom.serve.bridge.InferBridge``) per request, on CPU.
 
 Why: on the H200 host at 1,700 requests/s the bridge's threads used 0.32-0.35 CPU-seconds per
 second (~200 us per request) in the runtime's GIL-bound process; every socket call there releases
@@ -48,7 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpuloom.runtime.threadcpu import stat_cpu_s, thread_cpu  # noqa: E402
 from gpuloom.serve import arena as arena_mod  # noqa: E402
-from gpuloom.serve.frontend import FRAME, InferBridge, pack  # noqa: E402
+from gpuloom.serve.bridge import InferBridge  # noqa: E402
+from gpuloom.serve.wire import FRAME, pack  # noqa: E402
 
 
 class StandInCore:

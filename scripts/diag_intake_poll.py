@@ -4,7 +4,7 @@
 Why: the loop polled each worker's ring through a poller of its own (a Python call chain per ring:
 the poller, ``_RingTaker``, ``ByteRing.pending``), at every wake, whether or not the wake was for a
 request. With 8 workers on the H200 that was 33,250 poller calls a second for 3,378 requests (run
-84). ``frontend._LoopIntake`` is one poller that reads each ring's two index cells and calls into a
+84). ``bridge._LoopIntake`` is one poller that reads each ring's two index cells and calls into a
 ring only when a request waits. This times both ways of looking at N empty rings, as the loop calls
 its pollers (``RealtimeLoop``: ``due = min(due, poll())``), without the loop's CPU accounting.
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpuloom.serve.frontend import _LoopIntake, _RingTaker  # noqa: E402
+from gpuloom.serve.bridge import _LoopIntake, _RingTaker  # noqa: E402
 from gpuloom.serve.ring import ByteRing  # noqa: E402
 
 

@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import diag_bridge_cost  # noqa: E402
-from gpuloom.serve.frontend import pack, payload_bytes, unpack_tensors  # noqa: E402
+from gpuloom.serve.wire import pack, payload_bytes, unpack_tensors  # noqa: E402
 
 TRANSPORTS = ("ring", "ring-thread", "socket")
 SLOTS = 1024  # ring entries (a power of two); a window never exceeds it

@@ -59,7 +59,7 @@ TARGET = 0.9  # issue 6: HTTP goodput >= 90% of in-process goodput
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from gpuloom.bench.e2e import ARRIVALS
-    from gpuloom.serve.frontend import DRAIN_ON
+    from gpuloom.serve.bridge import DRAIN_ON
 
     p = argparse.ArgumentParser(prog="serve_e2e.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

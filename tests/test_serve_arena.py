@@ -83,9 +83,9 @@ def _infer(url: str, x: np.ndarray, deadline_ms: float | None = None, binary: bo
 def slow_safety_net(monkeypatch):
     """The drain thread takes a ring request only after it waited through two looks: 2 s apart here,
     so on a busy test machine the loop, not the drain thread, takes every request while it runs."""
-    from gpuloom.serve import frontend
+    from gpuloom.serve import bridge as bridge_mod
 
-    monkeypatch.setattr(frontend, "_SAFETY_S", 2.0)
+    monkeypatch.setattr(bridge_mod, "_SAFETY_S", 2.0)
 
 
 @pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])

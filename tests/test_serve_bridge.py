@@ -14,8 +14,9 @@ import time
 import numpy as np
 import pytest
 
-from gpuloom.serve import arena, frontend
-from gpuloom.serve.frontend import FRAME, InferBridge, pack, unpack_tensors
+from gpuloom.serve import arena
+from gpuloom.serve.bridge import _READ_BUF, InferBridge
+from gpuloom.serve.wire import FRAME, pack, unpack_tensors
 
 
 class EchoCore:
@@ -155,9 +156,9 @@ def test_a_frame_split_over_many_sends_is_reassembled(bridge):
 def test_payloads_and_json_bigger_than_the_readers_buffer(bridge):
     s = _connect(bridge)
     try:
-        big = np.arange(3 * frontend._READ_BUF // 4, dtype=np.float32).reshape(3, -1)  # 3 buffers of payload
+        big = np.arange(3 * _READ_BUF // 4, dtype=np.float32).reshape(3, -1)  # 3 buffers of payload
         small = np.ones((1, 4), np.float32)
-        pad = "p" * (2 * frontend._READ_BUF)  # a JSON head twice the buffer (ignored by the bridge)
+        pad = "p" * (2 * _READ_BUF)  # a JSON head twice the buffer (ignored by the bridge)
         s.sendall(_frame(1, small) + _frame(2, big) + _frame(3, small, pad=pad) + _frame(4, small))
         got = _replies(s, 4)
         np.testing.assert_array_equal(got[2][1]["y"], big * 2)  # a reply bigger than _JOIN_MAX, too

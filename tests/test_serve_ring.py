@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_serve_bridge import _arena_frame, _recv_exact, bridge  # noqa: E402,F401 - the bridge fixture
 
 from gpuloom.serve import arena, ring  # noqa: E402
-from gpuloom.serve.frontend import (FRAME, InferBridge, _Templates, pack, read_ring_reply,  # noqa: E402
-                                   unpack_tensors)
+from gpuloom.serve.bridge import InferBridge  # noqa: E402
+from gpuloom.serve.wire import FRAME, _Templates, pack, read_ring_reply, unpack_tensors  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not ring.supported(), reason="shared rings need x86-64 Linux (memfd, eventfd)")
 
@@ -143,7 +143,7 @@ class _IntakeService:
 
 
 def test_one_loop_poller_takes_from_every_attached_ring_and_only_from_rings_with_requests():
-    from gpuloom.serve.frontend import _LoopIntake, _RingTaker
+    from gpuloom.serve.bridge import _LoopIntake, _RingTaker
 
     class Bridge:
         loop_requests = 0
@@ -189,7 +189,7 @@ def test_one_loop_poller_takes_from_every_attached_ring_and_only_from_rings_with
 
 
 def test_a_ring_whose_take_raises_does_not_stop_the_others():
-    from gpuloom.serve.frontend import _LoopIntake, _RingTaker
+    from gpuloom.serve.bridge import _LoopIntake, _RingTaker
 
     class Bridge:
         loop_requests = 0
@@ -212,7 +212,7 @@ def test_a_ring_whose_take_raises_does_not_stop_the_others():
 
 
 def test_a_closed_taker_takes_nothing_more():
-    from gpuloom.serve.frontend import _RingTaker
+    from gpuloom.serve.bridge import _RingTaker
 
     w, r = _pair()
     got: list[bytes] = []
@@ -335,7 +335,7 @@ def test_a_worker_that_goes_away_ends_its_drain_thread(worker):
 
 # -- compact ring records (what workers write, and successful replies) ---------------------------
 def _compact(rid: int, x: np.ndarray, shared: arena.Arena, deadline_ms=None, model: str = "m", waited_ms=0.0) -> list:
-    from gpuloom.serve.frontend import _copy_into, _describe, ring_request
+    from gpuloom.serve.wire import _copy_into, _describe, ring_request
 
     off = shared.alloc(x.nbytes)
     tensors, bufs = _describe(["x"], [x])
@@ -379,7 +379,7 @@ def test_a_compact_requests_layout_remembers_the_config_it_matched_so_the_next_i
 
 
 def test_bad_compact_requests_are_answered_or_skipped_and_the_drain_goes_on(worker):
-    from gpuloom.serve.frontend import RING_MAGIC, RING_REQ
+    from gpuloom.serve.wire import RING_MAGIC, RING_REQ
 
     shared, rings, _ = worker(1 << 16)
     x = np.ones((1, 4), np.float32)
@@ -408,8 +408,8 @@ def test_bad_compact_requests_are_answered_or_skipped_and_the_drain_goes_on(work
 
 
 def test_reply_records_carry_any_array_layout_and_the_remembered_texts_are_bounded(monkeypatch):
-    from gpuloom.serve import frontend
-    from gpuloom.serve.frontend import _ReplyEncoder
+    from gpuloom.serve import wire
+    from gpuloom.serve.wire import _ReplyEncoder
 
     enc, templates = _ReplyEncoder(), _Templates(dict)
     base = np.arange(24, dtype=np.float32).reshape(4, 6)
@@ -423,12 +423,12 @@ def test_reply_records_carry_any_array_layout_and_the_remembered_texts_are_bound
     # a frame (an error reply) reads the same way
     frame = pack({"id": 9, "status": 404, "error": "no such model", "names": []}, [])
     assert read_ring_reply(memoryview(b"".join(frame)), templates)[0]["error"] == "no such model"
-    monkeypatch.setattr(frontend, "_TEMPLATES_MAX", 4)
+    monkeypatch.setattr(wire, "_TEMPLATES_MAX", 4)
     small = _Templates(dict)
     for i in range(10):
         small.get(json.dumps({"i": i}).encode())
         assert len(small._known) <= 4
-    long = json.dumps({"name": "n" * (frontend._TEMPLATE_BYTES_MAX + 1)}).encode()
+    long = json.dumps({"name": "n" * (wire._TEMPLATE_BYTES_MAX + 1)}).encode()
     assert small.get(long)["name"].startswith("n") and long not in small._known  # parsed, not kept
     with pytest.raises(json.JSONDecodeError):
         small.get(b"{")

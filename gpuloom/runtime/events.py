@@ -128,7 +128,7 @@ class RealtimeLoop(EventLoop):
         """Call ``poll()`` on the loop's thread each time it wakes, before it takes posts. ``poll``
         may :meth:`post`; it returns the wall time (ms) by which it wants to be called again, or
         ``inf``. (The execution backend books completions this way when the GPU posts the
-        :attr:`waker` itself; the HTTP workers' requests are taken this way, ``serve/frontend.py``.)
+        :attr:`waker` itself; the HTTP workers' requests are taken this way, ``serve/bridge.py``.)
         Any thread may add or remove a poller while the loop runs; adding one already there does
         nothing (it is called once per wake)."""
         with self._mu:

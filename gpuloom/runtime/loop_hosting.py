@@ -156,7 +156,7 @@ class LoopHosting:
         """Run ``poll()`` on the runtime's loop thread each time it wakes, now and after any re-plan
         (``RealtimeLoop.add_poller``'s contract: it returns when it wants to be called again, ms, or
         ``inf``). A source of requests that other processes queue in shared memory (the HTTP workers'
-        rings, ``serve/frontend.py``): submitted from the loop's own thread, with no thread to wake and
+        rings, ``serve/bridge.py``): submitted from the loop's own thread, with no thread to wake and
         no GIL hand-off. Returns a new descriptor of the loop's semaphore (the caller passes it on and
         closes it): a process that maps it (``SemaphoreWaker.attach``) and posts it wakes the loop.
         None when the loop cannot be woken from another process: ``poll`` is then not registered.

@@ -10,7 +10,7 @@ both with the GIL held (``ctypes.PyDLL``): the runtime's thread gives the GIL aw
 thread is writing a reply to the same worker at that moment (they share a lock). Requests go the
 other way through a second ring. The worker posts the runtime loop's semaphore, which the runtime
 passes it in its answer to the hello, and the loop's thread takes every request queued each time it
-wakes (``InferenceService.add_intake``, ``frontend.InferBridge``); without such a loop, a semaphore
+wakes (``InferenceService.add_intake``, ``bridge.InferBridge``); without such a loop, a semaphore
 of the block's own wakes a drain thread per worker instead. ``scripts/diag_ring_bridge.py``
 measured both on the CPU first, and ``docs/reports/serving.md`` (twenty-fourth session) on the H200.
 

@@ -21,7 +21,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from . import AUTO_HOST_MAX_BATCH_MS, DEFAULT_CLIENT_TIMEOUT_S, RUNTIME_ON, check_client_timeout, frontend
+from . import AUTO_HOST_MAX_BATCH_MS, DEFAULT_CLIENT_TIMEOUT_S, RUNTIME_ON, bridge, check_client_timeout, frontend
 from .client_timeout import ClientTimeouts
 from .core import ServeCore
 
@@ -108,8 +108,8 @@ class Server:
         # shared rings each worker's request and reply frames go through (ring.py); None: the
         # worker's default (GPULOOM_WORKER_RING_KB, else 8 MiB)
         self.worker_ring_kb = worker_ring_kb
-        if ring_drain_on not in frontend.DRAIN_ON:
-            raise ValueError(f"ring_drain_on: expected one of {frontend.DRAIN_ON}, got {ring_drain_on!r}")
+        if ring_drain_on not in bridge.DRAIN_ON:
+            raise ValueError(f"ring_drain_on: expected one of {bridge.DRAIN_ON}, got {ring_drain_on!r}")
         # who takes the requests from the workers' rings: the runtime's loop thread, or a thread per worker
         self.ring_drain_on = ring_drain_on
         # 0: this process serves HTTP. N > 0: N front-end processes parse HTTP on the public port and
@@ -151,7 +151,7 @@ class Server:
         self._runner = await self._client_timeouts.runner(app, access_log=None, shutdown_timeout=self.drain_timeout_s)
         if self.http_workers:
             try:
-                self._reserved = frontend.reserve_port(self.host, self.http_port)
+                self._reserved = bridge.reserve_port(self.host, self.http_port)
             except OSError as e:
                 await self._runner.cleanup()
                 raise _bind_error("HTTP", self.host, self.http_port, "--http-port", e) from None
@@ -209,7 +209,7 @@ class Server:
 
         self._sockdir = tempfile.mkdtemp(prefix="gpuloom-")
         path = os.path.join(self._sockdir, "bridge.sock")
-        self._bridge = frontend.InferBridge(self.core, path, drain_on=self.ring_drain_on)
+        self._bridge = bridge.InferBridge(self.core, path, drain_on=self.ring_drain_on)
         cmd = [sys.executable, "-m", "gpuloom.serve.frontend", "--socket", path, "--host", self.host,
                "--port", str(port), "--upstream", f"http://127.0.0.1:{internal}",
                "--max-body", str(int(self.core.max_body_bytes)), "--backlog", str(self.listen_backlog),
