@@ -26,3 +26,8 @@ done
 ls -R "$D/cache" | tail -5
 # which graphs each cached profile timed: a model gpuloom's kernels change says engine:fuse_epilogues=true
 python3 -c "import json,pathlib,sys; [print(f.name, json.loads(f.read_text()).get('runner')) for f in sorted(pathlib.Path(sys.argv[1]).rglob('*.json'))]" "$D/cache"
+# the second start must take every profile from the cache: one file per model, none measured again
+# (run 156: a model with gpuloom's kernels was measured again under a new fingerprint every start)
+n=$(find "$D/cache" -name '*.json' | wc -l); again=$(grep -c "profiled in" "$D/serve_2.err")
+echo "profile cache: $n file(s) for 3 models; profiled again at the second start: $again" \
+  "($([ "$n" = 3 ] && [ "$again" = 0 ] && echo ok || echo NOT ok))"
