@@ -69,6 +69,31 @@ def compare_batches(tables: list[dict], min_batches: int) -> list[dict]:
     return out
 
 
+def print_batches(reports: list[dict], names: list[str], models: list[str] | None, min_batches: int,
+                  out: str | None) -> int:
+    """``--batches``: each cell's device ms per report, each report's ratio to the others, the JSON."""
+    try:
+        cells = compare_batches([batch_times(r, models) for r in reports], min_batches)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for i, name in enumerate(names):
+        engine = ",".join(f"{k}={v}" for k, v in (reports[i].get("meta", {}).get("engine") or {}).items())
+        print(f"[{i}] {name} [{engine or 'defaults'}]")
+    for c in cells:
+        figures = "  ".join(f"[{i}] {m:.3f} ms ({r:.3f})" for i, (m, r) in enumerate(zip(c["ms"], c["ratio_to_others"])))
+        print(f"{c['model']} {c['sms']} SMs batch {c['batch']}: {figures}")
+    for i in range(len(reports)):
+        rs = sorted(c["ratio_to_others"][i] for c in cells)
+        lowest = sum(c["ms"][i] == min(c["ms"]) for c in cells)
+        if rs:
+            print(f"[{i}] ratio to the others: median {rs[len(rs) // 2]:.3f}, range {rs[0]:.3f}-{rs[-1]:.3f}, "
+                  f"lowest of all in {lowest} of {len(cells)} cells")
+    if out:
+        Path(out).write_text(json.dumps({"reports": names, "min_batches": min_batches, "cells": cells}, indent=1) + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("reports", nargs="+", help="gpuloom bench JSON reports, in the order they ran")
@@ -90,26 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         reports.append(report)
         table += rows(report, Path(path).name, models)
     if a.batches:
-        try:
-            cells = compare_batches([batch_times(r, models) for r in reports], a.min_batches)
-        except ValueError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        names = [Path(p).name for p in a.reports]
-        for i, name in enumerate(names):
-            engine = ",".join(f"{k}={v}" for k, v in (reports[i].get("meta", {}).get("engine") or {}).items())
-            print(f"[{i}] {name} [{engine or 'defaults'}]")
-        for c in cells:
-            figures = "  ".join(f"[{i}] {m:.3f} ms ({r:.3f})" for i, (m, r) in enumerate(zip(c["ms"], c["ratio_to_others"])))
-            print(f"{c['model']} {c['sms']} SMs batch {c['batch']}: {figures}")
-        for i in range(len(reports)):
-            rs = sorted(c["ratio_to_others"][i] for c in cells)
-            if rs:
-                print(f"[{i}] ratio to the others: median {rs[len(rs) // 2]:.3f}, range {rs[0]:.3f}-{rs[-1]:.3f}, "
-                      f"lowest of all in {sum(c['ms'][i] == min(c['ms']) for c in cells)} of {len(cells)} cells")
-        if a.out:
-            Path(a.out).write_text(json.dumps({"reports": names, "min_batches": a.min_batches, "cells": cells}, indent=1) + "\n")
-        return 0
+        return print_batches(reports, [Path(p).name for p in a.reports], models, a.min_batches, a.out)
     for r in table:
         figures = "; ".join(f"{m} {v['attainment']:.3f} / {v['compute_ms']:.2f} ms" for m, v in r["models"].items())
         engine = ",".join(f"{k}={v}" for k, v in r["engine"].items()) or "defaults"
