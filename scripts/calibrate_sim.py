@@ -86,6 +86,8 @@ def main() -> int:
     ap.add_argument("--overheads", default="0,0.2,0.4,0.6,0.8,1.0", help="batch_overhead_ms grid")
     ap.add_argument("--demand-fractions", default="0.89,1.0", help="demand_fraction grid")
     ap.add_argument("--interference", default="0", help="interference grid (slowdown per co-running batch)")
+    ap.add_argument("--shared-exponents", default="1",
+                    help="shared_exponent grid (shared lanes' slowdown = oversubscription ** this; 1: linear)")
     ap.add_argument("--host-launch", default="0", help="host_launch_ms grid (the one launching thread, per batch)")
     ap.add_argument("--host-request", default="0", help="host_request_ms grid (that same host, per request)")
     ap.add_argument("--host-arrival", default="0",
@@ -149,12 +151,13 @@ def main() -> int:
                  f"{a.min_attainment}, client on schedule); points of variants are kept only with --variants KEY,...")
     grid = []
     grids = (a.overheads, a.demand_fractions, a.interference, a.host_launch, a.host_request, a.host_arrival,
-             a.gil_request, a.gil_batch, a.hold_spread, a.hold_per_ms, a.hold_per_request)
-    for ov, df, it, hl, hr, ha, gr, gb, hs, hm, hq in itertools.product(*[[float(v) for v in g.split(",")] for g in grids]):
+             a.gil_request, a.gil_batch, a.hold_spread, a.hold_per_ms, a.hold_per_request, a.shared_exponents)
+    for ov, df, it, hl, hr, ha, gr, gb, hs, hm, hq, se in itertools.product(
+            *[[float(v) for v in g.split(",")] for g in grids]):
         cm = ContentionModel(batch_overhead_ms=ov, demand_fraction=df, interference=it, host_launch_ms=hl,
                              host_request_ms=hr, host_arrival_ms=ha, gil_request_ms=gr, gil_batch_ms=gb,
                              model_overhead_ms=tuple(model_overhead), hold_spread=hs,
-                             hold_per_ms=hm, hold_per_request_ms=hq)
+                             hold_per_ms=hm, hold_per_request_ms=hq, shared_exponent=se)
         rows = []
         for pt in points:
             wl = dataclasses.replace(pt["wl"].scaled(pt["scale"]), duration_s=pt["duration"])
@@ -173,7 +176,7 @@ def main() -> int:
         over = [abs(r["goodput_error"]) for r in rows if not r["fitted"] and r["goodput_error"] is not None]
         grid.append({"batch_overhead_ms": ov, "demand_fraction": df, "interference": it, "host_launch_ms": hl,
                      "host_request_ms": hr, "host_arrival_ms": ha, "gil_request_ms": gr, "gil_batch_ms": gb,
-                     "hold_spread": hs, "hold_per_ms": hm, "hold_per_request_ms": hq,
+                     "hold_spread": hs, "hold_per_ms": hm, "hold_per_request_ms": hq, "shared_exponent": se,
                      "worst_abs_error_fitted": round(max(fitted), 4) if fitted else None,
                      "mean_abs_error_fitted": round(sum(fitted) / len(fitted), 4) if fitted else None,
                      "within_target_fitted": sum(1 for e in fitted if e <= TARGET),
@@ -181,7 +184,7 @@ def main() -> int:
                      "points": rows})
         print(f"overhead {ov:.2f} ms, demand_fraction {df:.2f}, interference {it:.3f}, host launch {hl:.2f} ms, "
               f"host per request {hr:.3f} ms, per arrival {ha:.3f} ms, GIL per request {gr:.3f} / batch {gb:.3f} ms, "
-              f"hold spread {hs:.2f}, per ms {hm:.3f}, per request {hq:.3f}: "
+              f"hold spread {hs:.2f}, per ms {hm:.3f}, per request {hq:.3f}, shared exponent {se:g}: "
               f"worst |error| {max(fitted):.3f}, mean {sum(fitted) / len(fitted):.3f}, "
               f"{grid[-1]['within_target_fitted']} within {TARGET:.0%} over {len(fitted)} fitted points; "
               f"median |error| {grid[-1]['median_abs_error_unfitted']} over {len(over)} points in collapse",
@@ -192,7 +195,7 @@ def main() -> int:
           f"host_request_ms={best['host_request_ms']}, host_arrival_ms={best['host_arrival_ms']}, "
           f"gil_request_ms={best['gil_request_ms']}, gil_batch_ms={best['gil_batch_ms']}, "
           f"hold_spread={best['hold_spread']}, hold_per_ms={best['hold_per_ms']}, "
-          f"hold_per_request_ms={best['hold_per_request_ms']}")
+          f"hold_per_request_ms={best['hold_per_request_ms']}, shared_exponent={best['shared_exponent']}")
     for r in best["points"]:
         print(f"  {r['policy']:9s} x{r['scale']:<6.3g} measured {r['measured_goodput']:7.0f}/s "
               f"simulated {r['simulated_goodput']:7.0f}/s error {r['goodput_error']:+.3f}"

@@ -305,6 +305,16 @@ def test_no_slowdown_while_the_knees_fit_and_efficiency_scales_oversubscription(
     assert fits == 1.0
 
 
+def test_the_shared_exponent_makes_oversubscribed_lanes_lose_throughput_and_leaves_fitting_ones_alone():
+    reqs = [Request(0, "toy", 0.0, 10.0), Request(1, "toy", 0.0, 10.0)]
+    rec = toy_run(_TwoLanes(), reqs, until_ms=1.0, contention=ContentionModel(shared_exponent=1.5))
+    # 32 SMs demanded of 16: 2 ** 1.5 times slower (linear: 2x, the shared SMs' throughput kept whole)
+    assert [r.finish_ms for r in rec.results] == [pytest.approx(2 ** 1.5), pytest.approx(2 ** 1.5)]
+    assert ContentionModel(shared_exponent=2.0).shared_factor(16, 16) == 1.0  # no oversubscription, no slowdown
+    with pytest.raises(ValueError, match="shared_exponent must be >= 1"):
+        ContentionModel(shared_exponent=0.5)
+
+
 def test_exclusive_partitions_run_at_their_profiled_latency_side_by_side():
     class Split(Policy):
         name = "split-test"

@@ -118,6 +118,9 @@ class ContentionModel:
     knee_eps: float = 0.1  # a batch demands knee(b, knee_eps) SMs when it shares the GPU
     demand_fraction: float = 1.0  # ... times this: the share of its knee a shared batch really occupies
     efficiency: float = 1.0  # fraction of the shared SMs delivered when oversubscribed (0, 1]
+    #: how the slowdown grows with oversubscription: ``(demand / (efficiency * SMs)) ** shared_exponent``
+    #: (1: linear, the shared SMs' throughput stays whole; above 1 it falls as more batches share them)
+    shared_exponent: float = 1.0
     interference: float = 0.0  # slowdown per other co-running batch (any partition), >= 0
     switch_ms: float = 0.0  # time until a new layout's partitions accept work, ms
     batch_overhead_ms: float = 0.0  # per batch, a lane's time not on the GPU: host launch + completion turnaround
@@ -137,6 +140,8 @@ class ContentionModel:
             raise ValueError(f"ContentionModel.efficiency must be in (0, 1], found {self.efficiency}")
         if not (0.0 < self.demand_fraction <= 1.0):
             raise ValueError(f"ContentionModel.demand_fraction must be in (0, 1], found {self.demand_fraction}")
+        if not self.shared_exponent >= 1.0:
+            raise ValueError(f"ContentionModel.shared_exponent must be >= 1, found {self.shared_exponent}")
         if min(self.interference, self.knee_eps, self.switch_ms, self.batch_overhead_ms, self.host_launch_ms,
                self.host_request_ms, self.host_arrival_ms, self.gil_request_ms, self.gil_batch_ms,
                self.hold_spread, self.hold_per_ms, self.hold_per_request_ms) < 0:
@@ -188,7 +193,7 @@ class ContentionModel:
 
     def shared_factor(self, demand_sms: float, shared_sms: float) -> float:
         """How many times slower shared batches run when together they demand ``demand_sms``."""
-        return max(1.0, demand_sms / (self.efficiency * shared_sms))
+        return max(1.0, demand_sms / (self.efficiency * shared_sms)) ** self.shared_exponent
 
     def interference_factor(self, n_running: int) -> float:
         return 1.0 + self.interference * max(0, n_running - 1)
