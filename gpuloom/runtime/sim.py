@@ -12,7 +12,8 @@ against the GPU, issue 5). Its parameters live in :class:`ContentionModel`.
   its whole-GPU latency), or the SMs a policy granted it (``Decision.sms``; then it runs for
   ``L(b, sms)``). While the demands ``K`` fit (``K <= efficiency * A``) nobody slows down; beyond,
   every shared batch progresses ``K / (efficiency * A)`` times slower (SMs divided in proportion to
-  demand; a batch alone is never slowed). The factor is recomputed whenever the set of running
+  demand; a batch alone is never slowed), raised to ``shared_exponent`` (1 by default: the shared SMs'
+  throughput stays whole however oversubscribed; above 1 it falls). The factor is recomputed whenever the set of running
   batches changes: a batch's progress is integrated piecewise (processor sharing), so a batch that
   started alone and is joined halfway is slowed only for the second half.
 * **Prioritized shared batches** (``Decision.priority`` set; the ``ideal`` bound uses it): before the
