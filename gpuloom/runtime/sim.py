@@ -13,9 +13,9 @@ against the GPU, issue 5). Its parameters live in :class:`ContentionModel`.
   ``L(b, sms)``). While the demands ``K`` fit (``K <= efficiency * A``) nobody slows down; beyond,
   every shared batch progresses ``K / (efficiency * A)`` times slower (SMs divided in proportion to
   demand; a batch alone is never slowed), raised to ``shared_exponent`` (1 by default: the shared SMs'
-  throughput stays whole however oversubscribed; above 1 it falls). The factor is recomputed whenever the set of running
-  batches changes: a batch's progress is integrated piecewise (processor sharing), so a batch that
-  started alone and is joined halfway is slowed only for the second half.
+  throughput stays whole however oversubscribed; above 1 it falls). The factor is recomputed whenever
+  the set of running batches changes: a batch's progress is integrated piecewise (processor sharing),
+  so a batch that started alone and is joined halfway is slowed only for the second half.
 * **Prioritized shared batches** (``Decision.priority`` set; the ``ideal`` bound uses it): before the
   proportional division, SMs go to prioritized batches in priority order (lowest first), each up to
   its demand, losslessly; a batch left with ``s`` SMs below its demand runs at ``L(b, s)`` (below the
