@@ -18,26 +18,25 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpuloom.bench.experiment import simulate  # noqa: E402
-from gpuloom.bench.workload import workload_from_dict  # noqa: E402
 from gpuloom.commands.bench import sim_policy  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
-from gpuloom.runtime.model_profiles import trim_profile  # noqa: E402
 from gpuloom.runtime.sim import ContentionModel  # noqa: E402
+from sim_measured_hold import load_report  # noqa: E402
 
 QUANTILES = (0.1, 0.5, 0.9, 0.99)
 
 
-def oversubscription(report: dict, policy: str, cm: ContentionModel) -> list[dict]:
-    """Per point of ``policy`` in ``report``: measured and simulated goodput, and the quantiles of the
-    simulated shared lanes' oversubscription (``ContentionModel.shared_factor``'s argument)."""
-    wl0 = workload_from_dict(report["workload"])
+def oversubscription(report: dict, wl0: Any, profs: dict, policy: str, cm: ContentionModel) -> list[dict]:
+    """Per point of ``policy`` in ``report`` (with its workload and profiles, :func:`load_report`):
+    measured and simulated goodput, and the quantiles of the simulated shared lanes' oversubscription
+    (``ContentionModel.shared_factor``'s argument)."""
     meta = report["meta"]
-    store = ProfileStore.builtin("h200")
-    profs = {m.name: trim_profile(store.get(m.name), int(meta["max_batch"])) for m in wl0.models}
     seen: list[float] = []
 
     class Recording(ContentionModel):
@@ -66,11 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", default="triton", help="the report's policy (variant spelling) to simulate")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     a = ap.parse_args(argv)
-    report = json.loads(Path(a.report).read_text())
+    report, wl, profs = load_report(a.report, ProfileStore.builtin("h200"))
     if a.policy not in report["policies"]:
         print(f"error: no policy {a.policy!r} in {a.report}; it has {sorted(report['policies'])}", file=sys.stderr)
         return 2
-    rows = oversubscription(report, a.policy, ContentionModel.h200_runs())
+    rows = oversubscription(report, wl, profs, a.policy, ContentionModel.h200_runs())
     for r in rows:
         q = "  ".join(f"{k} {v:.2f}" for k, v in r["oversubscription"].items()) or "no shared batches"
         print(f"x{r['scale']:<8g} measured {r['measured_goodput']:7.0f}/s simulated {r['simulated_goodput']:7.0f}/s  "
