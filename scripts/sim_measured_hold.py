@@ -29,13 +29,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpuloom.bench.e2e import save_json  # noqa: E402
+from gpuloom.bench.e2e import planned_profiles, save_json  # noqa: E402
 from gpuloom.bench.experiment import simulate  # noqa: E402
 from gpuloom.bench.workload import workload_from_dict  # noqa: E402
 from gpuloom.commands.bench import sim_policy  # noqa: E402
 from gpuloom.plan.slowdown import device_over_profile, mean_by, slowed  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
-from gpuloom.runtime.service import trim_profile  # noqa: E402
 from gpuloom.runtime.sim import ContentionModel  # noqa: E402
 
 
@@ -94,11 +93,10 @@ def per_model(point: dict) -> tuple[dict[str, float], dict[str, float], bool]:
 
 
 def load_report(path: str | Path, store: ProfileStore) -> tuple[dict, object, dict]:
-    """A bench report, its workload, and the H200 ``store``'s profiles of its models cut to the
-    report's max batch (as the bench ran them)."""
+    """A bench report, its workload, and the profiles its points were planned with: those it recorded
+    (since the fiftieth session), else the H200 ``store``'s cut to the report's max batch."""
     d = json.loads(Path(path).read_text())
-    wl = workload_from_dict(d["workload"])
-    return d, wl, {m.name: trim_profile(store.get(m.name), int(d["meta"]["max_batch"])) for m in wl.models}
+    return d, workload_from_dict(d["workload"]), planned_profiles(d, store)
 
 
 def measured_world(point: dict, profiles: dict, demand_fraction: float):

@@ -756,3 +756,34 @@ def test_engine_options_reach_every_models_config_and_the_report(tmp_path, monke
     assert bench.run(p.parse_args([str(wl), "--tiny", "--device", "cpu", "--engine", "fuse_epilogues=maybe"])) == 2
     said = " ".join(capsys.readouterr().err.split())  # errors on stderr (the console wraps long lines)
     assert "error: --engine: engine option fuse_epilogues: expected true or false, got 'maybe'" in said, said[-300:]
+
+
+def test_the_report_records_the_profiles_it_planned_with_and_they_simulate_its_points_again(tmp_path):
+    # gpuloom's kernels make mobilenet_v2 and efficientnet_b0 other models than the shipped profiles
+    # timed: the bench measures theirs at load, and a re-simulation must use those (fiftieth session)
+    from gpuloom.bench.e2e import planned_profiles
+    from gpuloom.bench.experiment import simulate
+    from gpuloom.bench.workload import workload_from_dict
+    from gpuloom.profile.store import Profile
+
+    rc, rep = run_bench(tmp_path, "--policy", "triton,dstack")
+    assert rc == 0
+    wl = workload_from_dict(rep["workload"])
+    for name, pol in rep["policies"].items():
+        assert set(pol["profiles"]) == {"alpha", "beta"}
+        profs = planned_profiles(rep, store=None, policy=name)  # every model recorded: no store needed
+        assert all(isinstance(p, Profile) and p.max_batch <= 4 for p in profs.values())
+        (pt,) = pol["points"]
+        scaled = dataclasses.replace(wl.scaled(pt["scale"]), duration_s=pt["duration_s"])
+        again = simulate(scaled, profs, name).metrics  # tiny models on the CPU: the plain model
+        assert again.goodput_rps == pytest.approx(pt["sim"]["goodput_rps"])
+
+    class Shipped:  # a report from before the profiles were recorded falls back on the store's, cut
+        def get(self, model):
+            p = profs[model]
+            return dataclasses.replace(p, batches=(1, 2, 4, 8), latency_ms=tuple(
+                tuple(float(b) for _ in p.sms) for b in (1, 2, 4, 8)))
+
+    old = {**rep, "policies": {k: {kk: vv for kk, vv in v.items() if kk != "profiles"}
+                               for k, v in rep["policies"].items()}}
+    assert all(p.max_batch == 4 for p in planned_profiles(old, Shipped()).values())

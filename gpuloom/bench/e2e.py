@@ -591,6 +591,10 @@ class PolicyResult:
     # "warmup", "points" (measured load and its drain). On the H200 the GPU sat idle most of a device
     # call (run 61: loaded in 111 of 541 s): this says how much of that was captures.
     seconds: dict = field(default_factory=dict)
+    # model -> the profile (``Profile.to_json``) the policy planned and simulated with: the shipped one,
+    # or one measured at load (gpuloom's kernels make mobilenet_v2 and efficientnet_b0 other models than
+    # the shipped profiles timed), so a report can be simulated again as it ran (fiftieth session)
+    profiles: dict = field(default_factory=dict)
 
 
 def rounded(seconds: dict) -> dict:
@@ -639,6 +643,7 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
     name = label or policy
     points: list[Point] = []
     seconds = {"setup": 0.0, "replan": 0.0, "warmup": 0.0, "points": 0.0}
+    planned: dict = {}
     clock = time.monotonic
 
     def best_scale() -> float:
@@ -658,6 +663,7 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # crude profiles for tiny models
             svc.load_many(list(models.values()))  # one plan, one layout build
+        planned = {cfg.name: svc.profile(cfg.name).to_json() for cfg, _ in models.values()}
         for cfg, _ in models.values():  # warm the path once
             try:
                 svc.submit(cfg.name, {t.name: np.zeros((1, *t.shape), t.dtype) for t in cfg.inputs},
@@ -714,7 +720,7 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
             if on_point is not None:
                 best_so_far = best_scale()
                 on_point(PolicyResult(name, list(points), best_so_far, best_so_far * workload.total_rate(),
-                                      error=IN_PROGRESS, seconds=rounded(seconds)))
+                                      error=IN_PROGRESS, seconds=rounded(seconds), profiles=planned))
             return p
 
         first = (scales or [1.0])[0]
@@ -753,13 +759,14 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
             best = best_scale()
         say(f"{name}: time by phase: setup {seconds['setup']:.0f} s (models loaded, first layout captured), "
             f"re-plans {seconds['replan']:.0f} s, warm-up {seconds['warmup']:.0f} s, points {seconds['points']:.0f} s")
-        return PolicyResult(name, points, best, best * workload.total_rate(), seconds=rounded(seconds))
+        return PolicyResult(name, points, best, best * workload.total_rate(), seconds=rounded(seconds),
+                            profiles=planned)
     except Exception as e:  # noqa: BLE001 - one policy's failure must not lose the others' results
         say(f"{name}: FAILED: {type(e).__name__}: {e}")
         # what was measured before the failure still counts (a sweep cut short is a lower bound)
         best = best_scale()
         return PolicyResult(name, points, best, best * workload.total_rate(), error=f"{type(e).__name__}: {e}",
-                            seconds=rounded(seconds))
+                            seconds=rounded(seconds), profiles=planned)
     finally:
         svc.close(drain=False, timeout_s=10)
 
@@ -774,6 +781,24 @@ def save_json(path: str | Path, report: dict) -> None:
     os.replace(tmp, out)
 
 
+def planned_profiles(report: dict, store: Any, policy: str | None = None) -> dict:
+    """model -> :class:`~gpuloom.profile.store.Profile` a bench ``report``'s points were planned and
+    simulated with: those it recorded (``policy``'s, else the first policy's that has each model), else
+    ``store``'s (the shipped ones) cut to the report's max batch, as reports before the fiftieth session
+    leave it to be assumed (wrong for models whose profile was measured at load)."""
+    from ..profile.store import Profile
+    from ..runtime.model_profiles import trim_profile
+
+    pols = report.get("policies") or {}
+    order = ([pols[policy]] if policy in pols else []) + list(pols.values())
+    out = {}
+    for m in (x["name"] for x in report["workload"]["models"]):
+        rec = next((r["profiles"][m] for r in order if m in (r.get("profiles") or {})), None)
+        out[m] = Profile.from_json(rec) if rec is not None else \
+            trim_profile(store.get(m), int(report["meta"]["max_batch"]))
+    return out
+
+
 def to_json(workload: Workload, results: Sequence[PolicyResult], *, device: str, target: float,
             meta: dict | None = None) -> dict:
     """The report: per policy points and headline, ratios to the best baseline."""
@@ -785,7 +810,8 @@ def to_json(workload: Workload, results: Sequence[PolicyResult], *, device: str,
         "meta": meta or {},
         "policies": {r.policy: {"max_scale": r.max_scale, "max_load_rps": r.max_load_rps, "error": r.error,
                                 "seconds": r.seconds, "points": [_clean({**dataclasses.asdict(p), "offered_as_scheduled": p.offered_as_scheduled})
-                                           for p in r.points]} for r in results},
+                                           for p in r.points], **({"profiles": r.profiles} if r.profiles else {})}
+                     for r in results},
     }
     # variants of a policy ("dstack:lookahead_ms=0") and repeats ("dstack#2") are not baselines
     rivals = [r for r in results if policy_of(r.policy) != "dstack"]
