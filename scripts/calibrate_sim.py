@@ -27,12 +27,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpuloom.bench.e2e import offered_as_scheduled  # noqa: E402
+from gpuloom.bench.e2e import offered_as_scheduled, planned_profiles  # noqa: E402
 from gpuloom.bench.experiment import simulate  # noqa: E402
 from gpuloom.bench.workload import workload_from_dict  # noqa: E402
 from gpuloom.commands.bench import sim_policy  # noqa: E402,F401 - the variant as the simulator builds it
 from gpuloom.profile.store import ProfileStore  # noqa: E402
-from gpuloom.runtime.service import trim_profile  # noqa: E402
 from gpuloom.runtime.sim import ContentionModel  # noqa: E402
 
 
@@ -88,6 +87,12 @@ def main() -> int:
     ap.add_argument("--interference", default="0", help="interference grid (slowdown per co-running batch)")
     ap.add_argument("--shared-exponents", default="1",
                     help="shared_exponent grid (shared lanes' slowdown = oversubscription ** this; 1: linear)")
+    ap.add_argument("--demands", default="knee",
+                    help="demand grid: what a shared batch demands, knee and/or area (ContentionModel.demand)")
+    ap.add_argument("--efficiencies", default="1",
+                    help="efficiency grid (the share of the shared SMs delivered when oversubscribed)")
+    ap.add_argument("--area-min-sms", type=int, default=16,
+                    help="with --demands area: the fewest SMs a batch's most efficient count is looked for from")
     ap.add_argument("--host-launch", default="0", help="host_launch_ms grid (the one launching thread, per batch)")
     ap.add_argument("--host-request", default="0", help="host_request_ms grid (that same host, per request)")
     ap.add_argument("--host-arrival", default="0",
@@ -127,11 +132,10 @@ def main() -> int:
     for path in a.bench:
         d = json.loads(Path(path).read_text())
         wl = workload_from_dict(d["workload"])
-        max_batch = int(d["meta"]["max_batch"])
         duration = float(d["meta"]["duration_s"])
-        profs = {m.name: trim_profile(store.get(m.name), max_batch) for m in wl.models}
         allowed = {k for k in a.variants.split(",") if k}
         for pol, res in d["policies"].items():
+            profs = planned_profiles(d, store, pol)  # as the bench ran them (recorded since session 50)
             keys = {kv.split("=")[0] for kv in pol.split(":")[1:]}
             if not keys <= allowed:
                 continue
@@ -151,13 +155,16 @@ def main() -> int:
                  f"{a.min_attainment}, client on schedule); points of variants are kept only with --variants KEY,...")
     grid = []
     grids = (a.overheads, a.demand_fractions, a.interference, a.host_launch, a.host_request, a.host_arrival,
-             a.gil_request, a.gil_batch, a.hold_spread, a.hold_per_ms, a.hold_per_request, a.shared_exponents)
-    for ov, df, it, hl, hr, ha, gr, gb, hs, hm, hq, se in itertools.product(
-            *[[float(v) for v in g.split(",")] for g in grids]):
+             a.gil_request, a.gil_batch, a.hold_spread, a.hold_per_ms, a.hold_per_request, a.shared_exponents,
+             a.efficiencies)
+    demands = [d for d in a.demands.split(",") if d]
+    for dm, (ov, df, it, hl, hr, ha, gr, gb, hs, hm, hq, se, ef) in itertools.product(
+            demands, itertools.product(*[[float(v) for v in g.split(",")] for g in grids])):
         cm = ContentionModel(batch_overhead_ms=ov, demand_fraction=df, interference=it, host_launch_ms=hl,
                              host_request_ms=hr, host_arrival_ms=ha, gil_request_ms=gr, gil_batch_ms=gb,
                              model_overhead_ms=tuple(model_overhead), hold_spread=hs,
-                             hold_per_ms=hm, hold_per_request_ms=hq, shared_exponent=se)
+                             hold_per_ms=hm, hold_per_request_ms=hq, shared_exponent=se,
+                             efficiency=ef, demand=dm, area_min_sms=a.area_min_sms)
         rows = []
         for pt in points:
             wl = dataclasses.replace(pt["wl"].scaled(pt["scale"]), duration_s=pt["duration"])
@@ -177,6 +184,7 @@ def main() -> int:
         grid.append({"batch_overhead_ms": ov, "demand_fraction": df, "interference": it, "host_launch_ms": hl,
                      "host_request_ms": hr, "host_arrival_ms": ha, "gil_request_ms": gr, "gil_batch_ms": gb,
                      "hold_spread": hs, "hold_per_ms": hm, "hold_per_request_ms": hq, "shared_exponent": se,
+                     "efficiency": ef, "demand": dm, "area_min_sms": a.area_min_sms,
                      "worst_abs_error_fitted": round(max(fitted), 4) if fitted else None,
                      "mean_abs_error_fitted": round(sum(fitted) / len(fitted), 4) if fitted else None,
                      "within_target_fitted": sum(1 for e in fitted if e <= TARGET),
@@ -184,7 +192,8 @@ def main() -> int:
                      "points": rows})
         print(f"overhead {ov:.2f} ms, demand_fraction {df:.2f}, interference {it:.3f}, host launch {hl:.2f} ms, "
               f"host per request {hr:.3f} ms, per arrival {ha:.3f} ms, GIL per request {gr:.3f} / batch {gb:.3f} ms, "
-              f"hold spread {hs:.2f}, per ms {hm:.3f}, per request {hq:.3f}, shared exponent {se:g}: "
+              f"hold spread {hs:.2f}, per ms {hm:.3f}, per request {hq:.3f}, shared exponent {se:g}, "
+              f"demand {dm}, efficiency {ef:g}: "
               f"worst |error| {max(fitted):.3f}, mean {sum(fitted) / len(fitted):.3f}, "
               f"{grid[-1]['within_target_fitted']} within {TARGET:.0%} over {len(fitted)} fitted points; "
               f"median |error| {grid[-1]['median_abs_error_unfitted']} over {len(over)} points in collapse",
@@ -195,7 +204,8 @@ def main() -> int:
           f"host_request_ms={best['host_request_ms']}, host_arrival_ms={best['host_arrival_ms']}, "
           f"gil_request_ms={best['gil_request_ms']}, gil_batch_ms={best['gil_batch_ms']}, "
           f"hold_spread={best['hold_spread']}, hold_per_ms={best['hold_per_ms']}, "
-          f"hold_per_request_ms={best['hold_per_request_ms']}, shared_exponent={best['shared_exponent']}")
+          f"hold_per_request_ms={best['hold_per_request_ms']}, shared_exponent={best['shared_exponent']}, "
+          f"demand={best['demand']}, efficiency={best['efficiency']}")
     for r in best["points"]:
         print(f"  {r['policy']:9s} x{r['scale']:<6.3g} measured {r['measured_goodput']:7.0f}/s "
               f"simulated {r['simulated_goodput']:7.0f}/s error {r['goodput_error']:+.3f}"

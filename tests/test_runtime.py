@@ -315,6 +315,35 @@ def test_the_shared_exponent_makes_oversubscribed_lanes_lose_throughput_and_leav
         ContentionModel(shared_exponent=0.5)
 
 
+def test_area_demand_counts_the_sms_a_batch_keeps_busy_not_its_knee():
+    # batch 1: 1.2 ms on 8 SMs, 1.0 ms on 16. Its knee (within 10% of 1.0 ms) is 16 SMs, but on 8 it
+    # does the same work in 9.6 SM-ms: on the whole GPU it keeps 9.6 SMs busy on average
+    prof = Profile(model="toy", input_shapes=((4,),), dtype="float32", gpu=GPU16, batches=(1,), sms=(8, 16),
+                   latency_ms=((1.2, 1.0),), source="synthetic")
+    w = Workload((ModelSpec("toy", 10.0, arrival=Arrival("poisson", rate=1.0)),), duration_s=1)
+    reqs = [Request(0, "toy", 0.0, 10.0), Request(1, "toy", 0.0, 10.0)]
+
+    def finishes(cm):
+        backend = SimBackend({"toy": prof}, contention=cm)
+        rt = Runtime(_TwoLanes(), backend, make_context(w, {"toy": prof}, contention=cm))
+        return [r.finish_ms for r in rt.run(reqs, until_ms=1.0, drain_ms=10.0).results], backend
+
+    knee, _ = finishes(ContentionModel())
+    assert knee == [pytest.approx(2.0)] * 2  # 2 x 16 SMs of 16: twice as slow
+    area, backend = finishes(ContentionModel(demand="area", area_min_sms=8))
+    assert backend.demand_sms("toy", 1, 16.0) == pytest.approx(9.6)
+    assert area == [pytest.approx(1.2)] * 2  # 19.2 SMs of 16
+    lossy, _ = finishes(ContentionModel(demand="area", area_min_sms=8, efficiency=0.8))
+    assert lossy == [pytest.approx(1.5)] * 2  # 19.2 of the 12.8 the shared SMs deliver
+    # from 16 SMs up only the whole GPU is looked at: the area demand is the whole GPU, as the knee
+    whole, _ = finishes(ContentionModel(demand="area"))
+    assert whole == [pytest.approx(2.0)] * 2
+    with pytest.raises(ValueError, match="demand must be one of knee, area"):
+        ContentionModel(demand="occupancy")
+    with pytest.raises(ValueError, match="area_min_sms"):
+        ContentionModel(demand="area", area_min_sms=0)
+
+
 def test_exclusive_partitions_run_at_their_profiled_latency_side_by_side():
     class Split(Policy):
         name = "split-test"

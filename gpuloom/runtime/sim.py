@@ -16,6 +16,13 @@ against the GPU, issue 5). Its parameters live in :class:`ContentionModel`.
   throughput stays whole however oversubscribed; above 1 it falls). The factor is recomputed whenever
   the set of running batches changes: a batch's progress is integrated piecewise (processor sharing),
   so a batch that started alone and is joined halfway is slowed only for the second half.
+* **Area demand** (``demand="area"``; default ``"knee"``): a shared batch demands instead the SMs it
+  keeps busy on average, its smallest SM-time on ``area_min_sms`` or more SMs (its most efficient
+  count) over its time on the pool, times ``demand_fraction``; with ``efficiency`` below 1 the shared
+  SMs then conserve that SM-time at a fraction of the pool. What the H100's and H200's saturated triton
+  points of mix6 conserve (fiftieth session): that SM-time at 0.67-0.77 of the GPU over mean batches of
+  3 to 11, where the knee's work varied 0.86-1.13. As a simulator it fit no more of run 164's points
+  within 10% than the knee (``docs/reports/runtime.md``), so it is an option, not the default.
 * **Prioritized shared batches** (``Decision.priority`` set; the ``ideal`` bound uses it): before the
   proportional division, SMs go to prioritized batches in priority order (lowest first), each up to
   its demand, losslessly; a batch left with ``s`` SMs below its demand runs at ``L(b, s)`` (below the
@@ -110,6 +117,8 @@ from ..policy.types import Completion, Decision, Layout, Partition, Request
 GIL_WINDOW_MS = 50.0
 #: ... and capped here (a turnaround stretched at most 1 / (1 - 0.95) = 20x)
 GIL_RHO_MAX = 0.95
+#: how a shared batch's demand is measured (:attr:`ContentionModel.demand`)
+DEMANDS = ("knee", "area")
 
 
 @dataclass(frozen=True)
@@ -118,6 +127,10 @@ class ContentionModel:
 
     knee_eps: float = 0.1  # a batch demands knee(b, knee_eps) SMs when it shares the GPU
     demand_fraction: float = 1.0  # ... times this: the share of its knee a shared batch really occupies
+    #: what a shared batch demands: "knee" (``demand_fraction`` times its knee) or "area" (the SMs its
+    #: profile's most efficient SM count would keep busy over its whole-GPU time; see the module docstring)
+    demand: str = "knee"
+    area_min_sms: int = 16  # "area": the fewest SMs the most efficient count is looked for from
     efficiency: float = 1.0  # fraction of the shared SMs delivered when oversubscribed (0, 1]
     #: how the slowdown grows with oversubscription: ``(demand / (efficiency * SMs)) ** shared_exponent``
     #: (1: linear, the shared SMs' throughput stays whole; above 1 it falls as more batches share them)
@@ -141,6 +154,10 @@ class ContentionModel:
             raise ValueError(f"ContentionModel.efficiency must be in (0, 1], found {self.efficiency}")
         if not (0.0 < self.demand_fraction <= 1.0):
             raise ValueError(f"ContentionModel.demand_fraction must be in (0, 1], found {self.demand_fraction}")
+        if self.demand not in DEMANDS:
+            raise ValueError(f"ContentionModel.demand must be one of {', '.join(DEMANDS)}, found {self.demand!r}")
+        if self.area_min_sms < 1:
+            raise ValueError(f"ContentionModel.area_min_sms must be >= 1, found {self.area_min_sms}")
         if not self.shared_exponent >= 1.0:
             raise ValueError(f"ContentionModel.shared_exponent must be >= 1, found {self.shared_exponent}")
         if min(self.interference, self.knee_eps, self.switch_ms, self.batch_overhead_ms, self.host_launch_ms,
@@ -256,6 +273,7 @@ class SimBackend(Backend):
         self._busy_now = 0.0  # SMs in use since _t_last
         self._busy = 0.0  # integrated SM-ms
         self._knee: dict[tuple[str, int], int] = {}
+        self._area: dict[tuple[str, int, float], float] = {}  # see demand_sms
         self._lat: dict[tuple[str, int, float], float] = {}
         self._excl: dict[tuple[str, int, int], tuple[float, float]] = {}  # see _exclusive
         # model -> how long its batches hold their lane after their GPU work (the batch overhead, ms)
@@ -310,7 +328,7 @@ class SimBackend(Backend):
                 demand = float(min(decision.sms, a))
                 base = self.latency(decision.model, b, demand)
             else:
-                demand = float(min(self.knee(decision.model, b) * self.contention.demand_fraction, a))
+                demand = float(min(self.demand_sms(decision.model, b, a) * self.contention.demand_fraction, a))
                 base = self.latency(decision.model, b, a)
             useful = demand
         else:
@@ -385,6 +403,21 @@ class SimBackend(Backend):
         if k is None:
             k = self._knee[key] = self.profiles[model].knee(batch, self.contention.knee_eps)
         return k
+
+    def demand_sms(self, model: str, batch: int, pool: float) -> float:
+        """SMs a shared batch demands on a pool of ``pool`` SMs, before ``demand_fraction``: its knee,
+        or (``demand="area"``) its smallest SM-time on ``area_min_sms``..``pool`` SMs over its time on the
+        pool: the SMs it keeps busy on average if the SMs it could use no better were free to others."""
+        if self.contention.demand == "knee":
+            return float(self.knee(model, batch))
+        key = (model, batch, pool)
+        v = self._area.get(key)
+        if v is None:
+            prof = self.profiles[model]
+            counts = [s for s in prof.sms if self.contention.area_min_sms <= s <= pool] or [min(pool, prof.sms[-1])]
+            area = min(s * self.latency(model, batch, s) for s in counts)
+            v = self._area[key] = min(float(pool), area / self.latency(model, batch, pool))
+        return v
 
     def latency(self, model: str, batch: int, sms: float) -> float:
         key = (model, batch, sms)
