@@ -769,9 +769,11 @@ def test_the_report_records_the_profiles_it_planned_with_and_they_simulate_its_p
     rc, rep = run_bench(tmp_path, "--policy", "triton,dstack")
     assert rc == 0
     wl = workload_from_dict(rep["workload"])
-    for name, pol in rep["policies"].items():
-        assert set(pol["profiles"]) == {"alpha", "beta"}
+    for name, pol in rep["policies"].items():  # (the CPU times each policy's tiny models anew at its load)
+        recorded = {**rep.get("profiles", {}), **pol.get("profiles", {})}
+        assert set(recorded) == {"alpha", "beta"}
         profs = planned_profiles(rep, store=None, policy=name)  # every model recorded: no store needed
+        assert {m: p.to_json() for m, p in profs.items()} == recorded
         assert all(isinstance(p, Profile) and p.max_batch <= 4 for p in profs.values())
         (pt,) = pol["points"]
         scaled = dataclasses.replace(wl.scaled(pt["scale"]), duration_s=pt["duration_s"])
@@ -784,6 +786,28 @@ def test_the_report_records_the_profiles_it_planned_with_and_they_simulate_its_p
             return dataclasses.replace(p, batches=(1, 2, 4, 8), latency_ms=tuple(
                 tuple(float(b) for _ in p.sms) for b in (1, 2, 4, 8)))
 
-    old = {**rep, "policies": {k: {kk: vv for kk, vv in v.items() if kk != "profiles"}
-                               for k, v in rep["policies"].items()}}
+    old = {k: v for k, v in rep.items() if k != "profiles"}
+    old["policies"] = {k: {kk: vv for kk, vv in v.items() if kk != "profiles"} for k, v in rep["policies"].items()}
     assert all(p.max_batch == 4 for p in planned_profiles(old, Shipped()).values())
+
+
+def test_profiles_planned_alike_are_kept_once_and_the_rest_per_policy():
+    from gpuloom.bench.e2e import shared_profiles
+
+    from gpuloom.bench.e2e import planned_profiles
+    from gpuloom.profile.store import GpuInfo, Profile
+
+    def prof(ms: float) -> dict:
+        return Profile(model="x", input_shapes=((4,),), dtype="float32", gpu=GpuInfo("toy", 16, 8), batches=(1,),
+                       sms=(8, 16), latency_ms=((2 * ms, ms),)).to_json()
+
+    a, b, c = prof(1.0), prof(2.0), prof(3.0)
+    shared, own = shared_profiles([{"x": a, "y": b}, {"x": a, "y": c}, {}])
+    assert shared == {"x": a} and own == [{"y": b}, {"y": c}, {}]
+    assert shared_profiles([]) == ({}, [])
+    # read back: a policy's own first, then the report's shared ones
+    rep = {"workload": {"models": [{"name": "x"}, {"name": "y"}]}, "meta": {"max_batch": 1}, "profiles": shared,
+           "policies": {"p": {"profiles": own[0]}, "q": {"profiles": own[1]}}}
+    assert planned_profiles(rep, None, "q")["y"].full_latency(1) == 3.0
+    assert planned_profiles(rep, None, "p")["y"].full_latency(1) == 2.0
+    assert planned_profiles(rep, None, "q")["x"].full_latency(1) == 1.0

@@ -790,13 +790,26 @@ def planned_profiles(report: dict, store: Any, policy: str | None = None) -> dic
     from ..runtime.model_profiles import trim_profile
 
     pols = report.get("policies") or {}
-    order = ([pols[policy]] if policy in pols else []) + list(pols.values())
+    # a policy's own (where it differed from the others'), the report's shared ones, any other policy's
+    order = ([pols[policy]] if policy in pols else []) + [report] + list(pols.values())
     out = {}
     for m in (x["name"] for x in report["workload"]["models"]):
         rec = next((r["profiles"][m] for r in order if m in (r.get("profiles") or {})), None)
         out[m] = Profile.from_json(rec) if rec is not None else \
             trim_profile(store.get(m), int(report["meta"]["max_batch"]))
     return out
+
+
+def shared_profiles(per_policy: Sequence[dict]) -> tuple[dict, list[dict]]:
+    """(the profiles every policy that recorded a model recorded alike, each policy's others): a
+    report keeps each profile once where its policies planned with the same one (the usual case:
+    one process measures a model's profile at load once)."""
+    shared = {}
+    for m in {m for prof in per_policy for m in prof}:
+        seen = [prof[m] for prof in per_policy if m in prof]
+        if all(x == seen[0] for x in seen):
+            shared[m] = seen[0]
+    return shared, [{m: v for m, v in prof.items() if m not in shared} for prof in per_policy]
 
 
 def to_json(workload: Workload, results: Sequence[PolicyResult], *, device: str, target: float,
@@ -810,9 +823,14 @@ def to_json(workload: Workload, results: Sequence[PolicyResult], *, device: str,
         "meta": meta or {},
         "policies": {r.policy: {"max_scale": r.max_scale, "max_load_rps": r.max_load_rps, "error": r.error,
                                 "seconds": r.seconds, "points": [_clean({**dataclasses.asdict(p), "offered_as_scheduled": p.offered_as_scheduled})
-                                           for p in r.points], **({"profiles": r.profiles} if r.profiles else {})}
-                     for r in results},
+                                           for p in r.points]} for r in results},
     }
+    shared, own = shared_profiles([r.profiles for r in results])
+    if shared:
+        out["profiles"] = shared
+    for r, mine in zip(results, own):
+        if mine:
+            out["policies"][r.policy]["profiles"] = mine
     # variants of a policy ("dstack:lookahead_ms=0") and repeats ("dstack#2") are not baselines
     rivals = [r for r in results if policy_of(r.policy) != "dstack"]
     base = [r for r in rivals if not r.error]
