@@ -4,9 +4,10 @@
         --check docs/results/runtime/check_light3_h200.json --out docs/results/runtime/sim_calibration.json
 
 Every measured point (policy, load factor) is simulated again with the same arrivals and the
-profiles the service planned with (shipped H200 profiles, trimmed to the run's max batch), for a
-grid of ``ContentionModel(batch_overhead_ms=..., demand_fraction=..., interference=...,
-host_launch_ms=..., hold_per_ms=..., ...)``. For each setting it reports the relative goodput error
+profiles the service planned with (those the report recorded, since the fiftieth session; else the
+shipped H200 profiles, trimmed to the run's max batch), for a grid of
+``ContentionModel(batch_overhead_ms=..., demand_fraction=..., interference=..., host_launch_ms=...,
+hold_per_ms=..., demand=..., efficiency=..., ...)``. For each setting it reports the relative goodput error
 (simulated - measured) / measured of every point, and picks the setting with the smallest worst
 error (``--rank within``: the most points within 10%) over the points that are not in collapse
 (measured attainment >= ``--min-attainment``: past the point where the Python runtime falls over,
@@ -135,10 +136,10 @@ def main() -> int:
         duration = float(d["meta"]["duration_s"])
         allowed = {k for k in a.variants.split(",") if k}
         for pol, res in d["policies"].items():
-            profs = planned_profiles(d, store, pol)  # as the bench ran them (recorded since session 50)
             keys = {kv.split("=")[0] for kv in pol.split(":")[1:]}
             if not keys <= allowed:
                 continue
+            profs = planned_profiles(d, store, pol)  # as the bench ran them (recorded since session 50)
             for p in res["points"]:
                 points.append({"file": Path(path).name, "policy": pol, "scale": p["scale"],
                                "measured_goodput": p["goodput_rps"], "measured_attainment": p["slo_attainment"],

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", default="triton", help="the report's policy (variant spelling) to simulate")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     a = ap.parse_args(argv)
-    report, wl, profs = load_report(a.report, ProfileStore.builtin("h200"))
+    report, wl, profs = load_report(a.report, ProfileStore.builtin("h200"), a.policy)
     if a.policy not in report["policies"]:
         print(f"error: no policy {a.policy!r} in {a.report}; it has {sorted(report['policies'])}", file=sys.stderr)
         return 2

@@ -92,11 +92,11 @@ def per_model(point: dict) -> tuple[dict[str, float], dict[str, float], bool]:
     return mean_by(held), slow, False
 
 
-def load_report(path: str | Path, store: ProfileStore) -> tuple[dict, object, dict]:
-    """A bench report, its workload, and the profiles its points were planned with: those it recorded
-    (since the fiftieth session), else the H200 ``store``'s cut to the report's max batch."""
+def load_report(path: str | Path, store: ProfileStore, policy: str | None = None) -> tuple[dict, object, dict]:
+    """A bench report, its workload, and the profiles its points (``policy``'s) were planned with: those
+    it recorded (since the fiftieth session), else the H200 ``store``'s cut to the report's max batch."""
     d = json.loads(Path(path).read_text())
-    return d, workload_from_dict(d["workload"]), planned_profiles(d, store)
+    return d, workload_from_dict(d["workload"]), planned_profiles(d, store, policy)
 
 
 def measured_world(point: dict, profiles: dict, demand_fraction: float):
@@ -118,7 +118,7 @@ def main() -> int:
     ap.add_argument("--demand-fraction", type=float, default=0.89)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    d, wl, profs = load_report(a.bench, ProfileStore.builtin("h200"))
+    d, wl, profs = load_report(a.bench, ProfileStore.builtin("h200"), a.policy)
     name, options = sim_policy(a.policy, d["meta"])
     rows = []
     for p in d["policies"][a.policy]["points"]:

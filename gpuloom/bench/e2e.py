@@ -783,9 +783,9 @@ def save_json(path: str | Path, report: dict) -> None:
 
 def planned_profiles(report: dict, store: Any, policy: str | None = None) -> dict:
     """model -> :class:`~gpuloom.profile.store.Profile` a bench ``report``'s points were planned and
-    simulated with: those it recorded (``policy``'s, else the first policy's that has each model), else
-    ``store``'s (the shipped ones) cut to the report's max batch, as reports before the fiftieth session
-    leave it to be assumed (wrong for models whose profile was measured at load)."""
+    simulated with: those it recorded (``policy``'s own, else the report's shared ones, else another
+    policy's), else ``store``'s (the shipped ones) cut to the report's max batch, as reports before the
+    fiftieth session leave it to be assumed (wrong for models whose profile was measured at load)."""
     from ..profile.store import Profile
     from ..runtime.model_profiles import trim_profile
 
