@@ -86,3 +86,29 @@ def test_the_best_setting_is_the_minimax_or_the_one_with_most_points_within_the_
     assert cal.best_setting([near, many])["name"] == "near"  # the default: the smallest worst error
     assert cal.best_setting([near, many], "within")["name"] == "many"
     assert cal.best_setting([near, many, tie], "within")["name"] == "tie"  # equal counts: the smaller worst error
+
+
+def test_shared_work_counts_a_points_batches_in_knee_and_area_units_and_skips_partitions():
+    import importlib.util
+    from pathlib import Path
+
+    from gpuloom.profile.store import GpuInfo, Profile
+
+    spec = importlib.util.spec_from_file_location(
+        "diag_shared_work", Path(__file__).resolve().parent.parent / "scripts" / "diag_shared_work.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    # batch 1: 3 ms on 8 SMs (24 SM-ms), 1 ms on 16 (16 SM-ms, knee 16); batch 2: 4 ms on 8 (32), 2.5 on 16 (40)
+    prof = Profile(model="m", input_shapes=((4,),), dtype="float32", gpu=GpuInfo("toy", 16, 8), batches=(1, 2),
+                   sms=(8, 16), latency_ms=((3.0, 1.0), (4.0, 2.5)))
+    point = {"scale": 1.0, "slo_attainment": 0.9, "duration_s": 1.0, "profile_check": [
+        {"model": "m", "sms": 16, "batch": 1, "batches": 100}, {"model": "m", "sms": 16, "batch": 2, "batches": 50}]}
+    w = mod.point_work(point, {"m": prof}, 16, demand_fraction=1.0, min_sms=8)
+    # knee: 100 x 16 x 1.0 + 50 x 16 x 2.5 = 3,600 SM-ms; area: 100 x 16 + 50 x 32 = 3,200; over 16 SMs x 1,000 ms
+    assert w["knee"] == pytest.approx(3600 / 16000) and w["area"] == pytest.approx(3200 / 16000)
+    assert w["mean_batch"] == pytest.approx(200 / 150, abs=0.01)
+    assert mod.point_work(point, {"m": prof}, 16, demand_fraction=1.0, min_sms=16)["area"] == pytest.approx(
+        (100 * 16 + 50 * 40) / 16000)  # from 16 SMs up only the whole GPU
+    on_partitions = {**point, "profile_check": [{"model": "m", "sms": 8, "batch": 1, "batches": 10}]}
+    assert mod.point_work(on_partitions, {"m": prof}, 16) is None
+    assert mod.spread([1.0, 3.0])["relative_range"] == 1.0 and mod.spread([]) is None

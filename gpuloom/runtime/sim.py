@@ -19,10 +19,11 @@ against the GPU, issue 5). Its parameters live in :class:`ContentionModel`.
 * **Area demand** (``demand="area"``; default ``"knee"``): a shared batch demands instead the SMs it
   keeps busy on average, its smallest SM-time on ``area_min_sms`` or more SMs (its most efficient
   count) over its time on the pool, times ``demand_fraction``; with ``efficiency`` below 1 the shared
-  SMs then conserve that SM-time at a fraction of the pool. What the H100's and H200's saturated triton
-  points of mix6 conserve (fiftieth session): that SM-time at 0.67-0.77 of the GPU over mean batches of
-  3 to 11, where the knee's work varied 0.86-1.13. As a simulator it fit no more of run 164's points
-  within 10% than the knee (``docs/reports/runtime.md``), so it is an option, not the default.
+  SMs then conserve that SM-time at a fraction of the pool. Past triton's edge on mix6 the cards got
+  through that SM-time at 0.62-0.75 (H100) and 0.69-0.77 (H200) of the GPU over mean batches of 3 to 11,
+  where the knee's work read 0.82-1.09 and 0.90-1.02 (``scripts/diag_shared_work.py``, fiftieth
+  session). As a simulator it fit no more points within 10% than the knee (``docs/reports/runtime.md``),
+  so it is an option, not the default.
 * **Prioritized shared batches** (``Decision.priority`` set; the ``ideal`` bound uses it): before the
   proportional division, SMs go to prioritized batches in priority order (lowest first), each up to
   its demand, losslessly; a batch left with ``s`` SMs below its demand runs at ``L(b, s)`` (below the
