@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-sms", type=int, default=16, help="the area unit's fewest SMs (default 16)")
     ap.add_argument("--target", type=float, default=0.99, help="points below this attainment are past the edge")
     ap.add_argument("--out", default=None, help="write the rows and the spreads as JSON here")
+    ap.add_argument("--plot", default=None, metavar="PNG", help="draw both units against the mean batch here")
+    ap.add_argument("--title", default="Shared lanes' work per second past the edge")
     a = ap.parse_args(argv)
     store = ProfileStore.builtin("h200")
     rows = []
@@ -103,7 +105,36 @@ def main(argv: list[str] | None = None) -> int:
                                            "min_sms": a.min_sms, "target": a.target, "rows": rows,
                                            "past_the_edge": summary}, indent=1) + "\n")
         print(f"wrote {a.out}")
+    if a.plot:
+        plot(rows, a.target, a.plot, a.title)
+        print(f"wrote {a.plot}")
     return 0
+
+
+def plot(rows: list[dict], target: float, path: str, title: str) -> None:
+    """Both units against the mean batch: filled past the edge (where a conserved unit is flat),
+    hollow below it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for unit, color, label in (("knee", "#c0392b", "knee-work (the simulator's default)"),
+                               ("area", "#2980b9", "SM-time at the most efficient SM count")):
+        for past in (True, False):
+            pts = [r for r in rows if (r["attainment"] < target) == past]
+            ax.scatter([r["mean_batch"] for r in pts], [r[unit] for r in pts], s=28, color=color,
+                       facecolors=color if past else "none", label=label if past else None)
+    ax.set_xlabel("mean batch of the point")
+    ax.set_ylabel("work per second, in GPUs")
+    ax.set_title(title)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8, title=f"filled: attainment < {target:g}", title_fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -88,7 +88,7 @@ def test_the_best_setting_is_the_minimax_or_the_one_with_most_points_within_the_
     assert cal.best_setting([near, many, tie], "within")["name"] == "tie"  # equal counts: the smaller worst error
 
 
-def test_shared_work_counts_a_points_batches_in_knee_and_area_units_and_skips_partitions():
+def test_shared_work_counts_a_points_batches_in_knee_and_area_units_and_skips_partitions(tmp_path):
     import importlib.util
     from pathlib import Path
 
@@ -112,3 +112,5 @@ def test_shared_work_counts_a_points_batches_in_knee_and_area_units_and_skips_pa
     on_partitions = {**point, "profile_check": [{"model": "m", "sms": 8, "batch": 1, "batches": 10}]}
     assert mod.point_work(on_partitions, {"m": prof}, 16) is None
     assert mod.spread([1.0, 3.0])["relative_range"] == 1.0 and mod.spread([]) is None
+    mod.plot([w, {**w, "attainment": 1.0}], 0.99, str(tmp_path / "work.png"), "t")
+    assert (tmp_path / "work.png").read_bytes()[:4] == b"\x89PNG"
