@@ -1122,19 +1122,22 @@ def test_the_builder_runs_jobs_in_order_passes_errors_back_and_runs_nested_calls
     b.stop()
 
 
-def test_numpy_outputs_give_each_outputs_own_rows_by_the_short_way_or_the_long_one():
+def test_numpy_outputs_give_each_outputs_own_rows_and_the_cpu_way_the_same_arrays():
     torch = pytest.importorskip("torch")
-    from gpuloom.runtime.device import numpy_outputs
+    from gpuloom.runtime.device import cpu_numpy_outputs, numpy_outputs
 
-    with torch.inference_mode():  # as the CPU layer runs a model: the short way, no copy
-        a = torch.arange(6.0).reshape(3, 2)
-        (out,) = numpy_outputs(a, 3)
-    assert out.tolist() == a.tolist() and out.shape == (3, 2)
-    padded = torch.arange(8.0).reshape(4, 2)  # a batch padded to its bucket gives back its own rows only
-    (out,) = numpy_outputs({"y": padded}, 3)
-    assert out.tolist() == padded[:3].tolist()
-    grad = torch.ones(2, 2, requires_grad=True) * 2  # a tensor that needs grad is detached first
-    (out,) = numpy_outputs((grad,), 2)
-    assert out.tolist() == [[2.0, 2.0], [2.0, 2.0]]
-    with pytest.raises(RuntimeError, match="no batch dimension"):
-        numpy_outputs(torch.tensor(1.0), 1)
+    with torch.inference_mode():  # as the CPU layer runs a model
+        whole = (torch.arange(6.0).reshape(3, 2), {"z": torch.arange(3.0)})
+        padded = torch.arange(8.0).reshape(4, 2)  # a batch padded to its bucket gives back its own rows only
+    for convert in (numpy_outputs, cpu_numpy_outputs):
+        a, z = convert(whole, 3)
+        assert a.tolist() == whole[0].tolist() and z.tolist() == [0.0, 1.0, 2.0]
+        (p,) = convert({"y": padded}, 3)
+        assert p.tolist() == padded[:3].tolist()
+        with pytest.raises(RuntimeError, match="no batch dimension"):
+            convert(torch.tensor(1.0), 1)
+        with pytest.raises(RuntimeError, match="no batch dimension"):
+            convert(torch.zeros(2, 1), 3)
+    grad = torch.ones(2, 2, requires_grad=True) * 2  # the general way detaches a tensor that needs grad
+    (g,) = numpy_outputs((grad,), 2)
+    assert g.tolist() == [[2.0, 2.0], [2.0, 2.0]]

@@ -497,12 +497,24 @@ def numpy_outputs(value: Any, n: int) -> list[Any]:
         if t.dim() == 0 or t.shape[0] < n:
             raise RuntimeError(f"model output of shape {tuple(t.shape)} has no batch dimension; gpuloom serves "
                                f"batch-major outputs only")
-        if t.shape[0] == n and not t.requires_grad and t.device.type == "cpu":
-            # the same array without three more torch calls (slice, detach, cpu): on the CPU each costs
-            # 10-30 us once the process has idled a few ms, as at 100 requests/s (fiftieth session)
-            outs.append(t.numpy())
-        else:
-            outs.append(t[:n].detach().cpu().numpy())
+        outs.append(t[:n].detach().cpu().numpy())
+    return outs
+
+
+def cpu_numpy_outputs(value: Any, n: int) -> list[Any]:
+    """:func:`numpy_outputs` of a model run on the CPU under ``torch.inference_mode`` (nothing to detach
+    or move): a batch of exactly ``n`` rows is converted with no slice. Fewer torch calls and attribute
+    reads count on the CPU path at a low request rate, where each runs cold after an idle gap: 95-107
+    against 135-152 us per call after 10 ms idle on the build VM (``scripts/diag_cpu_batch_cold.py``)."""
+    from ..engine.dag import flat_tensors
+
+    outs = []
+    for t in flat_tensors(value):
+        shape = t.shape
+        if not shape or shape[0] < n:
+            raise RuntimeError(f"model output of shape {tuple(shape)} has no batch dimension; gpuloom serves "
+                               f"batch-major outputs only")
+        outs.append((t if shape[0] == n else t[:n]).numpy())
     return outs
 
 
@@ -533,5 +545,5 @@ def make_device_layer(device: str | None = None, *, raw_launch: bool = True, wor
 
 __all__ = [
     "Builder", "DeviceFault", "DeviceLayer", "GraphMemoryError", "Lanes", "PinnedRow", "Rows", "ShortCarving", "allowed",
-    "layout_key", "make_device_layer", "numpy_outputs",
+    "cpu_numpy_outputs", "layout_key", "make_device_layer", "numpy_outputs",
 ]

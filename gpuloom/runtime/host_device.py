@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ..policy.types import Layout
-from .device import DeviceLayer, Lanes, Rows, allowed, numpy_outputs
+from .device import DeviceLayer, Lanes, Rows, allowed, cpu_numpy_outputs
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +203,7 @@ class CpuDeviceLayer(DeviceLayer):
         with lock, torch.inference_mode():
             out = cm(*xs)
         ms = (time.perf_counter() - t0) * 1000.0
-        return numpy_outputs(out, len(rows)), ms
+        return cpu_numpy_outputs(out, len(rows)), ms
 
 
 __all__ = ["CpuDeviceLayer", "FakeDeviceLayer", "FakeModel"]
