@@ -3,11 +3,11 @@
 At 100 requests/s (the protocol benchmark's fixed rate) every request finds the server idle for about
 10 ms, and on the build VM code that runs after such a gap runs several times slower than back to
 back. This times each leg of ``CpuDeviceLayer.finish`` for one row of a compiled ``nn.Linear(16, 4)``
-after ``--gap-ms`` of sleep: stacking the rows, ``torch.from_numpy``, taking the model's lock and
-entering inference mode, the call, leaving, and the outputs to numpy (``device.cpu_numpy_outputs``).
-It also times the outputs' conversion as the CPU layer did it before the fiftieth session
-(``device.numpy_outputs``: ``t[:n].detach().cpu().numpy()`` for every output) against
-``cpu_numpy_outputs``, alternating which goes first.
+after ``--gap-ms`` of sleep: the inputs as tensors (``host_device.batch_inputs``), taking the model's
+lock and entering inference mode, the call, leaving, and the outputs to numpy
+(``device.cpu_numpy_outputs``). It also times the inputs and the outputs as the CPU layer made them
+before the fiftieth session (``np.stack`` then ``torch.from_numpy``; ``device.numpy_outputs``:
+``t[:n].detach().cpu().numpy()`` per output) against the current ways, alternating which goes first.
 
     PYTHONPATH=. python scripts/diag_cpu_batch_cold.py --reps 300 --out /tmp/cold.json
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-LEGS = ("stack", "from_numpy", "enter", "call", "exit", "outputs")
+LEGS = ("inputs", "enter", "call", "exit", "outputs")
 
 
 def summary(values: list[float]) -> dict:
@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import gpuloom
     from gpuloom.runtime.device import cpu_numpy_outputs, numpy_outputs
+    from gpuloom.runtime.host_device import batch_inputs
 
     cm = gpuloom.compile(torch.nn.Linear(16, 4).eval(), torch.zeros(1, 16))
     lock = threading.Lock()
@@ -53,9 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(a.reps):  # the legs as CpuDeviceLayer.finish runs them
         time.sleep(a.gap_ms / 1000.0)
         t = [time.perf_counter()]
-        b = np.stack([r[0] for r in rows])
-        t.append(time.perf_counter())
-        x = torch.from_numpy(b)
+        (x,) = batch_inputs(torch, np, rows)
         t.append(time.perf_counter())
         mode = torch.inference_mode()
         lock.acquire()
@@ -72,20 +71,30 @@ def main(argv: list[str] | None = None) -> int:
             legs[k].append((t1 - t0) * 1e6)
         legs["total"].append((t[-1] - t[0]) * 1e6)
 
-    ab: dict[str, list[float]] = {"numpy_outputs": [], "cpu_numpy_outputs": []}
-    ways = (("numpy_outputs", numpy_outputs), ("cpu_numpy_outputs", cpu_numpy_outputs))
-    for i in range(a.reps):
-        for name, way in (ways if i % 2 else ways[::-1]):
-            time.sleep(a.gap_ms / 1000.0)
-            t0 = time.perf_counter()
-            way(out, 1)
-            ab[name].append((time.perf_counter() - t0) * 1e6)
+    def stacked(rs):  # the inputs before the fiftieth session
+        return [torch.from_numpy(np.stack([r[j] for r in rs])) for j in range(len(rs[0]))]
+
+    pairs = {"inputs": (("np.stack", stacked), ("batch_inputs", lambda rs: batch_inputs(torch, np, rs))),
+             "outputs": (("numpy_outputs", lambda o: numpy_outputs(o, 1)),
+                         ("cpu_numpy_outputs", lambda o: cpu_numpy_outputs(o, 1)))}
+    ab: dict[str, dict[str, list[float]]] = {}
+    for leg, ways in pairs.items():
+        arg = rows if leg == "inputs" else out
+        ab[leg] = {name: [] for name, _ in ways}
+        for i in range(a.reps):
+            for name, way in (ways if i % 2 else ways[::-1]):
+                time.sleep(a.gap_ms / 1000.0)
+                t0 = time.perf_counter()
+                way(arg)
+                ab[leg][name].append((time.perf_counter() - t0) * 1e6)
     report = {"gap_ms": a.gap_ms, "reps": a.reps, "torch": torch.__version__,
-              "legs": {k: summary(v) for k, v in legs.items()}, "outputs_ab": {k: summary(v) for k, v in ab.items()}}
+              "legs": {k: summary(v) for k, v in legs.items()},
+              "before_after": {leg: {k: summary(v) for k, v in ways.items()} for leg, ways in ab.items()}}
     for k, s in report["legs"].items():
         print(f"{k:12s} median {s['median_us']:7.1f} us  p90 {s['p90_us']:7.1f}")
-    for k, s in report["outputs_ab"].items():
-        print(f"outputs, {k:14s} median {s['median_us']:7.1f} us  p90 {s['p90_us']:7.1f}")
+    for leg, ways in report["before_after"].items():
+        for k, s in ways.items():
+            print(f"{leg}, {k:18s} median {s['median_us']:7.1f} us  p90 {s['p90_us']:7.1f}")
     if a.out:
         Path(a.out).write_text(json.dumps(report, indent=1) + "\n")
         print(f"wrote {a.out}")

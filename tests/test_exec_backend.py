@@ -1141,3 +1141,17 @@ def test_numpy_outputs_give_each_outputs_own_rows_and_the_cpu_way_the_same_array
     grad = torch.ones(2, 2, requires_grad=True) * 2  # the general way detaches a tensor that needs grad
     (g,) = numpy_outputs((grad,), 2)
     assert g.tolist() == [[2.0, 2.0], [2.0, 2.0]]
+
+
+def test_batch_inputs_copy_one_row_and_stack_several_into_one_tensor_per_input():
+    torch = pytest.importorskip("torch")
+    from gpuloom.runtime.host_device import batch_inputs
+
+    x, y = np.arange(4, dtype=np.float32), np.float32(7.0)  # a row: one array per input (a scalar one too)
+    one = batch_inputs(torch, np, [[x, y]])
+    assert [t.shape for t in one] == [(1, 4), (1,)] and one[0].tolist() == [[0, 1, 2, 3]] and one[1].tolist() == [7]
+    one[0][0, 0] = 9  # a copy: the model may write into its input, never into the request's row
+    assert x[0] == 0
+    two = batch_inputs(torch, np, [[x, y], [x + 1, np.float32(8.0)]])
+    assert [t.shape for t in two] == [(2, 4), (2,)] and two[0][1].tolist() == [1, 2, 3, 4]
+    assert two[1].tolist() == [7, 8]
