@@ -52,3 +52,39 @@ def test_a_config_that_is_no_longer_the_models_does_not_let_bad_inputs_through(s
     with pytest.raises(ProtocolError, match="datatype"):
         core.submit("slow", None, {"x": np.ones((1, 4), np.float64)}, None, checked_for=stale)
     assert core.books.snapshot()["slow"].rejected["invalid_input"] == 1
+
+
+def test_until_done_returns_once_the_future_is_done_from_any_thread_and_a_cancelled_wait_cancels_it():
+    import asyncio
+    import concurrent.futures
+    import threading
+
+    from gpuloom.serve.core import until_done
+
+    async def scenario() -> list:
+        loop = asyncio.get_running_loop()
+        seen = []
+        done = concurrent.futures.Future()
+        done.set_result(1)
+        await until_done(done)  # already done: at once
+        seen.append("done")
+        own = concurrent.futures.Future()
+        loop.call_later(0.01, own.set_result, 2)  # on the loop's own thread (the hosted runtime)
+        await asyncio.wait_for(until_done(own), 5)
+        seen.append(own.result())
+        other = concurrent.futures.Future()
+        threading.Timer(0.01, other.set_exception, (ValueError("x"),)).start()  # from another thread
+        await asyncio.wait_for(until_done(other), 5)  # returns; the caller reads the outcome
+        seen.append(type(other.exception()).__name__)
+        left = concurrent.futures.Future()
+        task = asyncio.ensure_future(until_done(left))
+        await asyncio.sleep(0.01)
+        task.cancel()  # the handler cancelled (a client gone): the future is cancelled, as wrap_future does
+        try:
+            await task
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+        seen.append(left.cancelled())
+        return seen
+
+    assert asyncio.run(scenario()) == ["done", 2, "ValueError", "cancelled", True]
