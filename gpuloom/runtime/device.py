@@ -504,8 +504,8 @@ def numpy_outputs(value: Any, n: int) -> list[Any]:
 def cpu_numpy_outputs(value: Any, n: int) -> list[Any]:
     """:func:`numpy_outputs` of a model run on the CPU under ``torch.inference_mode`` (nothing to detach
     or move): a batch of exactly ``n`` rows is converted with no slice. Fewer torch calls and attribute
-    reads count on the CPU path at a low request rate, where each runs cold after an idle gap: 95-107
-    against 135-152 us per call after 10 ms idle on the build VM (``scripts/diag_cpu_batch_cold.py``)."""
+    reads count on the CPU path at a low request rate, where each runs cold after an idle gap: 82
+    against 115 us (median) per call after 10 ms idle on the build VM (``scripts/diag_cpu_batch_cold.py``)."""
     from ..engine.dag import flat_tensors
 
     outs = []

@@ -163,8 +163,8 @@ class FakeDeviceLayer(DeviceLayer):
 
 def batch_inputs(torch: Any, np: Any, rows: Rows) -> list[Any]:
     """One tensor per input holding the batch's rows. A single row is copied from a view with a batch
-    axis (a copy: the model may write into its input): 67-89 us against ``np.stack``'s 120-144 us
-    after 10 ms idle on the build VM, as at 100 requests/s (``scripts/diag_cpu_batch_cold.py``)."""
+    axis (a copy: the model may write into its input): 58 us against ``np.stack``'s 96 (median) after
+    10 ms idle on the build VM, as at 100 requests/s (``scripts/diag_cpu_batch_cold.py``)."""
     if len(rows) == 1:
         return [torch.from_numpy(x[None].copy()) for x in rows[0]]
     return [torch.from_numpy(np.stack([r[j] for r in rows])) for j in range(len(rows[0]))]

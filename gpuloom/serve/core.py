@@ -90,7 +90,6 @@ def _duration(hist: Any) -> dict[str, int]:
     return {"count": int(n), "ns": int(total_ms * 1e6)}
 
 
-
 async def until_done(fut: Any) -> None:
     """Wait on the running event loop until the concurrent future ``fut`` is done (its outcome is read
     by the caller), as ``await asyncio.wrap_future(fut)`` does, without its thread hop where none is
@@ -125,6 +124,7 @@ async def until_done(fut: Any) -> None:
     except asyncio.CancelledError:
         fut.cancel()
         raise
+
 
 class ServeCore:
     """The runtime plus the repository behind both transports.
