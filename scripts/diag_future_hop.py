@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import concurrent.futures
 import json
-import statistics
 import sys
 import threading
 import time
@@ -26,12 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from diag_cpu_batch_cold import summary  # noqa: E402 - the same median and p90 of microseconds
 from gpuloom.serve.core import until_done  # noqa: E402
-
-
-def summary(values: list[float]) -> dict:
-    v = sorted(values)
-    return {"median_us": round(statistics.median(v), 1), "p90_us": round(v[int(0.9 * (len(v) - 1))], 1), "n": len(v)}
 
 
 async def measure(reps: int, gap_ms: float, from_thread: bool) -> dict:

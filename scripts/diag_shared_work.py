@@ -32,12 +32,6 @@ from gpuloom.bench.e2e import planned_profiles  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
 
 
-def area_ms(profile, batch: int, min_sms: int) -> float:
-    """SM-ms of one batch at its most efficient measured SM count of ``min_sms`` or more."""
-    counts = [s for s in profile.sms if s >= min_sms] or [profile.sms[-1]]
-    return min(s * profile.latency(batch, s) for s in counts)
-
-
 def point_work(point: dict, profiles: dict, gpu_sms: int, *, demand_fraction: float = 0.89,
                min_sms: int = 16) -> dict | None:
     """One point's batches per second in both units (fractions of the GPU), or None when some of its
@@ -49,7 +43,7 @@ def point_work(point: dict, profiles: dict, gpu_sms: int, *, demand_fraction: fl
     batches = sum(c["batches"] for c in cells)
     knee = sum(c["batches"] * demand_fraction * profiles[c["model"]].knee(c["batch"])
                * profiles[c["model"]].full_latency(c["batch"]) for c in cells) * per_ms
-    area = sum(c["batches"] * area_ms(profiles[c["model"]], c["batch"], min_sms) for c in cells) * per_ms
+    area = sum(c["batches"] * profiles[c["model"]].min_sm_time(c["batch"], min_sms) for c in cells) * per_ms
     return {"scale": point["scale"], "attainment": round(point["slo_attainment"], 4),
             "mean_batch": round(sum(c["batches"] * c["batch"] for c in cells) / batches, 2),
             "knee": round(knee, 4), "area": round(area, 4)}

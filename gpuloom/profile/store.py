@@ -142,6 +142,13 @@ class Profile:
                 return s
         return self.sms[-1]
 
+    def min_sm_time(self, batch: int, min_sms: float = 0, max_sms: float = float("inf")) -> float:
+        """SM-ms of one batch at its most efficient measured SM count from ``min_sms`` to ``max_sms``
+        (at ``min(max_sms, largest measured)`` when no measured count lies between): the SM-time it
+        needs where no SM it holds is wasted (the simulator's ``demand="area"``)."""
+        counts = [s for s in self.sms if min_sms <= s <= max_sms] or [min(max_sms, self.sms[-1])]
+        return min(s * self.latency(batch, s) for s in counts)
+
     def throughput(self, batch: int, sms: float) -> float:
         """Requests per second of back-to-back batches of ``batch`` on ``sms`` SMs."""
         return batch * 1000.0 / self.latency(batch, sms)

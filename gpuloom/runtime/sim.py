@@ -414,9 +414,7 @@ class SimBackend(Backend):
         key = (model, batch, pool)
         v = self._area.get(key)
         if v is None:
-            prof = self.profiles[model]
-            counts = [s for s in prof.sms if self.contention.area_min_sms <= s <= pool] or [min(pool, prof.sms[-1])]
-            area = min(s * self.latency(model, batch, s) for s in counts)
+            area = self.profiles[model].min_sm_time(batch, self.contention.area_min_sms, pool)
             v = self._area[key] = min(float(pool), area / self.latency(model, batch, pool))
         return v
 
