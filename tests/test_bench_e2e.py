@@ -233,6 +233,7 @@ def test_the_summary_table_names_every_variant_in_full_in_a_log(tmp_path, capsys
     out = capsys.readouterr().out
     assert rc == 0 and "dstack:replan=false:lookahead_ms=0.5" in out and "…" not in out
     assert "at x" in out and "max load: the highest load factor held" in out
+    assert "dstack:replan=false:lookahead_ms=0.5 / best baseline: " in out  # a variant run alone is compared too
 
 
 def test_a_repeats_label_names_the_same_variant_for_the_simulator():
@@ -569,6 +570,38 @@ def test_the_report_compares_goodput_at_each_shared_load_where_no_policy_holds_t
     results[1] = PolicyResult("triton", results[1].points, 0.25, 250.0)
     r = to_json(w, results, device="cpu", target=0.99)["dstack_vs_best_baseline"]
     assert r["load_ratio"] == 2.0 and summary_line(r, 0.99).startswith("dstack / best baseline: highest load at 99%: 2.00x (triton)")
+
+
+def test_every_dstack_variant_and_repeat_is_compared_with_the_best_baseline_under_its_own_name():
+    # run 167: the hold variant held x1.125 and triton x0.875, but the bench printed only plain dstack's 1.14x
+    from gpuloom.bench.e2e import Point, PolicyResult, to_json
+    from gpuloom.bench.workload import Arrival, ModelSpec, Workload
+    from gpuloom.commands.bench import summary_line
+
+    def run(policy, max_scale, *goodputs):
+        pts = [Point(policy, s, 5.0, 1000.0 * s, g, 0.99, 1.0, 2.0, 1.0, 0.5, 0.0, 0.0, 0.0, ())
+               for s, g in zip((0.875, 1.125), goodputs)]
+        return PolicyResult(policy, pts, max_scale, 1000.0 * max_scale)
+
+    w = Workload((ModelSpec("m", 50, arrival=Arrival("poisson", rate=100)),), duration_s=1.0)
+    results = [run("dstack:batch_overhead_ms=1.125", 1.125, 875.0, 1100.0), run("dstack", 1.0, 875.0, 1000.0),
+               run("triton", 0.875, 870.0, 550.0), run("dstack#2", 0.875, 860.0, 900.0)]
+    rep = to_json(w, results, device="cpu", target=0.99)
+    assert rep["dstack_vs_best_baseline"]["load_ratio"] == pytest.approx(1.0 / 0.875)
+    variants = rep["variants_vs_best_baseline"]
+    assert list(variants) == ["dstack:batch_overhead_ms=1.125", "dstack#2"]  # in run order; plain dstack not again
+    hold = variants["dstack:batch_overhead_ms=1.125"]
+    assert hold["baseline"] == "triton" and hold["load_ratio"] == pytest.approx(1.125 / 0.875)
+    assert [g["ratio"] for g in hold["goodput_by_scale"]] == pytest.approx([875 / 870, 1100 / 550])
+    assert variants["dstack#2"]["load_ratio"] == pytest.approx(1.0)
+    line = summary_line(hold, 0.99, "dstack:batch_overhead_ms=1.125")
+    assert line.startswith("dstack:batch_overhead_ms=1.125 / best baseline: highest load at 99%: 1.29x (triton)")
+
+    only_variant = to_json(w, [results[0], results[2]], device="cpu", target=0.99)
+    assert "dstack_vs_best_baseline" not in only_variant and list(only_variant["variants_vs_best_baseline"]) == [
+        "dstack:batch_overhead_ms=1.125"]
+    no_baseline = to_json(w, [results[0], results[1]], device="cpu", target=0.99)
+    assert "dstack_vs_best_baseline" not in no_baseline and "variants_vs_best_baseline" not in no_baseline
 
 
 def test_a_point_keeps_no_answered_requests_outputs(tmp_path, monkeypatch):

@@ -834,21 +834,32 @@ def to_json(workload: Workload, results: Sequence[PolicyResult], *, device: str,
     # variants of a policy ("dstack:lookahead_ms=0") and repeats ("dstack#2") are not baselines
     rivals = [r for r in results if policy_of(r.policy) != "dstack"]
     base = [r for r in rivals if not r.error]
-    ds = next((r for r in results if r.policy == "dstack"), None)
-    if ds is not None and base:
-        best = max(base, key=lambda r: r.max_scale)
-        out["dstack_vs_best_baseline"] = {
-            "baseline": best.policy,
-            # None where no baseline held the target at any load measured (an overloaded mix, by construction)
-            "load_ratio": ds.max_scale / best.max_scale if best.max_scale > 0 else None,
-            "dstack_max_scale": ds.max_scale,
-            "baseline_max_scale": best.max_scale,
-            # a dstack sweep cut short by an error gives a lower bound, not its highest load
-            "dstack_complete": not ds.error,
-            # every baseline's points, a run cut short by an error too: what it measured stands
-            "goodput_by_scale": goodput_ratios(ds, rivals),
-        }
+    if base:
+        for ds in results:
+            if policy_of(ds.policy) != "dstack":
+                continue
+            if ds.policy == "dstack":
+                out["dstack_vs_best_baseline"] = versus_best_baseline(ds, rivals, base)
+            else:  # each variant and repeat compared as well: a user tuning dstack wants its own ratio
+                out.setdefault("variants_vs_best_baseline", {})[ds.policy] = versus_best_baseline(ds, rivals, base)
     return _clean(out)
+
+
+def versus_best_baseline(ds: PolicyResult, rivals: Sequence[PolicyResult], base: Sequence[PolicyResult]) -> dict:
+    """One dstack run against the baseline that held the target to the highest load (``base``: the
+    baselines that finished) and, at each load, against the best goodput of any baseline (``rivals``)."""
+    best = max(base, key=lambda r: r.max_scale)
+    return {
+        "baseline": best.policy,
+        # None where no baseline held the target at any load measured (an overloaded mix, by construction)
+        "load_ratio": ds.max_scale / best.max_scale if best.max_scale > 0 else None,
+        "dstack_max_scale": ds.max_scale,
+        "baseline_max_scale": best.max_scale,
+        # a dstack sweep cut short by an error gives a lower bound, not its highest load
+        "dstack_complete": not ds.error,
+        # every baseline's points, a run cut short by an error too: what it measured stands
+        "goodput_by_scale": goodput_ratios(ds, rivals),
+    }
 
 
 def goodput_ratios(ds: PolicyResult, base: Sequence[PolicyResult]) -> list[dict]:
@@ -878,4 +889,4 @@ def _clean(v: Any) -> Any:
 
 
 __all__ = ["ModelPoint", "Point", "PolicyResult", "bench_policy", "build_models", "goodput_ratios", "run_point",
-           "simulate_point", "tiny_module", "to_json"]
+           "simulate_point", "tiny_module", "to_json", "versus_best_baseline"]

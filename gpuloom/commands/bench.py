@@ -86,19 +86,19 @@ def parse_policy_spec(spec: str) -> tuple[str, dict, dict]:
     return name, policy_options, service_options
 
 
-def summary_line(r: dict, target: float) -> str:
-    """The bench's last line: dstack against the best baseline, at its highest load within ``target``
-    and in goodput at each load both measured."""
-    ratio, bound = r["load_ratio"], "" if r["dstack_complete"] else " (at least: dstack's sweep was cut short)"
+def summary_line(r: dict, target: float, name: str = "dstack") -> str:
+    """The bench's last lines: dstack (or the variant ``name``) against the best baseline, at its
+    highest load within ``target`` and in goodput at each load both measured."""
+    ratio, bound = r["load_ratio"], "" if r["dstack_complete"] else f" (at least: {name}'s sweep was cut short)"
     if ratio is not None:
         head = f"highest load at {target:.0%}: {ratio:.2f}x ({r['baseline']}){bound}"
     elif r.get("dstack_max_scale"):
-        head = f"dstack held {target:.0%} up to x{r['dstack_max_scale']:g}{bound}, no baseline at any load measured"
+        head = f"{name} held {target:.0%} up to x{r['dstack_max_scale']:g}{bound}, no baseline at any load measured"
     else:
         head = f"no policy held {target:.0%} at any load measured"
     goodput = [f"x{g['scale']:g} " + (f"{g['ratio']:.2f}x" if g["ratio"] is not None else "n/a (baseline served none)")
                + f" ({g['baseline']})" for g in r.get("goodput_by_scale", ())]
-    return "dstack / best baseline: " + head + ("; goodput " + ", ".join(goodput) if goodput else "")
+    return f"{name} / best baseline: " + head + ("; goodput " + ", ".join(goodput) if goodput else "")
 
 
 def sim_policy(spec: str, meta: dict, plan: dict | None = None) -> tuple[str, dict]:
@@ -338,6 +338,8 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"[red]{r.policy} stopped:[/red] {r.error}")
     if "dstack_vs_best_baseline" in report:
         out.print(summary_line(report["dstack_vs_best_baseline"], args.target))
+    for name, r in report.get("variants_vs_best_baseline", {}).items():
+        out.print(summary_line(r, args.target, name))
     if args.out:
         console.print(f"wrote {args.out}")
     return 0 if not any(r.error for r in results) else 1
