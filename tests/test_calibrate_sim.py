@@ -114,3 +114,26 @@ def test_shared_work_counts_a_points_batches_in_knee_and_area_units_and_skips_pa
     assert mod.spread([1.0, 3.0])["relative_range"] == 1.0 and mod.spread([]) is None
     mod.plot([w, {**w, "attainment": 1.0}], 0.99, str(tmp_path / "work.png"), "t")
     assert (tmp_path / "work.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_diag_sim_per_model_weights_each_models_slowdown_and_batch_by_its_batches():
+    """The card's slowdown per model (run 167: bert 2.7x its profile past triton's edge, the small
+    CNNs 5.3-5.5x) is its device time over its profiled time, summed over its rows by batches."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "diag_sim_per_model", Path(__file__).resolve().parent.parent / "scripts" / "diag_sim_per_model.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    point = {"profile_check": [
+        {"model": "a", "sms": 16, "batch": 1, "batches": 30, "measured_ms": 2.0, "profile_ms": 1.0},
+        {"model": "a", "sms": 16, "batch": 4, "batches": 10, "measured_ms": 9.0, "profile_ms": 3.0},
+        {"model": "b", "sms": 16, "batch": 2, "batches": 5, "measured_ms": 1.0, "profile_ms": 1.0},
+        {"model": "c", "sms": 16, "batch": 2, "batches": 0, "measured_ms": 1.0, "profile_ms": 1.0}]}
+    s = mod.measured_slowdowns(point)
+    # a: (30 x 2 + 10 x 9) / (30 x 1 + 10 x 3) = 150 / 60; its mean batch (30 x 1 + 10 x 4) / 40
+    assert s["a"]["slowdown"] == pytest.approx(2.5) and s["a"]["mean_batch"] == pytest.approx(1.75)
+    assert s["b"] == {"slowdown": 1.0, "mean_batch": 2.0}
+    assert "c" not in s  # no batch: nothing measured
+    assert mod.measured_slowdowns({}) == {}

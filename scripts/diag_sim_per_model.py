@@ -1,0 +1,116 @@
+#!/usr/bin/env python
+"""Who the simulator lets suffer, model by model, at a bench report's points: per model the measured
+and simulated SLO attainment, p50 and mean batch, and how many times its profiled time (alone on the
+whole GPU) the card's batches took.
+
+Why: past triton's edge the simulated goodput stays high while the card's falls (run 167: +67% at
+x1.125). The simulator slows every shared batch by one factor at any instant; if the card slows some
+models far more than others, the two lose different models' requests, and with different SLOs that
+is a different goodput. Pure Python (the simulator on the profiles the report was planned with, as
+``gpuloom bench`` simulates each point, the ``h200`` preset); any machine.
+
+    python scripts/diag_sim_per_model.py docs/results/runtime/bench_mix6_h100_run167_edge.json \\
+        --policy triton --out /tmp/per_model.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpuloom.bench.experiment import simulate  # noqa: E402
+from gpuloom.commands.bench import sim_policy  # noqa: E402
+from gpuloom.profile.store import ProfileStore  # noqa: E402
+from gpuloom.runtime.sim import ContentionModel  # noqa: E402
+from sim_measured_hold import load_report  # noqa: E402
+
+
+def measured_slowdowns(point: dict) -> dict[str, dict]:
+    """model -> its batches' measured device time over their profiled time, and their mean batch,
+    both weighted by batches (``profile_check``: one row per model, SMs and batch size)."""
+    acc: dict[str, list[float]] = {}
+    for row in point.get("profile_check", ()):
+        a = acc.setdefault(row["model"], [0.0, 0.0, 0.0, 0.0])
+        n = row["batches"]
+        a[0] += n * row["measured_ms"]
+        a[1] += n * row["profile_ms"]
+        a[2] += n * row["batch"]
+        a[3] += n
+    return {m: {"slowdown": a[0] / a[1], "mean_batch": a[2] / a[3]} for m, a in acc.items() if a[1] > 0 and a[3] > 0}
+
+
+def per_model(report: dict, wl0, profs: dict, policy: str, cm: ContentionModel) -> list[dict]:
+    """Per point of ``policy``: the measured and simulated figures of each model side by side."""
+    meta = report["meta"]
+    out = []
+    for point in report["policies"][policy]["points"]:
+        wl = dataclasses.replace(wl0.scaled(point["scale"]), duration_s=float(meta["duration_s"]))
+        name, options = sim_policy(policy, meta, point.get("plan"))
+        m = simulate(wl, profs, name, contention=cm, options=options).metrics
+        measured = {x["model"]: x for x in point["models"]}
+        slow = measured_slowdowns(point)
+        rows = []
+        for sm in m.models:
+            x = measured.get(sm.model)
+            if x is None:
+                continue
+            s = slow.get(sm.model, {})
+            rows.append({"model": sm.model, "slo_ms": next(ms.slo_ms for ms in wl.models if ms.name == sm.model),
+                         "attainment": {"measured": round(x["slo_attainment"], 4), "simulated": round(sm.slo_attainment, 4)},
+                         "p50_ms": {"measured": round(x["p50_ms"], 2), "simulated": round(sm.p50_ms, 2)},
+                         "mean_batch": {"measured": round(s["mean_batch"], 2) if s else None,
+                                        "simulated": round(sm.mean_batch, 2)},
+                         "measured_slowdown": round(s["slowdown"], 3) if s else None})
+        slows = [r["measured_slowdown"] for r in rows if r["measured_slowdown"]]
+        out.append({"scale": point["scale"], "goodput": {"measured": round(point["goodput_rps"], 1),
+                                                         "simulated": round(m.goodput_rps, 1)},
+                    "slowdown_spread": round(max(slows) / min(slows), 3) if slows else None, "models": rows})
+    return out
+
+
+def print_table(path: str, policy: str, points: list[dict]) -> None:
+    print(f"{Path(path).name}  {policy}")
+    for p in points:
+        g = p["goodput"]
+        print(f"  x{p['scale']:<7g} goodput measured {g['measured']:7.0f}/s simulated {g['simulated']:7.0f}/s"
+              f"   measured slowdown spread {p['slowdown_spread']}")
+        for r in p["models"]:
+            a, l, b = r["attainment"], r["p50_ms"], r["mean_batch"]
+            mb = f"{b['measured']:5.1f}" if b["measured"] is not None else "    -"
+            print(f"    {r['model']:16s} SLO {r['slo_ms']:4g} ms  attainment {a['measured']:.2f} / {a['simulated']:.2f}"
+                  f"  p50 {l['measured']:5.1f} / {l['simulated']:5.1f} ms  batch {mb} / {b['simulated']:5.1f}"
+                  f"  measured slowdown {r['measured_slowdown']}")
+    print("  (measured / simulated; slowdown: the card's device time per batch over the profile alone)")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("bench", nargs="+", help="gpuloom bench JSON files")
+    ap.add_argument("--policy", default="triton")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    store = ProfileStore.builtin("h200")
+    cm = ContentionModel.h200_runs()
+    result = {"policy": a.policy, "contention": dataclasses.asdict(cm), "reports": {}}
+    for path in a.bench:
+        report, wl, profs = load_report(path, store, a.policy)
+        if a.policy not in report["policies"]:
+            print(f"{path}: no policy {a.policy!r} (has {sorted(report['policies'])})", file=sys.stderr)
+            return 2
+        points = per_model(report, wl, profs, a.policy, cm)
+        print_table(path, a.policy, points)
+        result["reports"][Path(path).name] = points
+    if a.out:
+        Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
