@@ -137,3 +137,18 @@ def test_diag_sim_per_model_weights_each_models_slowdown_and_batch_by_its_batche
     assert s["b"] == {"slowdown": 1.0, "mean_batch": 2.0}
     assert "c" not in s  # no batch: nothing measured
     assert mod.measured_slowdowns({}) == {}
+
+
+def test_diag_pair_slowdown_gives_each_models_slowdown_and_the_sets_spread():
+    """One factor for every model (the simulator's shared lanes) reads as a spread of 1."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "diag_pair_slowdown", Path(__file__).resolve().parent.parent / "scripts" / "diag_pair_slowdown.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    r = mod.slowdowns({"bert": 4.0, "cnn": 1.0, "idle": 2.0}, {"bert": 6.0, "cnn": 3.0})
+    assert r["slowdown"] == {"bert": 1.5, "cnn": 3.0} and r["spread"] == 2.0  # a model not in the set is left out
+    assert mod.slowdowns({"a": 1.0, "b": 2.0}, {"a": 2.0, "b": 4.0})["spread"] == 1.0
+    assert mod.slowdowns({}, {"a": 1.0}) == {"slowdown": {}, "spread": None}
