@@ -3,6 +3,10 @@
 and simulated SLO attainment, p50 and mean batch, and how many times its profiled time (alone on the
 whole GPU) the card's batches took.
 
+Also each model's *effective SMs* (the SM count at which its profile gives its batches' measured
+time) and their sum weighted by each model's device time per second: how many SMs the lanes kept
+busy as the profiles count them.
+
 Why: past triton's edge the simulated goodput stays high while the card's falls (run 167: +67% at
 x1.125). The simulator slows every shared batch by one factor at any instant; if the card slows some
 models far more than others, the two lose different models' requests, and with different SLOs that
@@ -45,6 +49,34 @@ def measured_slowdowns(point: dict) -> dict[str, dict]:
     return {m: {"slowdown": a[0] / a[1], "mean_batch": a[2] / a[3]} for m, a in acc.items() if a[1] > 0 and a[3] > 0}
 
 
+def effective_sms(profile, batch: int, ms: float) -> float:
+    """The SM count at which ``profile`` gives a batch of ``batch`` rows ``ms`` (linear between its
+    measured counts; past its fewest, inversely with the count): how many SMs the batch ran as if it
+    had to itself."""
+    pts = [(s, profile.latency(batch, s)) for s in profile.sms]
+    if ms <= pts[-1][1]:
+        return float(pts[-1][0])
+    for (s0, l0), (s1, l1) in zip(pts, pts[1:]):
+        if l0 >= ms >= l1:
+            return s0 + (s1 - s0) * (l0 - ms) / (l0 - l1) if l0 > l1 else float(s0)
+    return pts[0][0] * pts[0][1] / ms
+
+
+def effective_shares(point: dict, profiles: dict) -> dict[str, dict]:
+    """model -> its batches' mean effective SMs (weighted by batches) and its device time per second
+    of the point: their products summed is how many SMs the lanes kept busy, as the profiles count."""
+    acc: dict[str, list[float]] = {}
+    for row in point.get("profile_check", ()):
+        if row["model"] not in profiles or not row["batches"]:
+            continue
+        a = acc.setdefault(row["model"], [0.0, 0.0, 0.0])
+        a[0] += row["batches"] * effective_sms(profiles[row["model"]], row["batch"], row["measured_ms"])
+        a[1] += row["batches"]
+        a[2] += row["batches"] * row["measured_ms"]
+    wall_ms = 1000.0 * point["duration_s"]
+    return {m: {"effective_sms": a[0] / a[1], "busy": a[2] / wall_ms} for m, a in acc.items()}
+
+
 def per_model(report: dict, wl0, profs: dict, policy: str, cm: ContentionModel) -> list[dict]:
     """Per point of ``policy``: the measured and simulated figures of each model side by side."""
     meta = report["meta"]
@@ -55,6 +87,7 @@ def per_model(report: dict, wl0, profs: dict, policy: str, cm: ContentionModel) 
         m = simulate(wl, profs, name, contention=cm, options=options).metrics
         measured = {x["model"]: x for x in point["models"]}
         slow = measured_slowdowns(point)
+        shares = effective_shares(point, profs)
         rows = []
         for sm in m.models:
             x = measured.get(sm.model)
@@ -66,11 +99,15 @@ def per_model(report: dict, wl0, profs: dict, policy: str, cm: ContentionModel) 
                          "p50_ms": {"measured": round(x["p50_ms"], 2), "simulated": round(sm.p50_ms, 2)},
                          "mean_batch": {"measured": round(s["mean_batch"], 2) if s else None,
                                         "simulated": round(sm.mean_batch, 2)},
-                         "measured_slowdown": round(s["slowdown"], 3) if s else None})
+                         "measured_slowdown": round(s["slowdown"], 3) if s else None,
+                         "effective_sms": round(shares[sm.model]["effective_sms"], 1) if sm.model in shares else None,
+                         "busy": round(shares[sm.model]["busy"], 3) if sm.model in shares else None})
         slows = [r["measured_slowdown"] for r in rows if r["measured_slowdown"]]
         out.append({"scale": point["scale"], "goodput": {"measured": round(point["goodput_rps"], 1),
                                                          "simulated": round(m.goodput_rps, 1)},
-                    "slowdown_spread": round(max(slows) / min(slows), 3) if slows else None, "models": rows})
+                    "slowdown_spread": round(max(slows) / min(slows), 3) if slows else None,
+                    "busy_sms": round(sum(v["effective_sms"] * v["busy"] for v in shares.values()), 1),
+                    "models": rows})
     return out
 
 
@@ -79,14 +116,15 @@ def print_table(path: str, policy: str, points: list[dict]) -> None:
     for p in points:
         g = p["goodput"]
         print(f"  x{p['scale']:<7g} goodput measured {g['measured']:7.0f}/s simulated {g['simulated']:7.0f}/s"
-              f"   measured slowdown spread {p['slowdown_spread']}")
+              f"   measured slowdown spread {p['slowdown_spread']}, busy SMs {p['busy_sms']}")
         for r in p["models"]:
             a, l, b = r["attainment"], r["p50_ms"], r["mean_batch"]
             mb = f"{b['measured']:5.1f}" if b["measured"] is not None else "    -"
             print(f"    {r['model']:16s} SLO {r['slo_ms']:4g} ms  attainment {a['measured']:.2f} / {a['simulated']:.2f}"
                   f"  p50 {l['measured']:5.1f} / {l['simulated']:5.1f} ms  batch {mb} / {b['simulated']:5.1f}"
-                  f"  measured slowdown {r['measured_slowdown']}")
-    print("  (measured / simulated; slowdown: the card's device time per batch over the profile alone)")
+                  f"  measured slowdown {r['measured_slowdown']}, as if on {r['effective_sms']} SMs, busy {r['busy']}")
+    print("  (measured / simulated; slowdown: the card's device time per batch over the profile alone; as if on:\n"
+          "   the SMs at which the profile gives that time; busy SMs: those times each model's device time per second)")
 
 
 def main() -> int:

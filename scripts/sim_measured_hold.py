@@ -12,7 +12,12 @@ else approximately, see :func:`per_model`), since one model's batches may hold f
 (forty-third session) draw every batch's hold from a lognormal around those means
 (``ContentionModel.hold_spread``), its sigma from the point's hold median and p99
 (``layouts[].hold_p50_ms`` / ``hold_p99_ms``, see :func:`measured_spread`), with no slowdown: the
-point's device slowdown on shared lanes is already the simulator's own sharing model.
+point's device slowdown on shared lanes is already the simulator's own sharing model. Where the
+point ran on shared lanes (triton), two more (fifty-first session) tell the simulator the point's
+slowdown in place of its sharing model (no shared-lane slowdown of its own, so nothing is counted
+twice), with each model's own hold: one factor for every model (``told_uniform``), or each model its
+own (``told_per_model``). Past triton's edge the card slows the small CNNs far more than bert
+(``diag_sim_per_model.py``); the two say how much of the simulator's error that spread explains.
 
     python scripts/sim_measured_hold.py docs/results/runtime/bench_mix6_h200_run25_high_load.json \\
         --policy dstack:min_sms=16 --out docs/results/runtime/sim_measured_hold_session10.json
@@ -99,6 +104,11 @@ def load_report(path: str | Path, store: ProfileStore, policy: str | None = None
     return d, workload_from_dict(d["workload"]), planned_profiles(d, store, policy)
 
 
+#: a demand fraction this small makes shared lanes demand no SMs: ``shared_factor`` stays 1, so the
+#: told worlds slow batches only by the point's measured slowdowns
+NO_SHARING = 1e-9
+
+
 def measured_world(point: dict, profiles: dict, demand_fraction: float):
     """The simulated GPU of one measured point: ``(ContentionModel, device profiles, slowdowns, holds)``,
     running each model as slowly, and holding each batch's partition as long, as that point measured
@@ -145,6 +155,9 @@ def main() -> int:
         if spread is not None:
             worlds += [("hold_spread", dataclasses.replace(held, hold_spread=spread), profs),
                        ("per_model_spread", dataclasses.replace(mine, hold_spread=spread), profs)]
+        if any(q["shared"] and q["batches"] for q in p["layouts"]):
+            told = dataclasses.replace(mine, demand_fraction=NO_SHARING)
+            worlds += [("told_uniform", told, slower), ("told_per_model", told, slower_each)]
         for label, cm, pr in worlds:
             met = simulate(w, pr, name, contention=cm, options=options).metrics
             row[f"simulated_{label}"] = round(met.slo_attainment, 4)
@@ -157,7 +170,10 @@ def main() -> int:
               f"{row['simulated_hold']:.3f}, with the hold and the slowdown {row['simulated_hold_and_slowdown']:.3f}, "
               f"each model its own {row['simulated_per_model']:.3f}"
               + (f" | holds spread (sigma {spread:.2f}, no slowdown): mean {row['simulated_hold_spread']:.3f}, "
-                 f"each model its own {row['simulated_per_model_spread']:.3f}" if spread is not None else ""))
+                 f"each model its own {row['simulated_per_model_spread']:.3f}" if spread is not None else "")
+              + (f" | told the slowdowns instead of sharing: goodput measured {row['measured_goodput']:.0f}/s, "
+                 f"one factor {row['simulated_told_uniform_goodput']:.0f}/s, each model its own "
+                 f"{row['simulated_told_per_model_goodput']:.0f}/s" if "simulated_told_uniform" in row else ""))
     if a.out:
         save_json(a.out, {"method": __doc__.split("\n\n")[1].replace("\n", " "), "bench": a.bench,
                           "policy": a.policy, "points": rows})

@@ -78,6 +78,16 @@ def test_the_spread_of_a_points_holds_is_the_batch_weighted_lognormal_sigma_of_i
     assert mod.measured_spread({"layouts": [{"batches": 5, "gap_ms": 1.0}]}) is None  # reports before the figures
 
 
+def test_the_told_worlds_share_nothing_so_a_batch_is_slowed_only_by_the_told_slowdown():
+    from gpuloom.runtime.sim import ContentionModel
+
+    mod = _load("sim_measured_hold")
+    told = ContentionModel(demand_fraction=mod.NO_SHARING)
+    # six shared lanes each demanding the whole GPU (132 SMs), as the simulator passes it: knee x fraction
+    assert told.shared_factor(6 * 132 * told.demand_fraction, 132) == 1.0
+    assert ContentionModel(demand_fraction=0.89).shared_factor(6 * 132 * 0.89, 132) > 5  # the sharing it replaces
+
+
 def test_the_best_setting_is_the_minimax_or_the_one_with_most_points_within_the_target():
     cal = load_script()
     near = {"name": "near", "worst_abs_error_fitted": 0.12, "mean_abs_error_fitted": 0.06, "within_target_fitted": 30}
@@ -119,13 +129,7 @@ def test_shared_work_counts_a_points_batches_in_knee_and_area_units_and_skips_pa
 def test_diag_sim_per_model_weights_each_models_slowdown_and_batch_by_its_batches():
     """The card's slowdown per model (run 167: bert 2.7x its profile past triton's edge, the small
     CNNs 5.3-5.5x) is its device time over its profiled time, summed over its rows by batches."""
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location(
-        "diag_sim_per_model", Path(__file__).resolve().parent.parent / "scripts" / "diag_sim_per_model.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _load("diag_sim_per_model")
     point = {"profile_check": [
         {"model": "a", "sms": 16, "batch": 1, "batches": 30, "measured_ms": 2.0, "profile_ms": 1.0},
         {"model": "a", "sms": 16, "batch": 4, "batches": 10, "measured_ms": 9.0, "profile_ms": 3.0},
@@ -141,14 +145,27 @@ def test_diag_sim_per_model_weights_each_models_slowdown_and_batch_by_its_batche
 
 def test_diag_pair_slowdown_gives_each_models_slowdown_and_the_sets_spread():
     """One factor for every model (the simulator's shared lanes) reads as a spread of 1."""
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location(
-        "diag_pair_slowdown", Path(__file__).resolve().parent.parent / "scripts" / "diag_pair_slowdown.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _load("diag_pair_slowdown")
     r = mod.slowdowns({"bert": 4.0, "cnn": 1.0, "idle": 2.0}, {"bert": 6.0, "cnn": 3.0})
     assert r["slowdown"] == {"bert": 1.5, "cnn": 3.0} and r["spread"] == 2.0  # a model not in the set is left out
     assert mod.slowdowns({"a": 1.0, "b": 2.0}, {"a": 2.0, "b": 4.0})["spread"] == 1.0
     assert mod.slowdowns({}, {"a": 1.0}) == {"slowdown": {}, "spread": None}
+
+
+def test_effective_sms_read_a_batchs_measured_time_back_off_its_profile():
+    from gpuloom.profile.store import GpuInfo, Profile
+
+    mod = _load("diag_sim_per_model")
+    # batch 1: 4 ms on 8 SMs, 2 ms on 16; batch 2: 8 ms on 8, 3 ms on 16
+    prof = Profile(model="m", input_shapes=((4,),), dtype="float32", gpu=GpuInfo("toy", 16, 8), batches=(1, 2),
+                   sms=(8, 16), latency_ms=((4.0, 2.0), (8.0, 3.0)))
+    assert mod.effective_sms(prof, 1, 2.0) == 16 and mod.effective_sms(prof, 1, 1.0) == 16  # at or under the whole GPU
+    assert mod.effective_sms(prof, 1, 3.0) == pytest.approx(12.0)  # halfway between 4 and 2 ms
+    assert mod.effective_sms(prof, 2, 16.0) == pytest.approx(4.0)  # past the fewest: 8 SMs x 8 ms / 16 ms
+    point = {"duration_s": 1.0, "profile_check": [
+        {"model": "m", "sms": 16, "batch": 1, "batches": 100, "measured_ms": 3.0},   # as if on 12 SMs
+        {"model": "m", "sms": 16, "batch": 2, "batches": 100, "measured_ms": 5.5},   # as if on 12 (8 -> 3 ms)
+        {"model": "gone", "sms": 16, "batch": 1, "batches": 5, "measured_ms": 1.0}]}  # no profile: left out
+    shares = mod.effective_shares(point, {"m": prof})
+    assert list(shares) == ["m"] and shares["m"]["effective_sms"] == pytest.approx(12.0)
+    assert shares["m"]["busy"] == pytest.approx((100 * 3.0 + 100 * 5.5) / 1000)
