@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -51,8 +52,13 @@ def main() -> int:
                    "rewrites_multi": multi.rewrites}
             rows.append(row)
             print(json.dumps(row), flush=True)
+    # the hardware workqueues this process's context got (read when CUDA started): a multi-stream
+    # graph's branches may queue behind each other with the driver's default 8 (gpu/connections.py)
+    env = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
+    print(f"CUDA_DEVICE_MAX_CONNECTIONS={env or 'unset (8)'}; {torch.cuda.get_device_name()}")
     if a.out:
-        Path(a.out).write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+        Path(a.out).write_text(json.dumps({"rows": rows, "cuda_device_max_connections": env,
+                                           "device": torch.cuda.get_device_name()}, indent=1) + "\n")
     return 0
 
 
