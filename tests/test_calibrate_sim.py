@@ -169,3 +169,19 @@ def test_effective_sms_read_a_batchs_measured_time_back_off_its_profile():
     shares = mod.effective_shares(point, {"m": prof})
     assert list(shares) == ["m"] and shares["m"]["effective_sms"] == pytest.approx(12.0)
     assert shares["m"]["busy"] == pytest.approx((100 * 3.0 + 100 * 5.5) / 1000)
+
+
+def test_share_weights_come_from_the_points_past_the_edge_as_inverse_slowdowns_of_geometric_mean_one():
+    mod = _load("sim_share_weights")
+
+    def point(attainment, slow_a, slow_b):
+        return {"slo_attainment": attainment, "profile_check": [
+            {"model": "a", "sms": 16, "batch": 1, "batches": 10, "measured_ms": slow_a, "profile_ms": 1.0},
+            {"model": "b", "sms": 16, "batch": 1, "batches": 10, "measured_ms": slow_b, "profile_ms": 1.0}]}
+
+    # a slowed 2x and b 8x: shares 1/2 and 1/8, scaled to a geometric mean of 1 -> 2 and 0.5
+    w = mod.weights_from([point(0.5, 2.0, 8.0), point(0.999, 1.0, 100.0)], below=0.99)  # the held point is left out
+    assert w == {"a": pytest.approx(2.0), "b": pytest.approx(0.5)}
+    w = mod.weights_from([point(0.5, 2.0, 8.0), point(0.7, 3.0, 3.0)], below=0.99)  # averaged over the points
+    assert w == {"a": pytest.approx(1.5), "b": pytest.approx(0.75)}
+    assert mod.weights_from([point(1.0, 2.0, 8.0)], below=0.99) == {}

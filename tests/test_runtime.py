@@ -315,6 +315,24 @@ def test_the_shared_exponent_makes_oversubscribed_lanes_lose_throughput_and_leav
         ContentionModel(shared_exponent=0.5)
 
 
+def test_share_weights_slow_oversubscribed_lanes_unevenly_and_conserve_the_shared_sms():
+    prof = toy_profile()
+    w = Workload(tuple(ModelSpec(m, 10.0, arrival=Arrival("poisson", rate=1.0)) for m in ("a", "b")), duration_s=1)
+    cm = ContentionModel(share_weights=(("a", 3.0),))
+    rt = Runtime(_TwoLanes(), SimBackend({"a": prof, "b": prof}, contention=cm),
+                 make_context(w, {"a": prof, "b": prof}, contention=cm))
+    res = {r.request.model: r.finish_ms for r in rt.run([Request(0, "a", 0.0, 10.0), Request(1, "b", 0.0, 10.0)],
+                                                        until_ms=1.0, drain_ms=10.0).results}
+    # 16 SMs each of 16: a gets 12 (3 x b's share), b 4; a done at 4/3 ms, b a third done, the rest alone
+    assert res["a"] == pytest.approx(4 / 3) and res["b"] == pytest.approx(2.0)  # b as without weights: SMs conserved
+    # without oversubscription nobody slows; a lane is never given more than it demands
+    assert cm.shared_factors([("a", 8.0), ("b", 8.0)], 16) == [1.0, 1.0]
+    assert cm.shared_factors([("a", 4.0), ("b", 16.0)], 16) == [1.0, pytest.approx(16 / 12)]
+    assert ContentionModel().shared_factors([("a", 16.0), ("b", 16.0)], 16) == [2.0, 2.0]  # empty: one factor
+    with pytest.raises(ValueError, match="share_weights"):
+        ContentionModel(share_weights=(("a", 0.0),))
+
+
 def test_area_demand_counts_the_sms_a_batch_keeps_busy_not_its_knee():
     # batch 1: 1.2 ms on 8 SMs, 1.0 ms on 16. Its knee (within 10% of 1.0 ms) is 16 SMs, but on 8 it
     # does the same work in 9.6 SM-ms: on the whole GPU it keeps 9.6 SMs busy on average

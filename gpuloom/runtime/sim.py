@@ -145,6 +145,12 @@ class ContentionModel:
     gil_request_ms: float = 0.0  # per request that enters, interpreter time that stretches every turnaround
     gil_batch_ms: float = 0.0  # per batch launched, likewise (see "Shared interpreter" above)
     model_overhead_ms: tuple[tuple[str, float], ...] = ()  # (model, ms): batch_overhead_ms for that model
+    #: (model, weight): oversubscribed shared lanes are slowed unevenly, each getting SMs in proportion
+    #: to its demand times its weight (1 where not given; never more than its demand), so a lane of
+    #: weight 2 slows half as much as one of weight 1. Empty: one factor for every lane, as before.
+    #: Why: past triton's edge the card slowed bert_base 2.7x its profile and the CNNs 4.4-5.5x
+    #: (``scripts/diag_sim_per_model.py``, fifty-first session)
+    share_weights: tuple[tuple[str, float], ...] = ()
     hold_spread: float = 0.0  # lognormal sigma of each batch's hold around its mean (0: constant)
     hold_per_ms: float = 0.0  # more hold per ms of the batch's GPU time (as profiled at its launch)
     hold_per_request_ms: float = 0.0  # more hold per request of the batch
@@ -175,6 +181,9 @@ class ContentionModel:
         bad = [(m, ms) for m, ms in self.model_overhead_ms if not (isinstance(m, str) and ms >= 0)]
         if bad:
             raise ValueError(f"ContentionModel.model_overhead_ms: expected (model name, ms >= 0) pairs, found {bad}")
+        bad = [(m, w) for m, w in self.share_weights if not (isinstance(m, str) and w > 0)]
+        if bad:
+            raise ValueError(f"ContentionModel.share_weights: expected (model name, weight > 0) pairs, found {bad}")
 
     def overhead_ms(self, model: str) -> float:
         """The batch overhead of ``model``'s batches: its own where given, else ``batch_overhead_ms``."""
@@ -213,6 +222,31 @@ class ContentionModel:
     def shared_factor(self, demand_sms: float, shared_sms: float) -> float:
         """How many times slower shared batches run when together they demand ``demand_sms``."""
         return max(1.0, demand_sms / (self.efficiency * shared_sms)) ** self.shared_exponent
+
+    def shared_factors(self, lanes: Sequence[tuple[str, float]], shared_sms: float) -> list[float]:
+        """Each of ``lanes`` (``(model, demanded SMs)``, sharing ``shared_sms``) slowed by how many
+        times: :meth:`shared_factor` for all alike without :attr:`share_weights`; with them, the
+        delivered SMs (``efficiency * shared_sms``) go to the lanes in proportion to demand times
+        weight, none getting more than it demands (the rest goes to the others)."""
+        total = sum(d for _, d in lanes)
+        if not self.share_weights or total <= self.efficiency * shared_sms:
+            return [self.shared_factor(total, shared_sms)] * len(lanes)
+        weights = dict(self.share_weights)
+        w = [weights.get(m, 1.0) for m, _ in lanes]
+        left, open_ = self.efficiency * shared_sms, [i for i, (_, d) in enumerate(lanes) if d > 0]
+        got = [0.0] * len(lanes)
+        while open_:  # water-filling: a lane whose share would exceed its demand gets its demand
+            k = left / sum(lanes[i][1] * w[i] for i in open_)
+            full = [i for i in open_ if k * w[i] >= 1.0]
+            if not full:
+                for i in open_:
+                    got[i] = k * w[i] * lanes[i][1]
+                break
+            for i in full:
+                got[i] = lanes[i][1]
+                left -= lanes[i][1]
+            open_ = [i for i in open_ if i not in full]
+        return [max(1.0, d / g) ** self.shared_exponent if g > 0 else 1.0 for (_, d), g in zip(lanes, got)]
 
     def interference_factor(self, n_running: int) -> float:
         return 1.0 + self.interference * max(0, n_running - 1)
@@ -481,8 +515,12 @@ class SimBackend(Backend):
                 plain.append(r)
                 demand += r.demand
         if plain:
-            sf = (cm.shared_factor(demand, left) if len(plain) > 1 else 1.0) if left > 0 else float("inf")
-            for r in plain:
+            if left <= 0 or len(plain) == 1 or not cm.share_weights:  # one factor for all (the usual case)
+                factors = [(cm.shared_factor(demand, left) if len(plain) > 1 else 1.0) if left > 0
+                           else float("inf")] * len(plain)
+            else:
+                factors = cm.shared_factors([(r.decision.model, r.demand) for r in plain], left)
+            for r, sf in zip(plain, factors):
                 speeds.append((r, 1.0 / (r.base * inf * sf)))
             busy += min(left, demand)
         for r, rate in speeds:
