@@ -24,6 +24,12 @@ against the GPU, issue 5). Its parameters live in :class:`ContentionModel`.
   where the knee's work read 0.82-1.09 and 0.90-1.02 (``scripts/diag_shared_work.py``, fiftieth
   session). As a simulator it fit no more points within 10% than the knee (``docs/reports/runtime.md``),
   so it is an option, not the default.
+* **Uneven shares** (``share_weights``; empty by default): oversubscribed shared lanes get the delivered
+  SMs in proportion to demand times a per-model weight, none more than it demands, so the lanes slow
+  unevenly and the SMs are conserved. Past triton's edge the card slowed bert_base 2.7x its profile and
+  the CNNs 4.4-5.5x (``scripts/diag_sim_per_model.py``); weights taken from one card's edge fit fewer
+  held-out points than one factor for all (``scripts/sim_share_weights.py``, fifty-first session), so
+  it is an option, not the default.
 * **Prioritized shared batches** (``Decision.priority`` set; the ``ideal`` bound uses it): before the
   proportional division, SMs go to prioritized batches in priority order (lowest first), each up to
   its demand, losslessly; a batch left with ``s`` SMs below its demand runs at ``L(b, s)`` (below the
