@@ -185,3 +185,11 @@ def test_share_weights_come_from_the_points_past_the_edge_as_inverse_slowdowns_o
     w = mod.weights_from([point(0.5, 2.0, 8.0), point(0.7, 3.0, 3.0)], below=0.99)  # averaged over the points
     assert w == {"a": pytest.approx(1.5), "b": pytest.approx(0.75)}
     assert mod.weights_from([point(1.0, 2.0, 8.0)], below=0.99) == {}
+
+
+def test_a_simulated_sweeps_highest_load_is_read_as_the_bench_reads_its_points():
+    mod = _load("sim_report_policies")
+    pts = [{"scale": 1.0, "slo_attainment": 0.999}, {"scale": 1.25, "slo_attainment": 0.995},
+           {"scale": 1.125, "slo_attainment": 0.98}, {"scale": 1.5, "slo_attainment": 0.5}]
+    assert mod.highest_held(pts, 0.99) == 1.25  # the highest held, as gpuloom bench's best_scale
+    assert mod.highest_held(pts[2:], 0.99) == 0.0
