@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import statistics
 import sys
 import time
@@ -68,7 +67,7 @@ def run_together(entries: list[tuple], seconds: float, warmup_s: float, depth: i
 def main() -> int:
     import torch
 
-    from gpuloom.bench.e2e import build_models
+    from gpuloom.bench.e2e import build_models, save_json
     from gpuloom.bench.workload import load_workload
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -120,8 +119,7 @@ def main() -> int:
                 f"{m} {alone[m]:.2f} -> {together[m]:.2f} ms ({res['slowdown'][m]:.2f}x)" for m in s)
                 + f"; spread {res['spread']:.2f}", flush=True)
     if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+        save_json(a.out, out)
         print(f"wrote {a.out}")
     return 0
 

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gpuloom.bench.e2e import save_json  # noqa: E402
 from gpuloom.bench.experiment import simulate  # noqa: E402
 from gpuloom.commands.bench import sim_policy  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
@@ -145,7 +145,7 @@ def main() -> int:
         print_table(path, a.policy, points)
         result["reports"][Path(path).name] = points
     if a.out:
-        Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+        save_json(a.out, result)
         print(f"wrote {a.out}")
     return 0
 

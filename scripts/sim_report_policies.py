@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
@@ -24,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sim_measured_hold import load_report  # noqa: E402
 
+from gpuloom.bench.e2e import save_json  # noqa: E402
 from gpuloom.bench.experiment import simulate  # noqa: E402
 from gpuloom.commands.bench import sim_policy  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
@@ -62,7 +62,7 @@ def main() -> int:
         out["policies"][policy] = {"points": points, "max_scale": held}
         print(f"{policy:32s} highest load at {a.target:.0%}: x{held:g}")
     if a.out:
-        Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+        save_json(a.out, out)
         print(f"wrote {a.out}")
     return 0
 

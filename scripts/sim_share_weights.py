@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import sys
 from pathlib import Path
@@ -28,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from diag_sim_per_model import measured_slowdowns  # noqa: E402
 from sim_measured_hold import load_report  # noqa: E402
 
+from gpuloom.bench.e2e import save_json  # noqa: E402
 from gpuloom.bench.experiment import simulate  # noqa: E402
 from gpuloom.commands.bench import sim_policy  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
@@ -110,7 +110,7 @@ def main() -> int:
     result["points"] = n
     print("within 10%: " + ", ".join(f"{k} {within[k]} of {n}" for k in models))
     if a.out:
-        Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+        save_json(a.out, result)
         print(f"wrote {a.out}")
     return 0
 
