@@ -23,11 +23,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpuloom.bench.experiment import simulate  # noqa: E402
-from gpuloom.commands.bench import sim_policy  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
 from gpuloom.runtime.sim import ContentionModel  # noqa: E402
-from sim_measured_hold import load_report  # noqa: E402
+from sim_measured_hold import load_report, simulate_at  # noqa: E402
 
 QUANTILES = (0.1, 0.5, 0.9, 0.99)
 
@@ -36,7 +34,6 @@ def oversubscription(report: dict, wl0: Any, profs: dict, policy: str, cm: Conte
     """Per point of ``policy`` in ``report`` (with its workload and profiles, :func:`load_report`):
     measured and simulated goodput, and the quantiles of the simulated shared lanes' oversubscription
     (``ContentionModel.shared_factor``'s argument)."""
-    meta = report["meta"]
     seen: list[float] = []
 
     class Recording(ContentionModel):
@@ -48,9 +45,7 @@ def oversubscription(report: dict, wl0: Any, profs: dict, policy: str, cm: Conte
     out = []
     for point in report["policies"][policy]["points"]:
         seen.clear()
-        wl = dataclasses.replace(wl0.scaled(point["scale"]), duration_s=float(meta["duration_s"]))
-        name, options = sim_policy(policy, meta, point.get("plan"))
-        m = simulate(wl, profs, name, contention=recording, options=options).metrics
+        m = simulate_at(report, wl0, profs, policy, point["scale"], recording, point.get("plan"))
         s = sorted(seen)
         out.append({"scale": point["scale"], "measured_goodput": round(point["goodput_rps"], 1),
                     "simulated_goodput": round(m.goodput_rps, 1), "samples": len(s),

@@ -28,25 +28,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpuloom.bench.e2e import save_json  # noqa: E402
-from gpuloom.bench.experiment import simulate  # noqa: E402
-from gpuloom.commands.bench import sim_policy  # noqa: E402
+from gpuloom.plan.slowdown import device_over_profile, mean_by  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
 from gpuloom.runtime.sim import ContentionModel  # noqa: E402
-from sim_measured_hold import load_report  # noqa: E402
+from sim_measured_hold import load_report, simulate_at  # noqa: E402
 
 
 def measured_slowdowns(point: dict) -> dict[str, dict]:
     """model -> its batches' measured device time over their profiled time, and their mean batch,
     both weighted by batches (``profile_check``: one row per model, SMs and batch size)."""
-    acc: dict[str, list[float]] = {}
-    for row in point.get("profile_check", ()):
-        a = acc.setdefault(row["model"], [0.0, 0.0, 0.0, 0.0])
-        n = row["batches"]
-        a[0] += n * row["measured_ms"]
-        a[1] += n * row["profile_ms"]
-        a[2] += n * row["batch"]
-        a[3] += n
-    return {m: {"slowdown": a[0] / a[1], "mean_batch": a[2] / a[3]} for m, a in acc.items() if a[1] > 0 and a[3] > 0}
+    rows = [r for r in point.get("profile_check", ()) if r["batches"]]
+    batch = mean_by((r["model"], r["batch"], r["batches"]) for r in rows)
+    return {m: {"slowdown": s, "mean_batch": batch[m]} for m, s in device_over_profile(rows).items()}
 
 
 def effective_sms(profile, batch: int, ms: float) -> float:
@@ -65,26 +58,21 @@ def effective_sms(profile, batch: int, ms: float) -> float:
 def effective_shares(point: dict, profiles: dict) -> dict[str, dict]:
     """model -> its batches' mean effective SMs (weighted by batches) and its device time per second
     of the point: their products summed is how many SMs the lanes kept busy, as the profiles count."""
-    acc: dict[str, list[float]] = {}
-    for row in point.get("profile_check", ()):
-        if row["model"] not in profiles or not row["batches"]:
-            continue
-        a = acc.setdefault(row["model"], [0.0, 0.0, 0.0])
-        a[0] += row["batches"] * effective_sms(profiles[row["model"]], row["batch"], row["measured_ms"])
-        a[1] += row["batches"]
-        a[2] += row["batches"] * row["measured_ms"]
-    wall_ms = 1000.0 * point["duration_s"]
-    return {m: {"effective_sms": a[0] / a[1], "busy": a[2] / wall_ms} for m, a in acc.items()}
+    rows = [r for r in point.get("profile_check", ()) if r["model"] in profiles and r["batches"]]
+    eff = mean_by((r["model"], effective_sms(profiles[r["model"]], r["batch"], r["measured_ms"]), r["batches"])
+                  for r in rows)
+    busy: dict[str, float] = {}
+    for r in rows:  # device ms per ms of the point
+        busy[r["model"]] = busy.get(r["model"], 0.0) + r["batches"] * r["measured_ms"] / (1000.0 * point["duration_s"])
+    return {m: {"effective_sms": e, "busy": busy[m]} for m, e in eff.items()}
 
 
 def per_model(report: dict, wl0, profs: dict, policy: str, cm: ContentionModel) -> list[dict]:
     """Per point of ``policy``: the measured and simulated figures of each model side by side."""
-    meta = report["meta"]
+    slo = {ms.name: ms.slo_ms for ms in wl0.models}
     out = []
     for point in report["policies"][policy]["points"]:
-        wl = dataclasses.replace(wl0.scaled(point["scale"]), duration_s=float(meta["duration_s"]))
-        name, options = sim_policy(policy, meta, point.get("plan"))
-        m = simulate(wl, profs, name, contention=cm, options=options).metrics
+        m = simulate_at(report, wl0, profs, policy, point["scale"], cm, point.get("plan"))
         measured = {x["model"]: x for x in point["models"]}
         slow = measured_slowdowns(point)
         shares = effective_shares(point, profs)
@@ -94,7 +82,7 @@ def per_model(report: dict, wl0, profs: dict, policy: str, cm: ContentionModel) 
             if x is None:
                 continue
             s = slow.get(sm.model, {})
-            rows.append({"model": sm.model, "slo_ms": next(ms.slo_ms for ms in wl.models if ms.name == sm.model),
+            rows.append({"model": sm.model, "slo_ms": slo[sm.model],
                          "attainment": {"measured": round(x["slo_attainment"], 4), "simulated": round(sm.slo_attainment, 4)},
                          "p50_ms": {"measured": round(x["p50_ms"], 2), "simulated": round(sm.p50_ms, 2)},
                          "mean_batch": {"measured": round(s["mean_batch"], 2) if s else None,

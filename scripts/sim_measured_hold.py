@@ -104,6 +104,16 @@ def load_report(path: str | Path, store: ProfileStore, policy: str | None = None
     return d, workload_from_dict(d["workload"]), planned_profiles(d, store, policy)
 
 
+def simulate_at(report: dict, wl0, profiles: dict, policy: str, scale: float, contention: ContentionModel,
+                plan: dict | None = None):
+    """The simulator's run (``RunMetrics``) of ``policy`` at load ``scale`` as ``gpuloom bench``
+    simulates a point of ``report``: its workload scaled, its points' duration, the variant as the
+    report's ``meta`` (and the point's ``plan``) builds it."""
+    wl = dataclasses.replace(wl0.scaled(scale), duration_s=float(report["meta"]["duration_s"]))
+    name, options = sim_policy(policy, report["meta"], plan)
+    return simulate(wl, profiles, name, contention=contention, options=options).metrics
+
+
 #: a demand fraction this small makes shared lanes demand no SMs: ``shared_factor`` stays 1, so the
 #: told worlds slow batches only by the point's measured slowdowns
 NO_SHARING = 1e-9

@@ -21,11 +21,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sim_measured_hold import load_report  # noqa: E402
+from sim_measured_hold import load_report, simulate_at  # noqa: E402
 
 from gpuloom.bench.e2e import save_json  # noqa: E402
-from gpuloom.bench.experiment import simulate  # noqa: E402
-from gpuloom.commands.bench import sim_policy  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
 from gpuloom.runtime.sim import ContentionModel  # noqa: E402
 
@@ -47,14 +45,11 @@ def main() -> int:
     a = ap.parse_args()
     report, wl0, profs = load_report(a.bench, ProfileStore.builtin("h200"), a.profiles_of)
     cm = ContentionModel.h200_runs()
-    duration = float(report["meta"]["duration_s"])
     out = {"bench": Path(a.bench).name, "contention": dataclasses.asdict(cm), "target": a.target, "policies": {}}
     for policy in a.policies.split(","):
-        name, options = sim_policy(policy, report["meta"])
         points = []
         for scale in (float(s) for s in a.scales.split(",")):
-            wl = dataclasses.replace(wl0.scaled(scale), duration_s=duration)
-            m = simulate(wl, profs, name, contention=cm, options=options).metrics
+            m = simulate_at(report, wl0, profs, policy, scale, cm)
             points.append({"scale": scale, "slo_attainment": round(m.slo_attainment, 4),
                            "goodput_rps": round(m.goodput_rps, 1)})
             print(f"{policy:32s} x{scale:<8g} attainment {m.slo_attainment:.4f} goodput {m.goodput_rps:7.0f}/s", flush=True)

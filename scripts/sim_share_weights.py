@@ -25,11 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from diag_sim_per_model import measured_slowdowns  # noqa: E402
-from sim_measured_hold import load_report  # noqa: E402
+from sim_measured_hold import load_report, simulate_at  # noqa: E402
 
 from gpuloom.bench.e2e import save_json  # noqa: E402
-from gpuloom.bench.experiment import simulate  # noqa: E402
-from gpuloom.commands.bench import sim_policy  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
 from gpuloom.runtime.sim import ContentionModel  # noqa: E402
 
@@ -54,14 +52,11 @@ def weights_from(points: list[dict], below: float) -> dict[str, float]:
 
 def errors(report: dict, wl0, profs: dict, policy: str, models: dict[str, ContentionModel]) -> list[dict]:
     """Per point of ``policy``: measured goodput and each contention model's simulated goodput error."""
-    meta = report["meta"]
     out = []
     for p in report["policies"][policy]["points"]:
-        wl = dataclasses.replace(wl0.scaled(p["scale"]), duration_s=float(meta["duration_s"]))
-        name, options = sim_policy(policy, meta, p.get("plan"))
         row = {"scale": p["scale"], "attainment": round(p["slo_attainment"], 4), "measured": round(p["goodput_rps"], 1)}
         for label, cm in models.items():
-            g = simulate(wl, profs, name, contention=cm, options=options).metrics.goodput_rps
+            g = simulate_at(report, wl0, profs, policy, p["scale"], cm, p.get("plan")).goodput_rps
             row[label] = round(g / p["goodput_rps"] - 1.0, 4) if p["goodput_rps"] > 0 else None
         out.append(row)
     return out
