@@ -489,16 +489,20 @@ class PinnedRow(list):
 def numpy_outputs(value: Any, n: int) -> list[Any]:
     """A model's output (a tensor or a nest of them) as one numpy array per output, its first ``n`` rows
     (a batch padded to its bucket gives back only its own); RuntimeError for an output with no batch
-    dimension. Used by the CPU layer and by the CUDA layer's eager fallback."""
+    dimension. Used by the CUDA layer's eager fallback (the CPU layer: :func:`cpu_numpy_outputs`)."""
     from ..engine.dag import flat_tensors
 
     outs = []
     for t in flat_tensors(value):
         if t.dim() == 0 or t.shape[0] < n:
-            raise RuntimeError(f"model output of shape {tuple(t.shape)} has no batch dimension; gpuloom serves "
-                               f"batch-major outputs only")
+            raise _not_batch_major(t.shape)
         outs.append(t[:n].detach().cpu().numpy())
     return outs
+
+
+def _not_batch_major(shape: Any) -> RuntimeError:
+    return RuntimeError(f"model output of shape {tuple(shape)} has no batch dimension; gpuloom serves "
+                        f"batch-major outputs only")
 
 
 def cpu_numpy_outputs(value: Any, n: int) -> list[Any]:
@@ -512,8 +516,7 @@ def cpu_numpy_outputs(value: Any, n: int) -> list[Any]:
     for t in flat_tensors(value):
         shape = t.shape
         if not shape or shape[0] < n:
-            raise RuntimeError(f"model output of shape {tuple(shape)} has no batch dimension; gpuloom serves "
-                               f"batch-major outputs only")
+            raise _not_batch_major(shape)
         outs.append((t if shape[0] == n else t[:n]).numpy())
     return outs
 

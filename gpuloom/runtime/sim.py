@@ -521,11 +521,14 @@ class SimBackend(Backend):
                 plain.append(r)
                 demand += r.demand
         if plain:
-            if left <= 0 or len(plain) == 1 or not cm.share_weights:  # one factor for all (the usual case)
-                factors = [(cm.shared_factor(demand, left) if len(plain) > 1 else 1.0) if left > 0
-                           else float("inf")] * len(plain)
-            else:
+            if left <= 0:
+                factors = [float("inf")] * len(plain)
+            elif len(plain) == 1:  # a batch alone is never slowed
+                factors = [1.0]
+            elif cm.share_weights:
                 factors = cm.shared_factors([(r.decision.model, r.demand) for r in plain], left)
+            else:  # one factor for all (the usual case)
+                factors = [cm.shared_factor(demand, left)] * len(plain)
             for r, sf in zip(plain, factors):
                 speeds.append((r, 1.0 / (r.base * inf * sf)))
             busy += min(left, demand)
