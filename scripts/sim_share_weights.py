@@ -5,7 +5,9 @@ edge better, on reports the weights did not come from?
 The weights come from one report's points of ``--policy`` at or past its edge (attainment below
 ``--below``): each model's share is 1 over its measured slowdown there (device time over profile,
 ``diag_sim_per_model.measured_slowdowns``), averaged over those points after scaling each point's to a
-geometric mean of 1 (only ratios matter). Every report given is then simulated at each of its points
+geometric mean of 1 (only ratios matter); or, with ``--weights-from-pairs``, from a
+``scripts/diag_pair_slowdown.py`` measurement (each model's slowdown with all the others replayed beside it,
+no scheduler in the way). Every report given is then simulated at each of its points
 of that policy with the bench's preset (``--contention h200``) and with the preset plus the weights;
 the goodput errors side by side, and how many points are within 10% each way. Pure Python; any machine.
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import sys
 from pathlib import Path
@@ -50,6 +53,19 @@ def weights_from(points: list[dict], below: float) -> dict[str, float]:
     return {m: sum(v) / len(v) for m, v in sorted(acc.items())}
 
 
+def weights_from_pairs(pairs: dict, batch: int) -> dict[str, float]:
+    """model -> share weight from ``scripts/diag_pair_slowdown.py``'s largest set at ``batch`` (every
+    model's graph replayed back to back beside all the others): 1 over its slowdown there, scaled to a
+    geometric mean of 1. With none of the weighted lanes capped at its demand, a lane's slowdown under
+    the water-filling is proportional to 1 over its weight, so these weights give back the measured spread."""
+    sets = [s for s in pairs["sets"] if s["batch"] == batch]
+    if not sets:
+        raise SystemExit(f"no set at batch {batch} in the pairs file (batches: {sorted({s['batch'] for s in pairs['sets']})})")
+    slow = max(sets, key=lambda s: len(s["models"]))["slowdown"]
+    g = math.exp(sum(math.log(1.0 / v) for v in slow.values()) / len(slow))
+    return {m: 1.0 / v / g for m, v in sorted(slow.items())}
+
+
 def errors(report: dict, wl0, profs: dict, policy: str, models: dict[str, ContentionModel]) -> list[dict]:
     """Per point of ``policy``: measured goodput and each contention model's simulated goodput error."""
     out = []
@@ -65,7 +81,10 @@ def errors(report: dict, wl0, profs: dict, policy: str, models: dict[str, Conten
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("bench", nargs="+", help="gpuloom bench JSON files to simulate")
-    ap.add_argument("--weights-from", required=True, help="the bench JSON whose points give the weights")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--weights-from", help="the bench JSON whose points give the weights")
+    src.add_argument("--weights-from-pairs", help="a diag_pair_slowdown.py JSON whose all-models set gives them")
+    ap.add_argument("--pair-batch", type=int, default=8, help="with --weights-from-pairs: the set's batch")
     ap.add_argument("--policy", default="triton")
     ap.add_argument("--below", type=float, default=0.99, help="points under this attainment give the weights")
     ap.add_argument("--demand", choices=("knee", "area"), default="knee",
@@ -74,11 +93,14 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     store = ProfileStore.builtin("h200")
-    source, _, _ = load_report(a.weights_from, store, a.policy)
-    weights = weights_from(source["policies"][a.policy]["points"], a.below)
-    if not weights:
-        print(f"{a.weights_from}: no {a.policy} point under attainment {a.below}", file=sys.stderr)
-        return 2
+    if a.weights_from_pairs:
+        weights = weights_from_pairs(json.loads(Path(a.weights_from_pairs).read_text()), a.pair_batch)
+    else:
+        source, _, _ = load_report(a.weights_from, store, a.policy)
+        weights = weights_from(source["policies"][a.policy]["points"], a.below)
+        if not weights:
+            print(f"{a.weights_from}: no {a.policy} point under attainment {a.below}", file=sys.stderr)
+            return 2
     print("weights: " + ", ".join(f"{m} {w:.2f}" for m, w in weights.items()))
     preset = ContentionModel.h200_runs()
     if a.demand == "area":
@@ -86,7 +108,9 @@ def main() -> int:
     if a.efficiency is not None:
         preset = dataclasses.replace(preset, efficiency=a.efficiency)
     models = {"preset": preset, "weighted": dataclasses.replace(preset, share_weights=tuple(weights.items()))}
-    result = {"weights_from": Path(a.weights_from).name, "policy": a.policy, "below": a.below, "weights": weights,
+    origin = a.weights_from_pairs or a.weights_from
+    result = {"weights_from": Path(origin).name, **({"pair_batch": a.pair_batch} if a.weights_from_pairs else {}),
+              "policy": a.policy, "below": a.below, "weights": weights,
               "preset": dataclasses.asdict(preset), "reports": {}}
     within = {k: 0 for k in models}
     n = 0

@@ -178,3 +178,22 @@ def test_the_h200_contention_preset_is_the_calibrations_best_and_flags_change_on
     for k in ("batch_overhead_ms", "hold_per_ms", "host_launch_ms", "demand_fraction", "hold_spread", "interference",
               "hold_per_request_ms"):
         assert getattr(preset, k) == fit[k], k
+
+
+def test_the_h100_fast_host_preset_is_its_calibrations_best_and_only_the_hold_differs(tmp_path):
+    from gpuloom.runtime.sim import ContentionModel
+
+    fast, h200 = ContentionModel.h100_fast_host(), ContentionModel.h200_runs()
+    fit = json.loads((ROOT / "docs/results/runtime/sim_calibration_session52_h100_runs171_175.json").read_text())["best"]
+    for k in ("batch_overhead_ms", "hold_per_ms", "host_launch_ms", "demand_fraction", "hold_spread", "interference",
+              "hold_per_request_ms", "efficiency", "demand"):
+        assert getattr(fast, k) == fit[k], k
+    differ = {k for k, v in dataclasses.asdict(fast).items() if dataclasses.asdict(h200)[k] != v}
+    assert differ == {"batch_overhead_ms"} and fast.batch_overhead_ms < h200.batch_overhead_ms
+    wl = tmp_path / "tiny.yaml"
+    wl.write_text(TINY)
+    assert main(["simulate", str(wl), "--synthetic", "--policy", "nexus", "--contention", "h100-fast-host",
+                 "--out", str(tmp_path / "fast")]) == 0
+    run = json.loads((tmp_path / "fast" / "tiny.simulate.json").read_text())
+    assert run["contention_preset"] == "h100-fast-host"
+    assert run["contention"] == json.loads(json.dumps(dataclasses.asdict(fast)))

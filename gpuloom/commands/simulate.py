@@ -9,7 +9,7 @@ HELP = "simulate a workload under scheduling policies (dstack and baselines); co
 
 DEFAULT_POLICIES = "dstack,triton,clipper,nexus,gslice,temporal,ideal"
 #: ``--contention``'s choices: the sharing model a simulation starts from
-CONTENTION_PRESETS = ("plain", "h200")
+CONTENTION_PRESETS = ("plain", "h200", "h100-fast-host")
 #: the flags that change one parameter of it (``ContentionModel`` field names)
 CONTENTION_FLAGS = ("demand_fraction", "efficiency", "interference", "batch_overhead_ms", "host_launch_ms", "hold_spread",
                     "hold_per_ms")
@@ -35,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the simulated GPU's sharing model: plain (the knee model, no host terms; the default) or h200 "
                         "(fitted to the H200 bench runs: each batch holds its lane 0.75 ms + 0.1 ms per ms of its "
                         "GPU time, 0.15 ms of one launching host thread per batch, demand fraction 0.89; "
-                        "docs/reports/runtime.md). The flags below change one parameter of it")
+                        "docs/reports/runtime.md), or h100-fast-host (the same with a 0.35 ms hold: an H100 on a "
+                        "host that turns batches around quickly, runs 171-175). The flags below change one parameter of it")
     p.add_argument("--demand-fraction", type=float, default=None,
                    help="contention model: share of its knee a shared batch occupies (plain: 1)")
     p.add_argument("--efficiency", type=float, default=None,
@@ -64,7 +65,8 @@ def preset_model(name: str):
     """The :class:`~gpuloom.runtime.sim.ContentionModel` a ``--contention`` preset names."""
     from gpuloom.runtime.sim import ContentionModel
 
-    return ContentionModel.h200_runs() if name == "h200" else ContentionModel()
+    presets = {"h200": ContentionModel.h200_runs, "h100-fast-host": ContentionModel.h100_fast_host}
+    return presets.get(name, ContentionModel)()
 
 
 def contention_model(args: argparse.Namespace):
