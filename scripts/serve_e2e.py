@@ -59,7 +59,7 @@ TARGET = 0.9  # issue 6: HTTP goodput >= 90% of in-process goodput
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from gpuloom.bench.e2e import ARRIVALS
-    from gpuloom.serve.bridge import DRAIN_ON
+    from gpuloom.serve.bridge import DRAIN_ON, WAKEUPS
 
     p = argparse.ArgumentParser(prog="serve_e2e.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -94,6 +94,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ring-drain-on", choices=DRAIN_ON, default="loop",
                    help="who takes requests from the workers' rings: the runtime's loop thread (default) or a "
                         "drain thread per worker (Server(ring_drain_on=...))")
+    p.add_argument("--worker-wakeups", choices=WAKEUPS, default="batch",
+                   help="a worker's replies wake it once per batch of 8 rows or more (default) or once per reply "
+                        "(Server(worker_wakeups=...))")
     p.add_argument("--client", default="lean", metavar="NAME[,NAME]",
                    help="the HTTP client the client processes send with: lean (default; gpuloom.serve.httpconn: "
                         "about half aiohttp's CPU per request on the H200 host, which the server shares, runs 85 "
@@ -542,7 +545,7 @@ def run(args: argparse.Namespace) -> int:
         meta = {"torch": torch.__version__, "python": sys.version.split()[0], "argv": sys.argv[1:],
                 "build_s": round(t_built - t_start, 1), "seconds": round(time.monotonic() - t_start, 1),
                 "cpus": os.cpu_count(), "service_cpus": args.cpus, "inprocess_arrivals": args.inprocess_arrivals,
-                "inprocess_inputs": "copied" if args.inprocess_copies else "pinned",
+                "inprocess_inputs": "copied" if args.inprocess_copies else "pinned", "worker_wakeups": args.worker_wakeups,
                 "machine": dict(machine), **connections_in_effect().as_meta()}
         if device.startswith("cuda"):
             meta["gpu"] = torch.cuda.get_device_name(0)
@@ -607,7 +610,8 @@ def run(args: argparse.Namespace) -> int:
                     core = ServeCore(svc, None)
                     server = Server(core, host="127.0.0.1", http_port=0, grpc_port=None, http_workers=workers,
                                     worker_ring_kb=args.worker_ring_kb, worker_cpus=other_cpus,
-                                    ring_drain_on=args.ring_drain_on, close_service=False, worker_nice=nice)
+                                    ring_drain_on=args.ring_drain_on, worker_wakeups=args.worker_wakeups,
+                                    close_service=False, worker_nice=nice)
                     addr = server.start()
                     http_warmup(addr.http_url, svc.models())
                     wait_pinned(server, svc, workers, say)

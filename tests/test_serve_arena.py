@@ -346,5 +346,7 @@ def test_front_end_workers_run_at_the_cpu_priority_asked_for():
         for bad in (-1, 20, 2.5, True):
             with pytest.raises(ValueError, match="worker_nice: expected an int from 0 to 19"):
                 Server(core, http_workers=1, worker_nice=bad)
+        with pytest.raises(ValueError, match="worker_wakeups: expected one of"):
+            Server(core, http_workers=1, worker_wakeups="sometimes")
     finally:
         service.close()

@@ -433,3 +433,89 @@ def test_reply_records_carry_any_array_layout_and_the_remembered_texts_are_bound
     with pytest.raises(json.JSONDecodeError):
         small.get(b"{")
     assert b"{" not in small._known
+
+
+def _posts(w: ring.WorkerRings) -> int:
+    """How many times the worker's eventfd was posted since it was last read (0: none)."""
+    try:
+        return os.eventfd_read(w.event_fd)
+    except BlockingIOError:
+        return 0
+
+
+def test_inside_one_post_per_worker_each_worker_is_woken_once_after_all_its_replies():
+    import threading
+
+    (w1, r1), (w2, r2) = _pair(), _pair()
+    try:
+        for i in range(3):
+            assert r1.reply([b"plain %d" % i])
+        assert _posts(w1) == 3  # outside the scope: one post per reply, as before
+        with ring.one_post_per_worker():
+            for i in range(4):
+                assert r1.reply([b"a%d" % i])
+            assert r2.reply([b"b"])
+            with ring.one_post_per_worker():  # nested: the outermost posts
+                assert r2.reply([b"c"])
+            assert _posts(w1) == 0 and _posts(w2) == 0  # frames written, nobody woken yet
+            other = threading.Thread(target=lambda: r2.reply([b"from another thread"]))
+            other.start()
+            other.join()
+            assert _posts(w2) == 1  # the scope is this thread's: the other thread's reply posted at once
+        assert _posts(w1) == 1 and _posts(w2) == 1
+        got: list[bytes] = []
+        w1.take_replies(lambda v: got.append(bytes(v)))
+        assert got == [b"plain 0", b"plain 1", b"plain 2", b"a0", b"a1", b"a2", b"a3"]  # every frame is there
+        with pytest.raises(RuntimeError), ring.one_post_per_worker():
+            assert r1.reply([b"then a failure"])
+            raise RuntimeError("booking failed")
+        assert _posts(w1) == 1  # the frame it wrote still wakes the worker
+        with ring.one_post_per_worker():
+            assert r1.reply([b"before close"])
+            r1.close()  # the worker went away before the post: nothing to wake, no error
+        assert _posts(w1) == 0
+    finally:
+        for r, w in ((r1, w1), (r2, w2)):
+            r.close()
+            w.close()
+
+
+def test_only_batches_of_enough_rows_wake_each_worker_once():
+    assert isinstance(ring.batch_replies(ring.COALESCE_FROM_ROWS), ring.one_post_per_worker)
+    assert not isinstance(ring.batch_replies(ring.COALESCE_FROM_ROWS - 1), ring.one_post_per_worker)
+    assert not any(isinstance(ring.each_reply(n), ring.one_post_per_worker) for n in (1, 8, 64))
+    w, r = _pair()
+    try:
+        with ring.batch_replies(2):
+            assert r.reply([b"x"]) and r.reply([b"y"])
+            assert _posts(w) == 2  # a small batch: each reply woke the worker at once
+    finally:
+        r.close()
+        w.close()
+
+
+@pytest.mark.parametrize("wakeups, scope", [("batch", ring.batch_replies), ("reply", ring.each_reply)])
+def test_the_bridge_sets_the_services_answer_scope_to_its_wakeups(tmp_path, wakeups, scope):
+    from test_serve_bridge import EchoCore
+
+    class _Service:  # what the bridge looks for on its core's service
+        answer_scope = None
+
+    core = EchoCore()
+    core.service = _Service()
+    b = InferBridge(core, str(tmp_path / "b.sock"), wakeups=wakeups)
+    shared, rings = arena.Arena(1 << 20), ring.WorkerRings(256 << 10)
+    s = _connect_with_rings(b, shared, rings)
+    try:
+        deadline = time.monotonic() + 10
+        while core.service.answer_scope is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert core.service.answer_scope is scope
+    finally:
+        s.close()
+        b.close()
+        core.close()
+        rings.close()
+        shared.close()
+    with pytest.raises(ValueError, match="wakeups must be one of"):
+        InferBridge(core, str(tmp_path / "c.sock"), wakeups="never")  # refused before it binds

@@ -1682,3 +1682,33 @@ def test_small_unloaded_models_add_up_to_unload_collect_mib_and_are_then_collect
 def test_unload_collect_mib_takes_zero_or_more():
     with pytest.raises(ValueError, match="unload_collect_mib must be >= 0"):
         InferenceService(policy="dstack", device="cpu", unload_collect_mib=-1)
+
+
+def test_a_batchs_answers_are_given_inside_the_services_answer_scope():
+    import contextlib
+
+    svc = fake_service(policy="triton", latency_ms=50.0)  # every callback is added before the first answer
+    depth, entered, seen = [0], [0], []
+
+    @contextlib.contextmanager
+    def scope(rows):
+        assert rows >= 1  # the batch's answers: one per row
+        entered[0] += 1
+        depth[0] += 1
+        try:
+            yield
+        finally:
+            depth[0] -= 1
+
+    svc.answer_scope = scope
+    futs = [svc.submit("twice", {"x": np.full((1, 4), i, np.float32)}) for i in range(12)]
+    for f in futs:
+        f.add_done_callback(lambda f: seen.append(depth[0]))
+    for i, f in enumerate(futs):
+        np.testing.assert_array_equal(f.result(timeout=10)["y"], np.full((1, 4), 2 * i, np.float32))
+    deadline = time.monotonic() + 5
+    while len(seen) < len(futs) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert 1 <= entered[0] < len(futs)  # answered in batches, one scope each
+    assert seen == [1] * len(futs) and depth[0] == 0  # every future resolved inside one
+    svc.close()

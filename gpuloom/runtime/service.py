@@ -39,6 +39,7 @@ runtime's loop runs and what feeds it from outside).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import gc
 import heapq
@@ -114,6 +115,14 @@ def _split_rows(arrays: list[np.ndarray], copy: bool) -> list[list[np.ndarray]]:
 
 
 # -- the service --------------------------------------------------------------------------------
+_NO_SCOPE = contextlib.nullcontext()
+
+
+def _no_scope(rows: int) -> contextlib.nullcontext:
+    """``InferenceService.answer_scope``'s default: nothing around a batch's answers."""
+    return _NO_SCOPE
+
+
 class InferenceService(LoopHosting):
     """Serve many models on one device with one scheduling policy. Thread-safe.
 
@@ -268,6 +277,9 @@ class InferenceService(LoopHosting):
         self.load_timeout_s = load_timeout_s
         self._models: dict[str, _Model] = {}
         self._lock = threading.RLock()
+        # answer_scope(rows): a context entered around each batch's answers (_on_results); a server in
+        # front sets its own (serve.ring.batch_replies: one wake-up per worker for a big batch's replies)
+        self.answer_scope: Callable[[int], Any] = _no_scope
         self._admin = threading.Lock()  # one load/unload at a time
         self._cv = threading.Condition(self._lock)
         self._runtime: Runtime | None = None
@@ -738,8 +750,9 @@ class InferenceService(LoopHosting):
 
     def _on_results(self, answers: list[tuple[Result, ExecOutput | None]]) -> None:
         """Runtime thread: the rows of a batch (or of a drop) answered together: booked in order as
-        :meth:`_on_result` books one, under one acquisition of the lock, with one clock reading."""
-        with self._lock:
+        :meth:`_on_result` books one, under one acquisition of the lock, with one clock reading, inside
+        :attr:`answer_scope` (the server's: one wake-up per worker for the batch's replies)."""
+        with self.answer_scope(len(answers)), self._lock:
             now = time.monotonic()
             for result, out in answers:
                 try:

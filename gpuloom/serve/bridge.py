@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .ring import WAKEUPS, batch_replies, each_reply
 from .wire import (FRAME, RING_MAGIC, RING_REQ, _failure_frame, _internal_error_frame, _Layout, _recv_control,
                    _recv_into, _ReplyEncoder, _RequestTemplate, _Templates, pack)
 
@@ -43,13 +44,17 @@ class InferBridge:
     which block while the worker is slow to read, never hold up the runtime.
     """
 
-    def __init__(self, core: Any, path: str, *, drain_on: str = "loop") -> None:
+    def __init__(self, core: Any, path: str, *, drain_on: str = "loop", wakeups: str = "batch") -> None:
         """``drain_on``: who takes requests from the workers' rings: the runtime's ``"loop"`` thread
         (``InferenceService.add_intake``; a drain thread per worker where the service has no such
-        loop) or a drain ``"thread"`` per worker."""
+        loop) or a drain ``"thread"`` per worker. ``wakeups``: a worker's replies in its ring wake it
+        once per ``"batch"`` (of ``ring.COALESCE_FROM_ROWS`` rows or more; ``ring.batch_replies``) or
+        once per ``"reply"``."""
         if drain_on not in DRAIN_ON:
             raise ValueError(f"drain_on must be one of {DRAIN_ON}, got {drain_on!r}")
-        self.core, self.path, self.drain_on = core, path, drain_on
+        if wakeups not in WAKEUPS:
+            raise ValueError(f"wakeups must be one of {WAKEUPS}, got {wakeups!r}")
+        self.core, self.path, self.drain_on, self.wakeups = core, path, drain_on, wakeups
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.bind(path)
         self._sock.listen(64)
@@ -97,6 +102,8 @@ class InferBridge:
             if rings is not None:
                 take = self._ring_taker(rings, send, ok, shared, in_arena)
                 service = getattr(self.core, "service", None)
+                if service is not None and hasattr(service, "answer_scope"):
+                    service.answer_scope = batch_replies if self.wakeups == "batch" else each_reply
                 if self.drain_on == "loop" and getattr(service, "add_intake", None) is not None:
                     wake_fd = self._intake.attach(rings.requests, take, service)
                     on_loop = wake_fd is not None  # None: this service's loop cannot be woken from the worker

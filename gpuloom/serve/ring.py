@@ -24,10 +24,12 @@ frame that does not fit goes over the socket, which stays open for that and for 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
 import platform
+import threading
 from typing import Callable, Sequence
 
 _LINE = 64  # the semaphore and each index cell get a cache line of their own
@@ -208,6 +210,51 @@ class WorkerRings:
         os.close(self.fd)
 
 
+_deferred = threading.local()  # .rings: the RuntimeRings written to inside one_post_per_worker, or None
+
+
+class one_post_per_worker:  # noqa: N801 - used as a function: ``with one_post_per_worker(): ...``
+    """Within, on this thread, :meth:`RuntimeRings.reply` writes its frames but wakes each worker once,
+    on the way out, instead of once per reply. Why: the eventfd's ``write`` was about half of the
+    runtime thread's cost per reply (59 of 125 samples, ``docs/reports/serving.md``), and a batch's
+    rows often go to the same worker. The post comes after every frame it covers, so the worker,
+    which clears the eventfd before it reads the ring, misses none. Nested, the outermost posts.
+    A class, not a generator: entering and leaving cost the build VM 3-4 us a batch, not 7-8."""
+
+    __slots__ = ("_outer",)
+
+    def __enter__(self) -> None:
+        self._outer = getattr(_deferred, "rings", None) is None
+        if self._outer:
+            _deferred.rings = {}
+
+    def __exit__(self, *exc) -> None:
+        if self._outer:
+            touched, _deferred.rings = _deferred.rings, None
+            for rings in touched.values():
+                rings.post()
+
+
+WAKEUPS = ("batch", "reply")  # InferBridge(wakeups=...): a worker woken once per batch, or per reply
+COALESCE_FROM_ROWS = 8  # ... once per batch from this many rows (scripts/diag_reply_posts.py, below)
+_NO_SCOPE = contextlib.nullcontext()
+
+
+def batch_replies(rows: int) -> "one_post_per_worker | contextlib.nullcontext":
+    """``InferenceService.answer_scope`` for ``wakeups="batch"``: :class:`one_post_per_worker` around
+    the answers of a batch of ``COALESCE_FROM_ROWS`` rows or more, nothing around smaller ones. On the
+    build VM (``scripts/diag_reply_posts.py``, 8 workers, fifty-second session) the scope cost a
+    one-row batch 9-18% more of the runtime thread's time for its replies, about none at 4 rows, and
+    saved 7-8% at 8 rows and 18-30% at 16 (16 posts became 7), while the batch's first worker was
+    woken 0.09-0.16 ms later (at the batch's end instead of after its first reply)."""
+    return one_post_per_worker() if rows >= COALESCE_FROM_ROWS else _NO_SCOPE
+
+
+def each_reply(rows: int) -> contextlib.nullcontext:
+    """``InferenceService.answer_scope`` for ``wakeups="reply"``: every reply wakes its worker at once."""
+    return _NO_SCOPE
+
+
 class RuntimeRings:
     """The runtime process's end of one worker's block: waits for requests, writes replies. Replies
     may come from several threads (the runtime's, the drain thread's errors): they share a lock."""
@@ -246,8 +293,18 @@ class RuntimeRings:
         with self._lock:
             if not self._open or not self.replies.put(parts):
                 return False
-            self._worker.post()
+            touched = getattr(_deferred, "rings", None)
+            if touched is None:
+                self._worker.post()
+            else:  # inside one_post_per_worker: posted once, on its way out
+                touched[id(self)] = self
             return True
+
+    def post(self) -> None:
+        """Wake the worker (its replies are in the ring); nothing once the worker's end is closed."""
+        with self._lock:
+            if self._open:
+                self._worker.post()
 
     def close(self) -> None:
         """No more replies; the eventfd is closed under the lock, so no writer posts a reused number."""
@@ -258,4 +315,5 @@ class RuntimeRings:
         self.wake.post()  # the drain thread wakes, sees the connection closed, and ends
 
 
-__all__ = ["ByteRing", "DEFAULT_KB", "RuntimeRings", "WorkerRings", "supported"]
+__all__ = ["ByteRing", "COALESCE_FROM_ROWS", "DEFAULT_KB", "RuntimeRings", "WAKEUPS", "WorkerRings", "batch_replies",
+           "each_reply", "one_post_per_worker", "supported"]

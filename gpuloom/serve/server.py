@@ -70,8 +70,8 @@ class Server:
     def __init__(self, core: ServeCore, *, host: str = "127.0.0.1", http_port: int = 8000, grpc_port: int | None = 8001,
                  drain_timeout_s: float = 30.0, listen_backlog: int = 2048, http_workers: int = 0,
                  worker_arena_mb: int | None = None, worker_ring_kb: int | None = None,
-                 worker_cpus: set[int] | None = None, ring_drain_on: str = "loop", runtime_on: str = "thread",
-                 close_service: bool = True, worker_nice: int = frontend.WORKER_NICE,
+                 worker_cpus: set[int] | None = None, ring_drain_on: str = "loop", worker_wakeups: str = "batch",
+                 runtime_on: str = "thread", close_service: bool = True, worker_nice: int = frontend.WORKER_NICE,
                  client_timeout_s: float = DEFAULT_CLIENT_TIMEOUT_S):
         self.core = core
         # a connection whose client sends nothing this long while the server waits on it (its first
@@ -112,6 +112,10 @@ class Server:
             raise ValueError(f"ring_drain_on: expected one of {bridge.DRAIN_ON}, got {ring_drain_on!r}")
         # who takes the requests from the workers' rings: the runtime's loop thread, or a thread per worker
         self.ring_drain_on = ring_drain_on
+        if worker_wakeups not in bridge.WAKEUPS:
+            raise ValueError(f"worker_wakeups: expected one of {bridge.WAKEUPS}, got {worker_wakeups!r}")
+        # a worker's replies in its ring wake it once per batch (of ring.COALESCE_FROM_ROWS rows or more) or per reply
+        self.worker_wakeups = worker_wakeups
         # 0: this process serves HTTP. N > 0: N front-end processes parse HTTP on the public port and
         # pass tensors over a Unix socket (frontend.py); this process serves HTTP on a loopback port
         # for the routes they forward.
@@ -209,7 +213,7 @@ class Server:
 
         self._sockdir = tempfile.mkdtemp(prefix="gpuloom-")
         path = os.path.join(self._sockdir, "bridge.sock")
-        self._bridge = bridge.InferBridge(self.core, path, drain_on=self.ring_drain_on)
+        self._bridge = bridge.InferBridge(self.core, path, drain_on=self.ring_drain_on, wakeups=self.worker_wakeups)
         cmd = [sys.executable, "-m", "gpuloom.serve.frontend", "--socket", path, "--host", self.host,
                "--port", str(port), "--upstream", f"http://127.0.0.1:{internal}",
                "--max-body", str(int(self.core.max_body_bytes)), "--backlog", str(self.listen_backlog),
