@@ -233,11 +233,11 @@ class ContentionModel:
         the same 0.1 ms per ms of GPU time). 75 of 91 goodputs within 10% against the H200 preset's 65:
         light3's nexus and temporal, one lane each, 24-55% short with the longer hold, come within
         10% but one (``docs/results/runtime/sim_calibration_session52_h100_runs171_175.json``). The
-        card measured the same: lanes held 0.22-0.37 ms (p50) beyond their batches' GPU time on
-        light3 (0.20-0.25 ms, the median over every lane of every point held, mix6's too). On runs 167 and 169 (mix6, not
-        fitted; a host whose lanes held 0.52-0.66 ms) 17 of 20 within 10% against the H200 preset's 18,
-        as on the H200 runs (0.60-0.69 ms): the hold is the host's, and 12 of the 16 runs with holds
-        recorded held 0.45-0.69 ms (``scripts/host_holds.py``), so the bench keeps ``h200``.
+        card measured the same: its lanes held a batch 0.20-0.25 ms beyond its GPU time (the median
+        over every lane of every point held, ``scripts/host_holds.py``). On runs 167 and 169 (mix6,
+        not fitted; a host whose lanes held 0.52-0.66 ms) 17 of 20 within 10% against the H200
+        preset's 18, as on the H200 runs (0.60-0.69 ms): the hold is the host's, and 12 of the 16
+        runs with holds recorded held 0.45-0.69 ms, so the bench keeps ``h200``.
         """
         return replace(cls.h200_runs(), batch_overhead_ms=0.35)
 
