@@ -2,11 +2,9 @@
 """How long each host's lanes held a batch beyond its GPU time, per ``gpuloom bench`` report.
 
 Why: the simulator's batch overhead (``ContentionModel.batch_overhead_ms``) stands for that hold, and
-it is the host's: ``h200_runs`` (0.75 ms) fits hosts whose lanes held about 0.5-0.7 ms, and
-``h100_fast_host`` (0.35 ms) the one of runs 171-175, about 0.25 ms (``docs/reports/runtime.md``,
-fifty-second session). Per report: the median, over every lane of every point held at the target
-attainment (any policy), of the lane's median hold (``layouts[].hold_p50_ms``), with its range.
-Pure Python; any machine.
+it is the host's (``gpuloom.bench.host_hold``; ``gpuloom bench`` reports it as ``host_lane_hold``).
+Per report: the median, over every lane of every point held at the target attainment (any policy), of
+the lane's median hold (``layouts[].hold_p50_ms``), with its range. Pure Python; any machine.
 
     python scripts/host_holds.py docs/results/runtime/bench_*_h100_run17*.json
 """
@@ -19,11 +17,9 @@ import statistics
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-def lane_holds(report: dict, target: float = 0.99) -> list[float]:
-    """Every lane's p50 hold (ms) at every point of ``report`` that held ``target``."""
-    return [lane["hold_p50_ms"] for p in report.get("policies", {}).values() for pt in p["points"]
-            if pt["slo_attainment"] >= target for lane in pt.get("layouts", []) if "hold_p50_ms" in lane]
+from gpuloom.bench.host_hold import lane_holds  # noqa: E402
 
 
 def main() -> int:

@@ -36,6 +36,9 @@ def test_bench_serves_tiny_models_on_cpu_and_reports_every_metric(tmp_path):
     rc, rep = run_bench(tmp_path, "--policy", "dstack,triton")
     assert rc == 0
     assert set(rep["policies"]) == {"dstack", "triton"}
+    # the host's lanes' hold beyond GPU time, over the points held (host_hold.py: which kind of host)
+    hold = rep["host_lane_hold"]
+    assert hold["lanes"] >= 2 and hold["median_ms"] >= 0 and hold["nearest_preset"] in ("h200", "h100-fast-host")
     for name, pol in rep["policies"].items():
         assert not pol["error"]
         (pt,) = pol["points"]

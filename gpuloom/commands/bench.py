@@ -224,6 +224,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for w in warns:
         console.print(f"[yellow]warning:[/yellow] {w}")
+    from gpuloom.bench.host_hold import hold_line, host_hold
     from gpuloom.bench.machine import describe_machine, summary
 
     sync = torch.cuda.synchronize if device.startswith("cuda") else None
@@ -252,6 +253,9 @@ def run(args: argparse.Namespace) -> int:
         if device.startswith("cuda"):
             meta["gpu"] = torch.cuda.get_device_name(0)
         rep = to_json(workload, results, device=device, target=args.target, meta=meta)
+        hold = host_hold(rep, args.target)
+        if hold is not None:  # which kind of host this was, for the simulated column (host_hold.py)
+            rep["host_lane_hold"] = hold
         if args.out:  # after every point: a run cut short keeps what it measured
             save_json(args.out, rep)
         return rep
@@ -340,6 +344,8 @@ def run(args: argparse.Namespace) -> int:
         out.print(summary_line(report["dstack_vs_best_baseline"], args.target))
     for name, r in report.get("variants_vs_best_baseline", {}).items():
         out.print(summary_line(r, args.target, name))
+    if "host_lane_hold" in report and device.startswith("cuda") and not args.no_simulate:
+        out.print(hold_line(report["host_lane_hold"], sim_preset))
     if args.out:
         console.print(f"wrote {args.out}")
     return 0 if not any(r.error for r in results) else 1

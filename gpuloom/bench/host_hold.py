@@ -1,0 +1,49 @@
+"""How long a host's lanes held each batch beyond its GPU time, read off a ``gpuloom bench`` report.
+
+Why: the simulator's batch overhead (``ContentionModel.batch_overhead_ms``) stands for that hold, and
+the hold is the host's, not the GPU's: the ``h200`` preset (0.75 ms) was fitted on runs whose lanes
+held a median 0.60-0.69 ms, ``h100-fast-host`` (0.35 ms) on runs 171-175, which held 0.20-0.25 ms
+(``docs/reports/runtime.md``, fifty-second session). A bench report says which kind of host it ran
+on, so its simulated column can be read, or re-run, with the preset fitted on hosts like it.
+Pure Python.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+#: the median lane hold (ms) of the runs each ``--contention`` preset was fitted on
+PRESET_HOST_HOLD_MS = {"h200": 0.64, "h100-fast-host": 0.23}
+
+
+def lane_holds(report: dict, target: float = 0.99) -> list[float]:
+    """Every lane's median hold (ms, ``layouts[].hold_p50_ms``) at every point of ``report``, any
+    policy, that held ``target``: past its edge a lane's hold is queueing, not the host."""
+    return [lane["hold_p50_ms"] for p in report.get("policies", {}).values() for pt in p.get("points", [])
+            if pt.get("slo_attainment", 0.0) >= target for lane in pt.get("layouts", []) if "hold_p50_ms" in lane]
+
+
+def host_hold(report: dict, target: float = 0.99) -> dict | None:
+    """``{"median_ms", "lanes", "nearest_preset"}`` of ``report``'s lane holds (None without any):
+    the preset whose fitted hosts' hold is nearest on a log scale."""
+    holds = lane_holds(report, target)
+    if not holds:
+        return None
+    med = statistics.median(holds)
+    nearest = min(PRESET_HOST_HOLD_MS, key=lambda k: abs(math.log(PRESET_HOST_HOLD_MS[k] / med)) if med > 0 else 0)
+    return {"median_ms": round(med, 3), "lanes": len(holds), "nearest_preset": nearest}
+
+
+def hold_line(hold: dict, preset: str) -> str:
+    """One line for the bench's output: the host's hold, and the preset fitted on hosts like it where
+    the points were simulated with another."""
+    line = (f"lanes held a batch {hold['median_ms']:.2f} ms beyond its GPU time (median of {hold['lanes']} lanes "
+            f"at the points held); the simulator's presets were fitted on hosts holding "
+            + ", ".join(f"{k} {v:.2f} ms" for k, v in PRESET_HOST_HOLD_MS.items()))
+    if preset in PRESET_HOST_HOLD_MS and hold["nearest_preset"] != preset:
+        line += f"; nearer this host: --contention {hold['nearest_preset']}"
+    return line
+
+
+__all__ = ["PRESET_HOST_HOLD_MS", "host_hold", "hold_line", "lane_holds"]
