@@ -503,12 +503,13 @@ def test_the_bridge_sets_the_services_answer_scope_to_its_wakeups(tmp_path, wake
 
     core = EchoCore()
     core.service = _Service()
+    before = core.service.answer_scope = object()  # the service's own, before any server
     b = InferBridge(core, str(tmp_path / "b.sock"), wakeups=wakeups)
     shared, rings = arena.Arena(1 << 20), ring.WorkerRings(256 << 10)
     s = _connect_with_rings(b, shared, rings)
     try:
         deadline = time.monotonic() + 10
-        while core.service.answer_scope is None and time.monotonic() < deadline:
+        while core.service.answer_scope is before and time.monotonic() < deadline:
             time.sleep(0.01)
         assert core.service.answer_scope is scope
     finally:
@@ -517,5 +518,6 @@ def test_the_bridge_sets_the_services_answer_scope_to_its_wakeups(tmp_path, wake
         core.close()
         rings.close()
         shared.close()
+    assert core.service.answer_scope is before  # the bridge gone, the service answers as it did
     with pytest.raises(ValueError, match="wakeups must be one of"):
         InferBridge(core, str(tmp_path / "c.sock"), wakeups="never")  # refused before it binds
