@@ -37,6 +37,12 @@ from gpuloom.runtime.sim import ContentionModel  # noqa: E402
 TARGET = 0.10  # issue 5's goodput error bound
 
 
+def unit_shares(slowdowns: dict[str, float]) -> dict[str, float]:
+    """model -> 1 over its slowdown, scaled to a geometric mean of 1 (only the ratios matter)."""
+    g = math.exp(sum(math.log(1.0 / s) for s in slowdowns.values()) / len(slowdowns))
+    return {m: 1.0 / s / g for m, s in slowdowns.items()}
+
+
 def weights_from(points: list[dict], below: float) -> dict[str, float]:
     """model -> share weight: 1 / its measured slowdown at each point whose attainment is under
     ``below``, each point's scaled to a geometric mean of 1, averaged over those points."""
@@ -47,9 +53,8 @@ def weights_from(points: list[dict], below: float) -> dict[str, float]:
         slow = {m: v["slowdown"] for m, v in measured_slowdowns(p).items()}
         if not slow:
             continue
-        g = math.exp(sum(math.log(1.0 / s) for s in slow.values()) / len(slow))
-        for m, s in slow.items():
-            acc.setdefault(m, []).append(1.0 / s / g)
+        for m, w in unit_shares(slow).items():
+            acc.setdefault(m, []).append(w)
     return {m: sum(v) / len(v) for m, v in sorted(acc.items())}
 
 
@@ -61,9 +66,7 @@ def weights_from_pairs(pairs: dict, batch: int) -> dict[str, float]:
     sets = [s for s in pairs["sets"] if s["batch"] == batch]
     if not sets:
         raise SystemExit(f"no set at batch {batch} in the pairs file (batches: {sorted({s['batch'] for s in pairs['sets']})})")
-    slow = max(sets, key=lambda s: len(s["models"]))["slowdown"]
-    g = math.exp(sum(math.log(1.0 / v) for v in slow.values()) / len(slow))
-    return {m: 1.0 / v / g for m, v in sorted(slow.items())}
+    return dict(sorted(unit_shares(max(sets, key=lambda s: len(s["models"]))["slowdown"]).items()))
 
 
 def errors(report: dict, wl0, profs: dict, policy: str, models: dict[str, ContentionModel]) -> list[dict]:

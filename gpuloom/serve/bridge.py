@@ -69,7 +69,8 @@ class InferBridge:
         self.pinned_arenas = 0  # worker arenas page-locked now (launched from in place)
         self._request_templates = _Templates(_RequestTemplate)  # compact ring requests' JSON, checked once
         self._intake = _LoopIntake(self)  # the runtime loop's one poller over every worker's request ring
-        self._answer_scope_before: dict[int, tuple[Any, Any]] = {}  # id(service) -> (service, its answer_scope)
+        # what the service did around a batch's answers before this bridge set its own (given back at close)
+        self._scope_before = getattr(getattr(core, "service", None), "answer_scope", None)
         threading.Thread(target=self._accept, name="gpuloom-bridge-accept", daemon=True).start()
 
     def _accept(self) -> None:
@@ -104,7 +105,6 @@ class InferBridge:
                 take = self._ring_taker(rings, send, ok, shared, in_arena)
                 service = getattr(self.core, "service", None)
                 if service is not None and hasattr(service, "answer_scope"):
-                    self._answer_scope_before.setdefault(id(service), (service, service.answer_scope))
                     service.answer_scope = batch_replies if self.wakeups == "batch" else each_reply
                 if self.drain_on == "loop" and getattr(service, "add_intake", None) is not None:
                     wake_fd = self._intake.attach(rings.requests, take, service)
@@ -373,9 +373,9 @@ class InferBridge:
             t.join(max(0.0, deadline - time.monotonic()))
         # the service outlives this bridge (a benchmark's servers take turns on one): what it did
         # around a batch's answers before, unless someone set another since
-        for service, before in self._answer_scope_before.values():
-            if service.answer_scope in (batch_replies, each_reply):
-                service.answer_scope = before
+        service = getattr(self.core, "service", None)
+        if getattr(service, "answer_scope", None) in (batch_replies, each_reply):
+            service.answer_scope = self._scope_before
 
 
 def _send_ack(conn: socket.socket, ring_ok: bool, wake_fd: int | None) -> None:
