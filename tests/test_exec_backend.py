@@ -707,6 +707,86 @@ def test_lane_launches_happen_on_the_watcher_threads_and_the_loop_keeps_none():
         ExecBackend(fake(), complete_on="gpu")
 
 
+@pytest.mark.parametrize("launch_on, env, launches_first", [
+    ("loop", None, True), ("loop", "0", False), ("inline", None, False)])
+def test_a_completion_launches_its_partitions_next_batch_before_answering_its_requests(
+        monkeypatch, launch_on, env, launches_first):
+    """A batch completes while two more requests wait for its partition: the loop decides first (the
+    partition's next batch is launched) and then answers the finished request, so the answers (an HTTP
+    reply each) do not keep the partition idle. Not where a launch runs the batch whole (inline, the CPU
+    path: the answer would wait for the next batch), nor with GPULOOM_LAUNCH_FIRST=0 (an A/B)."""
+    if env is not None:
+        monkeypatch.setenv("GPULOOM_LAUNCH_FIRST", env)
+    log, gate = [], threading.Event()
+
+    class Logged(FakeDeviceLayer):
+        def _launch(self, lanes, index, model, rows):
+            log.append(("launch", len(rows)))
+            return super()._launch(lanes, index, model, rows)
+
+    def held(xs):  # the first batch runs until the next requests are queued
+        gate.wait(5.0)
+        return [xs[0] * 2.0]
+
+    dev = Logged()
+    dev.add_model("good", FakeModel(held, 1.0))
+    be = ExecBackend(dev, launch_on=launch_on)
+    rt = Runtime(make_policy("dstack"), be, ctx(("good",)))
+    answers = []
+    rt.start(lambda r, o: (log.append(("answer", r.request.id)), answers.append((r, o))))
+    rt.submit("good", [[np.full(3, 1.0, np.float32)]], timeout_ms=2000.0)
+    while launch_on != "inline" and not log:  # (inline: the loop is inside the batch until the gate opens)
+        time.sleep(0.001)
+    if launch_on == "inline":
+        time.sleep(0.05)
+    rt.submit("good", [[np.full(3, 2.0, np.float32)]] * 2, timeout_ms=2000.0)
+    gate.set()
+    assert rt.stop(drain=True, timeout_s=10)
+    be.close()
+    assert [r.status for r, _ in answers] == [Status.SERVED] * 3
+    assert all(np.allclose(o.outputs[0], 2.0 * (1.0 if r.request.id == 0 else 2.0)) for r, o in answers)
+    first = log.index(("answer", 0))
+    assert log.count(("launch", 1)) == 1 and ("launch", 2) in log  # the two waiting requests: one batch
+    assert (log.index(("launch", 2)) < first) == launches_first, log
+
+
+def test_a_loop_crashing_in_the_decision_after_a_completion_still_answers_that_batch_with_its_outputs():
+    """The completed batch's answers wait for the decision that follows; when that decision raises
+    (the loop crashes), they are answered with their outputs, and what was still queued fails."""
+    running, gate = threading.Event(), threading.Event()
+
+    def held(xs):  # the first batch runs until the next requests are queued
+        running.set()
+        gate.wait(5.0)
+        return [xs[0] * 2.0]
+
+    dev = FakeDeviceLayer()
+    dev.add_model("good", FakeModel(held, 1.0))
+    be = ExecBackend(dev)
+    pol = make_policy("dstack")
+    decide = pol.decide
+
+    def decide_once(now, queues, free):
+        if gate.is_set():
+            raise RuntimeError("policy bug")
+        return decide(now, queues, free)
+
+    pol.decide = decide_once
+    rt = Runtime(pol, be, ctx(("good",)))
+    answers = []
+    rt.start(lambda r, o: answers.append((r, o)))
+    rt.submit("good", [[np.full(3, 1.0, np.float32)]], timeout_ms=2000.0)
+    assert running.wait(5.0)
+    rt.submit("good", [[np.full(3, 2.0, np.float32)]] * 2, timeout_ms=2000.0)
+    gate.set()
+    rt.stop(drain=True, timeout_s=10)
+    be.close()
+    by = {r.request.id: (r, o) for r, o in answers}
+    assert sorted(by) == [0, 1, 2] and isinstance(rt.error, RuntimeError)
+    assert by[0][0].status == Status.SERVED and np.allclose(by[0][1].outputs[0], 2.0)
+    assert all(by[i][0].status == Status.FAILED and "policy bug" in by[i][0].reason for i in (1, 2))
+
+
 def test_trim_frees_every_cached_build_nobody_uses_and_keeps_the_one_in_use():
     from gpuloom.policy import Partition
 

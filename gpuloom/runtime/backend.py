@@ -33,6 +33,11 @@ class Backend(ABC):
     #: launch-ahead the runtime may use (ms); 0 = submit only to idle partitions (simulated backends:
     #: their host costs nothing, so there is nothing to hide)
     lookahead_ms: float = 0.0
+    #: whether :meth:`submit` returns only once the batch has run (a CPU batch launched inline). The
+    #: runtime then answers a completed batch's requests before it decides again, since a decision may
+    #: run a whole batch; otherwise it decides first, so that the answers (an HTTP reply each) do not
+    #: keep the freed partition idle (:class:`~gpuloom.runtime.core.Runtime`)
+    submit_blocks: bool = False
 
     #: the clock and event heap; simulated backends jump it, GPU backends follow the wall clock
     loop: EventLoop

@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import functools
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -169,6 +170,13 @@ class Runtime:
         self._dispatches = 0
         self._free: list[Partition] | None = None  # cache of the free partitions
         self._woke = True  # a wake-up fired (or the run just started): poll the policy's timers
+        #: online: completed batches' results not yet answered. A completion frees its partition and
+        #: the loop decides (launches that partition's next batch) before it answers them, unless the
+        #: backend's submit runs a batch whole (``Backend.submit_blocks``) or GPULOOM_LAUNCH_FIRST=0
+        #: (for an A/B): the answers, an HTTP reply each, then do not keep the partition idle
+        self._answers_due: list[list[Result]] = []
+        self._launch_first = (os.environ.get("GPULOOM_LAUNCH_FIRST", "1") != "0"
+                              and not getattr(backend, "submit_blocks", False))
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self, requests: Sequence[Request], *, until_ms: float, drain_ms: float = 0.0) -> RunRecord:
@@ -341,8 +349,12 @@ class Runtime:
         if loop.peek() != loop.now:
             if loop.cpu is None:  # (charge() checks too; this spares a call per step)
                 self._decide()
+                if self._answers_due:
+                    self._answer_due()
             else:  # InferenceService.loop_cpu: the decisions are most of the loop's own work
                 loop.charge(self._decide)
+                if self._answers_due:
+                    loop.charge(self._answer_due)
         self._last_ms = self._account(self._last_ms)
         return self._closing and self._all_answered()
 
@@ -358,6 +370,7 @@ class Runtime:
         log.exception("the runtime loop crashed", exc_info=e)
         self.error = e
         msg = f"runtime loop crashed: {type(e).__name__}: {e}"
+        self._answer_due()  # batches that completed are answered with their outputs, not failed
         self._fail_pending(msg)
         for lane in list(self._inflight.values()):
             for d, reqs, _ in lane:
@@ -506,7 +519,13 @@ class Runtime:
         return now
 
     def _all_answered(self) -> bool:
-        return not self._pending and not self._inflight and not self._orphans
+        return not self._pending and not self._inflight and not self._orphans and not self._answers_due
+
+    def _answer_due(self) -> None:
+        """Answer the completed batches' requests held back while the loop decided (oldest first)."""
+        due, self._answers_due = self._answers_due, []
+        for results in due:
+            self._finish_all(results)
 
     def _on_online_arrivals(self, reqs: list[Request]) -> None:
         if self._refused:
@@ -645,7 +664,11 @@ class Runtime:
             self._free = None
         status = _FAILED if c.error else _SERVED
         end_ms, error, batch = c.end_ms, c.error, d.batch
-        self._finish_all([Result(r, status, end_ms, error, batch) for r in reqs])
+        results = [Result(r, status, end_ms, error, batch) for r in reqs]
+        if self._online and self._launch_first:
+            self._answers_due.append(results)  # answered after the next decision (_after_event)
+        else:
+            self._finish_all(results)
         if self._trace_on:
             self._log("complete", d.model, d.partition, d.request_ids)
         if pol is self.policy:  # a replaced policy's batch means nothing to its successor

@@ -302,6 +302,10 @@ class ExecBackend(Backend):
         self._payloads.pop(request_id, None)
         return self._outputs.pop(request_id, None)
 
+    @property
+    def submit_blocks(self) -> bool:  # (Backend.submit_blocks)
+        return self.launch_on == "inline"
+
     def submit(self, decision: Decision, requests: Sequence[Request]) -> None:
         t0 = time.perf_counter()
         lanes = self._lanes
