@@ -732,7 +732,9 @@ def test_a_variants_policy_options_reach_its_simulated_twin(monkeypatch, tmp_pat
     monkeypatch.setattr(experiment, "simulate", spy)
     rc, rep = run_bench(tmp_path, "--policy", "dstack:queues=arrival")
     assert rc == 0 and not rep["policies"]["dstack:queues=arrival"]["error"]
-    assert seen == [("dstack", {"queues": "arrival"})]
+    # ... and the hold the run planned on its (real) device, which a simulated dstack would not plan
+    assert seen == [("dstack", {"queues": "arrival", "batch_overhead_ms": 1.125})]
+    assert all(p["plan"]["batch_overhead_ms"] == 1.125 for p in rep["policies"]["dstack:queues=arrival"]["points"])
 
 
 def test_each_point_is_simulated_on_the_contention_model_asked_for_and_the_report_says_which(monkeypatch, tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from gpuloom.cli import main
@@ -47,7 +48,8 @@ def test_plan_command_says_where_dstack_auto_lanes_would_run_the_plan(tmp_path: 
 def test_plan_command_prints_the_plan_dstack_serves(tmp_path: Path, capsys) -> None:
     """The schedule ``gpuloom plan`` writes is the one dstack plans for the same workload: its
     smallest partition included (the command once planned without one, dstack with 16 SMs: light3's
-    partitions came out 60/40/32 SMs where dstack serves 84/48)."""
+    partitions came out 60/40/32 SMs where dstack served 84/48), and its planned hold (dstack's
+    default since the fifty-third session)."""
     from gpuloom.bench.experiment import make_context
     from gpuloom.bench.workload import load_workload, resolve_profiles
     from gpuloom.policy.dstack import DStackPolicy
@@ -55,17 +57,19 @@ def test_plan_command_prints_the_plan_dstack_serves(tmp_path: Path, capsys) -> N
     for name, scale in (("light3.yaml", 1.0), ("light3.yaml", 6.0), ("mix6.yaml", 1.0)):
         rc = main(["plan", str(EXAMPLES / name), "--gpu", "h200", "--scale", str(scale), "--out", str(tmp_path),
                    "--no-png"])
-        assert rc == 0 and "partitions of 16 SMs or more" in " ".join(capsys.readouterr().out.split())
+        out = " ".join(capsys.readouterr().out.split())
+        assert rc == 0 and "partitions of 16 SMs or more, a hold of 1.125 ms per batch" in out
         printed = Schedule.load(tmp_path / name.replace(".yaml", ".schedule.json"))
         workload = load_workload(EXAMPLES / name).scaled(scale)
         store, _ = resolve_profiles(workload, gpu="h200")
-        policy = DStackPolicy()
-        policy.setup(make_context(workload, {m.name: store.get(m.name) for m in workload.models}))
+        policy = DStackPolicy()  # on a real device (in simulation it plans the simulated device's hold)
+        policy.setup(dataclasses.replace(make_context(workload, {m.name: store.get(m.name) for m in workload.models}),
+                                         simulated=False))
         served = policy.schedule
         assert [p.sms for p in printed.partitions] == [p.sms for p in served.partitions], name
         assert {(m.model, m.partition, m.batch) for m in printed.models} == \
             {(m.model, m.partition, m.batch) for m in served.models}, name
-    rc = main(["plan", str(EXAMPLES / "light3.yaml"), "--gpu", "h200", "--min-sms", "0", "--out", str(tmp_path),
-               "--no-png"])
-    assert rc == 0 and "partitions of 0 SMs or more" in " ".join(capsys.readouterr().out.split())
+    rc = main(["plan", str(EXAMPLES / "light3.yaml"), "--gpu", "h200", "--min-sms", "0", "--batch-overhead-ms", "0",
+               "--out", str(tmp_path), "--no-png"])
+    assert rc == 0 and "partitions of 0 SMs or more, a hold of 0 ms" in " ".join(capsys.readouterr().out.split())
     assert [p.sms for p in Schedule.load(tmp_path / "light3.schedule.json").partitions] == [60, 40, 32]

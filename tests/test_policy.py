@@ -309,6 +309,34 @@ def test_dstack_grows_a_batch_past_the_planned_one_only_with_the_oldest_requests
         assert pol._batch("resnet50", roomy, 0, row, lat_cap + 1e-9, now) == (cap, 0)
 
 
+def test_dstack_plans_the_devices_hold_unless_told():
+    # a real device's is DEFAULT_HOLD_MS (run 176's A/B/A/B); a simulated one's is its own fixed hold
+    import dataclasses
+
+    from gpuloom.policy.dstack import DEFAULT_HOLD_MS
+
+    specs = {"resnet50": (25.0, 400.0), "mobilenet_v2": (10.0, 800.0)}
+    sim = ctx_for(specs)
+    for ctx, expect in ((sim, 0.0), (dataclasses.replace(sim, sim_hold_ms=0.7), 0.7),
+                        (dataclasses.replace(sim, simulated=False), DEFAULT_HOLD_MS)):
+        pol = make_policy("dstack", replan=False)
+        pol.setup(ctx)
+        assert pol.describe()["batch_overhead_ms"] == expect
+        told = make_policy("dstack", replan=False, batch_overhead_ms=0.3)
+        told.setup(ctx)
+        assert told.describe()["batch_overhead_ms"] == 0.3
+    assert DEFAULT_HOLD_MS == 1.125
+    # the hold is in every slot: on the real device a batch's planned time is its latency plus it
+    real = make_policy("dstack", replan=False, lanes="partitions")
+    real.setup(dataclasses.replace(sim, simulated=False))
+    m = "resnet50"
+    part = next(i for i, pp in enumerate(real.parts) if m in pp.models)
+    b, lat = real._row_at[m][part][0]
+    assert lat == pytest.approx(ZOO[m].latency(b, real.parts[part].sms) + DEFAULT_HOLD_MS)
+    with pytest.raises(ValueError, match="batch_overhead_ms"):
+        make_policy("dstack", batch_overhead_ms=-1)
+
+
 def test_dstack_grow_catches_up_in_fewer_batches_where_every_batch_costs_a_turnaround():
     # light3 at x8 with the H200's per-batch turnaround (docs/reports/runtime.md): queues build up
     # behind it, and growing batches clears them in fewer, fuller batches that still end in time
@@ -318,10 +346,9 @@ def test_dstack_grow_catches_up_in_fewer_batches_where_every_batch_costs_a_turna
                        [("mobilenet_v2", 5, 2400), ("efficientnet_b0", 8, 1600), ("resnet50", 10, 1200)]),
                  duration_s=2.0, seed=1)
     turnaround = ContentionModel(batch_overhead_ms=0.6)
-    plain = simulate(w, ProfileStore.builtin("h200"), "dstack", contention=turnaround,
-                     options={"replan": False, "lanes": "partitions"})
-    grown = simulate(w, ProfileStore.builtin("h200"), "dstack", contention=turnaround,
-                     options={"replan": False, "lanes": "partitions", "grow": True})
+    blind = {"replan": False, "lanes": "partitions", "batch_overhead_ms": 0.0}  # a plan without the turnaround
+    plain = simulate(w, ProfileStore.builtin("h200"), "dstack", contention=turnaround, options=blind)
+    grown = simulate(w, ProfileStore.builtin("h200"), "dstack", contention=turnaround, options={**blind, "grow": True})
     assert grown.metrics.meta["dispatches"] < 0.95 * plain.metrics.meta["dispatches"]
     assert grown.metrics.slo_attainment > plain.metrics.slo_attainment
 

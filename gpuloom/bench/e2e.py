@@ -559,10 +559,14 @@ def simulate_point(svc, workload: Workload, policy: str, *, scale: float, durati
     """The same point through the simulated backend, with the profiles the service planned with and
     the variant's policy ``options`` (``dstack:queues=arrival`` simulates arrival order): what issue
     5's simulator validation compares (goodput and p99 error per policy)."""
+    from ..policy.dstack import DEFAULT_HOLD_MS
     from .experiment import simulate
 
     wl = dataclasses.replace(workload.scaled(scale), duration_s=duration_s)
     profs = {c.name: svc.profile(c.name) for c in svc.models()}
+    if policy == "dstack" and "batch_overhead_ms" not in (options or {}):
+        # the run planned a real device's hold; in simulation dstack would plan the simulated device's
+        options = {**(options or {}), "batch_overhead_ms": DEFAULT_HOLD_MS}
     run = simulate(wl, profs, policy, contention=contention, options=options)
     m = run.metrics
     return {"goodput_rps": m.goodput_rps, "slo_attainment": m.slo_attainment, "p50_ms": m.p50_ms,

@@ -108,11 +108,16 @@ def sim_policy(spec: str, meta: dict, plan: dict | None = None) -> tuple[str, di
     reports written before ``meta.dstack_min_sms_default`` planned down to 8 SMs, those before
     ``meta.dstack_remainder_default`` gave the remainder to the smallest partition, and those before
     ``meta.dstack_lanes_default`` ran on partitions without growing or shedding, unless the point's
-    ``plan`` (the policy's description) reports ``admit_rps`` (run 51 had the new defaults, not the keys)."""
+    ``plan`` (the policy's description) reports ``admit_rps`` (run 51 had the new defaults, not the keys);
+    it plans the hold the point's ``plan`` reports, else ``meta.dstack_hold_default`` (before the key,
+    none), not the simulated device's, as a simulated dstack would by default."""
     from ..bench.labels import spec_of
 
     name, options, _ = parse_policy_spec(spec_of(spec))  # a repeat's label ("dstack#2") names the same variant
     if name == "dstack":
+        planned_hold = (plan or {}).get("batch_overhead_ms")
+        options.setdefault("batch_overhead_ms", float(planned_hold if planned_hold is not None
+                                                      else meta.get("dstack_hold_default", 0.0)))
         options.setdefault("min_sms", int(meta.get("dstack_min_sms_default", 0)))
         options.setdefault("remainder", str(meta.get("dstack_remainder_default", "smallest")))
         new = "dstack_lanes_default" in meta or (plan is not None and "admit_rps" in plan)
@@ -164,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
 
     from gpuloom.engine.options import parse_engine_options
     from gpuloom.gpu.connections import connections_in_effect
-    from gpuloom.policy.dstack import DEFAULT_LANES, DEFAULT_MIN_SMS, DEFAULT_REMAINDER
+    from gpuloom.policy.dstack import DEFAULT_HOLD_MS, DEFAULT_LANES, DEFAULT_MIN_SMS, DEFAULT_REMAINDER
     from gpuloom.bench.e2e import (bench_policy, build_models, check_arrivals, resolve_device_and_profiles,
                                    save_json, to_json)
     from gpuloom.bench.labels import run_labels
@@ -244,6 +249,8 @@ def run(args: argparse.Namespace) -> int:
                 "dstack_min_sms_default": DEFAULT_MIN_SMS,
                 "dstack_remainder_default": DEFAULT_REMAINDER,
                 "dstack_lanes_default": DEFAULT_LANES, **dstack_flag_defaults(),
+                # the hold it planned on a real device (reports before the key planned none: 0)
+                "dstack_hold_default": DEFAULT_HOLD_MS,
                 # hardware queues the driver opens for the process (8 by default; gpuloom asks for 32)
                 **connections_in_effect().as_meta(),
                 # the host's CPU and speed probes at the start (and the end, once every policy ran)

@@ -21,6 +21,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-sms", type=int, default=None, metavar="N",
                    help="smallest partition to plan, SMs (default: dstack's, 16 or the whole GPU if it has fewer: "
                         "the plan dstack would serve; 0 lets the planner go down to the granularity)")
+    p.add_argument("--batch-overhead-ms", type=float, default=None, metavar="MS",
+                   help="each batch's hold beyond its GPU time, planned into its slot (default: dstack's, "
+                        "1.125 ms: the plan dstack would serve; 0 plans none)")
     p.add_argument("--cycles", type=int, default=1, help="cycles to draw in the Gantt chart (default 1)")
     p.add_argument("--no-png", action="store_true", help="do not draw the Gantt chart")
 
@@ -47,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuloom.bench.workload import WorkloadError, load_workload, resolve_profiles, validate
     from gpuloom.commands.output import table_console
     from gpuloom.plan import PlanError, plan, render_gantt
+    from gpuloom.policy.dstack import DEFAULT_HOLD_MS
 
     console = table_console(120)
     err = Console(stderr=True)
@@ -62,14 +66,15 @@ def run(args: argparse.Namespace) -> int:
         validate(workload, profiles)
         demands = workload.demands(peak=args.peak)
         min_sms = _min_sms(args.min_sms, demands, profiles)
-        schedule = plan(demands, profiles, headroom=args.headroom, min_sms=min_sms)
+        hold_ms = DEFAULT_HOLD_MS if args.batch_overhead_ms is None else args.batch_overhead_ms
+        schedule = plan(demands, profiles, headroom=args.headroom, min_sms=min_sms, batch_overhead_ms=hold_ms)
     except (WorkloadError, PlanError) as e:
         err.print(f"[red]error:[/] {e}")
         return 2
 
     title = (
         f"{Path(args.workload).name}: {schedule.gpu} ({schedule.gpu_sms} SMs, granularity {schedule.granularity}), "
-        f"partitions of {min_sms} SMs or more, "
+        f"partitions of {min_sms} SMs or more, a hold of {hold_ms:g} ms per batch, "
         f"cycle {schedule.cycle_ms:.2f} ms, planned SM utilization {schedule.utilization():.0%}, "
         f"planned in {schedule.meta.get('plan_ms', 0):.1f} ms"
     )

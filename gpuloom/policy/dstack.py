@@ -109,7 +109,9 @@ on a GPU.
 
 **Holds.** A batch holds its partition beyond its device time (launch, copies, the completion's way
 back): on the H200 0.6-1.6 ms, and 2.6-4.4 ms for bert_base, whose batches return 3-6 MB
-(runs 53-54). ``batch_overhead_ms`` plans one hold for every model; ``holds=PATH`` plans each
+(runs 53-54). ``batch_overhead_ms`` plans one hold for every model (default: the device's,
+:data:`DEFAULT_HOLD_MS` on a real one, the simulated device's own in simulation; ``batch_overhead_ms=0``
+plans none); ``holds=PATH`` plans each
 model's own, from ``PATH``: ``{model: ms}``, or a ``gpuloom bench`` report whose dstack points
 measured them (:func:`~gpuloom.plan.slowdown.load_holds`). On the overloaded mix (run 57), planning
 another run's holds and slowdowns served 1.40x / 2.18x plain dstack's goodput at x0.5 / x1: the plan
@@ -246,6 +248,17 @@ def turnaround_share(sched: Schedule, turnaround_ms: float = DEFAULT_TURNAROUND_
     return idle / sched.gpu_sms
 
 
+#: the hold dstack plans into every batch's slot on a real device unless told (``batch_overhead_ms``;
+#: until the fifty-third session it planned none): a batch holds its partition beyond its device time
+#: while the host launches it and learns it is done. 1.125 ms is the forty-third session's calibrated
+#: hold. On fast hosts it held at least the hold-free plan's load in every mix6 run since run 143, and
+#: in an A/B/A/B in separate processes (run 176, H100) light3 x8.75 against x8.25 in both pairs and
+#: 1.39-1.40x the overloaded mix's goodput; on a slow host (run 147, mix6 x1) it split, one pair each
+#: (docs/reports/runtime.md). In simulation dstack plans the simulated device's own fixed hold instead
+#: (``PolicyContext.sim_hold_ms``: none on the plain device), as ``ideal`` is told it.
+DEFAULT_HOLD_MS = 1.125
+
+
 #: which partition takes the SMs left under the granularity (``planner.plan``'s ``remainder``). On
 #: the H200 they are what the driver's co-scheduled splits leave over, and ran cuDNN convolutions
 #: 1.4-1.7x slower than their count: given to the smallest partition (vgg16's 16 + 4) they made it
@@ -269,7 +282,7 @@ class DStackPolicy(Policy):
         hold_s: float = 2.0,
         switch_cost_s: float = 0.5,
         schedule: Schedule | None = None,
-        batch_overhead_ms: float = 0.0,
+        batch_overhead_ms: float | None = None,
         slo_margin: float = 0.0,
         min_sms: int | None = None,
         ahead_full: bool = False,
@@ -285,7 +298,8 @@ class DStackPolicy(Policy):
         holds: str | Mapping[str, float] | None = None,
         learn_holds: bool = False,
     ) -> None:
-        if headroom < 0 or check_ms <= 0 or not batch_overhead_ms >= 0 or not 0 <= slo_margin < 1:
+        if headroom < 0 or check_ms <= 0 or not (batch_overhead_ms is None or batch_overhead_ms >= 0) \
+                or not 0 <= slo_margin < 1:
             raise ValueError(f"dstack: need headroom >= 0, check_ms > 0, batch_overhead_ms >= 0 and 0 <= slo_margin < 1, "
                              f"found {headroom}, {check_ms}, {batch_overhead_ms}, {slo_margin}")
         if grow == "auto":
@@ -334,7 +348,9 @@ class DStackPolicy(Policy):
         self.ahead_full = bool(ahead_full)  # launch ahead only batches of the planned size (module docstring)
         self._ahead_parts: set[int] = set()  # offered ahead (on_free), their batch still running
         self.headroom = float(headroom)
-        self.batch_overhead_ms = float(batch_overhead_ms)  # planned into every slot (planner.plan)
+        self._given_hold_ms = batch_overhead_ms  # None: the device's (resolved by layout)
+        #: planned into every slot (planner.plan)
+        self.batch_overhead_ms = DEFAULT_HOLD_MS if batch_overhead_ms is None else float(batch_overhead_ms)
         # plan each model for SLO x (1 - slo_margin): the planner's worst case then leaves that much of
         # the SLO to what it does not model (host turnaround, arrival bursts); deadlines stay the SLO
         self.slo_margin = float(slo_margin)
@@ -397,6 +413,8 @@ class DStackPolicy(Policy):
 
     def layout(self, ctx: PolicyContext) -> Layout:
         self.store = ProfileStore(profiles=[i.profile for i in ctx.models.values()])
+        if self._given_hold_ms is None:  # the device's hold (DEFAULT_HOLD_MS)
+            self.batch_overhead_ms = float(ctx.sim_hold_ms) if ctx.simulated else DEFAULT_HOLD_MS
         demands = [Demand(m, i.rate, i.slo_ms * (1.0 - self.slo_margin), i.weight) for m, i in ctx.models.items()]
         self._sent.clear()  # a previous run's batches that never completed
         if self.learn_slowdown and self.replan and self.slowness is None:
@@ -885,6 +903,7 @@ class DStackPolicy(Policy):
             "lanes_rule": self.lanes,
             "turnaround_share": round(turnaround_share(self.schedule, self.turnaround_ms), 4),
             "batch": dict(self.cap),
+            "batch_overhead_ms": self.batch_overhead_ms,  # the hold planned into every slot
             "replans": self.replans,
             # served for real only: in a simulation the host's time is no part of the result (and would
             # make two runs of one simulation differ)
