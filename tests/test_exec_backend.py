@@ -740,6 +740,10 @@ def test_a_completion_launches_its_partitions_next_batch_before_answering_its_re
     if launch_on == "inline":
         time.sleep(0.05)
     rt.submit("good", [[np.full(3, 2.0, np.float32)]] * 2, timeout_ms=2000.0)
+    # both waiting before the batch ends: a completion drained with the arrival's post would run first
+    # (completions go before arrivals) and find nothing to launch
+    while launch_on != "inline" and len(rt.queues["good"]) < 2:
+        time.sleep(0.001)
     gate.set()
     assert rt.stop(drain=True, timeout_s=10)
     be.close()
