@@ -365,7 +365,7 @@ def inproc_summary(pt: Any) -> dict[str, Any]:
             # how late the in-process client submitted: on the H200 the client thread fell behind
             # (session 8), and a leg that offered less load than scheduled is no fair reference
             "arrivals": pt.arrivals, "offered_as_scheduled": pt.offered_as_scheduled,
-            "batches": batch_split(pt.profile_check)}
+            "batches": batch_split(pt.profile_check), "lanes": list(pt.layouts)}
 
 
 def batch_split(rows: list[dict]) -> dict[str, dict[str, float]]:
@@ -468,6 +468,14 @@ def print_table(rep: dict, pt: dict) -> None:
             print(f"  {m:<16} size {f(a.get('mean_batch'), '.2f')} / {f(b.get('mean_batch'), '.2f')}"
                   f"  device {f(a.get('device_ms_per_batch'), '.2f')} / {f(b.get('device_ms_per_batch'), '.2f')}"
                   f"  held {f(a.get('hold_ms_per_batch'), '.2f')} / {f(b.get('hold_ms_per_batch'), '.2f')}")
+    if any(q.get("turnarounds") for leg in (ip, ht) for q in leg.get("lanes") or ()):
+        print("each lane's turnaround with work waiting, in / http: batches, p50 / p99 ms from its previous batch"
+              " reaching the host to the next submit:")
+        for a, b in zip(ip.get("lanes") or (), ht.get("lanes") or ()):  # (one label: both legs' layouts alike)
+            lab = a["label"] if a["label"] == b["label"] else f"{a['label']} | {b['label']}"
+            print(f"  {lab:<16} {a.get('turnarounds', 0)} / {b.get('turnarounds', 0)}"
+                  f"  p50 {f(a.get('turnaround_p50_ms'), '.3f')} / {f(b.get('turnaround_p50_ms'), '.3f')}"
+                  f"  p99 {f(a.get('turnaround_p99_ms'), '.3f')} / {f(b.get('turnaround_p99_ms'), '.3f')}")
     r = pt["ratio"]["goodput"]
     late = (ip.get("arrivals") or {}).get("late_ms") or {}
     print(f"HTTP clients' worst send lag behind schedule: {f(ht.get('send_lag_max_ms'), '.1f')} ms; in-process "
@@ -676,7 +684,7 @@ def http_leg(args: argparse.Namespace, svc: Any, core: Any, server: Any, url: st
     server process's own figures: workers' CPU, the service's queue/compute split, collector pauses,
     the loop thread's lag and CPU, the bridge's counts), the server's books for the leg, and the
     number of client processes used."""
-    from gpuloom.bench.e2e import hist_delta, profile_check, service_snapshot
+    from gpuloom.bench.e2e import hist_delta, lane_deltas, profile_check, service_snapshot
     from gpuloom.runtime.gcpause import GcMonitor
     from gpuloom.runtime.threadcpu import cpu_share
 
@@ -702,6 +710,7 @@ def http_leg(args: argparse.Namespace, svc: Any, core: Any, server: Any, url: st
     http["layout_changes"] = snap1["layout_swaps"] - snap0["layout_swaps"]
     http["batches"] = batch_split(profile_check(svc, snap0, snap1))
     http["layouts_built"] = snap1["layouts_built"] - snap0["layouts_built"]
+    http["lanes"] = lane_deltas(snap0["partitions"], snap1["partitions"])
     for m, v in http["models"].items():  # the service's split, as the in-process leg reports it
         v["queue_ms"] = hist_delta(snap0, snap1, m, "queue_ms")
         v["compute_ms"] = hist_delta(snap0, snap1, m, "compute_ms")

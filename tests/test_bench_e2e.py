@@ -89,6 +89,9 @@ def test_bench_serves_tiny_models_on_cpu_and_reports_every_metric(tmp_path):
             if q["batches"]:  # the tail of the holds (each >= 0 up to clock skew): median <= twice the mean
                 assert 0 < q["hold_p50_ms"] <= q["hold_p99_ms"]
                 assert q["hold_p50_ms"] <= 1.05 * 2 * q["gap_ms"] + 0.002
+            assert 0 <= q.get("turnarounds", 0) <= q["batches"] - q["ahead"]  # (only a free lane turns around)
+            if q.get("turnarounds"):
+                assert 0 <= q["turnaround_p50_ms"] <= q["turnaround_p99_ms"]
             assert (q["gap_ahead_ms"] is None) == (q["ahead"] == 0)
             assert (q["gap_idle_ms"] is None) == (q["batches"] - q["ahead"] == 0)
             if q["gap_ahead_ms"] is not None and q["gap_idle_ms"] is not None:  # the two parts make the whole
@@ -502,6 +505,11 @@ def test_a_layout_set_up_during_a_point_is_counted_from_its_start():
     new = lane_deltas([old], [part(2, 30, 90.0, 60.0, {"30": 30})])[0]  # same label, a new layout's counts
     assert new["batches"] == 30 and new["gap_ms"] == pytest.approx(1.0)
     assert new["hold_p50_ms"] == pytest.approx(0.001 * 1.05 ** 30, abs=1e-4)  # only the new layout's bucket
+    assert "turnarounds" not in same  # (a backend that keeps none)
+    turned = lane_deltas([{**old, "turnaround_hist": {"40": 3}}],
+                         [{**part(1, 150, 750.0, 600.0, {"10": 100}), "turnaround_hist": {"40": 3, "60": 9, "80": 1}}])[0]
+    assert turned["turnarounds"] == 10 and turned["turnaround_p50_ms"] == pytest.approx(0.001 * 1.05 ** 60, abs=1e-4)
+    assert turned["turnaround_p99_ms"] == pytest.approx(0.001 * 1.05 ** 80, abs=1e-3)
 
 
 def test_each_policy_serves_its_first_load_unmeasured_before_its_points(tmp_path, monkeypatch):

@@ -15,6 +15,7 @@ from gpuloom.policy.base import ModelInfo, PolicyContext
 from gpuloom.profile.synthetic import synthetic_profile
 from gpuloom.runtime.core import Runtime
 from gpuloom.runtime.device import GraphMemoryError
+from gpuloom.runtime import loghist
 from gpuloom.runtime.exec_backend import ExecBackend
 from gpuloom.runtime.host_device import FakeDeviceLayer, FakeModel
 from gpuloom.runtime.pinned import BufferPool, LiveBytes, lease_views
@@ -745,13 +746,23 @@ def test_a_completion_launches_its_partitions_next_batch_before_answering_its_re
     while launch_on != "inline" and len(rt.queues["good"]) < 2:
         time.sleep(0.001)
     gate.set()
+    while len(answers) < 3:
+        time.sleep(0.001)
+    time.sleep(0.02)  # the lane free and nothing waiting: the next request's batch is no turnaround
+    rt.submit("good", [[np.full(3, 3.0, np.float32)]], timeout_ms=2000.0)
     assert rt.stop(drain=True, timeout_s=10)
+    lanes = be.stats()["partitions"]
     be.close()
-    assert [r.status for r, _ in answers] == [Status.SERVED] * 3
-    assert all(np.allclose(o.outputs[0], 2.0 * (1.0 if r.request.id == 0 else 2.0)) for r, o in answers)
+    assert [r.status for r, _ in answers] == [Status.SERVED] * 4
+    assert all(np.allclose(o.outputs[0], 2.0 * {0: 1.0, 3: 3.0}.get(r.request.id, 2.0)) for r, o in answers)
     first = log.index(("answer", 0))
-    assert log.count(("launch", 1)) == 1 and ("launch", 2) in log  # the two waiting requests: one batch
+    assert log.count(("launch", 1)) == 2 and ("launch", 2) in log  # the two waiting requests: one batch
     assert (log.index(("launch", 2)) < first) == launches_first, log
+    # the lane's turnaround: counted once, for the batch that waited while the first one ran (not for
+    # the first batch, on a lane never used, nor for the last, which arrived at a lane long free)
+    turns = [loghist.delta(q["turnaround_hist"], None) for q in lanes]
+    assert sum(sum(c.values()) for c in turns) == 1, turns
+    assert 0 <= max(loghist.quantile(c, 1.0) for c in turns if c) < 1000.0
 
 
 def test_a_loop_crashing_in_the_decision_after_a_completion_still_answers_that_batch_with_its_outputs():

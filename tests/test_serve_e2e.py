@@ -259,3 +259,17 @@ def test_a_bad_worker_count_or_round_count_is_a_usage_error():
         p = subprocess.run([sys.executable, str(SCRIPT), "examples/mix6.yaml", "--tiny", *extra],
                            capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert p.returncode == 2 and extra[0] in p.stderr, p.stderr
+
+
+def test_each_leg_reports_its_lanes_work_and_turnarounds(report):
+    """Both legs carry each lane's work in the leg (lane_deltas): its batches, which together ran every
+    served request, and how often and how long a lane sat free with work waiting (its turnaround)."""
+    _, rep, _ = report
+    for pt in rep["points"]:
+        for leg in (pt["inprocess"], pt["http"]):
+            lanes = leg["lanes"]
+            assert lanes and sum(q["batches"] for q in lanes) * 4 >= leg["served"] > 0  # (--max-batch 4)
+            for q in lanes:
+                assert 0 <= q.get("turnarounds", 0) <= q["batches"]
+                if q.get("turnarounds"):
+                    assert 0 <= q["turnaround_p50_ms"] <= q["turnaround_p99_ms"]

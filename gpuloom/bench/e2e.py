@@ -470,7 +470,12 @@ def lane_deltas(before: list[dict], after: list[dict]) -> list[dict]:
     loop's turnaround, during which an exclusive partition idles.
 
     ``hold_p50_ms`` / ``hold_p99_ms``: the median and p99 of the batches' holds (busy - device, each
-    batch), where the backend kept their distribution: the tail the mean ``gap_ms`` hides."""
+    batch), where the backend kept their distribution: the tail the mean ``gap_ms`` hides.
+
+    ``turnarounds`` / ``turnaround_p50_ms`` / ``turnaround_p99_ms``: the batches that found the lane
+    free with their oldest request already waiting when its previous batch reached the host, and the
+    median and p99 of the ms from then to their submit (the loop's turnaround, which the holds do not
+    include: they start at the submit)."""
     def per(num: float, n: int) -> float | None:
         return num / n if n > 0 else None
 
@@ -489,6 +494,10 @@ def lane_deltas(before: list[dict], after: list[dict]) -> list[dict]:
         counts = loghist.delta(p.get("hold_hist", {}), b.get("hold_hist"))
         if counts:
             out[-1]["hold_p50_ms"], out[-1]["hold_p99_ms"] = loghist.tails(counts)
+        counts = loghist.delta(p.get("turnaround_hist", {}), b.get("turnaround_hist"))
+        if counts:
+            out[-1]["turnarounds"] = sum(counts.values())
+            out[-1]["turnaround_p50_ms"], out[-1]["turnaround_p99_ms"] = loghist.tails(counts)
     return out
 
 

@@ -74,6 +74,11 @@ class PartitionStats:
     ahead_device_ms: float = 0.0
     # each batch's busy - device ms (its hold beyond device time), for the tail the sums hide
     hold: LogHistogram = field(default_factory=LogHistogram)
+    # the other half of a lane's idle time under load, which ``hold`` does not see: for each batch
+    # whose oldest request already waited when the lane's previous batch reached the host, the ms
+    # from then to this batch's submit (the loop's turnaround: its pollers, the completion's
+    # callback, the decision; what launch-before-answering shortens)
+    turnaround: LogHistogram = field(default_factory=LogHistogram)
 
 
 class _Watcher:
@@ -82,6 +87,7 @@ class _Watcher:
     def __init__(self, backend: "ExecBackend", lanes: Lanes, index: int) -> None:
         self.q: queue.SimpleQueue = queue.SimpleQueue()
         self.last_end = 0.0  # when the lane's previous batch was done (a batch launched ahead starts then)
+        self.last_submit: float | None = None  # when the runtime last submitted a batch to the lane
         self.thread = threading.Thread(target=self._run, args=(backend,), daemon=True,
                                        name=f"gpuloom-watch-{lanes.layout.partitions[index].label or index}")
         self.thread.start()
@@ -312,6 +318,8 @@ class ExecBackend(Backend):
         assert lanes is not None, "submit before configure"
         self.loop.expect()
         start = self.loop.wall_ms()
+        watcher = self._watchers[id(lanes)][decision.partition]
+        turnaround = self._turnaround(watcher, requests, start)
         try:
             rows = [self._payloads.pop(r.id) for r in requests]
         except KeyError as e:
@@ -321,8 +329,8 @@ class ExecBackend(Backend):
             with self._lock:
                 self._inflight += 1
                 self._running[id(lanes)] += 1
-            self._watchers[id(lanes)][decision.partition].q.put(
-                (self._launch_on_lane, (lanes, decision, list(requests), rows, start)))
+                self._note_turnaround(lanes, decision.partition, turnaround)
+            watcher.q.put((self._launch_on_lane, (lanes, decision, list(requests), rows, start)))
             return
         try:
             ticket = self.device.launch(lanes, decision.partition, decision.model, rows)
@@ -334,7 +342,7 @@ class ExecBackend(Backend):
         with self._lock:
             self._inflight += 1
             self._running[id(lanes)] += 1
-        watcher = self._watchers[id(lanes)][decision.partition]
+            self._note_turnaround(lanes, decision.partition, turnaround)
         if self.launch_on == "inline":  # run it here; the completion is posted to this same loop
             self._complete(watcher, lanes, decision, list(requests), ticket, start)
             return
@@ -348,6 +356,23 @@ class ExecBackend(Backend):
                 self._pending.append((watcher, lanes, decision, list(requests), ticket, start))
                 return
         watcher.q.put((self._complete, (lanes, decision, list(requests), ticket, start)))
+
+    @staticmethod
+    def _turnaround(watcher: _Watcher, requests: Sequence[Request], start: float) -> float | None:
+        """Runtime's thread, at a submit: ms the lane sat free with this batch's oldest request
+        waiting, from its previous batch's completion reaching the host to now; None where the lane
+        was not free (a batch launched ahead, or its previous launch failed) or nothing waited then."""
+        prev, watcher.last_submit = watcher.last_submit, start
+        freed = watcher.last_end  # (set by the completion before any later read of it here)
+        if prev is None or freed < prev or not requests:
+            return None
+        oldest = min(r.arrival_ms for r in requests)
+        return start - freed if oldest < freed else None
+
+    def _note_turnaround(self, lanes: Lanes, index: int, ms: float | None) -> None:
+        """Under ``self._lock``: count a lane's turnaround (``_turnaround``) on the current layout."""
+        if ms is not None and lanes is self._lanes and index < len(self.parts):
+            self.parts[index].turnaround.add(ms)
 
     def _launch_on_lane(self, watcher: _Watcher, lanes: Lanes, d: Decision, requests: list[Request], rows: list,
                         start: float) -> None:
@@ -429,7 +454,8 @@ class ExecBackend(Backend):
                 {"index": p.index, "label": p.label, "sms": p.sms, "shared": p.shared, "batches": p.batches,
                  "failures": p.failures, "device_ms": p.device_ms, "busy_ms": p.busy_ms, "ahead": p.ahead,
                  "ahead_busy_ms": p.ahead_busy_ms, "ahead_device_ms": p.ahead_device_ms,
-                 "hold_hist": p.hold.to_json(), "layout_serial": self._layout_serial,
+                 "hold_hist": p.hold.to_json(), "turnaround_hist": p.turnaround.to_json(),
+                 "layout_serial": self._layout_serial,
                  "busy_ratio": min(1.0, p.busy_ms / elapsed), "device_busy_ratio": min(1.0, p.device_ms / elapsed)}
                 for p in self.parts
             ]
