@@ -484,11 +484,15 @@ def test_a_point_says_where_its_batches_wake_up_went_when_the_device_split_it(tm
         return {**real(before, after, wall_ms), "wake_split_ms_per_batch": {"start": 0.5, "back": 0.25}}
 
     monkeypatch.setattr(e2e, "host_split", split)
-    rc, rep = run_bench(tmp_path, "--policy", "triton")
+    rc, rep = run_bench(tmp_path, "--policy", "triton", "--scale", "30")  # (loaded: batches wait for lanes)
     assert rc == 0 and rep["policies"]["triton"]["points"][0]["host"]["wake_split_ms_per_batch"]["start"] == 0.5
     cap = capsys.readouterr()
     said = "".join((cap.out + cap.err).split())  # the console wraps long lines, at spaces or hyphens
     assert "wake-upperbatch:GPUstart0.50ms,wayback0.25ms" in said
+    turned = [q for pt in rep["policies"]["triton"]["points"] for q in pt["layouts"] if q.get("turnarounds")]
+    assert turned and "lanes'turnaroundwithworkwaiting" in said  # each lane that turned around, said
+    for q in turned:
+        assert f"{q['label']}{q['turnaround_p50_ms']:.2f}/{q['turnaround_p99_ms']:.2f}({q['turnarounds']})" in said
 
 
 def test_a_layout_set_up_during_a_point_is_counted_from_its_start():

@@ -720,6 +720,12 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
                 say(f"{name}: x{s:.3g} hold beyond device time per batch, p99: worst {worst['label']} "
                     f"{worst['hold_p99_ms']:.2f} ms (p50 {worst['hold_p50_ms']:.2f}); partitions "
                     + ", ".join(f"{q['hold_p99_ms']:.2f}" for q in held))
+            turned = [q for q in p.layouts or () if q.get("turnarounds")]
+            if turned:  # the lanes' idle time with work waiting, which the holds above do not include
+                say(f"{name}: x{s:.3g} lanes' turnaround with work waiting (a batch back on the host to the next "
+                    f"submit), p50 / p99 ms (batches): " + ", ".join(
+                        f"{q['label']} {q['turnaround_p50_ms']:.2f} / {q['turnaround_p99_ms']:.2f} ({q['turnarounds']})"
+                        for q in turned))
             if not p.offered_as_scheduled:
                 late = p.arrivals["late_ms"]
                 say(f"{name}: x{s:.3g}: the load generator fell behind (submitted p50 {late['p50']:.1f} / p99 "

@@ -77,7 +77,8 @@ class PartitionStats:
     # the other half of a lane's idle time under load, which ``hold`` does not see: for each batch
     # whose oldest request already waited when the lane's previous batch reached the host, the ms
     # from then to this batch's submit (the loop's turnaround: its pollers, the completion's
-    # callback, the decision; what launch-before-answering shortens)
+    # callback, the decision; what launch-before-answering shortens; and a policy's own wait for a
+    # fuller batch, where it has one)
     turnaround: LogHistogram = field(default_factory=LogHistogram)
 
 
