@@ -319,14 +319,14 @@ class ExecBackend(Backend):
         assert lanes is not None, "submit before configure"
         self.loop.expect()
         start = self.loop.wall_ms()
-        watcher = self._watchers[id(lanes)][decision.partition]
-        turnaround = self._turnaround(watcher, requests, start)
         try:
             rows = [self._payloads.pop(r.id) for r in requests]
         except KeyError as e:
             self._fail_now(decision, start, f"request {e.args[0]} has no input data (Backend.attach was not called)")
             return
         if self.launch_on == "lane" and self.lookahead_ms == 0:  # the lane's watcher launches it
+            watcher = self._watchers[id(lanes)][decision.partition]
+            turnaround = self._turnaround(watcher, requests, start)
             with self._lock:
                 self._inflight += 1
                 self._running[id(lanes)] += 1
@@ -340,6 +340,8 @@ class ExecBackend(Backend):
             return
         finally:
             self.host_ms += (time.perf_counter() - t0) * 1000.0
+        watcher = self._watchers[id(lanes)][decision.partition]
+        turnaround = self._turnaround(watcher, requests, start)  # (the lane's previous batch's end: not yet this one's)
         with self._lock:
             self._inflight += 1
             self._running[id(lanes)] += 1
@@ -365,8 +367,8 @@ class ExecBackend(Backend):
         was not free (a batch launched ahead, or its previous launch failed) or nothing waited then."""
         prev, watcher.last_submit = watcher.last_submit, start
         freed = watcher.last_end  # (set by the completion before any later read of it here)
-        if prev is None or freed < prev or not requests:
-            return None
+        if prev is None or not prev <= freed <= start or not requests:  # (freed after start: it ended during
+            return None  # this submit, so this batch was launched ahead of it)
         oldest = min(r.arrival_ms for r in requests)
         return start - freed if oldest < freed else None
 
