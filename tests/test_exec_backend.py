@@ -765,6 +765,35 @@ def test_a_completion_launches_its_partitions_next_batch_before_answering_its_re
     assert 0 <= max(loghist.quantile(c, 1.0) for c in turns if c) < 1000.0
 
 
+@pytest.mark.parametrize("env, launches_first", [("1", True), ("0", False)])
+def test_a_lanes_turnaround_holds_the_answers_only_where_they_go_before_the_next_launch(monkeypatch, env, launches_first):
+    """Each batch's answers cost the loop's thread 4 ms here (an HTTP reply's cost, magnified; a batch
+    runs 8 ms), with requests arriving faster than the one lane serves them. Answered first, every
+    turnaround holds those 4 ms; with launch-before-answering the next batch is submitted before them,
+    and the turnaround, the figure that shows the change on the GPU (a batch's hold starts at its
+    submit), stays short."""
+    monkeypatch.setenv("GPULOOM_LAUNCH_FIRST", env)
+    dev = fake(latency_ms=8.0)
+    be = ExecBackend(dev)
+    rt = Runtime(make_policy("dstack"), be, ctx(("good",), slo=5000.0))
+    answered = []
+    rt.start(answered.append, on_results=lambda pairs: (time.sleep(0.004), answered.extend(pairs)))
+    for i in range(60):  # every batch ends with requests waiting for the lane
+        rt.submit("good", [[np.full(3, float(i), np.float32)]] * 2, timeout_ms=5000.0)
+        time.sleep(0.002)
+    assert rt.stop(drain=True, timeout_s=20)
+    lanes = be.stats()["partitions"]
+    be.close()
+    assert len(answered) == 120 and all(r.status == Status.SERVED for r, _ in answered)
+    turns: dict[int, int] = {}
+    for q in lanes:
+        for k, c in loghist.delta(q["turnaround_hist"], None).items():
+            turns[k] = turns.get(k, 0) + c
+    assert sum(turns.values()) >= 3, lanes
+    p50 = loghist.quantile(turns, 0.5)
+    assert (p50 < 4.0) == launches_first, (p50, turns)
+
+
 def test_a_loop_crashing_in_the_decision_after_a_completion_still_answers_that_batch_with_its_outputs():
     """The completed batch's answers wait for the decision that follows; when that decision raises
     (the loop crashes), they are answered with their outputs, and what was still queued fails."""
