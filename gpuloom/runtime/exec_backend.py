@@ -325,12 +325,7 @@ class ExecBackend(Backend):
             self._fail_now(decision, start, f"request {e.args[0]} has no input data (Backend.attach was not called)")
             return
         if self.launch_on == "lane" and self.lookahead_ms == 0:  # the lane's watcher launches it
-            watcher = self._watchers[id(lanes)][decision.partition]
-            turnaround = self._turnaround(watcher, requests, start)
-            with self._lock:
-                self._inflight += 1
-                self._running[id(lanes)] += 1
-                self._note_turnaround(lanes, decision.partition, turnaround)
+            watcher = self._booked(lanes, decision, requests, start)
             watcher.q.put((self._launch_on_lane, (lanes, decision, list(requests), rows, start)))
             return
         try:
@@ -340,12 +335,7 @@ class ExecBackend(Backend):
             return
         finally:
             self.host_ms += (time.perf_counter() - t0) * 1000.0
-        watcher = self._watchers[id(lanes)][decision.partition]
-        turnaround = self._turnaround(watcher, requests, start)  # (the lane's previous batch's end: not yet this one's)
-        with self._lock:
-            self._inflight += 1
-            self._running[id(lanes)] += 1
-            self._note_turnaround(lanes, decision.partition, turnaround)
+        watcher = self._booked(lanes, decision, requests, start)
         if self.launch_on == "inline":  # run it here; the completion is posted to this same loop
             self._complete(watcher, lanes, decision, list(requests), ticket, start)
             return
@@ -372,10 +362,17 @@ class ExecBackend(Backend):
         oldest = min(r.arrival_ms for r in requests)
         return start - freed if oldest < freed else None
 
-    def _note_turnaround(self, lanes: Lanes, index: int, ms: float | None) -> None:
-        """Under ``self._lock``: count a lane's turnaround (``_turnaround``) on the current layout."""
-        if ms is not None and lanes is self._lanes and index < len(self.parts):
-            self.parts[index].turnaround.add(ms)
+    def _booked(self, lanes: Lanes, d: Decision, requests: Sequence[Request], start: float) -> _Watcher:
+        """Runtime's thread, a batch handed to its lane (launched, or queued for the lane's watcher to
+        launch): count it in flight and the lane's turnaround; returns the lane's watcher."""
+        watcher = self._watchers[id(lanes)][d.partition]
+        turnaround = self._turnaround(watcher, requests, start)  # (the lane's previous batch's end: not this one's)
+        with self._lock:
+            self._inflight += 1
+            self._running[id(lanes)] += 1
+            if turnaround is not None and lanes is self._lanes and d.partition < len(self.parts):
+                self.parts[d.partition].turnaround.add(turnaround)
+        return watcher
 
     def _launch_on_lane(self, watcher: _Watcher, lanes: Lanes, d: Decision, requests: list[Request], rows: list,
                         start: float) -> None:
