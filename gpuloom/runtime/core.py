@@ -170,10 +170,12 @@ class Runtime:
         self._dispatches = 0
         self._free: list[Partition] | None = None  # cache of the free partitions
         self._woke = True  # a wake-up fired (or the run just started): poll the policy's timers
-        #: online: completed batches' results not yet answered. A completion frees its partition and
-        #: the loop decides (launches that partition's next batch) before it answers them, unless the
-        #: backend's submit runs a batch whole (``Backend.submit_blocks``) or GPULOOM_LAUNCH_FIRST=0
-        #: (for an A/B): the answers, an HTTP reply each, then do not keep the partition idle
+        #: online: completed batches' results, and requests a decision dropped, not yet answered. A
+        #: completion frees its partition and the loop decides (launches that partition's next batch)
+        #: before it answers them, and a decision launches its batches before it answers its drops,
+        #: unless the backend's submit runs a batch whole (``Backend.submit_blocks``) or
+        #: GPULOOM_LAUNCH_FIRST=0 (for an A/B): the answers, an HTTP reply each, then do not keep the
+        #: partition idle
         self._answers_due: list[list[Result]] = []
         self._launch_first = (os.environ.get("GPULOOM_LAUNCH_FIRST", "1") != "0"
                               and not getattr(backend, "submit_blocks", False))
@@ -522,7 +524,8 @@ class Runtime:
         return not self._pending and not self._inflight and not self._orphans and not self._answers_due
 
     def _answer_due(self) -> None:
-        """Answer the completed batches' requests held back while the loop decided (oldest first)."""
+        """Answer the requests held back while the loop decided (completed batches' and dropped
+        ones, oldest first)."""
         due, self._answers_due = self._answers_due, []
         for results in due:
             self._finish_all(results)
@@ -829,7 +832,14 @@ class Runtime:
 
     def _drop(self, drop: Drop) -> None:
         now, reason = self.loop.now, drop.reason
-        self._finish_all([Result(r, _DROPPED, now, reason) for r in self._take(drop.model, drop.request_ids)])
+        results = [Result(r, _DROPPED, now, reason) for r in self._take(drop.model, drop.request_ids)]
+        if self._online and self._launch_first:
+            # answered after this decision's batches are launched (_after_event): a policy that drops
+            # late requests before it dispatches (nexus drops dozens per batch at overload) assumed
+            # its batch starts now; answering them first launched it 0.4-2.4 ms later on the CPU
+            self._answers_due.append(results)
+        else:
+            self._finish_all(results)
         if reason == "deadline" and self.policy.wants_outcomes:
             self.policy.on_outcomes(drop.model, 0, len(drop.request_ids), now)
         if self._trace_on:
