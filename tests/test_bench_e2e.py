@@ -484,6 +484,7 @@ def test_a_point_says_where_its_batches_wake_up_went_when_the_device_split_it(tm
         return {**real(before, after, wall_ms), "wake_split_ms_per_batch": {"start": 0.5, "back": 0.25}}
 
     monkeypatch.setattr(e2e, "host_split", split)
+    monkeypatch.setattr(e2e, "SUBMIT_LAG_SAY_MS", 0.0)  # every lane's submit lag, said
     rc, rep = run_bench(tmp_path, "--policy", "triton", "--scale", "30")  # (loaded: batches wait for lanes)
     assert rc == 0 and rep["policies"]["triton"]["points"][0]["host"]["wake_split_ms_per_batch"]["start"] == 0.5
     cap = capsys.readouterr()
@@ -493,6 +494,11 @@ def test_a_point_says_where_its_batches_wake_up_went_when_the_device_split_it(tm
     assert turned and "lanes'turnaroundwithworkwaiting" in said  # each lane that turned around, said
     for q in turned:
         assert f"{q['label']}{q['turnaround_p50_ms']:.2f}/{q['turnaround_p99_ms']:.2f}({q['turnarounds']})" in said
+    ran = [q for pt in rep["policies"]["triton"]["points"] for q in pt["layouts"] if q["batches"]]
+    assert ran and "batchessubmittedaftertheirdecision'sclock" in said
+    for q in ran:  # every batch of the point has its lag
+        assert 0 <= q["submit_lag_p50_ms"] <= q["submit_lag_p99_ms"]
+        assert f"{q['label']}{q['submit_lag_p50_ms']:.2f}/{q['submit_lag_p99_ms']:.2f}" in said
 
 
 def test_a_layout_set_up_during_a_point_is_counted_from_its_start():
@@ -514,6 +520,11 @@ def test_a_layout_set_up_during_a_point_is_counted_from_its_start():
                          [{**part(1, 150, 750.0, 600.0, {"10": 100}), "turnaround_hist": {"40": 3, "60": 9, "80": 1}}])[0]
     assert turned["turnarounds"] == 10 and turned["turnaround_p50_ms"] == pytest.approx(0.001 * 1.05 ** 60, abs=1e-4)
     assert turned["turnaround_p99_ms"] == pytest.approx(0.001 * 1.05 ** 80, abs=1e-3)
+    assert "submit_lag_p50_ms" not in same
+    lagged = lane_deltas([{**old, "submit_lag_hist": {"20": 100}}],
+                         [{**part(1, 150, 750.0, 600.0, {"10": 100}), "submit_lag_hist": {"20": 149, "90": 1}}])[0]
+    assert lagged["submit_lag_p50_ms"] == pytest.approx(0.001 * 1.05 ** 20, abs=1e-4)  # the point's 50 batches only
+    assert lagged["submit_lag_p99_ms"] == pytest.approx(0.001 * 1.05 ** 90, abs=1e-4)  # (one in 50: above the 99%)
 
 
 def test_each_policy_serves_its_first_load_unmeasured_before_its_points(tmp_path, monkeypatch):

@@ -782,7 +782,8 @@ def test_a_decision_launches_its_batch_before_answering_the_requests_it_dropped(
     """nexus drops the late requests at a queue's head and dispatches the rest in one decision, and it
     assumed that batch starts now: answering the dropped ones first (dozens a batch at overload) made
     the batch start up to 2.4 ms later on the CPU. The batch goes first, then the drops' answers,
-    unless GPULOOM_LAUNCH_FIRST=0 (an A/B)."""
+    unless GPULOOM_LAUNCH_FIRST=0 (an A/B). Each drop's answer costs the loop 4 ms here: the lane's
+    submit lag (the decision's clock to the submit) shows them where they go first."""
     monkeypatch.setenv("GPULOOM_LAUNCH_FIRST", env)
     log, gate = [], threading.Event()
 
@@ -800,7 +801,14 @@ def test_a_decision_launches_its_batch_before_answering_the_requests_it_dropped(
     be = ExecBackend(dev)
     rt = Runtime(make_policy("nexus"), be, ctx(("good",)))
     answers = []
-    rt.start(lambda r, o: (log.append(("answer", r.status)), answers.append(r)))
+
+    def answer(r, o):
+        log.append(("answer", r.status))
+        answers.append(r)
+        if r.status == Status.DROPPED:
+            time.sleep(0.004)
+
+    rt.start(answer)
     rt.submit("good", [[np.full(3, 1.0, np.float32)]], timeout_ms=5000.0)
     while not log:
         time.sleep(0.001)
@@ -811,7 +819,10 @@ def test_a_decision_launches_its_batch_before_answering_the_requests_it_dropped(
     time.sleep(0.005)  # the five are past their deadlines
     gate.set()
     assert rt.stop(drain=True, timeout_s=10)
+    lags = loghist.delta(be.stats()["partitions"][0]["submit_lag_hist"], None)
     be.close()
+    assert sum(lags.values()) == 2  # every batch's
+    assert (loghist.quantile(lags, 1.0) >= 20.0) == (not launches_first), lags  # the five drops' 4 ms each
     fates = {r.request.id: r.status for r in answers}
     assert [fates[r.id] for r in late] == [Status.DROPPED] * 5 and fates[kept[0].id] == Status.SERVED, answers
     assert all(r.reason == "deadline" for r in answers if r.status == Status.DROPPED)

@@ -475,7 +475,10 @@ def lane_deltas(before: list[dict], after: list[dict]) -> list[dict]:
     ``turnarounds`` / ``turnaround_p50_ms`` / ``turnaround_p99_ms``: the batches that found the lane
     free with their oldest request already waiting when its previous batch reached the host, and the
     median and p99 of the ms from then to their submit (the loop's turnaround, which the holds do not
-    include: they start at the submit)."""
+    include: they start at the submit).
+
+    ``submit_lag_p50_ms`` / ``submit_lag_p99_ms``: of every batch, the ms from the loop's clock at its
+    decision to its submit (the decision's own work before the launch, part of the turnaround)."""
     def per(num: float, n: int) -> float | None:
         return num / n if n > 0 else None
 
@@ -498,6 +501,9 @@ def lane_deltas(before: list[dict], after: list[dict]) -> list[dict]:
         if counts:
             out[-1]["turnarounds"] = sum(counts.values())
             out[-1]["turnaround_p50_ms"], out[-1]["turnaround_p99_ms"] = loghist.tails(counts)
+        counts = loghist.delta(p.get("submit_lag_hist", {}), b.get("submit_lag_hist"))
+        if counts:
+            out[-1]["submit_lag_p50_ms"], out[-1]["submit_lag_p99_ms"] = loghist.tails(counts)
     return out
 
 
@@ -589,6 +595,9 @@ def _random(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.
 
 
 SLOW_RATIO = 2.0  # a bucket whose measured device time is this many times its profile gets a line in the output
+#: a lane whose batches' p99 submit lag (decision's clock to submit) reaches this gets a line in the output:
+#: a policy that plans from the decision's clock (nexus's early drop) is late by that much
+SUBMIT_LAG_SAY_MS = 0.25
 IN_PROGRESS = "in progress: the run ended before this policy's last point"  # PolicyResult.error while measuring
 
 
@@ -726,6 +735,10 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
                     f"submit), p50 / p99 ms (batches): " + ", ".join(
                         f"{q['label']} {q['turnaround_p50_ms']:.2f} / {q['turnaround_p99_ms']:.2f} ({q['turnarounds']})"
                         for q in turned))
+            lagged = [q for q in p.layouts or () if (q.get("submit_lag_p99_ms") or 0.0) >= SUBMIT_LAG_SAY_MS]
+            if lagged:  # a decision's own work (drops answered, other launches) before a batch's submit
+                say(f"{name}: x{s:.3g} batches submitted after their decision's clock, p50 / p99 ms: " + ", ".join(
+                    f"{q['label']} {q['submit_lag_p50_ms']:.2f} / {q['submit_lag_p99_ms']:.2f}" for q in lagged))
             if not p.offered_as_scheduled:
                 late = p.arrivals["late_ms"]
                 say(f"{name}: x{s:.3g}: the load generator fell behind (submitted p50 {late['p50']:.1f} / p99 "

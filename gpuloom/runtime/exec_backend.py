@@ -80,6 +80,10 @@ class PartitionStats:
     # callback, the decision; what launch-before-answering shortens; and a policy's own wait for a
     # fuller batch, where it has one)
     turnaround: LogHistogram = field(default_factory=LogHistogram)
+    # each batch's ms from the loop's clock at its decision to its submit: the decision's own work
+    # before the launch (requests a policy dropped, where answered first; the batches it decided
+    # before this one), which a policy that plans from "now" (nexus's early drop) does not see
+    submit_lag: LogHistogram = field(default_factory=LogHistogram)
 
 
 class _Watcher:
@@ -364,14 +368,18 @@ class ExecBackend(Backend):
 
     def _booked(self, lanes: Lanes, d: Decision, requests: Sequence[Request], start: float) -> _Watcher:
         """Runtime's thread, a batch handed to its lane (launched, or queued for the lane's watcher to
-        launch): count it in flight and the lane's turnaround; returns the lane's watcher."""
+        launch): count it in flight, the lane's turnaround and its submit lag; returns the lane's watcher."""
         watcher = self._watchers[id(lanes)][d.partition]
         turnaround = self._turnaround(watcher, requests, start)  # (the lane's previous batch's end: not this one's)
+        lag = start - self.loop.now  # (the decision's clock: the loop's, still, on the thread that submits)
         with self._lock:
             self._inflight += 1
             self._running[id(lanes)] += 1
-            if turnaround is not None and lanes is self._lanes and d.partition < len(self.parts):
-                self.parts[d.partition].turnaround.add(turnaround)
+            if lanes is self._lanes and d.partition < len(self.parts):
+                ps = self.parts[d.partition]
+                ps.submit_lag.add(max(0.0, lag))
+                if turnaround is not None:
+                    ps.turnaround.add(turnaround)
         return watcher
 
     def _launch_on_lane(self, watcher: _Watcher, lanes: Lanes, d: Decision, requests: list[Request], rows: list,
@@ -455,6 +463,7 @@ class ExecBackend(Backend):
                  "failures": p.failures, "device_ms": p.device_ms, "busy_ms": p.busy_ms, "ahead": p.ahead,
                  "ahead_busy_ms": p.ahead_busy_ms, "ahead_device_ms": p.ahead_device_ms,
                  "hold_hist": p.hold.to_json(), "turnaround_hist": p.turnaround.to_json(),
+                 "submit_lag_hist": p.submit_lag.to_json(),
                  "layout_serial": self._layout_serial,
                  "busy_ratio": min(1.0, p.busy_ms / elapsed), "device_busy_ratio": min(1.0, p.device_ms / elapsed)}
                 for p in self.parts
