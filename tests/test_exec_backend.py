@@ -720,6 +720,24 @@ def test_lane_launches_happen_on_the_watcher_threads_and_the_loop_keeps_none():
         ExecBackend(fake(), complete_on="gpu")
 
 
+def gated_device(log: list, gate: threading.Event) -> FakeDeviceLayer:
+    """A fake device with one model, "good", that logs each launch as ("launch", rows) in ``log``; its
+    batches run until ``gate`` is set (5 s at most), so requests can be queued behind the first."""
+
+    class Logged(FakeDeviceLayer):
+        def _launch(self, lanes, index, model, rows):
+            log.append(("launch", len(rows)))
+            return super()._launch(lanes, index, model, rows)
+
+    def held(xs):
+        gate.wait(5.0)
+        return [xs[0] * 2.0]
+
+    dev = Logged()
+    dev.add_model("good", FakeModel(held, 1.0))
+    return dev
+
+
 @pytest.mark.parametrize("launch_on, env, launches_first", [
     ("loop", None, True), ("loop", "0", False), ("inline", None, False)])
 def test_a_completion_launches_its_partitions_next_batch_before_answering_its_requests(
@@ -731,18 +749,7 @@ def test_a_completion_launches_its_partitions_next_batch_before_answering_its_re
     if env is not None:
         monkeypatch.setenv("GPULOOM_LAUNCH_FIRST", env)
     log, gate = [], threading.Event()
-
-    class Logged(FakeDeviceLayer):
-        def _launch(self, lanes, index, model, rows):
-            log.append(("launch", len(rows)))
-            return super()._launch(lanes, index, model, rows)
-
-    def held(xs):  # the first batch runs until the next requests are queued
-        gate.wait(5.0)
-        return [xs[0] * 2.0]
-
-    dev = Logged()
-    dev.add_model("good", FakeModel(held, 1.0))
+    dev = gated_device(log, gate)  # the first batch runs until the next requests are queued
     be = ExecBackend(dev, launch_on=launch_on)
     rt = Runtime(make_policy("dstack"), be, ctx(("good",)))
     answers = []
@@ -786,18 +793,7 @@ def test_a_decision_launches_its_batch_before_answering_the_requests_it_dropped(
     submit lag (the decision's clock to the submit) shows them where they go first."""
     monkeypatch.setenv("GPULOOM_LAUNCH_FIRST", env)
     log, gate = [], threading.Event()
-
-    class Logged(FakeDeviceLayer):
-        def _launch(self, lanes, index, model, rows):
-            log.append(("launch", len(rows)))
-            return super()._launch(lanes, index, model, rows)
-
-    def held(xs):  # the first batch runs until the late requests are queued and late
-        gate.wait(5.0)
-        return [xs[0] * 2.0]
-
-    dev = Logged()
-    dev.add_model("good", FakeModel(held, 1.0))
+    dev = gated_device(log, gate)  # the first batch runs until the late requests are queued and late
     be = ExecBackend(dev)
     rt = Runtime(make_policy("nexus"), be, ctx(("good",)))
     answers = []

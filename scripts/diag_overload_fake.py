@@ -1,0 +1,148 @@
+#!/usr/bin/env python
+"""A policy at overload on a fake device, launch-first on and off, against the simulator (CPU).
+
+Why: on the GPU nexus served the overloaded mix 26% below the simulator (run 173): its requests came
+back late (mobilenet_v2: p50 11.1 ms against a 10 ms SLO, 421 of 2,597 served on time), where the
+simulator serves them in time. The runtime answered the dozens of requests nexus drops per decision
+before launching the batch it decided on, while nexus's early drop assumed that batch starts at the
+decision's clock. This reproduces that on any machine: the service (its runtime, execution backend,
+policy) on a :class:`FakeDeviceLayer` whose batches take the shipped H200 profiles' time (``--slow``
+times longer, with SLOs ``--slow`` times longer and rates ``--scale``: the same overload at a request
+rate a small CPU keeps up with), in legs alternating ``GPULOOM_LAUNCH_FIRST`` (``--legs``), each
+point against the simulator of the same world told the lanes' measured hold (mean, lognormal spread).
+
+Per leg and policy: goodput, attainment, per model served and on time, each lane's submit lag (its
+decision's clock to its submit: what answering the drops first costs the batch) and hold, and the
+simulator's goodput and error.
+
+    python scripts/diag_overload_fake.py --policy nexus,dstack --legs 0,1,0,1 \\
+        --out docs/results/runtime/overload_fake_cpu_session55.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import math
+import os
+import platform
+import sys
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from sim_measured_hold import Z99  # noqa: E402
+
+from gpuloom.bench.e2e import run_point, save_json  # noqa: E402
+from gpuloom.bench.experiment import simulate  # noqa: E402
+from gpuloom.bench.workload import load_workload  # noqa: E402
+from gpuloom.plan.slowdown import slowed  # noqa: E402
+from gpuloom.profile.store import ProfileStore  # noqa: E402
+from gpuloom.runtime.host_device import FakeDeviceLayer, FakeModel  # noqa: E402
+from gpuloom.runtime.model_profiles import trim_profile  # noqa: E402
+from gpuloom.runtime.service import InferenceService, ModelConfig, TensorSpec  # noqa: E402
+from gpuloom.runtime.sim import ContentionModel  # noqa: E402
+
+ROW = (TensorSpec("x", (4,), "float32"),)
+
+
+def fake_world(workload_path: str, slow: float, max_batch: int):
+    """The workload with SLOs ``slow`` times longer, and its models' profiles ``slow`` times slower,
+    cut to ``max_batch``, taking one 4-float row (what the fake device's models read)."""
+    wl = load_workload(workload_path)
+    wl = dataclasses.replace(wl, models=tuple(dataclasses.replace(m, slo_ms=m.slo_ms * slow) for m in wl.models))
+    store = ProfileStore.builtin("h200")
+    profiles = {m.name: dataclasses.replace(trim_profile(slowed(store.get(m.name), slow), max_batch), input_shapes=((4,),))
+                for m in wl.models}
+    return wl, profiles
+
+
+def measured_point(wl, profiles: dict, policy: str, *, scale: float, duration_s: float, max_batch: int) -> dict:
+    """One point served by the service on a fake device whose batches take their profile's time on the
+    whole GPU."""
+    svc = InferenceService(policy=policy, device_layer=FakeDeviceLayer(), profiles=ProfileStore(profiles=profiles.values()),
+                           measure_profiles=False)
+    svc.start()
+    try:
+        full = max(max(p.sms) for p in profiles.values())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            svc.load_many([(ModelConfig(m.name, ROW, ROW, max_batch=max_batch, slo_ms=m.slo_ms, weight=m.weight,
+                                        rate_hint=m.arrival.rate * scale),
+                            FakeModel(lambda xs: [xs[0]], lambda n, p=profiles[m.name]: p.latency(n, full)))
+                           for m in wl.models])
+        pt = run_point(svc, wl, policy, scale=scale, duration_s=duration_s, pinned_inputs=False)
+    finally:
+        svc.close()
+    lanes = [q for q in pt.layouts if q["batches"]]
+    return {"goodput_rps": pt.goodput_rps, "slo_attainment": pt.slo_attainment,
+            "models": [{"model": m.model, "served": m.served, "on_time": m.on_time, "dropped": m.dropped,
+                        "p50_ms": m.p50_ms, "p99_ms": m.p99_ms} for m in pt.models],
+            "lanes": lanes, "loop_lag": pt.loop_lag}
+
+
+def told_hold(lanes: list[dict]) -> tuple[float, float]:
+    """(mean hold ms, lognormal sigma) over the lanes, weighted by their batches: what the simulator is told."""
+    n = sum(q["batches"] for q in lanes)
+    mean = sum((q["gap_ms"] or 0.0) * q["batches"] for q in lanes) / n
+    sig = [(math.log(q["hold_p99_ms"] / q["hold_p50_ms"]) / Z99, q["batches"]) for q in lanes
+           if (q.get("hold_p50_ms") or 0) > 0 and (q.get("hold_p99_ms") or 0) >= q["hold_p50_ms"]]
+    sigma = sum(s * b for s, b in sig) / sum(b for _, b in sig) if sig else 0.0
+    return max(0.0, mean), sigma
+
+
+def simulated_point(wl, profiles: dict, policy: str, *, scale: float, duration_s: float, hold: float, sigma: float) -> dict:
+    run = simulate(dataclasses.replace(wl.scaled(scale), duration_s=duration_s), profiles, policy,
+                   contention=ContentionModel(batch_overhead_ms=hold, hold_spread=sigma)).metrics
+    return {"goodput_rps": run.goodput_rps, "slo_attainment": run.slo_attainment,
+            "models": [{"model": m.model, "served": m.served, "on_time": m.on_time} for m in run.models]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workload", default=str(ROOT / "examples" / "overload.yaml"))
+    ap.add_argument("--policy", default="nexus", help="comma-separated policies")
+    ap.add_argument("--scale", type=float, default=0.25, help="load factor (default 0.25: a 2-core VM keeps up)")
+    ap.add_argument("--slow", type=float, default=4.0, help="device and SLOs this many times slower (default 4)")
+    ap.add_argument("--duration", type=float, default=6.0, help="seconds of arrivals per point")
+    ap.add_argument("--max-batch", type=int, default=16)
+    ap.add_argument("--legs", default="0,1,0,1", help="GPULOOM_LAUNCH_FIRST per leg (default 0,1,0,1)")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    logging.disable(logging.WARNING)  # the fake device's drops and the service's replans
+    wl, profiles = fake_world(a.workload, a.slow, a.max_batch)
+    legs = []
+    for i, env in enumerate(a.legs.split(",")):
+        os.environ["GPULOOM_LAUNCH_FIRST"] = env  # read by each runtime at its start
+        for policy in a.policy.split(","):
+            t0 = time.monotonic()
+            got = measured_point(wl, profiles, policy, scale=a.scale, duration_s=a.duration, max_batch=a.max_batch)
+            hold, sigma = told_hold(got["lanes"])
+            sim = simulated_point(wl, profiles, policy, scale=a.scale, duration_s=a.duration, hold=hold, sigma=sigma)
+            sim["told_hold_ms"], sim["told_hold_sigma"] = hold, sigma
+            sim["goodput_error"] = sim["goodput_rps"] / got["goodput_rps"] - 1.0 if got["goodput_rps"] else None
+            legs.append({"leg": i, "launch_first": env, "policy": policy, "measured": got, "simulated": sim,
+                         "seconds": time.monotonic() - t0})
+            lag = ", ".join(f"{q['label']} {q.get('submit_lag_p50_ms', float('nan')):.2f} / "
+                            f"{q.get('submit_lag_p99_ms', float('nan')):.2f}" for q in got["lanes"])
+            on_time = ", ".join(f"{m['model']} {m['on_time']}/{m['served']}" for m in got["models"])
+            print(f"leg {i} launch_first={env} {policy}: goodput {got['goodput_rps']:.1f} req/s (sim told hold "
+                  f"{hold:.2f} ms, sigma {sigma:.2f}: {sim['goodput_rps']:.1f}, {sim['goodput_error']:+.1%}); "
+                  f"submit lag p50 / p99 ms: {lag}; on time / served: {on_time}", flush=True)
+    os.environ.pop("GPULOOM_LAUNCH_FIRST", None)
+    report = {"workload": a.workload, "policies": a.policy.split(","), "scale": a.scale, "slow": a.slow,
+              "duration_s": a.duration, "max_batch": a.max_batch, "legs": legs,
+              "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}}
+    if a.out:
+        save_json(a.out, report)
+        print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
