@@ -70,7 +70,7 @@ def crude_profile(config: ModelConfig, runner: Any, device: DeviceLayer, reps: i
     from ..profile.synthetic import sm_grid
 
     gpu = GpuInfo(name=f"{device.kind} (crude)", sm_count=device.gpu_sms, sm_granularity=device.granularity)
-    buckets = tuple(getattr(runner, "buckets", None) or (1, config.max_batch))
+    buckets = tuple(getattr(runner, "buckets", None) or sorted({1, config.max_batch}))  # (max batch 1: one)
     lat = {}
     if isinstance(runner, FakeModel):
         for b in (buckets[0], buckets[-1]):
