@@ -747,6 +747,41 @@ def test_a_request_the_runtime_never_answers_is_answered_as_expired_after_the_gr
         svc.close()
 
 
+def test_a_request_left_queued_past_deadline_and_grace_is_expired_with_a_warning_not_called_a_bug(caplog):
+    # temporal serves late requests rather than drop them: one queued behind a stuck batch is no runtime bug
+    import logging
+
+    from gpuloom.runtime.service import Expired
+
+    running, gate = threading.Event(), threading.Event()
+
+    def stuck(xs):  # the first batch runs until the gate opens
+        running.set()
+        gate.wait(5.0)
+        return [xs[0] * 2]
+
+    svc = InferenceService(policy="temporal", device_layer=FakeDeviceLayer(), expiry_grace_s=0.2)
+    svc.start()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            svc.load(ModelConfig("stuck", X4, Y4, max_batch=1, slo_ms=50), FakeModel(stuck, 1.0))
+        first = svc.submit("stuck", {"x": np.ones((1, 4), np.float32)}, deadline_ms=5000.0)
+        assert running.wait(5.0)
+        with caplog.at_level(logging.WARNING, logger="gpuloom.runtime.service"):
+            second = svc.submit("stuck", {"x": np.ones((1, 4), np.float32)})
+            with pytest.raises(Expired, match="not answered within 0.2 s of its deadline"):
+                second.result(5)
+        gate.set()
+        np.testing.assert_array_equal(first.result(5)["y"], np.full((1, 4), 2.0, np.float32))
+        said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "gpuloom.runtime.service"]
+        assert [lv for lv, _ in said] == ["WARNING"], said
+        assert "stuck: 1 request(s) still queued" in said[0][1] and "'temporal'" in said[0][1]
+    finally:
+        gate.set()
+        svc.close()
+
+
 def test_expiry_grace_must_be_positive():
     with pytest.raises(ValueError, match="expiry_grace_s must be > 0"):
         InferenceService(policy="dstack", device_layer=FakeDeviceLayer(), expiry_grace_s=0)
@@ -1577,6 +1612,15 @@ def test_the_crude_profile_takes_the_fastest_of_its_runs_not_the_ones_a_busy_hos
     # the median of three (what it took before) was 40 ms; the fastest run is within sleep's slack of 1 ms
     assert p.latency(1, p.sms[-1]) < 20.0 and p.latency(4, p.sms[-1]) < 20.0
     assert runner.calls > 8  # it ran again while its runs had taken less than its budget
+
+
+def test_a_crude_profile_of_a_model_without_buckets_of_its_own_at_max_batch_one_has_one_batch():
+    from gpuloom.runtime.service import crude_profile
+
+    p = crude_profile(ModelConfig("m", X4, Y4, max_batch=1), FakeModel(lambda xs: xs, 2.0), FakeDeviceLayer())
+    assert p.batches == (1,) and p.latency(1, p.sms[-1]) >= 2.0  # (was batches (1, 1): refused)
+    assert crude_profile(ModelConfig("m", X4, Y4, max_batch=8), FakeModel(lambda xs: xs, 2.0),
+                         FakeDeviceLayer()).batches == (1, 8)
 
 
 def test_an_operator_reads_in_the_log_what_serves_on_which_sms_and_how_long_each_load_took(caplog):

@@ -256,6 +256,11 @@ class Runtime:
             self.loop.post(ARRIVAL, self._on_online_arrivals, reqs)
         return reqs
 
+    def is_queued(self, request_id: int) -> bool:
+        """Any thread: whether the request waits in its model's queue (not yet in a batch, dropped or
+        answered); a moment's answer (one dict lookup, atomic in CPython)."""
+        return request_id in self._pending
+
     def note_refused(self, model: str, n: int) -> None:
         """Thread-safe: ``n`` requests of ``model`` were refused before :meth:`submit` (the policy's
         ``admit_rps``); the policy hears of them with the next arrivals (``on_refused``)."""

@@ -846,23 +846,36 @@ class InferenceService(LoopHosting):
 
     def expire_overdue(self, now: float) -> int:
         """Answer with :class:`Expired` every request unanswered ``expiry_grace_s`` after its deadline
-        (monotonic ``now``, s); returns how many. Their late results from the runtime are ignored."""
+        (monotonic ``now``, s); returns how many. Their late results from the runtime are ignored.
+
+        A request its model's queue still holds waited for a policy that serves late requests rather
+        than drop them (triton, clipper, temporal under overload): one warning per model and sweep.
+        One the runtime took and never answered is a runtime bug: an error each."""
         limit = now - self.expiry_grace_s
         overdue = []
+        rt = self._runtime
         with self._lock:
             heap = self._by_deadline  # (deadline, the call's runtime ids), earliest first
             while heap and heap[0][0] < limit:
                 _, rids = heapq.heappop(heap)
                 calls = [e[0] for e in (self._rid.pop(rid, None) for rid in rids) if e is not None]
                 if calls and not calls[0].future.done():  # else answered in time, the usual case
-                    overdue.append(calls[0])
-            for call in overdue:
-                log.error("model %s: a request was not answered by the runtime %.1f s after its deadline; "
-                          "answering it as expired (a runtime bug: please report it)",
-                          call.model.config.name, now - call.deadline_s)
-                call.error = Expired(f"request for {call.model.config.name!r} was not answered within "
+                    overdue.append((calls[0], rt is not None and any(rt.is_queued(rid) for rid in rids)))
+            queued: dict[str, list[float]] = {}
+            for call, waits in overdue:
+                name, past = call.model.config.name, now - call.deadline_s
+                if waits:
+                    queued.setdefault(name, []).append(past)
+                else:
+                    log.error("model %s: a request was not answered by the runtime %.1f s after its deadline; "
+                              "answering it as expired (a runtime bug: please report it)", name, past)
+                call.error = Expired(f"request for {name!r} was not answered within "
                                      f"{self.expiry_grace_s:g} s of its deadline")
                 self._settle(call, time.monotonic())
+        for name, past in queued.items():
+            log.warning("model %s: %d request(s) still queued %.1f-%.1f s after their deadlines under policy "
+                        "%r, answered as expired: the model is served below its load", name, len(past),
+                        min(past), max(past), self.policy_name)
         return len(overdue)
 
     def _fail_outstanding(self, reason: str) -> None:
