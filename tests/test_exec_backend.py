@@ -738,6 +738,32 @@ def gated_device(log: list, gate: threading.Event) -> FakeDeviceLayer:
     return dev
 
 
+def test_cancel_drops_only_the_requests_still_queued():
+    log, gate = [], threading.Event()
+    dev = gated_device(log, gate)
+    be = ExecBackend(dev)
+    rt = Runtime(make_policy("temporal"), be, ctx(("good",)))
+    answers = []
+    rt.start(lambda r, o: answers.append(r))
+    running = rt.submit("good", [[np.full(3, 1.0, np.float32)]], timeout_ms=5000.0)
+    while not log:
+        time.sleep(0.001)
+    queued = rt.submit("good", [[np.full(3, 2.0, np.float32)]] * 2, timeout_ms=5000.0)
+    while len(rt.queues["good"]) < 2:
+        time.sleep(0.001)
+    assert rt.is_queued(queued[0].id) and not rt.is_queued(running[0].id)
+    rt.cancel([running[0].id, queued[0].id], "expired")  # the running one is left as it is
+    while not answers:
+        time.sleep(0.001)
+    gate.set()
+    assert rt.stop(drain=True, timeout_s=10)
+    be.close()
+    fates = {r.request.id: (r.status, r.reason) for r in answers}
+    assert len(answers) == 3 and fates[queued[0].id] == (Status.DROPPED, "expired")
+    assert fates[running[0].id][0] == fates[queued[1].id][0] == Status.SERVED
+    assert not rt.is_queued(queued[0].id)
+
+
 @pytest.mark.parametrize("launch_on, env, launches_first", [
     ("loop", None, True), ("loop", "0", False), ("inline", None, False)])
 def test_a_completion_launches_its_partitions_next_batch_before_answering_its_requests(

@@ -747,15 +747,17 @@ def test_a_request_the_runtime_never_answers_is_answered_as_expired_after_the_gr
         svc.close()
 
 
-def test_a_request_left_queued_past_deadline_and_grace_is_expired_with_a_warning_not_called_a_bug(caplog):
-    # temporal serves late requests rather than drop them: one queued behind a stuck batch is no runtime bug
+def test_a_request_left_queued_past_deadline_and_grace_is_expired_with_a_warning_and_never_runs(caplog):
+    # temporal serves late requests rather than drop them: one queued behind a stuck batch is no runtime
+    # bug, and once answered as expired it leaves its queue
     import logging
 
     from gpuloom.runtime.service import Expired
 
-    running, gate = threading.Event(), threading.Event()
+    running, gate, batches = threading.Event(), threading.Event(), []
 
     def stuck(xs):  # the first batch runs until the gate opens
+        batches.append(len(xs[0]))
         running.set()
         gate.wait(5.0)
         return [xs[0] * 2]
@@ -774,6 +776,11 @@ def test_a_request_left_queued_past_deadline_and_grace_is_expired_with_a_warning
                 second.result(5)
         gate.set()
         np.testing.assert_array_equal(first.result(5)["y"], np.full((1, 4), 2.0, np.float32))
+        third = svc.submit("stuck", {"x": np.ones((1, 4), np.float32)}, deadline_ms=5000.0)
+        np.testing.assert_array_equal(third.result(5)["y"], np.full((1, 4), 2.0, np.float32))
+        assert batches == [1, 1]  # the expired request left its queue: it never ran
+        st = assert_books(svc)
+        assert st["models"]["stuck"]["dropped"] == {"expired": 1} and st["models"]["stuck"]["success"] == 2
         said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "gpuloom.runtime.service"]
         assert [lv for lv, _ in said] == ["WARNING"], said
         assert "stuck: 1 request(s) still queued" in said[0][1] and "'temporal'" in said[0][1]

@@ -256,6 +256,22 @@ class Runtime:
             self.loop.post(ARRIVAL, self._on_online_arrivals, reqs)
         return reqs
 
+    def cancel(self, request_ids: Sequence[int], reason: str) -> None:
+        """Thread-safe: those of ``request_ids`` still queued leave their queues, answered
+        DROPPED(``reason``); the others are left as they are (in a batch, or answered). The service
+        cancels the requests it answered as expired, so that they take no GPU time after."""
+        self.loop.post(WAKEUP, self._cancel, tuple(request_ids), reason)
+
+    def _cancel(self, request_ids: tuple[int, ...], reason: str) -> None:
+        by_model: dict[str, list[int]] = {}
+        for rid in request_ids:
+            r = self._pending.get(rid)
+            if r is not None:
+                by_model.setdefault(r.model, []).append(rid)
+        for model, ids in by_model.items():
+            now = self.loop.now
+            self._finish_all([Result(r, _DROPPED, now, reason) for r in self._take(model, tuple(ids))])
+
     def is_queued(self, request_id: int) -> bool:
         """Any thread: whether the request waits in its model's queue (not yet in a batch, dropped or
         answered); a moment's answer (one dict lookup, atomic in CPython)."""

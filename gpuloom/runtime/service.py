@@ -849,8 +849,9 @@ class InferenceService(LoopHosting):
         (monotonic ``now``, s); returns how many. Their late results from the runtime are ignored.
 
         A request its model's queue still holds waited for a policy that serves late requests rather
-        than drop them (triton, clipper, temporal under overload): one warning per model and sweep.
-        One the runtime took and never answered is a runtime bug: an error each."""
+        than drop them (triton, clipper, temporal under overload): one warning per model and sweep, and
+        the runtime takes it out of the queue (:meth:`Runtime.cancel`) so that it runs on no GPU. One
+        the runtime took and never answered is a runtime bug: an error each."""
         limit = now - self.expiry_grace_s
         overdue = []
         rt = self._runtime
@@ -860,7 +861,10 @@ class InferenceService(LoopHosting):
                 _, rids = heapq.heappop(heap)
                 calls = [e[0] for e in (self._rid.pop(rid, None) for rid in rids) if e is not None]
                 if calls and not calls[0].future.done():  # else answered in time, the usual case
-                    overdue.append((calls[0], rt is not None and any(rt.is_queued(rid) for rid in rids)))
+                    waits = rt is not None and any(rt.is_queued(rid) for rid in rids)
+                    overdue.append((calls[0], waits))
+                    if waits:  # out of its queue: answered now, it takes no GPU time after
+                        rt.cancel(rids, "expired")
             queued: dict[str, list[float]] = {}
             for call, waits in overdue:
                 name, past = call.model.config.name, now - call.deadline_s
