@@ -501,6 +501,33 @@ def test_a_point_says_where_its_batches_wake_up_went_when_the_device_split_it(tm
         assert f"{q['label']}{q['submit_lag_p50_ms']:.2f}/{q['submit_lag_p99_ms']:.2f}" in said
 
 
+def test_the_bench_simulates_dstack_with_the_hold_its_point_planned(monkeypatch):
+    import types
+    from pathlib import Path
+
+    from gpuloom.bench import e2e, experiment
+    from gpuloom.bench.workload import load_workload
+    from gpuloom.policy.dstack import DEFAULT_HOLD_MS
+
+    told = []
+
+    def simulate(wl, profs, policy, contention=None, options=None):
+        told.append(dict(options or {}))
+        m = types.SimpleNamespace(goodput_rps=1.0, slo_attainment=1.0, p50_ms=1.0, p99_ms=1.0, sm_utilization=0.5,
+                                  fairness=1.0)
+        return types.SimpleNamespace(metrics=m)
+
+    monkeypatch.setattr(experiment, "simulate", simulate)
+    wl = load_workload(Path(__file__).resolve().parent.parent / "examples" / "light3.yaml")
+    svc = types.SimpleNamespace(models=lambda: [], profile=lambda name: None)
+    for plan, options, want in (({"batch_overhead_ms": 0.5}, None, 0.5), (None, None, DEFAULT_HOLD_MS),
+                                ({"batch_overhead_ms": 0.5}, {"batch_overhead_ms": 0.0}, 0.0)):
+        e2e.simulate_point(svc, wl, "dstack", scale=1.0, duration_s=1.0, options=options, plan=plan)
+        assert told[-1]["batch_overhead_ms"] == want
+    e2e.simulate_point(svc, wl, "triton", scale=1.0, duration_s=1.0, plan={"batch_overhead_ms": 0.5})
+    assert "batch_overhead_ms" not in told[-1]  # (only dstack plans a hold)
+
+
 def test_a_layout_set_up_during_a_point_is_counted_from_its_start():
     from gpuloom.bench.e2e import lane_deltas
 

@@ -570,18 +570,21 @@ def host_split(before: dict, after: dict, wall_ms: float) -> dict:
 
 
 def simulate_point(svc, workload: Workload, policy: str, *, scale: float, duration_s: float,
-                   contention: Any = None, options: dict | None = None) -> dict:
+                   contention: Any = None, options: dict | None = None, plan: dict | None = None) -> dict:
     """The same point through the simulated backend, with the profiles the service planned with and
     the variant's policy ``options`` (``dstack:queues=arrival`` simulates arrival order): what issue
-    5's simulator validation compares (goodput and p99 error per policy)."""
+    5's simulator validation compares (goodput and p99 error per policy). ``plan``: the point's
+    (``Point.plan``), whose hold a dstack told none planned with."""
     from ..policy.dstack import DEFAULT_HOLD_MS
     from .experiment import simulate
 
     wl = dataclasses.replace(workload.scaled(scale), duration_s=duration_s)
     profs = {c.name: svc.profile(c.name) for c in svc.models()}
     if policy == "dstack" and "batch_overhead_ms" not in (options or {}):
-        # the run planned a real device's hold; in simulation dstack would plan the simulated device's
-        options = {**(options or {}), "batch_overhead_ms": DEFAULT_HOLD_MS}
+        # the run planned a real device's hold (its plan says which); in simulation dstack would plan
+        # the simulated device's
+        hold = (plan or {}).get("batch_overhead_ms")
+        options = {**(options or {}), "batch_overhead_ms": float(hold) if hold is not None else DEFAULT_HOLD_MS}
     run = simulate(wl, profs, policy, contention=contention, options=options)
     m = run.metrics
     return {"goodput_rps": m.goodput_rps, "slo_attainment": m.slo_attainment, "p50_ms": m.p50_ms,
@@ -703,7 +706,7 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
             if simulate:
                 try:
                     sim = simulate_point(svc, workload, policy, scale=s, duration_s=duration_s,
-                                         options=policy_options, contention=contention)
+                                         options=policy_options, contention=contention, plan=p.plan)
                     g = p.goodput_rps
                     sim["goodput_error"] = (sim["goodput_rps"] - g) / g if g else None
                     p = dataclasses.replace(p, sim=sim)
