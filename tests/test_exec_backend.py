@@ -705,7 +705,7 @@ def test_lane_launches_happen_on_the_watcher_threads_and_the_loop_keeps_none():
         results = []
         rt.start(lambda r, o: results.append((r, o)))
         for i in range(30):
-            rt.submit("good", [[np.full(3, float(i), np.float32)]], timeout_ms=500.0)
+            rt.submit("good", [[np.full(3, float(i), np.float32)]], timeout_ms=10_000.0)
             time.sleep(0.0005)
         assert rt.stop(drain=True, timeout_s=10)
         be.close()

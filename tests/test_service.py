@@ -560,8 +560,8 @@ def test_dstack_replans_from_measured_rates_while_serving_and_answers_every_requ
     builds_after_load = svc.stats()["backend"]["layouts_built"]
     futs, t0 = [], time.monotonic()
     while time.monotonic() - t0 < 1.0:
-        for n in ("resnet50", "mobilenet_v2"):
-            futs.append(svc.submit(n, {"x": np.ones((1, 4), np.float32)}))
+        for n in ("resnet50", "mobilenet_v2"):  # long deadlines: only a stall of the runtime could fail one
+            futs.append(svc.submit(n, {"x": np.ones((1, 4), np.float32)}, deadline_ms=10_000))
         time.sleep(0.002)
     assert all(f.exception(10) is None for f in futs)
     st = assert_books(svc)
@@ -697,7 +697,7 @@ def test_a_layout_that_fails_on_small_partitions_is_planned_again_in_larger_step
         parts = [p for p in svc.stats()["partitions"] if not p["shared"]]
         assert parts and all(p["sms"] >= 16 and p["sms"] % 16 in (0, 4) for p in parts)
         x = np.ones((1, 4), np.float32)
-        np.testing.assert_array_equal(svc.submit("m3", {"x": x}).result(timeout=10)["y"], x * 2)
+        np.testing.assert_array_equal(svc.submit("m3", {"x": x}, deadline_ms=10_000).result(timeout=10)["y"], x * 2)
     finally:
         svc.close()
 
