@@ -136,8 +136,28 @@ def main() -> int:
     ap.add_argument("--legs", default="0,1,0,1", help="GPULOOM_LAUNCH_FIRST per leg (default 0,1,0,1)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    logging.disable(logging.WARNING)  # the fake device's drops and the service's replans
     wl, profiles = fake_world(a.workload, a.slow, a.max_batch)
+    prior = os.environ.get("GPULOOM_LAUNCH_FIRST")
+    logging.disable(logging.WARNING)  # the fake device's drops and the service's replans
+    try:
+        legs = run_legs(a, wl, profiles)
+    finally:  # (as they were: a test runs this in its own process)
+        logging.disable(logging.NOTSET)
+        if prior is None:
+            os.environ.pop("GPULOOM_LAUNCH_FIRST", None)
+        else:
+            os.environ["GPULOOM_LAUNCH_FIRST"] = prior
+    report = {"workload": a.workload, "policies": a.policy.split(","), "scale": a.scale, "slow": a.slow,
+              "duration_s": a.duration, "max_batch": a.max_batch, "legs": legs,
+              "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}}
+    if a.out:
+        save_json(a.out, report)
+        print(f"wrote {a.out}")
+    return 0
+
+
+def run_legs(a, wl, profiles: dict) -> list[dict]:
+    """Each leg (``a.legs``: GPULOOM_LAUNCH_FIRST values) and policy: measured, then simulated."""
     legs = []
     for i, env in enumerate(a.legs.split(",")):
         os.environ["GPULOOM_LAUNCH_FIRST"] = env  # read by each runtime at its start
@@ -156,14 +176,7 @@ def main() -> int:
             print(f"leg {i} launch_first={env} {policy}: goodput {got['goodput_rps']:.1f} req/s (sim told hold "
                   f"{hold:.2f} ms, sigma {sigma:.2f}: {sim['goodput_rps']:.1f}, {sim['goodput_error']:+.1%}); "
                   f"submit lag p50 / p99 ms: {lag}; on time / served: {on_time}", flush=True)
-    os.environ.pop("GPULOOM_LAUNCH_FIRST", None)
-    report = {"workload": a.workload, "policies": a.policy.split(","), "scale": a.scale, "slow": a.slow,
-              "duration_s": a.duration, "max_batch": a.max_batch, "legs": legs,
-              "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}}
-    if a.out:
-        save_json(a.out, report)
-        print(f"wrote {a.out}")
-    return 0
+    return legs
 
 
 if __name__ == "__main__":

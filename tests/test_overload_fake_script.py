@@ -30,3 +30,28 @@ def test_the_simulator_is_told_the_lanes_mean_hold_and_their_spread_weighted_by_
     hold, sigma = mod.told_hold(lanes)
     assert hold == pytest.approx(1.5) and sigma == pytest.approx(0.7)
     assert mod.told_hold([{"batches": 10, "gap_ms": 0.4}]) == (pytest.approx(0.4), 0.0)  # no tails kept: no spread
+
+
+def test_the_script_runs_a_leg_and_writes_what_it_measured_and_simulated(tmp_path, monkeypatch):
+    mod = load_script("diag_overload_fake")
+    out = tmp_path / "ovf.json"
+    monkeypatch.setenv("GPULOOM_LAUNCH_FIRST", "0")  # the leg asks 1; the setting is put back after
+    monkeypatch.setattr("sys.argv", ["diag_overload_fake.py", "--policy", "nexus", "--legs", "1", "--duration", "1",
+                                     "--scale", "0.1", "--out", str(out)])
+    assert mod.main() == 0
+    import json
+    import logging
+    import os
+
+    assert not logging.root.manager.disable and os.environ["GPULOOM_LAUNCH_FIRST"] == "0"  # both as they were
+
+    rep = json.loads(out.read_text())
+    (leg,) = rep["legs"]
+    assert leg["launch_first"] == "1" and leg["policy"] == "nexus"
+    got, sim = leg["measured"], leg["simulated"]
+    assert got["goodput_rps"] > 0 and sim["goodput_rps"] > 0
+    assert {m["model"] for m in got["models"]} == {m["model"] for m in sim["models"]} == {
+        "resnet50", "mobilenet_v2", "inception_v3", "vgg16", "bert_base"}
+    (lane,) = got["lanes"]  # nexus: one lane, every batch's submit lag kept
+    assert lane["batches"] > 0 and 0 <= lane["submit_lag_p50_ms"] <= lane["submit_lag_p99_ms"]
+    assert sim["told_hold_ms"] >= 0 and sim["goodput_error"] == pytest.approx(sim["goodput_rps"] / got["goodput_rps"] - 1)
