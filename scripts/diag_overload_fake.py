@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import math
 import os
 import platform
 import sys
@@ -36,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from sim_measured_hold import Z99  # noqa: E402
+from sim_measured_hold import measured, measured_spread  # noqa: E402
 
 from gpuloom.bench.e2e import run_point, save_json  # noqa: E402
 from gpuloom.bench.experiment import simulate  # noqa: E402
@@ -109,13 +108,10 @@ def measured_point(wl, profiles: dict, policy: str, *, scale: float, duration_s:
 
 
 def told_hold(lanes: list[dict]) -> tuple[float, float]:
-    """(mean hold ms, lognormal sigma) over the lanes, weighted by their batches: what the simulator is told."""
-    n = sum(q["batches"] for q in lanes)
-    mean = sum((q["gap_ms"] or 0.0) * q["batches"] for q in lanes) / n
-    sig = [(math.log(q["hold_p99_ms"] / q["hold_p50_ms"]) / Z99, q["batches"]) for q in lanes
-           if (q.get("hold_p50_ms") or 0) > 0 and (q.get("hold_p99_ms") or 0) >= q["hold_p50_ms"]]
-    sigma = sum(s * b for s, b in sig) / sum(b for _, b in sig) if sig else 0.0
-    return max(0.0, mean), sigma
+    """(mean hold ms, lognormal sigma) over the lanes, weighted by their batches: what the simulator is
+    told, read as ``sim_measured_hold`` reads a bench point's lanes."""
+    point = {"layouts": lanes}
+    return max(0.0, measured(point)[0]), measured_spread(point) or 0.0
 
 
 def simulated_point(wl, profiles: dict, policy: str, *, scale: float, duration_s: float, hold: float, sigma: float) -> dict:

@@ -25,11 +25,12 @@ def test_the_fake_world_is_the_workload_slowed_evenly_and_cut_to_the_max_batch()
 
 def test_the_simulator_is_told_the_lanes_mean_hold_and_their_spread_weighted_by_batches():
     mod = load_script("diag_overload_fake")
-    lanes = [{"batches": 300, "gap_ms": 1.0, "hold_p50_ms": 0.5, "hold_p99_ms": 0.5 * math.exp(mod.Z99 * 0.6)},
-             {"batches": 100, "gap_ms": 3.0, "hold_p50_ms": 1.0, "hold_p99_ms": 1.0 * math.exp(mod.Z99 * 1.0)}]
+    z99 = load_script("sim_measured_hold").Z99
+    lanes = [{"batches": 300, "gap_ms": 1.0, "shared": True, "hold_p50_ms": 0.5, "hold_p99_ms": 0.5 * math.exp(z99 * 0.6)},
+             {"batches": 100, "gap_ms": 3.0, "shared": True, "hold_p50_ms": 1.0, "hold_p99_ms": 1.0 * math.exp(z99 * 1.0)}]
     hold, sigma = mod.told_hold(lanes)
     assert hold == pytest.approx(1.5) and sigma == pytest.approx(0.7)
-    assert mod.told_hold([{"batches": 10, "gap_ms": 0.4}]) == (pytest.approx(0.4), 0.0)  # no tails kept: no spread
+    assert mod.told_hold([{"batches": 10, "gap_ms": 0.4, "shared": True}]) == (pytest.approx(0.4), 0.0)  # no tails kept: no spread
 
 
 def test_the_script_runs_a_leg_and_writes_what_it_measured_and_simulated(tmp_path, monkeypatch):
