@@ -268,9 +268,8 @@ class Runtime:
             r = self._pending.get(rid)
             if r is not None:
                 by_model.setdefault(r.model, []).append(rid)
-        for model, ids in by_model.items():
-            now = self.loop.now
-            self._finish_all([Result(r, _DROPPED, now, reason) for r in self._take(model, tuple(ids))])
+        for model, ids in by_model.items():  # a drop the policy did not decide: answered as its drops are
+            self._drop(Drop(model, tuple(ids), reason))
 
     def is_queued(self, request_id: int) -> bool:
         """Any thread: whether the request waits in its model's queue (not yet in a batch, dropped or
