@@ -98,6 +98,8 @@ def main() -> int:
     ap.add_argument("--host-request", default="0", help="host_request_ms grid (that same host, per request)")
     ap.add_argument("--host-arrival", default="0",
                     help="host_arrival_ms grid (that same host, per request that enters, dropped ones too)")
+    ap.add_argument("--host-drop", default="0",
+                    help="host_drop_ms grid (that same host, per request a decision drops, after its launches)")
     ap.add_argument("--gil-request", default="0", help="gil_request_ms grid (shared interpreter, per request)")
     ap.add_argument("--gil-batch", default="0", help="gil_batch_ms grid (shared interpreter, per batch)")
     ap.add_argument("--hold-spread", default="0",
@@ -156,13 +158,14 @@ def main() -> int:
                  f"{a.min_attainment}, client on schedule); points of variants are kept only with --variants KEY,...")
     grid = []
     grids = (a.overheads, a.demand_fractions, a.interference, a.host_launch, a.host_request, a.host_arrival,
-             a.gil_request, a.gil_batch, a.hold_spread, a.hold_per_ms, a.hold_per_request, a.shared_exponents,
+             a.host_drop, a.gil_request, a.gil_batch, a.hold_spread, a.hold_per_ms, a.hold_per_request, a.shared_exponents,
              a.efficiencies)
     demands = [d for d in a.demands.split(",") if d]
-    for dm, (ov, df, it, hl, hr, ha, gr, gb, hs, hm, hq, se, ef) in itertools.product(
+    for dm, (ov, df, it, hl, hr, ha, hd, gr, gb, hs, hm, hq, se, ef) in itertools.product(
             demands, itertools.product(*[[float(v) for v in g.split(",")] for g in grids])):
         cm = ContentionModel(batch_overhead_ms=ov, demand_fraction=df, interference=it, host_launch_ms=hl,
-                             host_request_ms=hr, host_arrival_ms=ha, gil_request_ms=gr, gil_batch_ms=gb,
+                             host_request_ms=hr, host_arrival_ms=ha, host_drop_ms=hd, gil_request_ms=gr,
+                             gil_batch_ms=gb,
                              model_overhead_ms=tuple(model_overhead), hold_spread=hs,
                              hold_per_ms=hm, hold_per_request_ms=hq, shared_exponent=se,
                              efficiency=ef, demand=dm, area_min_sms=a.area_min_sms)
@@ -183,7 +186,8 @@ def main() -> int:
         fitted = [abs(r["goodput_error"]) for r in rows if r["fitted"] and r["goodput_error"] is not None]
         over = [abs(r["goodput_error"]) for r in rows if not r["fitted"] and r["goodput_error"] is not None]
         grid.append({"batch_overhead_ms": ov, "demand_fraction": df, "interference": it, "host_launch_ms": hl,
-                     "host_request_ms": hr, "host_arrival_ms": ha, "gil_request_ms": gr, "gil_batch_ms": gb,
+                     "host_request_ms": hr, "host_arrival_ms": ha, "host_drop_ms": hd, "gil_request_ms": gr,
+                     "gil_batch_ms": gb,
                      "hold_spread": hs, "hold_per_ms": hm, "hold_per_request_ms": hq, "shared_exponent": se,
                      "efficiency": ef, "demand": dm, "area_min_sms": a.area_min_sms,
                      "worst_abs_error_fitted": round(max(fitted), 4) if fitted else None,
@@ -192,7 +196,7 @@ def main() -> int:
                      "median_abs_error_unfitted": round(sorted(over)[len(over) // 2], 4) if over else None,
                      "points": rows})
         print(f"overhead {ov:.2f} ms, demand_fraction {df:.2f}, interference {it:.3f}, host launch {hl:.2f} ms, "
-              f"host per request {hr:.3f} ms, per arrival {ha:.3f} ms, GIL per request {gr:.3f} / batch {gb:.3f} ms, "
+              f"host per request {hr:.3f} ms, per arrival {ha:.3f} ms, per drop {hd:.3f} ms, GIL per request {gr:.3f} / batch {gb:.3f} ms, "
               f"hold spread {hs:.2f}, per ms {hm:.3f}, per request {hq:.3f}, shared exponent {se:g}, "
               f"demand {dm}, efficiency {ef:g}: "
               f"worst |error| {max(fitted):.3f}, mean {sum(fitted) / len(fitted):.3f}, "
@@ -203,6 +207,7 @@ def main() -> int:
     print(f"best: batch_overhead_ms={best['batch_overhead_ms']}, demand_fraction={best['demand_fraction']}, "
           f"interference={best['interference']}, host_launch_ms={best['host_launch_ms']}, "
           f"host_request_ms={best['host_request_ms']}, host_arrival_ms={best['host_arrival_ms']}, "
+          f"host_drop_ms={best['host_drop_ms']}, "
           f"gil_request_ms={best['gil_request_ms']}, gil_batch_ms={best['gil_batch_ms']}, "
           f"hold_spread={best['hold_spread']}, hold_per_ms={best['hold_per_ms']}, "
           f"hold_per_request_ms={best['hold_per_request_ms']}, shared_exponent={best['shared_exponent']}, "

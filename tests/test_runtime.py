@@ -9,7 +9,7 @@ import pytest
 
 from gpuloom.bench.experiment import make_context, make_requests, simulate
 from gpuloom.bench.workload import Arrival, ModelSpec, Workload
-from gpuloom.policy import Decision, Layout, Partition, Policy, PolicyError, Request, Status, make_policy, policy_names
+from gpuloom.policy import Decision, Drop, Layout, Partition, Policy, PolicyError, Request, Status, make_policy, policy_names
 from gpuloom.profile.store import GpuInfo, Profile, ProfileStore
 from gpuloom.profile.synthetic import zoo
 from gpuloom.runtime import ContentionModel, EventLoop, Runtime, SimBackend
@@ -270,6 +270,48 @@ def test_every_arrival_costs_the_host_before_the_launches_behind_it():
     assert sorted(r.finish_ms for r in rec.results) == [pytest.approx(3.0)] * 2
     with pytest.raises(ValueError, match="host_arrival_ms"):
         ContentionModel(host_arrival_ms=-0.1)
+
+
+class _DropsSome(_TwoPartitions):
+    """Test policy: drops the requests named, as nexus drops late heads, before it launches the rest."""
+
+    name = "drops-some-test"
+
+    def __init__(self, drop_ids):
+        super().__init__()
+        self.drop_ids = set(drop_ids)
+
+    def decide(self, now_ms, queues, free):
+        out, parts = [], list(free)
+        for model, q in queues.items():
+            dropped = tuple(r.id for r in q if r.id in self.drop_ids)
+            if dropped:
+                out.append(Drop(model, dropped, "deadline"))
+            for r in q:
+                if r.id not in self.drop_ids and parts:
+                    out.append(Decision(model, (r.id,), 1, parts.pop(0).index))
+        return out
+
+
+def test_a_decisions_drops_cost_the_host_after_its_launches_and_delay_the_launches_behind_them():
+    # host_drop_ms: request 0 is launched in the same decision that drops requests 1-4, so it runs at
+    # once (its drops are answered after it); they keep the one host busy 4 x 0.5 ms, and request 5,
+    # arriving at 0.5 for the other partition, launches only at 2.0
+    reqs = [Request(i, "toy", 0.0, 10.0) for i in range(5)] + [Request(5, "toy", 0.5, 10.5)]
+    finish = {}
+    for ms in (0.0, 0.5):
+        rec = toy_run(_DropsSome({1, 2, 3, 4}), reqs, until_ms=1.0, contention=ContentionModel(host_drop_ms=ms))
+        assert rec.count(Status.DROPPED) == 4
+        finish[ms] = {r.request.id: r.finish_ms for r in rec.results if r.status == Status.SERVED}
+    assert finish[0.0] == {0: pytest.approx(2.0), 5: pytest.approx(2.5)}
+    assert finish[0.5] == {0: pytest.approx(2.0), 5: pytest.approx(4.0)}
+    # a load that drops nothing pays nothing
+    calm = [Request(0, "toy", 0.0, 10.0), Request(1, "toy", 0.5, 10.5)]
+    ends = [sorted(r.finish_ms for r in toy_run(_DropsSome(()), calm, until_ms=1.0,
+                                                 contention=ContentionModel(host_drop_ms=ms)).results) for ms in (0, 5)]
+    assert ends[0] == ends[1] == [pytest.approx(2.0), pytest.approx(2.5)]
+    with pytest.raises(ValueError, match="host_drop_ms"):
+        ContentionModel(host_drop_ms=-0.1)
 
 
 def test_a_busy_interpreter_stretches_turnarounds_by_its_load_over_the_last_window():

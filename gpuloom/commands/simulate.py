@@ -12,7 +12,7 @@ DEFAULT_POLICIES = "dstack,triton,clipper,nexus,gslice,temporal,ideal"
 CONTENTION_PRESETS = ("plain", "h200", "h100-fast-host")
 #: the flags that change one parameter of it (``ContentionModel`` field names)
 CONTENTION_FLAGS = ("demand_fraction", "efficiency", "interference", "batch_overhead_ms", "host_launch_ms", "hold_spread",
-                    "hold_per_ms")
+                    "hold_per_ms", "host_drop_ms")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -54,6 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hold-per-ms", type=float, default=None,
                    help="contention model: more hold per ms of the batch's GPU time (plain: 0; the H200's holds grow "
                         "with the batch)")
+    p.add_argument("--host-drop-ms", type=float, default=None,
+                   help="contention model: ms of that one host thread per request a policy drops, after the "
+                        "decision's launches (plain: 0; nexus at overload drops ten for each it serves)")
     p.add_argument("--slowdowns", metavar="PATH", default=None,
                    help="simulate a GPU on which each model runs this much slower than its profile, while the "
                         "policies plan with the profiles: a JSON {model: factor} or a gpuloom bench report whose "
@@ -167,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
         f"{f' + {contention.hold_per_ms:g} per GPU ms' if contention.hold_per_ms else ''}"
         f"{f', spread {contention.hold_spread:g}' if contention.hold_spread else ''}"
         f"{f', host launch {contention.host_launch_ms:g} ms' if contention.host_launch_ms else ''}"
+        f"{f', host per drop {contention.host_drop_ms:g} ms' if contention.host_drop_ms else ''}"
         f"{'; models slowed as measured' if slow else ''})",
         title_justify="left",
     )

@@ -98,6 +98,10 @@ class Backend(ABC):
         """A request entered the runtime (after admission). Default: nothing; the simulator may charge
         its one host for it (``ContentionModel.host_arrival_ms``)."""
 
+    def note_drops(self, n: int) -> None:
+        """A decision dropped ``n`` requests (after its batches were launched). Default: nothing; the
+        simulator may charge its one host for answering them (``ContentionModel.host_drop_ms``)."""
+
     def attach(self, request_id: int, payload: object) -> None:
         """Online mode: the input data of request ``request_id`` (called from the submitting
         thread, before the request is queued). Default: ignored (the simulator has no data)."""

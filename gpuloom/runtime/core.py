@@ -148,6 +148,7 @@ class Runtime:
         self._refused: dict[str, int] = {}  # model -> requests refused at submission, for the policy
         self._buckets: dict[str, TokenBucket] = {}  # run(): admission at the policy's admit_rps
         self._note_arrival = backend.note_arrival  # run(): the simulator's host cost per request
+        self._note_drops = backend.note_drops  # ... and per request a decision dropped
         self._next_id = 0
         self._closed = False  # no more submissions
         self._closing = False  # the loop exits once everything entered is answered
@@ -756,13 +757,17 @@ class Runtime:
         free = self._free_partitions(now) if self._pending else None
         if free:
             taken: set[int] = set()
+            dropped = 0
             for action in self.policy.decide(now, self.queues, free):
                 if type(action) is Decision:
                     self._dispatch(action, free, taken)
                 elif isinstance(action, Drop):
                     self._drop(action)
+                    dropped += len(action.request_ids)
                 else:
                     raise PolicyError(f"{self.policy.name}: decide returned {action!r}; expected Decision or Drop")
+            if dropped:  # after the decision's launches, as launch-first answers them
+                self._note_drops(dropped)
         elif not self._woke:
             return  # nothing the policy could act on, and no timer of its own fired
         self._woke = False
