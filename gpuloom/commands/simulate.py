@@ -36,7 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(fitted to the H200 bench runs: each batch holds its lane 0.75 ms + 0.1 ms per ms of its "
                         "GPU time, 0.15 ms of one launching host thread per batch, demand fraction 0.89; "
                         "docs/reports/runtime.md), or h100-fast-host (the same with a 0.35 ms hold: an H100 on a "
-                        "host that turns batches around quickly, runs 171-175). The flags below change one parameter of it")
+                        "host that turns batches around quickly, runs 171-175; and 0.04 ms of that host per request "
+                        "dropped, runs 173 and 183). The flags below change one parameter of it")
     p.add_argument("--demand-fraction", type=float, default=None,
                    help="contention model: share of its knee a shared batch occupies (plain: 1)")
     p.add_argument("--efficiency", type=float, default=None,
