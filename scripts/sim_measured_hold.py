@@ -18,6 +18,10 @@ slowdown in place of its sharing model (no shared-lane slowdown of its own, so n
 twice), with each model's own hold: one factor for every model (``told_uniform``), or each model its
 own (``told_per_model``). Past triton's edge the card slows the small CNNs far more than bert
 (``diag_sim_per_model.py``); the two say how much of the simulator's error that spread explains.
+The last (fifty-sixth session, ``told_per_model_idle``) adds to every hold the lanes' idle time per
+batch (``busy_ratio``, over the point's batches): where work always waits, as at overload, that is
+the host's turnaround from a batch's return to the next launch, which the hold (submit to return)
+leaves out; on nexus's overloaded point it was 0.36-1.15 ms a batch and explained most of the error.
 
     python scripts/sim_measured_hold.py docs/results/runtime/bench_mix6_h200_run25_high_load.json \\
         --policy dstack:min_sms=16 --out docs/results/runtime/sim_measured_hold_session10.json
@@ -114,6 +118,13 @@ def simulate_at(report: dict, wl0, profiles: dict, policy: str, scale: float, co
     return simulate(wl, profiles, name, contention=contention, options=options).metrics
 
 
+def idle_per_batch(point: dict) -> float:
+    """The lanes' idle time per batch (ms), weighted by their batches: at overload, the turnaround."""
+    lanes = [q for q in point["layouts"] if q["batches"] and q.get("busy_ratio") is not None]
+    return mean_by(("all", (1.0 - q["busy_ratio"]) * point["duration_s"] * 1000.0 / q["batches"], q["batches"])
+                   for q in lanes).get("all", 0.0)
+
+
 #: a demand fraction this small makes shared lanes demand no SMs: ``shared_factor`` stays 1, so the
 #: told worlds slow batches only by the point's measured slowdowns
 NO_SHARING = 1e-9
@@ -167,7 +178,12 @@ def main() -> int:
                        ("per_model_spread", dataclasses.replace(mine, hold_spread=spread), profs)]
         if any(q["shared"] and q["batches"] for q in p["layouts"]):
             told = dataclasses.replace(mine, demand_fraction=NO_SHARING)
-            worlds += [("told_uniform", told, slower), ("told_per_model", told, slower_each)]
+            idle = idle_per_batch(p)
+            row["idle_ms_per_batch"] = round(idle, 3)
+            told_idle = dataclasses.replace(told, batch_overhead_ms=hold + idle,
+                                            model_overhead_ms=tuple((m, h + idle) for m, h in told.model_overhead_ms))
+            worlds += [("told_uniform", told, slower), ("told_per_model", told, slower_each),
+                       ("told_per_model_idle", told_idle, slower_each)]
         for label, cm, pr in worlds:
             met = simulate(w, pr, name, contention=cm, options=options).metrics
             row[f"simulated_{label}"] = round(met.slo_attainment, 4)
@@ -183,7 +199,9 @@ def main() -> int:
                  f"each model its own {row['simulated_per_model_spread']:.3f}" if spread is not None else "")
               + (f" | told the slowdowns instead of sharing: goodput measured {row['measured_goodput']:.0f}/s, "
                  f"one factor {row['simulated_told_uniform_goodput']:.0f}/s, each model its own "
-                 f"{row['simulated_told_per_model_goodput']:.0f}/s" if "simulated_told_uniform" in row else ""))
+                 f"{row['simulated_told_per_model_goodput']:.0f}/s, and with the lanes' idle "
+                 f"{row['idle_ms_per_batch']:.2f} ms/batch {row['simulated_told_per_model_idle_goodput']:.0f}/s"
+                 if "simulated_told_uniform" in row else ""))
     if a.out:
         save_json(a.out, {"method": __doc__.split("\n\n")[1].replace("\n", " "), "bench": a.bench,
                           "policy": a.policy, "points": rows})
