@@ -42,6 +42,7 @@ from gpuloom.bench.experiment import simulate  # noqa: E402
 from gpuloom.bench.workload import load_workload  # noqa: E402
 from gpuloom.plan.slowdown import slowed  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
+from gpuloom.runtime.events import cpu_delta  # noqa: E402
 from gpuloom.runtime.host_device import FakeDeviceLayer, FakeModel  # noqa: E402
 from gpuloom.runtime.model_profiles import trim_profile  # noqa: E402
 from gpuloom.runtime.service import InferenceService, ModelConfig, TensorSpec  # noqa: E402
@@ -97,14 +98,17 @@ def measured_point(wl, profiles: dict, policy: str, *, scale: float, duration_s:
             svc.load_many([(ModelConfig(m.name, ROW, ROW, max_batch=max_batch, slo_ms=m.slo_ms, weight=m.weight,
                                         rate_hint=m.arrival.rate * scale), FakeModel(lambda xs: [xs[0]]))
                            for m in wl.models])
+        cpu0, t0 = svc.loop_cpu(True), time.monotonic()
         pt = run_point(svc, wl, policy, scale=scale, duration_s=duration_s, pinned_inputs=False)
+        wall = time.monotonic() - t0
+        cpu = cpu_delta(cpu0, svc.loop_cpu(), wall)
     finally:
         svc.close()
     lanes = [q for q in pt.layouts if q["batches"]]
     return {"goodput_rps": pt.goodput_rps, "slo_attainment": pt.slo_attainment,
             "models": [{"model": m.model, "served": m.served, "on_time": m.on_time, "dropped": m.dropped,
                         "p50_ms": m.p50_ms, "p99_ms": m.p99_ms} for m in pt.models],
-            "lanes": lanes, "loop_lag": pt.loop_lag}
+            "lanes": lanes, "loop_lag": pt.loop_lag, "loop_cpu": cpu, "loop_cpu_wall_s": wall}
 
 
 def told_hold(lanes: list[dict]) -> tuple[float, float]:
@@ -119,6 +123,19 @@ def simulated_point(wl, profiles: dict, policy: str, *, scale: float, duration_s
                    contention=ContentionModel(batch_overhead_ms=hold, hold_spread=sigma)).metrics
     return {"goodput_rps": run.goodput_rps, "slo_attainment": run.slo_attainment,
             "models": [{"model": m.model, "served": m.served, "on_time": m.on_time} for m in run.models]}
+
+
+def answer_cost(got: dict) -> str:
+    """The loop thread's CPU per s, and what answering took per request answered (served or dropped)."""
+    cpu = got["loop_cpu"]
+    rows = {r["callback"]: r for r in cpu["callbacks"]}
+    answered = sum(m["served"] + m["dropped"] for m in got["models"])
+    due = [r for name, r in rows.items() if name.endswith("_answer_due")]
+    per = (sum(r["cpu_s_per_s"] for r in due) * got["loop_cpu_wall_s"] / answered * 1e6) if due and answered else None
+    thread = cpu["thread_cpu_s_per_s"]
+    top = ", ".join(f"{r['callback'].rsplit('.', 1)[-1]} {r['cpu_s_per_s']:.3f}" for r in cpu["callbacks"][:4])
+    return (f"{'?' if thread is None else f'{thread:.3f}'} CPU-s/s ({top}); answering "
+            f"{'?' if per is None else f'{per:.1f}'} us per request answered")
 
 
 def main() -> int:
@@ -172,6 +189,7 @@ def run_legs(a, wl, profiles: dict) -> list[dict]:
             print(f"leg {i} launch_first={env} {policy}: goodput {got['goodput_rps']:.1f} req/s (sim told hold "
                   f"{hold:.2f} ms, sigma {sigma:.2f}: {sim['goodput_rps']:.1f}, {sim['goodput_error']:+.1%}); "
                   f"submit lag p50 / p99 ms: {lag}; on time / served: {on_time}", flush=True)
+            print(f"  loop thread: {answer_cost(got)}", flush=True)
     return legs
 
 

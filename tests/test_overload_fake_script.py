@@ -56,3 +56,15 @@ def test_the_script_runs_a_leg_and_writes_what_it_measured_and_simulated(tmp_pat
     (lane,) = got["lanes"]  # nexus: one lane, every batch's submit lag kept
     assert lane["batches"] > 0 and 0 <= lane["submit_lag_p50_ms"] <= lane["submit_lag_p99_ms"]
     assert sim["told_hold_ms"] >= 0 and sim["goodput_error"] == pytest.approx(sim["goodput_rps"] / got["goodput_rps"] - 1)
+
+
+def test_the_loop_threads_answering_is_read_per_request_answered_served_or_dropped():
+    mod = load_script("diag_overload_fake")
+    got = {"loop_cpu_wall_s": 2.0, "models": [{"served": 300, "dropped": 700}, {"served": 1000, "dropped": 0}],
+           "loop_cpu": {"thread_cpu_s_per_s": 0.2, "callbacks": [
+               {"callback": "Runtime._answer_due", "cpu_s_per_s": 0.01},
+               {"callback": "Runtime._decide", "cpu_s_per_s": 0.005}]}}
+    line = mod.answer_cost(got)  # 0.01 CPU-s/s over 2 s for 2,000 answers: 10 us each
+    assert "0.200 CPU-s/s" in line and "answering 10.0 us per request answered" in line and "_decide 0.005" in line
+    got["loop_cpu"]["callbacks"] = got["loop_cpu"]["callbacks"][1:]
+    assert "answering ? us" in mod.answer_cost(got)
