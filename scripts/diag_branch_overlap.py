@@ -8,6 +8,12 @@ layers (512 wide, batch 1) to replay multi-stream within 1.5x one branch's time.
 process, each way, alternating: one branch, four branches multi-stream and single-stream.
 
     PYTHONPATH=. python3 scripts/diag_branch_overlap.py --rounds 3
+
+``--branches 1,2,4,8`` (fifty-sixth session) times instead each number of branches multi-stream,
+with the stream kept busy ahead (the device's time alone): on the H100 four branches took 1.53-1.61x
+one on the device itself (runs 183 and 185), where the H200 met the test's 1.5x. If the graph's node
+launch rate is the limit, the time grows with the nodes (branches x 16 layers): 8 branches about
+twice 4's, 2 within 1.1x one.
 """
 
 from __future__ import annotations
@@ -32,9 +38,13 @@ def main() -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--branches", default=None, metavar="K,K,...",
+                    help="time these numbers of branches multi-stream (busy ahead and by events) instead")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     x = torch.randn(1, 512, device="cuda")
+    if a.branches:
+        return by_branches([int(k) for k in a.branches.split(",")], a.rounds, x, a.out)
     built = {}
     for split in (None, False):
         one = gpuloom.compile(Branches(k=1, width=512, depth=16).eval().cuda(), (x,), max_batch=1, streams=1,
@@ -63,6 +73,37 @@ def main() -> int:
     if a.out:
         Path(a.out).write_text(json.dumps({"rows": rows, "cuda_device_max_connections": env,
                                            "device": torch.cuda.get_device_name()}, indent=1) + "\n")
+    return 0
+
+
+def by_branches(ks: list[int], rounds: int, x, out: str | None) -> int:
+    """Each of ``ks`` branches compiled multi-stream (compile's defaults), timed in turn per round."""
+    import torch
+
+    import gpuloom
+    from engine_models import Branches
+    from test_engine_gpu import _replay_ms
+
+    built = {k: gpuloom.compile(Branches(k=k, width=512, depth=16).eval().cuda(), (x,), max_batch=1,
+                                streams="max" if k > 1 else 1) for k in ks}
+    rows = []
+    for r in range(rounds):
+        got = []
+        for k in (ks if r % 2 == 0 else ks[::-1]):  # (alternating the order between rounds)
+            cm = built[k]
+            t, d = _replay_ms(cm, x), _replay_ms(cm, x, busy_ahead=True)
+            got.append({"round": r, "branches": k, "streams": cm.plan.num_streams, "ms": round(t, 4),
+                        "busy_ms": round(d, 4)})
+        fewest = min(got, key=lambda row: row["branches"])["busy_ms"]
+        for row in sorted(got, key=lambda row: row["branches"]):
+            row["busy_over_fewest"] = round(row["busy_ms"] / fewest, 3)
+            print(json.dumps(row), flush=True)
+        rows += got
+    env = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
+    print(f"CUDA_DEVICE_MAX_CONNECTIONS={env or 'unset (8)'}; {torch.cuda.get_device_name()}")
+    if out:
+        Path(out).write_text(json.dumps({"rows": rows, "cuda_device_max_connections": env,
+                                         "device": torch.cuda.get_device_name()}, indent=1) + "\n")
     return 0
 
 
