@@ -48,8 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip running each point through the simulator too (simulated vs measured goodput, p99)")
     p.add_argument("--contention", choices=CONTENTION_PRESETS, default=None,
                    help="the simulated GPU each point is run through: h200 (fitted to the H200 bench runs, as "
-                        "gpuloom simulate --contention h200; the default on CUDA), h100-fast-host (the same with a 0.35 ms "
-                        "hold and 0.04 ms of host per request dropped) or plain (the knee model; the default on the CPU and with --tiny)")
+                        "gpuloom simulate --contention h200; the default on CUDA), h100-fast-host (the same with a "
+                        "0.35 ms hold and 0.04 ms of host per request dropped) or plain (the knee model; the default "
+                        "on the CPU and with --tiny)")
     p.add_argument("--share-device", action="store_true",
                    help="one device layer for every policy with the same device options (raw_launch, workqueues, "
                         "lane_streams, outputs): a layout captured for one policy is served to the next without "

@@ -95,7 +95,7 @@ against the GPU, issue 5). Its parameters live in :class:`ContentionModel`.
   at overload nexus drops about ten requests per request it serves, and its one lane waited for the
   loop between a batch's return and the next launch 0.36-0.39 ms per batch (run 183, H100); told
   that time beside the measured hold, the simulator came within 7.5-11% of nexus's goodput there,
-  against 26-35% with the hold alone. Off by default.
+  against 26-31% with the holds alone. Off by default.
 * **Shared interpreter** (``gil_request_ms``, ``gil_batch_ms``): not a queue but a share. Every
   request that enters and every batch launched costs the interpreter this much; over the last
   :data:`GIL_WINDOW_MS` that is its load ``rho`` (at most :data:`GIL_RHO_MAX`), and every batch's
