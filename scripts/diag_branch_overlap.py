@@ -40,11 +40,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--branches", default=None, metavar="K,K,...",
                     help="time these numbers of branches multi-stream (busy ahead and by events) instead")
+    ap.add_argument("--reduce", choices=("chain", "stack"), default="chain",
+                    help="with --branches: sum the branches by a chain of adds (the test's model) or by one kernel")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     x = torch.randn(1, 512, device="cuda")
     if a.branches:
-        return by_branches([int(k) for k in a.branches.split(",")], a.rounds, x, a.out)
+        return by_branches([int(k) for k in a.branches.split(",")], a.rounds, x, a.out, a.reduce)
     built = {}
     for split in (None, False):
         one = gpuloom.compile(Branches(k=1, width=512, depth=16).eval().cuda(), (x,), max_batch=1, streams=1,
@@ -76,15 +78,16 @@ def main() -> int:
     return 0
 
 
-def by_branches(ks: list[int], rounds: int, x, out: str | None) -> int:
-    """Each of ``ks`` branches compiled multi-stream (compile's defaults), timed in turn per round."""
+def by_branches(ks: list[int], rounds: int, x, out: str | None, reduce: str = "chain") -> int:
+    """Each of ``ks`` branches compiled multi-stream (compile's defaults), timed in turn per round;
+    ``reduce``: how the model sums them (``Branches``: a chain of adds, or one kernel)."""
     import torch
 
     import gpuloom
     from engine_models import Branches
     from test_engine_gpu import _replay_ms
 
-    built = {k: gpuloom.compile(Branches(k=k, width=512, depth=16).eval().cuda(), (x,), max_batch=1,
+    built = {k: gpuloom.compile(Branches(k=k, width=512, depth=16, reduce=reduce).eval().cuda(), (x,), max_batch=1,
                                 streams="max" if k > 1 else 1) for k in ks}
     rows = []
     for r in range(rounds):
@@ -92,7 +95,7 @@ def by_branches(ks: list[int], rounds: int, x, out: str | None) -> int:
         for k in (ks if r % 2 == 0 else ks[::-1]):  # (alternating the order between rounds)
             cm = built[k]
             t, d = _replay_ms(cm, x), _replay_ms(cm, x, busy_ahead=True)
-            got.append({"round": r, "branches": k, "streams": cm.plan.num_streams, "ms": round(t, 4),
+            got.append({"round": r, "branches": k, "reduce": reduce, "streams": cm.plan.num_streams, "ms": round(t, 4),
                         "busy_ms": round(d, 4)})
         fewest = min(got, key=lambda row: row["branches"])["busy_ms"]
         for row in sorted(got, key=lambda row: row["branches"]):

@@ -22,15 +22,21 @@ class TwoInputs(nn.Module):
 
 
 class Branches(nn.Module):
-    """k independent equal branches (the overlap test)."""
+    """k independent equal branches (the overlap test), summed by a chain of adds (``reduce="chain"``:
+    each add waits for one more branch) or by one kernel over their stacked outputs (``"stack"``)."""
 
-    def __init__(self, k: int = 4, width: int = 256, depth: int = 4) -> None:
+    def __init__(self, k: int = 4, width: int = 256, depth: int = 4, reduce: str = "chain") -> None:
         super().__init__()
+        if reduce not in ("chain", "stack"):
+            raise ValueError(f"Branches: reduce must be 'chain' or 'stack', got {reduce!r}")
+        self.reduce = reduce
         self.branches = nn.ModuleList(
             nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(depth)]) for _ in range(k)
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.reduce == "stack":
+            return torch.stack([b(x) for b in self.branches]).sum(0)
         return sum(b(x) for b in self.branches)
 
 
