@@ -9,7 +9,8 @@ import pytest
 
 from gpuloom.bench.experiment import make_context, make_requests, simulate
 from gpuloom.bench.workload import Arrival, ModelSpec, Workload
-from gpuloom.policy import Decision, Drop, Layout, Partition, Policy, PolicyError, Request, Status, make_policy, policy_names
+from gpuloom.policy import (Decision, Drop, Layout, Partition, Policy, PolicyError, Request, Status, make_policy,
+                            policy_names)
 from gpuloom.profile.store import GpuInfo, Profile, ProfileStore
 from gpuloom.profile.synthetic import zoo
 from gpuloom.runtime import ContentionModel, EventLoop, Runtime, SimBackend
