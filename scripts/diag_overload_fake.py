@@ -128,9 +128,8 @@ def simulated_point(wl, profiles: dict, policy: str, *, scale: float, duration_s
 def answer_cost(got: dict) -> str:
     """The loop thread's CPU per s, and what answering took per request answered (served or dropped)."""
     cpu = got["loop_cpu"]
-    rows = {r["callback"]: r for r in cpu["callbacks"]}
     answered = sum(m["served"] + m["dropped"] for m in got["models"])
-    due = [r for name, r in rows.items() if name.endswith("_answer_due")]
+    due = [r for r in cpu["callbacks"] if r["callback"].endswith("_answer_due")]
     per = (sum(r["cpu_s_per_s"] for r in due) * got["loop_cpu_wall_s"] / answered * 1e6) if due and answered else None
     thread = cpu["thread_cpu_s_per_s"]
     top = ", ".join(f"{r['callback'].rsplit('.', 1)[-1]} {r['cpu_s_per_s']:.3f}" for r in cpu["callbacks"][:4])
