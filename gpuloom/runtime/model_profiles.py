@@ -71,14 +71,15 @@ def crude_profile(config: ModelConfig, runner: Any, device: DeviceLayer, reps: i
 
     gpu = GpuInfo(name=f"{device.kind} (crude)", sm_count=device.gpu_sms, sm_granularity=device.granularity)
     buckets = tuple(getattr(runner, "buckets", None) or sorted({1, config.max_batch}))  # (max batch 1: one)
+    ends = sorted({buckets[0], buckets[-1]})  # the batches timed (one where they are the same)
     lat = {}
     if isinstance(runner, FakeModel):
-        for b in (buckets[0], buckets[-1]):
+        for b in ends:
             lat[b] = runner.latency_ms(b) if callable(runner.latency_ms) else float(runner.latency_ms)
     else:
         import torch
 
-        for b in (buckets[0], buckets[-1]):
+        for b in ends:
             xs = []
             for spec, t in zip(runner.specs, config.inputs):
                 xs.append(torch.zeros((b, *spec.shape), dtype=spec.dtype, device=spec.device))
