@@ -68,21 +68,26 @@ def main() -> int:
                    "busy_multi_over_one": round(dm / d1, 3), "rewrites_multi": multi.rewrites}
             rows.append(row)
             print(json.dumps(row), flush=True)
+    return report(rows, a.out)
+
+
+def report(rows: list[dict], out: str | None) -> int:
+    """Say the device and its workqueues, and write ``rows`` with them to ``out`` (where given)."""
+    import torch
+
     # the hardware workqueues this process's context got (read when CUDA started): a multi-stream
     # graph's branches may queue behind each other with the driver's default 8 (gpu/connections.py)
     env = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
     print(f"CUDA_DEVICE_MAX_CONNECTIONS={env or 'unset (8)'}; {torch.cuda.get_device_name()}")
-    if a.out:
-        Path(a.out).write_text(json.dumps({"rows": rows, "cuda_device_max_connections": env,
-                                           "device": torch.cuda.get_device_name()}, indent=1) + "\n")
+    if out:
+        Path(out).write_text(json.dumps({"rows": rows, "cuda_device_max_connections": env,
+                                         "device": torch.cuda.get_device_name()}, indent=1) + "\n")
     return 0
 
 
 def by_branches(ks: list[int], rounds: int, x, out: str | None, reduce: str = "chain") -> int:
     """Each of ``ks`` branches compiled multi-stream (compile's defaults), timed in turn per round;
     ``reduce``: how the model sums them (``Branches``: a chain of adds, or one kernel)."""
-    import torch
-
     import gpuloom
     from engine_models import Branches
     from test_engine_gpu import _replay_ms
@@ -102,12 +107,7 @@ def by_branches(ks: list[int], rounds: int, x, out: str | None, reduce: str = "c
             row["busy_over_fewest"] = round(row["busy_ms"] / fewest, 3)
             print(json.dumps(row), flush=True)
         rows += got
-    env = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
-    print(f"CUDA_DEVICE_MAX_CONNECTIONS={env or 'unset (8)'}; {torch.cuda.get_device_name()}")
-    if out:
-        Path(out).write_text(json.dumps({"rows": rows, "cuda_device_max_connections": env,
-                                         "device": torch.cuda.get_device_name()}, indent=1) + "\n")
-    return 0
+    return report(rows, out)
 
 
 if __name__ == "__main__":
