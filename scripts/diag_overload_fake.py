@@ -108,7 +108,8 @@ def measured_point(wl, profiles: dict, policy: str, *, scale: float, duration_s:
     return {"goodput_rps": pt.goodput_rps, "slo_attainment": pt.slo_attainment,
             "models": [{"model": m.model, "served": m.served, "on_time": m.on_time, "dropped": m.dropped,
                         "p50_ms": m.p50_ms, "p99_ms": m.p99_ms} for m in pt.models],
-            "lanes": lanes, "loop_lag": pt.loop_lag, "loop_cpu": cpu, "loop_cpu_wall_s": wall}
+            "lanes": lanes, "loop_lag": pt.loop_lag, "loop_cpu": cpu, "loop_cpu_wall_s": wall,
+            "answer_yields": pt.host.get("answer_yields", 0)}
 
 
 def told_hold(lanes: list[dict]) -> tuple[float, float]:
@@ -145,20 +146,23 @@ def main() -> int:
     ap.add_argument("--slow", type=float, default=4.0, help="device and SLOs this many times slower (default 4)")
     ap.add_argument("--duration", type=float, default=6.0, help="seconds of arrivals per point")
     ap.add_argument("--max-batch", type=int, default=16)
-    ap.add_argument("--legs", default="0,1,0,1", help="GPULOOM_LAUNCH_FIRST per leg (default 0,1,0,1)")
+    ap.add_argument("--legs", default="0,1,0,1", help="the --leg-env variable's value per leg (default 0,1,0,1)")
+    ap.add_argument("--leg-env", default="GPULOOM_LAUNCH_FIRST",
+                    help="the process-wide setting the legs alternate (default GPULOOM_LAUNCH_FIRST; or "
+                         "GPULOOM_YIELD_ANSWERS: answers that stop for a batch that finished meanwhile)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     wl, profiles = fake_world(a.workload, a.slow, a.max_batch)
-    prior = os.environ.get("GPULOOM_LAUNCH_FIRST")
+    prior = os.environ.get(a.leg_env)
     logging.disable(logging.WARNING)  # the fake device's drops and the service's replans
     try:
         legs = run_legs(a, wl, profiles)
     finally:  # (as they were: a test runs this in its own process)
         logging.disable(logging.NOTSET)
         if prior is None:
-            os.environ.pop("GPULOOM_LAUNCH_FIRST", None)
+            os.environ.pop(a.leg_env, None)
         else:
-            os.environ["GPULOOM_LAUNCH_FIRST"] = prior
+            os.environ[a.leg_env] = prior
     report = {"workload": a.workload, "policies": a.policy.split(","), "scale": a.scale, "slow": a.slow,
               "duration_s": a.duration, "max_batch": a.max_batch, "legs": legs,
               "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}}
@@ -169,10 +173,10 @@ def main() -> int:
 
 
 def run_legs(a, wl, profiles: dict) -> list[dict]:
-    """Each leg (``a.legs``: GPULOOM_LAUNCH_FIRST values) and policy: measured, then simulated."""
+    """Each leg (``a.legs``: values of ``a.leg_env``) and policy: measured, then simulated."""
     legs = []
     for i, env in enumerate(a.legs.split(",")):
-        os.environ["GPULOOM_LAUNCH_FIRST"] = env  # read by each runtime at its start
+        os.environ[a.leg_env] = env  # read by each runtime at its start
         for policy in a.policy.split(","):
             t0 = time.monotonic()
             got = measured_point(wl, profiles, policy, scale=a.scale, duration_s=a.duration, max_batch=a.max_batch)
@@ -180,14 +184,16 @@ def run_legs(a, wl, profiles: dict) -> list[dict]:
             sim = simulated_point(wl, profiles, policy, scale=a.scale, duration_s=a.duration, hold=hold, sigma=sigma)
             sim["told_hold_ms"], sim["told_hold_sigma"] = hold, sigma
             sim["goodput_error"] = sim["goodput_rps"] / got["goodput_rps"] - 1.0 if got["goodput_rps"] else None
-            legs.append({"leg": i, "launch_first": env, "policy": policy, "measured": got, "simulated": sim,
-                         "seconds": time.monotonic() - t0})
+            legs.append({"leg": i, "launch_first": os.environ.get("GPULOOM_LAUNCH_FIRST", "1"), "env": {a.leg_env: env},
+                         "policy": policy, "measured": got, "simulated": sim, "seconds": time.monotonic() - t0})
             lag = ", ".join(f"{q['label']} {q.get('submit_lag_p50_ms', float('nan')):.2f} / "
                             f"{q.get('submit_lag_p99_ms', float('nan')):.2f}" for q in got["lanes"])
             on_time = ", ".join(f"{m['model']} {m['on_time']}/{m['served']}" for m in got["models"])
-            print(f"leg {i} launch_first={env} {policy}: goodput {got['goodput_rps']:.1f} req/s (sim told hold "
+            hold_p50 = ", ".join(f"{q['label']} {q.get('hold_p50_ms') or float('nan'):.2f}" for q in got["lanes"])
+            print(f"leg {i} {a.leg_env}={env} {policy}: goodput {got['goodput_rps']:.1f} req/s (sim told hold "
                   f"{hold:.2f} ms, sigma {sigma:.2f}: {sim['goodput_rps']:.1f}, {sim['goodput_error']:+.1%}); "
-                  f"submit lag p50 / p99 ms: {lag}; on time / served: {on_time}", flush=True)
+                  f"submit lag p50 / p99 ms: {lag}; hold p50 ms: {hold_p50}; answers stopped for a finished batch {got['answer_yields']} times; "
+                  f"on time / served: {on_time}", flush=True)
             print(f"  loop thread: {answer_cost(got)}", flush=True)
     return legs
 

@@ -853,6 +853,88 @@ def test_a_decision_launches_its_batch_before_answering_the_requests_it_dropped(
     assert (second < first_drop) == launches_first, log
 
 
+@pytest.mark.parametrize("complete_on", ["watcher", "loop"])
+@pytest.mark.parametrize("env", ["1", "0"])
+def test_answering_a_decisions_drops_stops_for_a_batch_that_finished_meanwhile(monkeypatch, env, complete_on):
+    """With GPULOOM_YIELD_ANSWERS=1 the loop answers held-back requests in chunks and, once a batch has
+    finished meanwhile, stops to book it and decide (launching the lane's next batch) before the rest.
+    nexus drops 30 late requests and dispatches the one on time; each drop's answer costs 4 ms here
+    (the kept batch runs 1 ms); a request that arrives during the answers is launched before the last
+    of them only when the answers yield. Every request is answered either way."""
+    monkeypatch.setenv("GPULOOM_YIELD_ANSWERS", env)
+    log, gate = [], threading.Event()
+    dev = gated_device(log, gate)  # the first batch runs until the late requests are queued and late
+    be = ExecBackend(dev, complete_on=complete_on)
+    rt = Runtime(make_policy("nexus"), be, ctx(("good",)))
+    answers, later = [], []
+
+    def answer(r, o):
+        log.append(("answer", r.status))
+        answers.append(r)
+        if r.status == Status.DROPPED:
+            if not later:  # arrives while the drops are answered (the loop's thread: posted, not taken)
+                later.extend(rt.submit("good", [[np.full(3, 4.0, np.float32)]], timeout_ms=5000.0))
+            time.sleep(0.004)
+
+    rt.start(answer)
+    rt.submit("good", [[np.full(3, 1.0, np.float32)]], timeout_ms=5000.0)
+    while not log:
+        time.sleep(0.001)
+    late = rt.submit("good", [[np.full(3, 2.0, np.float32)]] * 30, timeout_ms=1.0)
+    kept = rt.submit("good", [[np.full(3, 3.0, np.float32)]], timeout_ms=5000.0)
+    while len(rt.queues["good"]) < 31:
+        time.sleep(0.001)
+    time.sleep(0.005)  # the thirty are past their deadlines
+    gate.set()
+    deadline = time.monotonic() + 10.0
+    while len(answers) < 33 and time.monotonic() < deadline:  # (stopped, the runtime takes no arrival)
+        time.sleep(0.005)
+    assert rt.stop(drain=True, timeout_s=10)
+    be.close()
+    fates = {r.request.id: r.status for r in answers}
+    assert len(answers) == 33 and len(fates) == 33
+    assert [fates[r.id] for r in late] == [Status.DROPPED] * 30
+    assert fates[kept[0].id] == fates[later[0].id] == Status.SERVED
+    launches = [i for i, e in enumerate(log) if e[0] == "launch"]
+    last_drop = max(i for i, e in enumerate(log) if e == ("answer", Status.DROPPED))
+    assert len(launches) == 3, log  # the first batch, the kept one, the later one
+    assert (launches[2] < last_drop) == (env == "1"), log
+    assert (rt.answer_yields > 0) == (env == "1")
+
+
+def test_answers_that_stopped_for_a_finished_batch_go_on_when_no_completion_comes(monkeypatch):
+    """A backend that says a batch finished when none did (or whose completion is slow to come): the
+    loop comes back to the answers on its own (a wake-up ``YIELD_RESUME_MS`` later), so every request
+    is answered and the books balance."""
+    monkeypatch.setenv("GPULOOM_YIELD_ANSWERS", "1")
+    log, gate = [], threading.Event()
+    dev = gated_device(log, gate)
+    be = ExecBackend(dev)
+    be.completion_due = lambda: True  # every check: stop
+    rt = Runtime(make_policy("nexus"), be, ctx(("good",)))
+    answers = []
+
+    def answer(r, o):
+        answers.append(r)
+        if r.status == Status.DROPPED:
+            time.sleep(0.001)
+
+    rt.start(answer)
+    rt.submit("good", [[np.full(3, 1.0, np.float32)]], timeout_ms=5000.0)
+    while not log:
+        time.sleep(0.001)
+    late = rt.submit("good", [[np.full(3, 2.0, np.float32)]] * 40, timeout_ms=1.0)
+    while len(rt.queues["good"]) < 40:
+        time.sleep(0.001)
+    time.sleep(0.005)
+    gate.set()
+    assert rt.stop(drain=True, timeout_s=10)
+    be.close()
+    assert sorted(r.request.id for r in answers) == sorted([0, *(r.id for r in late)])
+    assert sum(r.status == Status.DROPPED for r in answers) == 40
+    assert rt.answer_yields >= 40 // 8 - 1  # a stop after every chunk but the last
+
+
 @pytest.mark.parametrize("env, launches_first", [("1", True), ("0", False)])
 def test_a_lanes_turnaround_holds_the_answers_only_where_they_go_before_the_next_launch(monkeypatch, env, launches_first):
     """Each batch's answers cost the loop's thread 4 ms here (an HTTP reply's cost, magnified; a batch

@@ -563,6 +563,8 @@ def host_split(before: dict, after: dict, wall_ms: float) -> dict:
         out["device_counters"] = {k: a[k] - b.get(k, 0) if k in BATCH_COUNTERS else a[k] for k in a}
     if after.get("carving_checks"):  # CUDA: the carvings timed alone (the latest, from the first build on)
         out["carving_checks"] = after["carving_checks"]
+    if after.get("rt_answer_yields"):  # GPULOOM_YIELD_ANSWERS: the answers stopped for a finished batch
+        out["answer_yields"] = int(after["rt_answer_yields"] - before.get("rt_answer_yields", 0.0))
     out["complete_on"] = after.get("complete_on", "watcher")
     if out["complete_on"] == "loop":  # batches the GPU woke the runtime's thread for (the rest: watchers)
         out["loop_completions"] = after.get("loop_completions", 0) - before.get("loop_completions", 0)

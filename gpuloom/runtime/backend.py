@@ -102,6 +102,12 @@ class Backend(ABC):
         """A decision dropped ``n`` requests (after its batches were launched). Default: nothing; the
         simulator may charge its one host for answering them (``ContentionModel.host_drop_ms``)."""
 
+    def completion_due(self) -> bool:
+        """Runtime's thread, between chunks of answers: whether a batch has finished that the loop
+        has not booked yet (its completion is, or is about to be, posted). Never blocks. Default:
+        False (a simulated batch completes only as an event of the loop)."""
+        return False
+
     def attach(self, request_id: int, payload: object) -> None:
         """Online mode: the input data of request ``request_id`` (called from the submitting
         thread, before the request is queued). Default: ignored (the simulator has no data)."""

@@ -814,6 +814,12 @@ class CudaDeviceLayer(DeviceLayer):
         self._driver.ensure_context()
         return self._driver.done(ticket.done.cuda_event)
 
+    def done_yet(self, ticket: Any) -> bool:
+        if self._driver is None or not isinstance(ticket, CudaTicket):
+            return False  # an eager batch runs in finish() itself
+        self._driver.ensure_context()
+        return self._driver.done(ticket.done.cuda_event)
+
     def finish(self, ticket: Any) -> tuple[list[Any], float]:
         """Watcher thread (or the runtime's, once :meth:`is_done`): sleep until the batch's event
         fires; copy its rows out of the pinned buffers."""

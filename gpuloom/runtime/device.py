@@ -445,6 +445,12 @@ class DeviceLayer(ABC):
         """Runtime's thread: whether :meth:`finish` would return at once. Never blocks."""
         return True
 
+    def done_yet(self, ticket: Any) -> bool:
+        """Whether the batch of ``ticket`` has finished on the device; False where the layer cannot
+        tell (unlike :meth:`is_done`, which says True there: finish then blocks). Never blocks; any
+        thread (the runtime's asks between answers, ``ExecBackend.completion_due``)."""
+        return False
+
     def close(self) -> None:
         """Free every build (call after all batches finished)."""
         with self._lock:

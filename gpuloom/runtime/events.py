@@ -213,6 +213,12 @@ class RealtimeLoop(EventLoop):
         elif wake and self._get_ident() != self._owner:  # the loop's own thread takes its posts before it sleeps
             self.waker.post()
 
+    def completion_waiting(self) -> bool:
+        """Loop's thread: whether a completion has been posted, or taken into the heap, that the loop
+        has not run yet. No lock (a list other threads append to may be read while it grows); the
+        heap of an online loop holds a few timers besides."""
+        return any(p[0] == COMPLETION for p in self._posted) or any(e[1] == COMPLETION for e in self._heap)
+
     def _drain_posted(self) -> None:
         with self._mu:
             posted, self._posted = self._posted, []

@@ -222,6 +222,9 @@ class ExecBackend(Backend):
         # complete_on="loop": batches the device will post the loop for, in launch order
         self._pending: list[tuple[_Watcher, Lanes, Decision, list[Request], Any, float]] = []
         self.loop_completions = 0  # batches booked by the loop's thread (the rest: by watchers or inline)
+        #: id(ticket) -> ticket of every batch launched on the runtime's thread and not yet booked
+        #: (completion_due looks at them; the watcher or the loop removes one as it books it)
+        self._unbooked: dict[int, Any] = {}
         if self.complete_on == "loop":
             self.loop.add_poller(self._poll_pending)
 
@@ -343,6 +346,7 @@ class ExecBackend(Backend):
         if self.launch_on == "inline":  # run it here; the completion is posted to this same loop
             self._complete(watcher, lanes, decision, list(requests), ticket, start)
             return
+        self._unbooked[id(ticket)] = ticket
         if self.complete_on == "loop":
             try:
                 notified = self.device.notify(ticket, self.loop.waker)
@@ -416,6 +420,22 @@ class ExecBackend(Backend):
                 waiting.append(item)
         self._pending = waiting
         return self.loop.wall_ms() + self.POLL_SAFETY_MS if waiting else float("inf")
+
+    def completion_due(self) -> bool:
+        """Runtime's thread, between chunks of answers (:meth:`Backend.completion_due`): a completion
+        posted and not run yet, or a batch launched here whose device work is done and that no thread
+        has booked yet (a watcher is about to, or the loop's next poll will). One event query per
+        batch in flight."""
+        if self.loop.completion_waiting():
+            return True
+        done_yet = self.device.done_yet
+        for ticket in tuple(self._unbooked.values()):  # (a snapshot: watchers remove theirs meanwhile)
+            try:
+                if done_yet(ticket):
+                    return True
+            except Exception:  # noqa: BLE001 - its booking raises it again and fails the batch
+                return True
+        return False
 
     def _finish_pending(self) -> None:
         """Runtime's thread, about to wait for quiet: book the batches only it would book (blocking)."""
@@ -545,6 +565,7 @@ class ExecBackend(Backend):
             log.warning("batch of %s on partition %d failed: %s", d.model, d.partition, err)
             outs = []
         end = watcher.last_end = self.loop.wall_ms()
+        self._unbooked.pop(id(ticket), None)
         if not err:
             early = self.on_served
             for i, r in enumerate(requests):

@@ -41,6 +41,7 @@ class _FakeTicket:
     name: str
     lane: tuple[int, int]  # (id(lanes), lane index)
     due: float | None = None  # perf_counter when the batch is done (set by notify)
+    ends: float | None = None  # without notify: when its sleep in finish ends (set as it begins)
 
 
 class _PostTimer:
@@ -155,10 +156,15 @@ class FakeDeviceLayer(DeviceLayer):
     def is_done(self, ticket: Any) -> bool:
         return ticket.due is None or time.perf_counter() >= ticket.due
 
+    def done_yet(self, ticket: Any) -> bool:
+        due = ticket.due if ticket.due is not None else ticket.ends
+        return due is not None and time.perf_counter() >= due
+
     def finish(self, ticket: Any) -> tuple[list[Any], float]:
         ms = self._latency_ms(ticket)
         t0 = time.perf_counter()
         if ticket.due is None:
+            ticket.ends = t0 + ms / 1000.0
             time.sleep(ms / 1000.0)
         elif t0 < ticket.due:
             time.sleep(ticket.due - t0)

@@ -674,6 +674,8 @@ class InferenceService(LoopHosting):
                     per[name]["exec_count"] = mb  # batches of this model run by the current backend
             rt = self._runtime
             idle = dict(rt.idle) if rt is not None else {}
+            if rt is not None:  # times the answers stopped for a batch that finished meanwhile (a float, as the rest)
+                idle["answer_yields"] = float(rt.answer_yields)
             swaps = rt.layout_swaps if rt is not None else 0
         return {
             "policy": self.policy_name,
