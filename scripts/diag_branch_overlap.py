@@ -13,7 +13,10 @@ process, each way, alternating: one branch, four branches multi-stream and singl
 with the stream kept busy ahead (the device's time alone): on the H100 four branches took 1.53-1.61x
 one on the device itself (runs 183 and 185), where the H200 met the test's 1.5x. If the graph's node
 launch rate is the limit, the time grows with the nodes (branches x 16 layers): 8 branches about
-twice 4's, 2 within 1.1x one.
+twice 4's, 2 within 1.1x one. Refuted by run 188 (1 / 1.29 / 1.56 / 2.30x), and run 189 refuted the
+chain of adds after the branches (``--reduce stack``, one kernel summing them: 1 / 1.27 / 1.50 / 2.11x).
+``--width`` (fifty-seventh session) asks whether the kernels' own size is the cost: narrower layers
+launch fewer blocks each, so four branches find free SMs and memory bandwidth.
 """
 
 from __future__ import annotations
@@ -42,16 +45,18 @@ def main() -> int:
                     help="time these numbers of branches multi-stream (busy ahead and by events) instead")
     ap.add_argument("--reduce", choices=("chain", "stack"), default="chain",
                     help="with --branches: sum the branches by a chain of adds (the test's model) or by one kernel")
+    ap.add_argument("--width", type=int, default=512,
+                    help="the layers' width (default 512, the test's): smaller kernels use fewer SMs each")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    x = torch.randn(1, 512, device="cuda")
+    x = torch.randn(1, a.width, device="cuda")
     if a.branches:
         return by_branches([int(k) for k in a.branches.split(",")], a.rounds, x, a.out, a.reduce)
     built = {}
     for split in (None, False):
-        one = gpuloom.compile(Branches(k=1, width=512, depth=16).eval().cuda(), (x,), max_batch=1, streams=1,
+        one = gpuloom.compile(Branches(k=1, width=a.width, depth=16).eval().cuda(), (x,), max_batch=1, streams=1,
                               split_gemms=split)
-        model = Branches(k=4, width=512, depth=16).eval().cuda()
+        model = Branches(k=4, width=a.width, depth=16).eval().cuda()
         built[split] = (one, gpuloom.compile(model, (x,), max_batch=1, streams="max", split_gemms=split),
                         gpuloom.compile(model, (x,), max_batch=1, streams=1, split_gemms=split))
     rows = []
@@ -92,7 +97,8 @@ def by_branches(ks: list[int], rounds: int, x, out: str | None, reduce: str = "c
     from engine_models import Branches
     from test_engine_gpu import _replay_ms
 
-    built = {k: gpuloom.compile(Branches(k=k, width=512, depth=16, reduce=reduce).eval().cuda(), (x,), max_batch=1,
+    width = x.shape[1]
+    built = {k: gpuloom.compile(Branches(k=k, width=width, depth=16, reduce=reduce).eval().cuda(), (x,), max_batch=1,
                                 streams="max" if k > 1 else 1) for k in ks}
     rows = []
     for r in range(rounds):
@@ -100,7 +106,7 @@ def by_branches(ks: list[int], rounds: int, x, out: str | None, reduce: str = "c
         for k in (ks if r % 2 == 0 else ks[::-1]):  # (alternating the order between rounds)
             cm = built[k]
             t, d = _replay_ms(cm, x), _replay_ms(cm, x, busy_ahead=True)
-            got.append({"round": r, "branches": k, "reduce": reduce, "streams": cm.plan.num_streams, "ms": round(t, 4),
+            got.append({"round": r, "branches": k, "reduce": reduce, "width": width, "streams": cm.plan.num_streams, "ms": round(t, 4),
                         "busy_ms": round(d, 4)})
         fewest = min(got, key=lambda row: row["branches"])["busy_ms"]
         for row in sorted(got, key=lambda row: row["branches"]):

@@ -16,7 +16,7 @@ def test_by_branches_times_each_count_and_relates_it_to_the_fewest(monkeypatch, 
     mod = load_script("diag_branch_overlap")
 
     def fake_compile(model, inputs, max_batch, streams):
-        assert model.reduce == "stack"
+        assert model.reduce == "stack" and model.branches[0][0][0].in_features == 64  # the input's width
         return types.SimpleNamespace(k=len(model.branches), plan=types.SimpleNamespace(
             num_streams=len(model.branches) if streams == "max" else 1))
 
@@ -27,8 +27,9 @@ def test_by_branches_times_each_count_and_relates_it_to_the_fewest(monkeypatch, 
     monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, *a, **k: self)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake GPU")
     out = tmp_path / "b.json"
-    assert mod.by_branches([1, 2, 4], 2, torch.zeros(1, 512), str(out), "stack") == 0
+    assert mod.by_branches([1, 2, 4], 2, torch.zeros(1, 64), str(out), "stack") == 0
     rows = json.loads(out.read_text())["rows"]
+    assert {r["width"] for r in rows} == {64}
     assert [(r["round"], r["branches"]) for r in rows] == [(0, 1), (0, 2), (0, 4), (1, 4), (1, 2), (1, 1)]
     assert {r["reduce"] for r in rows} == {"stack"}
     four = [r for r in rows if r["branches"] == 4]

@@ -197,10 +197,13 @@ class Runtime:
         self._answers_due: list[list[Result]] = []
         self._launch_first = (os.environ.get("GPULOOM_LAUNCH_FIRST", "1") != "0"
                               and not getattr(backend, "submit_blocks", False))
-        #: GPULOOM_YIELD_ANSWERS=1 (off by default until measured on a GPU): the answers held back
-        #: stop for a batch that finished meanwhile (_answer_due); at overload a decision's dozens of
-        #: drops, answered after its launch, kept a short batch that completed meanwhile on its lane
-        #: (mobilenet_v2's hold 0.7 -> 1.5 ms, run 183)
+        #: GPULOOM_YIELD_ANSWERS=1 (opt-in, for an A/B): the answers held back stop for a batch that
+        #: finished meanwhile (_answer_due). Why: at overload a decision's dozens of drops, answered
+        #: after its launch, kept a short batch that completed meanwhile on its lane (mobilenet_v2's
+        #: hold 0.7 -> 1.5 ms, run 183). Measured on an H100 (run 192, a very slow host): nexus's lane
+        #: held 0.14-0.24 ms less per batch but served no more (1,148 / 1,132 against 1,155 req/s), and
+        #: over HTTP mix6 kept 0.290 of in-process goodput against 0.506 without (one pair: the chunks
+        #: are more answer calls, each a reply to the HTTP workers). Off by default
         self._yield_answers = self._launch_first and os.environ.get("GPULOOM_YIELD_ANSWERS", "0") == "1"
         self.answer_yields = 0  # times the answers stopped for a finished batch
 
