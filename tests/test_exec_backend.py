@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -853,6 +854,14 @@ def test_a_decision_launches_its_batch_before_answering_the_requests_it_dropped(
     assert (second < first_drop) == launches_first, log
 
 
+def _wait_for(cond: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    """Poll ``cond`` until it holds; fail (never hang) after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.001)
+
+
 @pytest.mark.parametrize("complete_on", ["watcher", "loop"])
 @pytest.mark.parametrize("env", ["1", "0"])
 def test_answering_a_decisions_drops_stops_for_a_batch_that_finished_meanwhile(monkeypatch, env, complete_on):
@@ -860,10 +869,20 @@ def test_answering_a_decisions_drops_stops_for_a_batch_that_finished_meanwhile(m
     finished meanwhile, stops to book it and decide (launching the lane's next batch) before the rest.
     nexus drops 30 late requests and dispatches the one on time; each drop's answer costs 4 ms here
     (the kept batch runs 1 ms); a request that arrives during the answers is launched before the last
-    of them only when the answers yield. Every request is answered either way."""
+    of them only when the answers yield. Every request is answered either way. The first batch runs
+    500 ms of device time (not a gate in the model: with ``complete_on="loop"`` the loop's own thread
+    runs a finished batch's model, and a gate there would stop the loop)."""
     monkeypatch.setenv("GPULOOM_YIELD_ANSWERS", env)
-    log, gate = [], threading.Event()
-    dev = gated_device(log, gate)  # the first batch runs until the late requests are queued and late
+    log: list = []
+
+    class Logged(FakeDeviceLayer):
+        def _launch(self, lanes, index, model, rows):
+            log.append(("launch", len(rows)))
+            return super()._launch(lanes, index, model, rows)
+
+    dev = Logged()
+    first_only = lambda n: 500.0 if sum(e[0] == "launch" for e in log) <= 1 else 1.0  # noqa: E731
+    dev.add_model("good", FakeModel(lambda xs: [xs[0] * 2.0], first_only))
     be = ExecBackend(dev, complete_on=complete_on)
     rt = Runtime(make_policy("nexus"), be, ctx(("good",)))
     answers, later = [], []
@@ -877,20 +896,16 @@ def test_answering_a_decisions_drops_stops_for_a_batch_that_finished_meanwhile(m
             time.sleep(0.004)
 
     rt.start(answer)
-    rt.submit("good", [[np.full(3, 1.0, np.float32)]], timeout_ms=5000.0)
-    while not log:
-        time.sleep(0.001)
-    late = rt.submit("good", [[np.full(3, 2.0, np.float32)]] * 30, timeout_ms=1.0)
-    kept = rt.submit("good", [[np.full(3, 3.0, np.float32)]], timeout_ms=5000.0)
-    while len(rt.queues["good"]) < 31:
-        time.sleep(0.001)
-    time.sleep(0.005)  # the thirty are past their deadlines
-    gate.set()
-    deadline = time.monotonic() + 10.0
-    while len(answers) < 33 and time.monotonic() < deadline:  # (stopped, the runtime takes no arrival)
-        time.sleep(0.005)
-    assert rt.stop(drain=True, timeout_s=10)
-    be.close()
+    try:
+        rt.submit("good", [[np.full(3, 1.0, np.float32)]], timeout_ms=5000.0)
+        _wait_for(lambda: log, "the first launch")
+        late = rt.submit("good", [[np.full(3, 2.0, np.float32)]] * 30, timeout_ms=1.0)
+        kept = rt.submit("good", [[np.full(3, 3.0, np.float32)]], timeout_ms=5000.0)
+        _wait_for(lambda: len(rt.queues["good"]) >= 31, "31 queued behind the first batch")
+        _wait_for(lambda: len(answers) >= 33, "every answer")  # (stopped, the runtime takes no arrival)
+    finally:
+        assert rt.stop(drain=True, timeout_s=10)
+        be.close()
     fates = {r.request.id: r.status for r in answers}
     assert len(answers) == 33 and len(fates) == 33
     assert [fates[r.id] for r in late] == [Status.DROPPED] * 30
@@ -921,13 +936,12 @@ def test_answers_that_stopped_for_a_finished_batch_go_on_when_no_completion_come
 
     rt.start(answer)
     rt.submit("good", [[np.full(3, 1.0, np.float32)]], timeout_ms=5000.0)
-    while not log:
-        time.sleep(0.001)
+    _wait_for(lambda: log, "the first launch")
     late = rt.submit("good", [[np.full(3, 2.0, np.float32)]] * 40, timeout_ms=1.0)
-    while len(rt.queues["good"]) < 40:
-        time.sleep(0.001)
+    _wait_for(lambda: len(rt.queues["good"]) >= 40, "40 queued behind the first batch")
     time.sleep(0.005)
     gate.set()
+    _wait_for(lambda: len(answers) >= 41, "every answer")
     assert rt.stop(drain=True, timeout_s=10)
     be.close()
     assert sorted(r.request.id for r in answers) == sorted([0, *(r.id for r in late)])
