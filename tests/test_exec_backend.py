@@ -917,6 +917,36 @@ def test_answering_a_decisions_drops_stops_for_a_batch_that_finished_meanwhile(m
     assert (rt.answer_yields > 0) == (env == "1")
 
 
+@pytest.mark.parametrize("finished", [False, True])
+def test_yielding_answers_chunk_only_the_drops_and_stop_between_calls(monkeypatch, finished):
+    """The answers held back, with yielding on: a completed batch's 12 answers go out in one call (over
+    HTTP each call is a reply to the workers: run 192 chunked them too, and lost goodput), a decision's
+    20 drops in chunks of ``YIELD_CHUNK``; a check after each call (interval 0 here) stops them once a
+    batch has finished, the rest staying due, oldest first, with a wake-up to come back to them."""
+    import gpuloom.runtime.core as core
+    from gpuloom.policy.types import Request, Result
+
+    monkeypatch.setenv("GPULOOM_YIELD_ANSWERS", "1")
+    monkeypatch.setattr(core, "YIELD_CHECK_S", 0.0)
+    be = ExecBackend(fake())
+    rt = Runtime(make_policy("dstack"), be, ctx(("good",)))
+    calls = []
+    rt._online, rt._on_results = True, lambda pairs: calls.append([r.request.id for r, _ in pairs])
+    be.completion_due = lambda: finished
+    reqs = [Request(i, "good", 0.0, 100.0) for i in range(32)]
+    served = [Result(r, Status.SERVED, 1.0, "", 12) for r in reqs[:12]]
+    dropped = [Result(r, Status.DROPPED, 1.0, "deadline") for r in reqs[12:]]
+    rt._answers_due = [served, dropped]
+    rt._answer_due(True)
+    if finished:  # stopped after the first call; the drops wait, whole, for the loop to come back
+        assert calls == [list(range(12))] and rt._answers_due == [dropped] and rt.answer_yields == 1
+        assert be.loop.peek() < float("inf")  # the wake-up that comes back to them
+    else:
+        assert calls == [list(range(12)), list(range(12, 20)), list(range(20, 28)), list(range(28, 32))]
+        assert rt._answers_due == [] and rt.answer_yields == 0
+    be.close()
+
+
 def test_answers_that_stopped_for_a_finished_batch_go_on_when_no_completion_comes(monkeypatch):
     """A backend that says a batch finished when none did (or whose completion is slow to come): the
     loop comes back to the answers on its own (a wake-up ``YIELD_RESUME_MS`` later), so every request

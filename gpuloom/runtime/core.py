@@ -93,11 +93,13 @@ class RunRecord:
 #: the next requests, health checks) gets a turn (Runtime.host_on); one CPU batch alone may take longer
 PUMP_SLICE_S = 0.001
 
-#: yielding answers (GPULOOM_YIELD_ANSWERS=1): answers go out in chunks of at most this many
-#: requests, and after at least YIELD_CHECK_S of answering the loop asks its backend whether a batch
-#: has finished meanwhile (Backend.completion_due); if so it stops, books that batch and launches the
-#: partition's next before answering the rest. A check queries each batch in flight (a few us each):
-#: the interval keeps that under about a tenth of the answering it interrupts
+#: yielding answers (GPULOOM_YIELD_ANSWERS=1): a decision's drops are answered in chunks of at most
+#: this many requests (a completed batch's answers stay one call: over HTTP each call is a reply to
+#: the workers, and run 192 chunked those too), and after at least YIELD_CHECK_S of answering the
+#: loop asks its backend whether a batch has finished meanwhile (Backend.completion_due); if so it
+#: stops, books that batch and launches the partition's next before answering the rest. A check
+#: queries each batch in flight (a few us each): the interval keeps that under about a tenth of the
+#: answering it interrupts
 YIELD_CHUNK = 8
 YIELD_CHECK_S = 0.0002
 #: ... and when it stopped, the loop comes back to the rest this long after (ms) if no completion has
@@ -203,7 +205,8 @@ class Runtime:
         #: hold 0.7 -> 1.5 ms, run 183). Measured on an H100 (run 192, a very slow host): nexus's lane
         #: held 0.14-0.24 ms less per batch but served no more (1,148 / 1,132 against 1,155 req/s), and
         #: over HTTP mix6 kept 0.290 of in-process goodput against 0.506 without (one pair: the chunks
-        #: are more answer calls, each a reply to the HTTP workers). Off by default
+        #: are more answer calls, each a reply to the HTTP workers; since then only drops are chunked).
+        #: Off by default
         self._yield_answers = self._launch_first and os.environ.get("GPULOOM_YIELD_ANSWERS", "0") == "1"
         self.answer_yields = 0  # times the answers stopped for a finished batch
 
@@ -572,9 +575,9 @@ class Runtime:
 
     def _answer_due(self, can_yield: bool = False) -> None:
         """Answer the requests held back while the loop decided (completed batches' and dropped
-        ones, oldest first). ``can_yield``: in chunks, stopping once a batch has finished meanwhile
-        (``YIELD_CHUNK``); the rest stays due, answered after the loop has booked that batch and
-        decided, or ``YIELD_RESUME_MS`` later."""
+        ones, oldest first). ``can_yield``: drops in chunks, stopping once a batch has finished
+        meanwhile (``YIELD_CHUNK``); the rest stays due, answered after the loop has booked that batch
+        and decided, or ``YIELD_RESUME_MS`` later."""
         due, self._answers_due = self._answers_due, []
         if not can_yield:
             for results in due:
@@ -585,7 +588,7 @@ class Runtime:
         i = 0
         while i < len(due):
             results = due[i]
-            if len(results) > YIELD_CHUNK:
+            if len(results) > YIELD_CHUNK and results[0].status is _DROPPED:
                 part, due[i] = results[:YIELD_CHUNK], results[YIELD_CHUNK:]
             else:
                 part = results
