@@ -425,7 +425,7 @@ class ExecBackend(Backend):
         """Runtime's thread, between chunks of answers (:meth:`Backend.completion_due`): a completion
         posted and not run yet, or a batch launched here whose device work is done and that no thread
         has booked yet (a watcher is about to, or the loop's next poll will). One event query per
-        batch in flight."""
+        batch in flight. (Batches a lane's watcher launched, ``launch_on="lane"``, count once posted.)"""
         if self.loop.completion_waiting():
             return True
         done_yet = self.device.done_yet
