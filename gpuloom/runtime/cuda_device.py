@@ -811,8 +811,7 @@ class CudaDeviceLayer(DeviceLayer):
     def is_done(self, ticket: Any) -> bool:
         if self._driver is None or not isinstance(ticket, CudaTicket):
             return True  # finish() blocks as before
-        self._driver.ensure_context()
-        return self._driver.done(ticket.done.cuda_event)
+        return self.done_yet(ticket)
 
     def done_yet(self, ticket: Any) -> bool:
         if self._driver is None or not isinstance(ticket, CudaTicket):
