@@ -8,6 +8,9 @@ policy, the execution backend and its watcher threads) on a fake device that sle
 exactly its profiled latency on its partition's SMs, with the workload's arrival times, and puts the
 same point through the simulator. If the two agree, the gap is on the GPU or in the CUDA layer; if
 the fake is already far from the simulator, it is in the runtime or the policy in real time.
+The fake is ``gpuloom.runtime.host_device.ProfiledFakeLayer`` (since the fifty-eighth session; the
+script's own copy before ran a shared lane's batches side by side, the shared class one after another,
+as a stream does).
 
     .venv/bin/python scripts/diag_dstack_realtime.py --scales 0.1,0.25 --policy dstack,triton --out F.json
 """
@@ -28,56 +31,8 @@ from gpuloom.bench.e2e import run_point, simulate_point  # noqa: E402
 from gpuloom.bench.workload import load_workload  # noqa: E402
 from gpuloom.commands.bench import parse_policy_spec  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
-from gpuloom.runtime.host_device import FakeDeviceLayer, FakeModel  # noqa: E402
+from gpuloom.runtime.host_device import FakeModel, ProfiledFakeLayer  # noqa: E402
 from gpuloom.runtime.service import InferenceService, ModelConfig, TensorSpec  # noqa: E402
-
-
-class ProfiledFakeLayer(FakeDeviceLayer):
-    """A batch of ``n`` on a partition of ``s`` SMs takes ``L(bucket(n), s)`` from the profile (shared
-    lanes: the SMs they share, no contention): a GPU that runs exactly as profiled.
-
-    Like a stream, an exclusive partition runs its batches one after another on a device timeline of
-    its own: a batch starts when it is launched or when the partition's previous batch ends, whichever
-    is later, and its watcher sleeps until it ends. (Before this, the watcher slept each batch's
-    latency from when it got to it, so its own hand-back of the previous batch delayed the next one,
-    which no GPU does: ``diag_realtime_fake_*_cpu.json`` up to the fifth session's
-    ``..._margin_cpu.json`` were made that way.)"""
-
-    def __init__(self, store: ProfileStore, host_ms: float = 0.0) -> None:
-        super().__init__()
-        self.store = store
-        self.host_ms = host_ms  # host time per launch on the launching thread (the CUDA layer's ~0.3 ms)
-        self._free_at: dict[tuple[int, int], float] = {}  # (lanes, partition) -> when its last batch ends
-
-    def _launch(self, lanes, index, model, rows):
-        if self.host_ms > 0:  # half in Python (holding the GIL), half in calls that release it
-            end = time.perf_counter() + self.host_ms / 2000.0
-            while time.perf_counter() < end:
-                pass
-            time.sleep(self.host_ms / 2000.0)
-        t = super()._launch(lanes, index, model, rows)
-        part = lanes.layout.partitions[index]
-        sms = lanes.layout.shared_sms if part.shared else part.sms
-        prof = self.store.get(model)
-        b = next((x for x in prof.batches if x >= t.n), prof.batches[-1])
-        ms = prof.latency(b, sms)
-        now = time.perf_counter()
-        start = now if part.shared else max(now, self._free_at.get((id(lanes), index), 0.0))
-        end = start + ms / 1000.0
-        if not part.shared:
-            self._free_at[(id(lanes), index)] = end
-        t.model = FakeModel(t.model.fn, ms)
-        t.end = end
-        return t
-
-    def _due_at(self, ticket, now):
-        return ticket.end  # complete_on="loop": the waker is posted when the batch ends on its timeline
-
-    def finish(self, ticket):
-        delay = ticket.end - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-        return list(ticket.model.fn(ticket.batch)), float(ticket.model.latency_ms)
 
 
 def _profile_threads(cpu_time: bool = False) -> None:
@@ -168,7 +123,7 @@ def main() -> int:
         arrivals = str(service_opts.pop("arrivals", "thread"))  # the load generator's (dstack:arrivals=loop)
         if name == "dstack" and a.no_replan:
             opts["replan"] = False
-        svc = InferenceService(policy=name, device_layer=ProfiledFakeLayer(store, a.host_ms), profiles=store,
+        svc = InferenceService(policy=name, device_layer=ProfiledFakeLayer(store, host_ms=a.host_ms), profiles=store,
                                policy_options=opts or None, **{"tune_gc": tune, "lookahead_ms": ahead, **service_opts})
         svc.start()
         try:

@@ -7,8 +7,9 @@ simulator serves them in time. The runtime answered the dozens of requests nexus
 before launching the batch it decided on, while nexus's early drop assumed that batch starts at the
 decision's clock. This reproduces that on any machine: the service (its runtime, execution backend,
 policy) on a fake device whose batches take the shipped H200 profiles' time on their partition
-(:class:`ProfiledFakeDevice`; ``--slow`` times longer, with SLOs ``--slow`` times longer and rates
-``--scale``: the same overload at a request rate a small CPU keeps up with), in legs alternating ``GPULOOM_LAUNCH_FIRST`` (``--legs``), each
+(``host_device.ProfiledFakeLayer``; ``--slow`` times longer, with SLOs ``--slow`` times longer and
+rates ``--scale``: the same overload at a request rate a small CPU keeps up with), in legs
+alternating ``GPULOOM_LAUNCH_FIRST`` (``--legs``), each
 point against the simulator of the same world told the lanes' measured hold (mean, lognormal spread).
 
 Per leg and policy: goodput, attainment, per model served and on time, each lane's submit lag (its
@@ -43,7 +44,7 @@ from gpuloom.bench.workload import load_workload  # noqa: E402
 from gpuloom.plan.slowdown import slowed  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
 from gpuloom.runtime.events import cpu_delta  # noqa: E402
-from gpuloom.runtime.host_device import FakeDeviceLayer, FakeModel  # noqa: E402
+from gpuloom.runtime.host_device import FakeModel, ProfiledFakeLayer  # noqa: E402
 from gpuloom.runtime.model_profiles import trim_profile  # noqa: E402
 from gpuloom.runtime.service import InferenceService, ModelConfig, TensorSpec  # noqa: E402
 from gpuloom.runtime.sim import ContentionModel  # noqa: E402
@@ -62,34 +63,9 @@ def fake_world(workload_path: str, slow: float, max_batch: int):
     return wl, profiles
 
 
-class ProfiledFakeDevice(FakeDeviceLayer):
-    """A fake device whose batches take their profile's time on their partition's SMs (a shared lane:
-    the whole GPU's, as if it ran alone: shared lanes do not slow each other here, so only the
-    one-lane policies and exclusive partitions meet the simulator like for like).
-
-    As on a GPU, a batch runs from its launch (after its lane's previous batch), not from when its
-    lane's watcher thread gets to it: the plain fake device starts the time in the watcher, which
-    waits for the interpreter while the loop's thread works (answering drops, say), and so charged
-    the loop's work after a launch to the batch. (Watcher completions only: no ``complete_on="loop"``.)"""
-
-    def __init__(self, profiles: dict) -> None:
-        super().__init__()
-        self.profiles = profiles
-
-    def _launch(self, lanes, index, model, rows):
-        ticket = super()._launch(lanes, index, model, rows)
-        part = lanes.layout.partitions[index]
-        ticket.sms = self.gpu_sms if part.shared else part.sms
-        ticket.due = self._due_at(ticket, time.perf_counter())  # (finish() sleeps until then)
-        return ticket
-
-    def _latency_ms(self, t) -> float:
-        return self.profiles[t.name].latency(t.n, t.sms)
-
-
 def measured_point(wl, profiles: dict, policy: str, *, scale: float, duration_s: float, max_batch: int) -> dict:
-    """One point served by the service on a :class:`ProfiledFakeDevice`."""
-    svc = InferenceService(policy=policy, device_layer=ProfiledFakeDevice(profiles),
+    """One point served by the service on a ``ProfiledFakeLayer``."""
+    svc = InferenceService(policy=policy, device_layer=ProfiledFakeLayer(profiles),
                            profiles=ProfileStore(profiles=profiles.values()), measure_profiles=False)
     svc.start()
     try:

@@ -1493,3 +1493,54 @@ def test_batch_inputs_copy_one_row_and_stack_several_into_one_tensor_per_input()
     two = batch_inputs(torch, np, [[x, y], [x + 1, np.float32(8.0)]])
     assert [t.shape for t in two] == [(2, 4), (2,)] and two[0][1].tolist() == [1, 2, 3, 4]
     assert two[1].tolist() == [7, 8]
+
+
+@pytest.mark.parametrize("notify", [False, True])
+def test_the_profiled_fake_runs_a_lanes_batches_one_after_another_each_for_its_profiled_time(notify):
+    """ProfiledFakeLayer (the diagnostics' GPU that runs as profiled): each batch takes its profile's
+    latency at its bucket on its partition's SMs, timed from its launch like a stream, so two batches
+    launched together on one lane end one latency apart, and an exclusive partition's smaller SM count
+    is slower."""
+    from gpuloom.policy.types import Partition
+    from gpuloom.runtime.host_device import ProfiledFakeLayer
+
+    prof = synthetic_profile("m", per_item_sm_ms=400.0, overhead_ms=1.0, knee1=64)
+    layer = ProfiledFakeLayer({"m": prof}, gpu_sms=132)
+    layer.can_notify = notify
+    layer.add_model("m", FakeModel(lambda xs: [xs[0] * 2]))
+    layout = Layout((Partition(0, 0, 32, owner="m"), Partition(1, 0, 100, shared=True)), gpu_sms=132)
+    lanes = layer.build(layout)
+    rows = [(np.full(4, float(i), np.float32),) for i in range(3)]
+    ms_shared, ms_small = prof.latency(3, 100), prof.latency(3, 32)
+    assert ms_small > ms_shared > 0
+    t0 = time.perf_counter()
+    first = layer.launch(lanes, 1, "m", rows)
+    second = layer.launch(lanes, 1, "m", rows)
+    small = layer.launch(lanes, 0, "m", rows)
+    if notify:
+        class Waker:
+            c_post = None  # (the timer calls a C entry point where a waker has one)
+
+            def __init__(self) -> None:
+                self.posted: list[float] = []
+
+            def post(self) -> None:
+                self.posted.append(time.perf_counter())
+        waker = Waker()
+        for t in (first, second, small):
+            assert layer.notify(t, waker)
+    assert not layer.done_yet(first)
+    out, ms = layer.finish(first)
+    done_first = time.perf_counter() - t0
+    assert ms == pytest.approx(ms_shared)
+    assert np.array_equal(out[0], np.stack([r[0] for r in rows]) * 2)
+    assert layer.finish(second)[1] == pytest.approx(ms_shared)
+    done_second = time.perf_counter() - t0
+    assert done_first >= ms_shared / 1000 and done_second >= 2 * ms_shared / 1000  # one after another
+    assert layer.done_yet(first) and layer.is_done(second)
+    assert second.due - first.due == pytest.approx(ms_shared / 1000, abs=1e-3)
+    assert small.due - first.due == pytest.approx((ms_small - ms_shared) / 1000, abs=2e-3)  # its own lane
+    assert layer.finish(small)[1] == pytest.approx(ms_small)
+    if notify:
+        _wait_for(lambda: len(waker.posted) >= 2, "the posts")  # (batches due together: one post)
+        assert min(waker.posted) >= first.due

@@ -3,7 +3,9 @@
 * :class:`CpuDeviceLayer` -- runs each batch through ``CompiledModel.__call__`` (its CPU path) in the
   lane's watcher thread; what ``gpuloom serve --device cpu`` and the CI serve on.
 * :class:`FakeDeviceLayer` -- numpy functions with a configurable latency and injected failures: the
-  runtime's and the service's tests, and the diagnostics that replay a GPU's profiled latencies.
+  runtime's and the service's tests.
+* :class:`ProfiledFakeLayer` -- a fake whose batches take their profile's time from their launch: the
+  diagnostics that replay a GPU's profiled latencies against the simulator's.
 
 The contract they implement is :class:`~gpuloom.runtime.device.DeviceLayer`. Neither imports torch at
 import time.
@@ -42,6 +44,7 @@ class _FakeTicket:
     lane: tuple[int, int]  # (id(lanes), lane index)
     due: float | None = None  # perf_counter when the batch is done (set by notify)
     ends: float | None = None  # without notify: when its sleep in finish ends (set as it begins)
+    sms: float | None = None  # the SMs it runs on (ProfiledFakeLayer)
 
 
 class _PostTimer:
@@ -173,6 +176,45 @@ class FakeDeviceLayer(DeviceLayer):
             raise RuntimeError(err)
         out = ticket.model.fn(ticket.batch)
         return list(out), (time.perf_counter() - t0) * 1000.0 if ticket.due is None else ms
+
+
+
+class ProfiledFakeLayer(FakeDeviceLayer):
+    """A fake GPU that runs exactly as profiled: a batch takes its model's profiled latency at its bucket
+    on its partition's SMs (a shared lane: the SMs it shares, as if it ran alone: shared lanes do not slow
+    each other here, so only one-lane policies and exclusive partitions meet the simulator like for like).
+
+    As on a stream, a batch runs from its launch, or from its lane's previous batch's end if later, not
+    from when its lane's watcher gets to it (:class:`FakeDeviceLayer`'s plain timing charges the loop's
+    work after a launch to the batch). ``profiles``: anything whose ``get(model)`` gives a
+    :class:`~gpuloom.profile.store.Profile` (a dict, a ``ProfileStore``). ``host_ms``: host time spent per
+    launch on the launching thread, half in Python holding the interpreter and half sleeping (the CUDA
+    layer's launches take ~0.3 ms, some of it in calls that release the interpreter)."""
+
+    def __init__(self, profiles: Any, *, host_ms: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.profiles = profiles
+        self.host_ms = host_ms
+
+    def _launch(self, lanes: Lanes, index: int, model: str, rows: Rows) -> Any:
+        if self.host_ms > 0:
+            end = time.perf_counter() + self.host_ms / 2000.0
+            while time.perf_counter() < end:
+                pass
+            time.sleep(self.host_ms / 2000.0)
+        ticket = super()._launch(lanes, index, model, rows)
+        ticket.sms = lanes.layout.partitions[index].sms
+        ticket.due = self._due_at(ticket, time.perf_counter())  # finish() sleeps until then
+        return ticket
+
+    def _latency_ms(self, t: _FakeTicket) -> float:
+        return self.profiles.get(t.name).latency(t.n, t.sms)
+
+    def notify(self, ticket: Any, waker: Any) -> bool:
+        if not self.can_notify:
+            return False
+        _PostTimer.shared().post_at(ticket.due, waker)  # (due since its launch: the lane's timeline moved then)
+        return True
 
 
 def batch_inputs(torch: Any, np: Any, rows: Rows) -> list[Any]:
