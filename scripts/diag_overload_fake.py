@@ -7,7 +7,7 @@ simulator serves them in time. The runtime answered the dozens of requests nexus
 before launching the batch it decided on, while nexus's early drop assumed that batch starts at the
 decision's clock. This reproduces that on any machine: the service (its runtime, execution backend,
 policy) on a fake device whose batches take the shipped H200 profiles' time on their partition
-(``host_device.ProfiledFakeLayer``; ``--slow`` times longer, with SLOs ``--slow`` times longer and
+(``gpuloom.bench.fake``; ``--slow`` times longer, with SLOs ``--slow`` times longer and
 rates ``--scale``: the same overload at a request rate a small CPU keeps up with), in legs
 alternating ``GPULOOM_LAUNCH_FIRST`` (``--legs``), each
 point against the simulator of the same world told the lanes' measured hold (mean, lognormal spread).
@@ -40,40 +40,19 @@ from sim_measured_hold import measured, measured_spread  # noqa: E402
 
 from gpuloom.bench.e2e import run_point, save_json  # noqa: E402
 from gpuloom.bench.experiment import simulate  # noqa: E402
+from gpuloom.bench.fake import fake_models, fake_service, fake_world  # noqa: E402
 from gpuloom.bench.workload import load_workload  # noqa: E402
-from gpuloom.plan.slowdown import slowed  # noqa: E402
-from gpuloom.profile.store import ProfileStore  # noqa: E402
 from gpuloom.runtime.events import cpu_delta  # noqa: E402
-from gpuloom.runtime.host_device import FakeModel, ProfiledFakeLayer  # noqa: E402
-from gpuloom.runtime.model_profiles import trim_profile  # noqa: E402
-from gpuloom.runtime.service import InferenceService, ModelConfig, TensorSpec  # noqa: E402
 from gpuloom.runtime.sim import ContentionModel  # noqa: E402
 
-ROW = (TensorSpec("x", (4,), "float32"),)
-
-
-def fake_world(workload_path: str, slow: float, max_batch: int):
-    """The workload with SLOs ``slow`` times longer, and its models' profiles ``slow`` times slower,
-    cut to ``max_batch``, taking one 4-float row (what the fake device's models read)."""
-    wl = load_workload(workload_path)
-    wl = dataclasses.replace(wl, models=tuple(dataclasses.replace(m, slo_ms=m.slo_ms * slow) for m in wl.models))
-    store = ProfileStore.builtin("h200")
-    profiles = {m.name: dataclasses.replace(trim_profile(slowed(store.get(m.name), slow), max_batch), input_shapes=((4,),))
-                for m in wl.models}
-    return wl, profiles
-
-
 def measured_point(wl, profiles: dict, policy: str, *, scale: float, duration_s: float, max_batch: int) -> dict:
-    """One point served by the service on a ``ProfiledFakeLayer``."""
-    svc = InferenceService(policy=policy, device_layer=ProfiledFakeLayer(profiles),
-                           profiles=ProfileStore(profiles=profiles.values()), measure_profiles=False)
+    """One point served by the service on a ``ProfiledFakeLayer`` (``gpuloom.bench.fake``)."""
+    svc = fake_service(policy, profiles)
     svc.start()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            svc.load_many([(ModelConfig(m.name, ROW, ROW, max_batch=max_batch, slo_ms=m.slo_ms, weight=m.weight,
-                                        rate_hint=m.arrival.rate * scale), FakeModel(lambda xs: [xs[0]]))
-                           for m in wl.models])
+            svc.load_many(list(fake_models(wl, max_batch, rate_scale=scale).values()))
         cpu0, t0 = svc.loop_cpu(True), time.monotonic()
         pt = run_point(svc, wl, policy, scale=scale, duration_s=duration_s, pinned_inputs=False)
         wall = time.monotonic() - t0
@@ -128,7 +107,7 @@ def main() -> int:
                          "GPULOOM_YIELD_ANSWERS: answers that stop for a batch that finished meanwhile)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    wl, profiles = fake_world(a.workload, a.slow, a.max_batch)
+    wl, profiles = fake_world(load_workload(a.workload), a.slow, a.max_batch)
     prior = os.environ.get(a.leg_env)
     logging.disable(logging.WARNING)  # the fake device's drops and the service's replans
     try:

@@ -25,6 +25,7 @@ legs run on the plan made at load for the workload's own rates (scale 1). Latenc
 from the moment the request is handed over (``submit`` / the HTTP POST) to its answer.
 
     python scripts/serve_e2e.py examples/mix6.yaml --tiny --scale 0.01 --duration 3 --out /tmp/x.json
+    python scripts/serve_e2e.py examples/mix6.yaml --fake-device 8 --scale 0.125 --http-workers 1 --loop-cpu
     python scripts/serve_e2e.py examples/mix6.yaml --scale 0.5 --duration 5 --out docs/results/serve/e2e_h200.json
 
 Exit status: 0 when every request was answered and the books balance, 1 otherwise, 2 on bad usage.
@@ -65,6 +66,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("workload", nargs="?", help="workload file, e.g. examples/mix6.yaml")
     p.add_argument("--tiny", action="store_true", help="small MLPs named like the workload's models (CPU runs, tests)")
+    p.add_argument("--fake-device", type=float, default=None, metavar="SLOW",
+                   help="no models and no GPU: a fake device whose batches take the shipped H200 profiles' time, "
+                        "SLOW times longer, with SLOs SLOW times longer (gpuloom.bench.fake; each request one "
+                        "4-float row): the host side alone on any machine; --scale 1/SLOW offers the GPU's load")
     p.add_argument("--scale", default="1", help="load factor(s) on the workload's rates, comma-separated (default 1); "
                    "each is one in-process and one HTTP leg over the same compiled models")
     p.add_argument("--duration", type=float, default=5.0, help="seconds of arrivals per leg (default 5)")
@@ -163,6 +168,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error("the workload file is required")
         if args.outputs == "views" and args.torch_launch:
             p.error("--outputs views needs raw CUDA launches: drop --torch-launch or use --outputs copies")
+        if args.fake_device is not None:
+            if not args.fake_device >= 1:
+                p.error(f"--fake-device takes how many times slower than the H200 the fake runs (>= 1), "
+                        f"found {args.fake_device}")
+            if args.tiny or args.device or args.profiles or args.torch_launch or args.outputs == "views":
+                p.error("--fake-device brings its own device, models and profiles: drop --tiny, --device, "
+                        "--profiles, --torch-launch and --outputs views")
         try:
             args.scales = [float(x) for x in args.scale.split(",") if x.strip()]
         except ValueError:
@@ -313,7 +325,7 @@ def http_summary(res: dict[str, dict], slos: dict[str, float], duration_s: float
         sent = int(r["sent"])
         all_ms.extend(lat)
         models[m] = {
-            "submitted": sent, "served": int(r["ok"]), "on_time": on_time,
+            "submitted": sent, "served": int(r["ok"]), "on_time": on_time, "slo_ms": slos[m],
             "answered": int(r["ok"]) + sum(err.values()),
             "rejected": err.get("429", 0), "dropped": err.get("503", 0) + err.get("504", 0),
             "failed": err.get("500", 0),
@@ -440,8 +452,11 @@ def print_table(rep: dict, pt: dict) -> None:
 
     head = (f"{'model':<16}{'offered/s':>10}{'good in/s':>10}{'good http/s':>12}{'ratio':>7}"
             f"{'attain in':>10}{'attain http':>12}{'p50 in':>8}{'p50 http':>9}{'p99 in':>8}{'p99 http':>9}")
+    kind = " (tiny models)" if rep["tiny"] else ""
+    if rep.get("fake_slow"):
+        kind = f" (x{rep['fake_slow']:g} slower than the H200's profiles)"
     print(f"serve_e2e {rep['workload']} x{pt['scale']:g} policy {rep['policy']} on {rep['device']}"
-          f"{' (tiny models)' if rep['tiny'] else ''}, {rep['duration_s']:g} s per leg, {pt['clients']} client process(es), "
+          f"{kind}, {rep['duration_s']:g} s per leg, {pt['clients']} client process(es), "
           f"{pt.get('http_workers', 0)} front-end worker(s), {pt.get('client', 'aiohttp')} clients"
           + (f", round {pt.get('round', 0) + 1} of {rep['rounds']}" if rep.get("rounds", 1) > 1 else ""))
     print(head)
@@ -507,12 +522,19 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, WorkloadError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    try:
-        device, profiles, warns = resolve_device_and_profiles(workload, device=args.device,
-                                                              profiles_dir=args.profiles, tiny=args.tiny)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    if args.fake_device is not None:  # the workload's SLOs slowed with the fake device
+        from gpuloom.bench.fake import fake_world
+
+        device, warns = "fake", []
+        workload, profiles = fake_world(workload, args.fake_device, args.max_batch)
+        args.inprocess_copies = True  # (nothing page-locked on a fake device)
+    else:
+        try:
+            device, profiles, warns = resolve_device_and_profiles(workload, device=args.device,
+                                                                  profiles_dir=args.profiles, tiny=args.tiny)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     for w in warns:
         say(f"warning: {w}")
     other_cpus = None
@@ -533,7 +555,12 @@ def run(args: argparse.Namespace) -> int:
     machine = {"start": describe_machine(sync)}
     say(summary(machine["start"]))
 
-    models = build_models(workload, tiny=args.tiny, device=device, max_batch=args.max_batch, progress=say)
+    if args.fake_device is not None:
+        from gpuloom.bench.fake import fake_models
+
+        models = fake_models(workload, args.max_batch)
+    else:
+        models = build_models(workload, tiny=args.tiny, device=device, max_batch=args.max_batch, progress=say)
     t_built = time.monotonic()
     slos = {m.name: float(m.slo_ms) for m in workload.models}
     extra = {} if args.lookahead_ms is None else {"lookahead_ms": args.lookahead_ms}
@@ -543,7 +570,13 @@ def run(args: argparse.Namespace) -> int:
         extra["complete_on"] = args.complete_on
     if args.outputs != "copies":
         extra["outputs"] = args.outputs
-    svc = InferenceService(policy=args.policy, device=device, profiles=profiles, queue_limit=args.queue_limit, **extra)
+    if args.fake_device is not None:
+        from gpuloom.bench.fake import fake_service
+
+        svc = fake_service(args.policy, profiles, queue_limit=args.queue_limit, **extra)
+    else:
+        svc = InferenceService(policy=args.policy, device=device, profiles=profiles, queue_limit=args.queue_limit,
+                               **extra)
     server = None
     points: list[dict] = []
     error = ""
@@ -561,7 +594,8 @@ def run(args: argparse.Namespace) -> int:
                                                 for p in points)
         report = _clean({
             "schema": SCHEMA, "workload": args.workload, "policy": args.policy, "scales": args.scales,
-            "duration_s": args.duration, "device": device, "tiny": args.tiny, "max_batch": args.max_batch,
+            "duration_s": args.duration, "device": device, "tiny": args.tiny, "fake_slow": args.fake_device,
+            "max_batch": args.max_batch,
             "clients": clients, "http_workers": args.http_workers,
             "worker_nice": args.worker_nice_list[0] if len(args.worker_nice_list) == 1 else args.worker_nice_list,
             "lookahead_ms": svc.lookahead_ms,

@@ -273,3 +273,27 @@ def test_each_leg_reports_its_lanes_work_and_turnarounds(report):
                 assert 0 <= q.get("turnarounds", 0) <= q["batches"]
                 if q.get("turnarounds"):
                     assert 0 <= q["turnaround_p50_ms"] <= q["turnaround_p99_ms"]
+
+
+def test_the_fake_device_serves_the_workloads_models_as_profiled_with_slowed_slos(tmp_path):
+    """--fake-device: the shipped H200 profiles' models, slowed, on no GPU and no models: both legs
+    served, every request answered, the SLOs slowed with the device."""
+    out = tmp_path / "fake.json"
+    p = subprocess.run([sys.executable, str(SCRIPT), "examples/mix6.yaml", "--fake-device", "8", "--scale", "0.02",
+                        "--duration", "1.5", "--clients", "1", "--http-workers", "1", "--out", str(out)],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rep = json.loads(out.read_text())
+    assert rep["device"] == "fake" and rep["fake_slow"] == 8 and rep["ok"]
+    (pt,) = rep["points"]
+    assert pt["books"]["all_answered"] and pt["books"]["server_balanced"]
+    assert pt["inprocess"]["goodput_rps"] > 0 and pt["http"]["goodput_rps"] > 0
+    assert pt["http"]["models"]["mobilenet_v2"]["slo_ms"] == 80.0  # mix6's 10 ms, 8 times slower
+    assert "x8 slower than the H200's profiles" in p.stdout
+
+
+def test_the_fake_device_refuses_a_speed_below_the_h200s_or_a_device_of_its_own():
+    for extra, says in ((["--fake-device", "0.5"], "(>= 1)"), (["--fake-device", "2", "--tiny"], "drop --tiny")):
+        p = subprocess.run([sys.executable, str(SCRIPT), "examples/mix6.yaml", *extra],
+                           capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert p.returncode == 2 and says in p.stderr, p.stderr
