@@ -38,14 +38,16 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from sim_measured_hold import measured, measured_spread  # noqa: E402
 
-from gpuloom.bench.e2e import run_point, save_json  # noqa: E402
+from gpuloom.bench.e2e import check_arrivals, run_point, save_json  # noqa: E402
 from gpuloom.bench.experiment import simulate  # noqa: E402
 from gpuloom.bench.fake import fake_models, fake_service, fake_world  # noqa: E402
+from gpuloom.bench.machine import python_loop_us  # noqa: E402
 from gpuloom.bench.workload import load_workload  # noqa: E402
 from gpuloom.runtime.events import cpu_delta  # noqa: E402
 from gpuloom.runtime.sim import ContentionModel  # noqa: E402
 
-def measured_point(wl, profiles: dict, policy: str, *, scale: float, duration_s: float, max_batch: int) -> dict:
+def measured_point(wl, profiles: dict, policy: str, *, scale: float, duration_s: float, max_batch: int,
+                   arrivals: str = "thread") -> dict:
     """One point served by the service on a ``ProfiledFakeLayer`` (``gpuloom.bench.fake``)."""
     svc = fake_service(policy, profiles)
     svc.start()
@@ -54,7 +56,7 @@ def measured_point(wl, profiles: dict, policy: str, *, scale: float, duration_s:
             warnings.simplefilter("ignore")
             svc.load_many(list(fake_models(wl, max_batch, rate_scale=scale).values()))
         cpu0, t0 = svc.loop_cpu(True), time.monotonic()
-        pt = run_point(svc, wl, policy, scale=scale, duration_s=duration_s, pinned_inputs=False)
+        pt = run_point(svc, wl, policy, scale=scale, duration_s=duration_s, pinned_inputs=False, arrivals=arrivals)
         wall = time.monotonic() - t0
         cpu = cpu_delta(cpu0, svc.loop_cpu(), wall)
     finally:
@@ -64,7 +66,7 @@ def measured_point(wl, profiles: dict, policy: str, *, scale: float, duration_s:
             "models": [{"model": m.model, "served": m.served, "on_time": m.on_time, "dropped": m.dropped,
                         "p50_ms": m.p50_ms, "p99_ms": m.p99_ms} for m in pt.models],
             "lanes": lanes, "loop_lag": pt.loop_lag, "loop_cpu": cpu, "loop_cpu_wall_s": wall,
-            "answer_yields": pt.host.get("answer_yields", 0)}
+            "answer_yields": pt.host.get("answer_yields", 0), "arrivals": pt.arrivals}
 
 
 def told_hold(lanes: list[dict]) -> tuple[float, float]:
@@ -105,8 +107,16 @@ def main() -> int:
     ap.add_argument("--leg-env", default="GPULOOM_LAUNCH_FIRST",
                     help="the process-wide setting the legs alternate (default GPULOOM_LAUNCH_FIRST; or "
                          "GPULOOM_YIELD_ANSWERS: answers that stop for a batch that finished meanwhile)")
+    ap.add_argument("--arrivals", default="thread",
+                    help="who submits each point's requests (gpuloom bench's arrivals key): thread (default) or "
+                         "loop, the runtime's own thread; comma-separated: every policy once per value, in turn")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    try:
+        for x in a.arrivals.split(","):
+            check_arrivals(x)
+    except ValueError as e:
+        ap.error(f"--arrivals: {e}")
     wl, profiles = fake_world(load_workload(a.workload), a.slow, a.max_batch)
     prior = os.environ.get(a.leg_env)
     logging.disable(logging.WARNING)  # the fake device's drops and the service's replans
@@ -118,9 +128,11 @@ def main() -> int:
             os.environ.pop(a.leg_env, None)
         else:
             os.environ[a.leg_env] = prior
-    report = {"workload": a.workload, "policies": a.policy.split(","), "scale": a.scale, "slow": a.slow,
+    report = {"workload": a.workload, "policies": a.policy.split(","), "arrivals": a.arrivals.split(","),
+              "scale": a.scale, "slow": a.slow,
               "duration_s": a.duration, "max_batch": a.max_batch, "legs": legs,
-              "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}}
+              "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+                          "python_loop_us": python_loop_us()}}
     if a.out:
         save_json(a.out, report)
         print(f"wrote {a.out}")
@@ -132,20 +144,23 @@ def run_legs(a, wl, profiles: dict) -> list[dict]:
     legs = []
     for i, env in enumerate(a.legs.split(",")):
         os.environ[a.leg_env] = env  # read by each runtime at its start
-        for policy in a.policy.split(","):
+        for policy, arrivals in [(p, x) for p in a.policy.split(",") for x in a.arrivals.split(",")]:
             t0 = time.monotonic()
-            got = measured_point(wl, profiles, policy, scale=a.scale, duration_s=a.duration, max_batch=a.max_batch)
+            got = measured_point(wl, profiles, policy, scale=a.scale, duration_s=a.duration, max_batch=a.max_batch,
+                                 arrivals=arrivals)
             hold, sigma = told_hold(got["lanes"])
             sim = simulated_point(wl, profiles, policy, scale=a.scale, duration_s=a.duration, hold=hold, sigma=sigma)
             sim["told_hold_ms"], sim["told_hold_sigma"] = hold, sigma
             sim["goodput_error"] = sim["goodput_rps"] / got["goodput_rps"] - 1.0 if got["goodput_rps"] else None
             legs.append({"leg": i, "launch_first": os.environ.get("GPULOOM_LAUNCH_FIRST", "1"), "env": {a.leg_env: env},
-                         "policy": policy, "measured": got, "simulated": sim, "seconds": time.monotonic() - t0})
+                         "policy": policy, "arrivals": arrivals, "measured": got, "simulated": sim, "seconds": time.monotonic() - t0})
             lag = ", ".join(f"{q['label']} {q.get('submit_lag_p50_ms', float('nan')):.2f} / "
                             f"{q.get('submit_lag_p99_ms', float('nan')):.2f}" for q in got["lanes"])
             on_time = ", ".join(f"{m['model']} {m['on_time']}/{m['served']}" for m in got["models"])
             hold_p50 = ", ".join(f"{q['label']} {q.get('hold_p50_ms') or float('nan'):.2f}" for q in got["lanes"])
-            print(f"leg {i} {a.leg_env}={env} {policy}: goodput {got['goodput_rps']:.1f} req/s (sim told hold "
+            late = got["arrivals"].get("late_ms") or {}
+            print(f"leg {i} {a.leg_env}={env} {policy}, arrivals by {arrivals} (late p99 {late.get('p99', float('nan')):.1f} "
+                  f"ms): goodput {got['goodput_rps']:.1f} req/s (sim told hold "
                   f"{hold:.2f} ms, sigma {sigma:.2f}: {sim['goodput_rps']:.1f}, {sim['goodput_error']:+.1%}); "
                   f"submit lag p50 / p99 ms: {lag}; hold p50 ms: {hold_p50}; answers stopped for a finished batch {got['answer_yields']} times; "
                   f"on time / served: {on_time}", flush=True)
