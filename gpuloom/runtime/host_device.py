@@ -102,10 +102,9 @@ class FakeDeviceLayer(DeviceLayer):
     The sleep starts when the lane's watcher gets to the batch, not at its launch as on a GPU: a
     watcher waiting for the interpreter while the loop's thread works after a launch (answering
     drops, say) delays the batch as no GPU would. Diagnostics that compare timings with a GPU's or
-    the simulator's time batches from their launch instead (``scripts/diag_dstack_realtime.py``,
-    ``scripts/diag_overload_fake.py``); the tests' books and orders do not depend on it (made the
-    default, it broke ``busy >= device`` for batches launched ahead: a launch-timed batch's device time
-    overlaps the host's notice of the one before it).
+    the simulator's time batches from their launch instead (:class:`ProfiledFakeLayer`); the tests'
+    books and orders do not depend on it (made the default, it broke ``busy >= device`` for batches
+    launched ahead: a launch-timed batch's device time overlaps the host's notice of the one before it).
 
     With :meth:`notify` (the runtime's loop books completions) a batch is instead done ``latency``
     after its lane's previous one (:meth:`_due_at`), and one timer thread posts the waker then,
@@ -180,7 +179,6 @@ class FakeDeviceLayer(DeviceLayer):
             raise RuntimeError(err)
         out = ticket.model.fn(ticket.batch)
         return list(out), (time.perf_counter() - t0) * 1000.0 if ticket.due is None else ms
-
 
 
 class ProfiledFakeLayer(FakeDeviceLayer):
