@@ -42,7 +42,7 @@ class _FakeTicket:
     n: int
     name: str
     lane: tuple[int, int]  # (id(lanes), lane index)
-    due: float | None = None  # perf_counter when the batch is done (set by notify)
+    due: float | None = None  # perf_counter when the batch is done (set by notify, or at launch by ProfiledFakeLayer)
     ends: float | None = None  # without notify: when its sleep in finish ends (set as it begins)
     sms: float | None = None  # the SMs it runs on (ProfiledFakeLayer)
 
@@ -148,7 +148,8 @@ class FakeDeviceLayer(DeviceLayer):
     def notify(self, ticket: Any, waker: Any) -> bool:
         if not self.can_notify:
             return False
-        ticket.due = self._due_at(ticket, time.perf_counter())
+        if ticket.due is None:  # (a ProfiledFakeLayer batch is timed from its launch already)
+            ticket.due = self._due_at(ticket, time.perf_counter())
         _PostTimer.shared().post_at(ticket.due, waker)
         return True
 
@@ -211,12 +212,6 @@ class ProfiledFakeLayer(FakeDeviceLayer):
 
     def _latency_ms(self, t: _FakeTicket) -> float:
         return self.profiles.get(t.name).latency(t.n, t.sms)
-
-    def notify(self, ticket: Any, waker: Any) -> bool:
-        if not self.can_notify:
-            return False
-        _PostTimer.shared().post_at(ticket.due, waker)  # (due since its launch: the lane's timeline moved then)
-        return True
 
 
 def batch_inputs(torch: Any, np: Any, rows: Rows) -> list[Any]:
