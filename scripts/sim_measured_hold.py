@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpuloom.bench.e2e import planned_profiles, save_json  # noqa: E402
 from gpuloom.bench.experiment import simulate  # noqa: E402
+from gpuloom.bench.resimulate import simulate_report_point  # noqa: E402
 from gpuloom.bench.workload import workload_from_dict  # noqa: E402
 from gpuloom.commands.bench import sim_policy  # noqa: E402
 from gpuloom.plan.slowdown import device_over_profile, mean_by, slowed  # noqa: E402
@@ -108,14 +109,8 @@ def load_report(path: str | Path, store: ProfileStore, policy: str | None = None
     return d, workload_from_dict(d["workload"]), planned_profiles(d, store, policy)
 
 
-def simulate_at(report: dict, wl0, profiles: dict, policy: str, scale: float, contention: ContentionModel,
-                plan: dict | None = None):
-    """The simulator's run (``RunMetrics``) of ``policy`` at load ``scale`` as ``gpuloom bench``
-    simulates a point of ``report``: its workload scaled, its points' duration, the variant as the
-    report's ``meta`` (and the point's ``plan``) builds it."""
-    wl = dataclasses.replace(wl0.scaled(scale), duration_s=float(report["meta"]["duration_s"]))
-    name, options = sim_policy(policy, report["meta"], plan)
-    return simulate(wl, profiles, name, contention=contention, options=options).metrics
+#: the point as ``gpuloom bench`` simulates it (``gpuloom.bench.resimulate``; the scripts' old name)
+simulate_at = simulate_report_point
 
 
 def idle_per_batch(point: dict) -> float:

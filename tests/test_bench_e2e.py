@@ -39,6 +39,12 @@ def test_bench_serves_tiny_models_on_cpu_and_reports_every_metric(tmp_path):
     # the host's lanes' hold beyond GPU time, over the points held (host_hold.py: which kind of host)
     hold = rep["host_lane_hold"]
     assert hold["lanes"] >= 2 and hold["median_ms"] >= 0 and hold["nearest_preset"] in ("h200", "h100-fast-host")
+    # every point simulated again with that host's hold, read at the lowest load held: here the only
+    # one, so no point is held out and none is scored (resimulate.py)
+    cal = rep["host_calibration"]
+    assert cal["scale"] == 1.0 and cal["hold_ms"] >= 0 and cal["scored"] == 0
+    assert all(pt["sim_host"]["held_out"] is False and pt["sim_host"]["goodput_rps"] > 0
+               for pol in rep["policies"].values() for pt in pol["points"])
     for name, pol in rep["policies"].items():
         assert not pol["error"]
         (pt,) = pol["points"]

@@ -49,3 +49,66 @@ def test_every_preset_with_a_host_hold_is_a_contention_preset():
     from gpuloom.commands.simulate import CONTENTION_PRESETS
 
     assert set(PRESET_HOST_HOLD_MS) <= set(CONTENTION_PRESETS)
+
+
+def _scaled(points: dict[str, list[tuple[float, float, list[float]]]]) -> dict:
+    """policy -> [(scale, attainment, [each lane's p50 hold])]"""
+    return {"policies": {name: {"points": [{"scale": s, "slo_attainment": att,
+                                            "layouts": [{"hold_p50_ms": h} for h in holds]}
+                                           for s, att, holds in pts]} for name, pts in points.items()}}
+
+
+def test_the_calibration_is_the_lowest_load_held_with_every_policys_lanes_there():
+    from gpuloom.bench.host_hold import calibration_point
+
+    rep = _scaled({"dstack": [(0.5, 0.9, [0.1]), (1.0, 1.0, [0.3, 0.5]), (2.0, 1.0, [9.0])],
+                   "triton": [(1.0, 0.995, [0.4]), (0.75, 0.98, [0.2])]})
+    # x0.5 and x0.75 did not hold; at x1 both policies' three lanes count
+    assert calibration_point(rep) == (1.0, 0.4, 3)
+    assert calibration_point(rep, target=0.9) == (0.5, 0.1, 1)
+    assert calibration_point(_scaled({"dstack": [(1.0, 0.5, [0.3])]})) is None
+    no_holds = {"policies": {"dstack": {"points": [{"scale": 1.0, "slo_attainment": 1.0, "layouts": [{}]}]}}}
+    assert calibration_point(no_holds) is None
+
+
+def test_a_host_holding_like_a_presets_hosts_is_simulated_like_that_preset():
+    from gpuloom.bench.host_hold import host_contention
+    from gpuloom.runtime.sim import ContentionModel
+
+    for name, preset in (("h200", ContentionModel.h200_runs), ("h100-fast-host", ContentionModel.h100_fast_host)):
+        got, want = host_contention(PRESET_HOST_HOLD_MS[name]), preset()
+        assert abs(got.batch_overhead_ms - want.batch_overhead_ms) <= 0.01
+        assert got.hold_per_ms == want.hold_per_ms and got.demand_fraction == want.demand_fraction
+    assert host_contention(1.0).batch_overhead_ms > host_contention(0.5).batch_overhead_ms
+    with pytest.raises(ValueError, match="hold >= 0"):
+        host_contention(-0.1)
+    with pytest.raises(ValueError, match="hold >= 0"):
+        host_contention(float("nan"))
+
+
+def test_a_report_simulated_again_with_its_hosts_hold_scores_only_the_loads_above_it():
+    from gpuloom.bench.host_hold import host_contention
+    from gpuloom.bench.resimulate import WITHIN, add_host_resimulation, scored, simulate_report_point
+    from gpuloom.bench.e2e import planned_profiles
+    from gpuloom.bench.workload import workload_from_dict
+    from gpuloom.profile.store import ProfileStore
+
+    rep = json.loads((ROOT / "docs/results/runtime/bench_light3_h100_run176_hold_ab_0.json").read_text())
+    store = ProfileStore.builtin("h200")
+    res = add_host_resimulation(rep, store)
+    cal = rep["host_calibration"]
+    points = rep["policies"]["dstack"]["points"]
+    low = min(p["scale"] for p in points if p["slo_attainment"] >= 0.99)
+    assert cal["scale"] == low and res["calibration"]["scale"] == low
+    assert [p["sim_host"]["held_out"] for p in points] == [p["scale"] > low for p in points]
+    # each column is the point simulated with the host's hold, as a script would simulate it
+    wl, profs = workload_from_dict(rep["workload"]), planned_profiles(rep, store, "dstack")
+    p = points[-1]
+    want = simulate_report_point(rep, wl, profs, "dstack", p["scale"], host_contention(cal["hold_ms"]), p.get("plan"))
+    assert p["sim_host"]["goodput_rps"] == pytest.approx(want.goodput_rps)
+    assert p["sim_host"]["goodput_error"] == pytest.approx(want.goodput_rps / p["goodput_rps"] - 1)
+    # the summary counts the scored points above the calibration, and each column's within 10%
+    held_out = [q for q in points if q["sim_host"]["held_out"] and scored(q)]
+    assert cal["scored"] == len(held_out) > 0
+    assert cal["within_10pct_host"] == sum(abs(q["sim_host"]["goodput_error"]) <= WITHIN for q in held_out)
+    assert cal["within_10pct_preset"] == sum(abs(q["sim"]["goodput_error"]) <= WITHIN for q in held_out)

@@ -1,0 +1,107 @@
+"""A measured ``gpuloom bench`` report's points through the simulator again, with another simulated GPU.
+
+Why: a bench run simulates each point as it measures it, with the preset it was given (``h200`` by
+default), and which preset fits depends on the host (``host_hold``). Once the run is over its own
+lowest held load says how long this host's lanes hold a batch; :func:`host_resimulation` simulates
+every point again with that hold (``host_contention``) and scores the points above the calibration
+load, which it did not see. The report keeps both columns: ``sim`` (the preset) and ``sim_host``.
+Pure Python (the simulator), any machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from .e2e import offered_as_scheduled, planned_profiles
+from .experiment import simulate
+from .host_hold import calibration_point, host_contention
+from .workload import workload_from_dict
+
+#: issue 5's bar for the simulator: goodput within 10% of the measured
+WITHIN = 0.10
+#: below this attainment a point is in collapse: no queueing model of the GPU is asked to follow it
+#: (``scripts/calibrate_sim.py --min-attainment``'s default)
+MIN_ATTAINMENT = 0.5
+
+
+def simulate_report_point(report: dict, workload, profiles: dict, policy: str, scale: float, contention: Any,
+                          plan: dict | None = None):
+    """The simulator's run (``RunMetrics``) of ``policy`` at load ``scale`` as ``gpuloom bench``
+    simulates a point of ``report``: its ``workload`` scaled, its points' duration, the variant as
+    the report's ``meta`` (and the point's ``plan``) builds it."""
+    from ..commands.bench import sim_policy
+
+    wl = dataclasses.replace(workload.scaled(scale), duration_s=float(report["meta"]["duration_s"]))
+    name, options = sim_policy(policy, report["meta"], plan)
+    return simulate(wl, profiles, name, contention=contention, options=options).metrics
+
+
+def scored(point: dict) -> bool:
+    """Whether the simulator is held to ``point``: not in collapse, and offered as scheduled."""
+    return (point["slo_attainment"] >= MIN_ATTAINMENT and bool(point["goodput_rps"])
+            and offered_as_scheduled(point.get("arrivals") or {}))
+
+
+def host_resimulation(report: dict, store: Any, target: float = 0.99) -> dict | None:
+    """Every point of ``report`` simulated with its host's calibration, or None where no point held
+    with its lanes' holds recorded. Returns ``{"calibration": {...}, "points": {policy: [sim, ...]}}``,
+    each ``sim`` as a point's ``sim`` plus ``held_out`` (its load is above the calibration's) and,
+    under ``"summary"``, how many held-out scored points each column put within 10%: this one's and
+    the preset's the run simulated with (``sim``). ``store``: the profiles for reports that did not
+    record theirs (``planned_profiles``)."""
+    cal = calibration_point(report, target)
+    if cal is None:
+        return None
+    scale0, hold, lanes = cal
+    contention = host_contention(hold)
+    wl = workload_from_dict(report["workload"])
+    points: dict[str, list[dict]] = {}
+    host_ok = preset_ok = n = 0
+    for pol, p in report["policies"].items():
+        profs = planned_profiles(report, store, pol)
+        rows = points[pol] = []
+        for pt in p["points"]:
+            m = simulate_report_point(report, wl, profs, pol, pt["scale"], contention, pt.get("plan"))
+            g = pt["goodput_rps"]
+            row = {"goodput_rps": m.goodput_rps, "slo_attainment": m.slo_attainment, "p50_ms": m.p50_ms,
+                   "p99_ms": m.p99_ms, "goodput_error": (m.goodput_rps - g) / g if g else None,
+                   "held_out": pt["scale"] > scale0}
+            rows.append(row)
+            if row["held_out"] and scored(pt):
+                n += 1
+                host_ok += abs(row["goodput_error"]) <= WITHIN
+                preset_err = (pt.get("sim") or {}).get("goodput_error")
+                preset_ok += preset_err is not None and abs(preset_err) <= WITHIN
+    return {"calibration": {"scale": scale0, "hold_ms": round(hold, 3), "lanes": lanes,
+                            "batch_overhead_ms": contention.batch_overhead_ms},
+            "points": points,
+            "summary": {"scored": n, "within_10pct_host": host_ok, "within_10pct_preset": preset_ok}}
+
+
+def add_host_resimulation(report: dict, store: Any, target: float = 0.99) -> dict | None:
+    """:func:`host_resimulation` written into ``report``: each point's ``sim_host`` and the report's
+    ``host_calibration`` (with its summary). Returns what it added (None: nothing)."""
+    res = host_resimulation(report, store, target)
+    if res is None:
+        return None
+    for pol, rows in res["points"].items():
+        for pt, row in zip(report["policies"][pol]["points"], rows):
+            pt["sim_host"] = row
+    report["host_calibration"] = {**res["calibration"], **res["summary"]}
+    return res
+
+
+def host_line(res: dict, preset: str) -> str:
+    """One line for the bench's output: the two simulated columns' scores on the held-out points."""
+    c, s = res["calibration"], res["summary"]
+    if not s["scored"]:
+        return (f"simulated with this host's hold ({c['hold_ms']:.2f} ms at x{c['scale']:g}): no higher load "
+                f"measured to hold it to")
+    return (f"simulator within {WITHIN:.0%} of the measured goodput above x{c['scale']:g} ({s['scored']} points): "
+            f"{s['within_10pct_host']} told this host's hold ({c['hold_ms']:.2f} ms a batch at x{c['scale']:g}; "
+            f"sim_host), {s['within_10pct_preset']} with --contention {preset} (sim)")
+
+
+__all__ = ["MIN_ATTAINMENT", "WITHIN", "add_host_resimulation", "host_line", "host_resimulation", "scored",
+           "simulate_report_point"]

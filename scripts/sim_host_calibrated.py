@@ -1,0 +1,89 @@
+#!/usr/bin/env python
+"""Does one low-load point's lane hold predict a host's other points? (issue 5, CPU, held out)
+
+Why: the simulator's presets each stand for one kind of host (``h200``: lanes holding a batch about
+0.64 ms beyond its GPU time; ``h100-fast-host``: 0.23 ms; ``gpuloom.bench.host_hold``), and the H100
+hosts lent to us hold anywhere from 0.2 to 0.7 ms (run 193: 0.69), so a preset fits some hosts and
+misses others. Told each point's own hold the simulator follows the measured points
+(``scripts/sim_measured_hold.py``), but that is not a prediction. Here each report is calibrated on
+its lowest load that any policy held (the median lane hold there, every policy), and only its higher
+loads are scored: ``h100-fast-host`` with ``batch_overhead_ms`` = that hold plus the presets' own
+margin over the holds they were fitted on (0.11-0.12 ms: 0.75 over 0.64, 0.35 over 0.23), against
+the two presets as shipped (``gpuloom.bench.resimulate``, which ``gpuloom bench`` runs at the end as
+``sim_host``). The points scored: not in collapse (measured attainment >= 0.5) and offered as
+scheduled.
+
+    python scripts/sim_host_calibrated.py docs/results/runtime/bench_mix6_h100_run1[6-9]*.json \\
+        --out docs/results/runtime/sim_host_calibrated_session59.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from sim_measured_hold import load_report  # noqa: E402
+
+from gpuloom.bench.e2e import save_json  # noqa: E402
+from gpuloom.bench.host_hold import PRESET_MARGIN_MS  # noqa: E402
+from gpuloom.bench.resimulate import WITHIN, host_resimulation, scored, simulate_report_point  # noqa: E402
+from gpuloom.profile.store import ProfileStore  # noqa: E402
+from gpuloom.runtime.sim import ContentionModel  # noqa: E402
+
+PRESETS = {"h200": ContentionModel.h200_runs, "h100-fast-host": ContentionModel.h100_fast_host}
+COLUMNS = ("calibrated", *PRESETS)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("reports", nargs="+", help="gpuloom bench JSONs measured on the GPU")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    store = ProfileStore.builtin("h200")
+    rows, skipped = [], []
+    for path in a.reports:
+        if "workload" not in json.loads(Path(path).read_text()):
+            skipped.append({"report": Path(path).name, "why": "not a gpuloom bench report (no workload)"})
+            continue
+        d, wl, _ = load_report(path, store)
+        res = host_resimulation(d, store)
+        if res is None:
+            skipped.append({"report": Path(path).name, "why": "no point held with its lanes' holds"})
+            continue
+        cal = res["calibration"]
+        for pol, p in d["policies"].items():
+            _, _, profs = load_report(path, store, pol)
+            for pt, host in zip(p["points"], res["points"][pol]):
+                if not host["held_out"] or not scored(pt):
+                    continue
+                row = {"report": Path(path).name, "policy": pol, "scale": pt["scale"], "calibrated_at": cal["scale"],
+                       "host_hold_ms": cal["hold_ms"], "measured_goodput": round(pt["goodput_rps"], 1),
+                       "errors": {"calibrated": round(host["goodput_error"], 4)}}
+                for name, preset in PRESETS.items():
+                    got = simulate_report_point(d, wl, profs, pol, pt["scale"], preset(), pt.get("plan")).goodput_rps
+                    row["errors"][name] = round(got / pt["goodput_rps"] - 1.0, 4)
+                rows.append(row)
+                print(f"{row['report']} {pol} x{pt['scale']:g} (hold {cal['hold_ms']:.2f} at x{cal['scale']:g}): "
+                      + ", ".join(f"{k} {v:+.1%}" for k, v in row["errors"].items()), flush=True)
+    summary = {name: {"within_10pct": sum(abs(r["errors"][name]) <= WITHIN for r in rows), "points": len(rows),
+                      "mean_abs": round(statistics.mean(abs(r["errors"][name]) for r in rows), 4) if rows else None,
+                      "worst": max((r["errors"][name] for r in rows), key=abs, default=None)}
+               for name in COLUMNS}
+    for name, s in summary.items():
+        print(f"{name}: {s['within_10pct']} of {s['points']} within 10%, mean |error| {s['mean_abs']}, worst {s['worst']}")
+    if a.out:
+        save_json(a.out, {"method": __doc__.split("\n\n")[1].replace("\n", " "), "margin_ms": PRESET_MARGIN_MS,
+                          "summary": summary, "points": rows, "skipped": skipped})
+        print("wrote", a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
