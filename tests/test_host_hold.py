@@ -112,3 +112,16 @@ def test_a_report_simulated_again_with_its_hosts_hold_scores_only_the_loads_abov
     assert cal["scored"] == len(held_out) > 0
     assert cal["within_10pct_host"] == sum(abs(q["sim_host"]["goodput_error"]) <= WITHIN for q in held_out)
     assert cal["within_10pct_preset"] == sum(abs(q["sim"]["goodput_error"]) <= WITHIN for q in held_out)
+
+
+def test_the_bench_line_gives_the_simulate_flags_of_this_host():
+    from gpuloom.bench.resimulate import host_line
+
+    res = {"calibration": {"scale": 0.8125, "hold_ms": 0.642, "lanes": 9, "batch_overhead_ms": 0.757},
+           "summary": {"scored": 13, "within_10pct_host": 11, "within_10pct_preset": 10}}
+    line = host_line(res, "h200")
+    assert "above x0.8125 (13 points): 11 told this host's hold (0.64 ms" in line
+    assert "10 with --contention h200" in line
+    assert line.endswith("--contention h100-fast-host --batch-overhead-ms 0.757")
+    none = host_line({**res, "summary": {"scored": 0, "within_10pct_host": 0, "within_10pct_preset": 0}}, "h200")
+    assert "no higher load" in none and none.endswith("--batch-overhead-ms 0.757")

@@ -96,11 +96,13 @@ def host_line(res: dict, preset: str) -> str:
     """One line for the bench's output: the two simulated columns' scores on the held-out points."""
     c, s = res["calibration"], res["summary"]
     if not s["scored"]:
-        return (f"simulated with this host's hold ({c['hold_ms']:.2f} ms at x{c['scale']:g}): no higher load "
-                f"measured to hold it to")
+        return (f"simulated with this host's hold ({c['hold_ms']:.2f} ms a batch at x{c['scale']:g}; sim_host): no "
+                f"higher load measured to score it on; this host in gpuloom simulate: --contention h100-fast-host "
+                f"--batch-overhead-ms {c['batch_overhead_ms']:g}")
     return (f"simulator within {WITHIN:.0%} of the measured goodput above x{c['scale']:g} ({s['scored']} points): "
             f"{s['within_10pct_host']} told this host's hold ({c['hold_ms']:.2f} ms a batch at x{c['scale']:g}; "
-            f"sim_host), {s['within_10pct_preset']} with --contention {preset} (sim)")
+            f"sim_host), {s['within_10pct_preset']} with --contention {preset} (sim); this host in "
+            f"gpuloom simulate: --contention h100-fast-host --batch-overhead-ms {c['batch_overhead_ms']:g}")
 
 
 __all__ = ["MIN_ATTAINMENT", "WITHIN", "add_host_resimulation", "host_line", "host_resimulation", "scored",
