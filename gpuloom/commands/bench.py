@@ -341,23 +341,31 @@ def run(args: argparse.Namespace) -> int:
                         + (" (tiny models)" if args.tiny else ""),
                   caption=f"max load: the highest load factor held at >= {args.target:.0%} SLO attainment; the "
                           f"other columns: the highest load measured that held it ('at x'), or the highest "
-                          f"measured where none did")
+                          f"measured where none did; sim: the simulated goodput's error there (--contention "
+                          f"{sim_preset}), sim host: with this host's hold")
+    def sim_error(policy: str, scale: float, key: str) -> str:
+        """The simulated goodput's error at that point (``sim``: the preset; ``sim_host``: this host's hold)."""
+        pts = report.get("policies", {}).get(policy, {}).get("points", [])
+        err = next(((pt.get(key) or {}).get("goodput_error") for pt in pts if pt["scale"] == scale), None)
+        return "-" if err is None else f"{err:+.1%}"
+
     for col in ("policy", "max load x", "max req/s", "at x", "goodput/s", "attain", "p50 ms", "p99 ms",
-                "SM util", "idle(q)", "dispatch"):
+                "SM util", "idle(q)", "dispatch", "sim", "sim host"):
         # a variant's name in full (dstack:learn_holds=true:...): wrapped, never cut to "dsta…"
         table.add_column(col, justify="left" if col == "policy" else "right",
                          overflow="fold" if col == "policy" else "ellipsis")
     for r in results:
         last = max(r.points, key=lambda p: (p.ok(args.target), p.scale), default=None)
         if last is None:
-            table.add_row(r.policy, "-", "-", "-", "-", "-", "-", "-", "-", "-", r.error[:30])
+            table.add_row(r.policy, "-", "-", "-", "-", "-", "-", "-", "-", "-", r.error[:30], "-", "-")
             continue
         name = f"{r.policy} (cut short)" if r.error else r.policy  # its max load is a lower bound
         held = r.max_scale > 0
         table.add_row(name, f"{r.max_scale:.4g}" if held else "none", f"{r.max_load_rps:.0f}" if held else "-",
                       f"{last.scale:.4g}", f"{last.goodput_rps:.0f}",
                       f"{last.slo_attainment:.3f}", f"{last.p50_ms:.1f}", f"{last.p99_ms:.1f}",
-                      f"{last.sm_utilization:.2f}", f"{last.gpu_idle_ratio:.2f}", f"{last.dispatch_overhead:.3f}")
+                      f"{last.sm_utilization:.2f}", f"{last.gpu_idle_ratio:.2f}", f"{last.dispatch_overhead:.3f}",
+                      sim_error(r.policy, last.scale, "sim"), sim_error(r.policy, last.scale, "sim_host"))
     out = table_console(160)  # a log or a pipe gets the width of a wide terminal, not rich's 80 columns
     out.print(table)
     for r in results:
