@@ -54,13 +54,13 @@ def held_holds(report: dict, target: float = 0.99) -> list[tuple[float, float]]:
 
 
 def trend(report: dict) -> tuple[float, float, float, float] | None:
-    """(the second lowest held load, the hold at the lowest, its growth per unit of load to the second,
-    never below 0, the lowest load): the hold's trend from the two lowest loads, None with fewer than two."""
+    """(the lowest held load, the hold there, the second lowest held load, the hold's growth per unit of
+    load between the two, never below 0), or None where fewer than two loads held."""
     held = held_holds(report)
     if len(held) < 2:
         return None
     (s0, h0), (s1, h1) = held[:2]
-    return s1, h0, max(0.0, (h1 - h0) / (s1 - s0)), s0
+    return s0, h0, s1, max(0.0, (h1 - h0) / (s1 - s0))
 
 
 def main() -> int:
@@ -92,8 +92,8 @@ def main() -> int:
                 for name, preset in PRESETS.items():
                     got = simulate_report_point(d, wl, profs, pol, pt["scale"], preset(), pt.get("plan")).goodput_rps
                     row["errors"][name] = round(got / pt["goodput_rps"] - 1.0, 4)
-                if tr is not None and pt["scale"] > tr[0]:  # held out from both loads the trend is read at
-                    s1, h0, slope, s0 = tr
+                if tr is not None and pt["scale"] > tr[2]:  # held out from both loads the trend is read at
+                    s0, h0, _, slope = tr
                     cm = host_contention(h0 + slope * (pt["scale"] - s0))
                     got = simulate_report_point(d, wl, profs, pol, pt["scale"], cm, pt.get("plan")).goodput_rps
                     row["errors"]["trend"] = round(got / pt["goodput_rps"] - 1.0, 4)
