@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from sim_measured_hold import load_report  # noqa: E402
 
 from gpuloom.bench.e2e import save_json  # noqa: E402
-from gpuloom.bench.host_hold import PRESET_MARGIN_MS, host_contention  # noqa: E402
+from gpuloom.bench.host_hold import PRESET_MARGIN_MS, holds_by_load, host_contention  # noqa: E402
 from gpuloom.bench.resimulate import WITHIN, host_resimulation, scored, simulate_report_point  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
 from gpuloom.runtime.sim import ContentionModel  # noqa: E402
@@ -45,12 +45,7 @@ COLUMNS = ("calibrated", *PRESETS)
 
 def held_holds(report: dict, target: float = 0.99) -> list[tuple[float, float]]:
     """[(load, median lane hold ms)] of every load any policy held, every policy's lanes, by load."""
-    by: dict[float, list[float]] = {}
-    for p in report["policies"].values():
-        for pt in p["points"]:
-            if pt["slo_attainment"] >= target:
-                by.setdefault(pt["scale"], []).extend(q["hold_p50_ms"] for q in pt["layouts"] if "hold_p50_ms" in q)
-    return [(s, statistics.median(v)) for s, v in sorted(by.items()) if v]
+    return [(s, statistics.median(v)) for s, v in holds_by_load(report, target)]
 
 
 def trend(report: dict) -> tuple[float, float, float, float] | None:

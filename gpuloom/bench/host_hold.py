@@ -46,19 +46,29 @@ def host_hold(report: dict, target: float = 0.99) -> dict | None:
     return {"median_ms": round(med, 3), "lanes": len(holds), "nearest_preset": nearest}
 
 
+def holds_by_load(report: dict, target: float = 0.99) -> list[tuple[float, list[float]]]:
+    """[(load factor, every lane's median hold there, ms)] of each load any policy of ``report`` held at
+    ``target``, every policy's lanes together, lowest load first; loads whose points recorded no hold
+    are left out."""
+    by: dict[float, list[float]] = {}
+    for p in report.get("policies", {}).values():
+        for pt in p.get("points", []):
+            if pt.get("slo_attainment", 0.0) >= target:
+                by.setdefault(pt["scale"], []).extend(q["hold_p50_ms"] for q in pt.get("layouts", [])
+                                                      if "hold_p50_ms" in q)
+    return [(scale, holds) for scale, holds in sorted(by.items()) if holds]
+
+
 def calibration_point(report: dict, target: float = 0.99) -> tuple[float, float, int] | None:
     """(the lowest load factor any policy of ``report`` held at ``target``, the median lane hold in ms
     over every policy's lanes there, how many lanes) or None where no held point recorded its lanes'
     holds. The lowest load: the hold is the host's there, not queueing, and the loads above it are
     left to be predicted."""
-    held = [pt for p in report.get("policies", {}).values() for pt in p.get("points", [])
-            if pt.get("slo_attainment", 0.0) >= target]
-    for scale in sorted({pt["scale"] for pt in held}):
-        holds = [q["hold_p50_ms"] for pt in held if pt["scale"] == scale
-                 for q in pt.get("layouts", []) if "hold_p50_ms" in q]
-        if holds:
-            return scale, statistics.median(holds), len(holds)
-    return None
+    loads = holds_by_load(report, target)
+    if not loads:
+        return None
+    scale, holds = loads[0]
+    return scale, statistics.median(holds), len(holds)
 
 
 def host_contention(hold_ms: float) -> ContentionModel:
@@ -82,5 +92,5 @@ def hold_line(hold: dict, preset: str) -> str:
     return line
 
 
-__all__ = ["PRESET_HOST_HOLD_MS", "PRESET_MARGIN_MS", "calibration_point", "host_contention", "host_hold", "hold_line",
-           "lane_holds"]
+__all__ = ["PRESET_HOST_HOLD_MS", "PRESET_MARGIN_MS", "calibration_point", "holds_by_load", "host_contention",
+           "host_hold", "hold_line", "lane_holds"]

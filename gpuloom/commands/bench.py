@@ -343,6 +343,7 @@ def run(args: argparse.Namespace) -> int:
                           f"other columns: the highest load measured that held it ('at x'), or the highest "
                           f"measured where none did; sim: the simulated goodput's error there (--contention "
                           f"{sim_preset}), sim host: with this host's hold")
+
     def sim_error(policy: str, scale: float, key: str) -> str:
         """The simulated goodput's error at that point (``sim``: the preset; ``sim_host``: this host's hold)."""
         pts = report.get("policies", {}).get(policy, {}).get("points", [])
