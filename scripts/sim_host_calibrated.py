@@ -29,17 +29,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
 
-from sim_measured_hold import load_report  # noqa: E402
-
-from gpuloom.bench.e2e import save_json  # noqa: E402
+from gpuloom.bench.e2e import planned_profiles, save_json  # noqa: E402
 from gpuloom.bench.host_hold import PRESET_MARGIN_MS, holds_by_load, host_contention  # noqa: E402
 from gpuloom.bench.resimulate import WITHIN, host_resimulation, scored, simulate_report_point  # noqa: E402
+from gpuloom.bench.workload import workload_from_dict  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
-from gpuloom.runtime.sim import ContentionModel  # noqa: E402
+from gpuloom.runtime.sim import FITTED_PRESETS as PRESETS  # noqa: E402
 
-PRESETS = {"h200": ContentionModel.h200_runs, "h100-fast-host": ContentionModel.h100_fast_host}
 COLUMNS = ("calibrated", *PRESETS)
 
 
@@ -66,10 +63,11 @@ def main() -> int:
     store = ProfileStore.builtin("h200")
     rows, skipped = [], []
     for path in a.reports:
-        if "workload" not in json.loads(Path(path).read_text()):
+        d = json.loads(Path(path).read_text())
+        if "workload" not in d:
             skipped.append({"report": Path(path).name, "why": "not a gpuloom bench report (no workload)"})
             continue
-        d, wl, _ = load_report(path, store)
+        wl = workload_from_dict(d["workload"])
         res = host_resimulation(d, store)
         if res is None:
             skipped.append({"report": Path(path).name, "why": "no point held with its lanes' holds"})
@@ -77,7 +75,7 @@ def main() -> int:
         cal = res["calibration"]
         tr = trend(d)
         for pol, p in d["policies"].items():
-            _, _, profs = load_report(path, store, pol)
+            profs = planned_profiles(d, store, pol)
             for pt, host in zip(p["points"], res["points"][pol]):
                 if not host["held_out"] or not scored(pt):
                     continue

@@ -28,9 +28,7 @@ from sim_measured_hold import load_report, simulate_at  # noqa: E402
 
 from gpuloom.bench.e2e import save_json  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
-from gpuloom.runtime.sim import ContentionModel  # noqa: E402
-
-PRESETS = {"h200": ContentionModel.h200_runs, "h100-fast-host": ContentionModel.h100_fast_host}
+from gpuloom.runtime.sim import FITTED_PRESETS as PRESETS  # noqa: E402
 
 
 def main() -> int:

@@ -17,15 +17,14 @@ import dataclasses
 import math
 import statistics
 
-from ..runtime.sim import ContentionModel
+from ..runtime.sim import FITTED_PRESETS, ContentionModel
 
 #: the median lane hold (ms) of the runs each ``--contention`` preset was fitted on
 PRESET_HOST_HOLD_MS = {"h200": 0.64, "h100-fast-host": 0.23}
 #: the presets' batch overhead beyond the hold of the hosts they were fitted on (ms), averaged: the
 #: overhead also stands for what the hold leaves out (the launch before the batch's first kernel)
-PRESET_MARGIN_MS = round(statistics.mean(
-    {"h200": ContentionModel.h200_runs, "h100-fast-host": ContentionModel.h100_fast_host}[k]().batch_overhead_ms - v
-    for k, v in PRESET_HOST_HOLD_MS.items()), 4)
+PRESET_MARGIN_MS = round(statistics.mean(FITTED_PRESETS[k]().batch_overhead_ms - v
+                                         for k, v in PRESET_HOST_HOLD_MS.items()), 4)
 
 
 def lane_holds(report: dict, target: float = 0.99) -> list[float]:

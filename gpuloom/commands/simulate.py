@@ -67,10 +67,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def preset_model(name: str):
     """The :class:`~gpuloom.runtime.sim.ContentionModel` a ``--contention`` preset names."""
-    from gpuloom.runtime.sim import ContentionModel
+    from gpuloom.runtime.sim import FITTED_PRESETS, ContentionModel
 
-    presets = {"h200": ContentionModel.h200_runs, "h100-fast-host": ContentionModel.h100_fast_host}
-    return presets.get(name, ContentionModel)()
+    return FITTED_PRESETS.get(name, ContentionModel)()
 
 
 def contention_model(args: argparse.Namespace):

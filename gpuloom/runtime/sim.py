@@ -292,6 +292,11 @@ class ContentionModel:
         return 1.0 + self.interference * max(0, n_running - 1)
 
 
+#: the ``--contention`` presets fitted on measured runs, by name (``plain``, the bare model, is not one)
+FITTED_PRESETS: dict[str, Callable[[], ContentionModel]] = {"h200": ContentionModel.h200_runs,
+                                                             "h100-fast-host": ContentionModel.h100_fast_host}
+
+
 class _Run:
     """A batch in flight (mutable bookkeeping, private to the simulator)."""
 
