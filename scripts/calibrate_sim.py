@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gpuloom.bench.e2e import offered_as_scheduled, planned_profiles  # noqa: E402
 from gpuloom.bench.experiment import simulate  # noqa: E402
 from gpuloom.bench.workload import workload_from_dict  # noqa: E402
-from gpuloom.commands.bench import sim_policy  # noqa: E402,F401 - the variant as the simulator builds it
+from gpuloom.bench.variants import sim_policy  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
 from gpuloom.runtime.sim import ContentionModel  # noqa: E402
 

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/profile_thre
 
 from gpuloom.bench.e2e import run_point, simulate_point  # noqa: E402
 from gpuloom.bench.workload import load_workload  # noqa: E402
-from gpuloom.commands.bench import parse_policy_spec  # noqa: E402
+from gpuloom.bench.variants import parse_policy_spec  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
 from gpuloom.runtime.host_device import FakeModel, ProfiledFakeLayer  # noqa: E402
 from gpuloom.runtime.service import InferenceService, ModelConfig, TensorSpec  # noqa: E402

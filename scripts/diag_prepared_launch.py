@@ -51,7 +51,7 @@ def main(argv=None) -> int:
         print("diag_prepared_launch needs a CUDA GPU", file=sys.stderr)
         return 2
     from gpuloom.bench.e2e import run_point, save_json
-    from gpuloom.commands.bench import parse_policy_spec
+    from gpuloom.bench.variants import parse_policy_spec
     from gpuloom.runtime.cuda_device import CudaDeviceLayer
 
     grc.RATE_SCALE_HINT = a.scale

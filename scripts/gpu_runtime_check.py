@@ -349,7 +349,7 @@ def check_overhead(duration, scale, outputs=("copies",)):
     "copies", the default, and/or "views": run 70 put views' overhead above copies' at batches up to 16)."""
     global RATE_SCALE_HINT
     from gpuloom.bench.e2e import run_point
-    from gpuloom.commands.bench import parse_policy_spec
+    from gpuloom.bench.variants import parse_policy_spec
 
     RATE_SCALE_HINT = scale
 

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpuloom.bench.experiment import simulate  # noqa: E402
 from gpuloom.bench.workload import load_workload  # noqa: E402
-from gpuloom.commands.bench import parse_policy_spec  # noqa: E402
+from gpuloom.bench.variants import parse_policy_spec  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
 from gpuloom.runtime.service import trim_profile  # noqa: E402
 from gpuloom.runtime.sim import ContentionModel  # noqa: E402

@@ -42,7 +42,7 @@ from gpuloom.bench.e2e import planned_profiles, save_json  # noqa: E402
 from gpuloom.bench.experiment import simulate  # noqa: E402
 from gpuloom.bench.resimulate import simulate_report_point  # noqa: E402
 from gpuloom.bench.workload import workload_from_dict  # noqa: E402
-from gpuloom.commands.bench import sim_policy  # noqa: E402
+from gpuloom.bench.variants import sim_policy  # noqa: E402
 from gpuloom.plan.slowdown import device_over_profile, mean_by, slowed  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
 from gpuloom.runtime.sim import ContentionModel  # noqa: E402

@@ -36,7 +36,7 @@ from sim_measured_hold import load_report, measured_world  # noqa: E402
 
 from gpuloom.bench.e2e import save_json  # noqa: E402
 from gpuloom.bench.experiment import simulate  # noqa: E402
-from gpuloom.commands.bench import sim_policy  # noqa: E402
+from gpuloom.bench.variants import sim_policy  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
 
 

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from gpuloom.bench.variants import parse_policy_spec, sim_policy
 from gpuloom.commands import bench
 from gpuloom.runtime.exec_backend import ExecBackend
 
@@ -257,8 +258,8 @@ def test_a_repeats_label_names_the_same_variant_for_the_simulator():
     assert spec_of("dstack:holds=a#b.json") == "dstack:holds=a#b.json"  # only a trailing repeat number
     assert policy_of("dstack:outputs=views#3") == "dstack" and policy_of("triton#2") == "triton"
     meta = {"dstack_min_sms_default": 16}
-    assert bench.sim_policy("dstack:replan=false#2", meta) == bench.sim_policy("dstack:replan=false", meta)
-    assert bench.sim_policy("triton#2", meta) == ("triton", {})
+    assert sim_policy("dstack:replan=false#2", meta) == sim_policy("dstack:replan=false", meta)
+    assert sim_policy("triton#2", meta) == ("triton", {})
 
 
 def test_a_malformed_or_unknown_policy_variant_is_refused_with_the_expected_spelling(tmp_path, capsys):
@@ -471,7 +472,7 @@ def test_a_bucket_far_slower_than_its_profile_is_named_in_the_output(tmp_path, m
 
 
 def test_workqueues_is_a_service_key_of_a_variant_and_the_report_records_the_process_connections(tmp_path, monkeypatch):
-    assert bench.parse_policy_spec("dstack:workqueues=balanced:min_sms=0") == (
+    assert parse_policy_spec("dstack:workqueues=balanced:min_sms=0") == (
         "dstack", {"min_sms": 0}, {"workqueues": "balanced"})
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32")
     rc, rep = run_bench(tmp_path, "--policy", "triton:workqueues=balanced")

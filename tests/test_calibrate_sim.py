@@ -21,46 +21,6 @@ def test_a_point_counts_as_late_by_its_flag_else_by_its_lateness_else_not():
     assert cal.client_late({}) is False  # runs before either: unknown, counted on time (as they always were)
 
 
-def test_a_measured_variant_is_simulated_with_its_policy_options_and_plain_dstack_with_its_runs_floor():
-    cal = load_script()
-    assert cal.sim_policy("triton", {}) == ("triton", {})
-    # service keys configure the real runtime; the simulator gets the policy's own options
-    # reports from before meta.dstack_remainder_default (and before lanes, growing and shedding)
-    # (and before meta.dstack_hold_default dstack planned no hold: 0, not the simulated device's)
-    old = {"remainder": "smallest", "lanes": "partitions", "grow": False, "shed": False, "batch_overhead_ms": 0.0}
-    assert cal.sim_policy("dstack:batch_overhead_ms=0.7:pinned_inputs=true", {}) == (
-        "dstack", {**old, "batch_overhead_ms": 0.7, "min_sms": 0})
-    assert cal.sim_policy("dstack", {}) == ("dstack", {"min_sms": 0, **old})  # a report from before the floor
-    assert cal.sim_policy("dstack", {"dstack_min_sms_default": 16}) == ("dstack", {"min_sms": 16, **old})
-    assert cal.sim_policy("dstack:min_sms=24", {"dstack_min_sms_default": 16}) == ("dstack", {"min_sms": 24, **old})
-    meta = {"dstack_min_sms_default": 16, "dstack_remainder_default": "largest"}
-    before = {"lanes": "partitions", "grow": False, "shed": False, "batch_overhead_ms": 0.0}
-    assert cal.sim_policy("dstack", meta) == ("dstack", {"min_sms": 16, "remainder": "largest", **before})
-    assert cal.sim_policy("dstack:remainder=smallest", meta) == (
-        "dstack", {"min_sms": 16, "remainder": "smallest", **before})
-    assert cal.sim_policy("dstack:lanes=shared", meta)[1]["grow"] is False  # session 15: no growing unless asked
-    now = {"lanes": "auto", "grow": "auto", "shed": True, "batch_overhead_ms": 0.0}
-    assert cal.sim_policy("dstack", meta, {"admit_rps": {}})[1] == {"min_sms": 16, "remainder": "largest", **now}
-    meta16 = {**meta, "dstack_lanes_default": "auto", "dstack_grow_default": "auto", "dstack_shed_default": True}
-    assert cal.sim_policy("dstack:shed=false", meta16)[1] == {"min_sms": 16, "remainder": "largest", **now,
-                                                              "shed": False}
-    # adapt needs shedding: a report whose plain dstack did not shed still simulates its adapt variant
-    assert cal.sim_policy("dstack:adapt=true", meta)[1] == {"min_sms": 16, "remainder": "largest", **before,
-                                                           "shed": True, "adapt": True}
-    meta17 = {**meta16, "dstack_adapt_default": False}
-    assert cal.sim_policy("dstack", meta17)[1] == {"min_sms": 16, "remainder": "largest", **now, "adapt": False}
-    # the hold a run planned: the point's plan says it, else the report's default (fifty-third session)
-    meta53 = {**meta17, "dstack_hold_default": 1.125}
-    assert cal.sim_policy("dstack", meta53)[1]["batch_overhead_ms"] == 1.125
-    assert cal.sim_policy("dstack", meta53, {"admit_rps": {}, "batch_overhead_ms": 0.8})[1]["batch_overhead_ms"] == 0.8
-    assert cal.sim_policy("dstack:batch_overhead_ms=0", meta53)[1]["batch_overhead_ms"] == 0.0
-    learning = cal.sim_policy("dstack:learn_slowdown=true", meta16)  # as dstack itself: partitions
-    assert learning[1]["lanes"] == "partitions"
-    from gpuloom.policy import make_policy
-
-    make_policy(*learning[:1], **learning[1])  # and the simulator can build it
-
-
 def test_the_measured_hold_and_slowdown_of_a_point_are_batch_weighted():
     mod = _load("sim_measured_hold")
     point = {"layouts": [{"batches": 30, "gap_ms": 1.0, "shared": False}, {"batches": 10, "gap_ms": 3.0, "shared": False},

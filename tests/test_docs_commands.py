@@ -54,7 +54,7 @@ def test_every_documented_policy_spelling_names_a_policy_and_options_it_takes():
     show by name), and none of the service's keys under ``gpuloom serve``, which refuses them."""
     import inspect
 
-    from gpuloom.commands.bench import parse_policy_spec
+    from gpuloom.bench.variants import parse_policy_spec
     from gpuloom.policy import make_policy
 
     specs = [(f, i, cmd, spec) for f, i, cmd, rest in _command_lines()

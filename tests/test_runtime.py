@@ -541,7 +541,8 @@ def test_the_pure_layers_do_not_import_torch():
     import subprocess
     import sys
 
-    code = ("import sys, gpuloom.policy, gpuloom.runtime, gpuloom.bench.experiment, gpuloom.bench.metrics; "
+    code = ("import sys, gpuloom.policy, gpuloom.runtime, gpuloom.bench.experiment, gpuloom.bench.metrics, "
+            "gpuloom.bench.variants; "
             "assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

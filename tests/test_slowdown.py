@@ -291,6 +291,7 @@ def test_dstack_plans_and_dispatches_with_each_models_hold():
     pol.setup(make_context(w, {m.name: ZOO.get(m.name) for m in w.models}))
     r, v = pol.schedule.model("resnet50"), pol.schedule.model("vgg16")
     assert r.latency_ms == pytest.approx(ZOO.get("resnet50").latency(r.batch, r.sms) + 3.0)
+    assert v.latency_ms == pytest.approx(ZOO.get("vgg16").latency(v.batch, v.sms) + 0.25)  # the default hold
     assert pol._hold_ms("resnet50", 1, 16) == pytest.approx(ZOO.get("resnet50").latency(1, 16) + 3.0)
     assert pol._hold_ms("vgg16", 1, 16) == pytest.approx(ZOO.get("vgg16").latency(1, 16) + 0.25)
     with pytest.raises(ValueError, match="holds"):
@@ -299,7 +300,7 @@ def test_dstack_plans_and_dispatches_with_each_models_hold():
 
 def test_a_replan_keeps_each_models_hold_and_a_report_reads_what_a_point_planned_with():
     from gpuloom.bench.experiment import make_context
-    from gpuloom.commands.bench import sim_policy
+    from gpuloom.bench.variants import sim_policy
 
     w = Workload((ModelSpec("resnet50", 25.0, arrival=Arrival("poisson", rate=600.0)),
                   ModelSpec("vgg16", 100.0, arrival=Arrival("poisson", rate=100.0))), duration_s=1.0)

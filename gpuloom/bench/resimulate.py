@@ -16,6 +16,7 @@ from typing import Any
 from .e2e import offered_as_scheduled, planned_profiles
 from .experiment import simulate
 from .host_hold import calibration_point, host_contention
+from .variants import sim_policy
 from .workload import workload_from_dict
 
 #: issue 5's bar for the simulator: goodput within 10% of the measured
@@ -30,8 +31,6 @@ def simulate_report_point(report: dict, workload, profiles: dict, policy: str, s
     """The simulator's run (``RunMetrics``) of ``policy`` at load ``scale`` as ``gpuloom bench``
     simulates a point of ``report``: its ``workload`` scaled, its points' duration, the variant as
     the report's ``meta`` (and the point's ``plan``) builds it."""
-    from ..commands.bench import sim_policy
-
     wl = dataclasses.replace(workload.scaled(scale), duration_s=float(report["meta"]["duration_s"]))
     name, options = sim_policy(policy, report["meta"], plan)
     return simulate(wl, profiles, name, contention=contention, options=options).metrics

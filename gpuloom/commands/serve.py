@@ -247,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
 
     from gpuloom.profile.store import ProfileStore
 
-    from gpuloom.commands.bench import parse_policy_spec
+    from gpuloom.bench.variants import parse_policy_spec
 
     if args.graph_cache is not None:  # read by every compile of this process (gpuloom.engine.graph_cache)
         os.environ["GPULOOM_GRAPH_CACHE"] = args.graph_cache

@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuloom.bench.experiment import fluid_bound, simulate, sweep_rate
     from gpuloom.bench.plots import comparison_chart
     from gpuloom.bench.workload import WorkloadError, load_workload, resolve_profiles, validate
-    from gpuloom.commands.bench import parse_policy_spec
+    from gpuloom.bench.variants import parse_policy_spec
     from gpuloom.commands.output import table_console
     from gpuloom.plan.slowdown import load_slowdowns, slowed
     from gpuloom.policy import make_policy, policy_names
