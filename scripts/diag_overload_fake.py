@@ -66,7 +66,8 @@ def measured_point(wl, profiles: dict, policy: str, *, scale: float, duration_s:
             "models": [{"model": m.model, "served": m.served, "on_time": m.on_time, "dropped": m.dropped,
                         "p50_ms": m.p50_ms, "p99_ms": m.p99_ms} for m in pt.models],
             "lanes": lanes, "loop_lag": pt.loop_lag, "loop_cpu": cpu, "loop_cpu_wall_s": wall,
-            "answer_yields": pt.host.get("answer_yields", 0), "arrivals": pt.arrivals}
+            "answer_yields": pt.host.get("answer_yields", 0), "arrivals": pt.arrivals,
+            "answer_us_per_request": pt.host.get("answer_us_per_request")}
 
 
 def told_hold(lanes: list[dict]) -> tuple[float, float]:

@@ -76,6 +76,11 @@ def test_bench_serves_tiny_models_on_cpu_and_reports_every_metric(tmp_path):
         n_batches = sum(r["batches"] for r in checked)
         assert host["batches_per_s"] > 0 and 0 <= host["launch_ms_per_s"] <= 1000.0
         assert host["batches_per_s"] * pt["duration_s"] >= 0.5 * n_batches  # wall time includes the drain
+        # the loop's time handing results back, per request answered (the host's cost of a drop):
+        # every request the point answered was counted (the drain's too, so at least the served ones)
+        assert host["answer_us_per_request"] > 0
+        answered = sum(m["served"] + m["dropped"] + m["failed"] for m in pt["models"])
+        assert host["answered_per_s"] * pt["duration_s"] >= 0.5 * answered
         # what could stall the runtime during the point, recorded for the diagnosis of latency tails
         assert set(pt["loop_lag"]) == {"over_1ms", "over_5ms", "over_20ms", "max_ms"}
         assert pt["loop_lag"]["over_1ms"] >= pt["loop_lag"]["over_5ms"] >= pt["loop_lag"]["over_20ms"] >= 0

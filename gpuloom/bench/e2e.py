@@ -565,6 +565,12 @@ def host_split(before: dict, after: dict, wall_ms: float) -> dict:
         out["carving_checks"] = after["carving_checks"]
     if after.get("rt_answer_yields"):  # GPULOOM_YIELD_ANSWERS: the answers stopped for a finished batch
         out["answer_yields"] = int(after["rt_answer_yields"] - before.get("rt_answer_yields", 0.0))
+    answered = after.get("rt_answered", 0.0) - before.get("rt_answered", 0.0)
+    if answered > 0:  # the loop's wall time per request handed back (served or dropped): the host's
+        # cost of a drop, which the simulator's host_drop_ms charges (fitted per host until now)
+        out["answer_us_per_request"] = round(
+            (after.get("rt_answer_ms", 0.0) - before.get("rt_answer_ms", 0.0)) / answered * 1000.0, 2)
+        out["answered_per_s"] = round(answered / wall_ms * 1000.0, 1)
     out["complete_on"] = after.get("complete_on", "watcher")
     if out["complete_on"] == "loop":  # batches the GPU woke the runtime's thread for (the rest: watchers)
         out["loop_completions"] = after.get("loop_completions", 0) - before.get("loop_completions", 0)

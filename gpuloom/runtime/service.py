@@ -676,6 +676,7 @@ class InferenceService(LoopHosting):
             idle = dict(rt.idle) if rt is not None else {}
             if rt is not None:  # times the answers stopped for a batch that finished meanwhile (a float, as the rest)
                 idle["answer_yields"] = float(rt.answer_yields)
+                idle["answer_ms"], idle["answered"] = rt.answer_ms, float(rt.answered)
             swaps = rt.layout_swaps if rt is not None else 0
         return {
             "policy": self.policy_name,
