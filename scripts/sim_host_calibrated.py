@@ -13,7 +13,9 @@ the two presets as shipped (``gpuloom.bench.resimulate``, which ``gpuloom bench`
 ``sim_host``). The points scored: not in collapse (measured attainment >= 0.5) and offered as
 scheduled. A ``trend`` column, where a report held two loads or more, grows the hold linearly from the
 lowest load to the second (never shrinking) and scores the points above the second: the holds grow
-with the load on some hosts (run 144: 0.37 ms at x0.25, 0.61 at x1).
+with the load on some hosts (run 144: 0.37 ms at x0.25, 0.61 at x1). A ``loop_drop`` column (sixtieth
+session) also tells each point the host's time per dropped request read off its runtime loop's CPU per
+request (``host_hold.DROP_MS_PER_LOOP_US``, fitted on nexus's overloaded points).
 
     python scripts/sim_host_calibrated.py docs/results/runtime/bench_mix6_h100_run1[6-9]*.json \\
         --out docs/results/runtime/sim_host_calibrated_session59.json
@@ -22,6 +24,7 @@ with the load on some hosts (run 144: 0.37 ms at x0.25, 0.61 at x1).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -31,7 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpuloom.bench.e2e import planned_profiles, save_json  # noqa: E402
-from gpuloom.bench.host_hold import PRESET_MARGIN_MS, holds_by_load, host_contention  # noqa: E402
+from gpuloom.bench.host_hold import (DROP_MS_PER_LOOP_US, PRESET_MARGIN_MS, holds_by_load, host_contention,  # noqa: E402
+                                     loop_us_per_request)
 from gpuloom.bench.resimulate import WITHIN, host_resimulation, scored, simulate_report_point  # noqa: E402
 from gpuloom.bench.workload import workload_from_dict  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
@@ -85,6 +89,12 @@ def main() -> int:
                 for name, preset in PRESETS.items():
                     got = simulate_report_point(d, wl, profs, pol, pt["scale"], preset(), pt.get("plan")).goodput_rps
                     row["errors"][name] = round(got / pt["goodput_rps"] - 1.0, 4)
+                loop_us = loop_us_per_request(pt)  # the point's own host cost of a drop (sixtieth session)
+                if loop_us is not None:
+                    cm = dataclasses.replace(host_contention(cal["hold_ms"]),
+                                             host_drop_ms=DROP_MS_PER_LOOP_US * loop_us)
+                    got = simulate_report_point(d, wl, profs, pol, pt["scale"], cm, pt.get("plan")).goodput_rps
+                    row["errors"]["loop_drop"] = round(got / pt["goodput_rps"] - 1.0, 4)
                 if tr is not None and pt["scale"] > tr[2]:  # held out from both loads the trend is read at
                     s0, h0, _, slope = tr
                     cm = host_contention(h0 + slope * (pt["scale"] - s0))
@@ -98,10 +108,18 @@ def main() -> int:
                       "mean_abs": round(statistics.mean(abs(r["errors"][name]) for r in rows), 4) if rows else None,
                       "worst": max((r["errors"][name] for r in rows), key=abs, default=None)}
                for name in COLUMNS}
+    looped = [r for r in rows if "loop_drop" in r["errors"]]  # points that recorded the loop's CPU
+    summary["loop_drop_subset"] = {name: sum(abs(r["errors"][name]) <= WITHIN for r in looped)
+                                   for name in (*COLUMNS, "loop_drop")}
+    summary["loop_drop_subset"]["points"] = len(looped)
     both = [r for r in rows if "trend" in r["errors"]]  # the points above each report's two lowest held loads
     summary["trend_subset"] = {name: sum(abs(r["errors"][name]) <= WITHIN for r in both) for name in (*COLUMNS, "trend")}
     summary["trend_subset"]["points"] = len(both)
     for name, s in summary.items():
+        if name == "loop_drop_subset":
+            print(f"told each point's loop CPU per request for the host's time per drop ({len(looped)} points), "
+                  "within 10%: " + ", ".join(f"{k} {v}" for k, v in s.items() if k != "points"))
+            continue
         if name == "trend_subset":
             print(f"above the two lowest held loads ({len(both)} points), within 10%: "
                   + ", ".join(f"{k} {v}" for k, v in s.items() if k != "points"))

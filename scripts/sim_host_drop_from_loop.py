@@ -36,19 +36,13 @@ from sim_measured_hold import load_report, simulate_at  # noqa: E402
 
 from gpuloom.bench.e2e import save_json  # noqa: E402
 from gpuloom.bench.labels import spec_of  # noqa: E402
+from gpuloom.bench.host_hold import loop_us_per_request  # noqa: E402
 from gpuloom.bench.variants import parse_policy_spec  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
 from gpuloom.runtime.sim import FITTED_PRESETS  # noqa: E402
 
 PRESET = "h100-fast-host"
 FIXED = (0.04, 0.05)  # the preset's fitted value and the slow hosts' (sim_host_drop_sweep_session58/59)
-
-
-def loop_us_per_request(point: dict) -> float | None:
-    """The runtime loop thread's CPU (us) per request that entered the point, or None where not recorded."""
-    cpu = point.get("host", {}).get("thread_cpu", {}).get("gpuloom-runtime")
-    entered = sum(m["submitted"] for m in point["models"]) / point["duration_s"]
-    return cpu / entered * 1e6 if cpu and entered else None
 
 
 def zero_error_drop_ms(goodput_at, measured: float, lo: float = 0.0, hi: float = 0.15, steps: int = 12) -> float:

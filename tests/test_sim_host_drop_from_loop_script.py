@@ -1,4 +1,5 @@
-"""scripts/sim_host_drop_from_loop.py: the loop's CPU per request, the zero-error bisection, the fit (CPU)."""
+"""scripts/sim_host_drop_from_loop.py (the zero-error bisection, the fit) and the loop's CPU per request it reads
+(``host_hold.loop_us_per_request``) (CPU)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ from script_loader import load_script
 
 
 def test_the_loop_cpu_is_read_per_request_that_entered():
-    mod = load_script("sim_host_drop_from_loop")
+    from gpuloom.bench.host_hold import loop_us_per_request
+
     point = {"duration_s": 5.0, "models": [{"submitted": 40_000}, {"submitted": 10_000}],
              "host": {"thread_cpu": {"gpuloom-runtime": 0.2, "MainThread": 0.3}}}
-    assert mod.loop_us_per_request(point) == pytest.approx(0.2 / 10_000 * 1e6)  # 20 us per request
-    assert mod.loop_us_per_request({**point, "host": {}}) is None  # reports before the thread CPU
+    assert loop_us_per_request(point) == pytest.approx(0.2 / 10_000 * 1e6)  # 20 us per request
+    assert loop_us_per_request({**point, "host": {}}) is None  # reports before the thread CPU
 
 
 def test_the_zero_error_drop_time_is_found_where_the_simulated_goodput_meets_the_measured():

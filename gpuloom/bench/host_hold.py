@@ -25,6 +25,24 @@ PRESET_HOST_HOLD_MS = {"h200": 0.64, "h100-fast-host": 0.23}
 #: overhead also stands for what the hold leaves out (the launch before the batch's first kernel)
 PRESET_MARGIN_MS = round(statistics.mean(FITTED_PRESETS[k]().batch_overhead_ms - v
                                          for k, v in PRESET_HOST_HOLD_MS.items()), 4)
+#: the host's time per dropped request (``ContentionModel.host_drop_ms``, ms) for each us of the
+#: runtime loop's CPU per request that entered the point: fitted on nexus's overloaded points of H100
+#: runs 173 and 183 (fast hosts, 16.5-20.2 us per request); held out on runs 192-198 (18.8-28.2 us),
+#: 5 of 11 within 10% and 10 of 11 within 20%, where the fixed 0.04 ms put 0 and 1
+#: (``scripts/sim_host_drop_from_loop.py``, sixtieth session). Not in the bench's ``sim_host``: where
+#: few requests drop, the loop's CPU per request is mostly per-batch work (mix6 with max batch 4, run
+#: 164: 72-98 us per request at 0.24-0.42 batches per request), and told it at every point the
+#: calibrated simulator put 145 of session 59's 162 held-out points within 10% against 148
+#: (``scripts/sim_host_calibrated.py``'s ``loop_drop`` column)
+DROP_MS_PER_LOOP_US = 0.00235
+
+
+def loop_us_per_request(point: dict) -> float | None:
+    """The runtime loop thread's CPU (us) per request that entered a bench ``point``: its intake,
+    decision and answer work, which a dropped request costs in full. None where not recorded."""
+    cpu = point.get("host", {}).get("thread_cpu", {}).get("gpuloom-runtime")
+    entered = sum(m["submitted"] for m in point.get("models", ())) / point["duration_s"]
+    return cpu / entered * 1e6 if cpu and entered else None
 
 
 def lane_holds(report: dict, target: float = 0.99) -> list[float]:
@@ -91,5 +109,5 @@ def hold_line(hold: dict, preset: str) -> str:
     return line
 
 
-__all__ = ["PRESET_HOST_HOLD_MS", "PRESET_MARGIN_MS", "calibration_point", "holds_by_load", "host_contention",
-           "host_hold", "hold_line", "lane_holds"]
+__all__ = ["DROP_MS_PER_LOOP_US", "PRESET_HOST_HOLD_MS", "PRESET_MARGIN_MS", "calibration_point", "holds_by_load", "host_contention",
+           "host_hold", "hold_line", "lane_holds", "loop_us_per_request"]
