@@ -67,7 +67,8 @@ def measured_point(wl, profiles: dict, policy: str, *, scale: float, duration_s:
                         "p50_ms": m.p50_ms, "p99_ms": m.p99_ms} for m in pt.models],
             "lanes": lanes, "loop_lag": pt.loop_lag, "loop_cpu": cpu, "loop_cpu_wall_s": wall,
             "answer_yields": pt.host.get("answer_yields", 0), "arrivals": pt.arrivals,
-            "answer_us_per_request": pt.host.get("answer_us_per_request")}
+            "answer_us_per_request": pt.host.get("answer_us_per_request"),
+            "intake_us_per_request": pt.host.get("intake_us_per_request")}
 
 
 def told_hold(lanes: list[dict]) -> tuple[float, float]:

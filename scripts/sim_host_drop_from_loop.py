@@ -97,6 +97,10 @@ def main() -> int:
                        "fit": any(s in Path(path).name for s in fit_names),
                        "client_late": client_late(p),
                        "measured_goodput": round(p["goodput_rps"], 1), "loop_us_per_request": round(x, 2),
+                       # a request's own host work apart from its batches' (recorded since the sixtieth
+                       # session's runs 199-200: the intake since its last commit), for the next fit
+                       "answer_us_per_request": p["host"].get("answer_us_per_request"),
+                       "intake_us_per_request": p["host"].get("intake_us_per_request"),
                        "zero_error_drop_ms": round(zero_error_drop_ms(goodput_at, p["goodput_rps"]), 4)}
                 row["goodput_at"] = goodput_at  # (dropped before saving)
                 rows.append(row)

@@ -81,6 +81,7 @@ def test_bench_serves_tiny_models_on_cpu_and_reports_every_metric(tmp_path):
         assert host["answer_us_per_request"] > 0
         answered = sum(m["served"] + m["dropped"] + m["failed"] for m in pt["models"])
         assert host["answered_per_s"] * pt["duration_s"] >= 0.5 * answered
+        assert host["intake_us_per_request"] > 0  # and taking each in
         # what could stall the runtime during the point, recorded for the diagnosis of latency tails
         assert set(pt["loop_lag"]) == {"over_1ms", "over_5ms", "over_20ms", "max_ms"}
         assert pt["loop_lag"]["over_1ms"] >= pt["loop_lag"]["over_5ms"] >= pt["loop_lag"]["over_20ms"] >= 0

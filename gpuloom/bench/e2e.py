@@ -571,6 +571,10 @@ def host_split(before: dict, after: dict, wall_ms: float) -> dict:
         out["answer_us_per_request"] = round(
             (after.get("rt_answer_ms", 0.0) - before.get("rt_answer_ms", 0.0)) / answered * 1000.0, 2)
         out["answered_per_s"] = round(answered / wall_ms * 1000.0, 1)
+    taken = after.get("rt_taken_in", 0.0) - before.get("rt_taken_in", 0.0)
+    if taken > 0:  # and its wall time per request taken in: with the answer, a request's own host work
+        out["intake_us_per_request"] = round(
+            (after.get("rt_intake_ms", 0.0) - before.get("rt_intake_ms", 0.0)) / taken * 1000.0, 2)
     out["complete_on"] = after.get("complete_on", "watcher")
     if out["complete_on"] == "loop":  # batches the GPU woke the runtime's thread for (the rest: watchers)
         out["loop_completions"] = after.get("loop_completions", 0) - before.get("loop_completions", 0)

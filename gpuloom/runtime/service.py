@@ -677,6 +677,7 @@ class InferenceService(LoopHosting):
             if rt is not None:  # times the answers stopped for a batch that finished meanwhile (a float, as the rest)
                 idle["answer_yields"] = float(rt.answer_yields)
                 idle["answer_ms"], idle["answered"] = rt.answer_ms, float(rt.answered)
+                idle["intake_ms"], idle["taken_in"] = rt.intake_ms, float(rt.taken_in)
             swaps = rt.layout_swaps if rt is not None else 0
         return {
             "policy": self.policy_name,
