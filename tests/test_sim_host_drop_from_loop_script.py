@@ -15,6 +15,7 @@ def test_the_loop_cpu_is_read_per_request_that_entered():
              "host": {"thread_cpu": {"gpuloom-runtime": 0.2, "MainThread": 0.3}}}
     assert loop_us_per_request(point) == pytest.approx(0.2 / 10_000 * 1e6)  # 20 us per request
     assert loop_us_per_request({**point, "host": {}}) is None  # reports before the thread CPU
+    assert loop_us_per_request(point, "MainThread") == pytest.approx(30.0)  # another thread's, per request
 
 
 def test_the_zero_error_drop_time_is_found_where_the_simulated_goodput_meets_the_measured():

@@ -37,10 +37,12 @@ PRESET_MARGIN_MS = round(statistics.mean(FITTED_PRESETS[k]().batch_overhead_ms -
 DROP_MS_PER_LOOP_US = 0.00235
 
 
-def loop_us_per_request(point: dict) -> float | None:
+def loop_us_per_request(point: dict, thread: str = "gpuloom-runtime") -> float | None:
     """The runtime loop thread's CPU (us) per request that entered a bench ``point``: its intake,
-    decision and answer work, which a dropped request costs in full. None where not recorded."""
-    cpu = point.get("host", {}).get("thread_cpu", {}).get("gpuloom-runtime")
+    decision and answer work, which a dropped request costs in full. None where not recorded.
+    ``thread``: another of the point's ``host.thread_cpu`` entries instead (``"process"``: the whole
+    process, whose threads share one interpreter)."""
+    cpu = point.get("host", {}).get("thread_cpu", {}).get(thread)
     entered = sum(m["submitted"] for m in point.get("models", ())) / point["duration_s"]
     return cpu / entered * 1e6 if cpu and entered else None
 
