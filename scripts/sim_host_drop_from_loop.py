@@ -104,8 +104,8 @@ def main() -> int:
                        "fit": any(s in Path(path).name for s in fit_names),
                        "client_late": client_late(p),
                        "measured_goodput": round(p["goodput_rps"], 1), "loop_us_per_request": round(x, 2),
-                       # a request's own host work apart from its batches' (recorded since the sixtieth
-                       # session's runs 199-200: the intake since its last commit), for the next fit
+                       # a request's own host work apart from its batches', for the next fit (points
+                       # record the answers since runs 199-200, the intake since the runs after them)
                        "answer_us_per_request": p["host"].get("answer_us_per_request"),
                        "intake_us_per_request": p["host"].get("intake_us_per_request"),
                        "zero_error_drop_ms": round(zero_error_drop_ms(goodput_at, p["goodput_rps"]), 4)}

@@ -111,5 +111,5 @@ def hold_line(hold: dict, preset: str) -> str:
     return line
 
 
-__all__ = ["DROP_MS_PER_LOOP_US", "PRESET_HOST_HOLD_MS", "PRESET_MARGIN_MS", "calibration_point", "holds_by_load", "host_contention",
-           "host_hold", "hold_line", "lane_holds", "loop_us_per_request"]
+__all__ = ["DROP_MS_PER_LOOP_US", "PRESET_HOST_HOLD_MS", "PRESET_MARGIN_MS", "calibration_point", "holds_by_load",
+           "host_contention", "host_hold", "hold_line", "lane_holds", "loop_us_per_request"]
