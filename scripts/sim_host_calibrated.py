@@ -108,23 +108,16 @@ def main() -> int:
                       "mean_abs": round(statistics.mean(abs(r["errors"][name]) for r in rows), 4) if rows else None,
                       "worst": max((r["errors"][name] for r in rows), key=abs, default=None)}
                for name in COLUMNS}
-    looped = [r for r in rows if "loop_drop" in r["errors"]]  # points that recorded the loop's CPU
-    summary["loop_drop_subset"] = {name: sum(abs(r["errors"][name]) <= WITHIN for r in looped)
-                                   for name in (*COLUMNS, "loop_drop")}
-    summary["loop_drop_subset"]["points"] = len(looped)
-    both = [r for r in rows if "trend" in r["errors"]]  # the points above each report's two lowest held loads
-    summary["trend_subset"] = {name: sum(abs(r["errors"][name]) <= WITHIN for r in both) for name in (*COLUMNS, "trend")}
-    summary["trend_subset"]["points"] = len(both)
     for name, s in summary.items():
-        if name == "loop_drop_subset":
-            print(f"told each point's loop CPU per request for the host's time per drop ({len(looped)} points), "
-                  "within 10%: " + ", ".join(f"{k} {v}" for k, v in s.items() if k != "points"))
-            continue
-        if name == "trend_subset":
-            print(f"above the two lowest held loads ({len(both)} points), within 10%: "
-                  + ", ".join(f"{k} {v}" for k, v in s.items() if k != "points"))
-            continue
         print(f"{name}: {s['within_10pct']} of {s['points']} within 10%, mean |error| {s['mean_abs']}, worst {s['worst']}")
+    # the columns some points lack, scored on the points that have them beside the others
+    for extra, said in (("loop_drop", "told each point's loop CPU per request for the host's time per drop"),
+                        ("trend", "above the two lowest held loads")):
+        subset = [r for r in rows if extra in r["errors"]]
+        s = summary[f"{extra}_subset"] = {name: sum(abs(r["errors"][name]) <= WITHIN for r in subset)
+                                          for name in (*COLUMNS, extra)}
+        s["points"] = len(subset)
+        print(f"{said} ({len(subset)} points), within 10%: " + ", ".join(f"{k} {v}" for k, v in s.items() if k != "points"))
     if a.out:
         save_json(a.out, {"method": __doc__.split("\n\n")[1].replace("\n", " "), "margin_ms": PRESET_MARGIN_MS,
                           "summary": summary, "points": rows, "skipped": skipped})

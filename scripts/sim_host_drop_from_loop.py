@@ -83,10 +83,10 @@ def main() -> int:
     fit_names = [s for s in a.fit.split(",") if s]
     store = ProfileStore.builtin("h200")
     base = FITTED_PRESETS[PRESET]()
+    policy = parse_policy_spec(a.policy)[0]
     rows = []
     for path in a.reports:
         d, wl, profs = load_report(path, store, a.policy)
-        policy = parse_policy_spec(a.policy)[0]
         for label, run in d["policies"].items():
             name, _, service = parse_policy_spec(spec_of(label))
             if name != policy or service.get("arrivals", "thread") != "thread" or run.get("error"):

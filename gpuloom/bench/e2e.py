@@ -513,6 +513,13 @@ def _increase_per(a: dict, b: dict, count: str) -> dict | None:
     return {k: (a[k] - b.get(k, 0.0)) / n for k in a if k != count} if n > 0 else None
 
 
+def _us_per(a: dict, b: dict, total_ms: str, count: str) -> tuple[float, float] | None:
+    """The increase from ``b`` to ``a`` of the sum ``total_ms`` per unit of ``count``'s, in us, and
+    ``count``'s increase; None if it did not grow."""
+    n = a.get(count, 0.0) - b.get(count, 0.0)
+    return (round((a.get(total_ms, 0.0) - b.get(total_ms, 0.0)) / n * 1000.0, 2), n) if n > 0 else None
+
+
 def _copies_per_batch(got: dict) -> dict:
     """``copy_ms`` per batch, with launch-graph batches (whose input copies are not timed) out of the
     input copies' mean: ``h2d`` per timed batch, and the untimed batches' share as ``h2d_untimed_share``."""
@@ -565,16 +572,15 @@ def host_split(before: dict, after: dict, wall_ms: float) -> dict:
         out["carving_checks"] = after["carving_checks"]
     if after.get("rt_answer_yields"):  # GPULOOM_YIELD_ANSWERS: the answers stopped for a finished batch
         out["answer_yields"] = int(after["rt_answer_yields"] - before.get("rt_answer_yields", 0.0))
-    answered = after.get("rt_answered", 0.0) - before.get("rt_answered", 0.0)
-    if answered > 0:  # the loop's wall time per request handed back (served or dropped): the host's
-        # cost of a drop, which the simulator's host_drop_ms charges (fitted per host until now)
-        out["answer_us_per_request"] = round(
-            (after.get("rt_answer_ms", 0.0) - before.get("rt_answer_ms", 0.0)) / answered * 1000.0, 2)
+    # the loop's wall time per request handed back (served or dropped) and per request taken in: a
+    # request's own host work, what the simulator's host_drop_ms charges a drop (fitted per host until now)
+    answers = _us_per(after, before, "rt_answer_ms", "rt_answered")
+    if answers is not None:
+        out["answer_us_per_request"], answered = answers
         out["answered_per_s"] = round(answered / wall_ms * 1000.0, 1)
-    taken = after.get("rt_taken_in", 0.0) - before.get("rt_taken_in", 0.0)
-    if taken > 0:  # and its wall time per request taken in: with the answer, a request's own host work
-        out["intake_us_per_request"] = round(
-            (after.get("rt_intake_ms", 0.0) - before.get("rt_intake_ms", 0.0)) / taken * 1000.0, 2)
+    intake = _us_per(after, before, "rt_intake_ms", "rt_taken_in")
+    if intake is not None:
+        out["intake_us_per_request"] = intake[0]
     out["complete_on"] = after.get("complete_on", "watcher")
     if out["complete_on"] == "loop":  # batches the GPU woke the runtime's thread for (the rest: watchers)
         out["loop_completions"] = after.get("loop_completions", 0) - before.get("loop_completions", 0)
