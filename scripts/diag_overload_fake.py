@@ -64,7 +64,7 @@ def measured_point(wl, profiles: dict, policy: str, *, scale: float, duration_s:
     lanes = [q for q in pt.layouts if q["batches"]]
     entered = sum(m.submitted for m in pt.models)
     thread = cpu["thread_cpu_s_per_s"]
-    return {"loop_us_per_request": thread * wall / entered * 1e6 if thread and entered else None,"goodput_rps": pt.goodput_rps, "slo_attainment": pt.slo_attainment,
+    return {"entered": entered, "loop_us_per_request": thread * wall / entered * 1e6 if thread and entered else None,"goodput_rps": pt.goodput_rps, "slo_attainment": pt.slo_attainment,
             "models": [{"model": m.model, "served": m.served, "on_time": m.on_time, "dropped": m.dropped,
                         "p50_ms": m.p50_ms, "p99_ms": m.p99_ms} for m in pt.models],
             "lanes": lanes, "loop_lag": pt.loop_lag, "loop_cpu": cpu, "loop_cpu_wall_s": wall,
@@ -95,7 +95,7 @@ def answer_cost(got: dict) -> str:
     per = (sum(r["cpu_s_per_s"] for r in due) * got["loop_cpu_wall_s"] / answered * 1e6) if due and answered else None
     thread = cpu["thread_cpu_s_per_s"]
     top = ", ".join(f"{r['callback'].rsplit('.', 1)[-1]} {r['cpu_s_per_s']:.3f}" for r in cpu["callbacks"][:4])
-    entered = got["loop_us_per_request"]
+    entered = got.get("loop_us_per_request")
     return (f"{'?' if thread is None else f'{thread:.3f}'} CPU-s/s ({top}); answering "
             f"{'?' if per is None else f'{per:.1f}'} us per request answered; in all "
             f"{'?' if entered is None else f'{entered:.1f}'} us per request that entered")

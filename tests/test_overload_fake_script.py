@@ -41,6 +41,9 @@ def test_the_script_runs_a_leg_and_writes_what_it_measured_and_simulated(tmp_pat
         "resnet50", "mobilenet_v2", "inception_v3", "vgg16", "bert_base"}
     (lane,) = got["lanes"]  # nexus: one lane, every batch's submit lag kept
     assert lane["batches"] > 0 and 0 <= lane["submit_lag_p50_ms"] <= lane["submit_lag_p99_ms"]
+    cpu = got["loop_cpu"]["thread_cpu_s_per_s"]  # the loop's CPU per request that entered: a host probe
+    assert got["entered"] >= sum(m["served"] + m["dropped"] for m in got["models"]) > 0
+    assert got["loop_us_per_request"] == pytest.approx(cpu * got["loop_cpu_wall_s"] / got["entered"] * 1e6)
     assert sim["told_hold_ms"] >= 0 and sim["goodput_error"] == pytest.approx(sim["goodput_rps"] / got["goodput_rps"] - 1)
 
 
@@ -53,4 +56,6 @@ def test_the_loop_threads_answering_is_read_per_request_answered_served_or_dropp
     line = mod.answer_cost(got)  # 0.01 CPU-s/s over 2 s for 2,000 answers: 10 us each
     assert "0.200 CPU-s/s" in line and "answering 10.0 us per request answered" in line and "_decide 0.005" in line
     got["loop_cpu"]["callbacks"] = got["loop_cpu"]["callbacks"][1:]
-    assert "answering ? us" in mod.answer_cost(got)
+    assert "answering ? us" in mod.answer_cost(got) and "in all ? us per request that entered" in mod.answer_cost(got)
+    got["loop_us_per_request"] = 12.34
+    assert "in all 12.3 us per request that entered" in mod.answer_cost(got)
