@@ -522,12 +522,20 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, WorkloadError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    # the one place a fake device and a real one part: the world (device, workload, profiles), how
+    # its models are built, and the service that runs them
     if args.fake_device is not None:  # the workload's SLOs slowed with the fake device
-        from gpuloom.bench.fake import fake_world
+        from gpuloom.bench.fake import fake_models, fake_service, fake_world
 
         device, warns = "fake", []
         workload, profiles = fake_world(workload, args.fake_device, args.max_batch)
         args.inprocess_copies = True  # (nothing page-locked on a fake device)
+
+        def make_models() -> dict:
+            return fake_models(workload, args.max_batch)
+
+        def make_service(extra: dict) -> InferenceService:
+            return fake_service(args.policy, profiles, queue_limit=args.queue_limit, **extra)
     else:
         try:
             device, profiles, warns = resolve_device_and_profiles(workload, device=args.device,
@@ -535,6 +543,13 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+
+        def make_models() -> dict:
+            return build_models(workload, tiny=args.tiny, device=device, max_batch=args.max_batch, progress=say)
+
+        def make_service(extra: dict) -> InferenceService:
+            return InferenceService(policy=args.policy, device=device, profiles=profiles,
+                                    queue_limit=args.queue_limit, **extra)
     for w in warns:
         say(f"warning: {w}")
     other_cpus = None
@@ -555,12 +570,7 @@ def run(args: argparse.Namespace) -> int:
     machine = {"start": describe_machine(sync)}
     say(summary(machine["start"]))
 
-    if args.fake_device is not None:
-        from gpuloom.bench.fake import fake_models
-
-        models = fake_models(workload, args.max_batch)
-    else:
-        models = build_models(workload, tiny=args.tiny, device=device, max_batch=args.max_batch, progress=say)
+    models = make_models()
     t_built = time.monotonic()
     slos = {m.name: float(m.slo_ms) for m in workload.models}
     extra = {} if args.lookahead_ms is None else {"lookahead_ms": args.lookahead_ms}
@@ -570,13 +580,7 @@ def run(args: argparse.Namespace) -> int:
         extra["complete_on"] = args.complete_on
     if args.outputs != "copies":
         extra["outputs"] = args.outputs
-    if args.fake_device is not None:
-        from gpuloom.bench.fake import fake_service
-
-        svc = fake_service(args.policy, profiles, queue_limit=args.queue_limit, **extra)
-    else:
-        svc = InferenceService(policy=args.policy, device=device, profiles=profiles, queue_limit=args.queue_limit,
-                               **extra)
+    svc = make_service(extra)
     server = None
     points: list[dict] = []
     error = ""
