@@ -494,16 +494,12 @@ def lane_deltas(before: list[dict], after: list[dict]) -> list[dict]:
                     "batches": n, "busy_ms": busy, "device_ms": dev, "gap_ms": per(busy - dev, n), "ahead": na,
                     "gap_ahead_ms": per(d["ahead_busy_ms"] - d["ahead_device_ms"], na),
                     "gap_idle_ms": per((busy - d["ahead_busy_ms"]) - (dev - d["ahead_device_ms"]), n - na)})
-        counts = loghist.delta(p.get("hold_hist", {}), b.get("hold_hist"))
-        if counts:
-            out[-1]["hold_p50_ms"], out[-1]["hold_p99_ms"] = loghist.tails(counts)
-        counts = loghist.delta(p.get("turnaround_hist", {}), b.get("turnaround_hist"))
-        if counts:
-            out[-1]["turnarounds"] = sum(counts.values())
-            out[-1]["turnaround_p50_ms"], out[-1]["turnaround_p99_ms"] = loghist.tails(counts)
-        counts = loghist.delta(p.get("submit_lag_hist", {}), b.get("submit_lag_hist"))
-        if counts:
-            out[-1]["submit_lag_p50_ms"], out[-1]["submit_lag_p99_ms"] = loghist.tails(counts)
+        for name in ("hold", "turnaround", "submit_lag"):  # each kept histogram's tails over the point
+            counts = loghist.delta(p.get(f"{name}_hist", {}), b.get(f"{name}_hist"))
+            if counts:
+                out[-1][f"{name}_p50_ms"], out[-1][f"{name}_p99_ms"] = loghist.tails(counts)
+                if name == "turnaround":
+                    out[-1]["turnarounds"] = sum(counts.values())
     return out
 
 
