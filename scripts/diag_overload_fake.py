@@ -13,8 +13,9 @@ alternating ``GPULOOM_LAUNCH_FIRST`` (``--legs``), each
 point against the simulator of the same world told the lanes' measured hold (mean, lognormal spread).
 
 Per leg and policy: goodput, attainment, per model served and on time, each lane's submit lag (its
-decision's clock to its submit: what answering the drops first costs the batch) and hold, and the
-simulator's goodput and error.
+decision's clock to its submit: what answering the drops first costs the batch) and hold, the loop
+thread's CPU per request that entered (``loop_us_per_request``; run on a GPU host before its bench, a
+probe of that host's per-drop time), and the simulator's goodput and error.
 
     python scripts/diag_overload_fake.py --policy nexus,dstack --legs 0,1,0,1 \\
         --out docs/results/runtime/overload_fake_cpu_session55.json
@@ -64,7 +65,11 @@ def measured_point(wl, profiles: dict, policy: str, *, scale: float, duration_s:
     lanes = [q for q in pt.layouts if q["batches"]]
     entered = sum(m.submitted for m in pt.models)
     thread = cpu["thread_cpu_s_per_s"]
-    return {"entered": entered, "loop_us_per_request": thread * wall / entered * 1e6 if thread and entered else None,"goodput_rps": pt.goodput_rps, "slo_attainment": pt.slo_attainment,
+    # the loop's CPU per request that entered: the same runtime code on this host's CPU, a probe of
+    # the per-drop host time taken before a GPU bench (runs 202-203)
+    per_request = thread * wall / entered * 1e6 if thread and entered else None
+    return {"entered": entered, "loop_us_per_request": per_request,
+            "goodput_rps": pt.goodput_rps, "slo_attainment": pt.slo_attainment,
             "models": [{"model": m.model, "served": m.served, "on_time": m.on_time, "dropped": m.dropped,
                         "p50_ms": m.p50_ms, "p99_ms": m.p99_ms} for m in pt.models],
             "lanes": lanes, "loop_lag": pt.loop_lag, "loop_cpu": cpu, "loop_cpu_wall_s": wall,
