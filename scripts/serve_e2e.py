@@ -509,7 +509,7 @@ def run(args: argparse.Namespace) -> int:
     from gpuloom.bench.e2e import build_models, resolve_device_and_profiles, run_point, save_json
     from gpuloom.bench.workload import WorkloadError, arrival_times, load_workload
     from gpuloom.runtime.service import InferenceService
-    from gpuloom.bench.machine import describe_machine, summary
+    from gpuloom.bench.machine import describe_machine, gpuloom_settings, summary
     from gpuloom.serve.core import ServeCore
     from gpuloom.serve.server import Server
 
@@ -591,7 +591,8 @@ def run(args: argparse.Namespace) -> int:
                 "build_s": round(t_built - t_start, 1), "seconds": round(time.monotonic() - t_start, 1),
                 "cpus": os.cpu_count(), "service_cpus": args.cpus, "inprocess_arrivals": args.inprocess_arrivals,
                 "inprocess_inputs": "copied" if args.inprocess_copies else "pinned", "worker_wakeups": args.worker_wakeups,
-                "machine": dict(machine), **connections_in_effect().as_meta()}
+                "machine": dict(machine), "gpuloom_settings": gpuloom_settings(),
+                **connections_in_effect().as_meta()}
         if device.startswith("cuda"):
             meta["gpu"] = torch.cuda.get_device_name(0)
         ok = bool(points) and not error and all(p["books"]["all_answered"] and p["books"]["server_balanced"]

@@ -481,7 +481,9 @@ def test_workqueues_is_a_service_key_of_a_variant_and_the_report_records_the_pro
     assert parse_policy_spec("dstack:workqueues=balanced:min_sms=0") == (
         "dstack", {"min_sms": 0}, {"workqueues": "balanced"})
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+    monkeypatch.setenv("GPULOOM_YIELD_ANSWERS", "0")  # an A/B's leg: the report says which
     rc, rep = run_bench(tmp_path, "--policy", "triton:workqueues=balanced")
+    assert rep["meta"]["gpuloom_settings"]["GPULOOM_YIELD_ANSWERS"] == "0"
     assert rc == 0 and not rep["policies"]["triton:workqueues=balanced"]["error"]
     assert rep["meta"]["cuda_device_max_connections"] == 32 and rep["meta"]["dstack_min_sms_default"] == 16
     assert rep["meta"]["dstack_remainder_default"] == "largest"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from gpuloom.bench.machine import describe_machine, python_loop_us, summary, sync_us, thread_wake_us
+from gpuloom.bench.machine import describe_machine, gpuloom_settings, python_loop_us, summary, sync_us, thread_wake_us
 
 
 def test_the_probes_measure_what_they_name():
@@ -22,3 +22,11 @@ def test_the_machine_description_is_plain_data_with_a_one_line_summary():
     line = summary(m)
     assert line.startswith("host: ") and "thread wake-up" in line and "CUDA synchronize" in line
     assert "CUDA" not in summary(describe_machine())
+
+
+def test_the_gpuloom_settings_are_the_processes_gpuloom_variables_without_the_cache_paths():
+    env = {"GPULOOM_YIELD_ANSWERS": "1", "GPULOOM_LAUNCH_FIRST": "0", "GPULOOM_GRAPH_CACHE": "/tmp/g",
+           "GPULOOM_PROFILE_CACHE": "/tmp/p", "CUDA_DEVICE_MAX_CONNECTIONS": "32", "PATH": "/bin"}
+    got = gpuloom_settings(env)
+    assert got == {"GPULOOM_LAUNCH_FIRST": "0", "GPULOOM_YIELD_ANSWERS": "1"} and list(got) == sorted(got)
+    assert gpuloom_settings({"PATH": "/bin"}) == {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -281,10 +282,12 @@ def test_the_fake_device_serves_the_workloads_models_as_profiled_with_slowed_slo
     out = tmp_path / "fake.json"
     p = subprocess.run([sys.executable, str(SCRIPT), "examples/mix6.yaml", "--fake-device", "8", "--scale", "0.02",
                         "--duration", "1.5", "--clients", "1", "--http-workers", "1", "--out", str(out)],
-                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+                       capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env={**os.environ, "GPULOOM_LAUNCH_FIRST": "1"})
     assert p.returncode == 0, p.stderr[-3000:]
     rep = json.loads(out.read_text())
     assert rep["device"] == "fake" and rep["fake_slow"] == 8 and rep["ok"]
+    assert rep["meta"]["gpuloom_settings"]["GPULOOM_LAUNCH_FIRST"] == "1"  # which leg of an A/B it was
     (pt,) = rep["points"]
     assert pt["books"]["all_answered"] and pt["books"]["server_balanced"]
     assert pt["inprocess"]["goodput_rps"] > 0 and pt["http"]["goodput_rps"] > 0

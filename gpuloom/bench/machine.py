@@ -23,7 +23,7 @@ import platform
 import statistics
 import threading
 import time
-from typing import Callable
+from typing import Callable, Mapping
 
 LOOP_N = 100_000
 
@@ -104,6 +104,19 @@ def describe_machine(sync: Callable[[], None] | None = None) -> dict:
     if sync is not None:
         out["cuda_sync_us"] = round(sync_us(sync), 1)
     return out
+
+
+#: the environment variables that only say where gpuloom keeps files, left out of :func:`gpuloom_settings`
+PATH_SETTINGS = ("GPULOOM_GRAPH_CACHE", "GPULOOM_PROFILE_CACHE")
+
+
+def gpuloom_settings(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The process-wide ``GPULOOM_*`` settings in effect (``GPULOOM_LAUNCH_FIRST``,
+    ``GPULOOM_YIELD_ANSWERS``, ...), not the cache paths, sorted by name: a report whose figures an
+    A/B of such a setting moved says which leg it was (runs 202-203's legs differed by 29-43% with
+    ``GPULOOM_YIELD_ANSWERS``, and their reports did not say so)."""
+    env = os.environ if environ is None else environ
+    return {k: env[k] for k in sorted(env) if k.startswith("GPULOOM_") and k not in PATH_SETTINGS}
 
 
 def summary(machine: dict) -> str:

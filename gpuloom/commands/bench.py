@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     for w in warns:
         console.print(f"[yellow]warning:[/yellow] {w}")
     from gpuloom.bench.host_hold import hold_line, host_hold
-    from gpuloom.bench.machine import describe_machine, summary
+    from gpuloom.bench.machine import describe_machine, gpuloom_settings, summary
 
     sync = torch.cuda.synchronize if device.startswith("cuda") else None
     machine = {"start": describe_machine(sync)}  # which host, how fast: figures from two machines differ
@@ -191,6 +191,8 @@ def run(args: argparse.Namespace) -> int:
                 "dstack_hold_default": DEFAULT_HOLD_MS,
                 # hardware queues the driver opens for the process (8 by default; gpuloom asks for 32)
                 **connections_in_effect().as_meta(),
+                # the process-wide GPULOOM_* settings (an A/B's leg), empty where none is set
+                "gpuloom_settings": gpuloom_settings(),
                 # the host's CPU and speed probes at the start (and the end, once every policy ran)
                 "machine": dict(machine),
                 # the simulated GPU each point's "sim" comes from

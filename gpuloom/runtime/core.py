@@ -206,7 +206,8 @@ class Runtime:
         #: held 0.14-0.24 ms less per batch but served no more (1,148 / 1,132 against 1,155 req/s), and
         #: over HTTP mix6 kept 0.290 of in-process goodput against 0.506 without (one pair: the chunks
         #: are more answer calls, each a reply to the HTTP workers; since then only drops are chunked).
-        #: Off by default
+        #: In process at the overload since: +15% (run 196), -12% (198), +29% and +43% (202-203).
+        #: Off by default until HTTP and mix6 are measured with it
         self._yield_answers = self._launch_first and os.environ.get("GPULOOM_YIELD_ANSWERS", "0") == "1"
         self.answer_yields = 0  # times the answers stopped for a finished batch
         # online: the loop's wall time handing results to their callers, and how many (what a
