@@ -14,6 +14,9 @@ told apart, and a slow host shows before its figures are compared:
 
 Each probe is a median of a few repeats, so a single preemption does not decide it. No torch here:
 the caller passes the CUDA synchronize.
+
+Beside them, ``gpuloom_settings``: the process's ``GPULOOM_*`` settings, so that a report says which leg
+of an A/B it was.
 """
 
 from __future__ import annotations
