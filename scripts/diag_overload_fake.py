@@ -42,6 +42,7 @@ from sim_measured_hold import measured, measured_spread  # noqa: E402
 from gpuloom.bench.e2e import check_arrivals, run_point, save_json  # noqa: E402
 from gpuloom.bench.experiment import simulate  # noqa: E402
 from gpuloom.bench.fake import fake_models, fake_service, fake_world  # noqa: E402
+from gpuloom.bench.host_hold import cpu_us_per_request  # noqa: E402
 from gpuloom.bench.machine import python_loop_us  # noqa: E402
 from gpuloom.bench.workload import load_workload  # noqa: E402
 from gpuloom.runtime.events import cpu_delta  # noqa: E402
@@ -64,10 +65,9 @@ def measured_point(wl, profiles: dict, policy: str, *, scale: float, duration_s:
         svc.close()
     lanes = [q for q in pt.layouts if q["batches"]]
     entered = sum(m.submitted for m in pt.models)
-    thread = cpu["thread_cpu_s_per_s"]
-    # the loop's CPU per request that entered: the same runtime code on this host's CPU, a probe of
-    # the per-drop host time taken before a GPU bench (runs 202-203)
-    per_request = thread * wall / entered * 1e6 if thread and entered else None
+    # the loop's CPU per request that entered, read as a bench point's (host_hold): the same runtime
+    # code on this host's CPU, a probe of the per-drop host time taken before a GPU bench (runs 202-203)
+    per_request = cpu_us_per_request(cpu["thread_cpu_s_per_s"], entered, duration_s)
     return {"entered": entered, "loop_us_per_request": per_request,
             "goodput_rps": pt.goodput_rps, "slo_attainment": pt.slo_attainment,
             "models": [{"model": m.model, "served": m.served, "on_time": m.on_time, "dropped": m.dropped,

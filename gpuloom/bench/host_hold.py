@@ -37,14 +37,19 @@ PRESET_MARGIN_MS = round(statistics.mean(FITTED_PRESETS[k]().batch_overhead_ms -
 DROP_MS_PER_LOOP_US = 0.00235
 
 
+def cpu_us_per_request(cpu_s_per_s: float | None, entered: int, duration_s: float) -> float | None:
+    """A thread's CPU (us) per request that entered: its CPU seconds per second over the requests
+    that entered per second of the arrivals' ``duration_s``. None without a reading or a request."""
+    return cpu_s_per_s / (entered / duration_s) * 1e6 if cpu_s_per_s and entered else None
+
+
 def loop_us_per_request(point: dict, thread: str = "gpuloom-runtime") -> float | None:
     """The runtime loop thread's CPU (us) per request that entered a bench ``point``: its intake,
     decision and answer work, which a dropped request costs in full. None where not recorded.
     ``thread``: another of the point's ``host.thread_cpu`` entries instead (``"process"``: the whole
     process, whose threads share one interpreter)."""
-    cpu = point.get("host", {}).get("thread_cpu", {}).get(thread)
-    entered = sum(m["submitted"] for m in point.get("models", ())) / point["duration_s"]
-    return cpu / entered * 1e6 if cpu and entered else None
+    return cpu_us_per_request(point.get("host", {}).get("thread_cpu", {}).get(thread),
+                              sum(m["submitted"] for m in point.get("models", ())), point["duration_s"])
 
 
 def lane_holds(report: dict, target: float = 0.99) -> list[float]:
@@ -111,5 +116,5 @@ def hold_line(hold: dict, preset: str) -> str:
     return line
 
 
-__all__ = ["DROP_MS_PER_LOOP_US", "PRESET_HOST_HOLD_MS", "PRESET_MARGIN_MS", "calibration_point", "holds_by_load",
-           "host_contention", "host_hold", "hold_line", "lane_holds", "loop_us_per_request"]
+__all__ = ["DROP_MS_PER_LOOP_US", "PRESET_HOST_HOLD_MS", "PRESET_MARGIN_MS", "calibration_point", "cpu_us_per_request",
+           "holds_by_load", "host_contention", "host_hold", "hold_line", "lane_holds", "loop_us_per_request"]
