@@ -17,7 +17,9 @@ left out, as the calibration leaves them out), this finds by bisection the ``hos
 beside the preset's fixed 0.04 ms and the slow hosts' 0.05. ``--cpu process`` fits on the whole process's CPU
 per request instead (the rows' ``loop_us_per_request`` and ``loop`` errors are then that CPU's): on the same
 16 points it tracked the zero-error times more closely (correlation 0.94 against the loop's 0.90), a
-reading, not yet held out.
+reading, not yet held out. Reports run with ``GPULOOM_YIELD_ANSWERS`` (their ``meta.gpuloom_settings``, or
+named by ``--yield-reports`` for those before the key) are simulated with the option's model
+(``ContentionModel.drop_yield_ms``) unless ``--no-yield-model``.
 
     python scripts/sim_host_drop_from_loop.py docs/results/runtime/bench_overload_h100_run1*.json \\
         --fit run173,run183,run188,run189 --out docs/results/runtime/sim_host_drop_from_loop_session60.json
@@ -39,6 +41,7 @@ from sim_measured_hold import load_report, simulate_at  # noqa: E402
 
 from gpuloom.bench.e2e import save_json  # noqa: E402
 from gpuloom.bench.labels import spec_of  # noqa: E402
+from gpuloom.bench.resimulate import as_the_runtime_ran  # noqa: E402
 from gpuloom.bench.host_hold import loop_us_per_request  # noqa: E402
 from gpuloom.bench.variants import parse_policy_spec  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
@@ -78,15 +81,26 @@ def main() -> int:
                     help="whose CPU per request to fit on: a host.thread_cpu entry (default gpuloom-runtime, the "
                          "loop thread; process: the whole process, loop and in-process load generator sharing "
                          "one interpreter)")
+    ap.add_argument("--yield-reports", default="",
+                    help="comma-separated substrings naming the reports run with GPULOOM_YIELD_ANSWERS=1 that do "
+                         "not record it (before meta.gpuloom_settings: runs 192-203)")
+    ap.add_argument("--yield-model", action=argparse.BooleanOptionalAction, default=True,
+                    help="simulate those reports with the option's model (drop_yield_ms; --no-yield-model: as a "
+                         "FIFO, as before the sixty-second session)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     fit_names = [s for s in a.fit.split(",") if s]
+    yield_names = [s for s in a.yield_reports.split(",") if s]
     store = ProfileStore.builtin("h200")
     base = FITTED_PRESETS[PRESET]()
     policy = parse_policy_spec(a.policy)[0]
     rows = []
     for path in a.reports:
         d, wl, profs = load_report(path, store, a.policy)
+        settings = dict(d["meta"].get("gpuloom_settings") or {})
+        if any(s in Path(path).name for s in yield_names):
+            settings["GPULOOM_YIELD_ANSWERS"] = "1"
+        ran = as_the_runtime_ran(base, settings) if a.yield_model else base
         for label, run in d["policies"].items():
             name, _, service = parse_policy_spec(spec_of(label))
             if name != policy or service.get("arrivals", "thread") != "thread" or run.get("error"):
@@ -96,12 +110,15 @@ def main() -> int:
                 if x is None or not p["goodput_rps"]:
                     continue
 
-                def goodput_at(hd: float, p=p, label=label, d=d, wl=wl, profs=profs) -> float:
+                def goodput_at(hd: float, p=p, label=label, d=d, wl=wl, profs=profs, ran=ran) -> float:
                     return simulate_at(d, wl, profs, label, p["scale"],
-                                       dataclasses.replace(base, host_drop_ms=hd), p.get("plan")).goodput_rps
+                                       dataclasses.replace(ran, host_drop_ms=hd,
+                                                           drop_answer_ms=min(ran.drop_answer_ms, hd)),
+                                       p.get("plan")).goodput_rps
 
                 row = {"report": Path(path).name, "policy": label, "scale": p["scale"],
                        "fit": any(s in Path(path).name for s in fit_names),
+                       "drop_yield_ms": ran.drop_yield_ms, "drop_answer_ms": ran.drop_answer_ms,
                        "client_late": client_late(p),
                        "measured_goodput": round(p["goodput_rps"], 1), "loop_us_per_request": round(x, 2),
                        # a request's own host work apart from its batches', for the next fit (points
@@ -149,7 +166,7 @@ def main() -> int:
               f"20%, mean |error| {s['mean_abs_error']:.1%}")
     if a.out:
         save_json(a.out, {"method": __doc__.split("\n\n")[1].replace("\n", " "), "policy": a.policy, "preset": PRESET,
-                          "cpu": a.cpu,
+                          "cpu": a.cpu, "yield_model": a.yield_model, "yield_reports": yield_names,
                           "fit_reports": fit_names, "k_ms_per_loop_us": round(k, 6), "held_out": summary, "points": rows})
         print("wrote", a.out)
     return 0

@@ -803,7 +803,13 @@ def test_a_variants_policy_options_reach_its_simulated_twin(monkeypatch, tmp_pat
 
 
 def test_each_point_is_simulated_on_the_contention_model_asked_for_and_the_report_says_which(monkeypatch, tmp_path):
+    import importlib
+
     from gpuloom.bench import experiment
+
+    # bound to the real simulate before the spy: it sees the points' simulations, not the host's
+    # re-simulation after them, whichever test imports that module first
+    importlib.import_module("gpuloom.bench.resimulate")
     from gpuloom.commands.bench import sim_contention
     from gpuloom.runtime.sim import ContentionModel
 
@@ -825,6 +831,32 @@ def test_each_point_is_simulated_on_the_contention_model_asked_for_and_the_repor
     assert sim_contention(None, "cuda:0", tiny=False)[0] == "h200"
     assert sim_contention(None, "cuda", tiny=True)[0] == sim_contention(None, "cpu", tiny=False)[0] == "plain"
     assert sim_contention("plain", "cuda", tiny=False) == ("plain", ContentionModel())
+    # a process run with GPULOOM_YIELD_ANSWERS is simulated with the option's model, and says so
+    seen.clear()
+    monkeypatch.setenv("GPULOOM_YIELD_ANSWERS", "1")
+    rc, rep = run_bench(tmp_path, "--policy", "triton", "--contention", "h100-fast-host")
+    assert rc == 0 and [(c.drop_yield_ms, c.drop_answer_ms) for c in seen] == [(0.2, 0.01)]
+    assert rep["meta"]["sim_contention"]["drop_yield_ms"] == 0.2
+    assert rep["meta"]["gpuloom_settings"]["GPULOOM_YIELD_ANSWERS"] == "1"
+
+
+def test_the_runtimes_yield_option_reaches_the_simulated_gpu_only_where_it_runs():
+    from gpuloom.bench.resimulate import as_the_runtime_ran
+    from gpuloom.runtime.core import yields_answers
+    from gpuloom.runtime.sim import DROP_ANSWER_MS, ContentionModel
+
+    fast = ContentionModel.h100_fast_host()
+    assert as_the_runtime_ran(fast, {}) is fast and as_the_runtime_ran(fast, {"GPULOOM_YIELD_ANSWERS": "0"}) is fast
+    # the option needs launch-first (it stops only the answers launch-first puts after the launches)
+    off = {"GPULOOM_YIELD_ANSWERS": "1", "GPULOOM_LAUNCH_FIRST": "0"}
+    assert not yields_answers(off) and as_the_runtime_ran(fast, off) is fast
+    on = as_the_runtime_ran(fast, {"GPULOOM_YIELD_ANSWERS": "1"})
+    assert on == dataclasses.replace(fast, drop_yield_ms=0.2, drop_answer_ms=DROP_ANSWER_MS)
+    # a model without a per-drop host time has nothing to yield; one already told is kept as told
+    plain = as_the_runtime_ran(ContentionModel(), {"GPULOOM_YIELD_ANSWERS": "1"})
+    assert plain.drop_answer_ms == 0.0
+    told = dataclasses.replace(fast, drop_yield_ms=0.5, drop_answer_ms=0.02)
+    assert as_the_runtime_ran(told, {"GPULOOM_YIELD_ANSWERS": "1"}) is told
 
 
 def test_engine_options_reach_every_models_config_and_the_report(tmp_path, monkeypatch, capsys):

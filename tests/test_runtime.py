@@ -315,6 +315,38 @@ def test_a_decisions_drops_cost_the_host_after_its_launches_and_delay_the_launch
         ContentionModel(host_drop_ms=-0.1)
 
 
+def test_drops_that_yield_delay_a_launch_by_at_most_the_loops_check_interval():
+    # drop_yield_ms (GPULOOM_YIELD_ANSWERS): the same 4 x 0.5 ms of drops from 0 to 2.0, all of it their
+    # answers; request 5, arriving at 0.5, waits only 0.2 of them (launches at 0.7, ends at 2.7), without
+    # the option until 2.0
+    reqs = [Request(i, "toy", 0.0, 10.0) for i in range(5)] + [Request(5, "toy", 0.5, 10.5)]
+
+    def served(**kw):
+        rec = toy_run(_DropsSome({1, 2, 3, 4}), reqs, until_ms=1.0, contention=ContentionModel(host_drop_ms=0.5, **kw))
+        assert rec.count(Status.DROPPED) == 4
+        return {r.request.id: r.finish_ms for r in rec.results if r.status == Status.SERVED}
+
+    assert served(drop_yield_ms=None, drop_answer_ms=0.5) == {0: pytest.approx(2.0), 5: pytest.approx(4.0)}
+    assert served(drop_yield_ms=0.2, drop_answer_ms=0.5) == {0: pytest.approx(2.0), 5: pytest.approx(2.7)}
+    assert served(drop_yield_ms=0.0, drop_answer_ms=0.5) == {0: pytest.approx(2.0), 5: pytest.approx(2.5)}
+    # only the answers yield: with half of each drop's time its answer, the other half (0 to 1.0) stays
+    # ahead of the launch, which then waits 0.2 of the answers (launches at 1.2, ends at 3.2)
+    assert served(drop_yield_ms=0.2, drop_answer_ms=0.25) == {0: pytest.approx(2.0), 5: pytest.approx(3.2)}
+    assert served(drop_yield_ms=0.2, drop_answer_ms=0.0) == served(drop_yield_ms=None)  # nothing yields
+    # the launch's own host time goes before the drops' rest: with 0.25 ms a launch, request 0 launches
+    # 0-0.25 and the drops run 0.25-2.25; request 5 waits 0.2 (0.5 -> 0.7), launches until 0.95, ends
+    # at 2.95, and the drops' rest moves back to 2.5: a launch after that waits for none of them
+    late = reqs + [Request(6, "toy", 2.6, 12.6)]
+    rec = toy_run(_DropsSome({1, 2, 3, 4}), late, until_ms=3.0,
+                  contention=ContentionModel(host_drop_ms=0.5, drop_yield_ms=0.2, drop_answer_ms=0.5, host_launch_ms=0.25))
+    ends = {r.request.id: r.finish_ms for r in rec.results if r.status == Status.SERVED}
+    assert ends == {0: pytest.approx(2.25), 5: pytest.approx(2.95), 6: pytest.approx(4.85)}
+    with pytest.raises(ValueError, match="drop_yield_ms"):
+        ContentionModel(drop_yield_ms=-0.1)
+    with pytest.raises(ValueError, match="drop_answer_ms"):
+        ContentionModel(host_drop_ms=0.04, drop_answer_ms=0.05)  # more than the drop's whole host time
+
+
 def test_a_busy_interpreter_stretches_turnarounds_by_its_load_over_the_last_window():
     from gpuloom.runtime.sim import GIL_RHO_MAX, GIL_WINDOW_MS
 

@@ -11,8 +11,10 @@ Pure Python (the simulator), any machine.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Mapping
 
+from ..runtime.core import YIELD_CHECK_S, yields_answers
+from ..runtime.sim import DROP_ANSWER_MS
 from .e2e import offered_as_scheduled, planned_profiles
 from .experiment import simulate
 from .host_hold import calibration_point, host_contention
@@ -24,6 +26,17 @@ WITHIN = 0.10
 #: below this attainment a point is in collapse: no queueing model of the GPU is asked to follow it
 #: (``scripts/calibrate_sim.py --min-attainment``'s default)
 MIN_ATTAINMENT = 0.5
+
+
+def as_the_runtime_ran(contention: Any, settings: Mapping[str, str]) -> Any:
+    """``contention`` (a ``ContentionModel``) with what the runtime's process ``settings`` (a report's
+    ``meta.gpuloom_settings``) change on the simulated GPU: with ``GPULOOM_YIELD_ANSWERS`` a launch
+    waits behind at most the loop's check interval of drops' answers (``drop_yield_ms``, each answer
+    ``DROP_ANSWER_MS`` of the drop's host time), as the runtime's launches do."""
+    if yields_answers(settings) and contention.drop_yield_ms is None:
+        return dataclasses.replace(contention, drop_yield_ms=YIELD_CHECK_S * 1e3,
+                                   drop_answer_ms=min(DROP_ANSWER_MS, contention.host_drop_ms))
+    return contention
 
 
 def simulate_report_point(report: dict, workload, profiles: dict, policy: str, scale: float, contention: Any,
@@ -53,7 +66,7 @@ def host_resimulation(report: dict, store: Any, target: float = 0.99) -> dict | 
     if cal is None:
         return None
     scale0, hold, lanes = cal
-    contention = host_contention(hold)
+    contention = as_the_runtime_ran(host_contention(hold), report["meta"].get("gpuloom_settings") or {})
     wl = workload_from_dict(report["workload"])
     points: dict[str, list[dict]] = {}
     host_ok = preset_ok = n = 0

@@ -169,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[yellow]warning:[/yellow] {w}")
     from gpuloom.bench.host_hold import hold_line, host_hold
     from gpuloom.bench.machine import describe_machine, gpuloom_settings, summary
+    from gpuloom.bench.resimulate import as_the_runtime_ran
 
     sync = torch.cuda.synchronize if device.startswith("cuda") else None
     machine = {"start": describe_machine(sync)}  # which host, how fast: figures from two machines differ
@@ -177,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
     models = build_models(workload, tiny=args.tiny, device=device, max_batch=args.max_batch,
                           progress=lambda s: console.print(s), engine_options=engine)
     sim_preset, contention = sim_contention(args.contention, device, args.tiny)
+    contention = as_the_runtime_ran(contention, gpuloom_settings())  # the runtime's options it simulates
     results = []
 
     def write_report() -> dict:

@@ -29,7 +29,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..policy.base import Policy, PolicyContext, PolicyError
 from ..policy.types import Completion, Decision, Drop, Layout, Partition, Request, Result, Status, TraceEntry
@@ -106,6 +106,15 @@ YIELD_CHECK_S = 0.0002
 #: run by then: it sleeps meanwhile, so a watcher thread waiting for the GIL to post gets it (a thread
 #: wake-up is 20 us on the H100s' hosts, and the watcher copies the outputs before it posts)
 YIELD_RESUME_MS = 0.3
+
+
+def yields_answers(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``environ`` (the process's by default) asks the runtime to yield answers:
+    ``GPULOOM_YIELD_ANSWERS=1`` without ``GPULOOM_LAUNCH_FIRST=0`` (the option stops only the answers
+    that launch-first puts after a decision's launches). A bench report's simulation reads its
+    recorded settings through this, as the runtime reads its own (``ContentionModel.drop_yield_ms``)."""
+    env = os.environ if environ is None else environ
+    return env.get("GPULOOM_YIELD_ANSWERS", "0") == "1" and env.get("GPULOOM_LAUNCH_FIRST", "1") != "0"
 
 
 def _resume_answers() -> None:
@@ -208,7 +217,7 @@ class Runtime:
         #: are more answer calls, each a reply to the HTTP workers; since then only drops are chunked).
         #: In process at the overload since: +15% (run 196), -12% (198), +29% and +43% (202-203).
         #: Off by default until HTTP and mix6 are measured with it
-        self._yield_answers = self._launch_first and os.environ.get("GPULOOM_YIELD_ANSWERS", "0") == "1"
+        self._yield_answers = self._launch_first and yields_answers()
         self.answer_yields = 0  # times the answers stopped for a finished batch
         # online: the loop's wall time handing results to their callers, and how many (what a
         # dropped request costs the host, which the simulator's host_drop_ms charges: fitted per host

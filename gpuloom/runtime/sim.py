@@ -96,6 +96,18 @@ against the GPU, issue 5). Its parameters live in :class:`ContentionModel`.
   loop between a batch's return and the next launch 0.36-0.39 ms per batch (run 183, H100); told
   that time beside the measured hold, the simulator came within 7.5-11% of nexus's goodput there,
   against 26-31% with the holds alone. Off by default.
+* **Drops that yield** (``drop_yield_ms``, ``drop_answer_ms``): the runtime's
+  ``GPULOOM_YIELD_ANSWERS``, where the answering of a decision's drops stops for a batch that finished
+  meanwhile and launches the next first. Of each drop's ``host_drop_ms``, its answer
+  (``drop_answer_ms``) then goes on the one host after its other work, and a launch waits behind at
+  most ``drop_yield_ms`` of those answers (the loop looks for finished batches every 0.2 ms of
+  answering), their rest moving back by the launch's own time; the drop's other host time (its
+  intake, the decisions it sits through) stays ahead of later launches as without the option.
+  ``drop_yield_ms=None`` (default): a launch waits for every drop answered before it. Why: the option
+  served 29% and 43% more at the overload (runs 202-203); charged as before, the simulator put the
+  host's per-drop time 0.046 ms with it against 0.053-0.055 without on the same host, and yielding
+  the whole per-drop time put it 53-57% above the measured whatever the time (the answers are 9-11 us
+  of the ~50 us a drop costs the host there).
 * **Shared interpreter** (``gil_request_ms``, ``gil_batch_ms``): not a queue but a share. Every
   request that enters and every batch launched costs the interpreter this much; over the last
   :data:`GIL_WINDOW_MS` that is its load ``rho`` (at most :data:`GIL_RHO_MAX`), and every batch's
@@ -133,6 +145,10 @@ from ..policy.types import Completion, Decision, Layout, Partition, Request
 GIL_WINDOW_MS = 50.0
 #: ... and capped here (a turnaround stretched at most 1 / (1 - 0.95) = 20x)
 GIL_RHO_MAX = 0.95
+#: a dropped request's answer on the one host, ms: the part of ``host_drop_ms`` that yields with the
+#: runtime's GPULOOM_YIELD_ANSWERS (``drop_answer_ms``); runs 202-203 (an H100, the overload's nexus)
+#: answered 9.2-11.1 us per request
+DROP_ANSWER_MS = 0.010
 #: how a shared batch's demand is measured (:attr:`ContentionModel.demand`)
 DEMANDS = ("knee", "area")
 
@@ -158,6 +174,10 @@ class ContentionModel:
     host_request_ms: float = 0.0  # per request of a batch, time of that same host (the interpreter, serialized)
     host_arrival_ms: float = 0.0  # per request that enters (served, late or dropped), time of that same host
     host_drop_ms: float = 0.0  # per request a decision drops, time of that same host (after its launches)
+    #: None: a launch waits for every drop answered before it; ms: it waits behind at most this much of
+    #: their answers (GPULOOM_YIELD_ANSWERS, see "Drops that yield" above) ...
+    drop_yield_ms: float | None = None
+    drop_answer_ms: float = 0.0  # ... each drop's answer, the part of host_drop_ms that yields
     gil_request_ms: float = 0.0  # per request that enters, interpreter time that stretches every turnaround
     gil_batch_ms: float = 0.0  # per batch launched, likewise (see "Shared interpreter" above)
     model_overhead_ms: tuple[tuple[str, float], ...] = ()  # (model, ms): batch_overhead_ms for that model
@@ -181,6 +201,11 @@ class ContentionModel:
             raise ValueError(f"ContentionModel.demand must be one of {', '.join(DEMANDS)}, found {self.demand!r}")
         if self.area_min_sms < 1:
             raise ValueError(f"ContentionModel.area_min_sms must be >= 1, found {self.area_min_sms}")
+        if self.drop_yield_ms is not None and not self.drop_yield_ms >= 0.0:
+            raise ValueError(f"ContentionModel.drop_yield_ms must be None or >= 0, found {self.drop_yield_ms}")
+        if not 0.0 <= self.drop_answer_ms <= self.host_drop_ms:
+            raise ValueError("ContentionModel.drop_answer_ms (the yielding part of host_drop_ms) must be in "
+                             f"[0, host_drop_ms={self.host_drop_ms}], found {self.drop_answer_ms}")
         if not self.shared_exponent >= 1.0:
             raise ValueError(f"ContentionModel.shared_exponent must be >= 1, found {self.shared_exponent}")
         if min(self.interference, self.knee_eps, self.switch_ms, self.batch_overhead_ms, self.host_launch_ms,
@@ -368,6 +393,8 @@ class SimBackend(Backend):
         self._gil_log: deque[tuple[float, float]] = deque()  # (time, interpreter ms) in the window
         self._gil_sum = 0.0
         self._drop_ms = self.contention.host_drop_ms
+        self._drop_yield = self.contention.drop_yield_ms
+        self._drops_end = 0.0  # when the one host's yielding answers of drops would end (drop_yield_ms)
         self._one_host = self.contention.host_launch_ms > 0.0 or self.contention.host_request_ms > 0.0 \
             or self._arrival_ms > 0.0 or self._drop_ms > 0.0
 
@@ -442,13 +469,26 @@ class SimBackend(Backend):
 
     def note_arrival(self) -> None:
         if self._arrival_ms > 0.0:  # the one host's backlog, which later launches wait behind
-            self._launcher_free = max(self.loop.now, self._launcher_free) + self._arrival_ms
+            self._host_ahead(self._arrival_ms)
         if self._gil:
             self._gil_add(self.contention.gil_request_ms)
 
     def note_drops(self, n: int) -> None:
-        if self._drop_ms > 0.0:  # answered after the decision's launches: later launches wait behind them
-            self._launcher_free = max(self.loop.now, self._launcher_free) + self._drop_ms * n
+        if self._drop_ms <= 0.0:
+            return
+        answer = 0.0 if self._drop_yield is None else self.contention.drop_answer_ms
+        # answered after the decision's launches: later launches wait behind them ...
+        self._host_ahead((self._drop_ms - answer) * n)
+        if answer > 0.0:  # ... but for the answers that yield: after everything else, launches overtake them
+            self._drops_end = max(self._launcher_free, self._drops_end) + answer * n
+
+    def _host_ahead(self, ms: float, start: float | None = None) -> None:
+        """``ms`` of the one host's work from ``start`` (when it is next free) on, ahead of the yielding
+        answers of drops still due, which move back by as much."""
+        start = max(self.loop.now, self._launcher_free) if start is None else start
+        if self._drops_end > start:
+            self._drops_end += ms
+        self._launcher_free = start + ms
 
     def _gil_add(self, ms: float) -> None:
         if ms > 0.0:
@@ -469,8 +509,10 @@ class SimBackend(Backend):
         backlog): FIFO, the batch waits for the host's backlog, then launches. Only with ``_one_host``."""
         h = self.contention.host_launch_ms
         start = max(self.loop.now, self._launcher_free)
-        # the requests' share adds to the backlog ...
-        self._launcher_free = start + h + self.contention.host_request_ms * n_requests
+        own = h + self.contention.host_request_ms * n_requests
+        if self._drops_end > start:  # drops' answers due (drop_yield_ms): the launch waits for the loop
+            start += min(self._drops_end - start, self._drop_yield)  # to look, and their rest for it
+        self._host_ahead(own, start)  # the requests' share adds to the backlog ...
         return base + start - self.loop.now + h  # ... but holds the lane only through what it delays
 
     def _independent(self, run: _Run) -> bool:
