@@ -206,3 +206,19 @@ def test_the_h100_fast_host_preset_is_its_calibrations_best_and_only_the_hold_an
     run = json.loads((tmp_path / "fast" / "tiny.simulate.json").read_text())
     assert run["contention_preset"] == "h100-fast-host"
     assert run["contention"] == json.loads(json.dumps(dataclasses.asdict(fast)))
+
+
+def test_simulate_yield_answers_charges_only_the_answers_of_drops_as_yielding(tmp_path):
+    from gpuloom.runtime.sim import DROP_ANSWER_MS, ContentionModel
+
+    wl = tmp_path / "tiny.yaml"
+    wl.write_text(TINY)
+    assert main(["simulate", str(wl), "--synthetic", "--policy", "nexus", "--contention", "h100-fast-host",
+                 "--yield-answers", "--out", str(tmp_path / "y")]) == 0
+    c = json.loads((tmp_path / "y" / "tiny.simulate.json").read_text())["contention"]
+    fast = ContentionModel.h100_fast_host()
+    assert (c["drop_yield_ms"], c["drop_answer_ms"], c["host_drop_ms"]) == (0.2, DROP_ANSWER_MS, fast.host_drop_ms)
+    # without a per-drop host time there is nothing to yield (the option is named, the model unchanged)
+    assert main(["simulate", str(wl), "--synthetic", "--policy", "nexus", "--yield-answers",
+                 "--out", str(tmp_path / "p")]) == 0
+    assert json.loads((tmp_path / "p" / "tiny.simulate.json").read_text())["contention"]["drop_answer_ms"] == 0.0

@@ -58,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host-drop-ms", type=float, default=None,
                    help="contention model: ms of that one host thread per request a policy drops, after the "
                         "decision's launches (plain: 0; nexus at overload drops ten for each it serves)")
+    p.add_argument("--yield-answers", action="store_true",
+                   help="simulate the runtime run with GPULOOM_YIELD_ANSWERS=1: a dropped request's answer (0.01 ms of "
+                        "--host-drop-ms) yields to launches, each waiting behind at most 0.2 ms of answers")
     p.add_argument("--slowdowns", metavar="PATH", default=None,
                    help="simulate a GPU on which each model runs this much slower than its profile, while the "
                         "policies plan with the profiles: a JSON {model: factor} or a gpuloom bench report whose "
@@ -76,9 +79,12 @@ def contention_model(args: argparse.Namespace):
     """``--contention``'s model with every parameter flag given on the command line in place of its own."""
     import dataclasses
 
+    from gpuloom.bench.resimulate import as_the_runtime_ran
+
     base = preset_model(args.contention)
     given = {k: getattr(args, k) for k in CONTENTION_FLAGS if getattr(args, k, None) is not None}
-    return dataclasses.replace(base, **given)
+    model = dataclasses.replace(base, **given)
+    return as_the_runtime_ran(model, {"GPULOOM_YIELD_ANSWERS": "1"} if getattr(args, "yield_answers", False) else {})
 
 
 def run(args: argparse.Namespace) -> int:
