@@ -112,6 +112,10 @@ def test_a_report_simulated_again_with_its_hosts_hold_scores_only_the_loads_abov
     assert cal["scored"] == len(held_out) > 0
     assert cal["within_10pct_host"] == sum(abs(q["sim_host"]["goodput_error"]) <= WITHIN for q in held_out)
     assert cal["within_10pct_preset"] == sum(abs(q["sim"]["goodput_error"]) <= WITHIN for q in held_out)
+    assert cal["yield_answers"] is False
+    # a report whose process ran with GPULOOM_YIELD_ANSWERS is simulated again with the option's model
+    rep["meta"]["gpuloom_settings"] = {"GPULOOM_YIELD_ANSWERS": "1"}
+    assert add_host_resimulation(rep, store)["calibration"]["yield_answers"] is True
 
 
 def test_the_bench_line_gives_the_simulate_flags_of_this_host():
@@ -125,3 +129,5 @@ def test_the_bench_line_gives_the_simulate_flags_of_this_host():
     assert line.endswith("--contention h100-fast-host --batch-overhead-ms 0.757")
     none = host_line({**res, "summary": {"scored": 0, "within_10pct_host": 0, "within_10pct_preset": 0}}, "h200")
     assert "no higher load" in none and none.endswith("--batch-overhead-ms 0.757")
+    yielding = {**res, "calibration": {**res["calibration"], "yield_answers": True}}
+    assert host_line(yielding, "h200").endswith("--batch-overhead-ms 0.757 --yield-answers")

@@ -86,7 +86,9 @@ def host_resimulation(report: dict, store: Any, target: float = 0.99) -> dict | 
                 preset_err = (pt.get("sim") or {}).get("goodput_error")
                 preset_ok += preset_err is not None and abs(preset_err) <= WITHIN
     return {"calibration": {"scale": scale0, "hold_ms": round(hold, 3), "lanes": lanes,
-                            "batch_overhead_ms": contention.batch_overhead_ms},
+                            "batch_overhead_ms": contention.batch_overhead_ms,
+                            # the process ran with GPULOOM_YIELD_ANSWERS, simulated so (as_the_runtime_ran)
+                            "yield_answers": contention.drop_yield_ms is not None},
             "points": points,
             "summary": {"scored": n, "within_10pct_host": host_ok, "within_10pct_preset": preset_ok}}
 
@@ -107,14 +109,15 @@ def add_host_resimulation(report: dict, store: Any, target: float = 0.99) -> dic
 def host_line(res: dict, preset: str) -> str:
     """One line for the bench's output: the two simulated columns' scores on the held-out points."""
     c, s = res["calibration"], res["summary"]
+    flags = f"--contention h100-fast-host --batch-overhead-ms {c['batch_overhead_ms']:g}" \
+        + (" --yield-answers" if c.get("yield_answers") else "")
     if not s["scored"]:
         return (f"simulated with this host's hold ({c['hold_ms']:.2f} ms a batch at x{c['scale']:g}; sim_host): no "
-                f"higher load measured to score it on; this host in gpuloom simulate: --contention h100-fast-host "
-                f"--batch-overhead-ms {c['batch_overhead_ms']:g}")
+                f"higher load measured to score it on; this host in gpuloom simulate: {flags}")
     return (f"simulator within {WITHIN:.0%} of the measured goodput above x{c['scale']:g} ({s['scored']} points): "
             f"{s['within_10pct_host']} told this host's hold ({c['hold_ms']:.2f} ms a batch at x{c['scale']:g}; "
             f"sim_host), {s['within_10pct_preset']} with --contention {preset} (sim); this host in "
-            f"gpuloom simulate: --contention h100-fast-host --batch-overhead-ms {c['batch_overhead_ms']:g}")
+            f"gpuloom simulate: {flags}")
 
 
 __all__ = ["MIN_ATTAINMENT", "WITHIN", "add_host_resimulation", "host_line", "host_resimulation", "scored",
