@@ -333,6 +333,8 @@ def test_drops_that_yield_delay_a_launch_by_at_most_the_loops_check_interval():
     # ahead of the launch, which then waits 0.2 of the answers (launches at 1.2, ends at 3.2)
     assert served(drop_yield_ms=0.2, drop_answer_ms=0.25) == {0: pytest.approx(2.0), 5: pytest.approx(3.2)}
     assert served(drop_yield_ms=0.2, drop_answer_ms=0.0) == served(drop_yield_ms=None)  # nothing yields
+    # a loop that never looks (an interval longer than all the answers) is the option off
+    assert served(drop_yield_ms=1e9, drop_answer_ms=0.5) == served(drop_yield_ms=None)
     # the launch's own host time goes before the drops' rest: with 0.25 ms a launch, request 0 launches
     # 0-0.25 and the drops run 0.25-2.25; request 5 waits 0.2 (0.5 -> 0.7), launches until 0.95, ends
     # at 2.95, and the drops' rest moves back to 2.5: a launch after that waits for none of them
