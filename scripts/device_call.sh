@@ -3,8 +3,8 @@
 # `nvidia-h200` calls ran on H100s). See docs/reports/runtime.md's next-call list for the predictions.
 #   OUT=$OUT bash scripts/device_call.sh 1     (then 2, then 3 while the machine is warm)
 #   OUT=$OUT bash scripts/device_call.sh yield_http     (or any work below by its name)
-# H200: 1 = h200_http: issue 6's mix6 over HTTP (x0.75, x1), the batch-1 overhead and branch overlap by
-#       width; 2 = h200_edge: mix6's edge (dstack, dstack without the batch hold, triton; six loads);
+# H200: 1 = h200_http: issue 6's mix6 over HTTP (x0.75, x1) and the batch-1 overhead (H200_STEPS="serve
+#       overhead diag": and branch overlap by width); 2 = h200_edge: mix6's edge (dstack, dstack without the batch hold, triton; six loads);
 #       3 = yield_http: the yield option over HTTP (0/1/0/1, mix6 x1).
 # Other GPUs: 1 = overload: the overload's nexus and gslice after the fake-device host probe, on a fast
 #       host (Python loop probe <= 3000 us; on a slower one call 1 does yield_http instead); 2 = yield_http;
@@ -29,7 +29,7 @@ case "$gpu:$call" in
 esac
 echo "work: $work"
 case "$work" in
-  h200_http) STEPS="serve overhead diag" T_SERVE=170 OVERHEAD_POINTS=full T_OVERHEAD=130 T_DIAG=120 HOST_MAX_LOOP_US=3500 \
+  h200_http) STEPS=${H200_STEPS:-"serve overhead"} T_SERVE=170 OVERHEAD_POINTS=full T_OVERHEAD=130 T_DIAG=120 HOST_MAX_LOOP_US=3500 \
       SERVE_CMD="python3 scripts/serve_e2e.py examples/mix6.yaml --duration 5 --loop-cpu --scale 0.75,1 --http-workers 8 --out \$OUT/serve/e2e_h200.json" \
       DIAG_CMD="for w in 128 512 2048; do python3 scripts/diag_branch_overlap.py --branches 1,2,4,8 --rounds 2 --width \$w --reduce stack --out \$OUT/diag/w\$w.json; done" run ;;
   h200_edge) STEPS=bench BENCH=examples/mix6.yaml T_BENCH=540 HOST_MAX_LOOP_US=3500 \
