@@ -3,9 +3,10 @@
 # `nvidia-h200` calls ran on H100s). See docs/reports/runtime.md's next-call list for the predictions.
 #   OUT=$OUT bash scripts/device_call.sh 1     (then 2, then 3 while the machine is warm)
 #   OUT=$OUT bash scripts/device_call.sh yield_http     (or any work below by its name)
-# H200: 1 = h200_http: issue 6's mix6 over HTTP (x0.75, x1) and the batch-1 overhead (H200_STEPS="serve
-#       overhead diag": and branch overlap by width); 2 = h200_edge: mix6's edge (dstack, dstack without the batch hold, triton; six loads);
-#       3 = yield_http: the yield option over HTTP (0/1/0/1, mix6 x1).
+# H200: 1 = h200_http: issue 6's mix6 over HTTP (x0.75, x1) and the batch-1 overhead (with
+#       H200_STEPS="serve overhead diag", branch overlap by width too); 2 = h200_edge: mix6's edge
+#       (dstack, dstack without the batch hold, triton; six loads); 3 = yield_http: the yield option
+#       over HTTP (0/1/0/1, mix6 x1).
 # Other GPUs: 1 = overload: the overload's nexus and gslice after the fake-device host probe, on a fast
 #       host (Python loop probe <= 3000 us; on a slower one call 1 does yield_http instead); 2 = yield_http;
 #       3 = mix6_yield: mix6's dstack and triton at x1 and x1.0625 with the yield option off then on.

@@ -41,8 +41,8 @@ from sim_measured_hold import load_report, simulate_at  # noqa: E402
 
 from gpuloom.bench.e2e import save_json  # noqa: E402
 from gpuloom.bench.labels import spec_of  # noqa: E402
-from gpuloom.bench.resimulate import as_the_runtime_ran  # noqa: E402
 from gpuloom.bench.host_hold import loop_us_per_request  # noqa: E402
+from gpuloom.bench.resimulate import as_the_runtime_ran  # noqa: E402
 from gpuloom.bench.variants import parse_policy_spec  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
 from gpuloom.runtime.sim import FITTED_PRESETS  # noqa: E402
