@@ -108,13 +108,20 @@ YIELD_CHECK_S = 0.0002
 YIELD_RESUME_MS = 0.3
 
 
+def launches_first(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``environ`` (the process's by default) leaves launch-first on: all but
+    ``GPULOOM_LAUNCH_FIRST=0`` (a backend whose submit runs a batch whole has it off regardless)."""
+    env = os.environ if environ is None else environ
+    return env.get("GPULOOM_LAUNCH_FIRST", "1") != "0"
+
+
 def yields_answers(environ: Mapping[str, str] | None = None) -> bool:
     """Whether ``environ`` (the process's by default) asks the runtime to yield answers:
-    ``GPULOOM_YIELD_ANSWERS=1`` without ``GPULOOM_LAUNCH_FIRST=0`` (the option stops only the answers
-    that launch-first puts after a decision's launches). A bench report's simulation reads its
-    recorded settings through this, as the runtime reads its own (``ContentionModel.drop_yield_ms``)."""
+    ``GPULOOM_YIELD_ANSWERS=1`` with launch-first on (the option stops only the answers that
+    launch-first puts after a decision's launches). A bench report's simulation reads its recorded
+    settings through this, as the runtime reads its own (``ContentionModel.drop_yield_ms``)."""
     env = os.environ if environ is None else environ
-    return env.get("GPULOOM_YIELD_ANSWERS", "0") == "1" and env.get("GPULOOM_LAUNCH_FIRST", "1") != "0"
+    return env.get("GPULOOM_YIELD_ANSWERS", "0") == "1" and launches_first(env)
 
 
 def _resume_answers() -> None:
@@ -206,8 +213,7 @@ class Runtime:
         #: GPULOOM_LAUNCH_FIRST=0 (for an A/B): the answers, an HTTP reply each, then do not keep the
         #: partition idle
         self._answers_due: list[list[Result]] = []
-        self._launch_first = (os.environ.get("GPULOOM_LAUNCH_FIRST", "1") != "0"
-                              and not getattr(backend, "submit_blocks", False))
+        self._launch_first = launches_first() and not getattr(backend, "submit_blocks", False)
         #: GPULOOM_YIELD_ANSWERS=1 (opt-in, for an A/B): the answers held back stop for a batch that
         #: finished meanwhile (_answer_due). Why: at overload a decision's dozens of drops, answered
         #: after its launch, kept a short batch that completed meanwhile on its lane (mobilenet_v2's
