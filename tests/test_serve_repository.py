@@ -109,6 +109,7 @@ class _Evil:
         return (exec, ("import pathlib; pathlib.Path('PWNED').write_text('x')",))
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")  # torch's note on the attack file: it is refused
 def test_weights_are_never_unpickled_as_objects(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     bad = tmp_path / "evil.pt"
