@@ -526,21 +526,41 @@ def test_the_bench_simulates_dstack_with_the_hold_its_point_planned(monkeypatch)
 
     told = []
 
-    def simulate(wl, profs, policy, contention=None, options=None):
+    limits = []
+
+    def simulate(wl, profs, policy, contention=None, options=None, queue_limit=None):
         told.append(dict(options or {}))
+        limits.append(queue_limit)
         m = types.SimpleNamespace(goodput_rps=1.0, slo_attainment=1.0, p50_ms=1.0, p99_ms=1.0, sm_utilization=0.5,
                                   fairness=1.0)
         return types.SimpleNamespace(metrics=m)
 
     monkeypatch.setattr(experiment, "simulate", simulate)
     wl = load_workload(Path(__file__).resolve().parent.parent / "examples" / "light3.yaml")
-    svc = types.SimpleNamespace(models=lambda: [], profile=lambda name: None)
+    svc = types.SimpleNamespace(models=lambda: [], profile=lambda name: None, queue_limit=7)
     for plan, options, want in (({"batch_overhead_ms": 0.5}, None, 0.5), (None, None, DEFAULT_HOLD_MS),
                                 ({"batch_overhead_ms": 0.5}, {"batch_overhead_ms": 0.0}, 0.0)):
         e2e.simulate_point(svc, wl, "dstack", scale=1.0, duration_s=1.0, options=options, plan=plan)
         assert told[-1]["batch_overhead_ms"] == want
     e2e.simulate_point(svc, wl, "triton", scale=1.0, duration_s=1.0, plan={"batch_overhead_ms": 0.5})
     assert "batch_overhead_ms" not in told[-1]  # (only dstack plans a hold)
+    assert limits == [7] * 4  # the service's queue limit, simulated too
+
+
+def test_the_report_records_the_queue_limit_its_service_ran_and_simulated_with(tmp_path):
+    from gpuloom.bench.resimulate import report_queue_limit
+
+    rc, rep = run_bench(tmp_path, "--policy", "triton", "--queue-limit", "64", "--no-simulate")
+    assert rc == 0 and rep["meta"]["queue_limit"] == 64 == report_queue_limit({**rep["meta"], "argv": []})
+
+
+def test_a_reports_queue_limit_is_read_from_its_meta_else_its_command_line_else_the_bench_default():
+    from gpuloom.bench.resimulate import BENCH_QUEUE_LIMIT, report_queue_limit
+
+    assert report_queue_limit({"queue_limit": 64, "argv": ["bench", "--queue-limit", "8"]}) == 64
+    assert report_queue_limit({"argv": ["bench", "w.yaml", "--queue-limit", "8"]}) == 8
+    assert report_queue_limit({"argv": ["bench", "--queue-limit=16"]}) == 16
+    assert report_queue_limit({"argv": ["bench", "w.yaml"]}) == report_queue_limit({}) == BENCH_QUEUE_LIMIT == 1024
 
 
 def test_a_layout_set_up_during_a_point_is_counted_from_its_start():

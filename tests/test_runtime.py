@@ -14,6 +14,7 @@ from gpuloom.policy import (Decision, Drop, Layout, Partition, Policy, PolicyErr
 from gpuloom.profile.store import GpuInfo, Profile, ProfileStore
 from gpuloom.profile.synthetic import zoo
 from gpuloom.runtime import ContentionModel, EventLoop, Runtime, SimBackend
+from gpuloom.runtime.core import OVERLOADED
 from gpuloom.runtime.events import ARRIVAL, COMPLETION, WAKEUP
 
 GPU16 = GpuInfo(name="toy", sm_count=16, sm_granularity=8)
@@ -25,13 +26,13 @@ def toy_profile(name: str = "toy") -> Profile:
                    latency_ms=((2.0, 1.0), (3.0, 1.5)), source="synthetic")
 
 
-def toy_run(policy, requests, *, until_ms, contention=None, slo_ms=10.0, trace=True):
+def toy_run(policy, requests, *, until_ms, contention=None, slo_ms=10.0, trace=True, queue_limit=None):
     prof = toy_profile()
     w = Workload((ModelSpec("toy", slo_ms, arrival=Arrival("poisson", rate=1.0)),), duration_s=1)
     ctx = make_context(w, {"toy": prof}, contention=contention)
     backend = SimBackend({"toy": prof}, contention=contention)
     rt = Runtime(policy, backend, ctx, trace=trace)
-    return rt.run(requests, until_ms=until_ms, drain_ms=slo_ms)
+    return rt.run(requests, until_ms=until_ms, drain_ms=slo_ms, queue_limit=queue_limit)
 
 
 def check_conserved(record) -> None:
@@ -75,6 +76,23 @@ def test_exact_event_trace_of_a_tiny_temporal_scenario():
     ]
     assert [r.finish_ms for r in rec.results] == [1.0, 2.5, 2.5, 6.0]
     assert all(r.status == Status.SERVED for r in rec.results)
+
+
+def test_a_queue_limit_refuses_arrivals_while_that_many_are_queued_or_running():
+    """The service refuses a request while ``queue_limit`` of its model's are accepted and unanswered
+    (``Overloaded``); a simulated run does the same, counting the running batch's requests too."""
+    reqs = [Request(i, "toy", t, t + 10.0) for i, t in enumerate((0.0, 0.5, 0.7, 0.8, 0.9, 1.2))]
+    rec = toy_run(make_policy("temporal"), reqs, until_ms=6.0, queue_limit=3)
+    # 0 runs from 0.0 to 1.0; 1 and 2 queue behind it (3 in flight): 3 and 4 are refused as they arrive;
+    # at 1.0 batch (1, 2) starts (2 in flight), so 5 is taken
+    assert [r.status for r in rec.results] == [Status.SERVED] * 3 + [Status.DROPPED] * 2 + [Status.SERVED]
+    assert [(r.reason, r.finish_ms) for r in rec.results[3:5]] == [(OVERLOADED, 0.8), (OVERLOADED, 0.9)]
+    check_conserved(rec)
+    unbounded = toy_run(make_policy("temporal"), reqs, until_ms=6.0)
+    assert all(r.status == Status.SERVED for r in unbounded.results)
+    for bad in (0, -1, 2.5):
+        with pytest.raises(ValueError, match="queue_limit"):
+            toy_run(make_policy("temporal"), reqs, until_ms=6.0, queue_limit=bad)
 
 
 class _TwoLanes(Policy):

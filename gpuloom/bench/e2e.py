@@ -586,8 +586,9 @@ def host_split(before: dict, after: dict, wall_ms: float) -> dict:
 def simulate_point(svc, workload: Workload, policy: str, *, scale: float, duration_s: float,
                    contention: Any = None, options: dict | None = None, plan: dict | None = None) -> dict:
     """The same point through the simulated backend, with the profiles the service planned with and
-    the variant's policy ``options`` (``dstack:queues=arrival`` simulates arrival order): what issue
-    5's simulator validation compares (goodput and p99 error per policy). ``plan``: the point's
+    the variant's policy ``options`` (``dstack:queues=arrival`` simulates arrival order) and the
+    service's queue limit: what issue 5's simulator validation compares (goodput and p99 error per
+    policy). ``plan``: the point's
     (``Point.plan``), whose hold a dstack told none planned with."""
     from ..policy.dstack import DEFAULT_HOLD_MS
     from .experiment import simulate
@@ -599,7 +600,7 @@ def simulate_point(svc, workload: Workload, policy: str, *, scale: float, durati
         # the simulated device's
         hold = (plan or {}).get("batch_overhead_ms")
         options = {**(options or {}), "batch_overhead_ms": float(hold) if hold is not None else DEFAULT_HOLD_MS}
-    run = simulate(wl, profs, policy, contention=contention, options=options)
+    run = simulate(wl, profs, policy, contention=contention, options=options, queue_limit=svc.queue_limit)
     m = run.metrics
     return {"goodput_rps": m.goodput_rps, "slo_attainment": m.slo_attainment, "p50_ms": m.p50_ms,
             "p99_ms": m.p99_ms, "sm_utilization": m.sm_utilization, "fairness": m.fairness}

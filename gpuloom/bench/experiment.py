@@ -107,6 +107,7 @@ def simulate(
     options: Mapping[str, object] | None = None,
     trace: bool = False,
     device_profiles: ProfileStore | Mapping[str, Profile] | None = None,
+    queue_limit: int | None = None,
 ) -> SimRun:
     """Run ``workload`` under ``policy`` on the simulated GPU.
 
@@ -114,6 +115,8 @@ def simulate(
     SLO so that every request's fate is decided by its deadline, then running batches finish.
     ``device_profiles``: how long batches really take on the simulated GPU, where that differs from
     the ``profiles`` the policy plans with (a GPU slower than its profiles, as measured on the H200).
+    ``queue_limit``: refuse a request while this many of its model's are queued or running, as the
+    service does (``gpuloom bench`` serves with 1024); None (default) refuses none.
     """
     t0 = time.perf_counter()
     profs = _profiles_for(workload, profiles)
@@ -124,7 +127,7 @@ def simulate(
     requests = make_requests(workload)
     until = workload.duration_s * 1000.0
     rt = Runtime(pol, backend, ctx, trace=trace)
-    record = rt.run(requests, until_ms=until, drain_ms=max(m.slo_ms for m in workload.models))
+    record = rt.run(requests, until_ms=until, drain_ms=max(m.slo_ms for m in workload.models), queue_limit=queue_limit)
     metrics = compute_metrics(record, models=list(ctx.models))
     return SimRun(record, metrics, pol.describe(), time.perf_counter() - t0)
 

@@ -39,14 +39,34 @@ def as_the_runtime_ran(contention: Any, settings: Mapping[str, str]) -> Any:
     return contention
 
 
+#: ``gpuloom bench --queue-limit``'s default, for reports that recorded neither the key nor the flag
+BENCH_QUEUE_LIMIT = 1024
+
+
+def report_queue_limit(meta: Mapping[str, Any]) -> int:
+    """The per-model queue bound a report's service ran with: its ``meta.queue_limit`` (since the
+    sixty-third session), else ``--queue-limit N`` in its ``argv``, else the bench's default."""
+    if meta.get("queue_limit") is not None:
+        return int(meta["queue_limit"])
+    argv = [str(a) for a in meta.get("argv") or []]
+    for i, a in enumerate(argv):
+        if a.startswith("--queue-limit="):
+            return int(a.split("=", 1)[1])
+        if a == "--queue-limit" and i + 1 < len(argv):
+            return int(argv[i + 1])
+    return BENCH_QUEUE_LIMIT
+
+
 def simulate_report_point(report: dict, workload, profiles: dict, policy: str, scale: float, contention: Any,
                           plan: dict | None = None):
     """The simulator's run (``RunMetrics``) of ``policy`` at load ``scale`` as ``gpuloom bench``
     simulates a point of ``report``: its ``workload`` scaled, its points' duration, the variant as
-    the report's ``meta`` (and the point's ``plan``) builds it."""
-    wl = dataclasses.replace(workload.scaled(scale), duration_s=float(report["meta"]["duration_s"]))
-    name, options = sim_policy(policy, report["meta"], plan)
-    return simulate(wl, profiles, name, contention=contention, options=options).metrics
+    the report's ``meta`` (and the point's ``plan``) builds it, the service's queue limit."""
+    meta = report["meta"]
+    wl = dataclasses.replace(workload.scaled(scale), duration_s=float(meta["duration_s"]))
+    name, options = sim_policy(policy, meta, plan)
+    return simulate(wl, profiles, name, contention=contention, options=options,
+                    queue_limit=report_queue_limit(meta)).metrics
 
 
 def scored(point: dict) -> bool:
@@ -120,5 +140,5 @@ def host_line(res: dict, preset: str) -> str:
             f"gpuloom simulate: {flags}")
 
 
-__all__ = ["MIN_ATTAINMENT", "WITHIN", "add_host_resimulation", "host_line", "host_resimulation", "scored",
-           "simulate_report_point"]
+__all__ = ["BENCH_QUEUE_LIMIT", "MIN_ATTAINMENT", "WITHIN", "add_host_resimulation", "host_line", "host_resimulation",
+           "report_queue_limit", "scored", "simulate_report_point"]

@@ -185,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
         meta = {"torch": torch.__version__, "tiny": args.tiny, "max_batch": args.max_batch, "engine": engine,
                 "duration_s": args.duration, "warmup_s": min(args.warmup, args.duration),
                 "seconds": round(time.monotonic() - t0, 1), "argv": sys.argv[1:],
+                "queue_limit": args.queue_limit,  # the service's per-model bound, simulated too
                 # what plain "dstack" meant in this run (reports before the key planned down to 8 SMs: 0)
                 "dstack_min_sms_default": DEFAULT_MIN_SMS,
                 "dstack_remainder_default": DEFAULT_REMAINDER,

@@ -93,6 +93,9 @@ class RunRecord:
 #: the next requests, health checks) gets a turn (Runtime.host_on); one CPU batch alone may take longer
 PUMP_SLICE_S = 0.001
 
+#: run()'s drop reason for a request refused at its model's ``queue_limit`` (the service's ``Overloaded``)
+OVERLOADED = "overloaded"
+
 #: yielding answers (GPULOOM_YIELD_ANSWERS=1): a decision's drops are answered in chunks of at most
 #: this many requests (a completed batch's answers stay one call: over HTTP each call is a reply to
 #: the workers, and run 192 chunked those too), and after at least YIELD_CHECK_S of answering the
@@ -185,6 +188,7 @@ class Runtime:
         self._note_arrival = backend.note_arrival  # run(): the simulator's host cost per request
         self._note_drops = backend.note_drops  # ... and per request a decision dropped
         self._next_id = 0
+        self._queue_limit: int | None = None  # run(): requests of a model queued or running before refusal
         self._closed = False  # no more submissions
         self._closing = False  # the loop exits once everything entered is answered
         self._thread: threading.Thread | None = None
@@ -237,13 +241,21 @@ class Runtime:
         self.taken_in = 0
 
     # -- the loop ---------------------------------------------------------------------------
-    def run(self, requests: Sequence[Request], *, until_ms: float, drain_ms: float = 0.0) -> RunRecord:
+    def run(self, requests: Sequence[Request], *, until_ms: float, drain_ms: float = 0.0,
+            queue_limit: int | None = None) -> RunRecord:
         """Serve ``requests`` (sorted by arrival, arrivals <= ``until_ms``).
 
         The policy may dispatch until ``until_ms + drain_ms``; batches running then are allowed to
         finish; whatever is still queued is reported QUEUED.
+
+        ``queue_limit``: a request that arrives while this many of its model's are queued or running
+        is refused (DROPPED, reason ``"overloaded"``), as the service refuses it with ``Overloaded``
+        (``InferenceService(queue_limit=...)``); None refuses none.
         """
         self._check_requests(requests, until_ms)
+        if queue_limit is not None and (not isinstance(queue_limit, int) or queue_limit < 1):
+            raise ValueError(f"queue_limit must be a positive int or None, got {queue_limit!r}")
+        self._queue_limit = queue_limit
         self.backend.start(self._on_completion)
         self._set_layout(self.policy.setup(self.ctx))
         self._stop_ms = until_ms + drain_ms
@@ -750,12 +762,29 @@ class Runtime:
                 self.policy.on_refused(r.model, 1, self.loop.now)
                 self._finish(Result(r, Status.DROPPED, self.loop.now, "shed"))
                 return
+        q = self.queues[r.model]
+        limit = self._queue_limit
+        if limit is not None and len(q) + self._running(r.model) >= limit:  # refused at submission
+            self._finish(Result(r, Status.DROPPED, self.loop.now, OVERLOADED))
+            return
         self._note_arrival()
-        _enqueue(self.queues[r.model], r, self.policy.deadline_queues)
+        _enqueue(q, r, self.policy.deadline_queues)
         self._pending[r.id] = r
         if self._trace_on:
             self._log("arrive", r.model, r.id)
         self.policy.on_arrival(r, self.loop.now)
+
+    def _running(self, model: str) -> int:
+        """``model``'s requests in batches still running (the current layout's and earlier ones')."""
+        n = 0
+        for lane in self._inflight.values():
+            for d, reqs, _ in lane:
+                if d.model == model:
+                    n += len(reqs)
+        for reqs, _ in self._orphan_reqs.values():
+            if reqs and reqs[0].model == model:
+                n += len(reqs)
+        return n
 
     def _on_completion(self, c: Completion) -> None:
         d = c.decision
