@@ -222,3 +222,20 @@ def test_simulate_yield_answers_charges_only_the_answers_of_drops_as_yielding(tm
     assert main(["simulate", str(wl), "--synthetic", "--policy", "nexus", "--yield-answers",
                  "--out", str(tmp_path / "p")]) == 0
     assert json.loads((tmp_path / "p" / "tiny.simulate.json").read_text())["contention"]["drop_answer_ms"] == 0.0
+
+
+def test_simulate_queue_limit_refuses_what_the_server_would_and_says_so_in_its_json(tmp_path, capsys):
+    wl = tmp_path / "tiny.yaml"
+    wl.write_text(TINY.replace("rate: 600", "rate: 60000"))  # mobilenet_v2 far past what the GPU serves
+    assert main(["simulate", str(wl), "--synthetic", "--policy", "triton", "--queue-limit", "64",
+                 "--out", str(tmp_path / "q")]) == 0
+    run = json.loads((tmp_path / "q" / "tiny.simulate.json").read_text())
+    assert run["queue_limit"] == 64
+    drops = run["runs"][0]["metrics"]["drops"]
+    assert drops.get("overloaded", 0) > 1000  # refused at the bound, as gpuloom serve answers 429
+    assert main(["simulate", str(wl), "--synthetic", "--policy", "triton", "--out", str(tmp_path / "u")]) == 0
+    unbounded = json.loads((tmp_path / "u" / "tiny.simulate.json").read_text())
+    assert unbounded["queue_limit"] is None and "overloaded" not in unbounded["runs"][0]["metrics"]["drops"]
+    capsys.readouterr()
+    assert main(["simulate", str(wl), "--synthetic", "--queue-limit", "0"]) == 2
+    assert "--queue-limit: expected a positive number" in " ".join(capsys.readouterr().err.split())

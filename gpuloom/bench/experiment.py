@@ -155,9 +155,11 @@ def sweep_rate(
     contention: ContentionModel | None = None,
     options: Mapping[str, object] | None = None,
     device_profiles: ProfileStore | Mapping[str, Profile] | None = None,
+    queue_limit: int | None = None,
 ) -> SweepResult:
     """Highest ``Workload.scaled`` factor at which ``policy`` (built with ``options``) keeps SLO
-    attainment >= ``target`` (on a GPU as fast as ``device_profiles`` where given, see :func:`simulate`).
+    attainment >= ``target`` (on a GPU as fast as ``device_profiles`` where given, with ``queue_limit``,
+    see :func:`simulate`).
 
     Doubles (or halves) from factor 1 to bracket the threshold, then bisects (geometrically) until
     the bracket is within ``rel_tol``. Attainment need not be monotone in load; the result is the
@@ -170,7 +172,7 @@ def sweep_rate(
 
     def ok(f: float) -> bool:
         run = simulate(workload.scaled(f), profiles, policy, contention=contention, options=options,
-                       device_profiles=device_profiles)
+                       device_profiles=device_profiles, queue_limit=queue_limit)
         runs[f] = run
         points.append((f, run.metrics.slo_attainment))
         return run.metrics.slo_attainment >= target

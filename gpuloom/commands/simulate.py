@@ -61,6 +61,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--yield-answers", action="store_true",
                    help="simulate the runtime run with GPULOOM_YIELD_ANSWERS=1: a dropped request's answer (0.01 ms of "
                         "--host-drop-ms) yields to launches, each waiting behind at most 0.2 ms of answers")
+    p.add_argument("--queue-limit", type=int, default=None, metavar="N",
+                   help="refuse a request while N of its model's are queued or running, as gpuloom serve and "
+                        "gpuloom bench do (their default: 1024); default: refuse none")
     p.add_argument("--slowdowns", metavar="PATH", default=None,
                    help="simulate a GPU on which each model runs this much slower than its profile, while the "
                         "policies plan with the profiles: a JSON {model: factor} or a gpuloom bench report whose "
@@ -107,6 +110,9 @@ def run(args: argparse.Namespace) -> int:
     console = table_console(170)
     err = Console(stderr=True)
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+    if args.queue_limit is not None and args.queue_limit < 1:
+        err.print(f"[red]error:[/] --queue-limit: expected a positive number of requests, got {args.queue_limit}")
+        return 2
     try:
         specs = {p: parse_policy_spec(p) for p in policies}
     except ValueError as e:
@@ -147,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
     runs = []
     for p in policies:  # a variant's metrics carry its spelling, so two dstacks stay apart in the table
         name, options, _ = specs[p]
-        r = simulate(workload, profiles, name, contention=contention, options=options, device_profiles=device)
+        r = simulate(workload, profiles, name, contention=contention, options=options, device_profiles=device,
+                     queue_limit=args.queue_limit)
         runs.append(dataclasses.replace(r, metrics=dataclasses.replace(r.metrics, policy=p)))
     sweeps = {}
     if args.sweep_rate:
@@ -157,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
             t_p = time.perf_counter()
             with console.status(f"sweeping {p} ({i}/{len(policies)}) ..."):
                 sweeps[p] = sweep_rate(sweep_w, profiles, name, target=args.target, contention=contention,
-                                       options=options, device_profiles=device)
+                                       options=options, device_profiles=device, queue_limit=args.queue_limit)
             # a line per policy: the spinner shows nothing where the output goes to a pipe or a log
             err.print(f"swept {p} ({i}/{len(policies)}): highest load x{sweeps[p].max_factor:.3g} in "
                       f"{time.perf_counter() - t_p:.1f} s")
@@ -223,6 +230,7 @@ def run(args: argparse.Namespace) -> int:
             "profiles": "synthetic" if (args.synthetic or any("SYNTHETIC" in w for w in warnings)) else (args.profiles or f"builtin:{workload.gpu}"),
             "sweep_duration_s": min(workload.duration_s, args.sweep_duration) if args.sweep_rate else None,
             "contention": dataclasses.asdict(contention), "contention_preset": args.contention,
+            "queue_limit": args.queue_limit,
             "slowdowns": {"path": args.slowdowns, "factors": slow} if slow else None,
             "runs": [{"policy_config": r.policy, "metrics": r.metrics.to_json(), "wall_s": r.wall_s} for r in runs],
             "fluid_bound": bound,
