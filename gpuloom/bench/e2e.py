@@ -588,8 +588,7 @@ def simulate_point(svc, workload: Workload, policy: str, *, scale: float, durati
     """The same point through the simulated backend, with the profiles the service planned with and
     the variant's policy ``options`` (``dstack:queues=arrival`` simulates arrival order) and the
     service's queue limit: what issue 5's simulator validation compares (goodput and p99 error per
-    policy). ``plan``: the point's
-    (``Point.plan``), whose hold a dstack told none planned with."""
+    policy). ``plan``: the point's (``Point.plan``), whose hold a dstack told none planned with."""
     from ..policy.dstack import DEFAULT_HOLD_MS
     from .experiment import simulate
 
