@@ -18,7 +18,6 @@ the measured are printed and written side by side.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -29,19 +28,18 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from sim_measured_hold import load_report  # noqa: E402
 
 from gpuloom.bench.e2e import save_json  # noqa: E402
-from gpuloom.bench.experiment import simulate  # noqa: E402
-from gpuloom.bench.resimulate import MIN_ATTAINMENT, WITHIN, as_the_runtime_ran, report_queue_limit  # noqa: E402
-from gpuloom.bench.variants import sim_policy  # noqa: E402
+from gpuloom.bench.resimulate import (MIN_ATTAINMENT, WITHIN, as_the_runtime_ran, report_queue_limit,  # noqa: E402
+                                      simulate_report_point)
+from gpuloom.commands.simulate import preset_model  # noqa: E402
 from gpuloom.profile.store import ProfileStore  # noqa: E402
 from gpuloom.runtime.core import OVERLOADED  # noqa: E402
-from gpuloom.runtime.sim import FITTED_PRESETS, ContentionModel  # noqa: E402
+from gpuloom.runtime.sim import ContentionModel  # noqa: E402
 
 
 def report_contention(meta: dict) -> ContentionModel:
     """The simulated GPU the report's points were simulated with, as the runtime's settings ran it."""
     preset = (meta.get("sim_contention") or {}).get("preset") or "h200"
-    base = FITTED_PRESETS[preset]() if preset in FITTED_PRESETS else ContentionModel()
-    return as_the_runtime_ran(base, meta.get("gpuloom_settings") or {})
+    return as_the_runtime_ran(preset_model(preset), meta.get("gpuloom_settings") or {})
 
 
 def rel(sim: float | None, measured: float | None) -> float | None:
@@ -68,15 +66,14 @@ def main() -> int:
                 continue
             _, _, profiles = load_report(path, store, policy)
             for p in res.get("points", []):
-                w = dataclasses.replace(wl.scaled(p["scale"]), duration_s=float(meta["duration_s"]))
-                name, options = sim_policy(policy, meta, p.get("plan"))
                 row = {"report": Path(path).name, "policy": policy, "scale": p["scale"],
                        "attainment": round(p["slo_attainment"], 4), "goodput": p["goodput_rps"],
                        "p50_ms": p["p50_ms"], "p99_ms": p["p99_ms"],
                        "rejected": sum(m.get("rejected", 0) for m in p["models"]),
                        "submitted": sum(m["submitted"] for m in p["models"]), "queue_limit": limit}
-                for key, q in (("unbounded", None), ("limited", limit)):
-                    m = simulate(w, profiles, name, contention=contention, options=options, queue_limit=q).metrics
+                for key, bounded in (("unbounded", False), ("limited", True)):
+                    m = simulate_report_point(d, wl, profiles, policy, p["scale"], contention, p.get("plan"),
+                                              bounded=bounded)
                     row[key] = {"goodput": round(m.goodput_rps, 1), "goodput_error": rel(m.goodput_rps, p["goodput_rps"]),
                                 "p50_error": rel(m.p50_ms, p["p50_ms"]), "p99_error": rel(m.p99_ms, p["p99_ms"]),
                                 "refused": m.drops.get(OVERLOADED, 0)}

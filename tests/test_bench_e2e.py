@@ -563,6 +563,23 @@ def test_a_reports_queue_limit_is_read_from_its_meta_else_its_command_line_else_
     assert report_queue_limit({"argv": ["bench", "w.yaml"]}) == report_queue_limit({}) == BENCH_QUEUE_LIMIT == 1024
 
 
+def test_a_report_point_is_simulated_with_its_queue_limit_unless_told_unbounded(monkeypatch):
+    import types
+    from pathlib import Path
+
+    from gpuloom.bench import resimulate
+    from gpuloom.bench.workload import load_workload
+
+    limits = []
+    monkeypatch.setattr(resimulate, "simulate", lambda *a, queue_limit=None, **kw: (
+        limits.append(queue_limit), types.SimpleNamespace(metrics=None))[1])
+    wl = load_workload(Path(__file__).resolve().parent.parent / "examples" / "light3.yaml")
+    report = {"meta": {"duration_s": 1.0, "queue_limit": 64}}
+    resimulate.simulate_report_point(report, wl, {}, "triton", 1.0, None)
+    resimulate.simulate_report_point(report, wl, {}, "triton", 1.0, None, bounded=False)
+    assert limits == [64, None]
+
+
 def test_a_layout_set_up_during_a_point_is_counted_from_its_start():
     from gpuloom.bench.e2e import lane_deltas
 

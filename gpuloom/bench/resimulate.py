@@ -58,15 +58,16 @@ def report_queue_limit(meta: Mapping[str, Any]) -> int:
 
 
 def simulate_report_point(report: dict, workload, profiles: dict, policy: str, scale: float, contention: Any,
-                          plan: dict | None = None):
+                          plan: dict | None = None, *, bounded: bool = True):
     """The simulator's run (``RunMetrics``) of ``policy`` at load ``scale`` as ``gpuloom bench``
     simulates a point of ``report``: its ``workload`` scaled, its points' duration, the variant as
-    the report's ``meta`` (and the point's ``plan``) builds it, the service's queue limit."""
+    the report's ``meta`` (and the point's ``plan``) builds it, the service's queue limit
+    (``bounded=False``: none, as the simulator ran before the sixty-third session)."""
     meta = report["meta"]
     wl = dataclasses.replace(workload.scaled(scale), duration_s=float(meta["duration_s"]))
     name, options = sim_policy(policy, meta, plan)
     return simulate(wl, profiles, name, contention=contention, options=options,
-                    queue_limit=report_queue_limit(meta)).metrics
+                    queue_limit=report_queue_limit(meta) if bounded else None).metrics
 
 
 def scored(point: dict) -> bool:
