@@ -19,6 +19,7 @@ import serve_fake  # noqa: E402
 
 tritonhttp = pytest.importorskip("tritonclient.http")
 tritongrpc = pytest.importorskip("tritonclient.grpc")
+import grpc  # noqa: E402  (tritonclient.grpc brings it)
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from gpuloom.serve import ring  # noqa: E402
@@ -223,6 +224,15 @@ BAD = [
     ("unknown output", "/v2/models/tiny_mlp/infer", _infer_json([{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [0.0] * 16}], outputs=[{"name": "q"}]), {}, 400, "has no outputs ['q']"),
     ("negative timeout", "/v2/models/tiny_mlp/infer", _infer_json([{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [0.0] * 16}], parameters={"timeout": -5}), {}, 400, "timeout"),
     ("body over limit", "/v2/models/tiny_mlp/infer", b" " * (2 << 20), {}, 413, "too large"),
+    # found by a review (sixty-fourth session): each was a 500, or served where it should not be
+    ("zero batch", "/v2/models/tiny_mlp/infer", _infer_json([{"name": "x", "shape": [0, 16], "datatype": "FP32", "data": []}]), {}, 400, "batch 0 outside 1..16"),
+    ("nested too deeply", "/v2/models/tiny_mlp/infer", b"[" * 100_000, {}, 400, "nested too deeply"),
+    ("repository body nested too deeply", "/v2/repository/index", b"[" * 100_000, {}, 400, "nested too deeply"),
+    ("timeout past a float", "/v2/models/tiny_mlp/infer", _infer_json([{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [0.0] * 16}], parameters={"timeout": 10 ** 400}), {}, 400, "parameter 'timeout'"),
+    ("null among floats", "/v2/models/tiny_mlp/infer", _infer_json([{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1.0, None, 3.0]}]), {}, 400, "element None is not a valid FP32"),
+    ("a numeric string among floats", "/v2/models/tiny_mlp/infer", _infer_json([{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1.0, "2.5", 3.0]}]), {}, 400, "element '2.5' is not a valid FP32"),
+    ("a bool among floats", "/v2/models/tiny_mlp/infer", _infer_json([{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1.0, True, 3.0]}]), {}, 400, "element True is not a valid FP32"),
+    ("classification asked for", "/v2/models/tiny_mlp/infer", _infer_json([{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [0.0] * 16}], outputs=[{"name": "y", "parameters": {"classification": 2}}]), {}, 400, "classification extension"),
 ]
 
 
@@ -252,6 +262,33 @@ def test_grpc_bad_shape_is_invalid_argument_and_unknown_model_not_found(served):
     with pytest.raises(InferenceServerException) as e:
         client.get_model_metadata("nope")
     assert "NOT_FOUND" in str(e.value.status())
+
+
+def test_grpc_bad_contents_timeout_and_classification_are_invalid_argument(served):
+    """Each was answered UNKNOWN (an exception of ours) or served the raw tensor before the sixty-fourth
+    session's review."""
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc as pbg
+
+    addr, _, _ = served
+    stub = pbg.GRPCInferenceServiceStub(grpc.insecure_channel(addr.grpc_url))
+    good = pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1, 16])
+    good.contents.fp32_contents.extend([0.5] * 16)
+    cases = {
+        "not all INT8": (pb.ModelInferRequest.InferInputTensor(name="x", datatype="INT8", shape=[1, 1]), None, None),
+        "needs 18446744073709551616 elements": (pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[2 ** 32, 2 ** 32]), None, None),
+        "parameter 'timeout'": (good, {"timeout": pb.InferParameter(string_param="soon")}, None),
+        "classification extension": (good, None, pb.ModelInferRequest.InferRequestedOutputTensor(
+            name="y", parameters={"classification": pb.InferParameter(int64_param=2)})),
+    }
+    cases["not all INT8"][0].contents.int_contents.append(300)
+    for needle, (tensor, params, output) in cases.items():
+        req = pb.ModelInferRequest(model_name="tiny_mlp", inputs=[tensor], parameters=params or {},
+                                   outputs=[output] if output else [])
+        with pytest.raises(grpc.RpcError) as e:
+            stub.ModelInfer(req, timeout=30)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and needle in e.value.details(), (needle, e.value)
+    assert len(stub.ModelInfer(pb.ModelInferRequest(model_name="tiny_mlp", inputs=[good]), timeout=30).raw_output_contents) == 1
 
 
 def test_grpc_stream_answers_each_request_with_its_own_outputs_and_a_bad_one_with_its_error(served):
@@ -441,6 +478,10 @@ def test_unload_and_load_while_serving_another_model(served):
         assert not client.is_model_ready("tiny_cnn") if _model_known(client, "tiny_cnn") else True
         idx = {m["name"]: m["state"] for m in client.get_model_repository_index()}
         assert idx["tiny_cnn"] == "UNAVAILABLE" and idx["tiny_mlp"] == "READY"
+        status, _, data = _post(addr, "/v2/repository/index", b'{"ready": true}')  # the ready ones alone
+        assert status == 200 and "tiny_mlp" in {m["name"] for m in json.loads(data)}
+        assert {m["state"] for m in json.loads(data)} == {"READY"}
+        assert _post(addr, "/v2/repository/index", b'{"ready": "yes"}')[0] == 400
         inp = tritonhttp.InferInput("image", [1, 3, 16, 16], "FP32")
         inp.set_data_from_numpy(np.zeros((1, 3, 16, 16), np.float32))
         with pytest.raises(InferenceServerException) as e:
@@ -736,6 +777,14 @@ def test_grpc_repository_and_statistics(served):
     assert names["tiny_mlp"] == "READY"
     client.unload_model("tiny_cnn")
     assert not client.is_model_ready("tiny_cnn")
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc as pbg
+
+    stub = pbg.GRPCInferenceServiceStub(grpc.insecure_channel(addr.grpc_url))
+    ready = stub.RepositoryIndex(pb.RepositoryIndexRequest(ready=True), timeout=30).models
+    every = stub.RepositoryIndex(pb.RepositoryIndexRequest(), timeout=30).models
+    assert {m.state for m in ready} == {"READY"} and "tiny_mlp" in {m.name for m in ready}
+    assert "tiny_cnn" not in {m.name for m in ready} and "tiny_cnn" in {m.name for m in every}
     client.load_model("tiny_cnn")
     assert client.is_model_ready("tiny_cnn")
     inp = tritongrpc.InferInput("x", [1, 16], "FP32")

@@ -219,3 +219,15 @@ def test_a_worker_that_does_not_read_its_replies_holds_up_no_other_worker(bridge
     assert all(m["status"] == 200 and np.array_equal(o["y"], big * 2) for m, o in got.values())
     slow.close()
     fast.close()
+
+
+def test_a_tensor_with_a_zero_in_its_shape_packs_and_unpacks():
+    """(A worker's request with shape [0, 16] raised in ``memoryview.cast`` and was a 500 that left the
+    request and its arena block behind, sixty-fourth session's review; the runtime answers its 400.)"""
+    x, y = np.zeros((0, 16), np.float32), np.arange(4, dtype=np.int64).reshape(2, 2)
+    frame = b"".join(bytes(p) for p in pack({"id": 1, "names": ["x", "y"]}, [x, y]))
+    jlen, plen = FRAME.unpack(frame[:FRAME.size])
+    meta = json.loads(frame[FRAME.size:FRAME.size + jlen])
+    got = unpack_tensors(meta, memoryview(frame)[FRAME.size + jlen:])
+    assert plen == y.nbytes and got["x"].shape == (0, 16) and got["x"].dtype == np.float32
+    np.testing.assert_array_equal(got["y"], y)

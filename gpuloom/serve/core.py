@@ -269,10 +269,11 @@ class ServeCore:
         self.repository = self.repository.reload()
         return self.repository
 
-    def repository_index(self) -> list[dict[str, str]]:
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """Every model of the repository as on disk now (a model added since is listed, UNAVAILABLE
         until loaded), and every loaded one; an invalid entry is UNAVAILABLE with its mistake as the
-        reason, as Triton lists a model that failed to load."""
+        reason, as Triton lists a model that failed to load. ``ready_only``: the READY ones alone (the
+        protocol's ``{"ready": true}``)."""
         repo = self.repository
         try:
             repo = self._rescan()
@@ -291,7 +292,7 @@ class ServeCore:
                 continue
             reason = errors.get(n) or self._reasons.get(n) or ("not ready" if n in loaded else "not loaded")
             out.append({"name": n, "version": VERSION, "state": "UNAVAILABLE", "reason": reason})
-        return out
+        return [m for m in out if m["state"] == "READY"] if ready_only else out
 
     def load(self, name: str) -> None:
         """(Re)load ``name`` from the repository (re-read from disk, its ``file.py`` re-executed);

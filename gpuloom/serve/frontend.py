@@ -157,8 +157,6 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_b
             raise ProtocolError("the runtime process is not reachable (its connection closed)", 503, retry_after_s=1.0)
         state["next"] += 1
         rid = state["next"]
-        fut = asyncio.get_running_loop().create_future()
-        state["pending"][rid] = fut
         # the deadline (given, or the model's SLO) counts from this handler, not from the runtime's
         # intake: a worker that falls behind hands on requests with less time left (run 81: 55 ms at p50)
         waited = (time.perf_counter() - t_in) * 1e3
@@ -168,13 +166,21 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_b
         nbytes = sum(a.nbytes for a in arrays)
         shared, rings = state["arena"], state["rings"]
         block = shared.alloc(nbytes) if shared is not None else None
-        if block is None:  # no arena, or full: inline on the socket
-            frame = pack(dict(meta, names=list(req.inputs)), arrays)
-        else:
+        try:
+            if block is None:  # no arena, or full: inline on the socket
+                frame = pack(dict(meta, names=list(req.inputs)), arrays)
+            else:
+                tensors, bufs = _describe(list(req.inputs), arrays)
+                _copy_into(shared.view(block, nbytes), bufs)
+                frame = None
+        except Exception:  # nothing was handed on: the block goes back, no reply is awaited
+            if block is not None:
+                shared.free(block)
+            raise
+        fut = asyncio.get_running_loop().create_future()
+        state["pending"][rid] = fut
+        if block is not None:
             state["blocks"][rid] = block  # freed when the reply comes back (deliver)
-            tensors, bufs = _describe(list(req.inputs), arrays)
-            _copy_into(shared.view(block, nbytes), bufs)
-            frame = None
         t_bridge = time.perf_counter()
         if block is None or rings is None or not rings.send(ring_request(rid, meta, tensors, block, deadline, waited)):
             if frame is None:  # the ring is full: the socket, its tensors still in the arena

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 
 import grpc
 import numpy as np
@@ -23,7 +24,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
 from .core import EXTENSIONS, SERVER_NAME, ServeCore, model_config_json, model_metadata
-from .protocol import ProtocolError, from_raw, numpy_dtype, v2_dtype
+from .protocol import ProtocolError, deadline_ms_from_parameters, from_raw, numpy_dtype, refuse_classification, v2_dtype
 
 log = logging.getLogger("gpuloom.serve.grpc")
 
@@ -107,7 +108,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         return msg
 
     async def RepositoryIndex(self, request, context):
-        idx = self.core.repository_index()
+        idx = self.core.repository_index(ready_only=request.ready)
         return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**m) for m in idx])
 
     async def RepositoryModelLoad(self, request, context):
@@ -184,10 +185,10 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         """One ModelInfer request, answered; raises ProtocolError for a request that cannot be."""
         inputs = self._inputs(request)
         params = {k: _param_value(v) for k, v in request.parameters.items()}
-        deadline = None
-        t = params.get("timeout")
-        if isinstance(t, (int, float)) and t > 0:
-            deadline = t / 1000.0  # microseconds -> ms
+        deadline = deadline_ms_from_parameters(params)  # Triton's 'timeout' (microseconds), as over HTTP
+        for o in request.outputs:
+            if "classification" in o.parameters:
+                refuse_classification(o.name, _param_value(o.parameters["classification"]))
         remaining = context.time_remaining()
         if remaining is not None:  # the client's gRPC deadline, seconds
             deadline = min(deadline or float("inf"), remaining * 1000.0)
@@ -223,10 +224,13 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
                 if field is None:
                     raise ProtocolError(f"{where}: {t.datatype} must be sent in raw_input_contents")
                 vals = getattr(t.contents, field)
-                n = int(np.prod(shape))
+                n = math.prod(shape)
                 if len(vals) != n:
                     raise ProtocolError(f"{where}: shape {list(shape)} needs {n} elements, contents has {len(vals)}")
-                out[t.name] = np.asarray(vals, dtype=dtype).reshape(shape)
+                try:
+                    out[t.name] = np.asarray(vals, dtype=dtype).reshape(shape)
+                except (OverflowError, ValueError, TypeError) as e:  # e.g. 300 in an INT8 tensor's int_contents
+                    raise ProtocolError(f"{where}: contents are not all {t.datatype} values ({e})") from None
         return out
 
 

@@ -195,8 +195,11 @@ def build_app(core: ServeCore) -> web.Application:
 
     @r.post("/v2/repository/index")
     async def repo_index(request):
-        await _json_body(request, optional=True)
-        return web.json_response(core.repository_index())
+        body = await _json_body(request, optional=True)
+        ready = body.get("ready", False)
+        if not isinstance(ready, bool):
+            raise ProtocolError(f"'ready' must be true or false, found {ready!r}", 400)
+        return web.json_response(core.repository_index(ready_only=ready))
 
     @r.post("/v2/repository/models/{model}/load")
     async def repo_load(request):
@@ -243,6 +246,8 @@ async def _json_body(request: web.Request, *, optional: bool) -> dict:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise ProtocolError(f"request body is not valid JSON: {e}", 400) from None
+    except RecursionError:
+        raise ProtocolError("request body is not valid JSON: nested too deeply", 400) from None
     if not isinstance(body, dict):
         raise ProtocolError(f"request body must be a JSON object, found {type(body).__name__}", 400)
     if "parameters" in body and not isinstance(body["parameters"], dict):

@@ -112,18 +112,19 @@ def _flatten(data: Any) -> list:
     return out
 
 
+_JSON_TYPES = {"b": {bool}, "i": {int}, "u": {int}, "f": {int, float}}  # JSON values a tensor of each kind takes
+
+
 def _json_tensor(t: Mapping[str, Any], dtype: np.dtype, shape: tuple[int, ...], where: str) -> np.ndarray:
     flat = _flatten(t["data"])
     n = math.prod(shape)
     if len(flat) != n:
         raise ProtocolError(f"{where}: shape {list(shape)} needs {n} elements, 'data' has {len(flat)}")
-    kind = dtype.kind
-    for x in flat[:1] + flat[-1:]:  # cheap spot check; numpy below catches the rest
-        ok = isinstance(x, bool) if kind == "b" else (isinstance(x, (int, float)) and not isinstance(x, bool))
-        if kind in "iu" and isinstance(x, float):
-            ok = False
-        if not ok:
-            raise ProtocolError(f"{where}: element {x!r} is not a valid {NUMPY_TO_V2[dtype.name]} value")
+    allowed = _JSON_TYPES[dtype.kind]
+    found = set(map(type, flat))  # every element's type (numpy would take null as NaN, "2.5" as 2.5, true as 1)
+    if not found <= allowed:
+        x = next(x for x in flat if type(x) not in allowed)
+        raise ProtocolError(f"{where}: element {x!r} is not a valid {NUMPY_TO_V2[dtype.name]} value")
     try:
         arr = np.asarray(flat, dtype=dtype)
     except (TypeError, ValueError, OverflowError) as e:
@@ -168,6 +169,8 @@ def parse_infer_body(body: bytes | bytearray, header_length: str | None) -> Infe
         req = json.loads(head)
     except (ValueError, UnicodeDecodeError) as e:
         raise ProtocolError(f"request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ProtocolError("request body is not valid JSON: nested too deeply") from None
     if not isinstance(req, dict):
         raise ProtocolError(f"request must be a JSON object with 'inputs', found {type(req).__name__}")
     params = req.get("parameters") or {}
@@ -222,8 +225,18 @@ def parse_infer_body(body: bytes | bytearray, header_length: str | None) -> Infe
             op = o.get("parameters") or {}
             if not isinstance(op, dict):
                 raise ProtocolError(f"output {o['name']!r}: 'parameters' must be an object")
+            refuse_classification(o["name"], op.get("classification"))
             outputs[o["name"]] = bool(op.get("binary_data", default_binary))
     return InferRequest(inputs=tensors, id=rid, parameters=params, outputs=outputs)
+
+
+def refuse_classification(output: str, class_count: Any) -> None:
+    """A 400 for an output asked for as Triton's top-k classes: gpuloom does not implement that
+    extension (it would answer BYTES tensors), and serving the raw tensor instead would surprise."""
+    if class_count not in (None, 0, False):
+        raise ProtocolError(f"output {output!r}: gpuloom does not implement Triton's classification extension "
+                            f"(parameter 'classification' = {_short(class_count)}); ask for the output without "
+                            "it and take the top classes from the tensor")
 
 
 _SPEC_DTYPES: dict[str, np.dtype] = {}  # a spec's dtype name -> numpy dtype (np.dtype(str) per request costs)
@@ -294,6 +307,12 @@ def _check_inputs_fully(config: Any, inputs: Mapping[str, np.ndarray]) -> None:
         batch = arr.shape[0]
 
 
+def _short(v: Any, limit: int = 60) -> str:
+    """``repr(v)``, cut to ``limit`` characters (a client's value echoed in an error can be huge)."""
+    r = repr(v)
+    return r if len(r) <= limit else r[:limit - 3] + "..."
+
+
 def deadline_ms_from_parameters(params: Mapping[str, Any], header_ms: str | None = None) -> float | None:
     """The request's deadline in ms from now: Triton's ``timeout`` parameter (microseconds) or the
     ``X-Gpuloom-Deadline-Ms`` header; None -> the model's SLO applies."""
@@ -308,9 +327,13 @@ def deadline_ms_from_parameters(params: Mapping[str, Any], header_ms: str | None
     t = params.get("timeout")
     if t is None:
         return None
-    if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
-        raise ProtocolError(f"parameter 'timeout' must be a non-negative number of microseconds, found {t!r}")
-    return None if t == 0 else t / 1000.0
+    try:
+        us = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else math.nan
+    except OverflowError:  # an integer past a float's range
+        us = math.nan
+    if not (math.isfinite(us) and us >= 0):
+        raise ProtocolError(f"parameter 'timeout' must be a non-negative number of microseconds, found {_short(t)}")
+    return None if us == 0 else us / 1000.0
 
 
 def encode_infer_response(

@@ -41,6 +41,8 @@ _TEMPLATE_BYTES_MAX = 4096  # longer texts (client-chosen names can be long) are
 
 def _raw(a: np.ndarray) -> memoryview:
     """The array's bytes, C order, little-endian, as a byte view (a copy only where they are not)."""
+    if a.size == 0:  # (memoryview cannot cast a view with a zero in its shape)
+        return memoryview(b"")
     if not (a.flags.c_contiguous and a.dtype.byteorder != ">"):
         a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
     return memoryview(a).cast("B")
