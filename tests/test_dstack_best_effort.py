@@ -69,3 +69,27 @@ def test_a_model_slower_than_its_slo_next_to_a_servable_one_still_gets_slots():
     assert m.served + m.dropped + m.failed + m.queued == m.arrived and m.drops.get("deadline", 0) == m.arrived
     f = compute_metrics(record, models=["slow", "fast"]).models[1]
     assert f.arrived > 200 and f.on_time >= 0.99 * f.arrived
+
+
+def test_a_model_without_slots_is_served_on_an_idle_gpu_in_the_next_gap_not_dropped():
+    """A re-plan for measured rates can leave a model without slots (none of its requests came for a
+    while). Its lone requests ran only where they fit before another model's next slot; one that
+    arrived too late in a gap waited, on an idle GPU, until it was dropped at its deadline (the serve
+    layer's review, sixty-fourth session: 6 of 10 answered 504). It now runs when the next gap opens."""
+    from gpuloom.policy.types import Request
+
+    a = synthetic_profile("a", per_item_sm_ms=40.0, knee1=32)
+    b = synthetic_profile("b", per_item_sm_ms=100.0, knee1=32)
+    only_a = plan([Demand("a", rate=300, slo_ms=10)], ProfileStore(profiles=[a, b]))
+    assert {s.model for p in only_a.partitions for s in p.slots} == {"a"}
+    w = Workload((ModelSpec("a", 10.0, arrival=Arrival("poisson", rate=300)),
+                  ModelSpec("b", 100.0, arrival=Arrival("poisson", rate=5))), duration_s=2)
+    profiles = {"a": a, "b": b}
+    # b's requests, 200 ms apart at different phases of the cycle, nothing else arriving
+    arrivals = [200.0 * i + 0.37 * i for i in range(20)]
+    reqs = [Request(id=i, model="b", arrival_ms=t, deadline_ms=t + 100.0) for i, t in enumerate(arrivals)]
+    record = Runtime(make_policy("dstack", schedule=only_a), SimBackend(profiles), make_context(w, profiles)).run(
+        reqs, until_ms=4100.0, drain_ms=10.0)
+    m = compute_metrics(record, models=["b"]).models[0]
+    assert m.arrived == 20 and m.on_time == 20 and not m.drops
+    assert max(r.latency_ms for r in record.results) < 10.0  # a cycle (5.9 ms) and a batch at most

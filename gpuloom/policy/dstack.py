@@ -161,12 +161,20 @@ def _ids(q, j: int, k: int) -> tuple[int, ...]:
     return tuple([q[j + t].id for t in range(k)])
 
 
+def _widest_gap(starts: Sequence[float], cycle: float) -> float:
+    """The longest time from one of ``starts`` (sorted phases of a cycle) to the next, around the cycle."""
+    if not starts:
+        return math.inf
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    return max(gaps + [starts[0] + cycle - starts[-1]])
+
+
 class _PartPlan:
     """One partition's cycle, indexed for fast look-ups (private)."""
 
-    __slots__ = ("sms", "starts", "ends", "models", "other_starts", "own_starts")
+    __slots__ = ("sms", "starts", "ends", "models", "other_starts", "own_starts", "widest_gap")
 
-    def __init__(self, part, models: Sequence[str]) -> None:
+    def __init__(self, part, models: Sequence[str], cycle: float) -> None:
         slots = sorted(part.slots, key=lambda s: s.start_ms)
         self.sms = part.sms
         self.starts = [s.start_ms for s in slots]
@@ -176,6 +184,9 @@ class _PartPlan:
         self.other_starts = {x: [s.start_ms for s in slots if s.model != x] for x in models}
         # for a model x: sorted starts of x's own slots
         self.own_starts = {x: [s.start_ms for s in slots if s.model == x] for x in models}
+        # for a filler x: the longest time between two consecutive starts of the others' slots (the
+        # most a batch of x can take there); inf where none are others'
+        self.widest_gap = {x: _widest_gap(starts, cycle) for x, starts in self.other_starts.items()}
 
     def owner_at(self, phi: float) -> str | None:
         i = bisect.bisect_right(self.starts, phi) - 1
@@ -481,7 +492,7 @@ class DStackPolicy(Policy):
         self._pending = None
         models = list(self.ctx.models)
         parts = self._lanes(sched)
-        self.parts = [_PartPlan(p, models) for p in parts]
+        self.parts = [_PartPlan(p, models, sched.cycle_ms) for p in parts]
         # where each model has slots of its own: where a waiting model's slot may begin (_fill's wake-up)
         self._slotted = {m: [i for i, pp in enumerate(self.parts) if pp.own_starts[m]] for m in models}
         self._rows: dict[tuple[str, int], list[tuple[int, float]]] = {}
@@ -672,6 +683,10 @@ class DStackPolicy(Policy):
             self._filling.discard(m)  # held back again below if its batch is still partial
             l1s, rows = self._l1[m], self._row_at[m]
             first_left = pos[m]  # the oldest request of m this decision leaves queued
+            # a model without slots of its own (a re-plan for measured rates may leave one out) runs
+            # only in the gaps of others' slots: when one that fits no gap now would fit (ms from now)
+            gap_opens = math.inf
+            unslotted = not self._slotted[m]
             # m's home partitions first (static order), then the others
             for idx in self.pref[m]:
                 if idx not in free_idx:
@@ -693,6 +708,12 @@ class DStackPolicy(Policy):
                         continue
                     horizon = pp.horizon(m, phi, cycle) + 1e-9
                     if l1 > horizon:
+                        if unslotted and horizon < gap_opens and l1 <= pp.widest_gap[m] + 1e-9:
+                            # it fits once the next slot has begun (its owner may have nothing to run
+                            # then): look again at that moment, not only when a drop or an arrival is due
+                            # (on an idle server such a model waited out its SLO, then 504; a model with
+                            # slots is looked at again when its own slot begins)
+                            gap_opens = horizon
                         continue
                 if len(q) - i == 1:
                     # one request left, the usual case: _batch would answer (1, i), as l1 (the hold of
@@ -729,7 +750,7 @@ class DStackPolicy(Policy):
                 # can no longer make its deadline, so that it is dropped then even if nothing else
                 # happens (without this, requests passed over at the end of a burst stayed queued)
                 waiting.add(m)
-                t = q[first_left].deadline_ms - self.fastest[m] + 1e-3
+                t = min(q[first_left].deadline_ms - self.fastest[m], now_ms + gap_opens) + 1e-3
                 if wake is None or t < wake:
                     wake = t
             else:
