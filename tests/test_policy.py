@@ -648,3 +648,23 @@ def test_dstack_admits_an_overloaded_model_at_its_planned_rate_and_the_simulator
     assert not any(r.reason == "shed" for r in kept.record.results)
     assert shed.metrics.goodput_rps > kept.metrics.goodput_rps  # fewer stale requests served late
     assert shed.metrics.slo_attainment > kept.metrics.slo_attainment
+
+
+def test_ideal_drops_a_request_it_cannot_run_on_the_sms_it_grants_instead_of_stranding_it():
+    """ideal grants a batch at most its knee's SMs but judged a request hopeless on the whole GPU, so a
+    request due between the two was neither run nor dropped: it blocked its model until a completion,
+    and on an idle GPU stayed queued until the next arrival (a review, sixty-fourth session)."""
+    from gpuloom.runtime import Runtime, SimBackend
+    from gpuloom.policy.types import Status
+
+    vgg = next(p for p in zoo() if p.model == "vgg16")
+    w = Workload((ModelSpec("vgg16", 60.0, arrival=Arrival("poisson", rate=100)),), duration_s=1)
+    ctx = make_context(w, {"vgg16": vgg})
+    whole, at_knee = vgg.full_latency(1), vgg.latency(1, vgg.knee(1, ctx.knee_eps))
+    assert at_knee > whole * 1.02  # the case: the knee is slower than the whole GPU
+    due = (whole + at_knee) / 2
+    reqs = [Request(0, "vgg16", 10.0, 10.0 + due), Request(1, "vgg16", 500.0, 560.0)]
+    rec = Runtime(make_policy("ideal"), SimBackend({"vgg16": vgg}), ctx).run(reqs, until_ms=500.0, drain_ms=60.0)
+    first, second = rec.results
+    assert first.status == Status.DROPPED and first.reason == "deadline" and first.finish_ms == 10.0
+    assert second.status == Status.SERVED

@@ -72,10 +72,13 @@ class IdealPolicy(Policy):
             p = i.profile
             ok = [b for b in p.batches if self._answered_ms(m, p.latency(b, p.knee(b, ctx.knee_eps)), b) <= i.slo_ms / 2]
             self.cap[m] = max(ok or [p.batches[0]])
-            self.fastest[m] = self._answered_ms(m, p.full_latency(p.batches[0]), 1)
             self.demand[m] = {b: min(ctx.gpu_sms, p.knee(b, ctx.knee_eps)) for b in p.batches}
             # SM counts a batch may be granted: the profile's, up to its knee
             self.sm_steps[m] = {b: [s for s in p.sms if s <= self.demand[m][b]] or [p.sms[0]] for b in p.batches}
+            # the soonest a batch of one can answer on the SMs it may be granted (not the whole GPU's:
+            # a request between the two was neither dropped nor run, left queued on an idle GPU)
+            b1 = p.batches[0]
+            self.fastest[m] = self._answered_ms(m, min(p.latency(b1, s) for s in self.sm_steps[m][b1]), 1)
         self.running: dict[int, tuple[float, float]] = {}  # partition -> (priority, SMs demanded)
         return Layout.shared_lanes(ctx.gpu_sms, [m for m in ctx.models for _ in range(self.lanes_per_model)])
 
