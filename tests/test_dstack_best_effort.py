@@ -93,3 +93,23 @@ def test_a_model_without_slots_is_served_on_an_idle_gpu_in_the_next_gap_not_drop
     m = compute_metrics(record, models=["b"]).models[0]
     assert m.arrived == 20 and m.on_time == 20 and not m.drops
     assert max(r.latency_ms for r in record.results) < 10.0  # a cycle (5.9 ms) and a batch at most
+
+
+def test_a_model_with_slots_whose_own_slot_comes_too_late_for_a_short_deadline_takes_the_next_gap():
+    """vgg16 has its own (small) partition, where a batch of one misses a client's 5 ms deadline, and
+    fits one in resnet50's larger partition, between resnet50's slots (no resnet50 traffic). A request
+    that arrived just before one of those slots was looked at again only at its drop time: 2 of 10
+    dropped on an idle GPU (a review, sixty-fourth session). Now it runs as that slot begins."""
+    from gpuloom.policy.types import Request
+    from gpuloom.profile.synthetic import zoo
+
+    profiles = {p.model: p for p in zoo() if p.model in ("vgg16", "resnet50")}
+    w = Workload((ModelSpec("vgg16", 60.0, arrival=Arrival("poisson", rate=100)),
+                  ModelSpec("resnet50", 25.0, arrival=Arrival("poisson", rate=1500))), duration_s=2)
+    policy = make_policy("dstack", lanes="partitions")
+    reqs = [Request(i, "vgg16", 100.0 * i + 10, 100.0 * i + 15) for i in range(10)]
+    record = Runtime(policy, SimBackend(profiles), make_context(w, profiles)).run(reqs, until_ms=1100.0, drain_ms=60.0)
+    own = [p for p in policy.schedule.partitions if any(s.model == "vgg16" for s in p.slots)]
+    assert own and all(profiles["vgg16"].latency(1, p.sms) > 5.0 for p in own)  # the case: its own SMs too few
+    m = compute_metrics(record, models=["vgg16"]).models[0]
+    assert m.arrived == 10 and m.on_time == 10 and not m.drops

@@ -683,10 +683,11 @@ class DStackPolicy(Policy):
             self._filling.discard(m)  # held back again below if its batch is still partial
             l1s, rows = self._l1[m], self._row_at[m]
             first_left = pos[m]  # the oldest request of m this decision leaves queued
-            # a model without slots of its own (a re-plan for measured rates may leave one out) runs
-            # only in the gaps of others' slots: when one that fits no gap now would fit (ms from now)
+            # where m's batch fits no gap between others' slots now: when one would (ms from now), for
+            # a model without slots of its own (a re-plan for measured rates may leave one out), or one
+            # whose own next slot comes too late for its oldest request (a client's short deadline)
             gap_opens = math.inf
-            unslotted = not self._slotted[m]
+            gap_matters = None  # (worked out at the first such gap)
             # m's home partitions first (static order), then the others
             for idx in self.pref[m]:
                 if idx not in free_idx:
@@ -708,12 +709,15 @@ class DStackPolicy(Policy):
                         continue
                     horizon = pp.horizon(m, phi, cycle) + 1e-9
                     if l1 > horizon:
-                        if unslotted and horizon < gap_opens and l1 <= pp.widest_gap[m] + 1e-9:
-                            # it fits once the next slot has begun (its owner may have nothing to run
-                            # then): look again at that moment, not only when a drop or an arrival is due
-                            # (on an idle server such a model waited out its SLO, then 504; a model with
-                            # slots is looked at again when its own slot begins)
-                            gap_opens = horizon
+                        if horizon < gap_opens and l1 <= pp.widest_gap[m] + 1e-9:
+                            if gap_matters is None:
+                                gap_matters = self._own_slot_too_late(m, q[i].deadline_ms, now_ms, phi)
+                            if gap_matters:
+                                # it fits once the next slot has begun (its owner may have nothing to
+                                # run then): look again at that moment, not only when a drop or an
+                                # arrival is due (on an idle server such requests waited out their
+                                # deadline, then 504)
+                                gap_opens = horizon
                         continue
                 if len(q) - i == 1:
                     # one request left, the usual case: _batch would answer (1, i), as l1 (the hold of
@@ -765,6 +769,12 @@ class DStackPolicy(Policy):
             if math.isfinite(t) and (wake is None or t < wake):
                 wake = t
         return wake
+
+    def _own_slot_too_late(self, m: str, deadline_ms: float, now_ms: float, phi: float) -> bool:
+        """Whether a request of ``m`` due at ``deadline_ms`` misses it even from ``m``'s own next slot
+        (on any of its partitions, run there as fast as ``m`` runs anywhere); True without slots."""
+        own = min((self.parts[j].next_start(phi, self.cycle, m) for j in self._slotted[m]), default=math.inf)
+        return now_ms + own + self.fastest[m] > deadline_ms
 
     def _next_own_slot(self, models, free_idx: set[int], phi: float) -> float:
         """ms from phase ``phi`` until the first slot of one of ``models`` begins on a free
