@@ -86,6 +86,21 @@ def _write(tmp_path, text, name="m.yaml"):
      "split_gemms must be true or false, found 1"),
     ("name: a\nsource: x:y\ninputs: [{name: x, shape: [3]}]\nfuse_epilogues: yes please\n",
      "fuse_epilogues must be true or false, found 'yes please'"),
+    # a review (sixty-fourth session): each passed the parse and failed later, or took the server down
+    ("name: a\nsource: x:y\ninputs: [{name: x, shape: [3]}]\nrate_hint: .inf\n",
+     "rate_hint must be a positive finite number, found inf"),
+    ("name: a\nsource: x:y\ninputs: [{name: x, shape: [3]}]\nslo_ms: 1.0e+12\n",
+     "slo_ms must be at most 3600000 (an hour)"),
+    ("name: a\nsource: x:y\ninputs: [{name: x, shape: [3]}]\nrate_hint: 1.0e308\n",
+     "write 1.0e+308"),
+    ("name: a\nsource: x:y\ninputs: [{name: x, shape: [3]}]\nweights: 5\n",
+     "'weights' must be a file path (a string), found 5"),
+    ("name: a\nsource: x:y\ninputs: [{name: x, shape: [3, -1, -1]}]\n",
+     "shape must be a list of positive ints per sample (no batch dimension, no -1"),
+    ("name: a\nsource: x:y\ninputs: [{name: x, shape: [3], dtype: object}]\n",
+     "dtype 'object' is not served; one of"),
+    ("name: a\nsource: x:y\ninputs: [{name: x, shape: [3], dtype: uint16}]\n",
+     "dtype 'uint16' is not served"),
 ])
 def test_repository_mistakes_name_the_field(tmp_path, text, needle):
     with pytest.raises(RepositoryError, match=None) as e:

@@ -23,3 +23,49 @@ def test_inputs_the_model_cannot_take_are_a_value_error_naming_them_before_any_c
         assert svc.models() == []
     finally:
         svc.close()
+
+
+def test_a_load_whose_plan_fails_fails_alone_and_the_loaded_models_keep_serving(monkeypatch):
+    """A model whose set could not be planned (a ``rate_hint: .inf`` in the repository did it: the
+    planner's PlanError) crashed the runtime's loop, and every loaded model with it ("the runtime is
+    stopped") for good (a review, sixty-fourth session). Now the load fails and the rest go on."""
+    import numpy as np
+
+    from gpuloom.policy.dstack import DStackPolicy
+    from gpuloom.runtime.service import InferenceService, ModelConfig, ModelNotReady, TensorSpec
+
+    setup = DStackPolicy.setup
+
+    def refuses_b(self, ctx):
+        if "b" in ctx.models:
+            raise ValueError("no plan for b (as a PlanError would say)")
+        return setup(self, ctx)
+
+    monkeypatch.setattr(DStackPolicy, "setup", refuses_b)
+    svc = InferenceService(device="cpu")
+    svc.start()
+    try:
+        torch.manual_seed(0)
+        a = torch.nn.Linear(16, 4).eval()
+        svc.load(ModelConfig("a", (TensorSpec("x", (16,), "float32"),), max_batch=4, slo_ms=1000), a)
+        with pytest.raises(ModelNotReady, match="no plan for b"):
+            svc.load(ModelConfig("b", (TensorSpec("x", (16,), "float32"),), max_batch=4, slo_ms=1000),
+                     torch.nn.Linear(16, 4).eval())
+        assert [c.name for c in svc.models()] == ["a"]
+        x = np.random.default_rng(1).standard_normal((1, 16)).astype(np.float32)
+        got = svc.submit("a", {"x": x}).result(30)
+        with torch.no_grad():
+            want = a(torch.from_numpy(x)).numpy()
+        np.testing.assert_allclose(next(iter(got.values())), want, rtol=1e-5, atol=1e-6)
+    finally:
+        svc.close()
+
+
+def test_an_infinite_rate_hint_or_an_slo_past_an_hour_is_refused_in_the_config():
+    from gpuloom.runtime.service import ModelConfig, TensorSpec
+
+    x = (TensorSpec("x", (16,), "float32"),)
+    with pytest.raises(ValueError, match="rate_hint must be a finite number"):
+        ModelConfig("m", x, rate_hint=float("inf"))
+    with pytest.raises(ValueError, match=r"slo_ms must be at most 3600000 \(an hour\)"):
+        ModelConfig("m", x, slo_ms=1e12)

@@ -199,6 +199,14 @@ def test_trace_replays_scaled_and_repeats(tmp_path: Path) -> None:
     assert w.scaled(2.0).mean_rate("m") == pytest.approx(2 * w.mean_rate("m"))
 
 
+def test_a_trace_of_timestamps_all_zero_repeats_every_second_instead_of_hanging(tmp_path: Path) -> None:
+    """Its period was 0 s (last stamp plus a mean gap of 0), and tiling it never reached the run's end:
+    `gpuloom plan` and `simulate` hung (a review, sixty-fourth session)."""
+    (tmp_path / "ts.txt").write_text("0\n0\n0\n")
+    w = _wl(ModelSpec("m", 50, arrival=Arrival("trace", trace=str(tmp_path / "ts.txt"))), duration_s=3.0)
+    assert arrival_times(w)["m"] == [0.0] * 3 + [1.0] * 3 + [2.0] * 3
+
+
 def test_scaled_multiplies_every_mean_rate() -> None:
     w = load_workload(EXAMPLES / "bursty.yaml")
     s = w.scaled(1.5)

@@ -49,6 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from gpuloom.runtime.model_config import MAX_SLO_MS
+
 if TYPE_CHECKING:  # only for type hints: the profile store is imported lazily by validate()
     from gpuloom.plan import Demand
     from gpuloom.profile.store import ProfileStore
@@ -226,6 +228,8 @@ class ModelSpec:
             raise WorkloadError(f"model name must be a non-empty string, found {self.name!r}")
         if not isinstance(self.slo_ms, (int, float)) or not self.slo_ms > 0 or not math.isfinite(self.slo_ms):
             raise WorkloadError(f"model {self.name!r}: slo_ms must be a positive number of ms, found {self.slo_ms!r}")
+        if self.slo_ms > MAX_SLO_MS:  # (the planner's cycle grows with the longest SLO)
+            raise WorkloadError(f"model {self.name!r}: slo_ms must be at most {MAX_SLO_MS:.0f} (an hour), found {self.slo_ms!r}")
         if not isinstance(self.weight, (int, float)) or not self.weight > 0 or not math.isfinite(self.weight):
             raise WorkloadError(f"model {self.name!r}: weight must be > 0, found {self.weight!r}")
         if not isinstance(self.arrival, Arrival):
@@ -532,10 +536,12 @@ def _read_trace(path: str | None) -> tuple[float, ...]:
 
 
 def _trace_period(ts: Sequence[float]) -> float:
-    """Length (s) after which a trace repeats: its last timestamp plus one mean gap."""
+    """Length (s) after which a trace repeats: its last timestamp plus one mean gap (one second where
+    that is none: every timestamp 0, which repeated every 0 s never reached the run's end)."""
     if len(ts) < 2:
         return max(ts[-1], 1.0) if ts else 1.0
-    return ts[-1] + (ts[-1] - ts[0]) / (len(ts) - 1)
+    period = ts[-1] + (ts[-1] - ts[0]) / (len(ts) - 1)
+    return period if period > 0 else 1.0
 
 
 # -- profiles for a workload -----------------------------------------------------------------

@@ -674,19 +674,26 @@ class Runtime:
         the build. Else the switch is immediate and nothing is dispatched until the build is done."""
         if self.policy is not policy:
             policy.carry_over(self.policy)  # what the old one measured of this host and GPU
-        if not (self.backend.builds_while_serving and self._parts and not self._preparing and not self._broken):
-            self._switch(policy, ctx, None, 0)
+        try:
+            layout = policy.setup(ctx)
+        except Exception as e:  # noqa: BLE001 - no plan for the new model set: the current one goes on
+            # (a model loaded with rate_hint .inf crashed the loop here, and every model with it)
+            log.error("no layout for %s: %s: %s; the current one goes on", sorted(ctx.models), type(e).__name__, e)
+            self._report_layout(policy, None, e)
             return
-        layout = policy.setup(ctx)
+        if not (self.backend.builds_while_serving and self._parts and not self._preparing and not self._broken):
+            self._switch(policy, ctx, None, 0, first=layout)
+            return
         token, building = self._build_in_background(layout, functools.partial(self._switch, policy, ctx))
         if building:
             self._switch_pending = True
             return
         self._switch(policy, ctx, layout, token)
 
-    def _switch(self, policy: Policy, ctx: PolicyContext, layout: Layout | None, token: int) -> None:
+    def _switch(self, policy: Policy, ctx: PolicyContext, layout: Layout | None, token: int,
+                first: Layout | None = None) -> None:
         """Make ``policy`` and ``ctx`` current; then set up ``layout`` (already built under ``token``),
-        or the policy's first layout when None."""
+        or, when None, the policy's first layout (``first`` where the caller has it already)."""
         ready_ms = None
         if layout is not None:
             if token != self._layout_token:
@@ -725,7 +732,7 @@ class Runtime:
         self._parts, self._free = (), None  # the old layout's indices mean nothing to the new policy
         self._woke = True
         if layout is None:
-            self._set_layout(policy.setup(ctx))
+            self._set_layout(first if first is not None else policy.setup(ctx))
         else:
             self._preparing = False
             self._adopt_layout(layout, ready_ms)
@@ -1084,7 +1091,7 @@ class Runtime:
             return
         self._adopt_layout(layout, ready_ms)
 
-    def _report_layout(self, policy: Policy, layout: Layout, error: BaseException | None) -> None:
+    def _report_layout(self, policy: Policy, layout: Layout | None, error: BaseException | None) -> None:
         self.layout_policy = policy
         if self._on_layout is not None:
             self._on_layout(layout, error)

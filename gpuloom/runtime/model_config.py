@@ -13,6 +13,9 @@ from dataclasses import dataclass
 
 from ..engine.options import ENGINE_DEFAULTS, ENGINE_KEYS, is_engine_value
 
+#: the longest SLO a model may have, ms (an hour): the planner's cycle grows with the longest SLO, and
+#: 1e12 ms built slots until memory ran out (a review, sixty-fourth session)
+MAX_SLO_MS = 3_600_000.0
 #: the tensor dtypes the service takes (numpy / torch names)
 DTYPES = ("float32", "float16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
 #: what each engine option of ModelConfig takes, as its errors say it (ENGINE_CHOICES in YAML's spelling)
@@ -91,8 +94,10 @@ class ModelConfig:
         for what, v in (("slo_ms", self.slo_ms), ("weight", self.weight)):
             if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
                 raise ValueError(f"model {self.name!r}: {what} must be a positive number, got {v!r}")
-        if not (isinstance(self.rate_hint, (int, float)) and self.rate_hint >= 0):
-            raise ValueError(f"model {self.name!r}: rate_hint must be >= 0 requests/s, got {self.rate_hint!r}")
+        if self.slo_ms > MAX_SLO_MS:
+            raise ValueError(f"model {self.name!r}: slo_ms must be at most {MAX_SLO_MS:.0f} (an hour), got {self.slo_ms!r}")
+        if not (isinstance(self.rate_hint, (int, float)) and self.rate_hint >= 0 and math.isfinite(self.rate_hint)):
+            raise ValueError(f"model {self.name!r}: rate_hint must be a finite number >= 0 requests/s, got {self.rate_hint!r}")
         for key in ENGINE_KEYS:  # the repository's check, said in Python's spellings
             value = getattr(self, key)
             if not is_engine_value(key, value):

@@ -44,6 +44,7 @@ import dataclasses
 import gc
 import heapq
 import logging
+import math
 import os
 import threading
 import time
@@ -508,7 +509,7 @@ class InferenceService(LoopHosting):
                     m = self._models.get(name)
                     if m is None:
                         raise UnknownModel(f"no model {name!r} is loaded; loaded: {sorted(self._models)}")
-                    if not (isinstance(r, (int, float)) and r >= 0):
+                    if not (isinstance(r, (int, float)) and 0 <= r < math.inf):
                         raise ValueError(f"rate of {name!r} must be a non-negative number of requests/s, got {r!r}")
                     m.config = dataclasses.replace(m.config, rate_hint=float(r))
                     m.arrivals.clear()

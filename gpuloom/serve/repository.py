@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import math
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ import numpy as np
 import yaml
 
 from ..engine.options import ENGINE_CHOICES, ENGINE_DEFAULTS, ENGINE_KEYS, is_engine_value
+from ..runtime.model_config import DTYPES, MAX_SLO_MS
 
 __all__ = ["RepositoryError", "TensorEntry", "ModelEntry", "Repository", "load_repository", "scan_repository"]
 
@@ -293,8 +295,9 @@ def _tensors(raw: Any, where: str) -> tuple[TensorEntry, ...]:
         if unknown:  # a typo ("shap") would otherwise leave the default and fail later as a torch error
             raise RepositoryError(f"{where}[{i}] {t['name']!r}: unknown keys {unknown}; allowed {sorted(_TENSOR_KEYS)}")
         shape = t.get("shape", [])
-        if not isinstance(shape, list) or not all(isinstance(d, int) and (d > 0 or d == -1) for d in shape):
-            raise RepositoryError(f"{where}[{i}] {t['name']!r}: shape must be a list of positive ints (or -1), found {shape!r}")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
+            raise RepositoryError(f"{where}[{i}] {t['name']!r}: shape must be a list of positive ints per sample (no "
+                                  f"batch dimension, no -1: each batch size is captured with fixed shapes), found {shape!r}")
         dtype = str(t.get("dtype", "float32"))
         try:
             sized = np.dtype(dtype).name
@@ -303,6 +306,8 @@ def _tensors(raw: Any, where: str) -> tuple[TensorEntry, ...]:
         if sized != dtype:  # "float" is numpy's float64, "half" float16: say the size
             raise RepositoryError(f"{where}[{i}] {t['name']!r}: dtype {dtype!r} is ambiguous; write "
                                   f"{sized!r} (or e.g. float32) explicitly")
+        if sized not in DTYPES:  # numpy knows object, str, uint16, complex64 ...; the service does not
+            raise RepositoryError(f"{where}[{i}] {t['name']!r}: dtype {dtype!r} is not served; one of {list(DTYPES)}")
         out.append(TensorEntry(t["name"], tuple(shape), dtype))
     names = [t.name for t in out]
     if len(set(names)) != len(names):
@@ -312,10 +317,18 @@ def _tensors(raw: Any, where: str) -> tuple[TensorEntry, ...]:
 
 def _number(m: dict, key: str, default: float, where: str, *, integer: bool = False) -> Any:
     v = m.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 or (integer and not isinstance(v, int)):
-        kind = "a positive integer" if integer else "a positive number"
-        raise RepositoryError(f"{where}: {key} must be {kind}, found {v!r}")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf or (integer and not isinstance(v, int)):
+        kind = "a positive integer" if integer else "a positive finite number"
+        hint = " (YAML reads 1.0e308 as a string: write 1.0e+308)" if isinstance(v, str) and "e" in v.lower() else ""
+        raise RepositoryError(f"{where}: {key} must be {kind}, found {v!r}{hint}")
     return v
+
+
+def _slo(m: dict, where: str) -> float:
+    slo = _number(m, "slo_ms", 100.0, where)
+    if slo > MAX_SLO_MS:
+        raise RepositoryError(f"{where}: slo_ms must be at most {MAX_SLO_MS:.0f} (an hour), found {slo!r}")
+    return slo
 
 
 def parse_model(m: Any, origin: Path | None) -> ModelEntry:
@@ -337,6 +350,8 @@ def parse_model(m: Any, origin: Path | None) -> ModelEntry:
         raise RepositoryError(f"{where}: 'kwargs' must be a mapping")
     weights = m.get("weights")
     if weights is not None:
+        if not isinstance(weights, str) or not weights:
+            raise RepositoryError(f"{where}: 'weights' must be a file path (a string), found {weights!r}")
         weights = Path(weights)
         if not weights.is_absolute() and origin is not None:
             weights = origin.parent / weights
@@ -355,7 +370,7 @@ def parse_model(m: Any, origin: Path | None) -> ModelEntry:
         inputs=_tensors(m.get("inputs"), f"{where}: inputs"),
         outputs=_tensors(m["outputs"], f"{where}: outputs") if m.get("outputs") is not None else None,
         max_batch=_number(m, "max_batch", 32, where, integer=True),
-        slo_ms=float(_number(m, "slo_ms", 100.0, where)),
+        slo_ms=float(_slo(m, where)),
         weight=float(_number(m, "weight", 1.0, where)),
         rate_hint=float(_number(m, "rate_hint", 50.0, where)),
         weights=weights,
