@@ -446,3 +446,32 @@ def test_gpuloom_warnings_print_as_one_line_and_other_packages_keep_their_locati
     err = capsys.readouterr().err
     assert "warning: no latency profile for 'm'\n" in err and "service.py" not in err, err
     assert "/elsewhere/pkg/mod.py:7: FutureWarning: something else" in err, err
+
+
+def test_ports_out_of_range_the_same_port_twice_and_a_device_that_is_none_are_one_line_errors(tmp_path, capsys):
+    """(A review, sixty-fourth session: --http-port 70000 served on port 4464; the same port for HTTP and
+    gRPC failed only after the models loaded, as "already in use"; --device nosuch printed a traceback.)"""
+    from gpuloom.commands import serve
+
+    p, repo = _serve_parser_and_repo(tmp_path)  # (its model's source does not exist: a load would fail)
+    assert serve.port_number("65535") == 65535 and serve.port_number("0") == 0
+    for bad in ("70000", "-5", "x"):
+        with pytest.raises(argparse.ArgumentTypeError, match="0-65535"):
+            serve.port_number(bad)
+    assert serve.run(p.parse_args([repo, "--http-port", "9123", "--grpc-port", "9123"])) == 2
+    err = capsys.readouterr().err
+    assert "--http-port and --grpc-port are both 9123" in err and "loading" not in err
+    assert serve.run(p.parse_args([repo, "--http-port", "0", "--no-grpc", "--device", "nosuch"])) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --device nosuch: ValueError: device must be") and "Traceback" not in err
+
+
+def test_an_ipv6_host_is_bracketed_for_grpc_and_in_urls():
+    """(--host ::1 failed at gRPC's listen, "Misformatted domain name", reported as a taken port.)"""
+    from gpuloom.serve.server import ServerAddress, _grpc_address
+
+    assert _grpc_address("::1", 8001) == "[::1]:8001" and _grpc_address("127.0.0.1", 8001) == "127.0.0.1:8001"
+    assert _grpc_address("", 8001) == "[::]:8001" and _grpc_address("[::1]", 8001) == "[::1]:8001"
+    addr = ServerAddress("::1", 8000, 8001)
+    assert addr.http_url == "[::1]:8000" and addr.grpc_url == "[::1]:8001"
+    assert ServerAddress("127.0.0.1", 8000, None).http_url == "127.0.0.1:8000"

@@ -42,6 +42,17 @@ def test_simulate_command_prints_a_table_and_writes_json_and_png(tmp_path, capsy
     assert (tmp_path / "tiny.simulate.png").stat().st_size > 1000
 
 
+@pytest.mark.parametrize("args, needle", [(["--target", "0"], "an attainment is a fraction in (0, 1]"),
+                                          (["--target", "1.5"], "an attainment is a fraction in (0, 1]"),
+                                          (["--sweep-duration", "0"], "a positive number of seconds")])
+def test_sweep_options_out_of_range_are_usage_errors_not_tracebacks(tmp_path, capsys, args, needle):
+    wl = tmp_path / "tiny.yaml"
+    wl.write_text(TINY)
+    with pytest.raises(SystemExit) as e:
+        main(["simulate", str(wl), "--synthetic", "--sweep-rate", *args])
+    assert e.value.code == 2 and needle in capsys.readouterr().err
+
+
 def test_simulate_command_rejects_an_unknown_policy(tmp_path, capsys):
     wl = tmp_path / "tiny.yaml"
     wl.write_text(TINY)

@@ -8,6 +8,17 @@ NAME = "serve"
 HELP = "serve a model repository (directory or YAML) over KServe v2 / Triton-compatible HTTP and gRPC"
 
 
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 0-65535 (70000 was taken as 4464, the kernel's 16 bits)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a port is a whole number 0-65535, found {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0-65535 (0: any free one), found {port}")
+    return port
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     # (the package alone: no aiohttp at parse time)
     from ..serve import AUTO_HOST_MAX_BATCH_MS, DEFAULT_CLIENT_TIMEOUT_S, RUNTIME_ON
@@ -15,8 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("repository", help="model repository: a directory of model YAML files or one YAML file (format: "
                         "docs/model-repository.md; examples: examples/repository)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)")
-    p.add_argument("--http-port", type=int, default=8000, help="HTTP port (default 8000; 0 picks a free one)")
-    p.add_argument("--grpc-port", type=int, default=8001, help="gRPC port (default 8001; 0 picks a free one)")
+    p.add_argument("--http-port", type=port_number, default=8000, help="HTTP port (default 8000; 0 picks a free one)")
+    p.add_argument("--grpc-port", type=port_number, default=8001, help="gRPC port (default 8001; 0 picks a free one)")
     p.add_argument("--no-grpc", action="store_true", help="serve HTTP only")
     p.add_argument("--policy", default="dstack",
                    help="scheduling policy by name (default dstack), with its options as in gpuloom bench: "
@@ -268,7 +279,11 @@ def run(args: argparse.Namespace) -> int:
             hint = "--device cpu" if service.device.kind != "cpu" else "--launch-on inline (or auto)"
             print(f"error: --runtime-on http: {why}; use {hint}", file=sys.stderr)
             return 2
-    service.start()
+    try:
+        service.start()
+    except (ValueError, RuntimeError) as e:  # --device cuda on a host without one, or a device that is none
+        print(f"error: --device {args.device or 'default'}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
     core = ServeCore(service, repo, max_body_bytes=int(args.max_body_mb * (1 << 20)))
     if names:
         print(f"loading {', '.join(names)} ...", file=sys.stderr, flush=True)

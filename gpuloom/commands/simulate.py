@@ -15,6 +15,28 @@ CONTENTION_FLAGS = ("demand_fraction", "efficiency", "interference", "batch_over
                     "hold_per_ms", "host_drop_ms")
 
 
+def _attainment(text: str) -> float:
+    """argparse type: an SLO attainment in (0, 1] (a traceback from the sweep before)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"an attainment is a fraction in (0, 1], e.g. 0.99; found {text!r}")
+    return v
+
+
+def _seconds(text: str) -> float:
+    """argparse type: a positive, finite number of seconds."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not 0 < v < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, found {text!r}")
+    return v
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("workload", help="workload file (.yaml/.yml/.json), e.g. examples/mix6.yaml")
     p.add_argument("--policy", default=DEFAULT_POLICIES,
@@ -28,8 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=None, help="seconds of arrivals (default: the workload's)")
     p.add_argument("--sweep-rate", action="store_true",
                    help="find each policy's highest load factor keeping the target SLO attainment (bisection)")
-    p.add_argument("--target", type=float, default=0.99, help="SLO attainment the sweep must keep (default 0.99)")
-    p.add_argument("--sweep-duration", type=float, default=10.0,
+    p.add_argument("--target", type=_attainment, default=0.99, help="SLO attainment the sweep must keep (default 0.99)")
+    p.add_argument("--sweep-duration", type=_seconds, default=10.0,
                    help="seconds of arrivals per sweep point (default 10; at most the workload's)")
     p.add_argument("--contention", choices=CONTENTION_PRESETS, default="plain",
                    help="the simulated GPU's sharing model: plain (the knee model, no host terms; the default) or h200 "

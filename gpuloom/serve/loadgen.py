@@ -17,8 +17,13 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import aiohttp
 import numpy as np
+from aiohttp import http_exceptions
 
+# (here, not where a failure is classified: with every file the process may open in use, that first
+# import failed, "Too many open files", and ended the run without its report)
+from .httpconn import BadResponse
 from .protocol import V2_TO_NUMPY, parse_server_timing
 
 __all__ = ["LoadResult", "run_load", "run_closed", "arrival_times", "failure_kind", "CLIENTS"]
@@ -36,11 +41,6 @@ def failure_kind(e: BaseException) -> str:
     (aiohttp wraps the socket's errors in its own classes, the lean client raises them as they are):
     "refused", "timeout", "disconnected" (the server closed or reset the connection before answering
     in full), "bad response" (not HTTP, or broken framing); anything else by its exception's name."""
-    import aiohttp
-    from aiohttp import http_exceptions
-
-    from .httpconn import BadResponse
-
     cause = getattr(e, "os_error", None) or e.__cause__  # aiohttp.ClientConnectorError keeps it as os_error
     if isinstance(e, TimeoutError) or isinstance(cause, TimeoutError):  # asyncio's too, aiohttp's ServerTimeoutError
         return "timeout"
@@ -218,8 +218,6 @@ async def _model_slo_ms(s: Any, base: str, model: str) -> float:
 async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: bool, slo_ms: float | None,
                timeout_s: float, seed: int, variants: int = 8, inputs: list[dict] | None = None,
                client: str = "aiohttp", deadline_ms: float | None = None) -> LoadResult:
-    import aiohttp
-
     base = _url(url)
     conn = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
@@ -305,8 +303,6 @@ def run_load(url: str, model: str, *, rate: float, duration_s: float, poisson: b
 async def _closed(url: str, model: str, concurrency: int, duration_s: float, *, binary: bool, slo_ms: float | None,
                   inputs: list[dict] | None, seed: int, timeout_s: float, client: str = "aiohttp",
                   batch: int = 1) -> LoadResult:
-    import aiohttp
-
     base = _url(url)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                      timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:

@@ -52,11 +52,16 @@ class ServerAddress:
 
     @property
     def http_url(self) -> str:
-        return f"{self.host}:{self.http_port}"
+        return f"{_bracketed(self.host)}:{self.http_port}"
 
     @property
     def grpc_url(self) -> str | None:
-        return None if self.grpc_port is None else f"{self.host}:{self.grpc_port}"
+        return None if self.grpc_port is None else f"{_bracketed(self.host)}:{self.grpc_port}"
+
+
+def _bracketed(host: str) -> str:
+    """An IPv6 address as a URL writes it (``[::1]``); any other host as it is."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 class Server:
@@ -191,10 +196,10 @@ class Server:
                                                   ("grpc.so_reuseport", 0)])
             add_servicer(self._grpc, self.core)
             try:
-                grpc_port = self._grpc.add_insecure_port(f"{self.host}:{self.grpc_port}")
-            except RuntimeError as e:
+                grpc_port = self._grpc.add_insecure_port(_grpc_address(self.host, self.grpc_port))
+            except RuntimeError as e:  # (gRPC says why only in its text: a taken port, or a host it cannot use)
                 await self._runner.cleanup()
-                raise _bind_error("gRPC", self.host, self.grpc_port, "--grpc-port", OSError(errno.EADDRINUSE, str(e))) from None
+                raise _bind_error("gRPC", self.host, self.grpc_port, "--grpc-port", OSError(None, str(e))) from None
             if not grpc_port:
                 await self._runner.cleanup()
                 raise _bind_error("gRPC", self.host, self.grpc_port, "--grpc-port", OSError(errno.EADDRINUSE, "bind failed"))
@@ -417,6 +422,8 @@ def check_ports_free(host: str, http_port: int, grpc_port: int | None) -> None:
     A preflight for ``gpuloom serve``: loading models can take minutes, and a taken port or a wrong
     ``--host`` found only after them wastes that time. Port 0 (any free port) checks the host alone; a
     port taken in the moment between this check and the listen is still reported then."""
+    if http_port and http_port == grpc_port:
+        raise ServeError(f"--http-port and --grpc-port are both {http_port}: give them different ports")
     for what, port, flag in (("HTTP", http_port, "--http-port"), ("gRPC", grpc_port, "--grpc-port")):
         if port is None:
             continue
@@ -430,8 +437,13 @@ def check_ports_free(host: str, http_port: int, grpc_port: int | None) -> None:
             raise _bind_error(what, host, port, flag, e) from None
 
 
+def _grpc_address(host: str, port: int) -> str:
+    """gRPC's ``host:port``: an IPv6 address in brackets (``[::1]:8001``), every interface for ''."""
+    return f"{_bracketed(host or '::')}:{port}"
+
+
 def _bind_error(what: str, host: str, port: int, flag: str, e: OSError) -> ServeError:
-    if e.errno == errno.EADDRINUSE or "in use" in str(e).lower() or "bind" in str(e).lower():
+    if e.errno == errno.EADDRINUSE or "in use" in str(e).lower():
         return ServeError(f"{what} port {port} on {host} is already in use: stop the other server or pick another port with {flag}")
     return ServeError(f"cannot listen for {what} on {host}:{port}: {e} (check --host)")
 
