@@ -138,6 +138,17 @@ def test_weights_are_never_unpickled_as_objects(tmp_path, monkeypatch):
     assert set(load_weights(good)) == {"weight", "bias"}
 
 
+def test_a_corrupt_safetensors_file_or_a_directory_as_weights_is_named_in_the_error(tmp_path):
+    """(Before: safetensors' own "header too large", naming neither file nor model; a directory was said
+    not to exist. A review, sixty-fourth session.)"""
+    bad = tmp_path / "w.safetensors"
+    bad.write_bytes(b"\xff" * 64)
+    with pytest.raises(RepositoryError, match=r"weights .*w\.safetensors: not a readable \.safetensors file"):
+        load_weights(bad)
+    with pytest.raises(RepositoryError, match="is a directory, not a file"):
+        load_weights(tmp_path)
+
+
 def test_module_factory_with_state_dict_weights_and_torchvision_source(tmp_path):
     lin = torch.nn.Linear(3, 2)
     torch.save(lin.state_dict(), tmp_path / "lin.pt")

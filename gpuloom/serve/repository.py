@@ -192,11 +192,14 @@ def load_weights(path: Path) -> dict:
     import torch
 
     if not path.is_file():
-        raise RepositoryError(f"weights file {path} does not exist")
+        raise RepositoryError(f"weights file {path} " + ("is a directory, not a file" if path.is_dir() else "does not exist"))
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
-        return load_file(str(path), device="cpu")
+        try:
+            return load_file(str(path), device="cpu")
+        except Exception as e:  # safetensors' own error names neither the file nor what to do
+            raise RepositoryError(f"weights {path}: not a readable .safetensors file ({type(e).__name__}: {e})") from e
     try:
         state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as e:
