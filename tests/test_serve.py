@@ -20,6 +20,8 @@ import serve_fake  # noqa: E402
 tritonhttp = pytest.importorskip("tritonclient.http")
 tritongrpc = pytest.importorskip("tritonclient.grpc")
 import grpc  # noqa: E402  (tritonclient.grpc brings it)
+from tritonclient.grpc import service_pb2 as pb  # noqa: E402
+from tritonclient.grpc import service_pb2_grpc as pbg  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from gpuloom.serve import ring  # noqa: E402
@@ -264,14 +266,16 @@ def test_grpc_bad_shape_is_invalid_argument_and_unknown_model_not_found(served):
     assert "NOT_FOUND" in str(e.value.status())
 
 
+def _grpc_stub(addr):
+    """The service's raw gRPC stub, for what tritonclient.grpc does not send (``ready``, bad contents)."""
+    return pbg.GRPCInferenceServiceStub(grpc.insecure_channel(addr.grpc_url))
+
+
 def test_grpc_bad_contents_timeout_and_classification_are_invalid_argument(served):
     """Each was answered UNKNOWN (an exception of ours) or served the raw tensor before the sixty-fourth
     session's review."""
-    from tritonclient.grpc import service_pb2 as pb
-    from tritonclient.grpc import service_pb2_grpc as pbg
-
     addr, _, _ = served
-    stub = pbg.GRPCInferenceServiceStub(grpc.insecure_channel(addr.grpc_url))
+    stub = _grpc_stub(addr)
     good = pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1, 16])
     good.contents.fp32_contents.extend([0.5] * 16)
     cases = {
@@ -335,8 +339,6 @@ def test_a_grpc_stream_whose_reading_fails_answers_what_it_took_and_ends_with_th
     """The stream's reader fails after one request (a broken client stream): that request is still
     answered, then the error ends the call; nothing waits forever for a close that never comes."""
     import asyncio
-
-    from tritonclient.grpc import service_pb2 as pb
 
     from gpuloom.serve.grpc_server import InferenceServicer
 
@@ -777,10 +779,7 @@ def test_grpc_repository_and_statistics(served):
     assert names["tiny_mlp"] == "READY"
     client.unload_model("tiny_cnn")
     assert not client.is_model_ready("tiny_cnn")
-    from tritonclient.grpc import service_pb2 as pb
-    from tritonclient.grpc import service_pb2_grpc as pbg
-
-    stub = pbg.GRPCInferenceServiceStub(grpc.insecure_channel(addr.grpc_url))
+    stub = _grpc_stub(addr)
     ready = stub.RepositoryIndex(pb.RepositoryIndexRequest(ready=True), timeout=30).models
     every = stub.RepositoryIndex(pb.RepositoryIndexRequest(), timeout=30).models
     assert {m.state for m in ready} == {"READY"} and "tiny_mlp" in {m.name for m in ready}

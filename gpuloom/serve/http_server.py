@@ -19,7 +19,6 @@ network's.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 
@@ -27,7 +26,8 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
 from .core import EXTENSIONS, SERVER_NAME, ServeCore, model_config_json, model_metadata
-from .protocol import ProtocolError, deadline_ms_from_parameters, encode_infer_response, parse_infer_body, server_timing
+from .protocol import (ProtocolError, deadline_ms_from_parameters, encode_infer_response, load_json, parse_infer_body,
+                       server_timing)
 
 log = logging.getLogger("gpuloom.serve.http")
 
@@ -242,12 +242,7 @@ async def _json_body(request: web.Request, *, optional: bool) -> dict:
         if optional:
             return {}
         raise ProtocolError("request body must be a JSON object", 400)
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ProtocolError(f"request body is not valid JSON: {e}", 400) from None
-    except RecursionError:
-        raise ProtocolError("request body is not valid JSON: nested too deeply", 400) from None
+    body = load_json(raw)
     if not isinstance(body, dict):
         raise ProtocolError(f"request body must be a JSON object, found {type(body).__name__}", 400)
     if "parameters" in body and not isinstance(body["parameters"], dict):
