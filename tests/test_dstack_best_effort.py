@@ -113,3 +113,26 @@ def test_a_model_with_slots_whose_own_slot_comes_too_late_for_a_short_deadline_t
     assert own and all(profiles["vgg16"].latency(1, p.sms) > 5.0 for p in own)  # the case: its own SMs too few
     m = compute_metrics(record, models=["vgg16"]).models[0]
     assert m.arrived == 10 and m.on_time == 10 and not m.drops
+
+
+def test_traffic_returning_to_a_model_without_slots_is_served_after_one_check_not_the_hold():
+    """b's batch of one (12.6 ms) fits no gap between a's slots (every 5.9 ms): until a re-plan gives
+    b slots, every request of b is dropped, even on an idle GPU. The re-plan waited for b's drift to
+    last the replanner's hold (2 s): the first 12 of 20 dropped (a review, sixty-fourth session). Now
+    the first check that sees b's traffic re-plans."""
+    from gpuloom.policy.types import Request
+
+    a = synthetic_profile("a", per_item_sm_ms=40.0, knee1=32)
+    b = synthetic_profile("b", per_item_sm_ms=400.0, knee1=32)
+    only_a = plan([Demand("a", rate=300, slo_ms=10)], ProfileStore(profiles=[a, b]))
+    w = Workload((ModelSpec("a", 10.0, arrival=Arrival("poisson", rate=300)),
+                  ModelSpec("b", 100.0, arrival=Arrival("poisson", rate=5))), duration_s=2)
+    profiles = {"a": a, "b": b}
+    reqs = [Request(id=i, model="b", arrival_ms=t, deadline_ms=t + 100.0)
+            for i, t in enumerate(200.0 * i + 0.37 * i for i in range(20))]
+    policy = make_policy("dstack", schedule=only_a)
+    record = Runtime(policy, SimBackend(profiles), make_context(w, profiles)).run(reqs, until_ms=4100.0, drain_ms=10.0)
+    m = compute_metrics(record, models=["b"]).models[0]
+    assert m.arrived == 20 and m.on_time + m.drops.get("deadline", 0) == 20
+    assert policy.replans == 1 and record.layouts[1][0] <= 500.0  # the second check (250 ms each)
+    assert m.on_time >= 17

@@ -155,3 +155,39 @@ def test_switch_cost_counts_only_graphs_that_must_be_captured() -> None:
     # a partition with a new SM range: everything is captured anew
     moved = dataclasses.replace(cur, partitions=(dataclasses.replace(p0, sms=p0.sms - 8), *cur.partitions[1:]))
     assert rp.switch_fraction(moved) == 1.0
+
+
+LEFT_OUT = [Demand("resnet50", 600.0, 25.0), Demand("mobilenet_v2", 20.0, 10.0), Demand("vgg16", 0.0, 100.0)]
+
+
+def test_traffic_to_a_model_the_plan_left_out_is_planned_for_at_once() -> None:
+    """A plan for measured rates leaves out a model that had no traffic. When its traffic comes back
+    it has no slots, and its batches fit no gap between the others' slots: every request was dropped
+    until the drift had lasted the hold (2.25 s in the sixty-fourth session's review). Now the first
+    check that sees it plans for it, even inside the cooldown after a switch."""
+    rp = Replanner(LEFT_OUT, ZOO, hold_s=2.0, cooldown_s=5.0)
+    assert rp.schedule.model("vgg16").planned_rps == 0
+    rp._last_switch = 9.0  # a switch a second ago: cooling down
+    back = {"resnet50": 600.0, "mobilenet_v2": 20.0, "vgg16": 100.0}
+    d = rp.check(10.0, back)
+    assert d.replan and "vgg16" in d.reason
+    assert rp.schedule.model("vgg16").planned_rps >= 100.0
+    # a model with slots that drifts waits the hold as before
+    more = {**back, "resnet50": 1500.0}
+    assert not rp.check(20.0, more).replan and not rp.check(21.0, more).replan
+    assert rp.check(22.0, more).replan
+
+
+def test_a_left_out_model_the_new_plan_cannot_serve_is_looked_at_once_then_after_the_hold(monkeypatch) -> None:
+    """Where the planner leaves the model out again (no capacity for it), the look without the hold
+    is not repeated at every check: a plan takes ms of the runtime's thread."""
+    import gpuloom.plan.replan as replan_mod
+
+    rp = Replanner(LEFT_OUT, ZOO, hold_s=2.0, cooldown_s=0.0)
+    same = rp.schedule
+    calls = []
+    monkeypatch.setattr(replan_mod, "plan", lambda *a, **k: calls.append(1) or same)
+    back = {"resnet50": 600.0, "mobilenet_v2": 20.0, "vgg16": 100.0}
+    decisions = [rp.check(10.0 + 0.25 * i, back) for i in range(12)]  # 3 s of checks every 250 ms
+    assert not any(d.replan for d in decisions)
+    assert len(calls) == 2 and rp.evaluations == 2  # at once, then once the hold has passed (at 12.0 s)

@@ -161,6 +161,8 @@ class Replanner:
 
     ``demands`` give each model's SLO and weight (their rates are the initial plan's).
     ``check(now, rates)`` is called periodically by the policy (e.g. every 100 ms of its clock).
+    A model's drift counts once it has lasted ``hold_s``, and no switch comes within ``cooldown_s``
+    of the last, except for traffic to a model the schedule gives no slots (:meth:`_unserved_arriving`).
     """
 
     def __init__(
@@ -220,11 +222,26 @@ class Replanner:
         self.skipped = 0  # checks of drifting rates the current plan serves already (no candidate needed)
         self._since: dict[str, float] = {}
         self._last_switch = float("-inf")
+        # models the current schedule serves none of that have had their one look without the hold
+        # and the cooldown since it was adopted (:meth:`_unserved_arriving`)
+        self._looked_unserved: set[str] = set()
 
     def drift(self, model: str, rate: float) -> float:
         """Relative distance of a measured rate from the planned one (rates below min_rate count as min_rate)."""
         planned = self.planned_rates[model]
         return abs(rate - planned) / max(planned, self.min_rate)
+
+    def _unserved_arriving(self, rates: Mapping[str, float]) -> set[str]:
+        """Models whose requests arrive (beyond the band) although the current schedule gives them no
+        slots, not looked at yet since it was adopted: they are re-planned for at once, without the
+        hold and the cooldown. A re-plan for measured rates leaves out a model that had no traffic;
+        when its traffic came back, its requests fit no gap between the others' slots and were all
+        dropped until the hold ran out (2.25 s at 300 requests/s, the sixty-fourth session's review).
+        Once each: a model the planner leaves out for want of capacity waits the hold as before, so
+        an overload does not plan again at every check (a plan takes ms of the runtime's thread)."""
+        served = {mp.model for mp in self.schedule.models if mp.planned_rps > 0}
+        return {m for m, r in rates.items()
+                if r > 0 and m not in served and m not in self._looked_unserved and self.drift(m, r) > self.band}
 
     def served(self, schedule: Schedule, rates: Mapping[str, float]) -> float:
         """Requests/s ``schedule`` can serve at ``rates`` (capacity-capped)."""
@@ -338,6 +355,7 @@ class Replanner:
         self.schedule = candidate
         self.planned_rates = dict(rates)
         self._since.clear()
+        self._looked_unserved.clear()
         self._last_switch = now
         self.switches += 1
 
@@ -350,6 +368,7 @@ class Replanner:
             self.slowdowns, self.holds = dict(self._planned_with[0]), dict(self._planned_with[1])
             self._before = None
             self._since.clear()
+            self._looked_unserved.clear()
 
     def check(self, now: float, rates: Mapping[str, float],
               slowdowns: Mapping[str, float] | None = None,
@@ -363,17 +382,19 @@ class Replanner:
                 return d
         rates = {m: float(rates.get(m, 0.0)) for m in self.base}
         drifting = []
+        unserved = self._unserved_arriving(rates)
         for m, r in rates.items():
             if self.drift(m, r) > self.band:
                 since = self._since.setdefault(m, now)
-                if now - since >= self.hold_s:
+                if now - since >= self.hold_s or m in unserved:
                     drifting.append(m)
             else:
                 self._since.pop(m, None)
         if not drifting:
             return ReplanDecision(False, "rates within the hysteresis band")
-        if now - self._last_switch < self.cooldown_s:
+        if now - self._last_switch < self.cooldown_s and not unserved:
             return ReplanDecision(False, f"cooling down after the switch at {self._last_switch:.1f} s")
+        self._looked_unserved |= unserved
         # models inside the band keep their planned rate: their deviation is noise, not a trend
         rates = {m: (r if m in drifting else self.planned_rates[m]) for m, r in rates.items()}
         # the current schedule at the latencies measured so far (none remembered: at its planned rates)
