@@ -52,7 +52,10 @@ light3 the partitions idle through each batch's host turnaround (0.45-0.65 ms a 
 Triton's streams over the whole GPU fill one lane's gap with another's kernels. With ``lanes="shared"``
 the plan is made as usual but every model runs on a stream of its own over the whole GPU, deciding
 with the latencies of the partition it was planned on (an upper bound: on the H200 light3's batches
-ran faster shared than on their 40-52 SM partitions).
+ran faster shared than on their 40-52 SM partitions). The bound gives way when every lane is free: a
+request whose deadline the planned share cannot meet runs alone at the whole GPU's latencies, and only
+what cannot make its deadline even so is dropped (a client's short deadline was dropped on an idle GPU
+before, sixty-fifth session).
 
 ``lanes="auto"`` picks per plan (:func:`turnaround_share`): shared lanes where the planned batches
 would leave the partitions idle through their turnarounds for more than
@@ -512,8 +515,14 @@ class DStackPolicy(Policy):
         for m, info in self.ctx.models.items():
             mp = planned.get(m)
             self.cap[m] = mp.batch if mp is not None and mp.batch >= 1 else info.profile.batches[0]
-        # a batch of one of m as fast as it can run where m may run: when a request is hopeless
-        self.fastest = {m: min(self._l1[m][i] for i in self.pref[m]) for m in models}
+        # a batch of one of m as fast as it can run where m may run: when a request is hopeless. On
+        # shared lanes that is alone on the whole GPU (_fill runs one there when every lane is free)
+        if self.mode == "shared":
+            self._alone_row = {m: self._lat_row(m, sched.gpu_sms) for m in models}
+            self.fastest = {m: self._alone_row[m][0][1] for m in models}
+        else:
+            self._alone_row = {}
+            self.fastest = {m: min(self._l1[m][i] for i in self.pref[m]) for m in models}
         return self._layout_of(sched, self.mode)
 
     def _mode_for(self, sched: Schedule) -> str:
@@ -675,6 +684,7 @@ class DStackPolicy(Policy):
         cycle = self.cycle
         phi = (now_ms - self.epoch) % cycle if cycle > 0 else 0.0
         parts = self.parts
+        shared = self.mode == "shared"
         free_idx = {p.index for p in free}
         owners: dict[int, str | None] = {}
         waiting = self._waiting
@@ -695,9 +705,16 @@ class DStackPolicy(Policy):
                 i = pos[m]
                 pp = parts[idx]
                 # quick reject: not even a batch of one fits before the deadline
-                l1 = l1s[idx]
+                l1, row = l1s[idx], rows[idx]
                 if l1 > q[i].deadline_ms - now_ms + 1e-9:
-                    continue
+                    if not (shared and len(free_idx) == len(parts)):
+                        continue
+                    # on shared lanes with every lane free, m's batch runs alone on the whole GPU, faster
+                    # than its planned share: a client's deadline too short for the share may still be met
+                    row = self._alone_row[m]
+                    l1 = row[0][1]
+                    if l1 > q[i].deadline_ms - now_ms + 1e-9:
+                        continue
                 horizon = math.inf  # ms until another model's next slot here: none where every slot is m's
                 if pp.other_starts[m]:
                     # a partition whose current slot belongs to another model with queued requests is
@@ -724,11 +741,11 @@ class DStackPolicy(Policy):
                     # its smallest bucket) fits the deadline and the horizon (both checked above)
                     k, j = 1, i
                 else:
-                    k, j = self._batch(m, q, i, rows[idx], horizon, now_ms)
-                if k and idx in self._ahead_parts and k < self._fullest(m, rows[idx], horizon):
+                    k, j = self._batch(m, q, i, row, horizon, now_ms)
+                if k and idx in self._ahead_parts and k < self._fullest(m, row, horizon):
                     continue  # offered ahead: only a full batch goes now, a smaller one elsewhere or later
                 if k and self.fill_wait and j == i and j + k == len(q):
-                    hold = self._fill_until(m, q[i], rows[idx], horizon, k)
+                    hold = self._fill_until(m, q[i], row, horizon, k)
                     if hold is not None:  # a partial batch that may wait to fill: not here, not elsewhere
                         self._filling.add(m)
                         if wake is None or hold < wake:
