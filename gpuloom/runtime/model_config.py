@@ -16,6 +16,11 @@ from ..engine.options import ENGINE_DEFAULTS, ENGINE_KEYS, is_engine_value
 #: the longest SLO a model may have, ms (an hour): the planner's cycle grows with the longest SLO, and
 #: 1e12 ms built slots until memory ran out (a review, sixty-fourth session)
 MAX_SLO_MS = 3_600_000.0
+#: the largest max_batch a model may have, rows (2**16): a load compiles the model with example inputs
+#: of max_batch rows, captures a graph per power-of-two bucket up to it and tables the bucket of every
+#: batch size; max_batch 1e8 of a 16-float MLP took 28 s and 9.3 GB on the CPU before it served (a
+#: review, sixty-fourth session), and an image model's example alone would not fit any memory
+MAX_BATCH = 65536
 #: the tensor dtypes the service takes (numpy / torch names)
 DTYPES = ("float32", "float16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
 #: what each engine option of ModelConfig takes, as its errors say it (ENGINE_CHOICES in YAML's spelling)
@@ -91,6 +96,8 @@ class ModelConfig:
             raise ValueError(f"model {self.name!r}: input names must be unique, got {names}")
         if not isinstance(self.max_batch, int) or self.max_batch < 1:
             raise ValueError(f"model {self.name!r}: max_batch must be a positive int, got {self.max_batch!r}")
+        if self.max_batch > MAX_BATCH:
+            raise ValueError(f"model {self.name!r}: max_batch must be at most {MAX_BATCH} rows, got {self.max_batch!r}")
         for what, v in (("slo_ms", self.slo_ms), ("weight", self.weight)):
             if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
                 raise ValueError(f"model {self.name!r}: {what} must be a positive number, got {v!r}")

@@ -47,7 +47,7 @@ import numpy as np
 import yaml
 
 from ..engine.options import ENGINE_CHOICES, ENGINE_DEFAULTS, ENGINE_KEYS, is_engine_value
-from ..runtime.model_config import DTYPES, MAX_SLO_MS
+from ..runtime.model_config import DTYPES, MAX_BATCH, MAX_SLO_MS
 
 __all__ = ["RepositoryError", "TensorEntry", "ModelEntry", "Repository", "load_repository", "scan_repository"]
 
@@ -334,6 +334,13 @@ def _slo(m: dict, where: str) -> float:
     return slo
 
 
+def _max_batch(m: dict, where: str) -> int:
+    n = _number(m, "max_batch", 32, where, integer=True)
+    if n > MAX_BATCH:  # each load compiles, captures and tables batches up to it: 1e8 took the CPU 28 s and 9.3 GB
+        raise RepositoryError(f"{where}: max_batch must be at most {MAX_BATCH} rows, found {n!r}")
+    return n
+
+
 def parse_model(m: Any, origin: Path | None) -> ModelEntry:
     where = f"{origin or '<repository>'}"
     if not isinstance(m, dict):
@@ -372,7 +379,7 @@ def parse_model(m: Any, origin: Path | None) -> ModelEntry:
         source=source,
         inputs=_tensors(m.get("inputs"), f"{where}: inputs"),
         outputs=_tensors(m["outputs"], f"{where}: outputs") if m.get("outputs") is not None else None,
-        max_batch=_number(m, "max_batch", 32, where, integer=True),
+        max_batch=_max_batch(m, where),
         slo_ms=float(_slo(m, where)),
         weight=float(_number(m, "weight", 1.0, where)),
         rate_hint=float(_number(m, "rate_hint", 50.0, where)),
