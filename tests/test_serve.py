@@ -792,6 +792,15 @@ def test_grpc_repository_and_statistics(served):
     st = client.get_inference_statistics("tiny_mlp", as_json=True)
     assert st["model_stats"][0]["name"] == "tiny_mlp" and int(st["model_stats"][0]["inference_stats"]["success"]["count"]) > 0
 
+    # the version asked for counts, with a model's name or without (as HTTP's .../versions/2/stats: 404)
+    for name in ("tiny_mlp", ""):
+        assert [m.version for m in stub.ModelStatistics(pb.ModelStatisticsRequest(name=name, version="1"),
+                                                         timeout=30).model_stats][:1] == ["1"]
+        with pytest.raises(grpc.RpcError) as e:
+            stub.ModelStatistics(pb.ModelStatisticsRequest(name=name, version="2"), timeout=30)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND and "version '2'" in e.value.details()
+    assert _get(addr, "/v2/models/tiny_mlp/versions/2/stats")[0] == 404
+
 
 @pytest.mark.parametrize("runtime", ["fake", "real"])
 def test_missed_deadlines_are_answered_and_booked_as_dropped(runtime):

@@ -421,9 +421,14 @@ class ServeCore:
 
     # -- statistics ------------------------------------------------------------------------------
     def statistics(self, name: str | None = None, version: str | None = None) -> dict[str, Any]:
-        """Triton's statistics extension shape, with gpuloom's books and runtime stats alongside."""
+        """Triton's statistics extension shape, with gpuloom's books and runtime stats alongside.
+        A version no model has is a 404, with a name or without (gRPC's ModelStatistics may ask for
+        every model's statistics at one version; it used to get them all, whatever the version)."""
         if name is not None:
             self.config(name, version)
+        elif version not in (None, "", VERSION):
+            raise ProtocolError(f"no model has version {version!r}: every model has only version {VERSION} "
+                                f"(leave the version out for every model's statistics)", 404)
         snap = self.books.snapshot()
         try:
             st = self.service.stats() or {}
