@@ -133,17 +133,44 @@ def test_closed_loop_concurrency_mode_measures_saturation(server, capsys, client
 
 def test_closed_loop_sends_the_rows_asked_for(server, capsys):
     """``--batch`` with ``--concurrency``: requests of that many rows (it was ignored once: batch 1
-    always). tiny_mlp takes at most 16 rows a request, so 17 are refused and 16 served."""
+    always). tiny_mlp takes at most 16 rows a request, so 16 are served and 17 stop the run at its
+    start, saying why (every request was a 400 before, and the report did not say why)."""
     addr, _ = server
     argv = (addr.http_url, "--model", "tiny_mlp", "--concurrency", "2", "--duration", "0.3", "--json")
     assert load_cmd.run(_args(*argv, "--batch", "16")) == 0
     res = json.loads(capsys.readouterr().out)
-    assert res["ok"] == res["sent"] > 0
-    assert load_cmd.run(_args(*argv, "--batch", "17")) == 0
-    res = json.loads(capsys.readouterr().out)
-    assert res["ok"] == 0 and sum(res["errors"].values()) == res["sent"] > 0 and set(res["errors"]) == {"400"}
+    assert res["ok"] == res["sent"] > 0 and res["first_error"] == ""
+    assert load_cmd.run(_args(*argv, "--batch", "17")) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == ("error: batch 17 is more rows than model 'tiny_mlp' takes in a request (its config's "
+                           "max_batch_size is 16): the server would refuse every request; send at most 16"), err
     assert load_cmd.run(_args(*argv, "--batch", "0")) == 2
     assert "--batch" in capsys.readouterr().err
+
+
+def test_a_batch_past_the_models_max_or_an_slo_that_is_not_positive_is_said_at_once(server, capsys):
+    """``--batch`` over the model's max_batch and ``--slo-ms -5`` ran to the end without saying why
+    every request failed or missed (a review, sixty-fourth session)."""
+    addr, _ = server
+    argv = (addr.http_url, "--model", "tiny_mlp", "--rate", "20", "--duration", "0.2")
+    assert load_cmd.run(_args(*argv, "--batch", "17")) == 1
+    assert "batch 17 is more rows than model 'tiny_mlp' takes in a request" in capsys.readouterr().err
+    for bad in ("-5", "0", "nan", "inf", "fast"):
+        with pytest.raises(SystemExit) as e:
+            _args(*argv, "--slo-ms", bad)
+        assert e.value.code == 2
+        assert "--slo-ms: expected a" in capsys.readouterr().err
+    assert _args(*argv, "--slo-ms", "2.5").slo_ms == 2.5
+
+
+@pytest.mark.parametrize("client", ["aiohttp", "lean"])
+def test_a_run_whose_requests_fail_says_what_the_first_was_told(server, capsys, client):
+    addr, _ = server
+    rc = load_cmd.run(_args(addr.http_url, "--model", "tiny_mlp", "--rate", "40", "--duration", "0.3",
+                            "--deadline-ms", "0.001", "--client", client))  # 1 us: every request a 504
+    out = capsys.readouterr().out
+    assert rc == 0 and "errors {'504'" in out
+    assert "  first error    HTTP 504: model 'tiny_mlp': deadline exceeded" in out, out
 
 
 def test_server_timing_header_round_trips_and_tolerates_junk():

@@ -3,9 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 NAME = "load"
 HELP = "drive a KServe v2 / Triton HTTP server open-loop (Poisson or constant rate); print throughput, SLO attainment, latency percentiles"
+
+
+def positive_ms(text: str) -> float:
+    """A latency in ms, positive and finite: ``--slo-ms -5`` made every answer miss its SLO, unsaid."""
+    try:
+        ms = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of ms > 0, found {text!r}") from None
+    if not 0 < ms < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a positive finite number of ms, found {text!r}")
+    return ms
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -20,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     arr.add_argument("--constant", dest="poisson", action="store_false", help="evenly spaced arrivals")
     p.add_argument("--batch", type=int, default=1, help="rows per request (default 1)")
     p.add_argument("--json-tensors", action="store_true", help="send JSON tensors instead of binary tensor data")
-    p.add_argument("--slo-ms", type=float, default=None,
+    p.add_argument("--slo-ms", type=positive_ms, default=None,
                    help="latency objective, ms (default: the model's, from its config on a gpuloom server; 100 "
                         "where the server does not say)")
     p.add_argument("--timeout", type=float, default=30.0, help="client timeout per request, s (default 30)")
@@ -54,6 +66,9 @@ def run(args: argparse.Namespace) -> int:
             res = run_closed(args.url, args.model, concurrency=args.concurrency, duration_s=args.duration,
                              binary=not args.json_tensors, slo_ms=args.slo_ms, timeout_s=args.timeout, seed=args.seed,
                              client=args.client, batch=args.batch)
+        except (ValueError, OSError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
         except Exception as e:
             print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
             return 1
@@ -62,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"model {res.model}: {args.concurrency} closed-loop clients for {args.duration:g} s, "
                   f"batch {args.batch}")
-            print(f"  sent {res.sent}, ok {res.ok}, errors {res.errors or 'none'}")
+            _report_counts(res)
             print(f"  throughput     {res.throughput:.1f} req/s")
             print(f"  SLO attainment {res.slo_attainment * 100:.1f}% within {res.slo_ms:g} ms")
             print(f"  latency ms     p50 {res.p50_ms:.2f}  p90 {res.p90_ms:.2f}  p99 {res.p99_ms:.2f}  mean {res.mean_ms:.2f}")
@@ -90,10 +105,17 @@ def run(args: argparse.Namespace) -> int:
     print(f"model {res.model}: offered {args.rate:g} req/s for {args.duration:g} s ({'Poisson' if args.poisson else 'constant'}), batch {args.batch}")
     if args.deadline_ms is not None:
         print(f"  every request due within {args.deadline_ms:g} ms (its timeout parameter; 504: not met)")
-    print(f"  sent {res.sent}, ok {res.ok}, errors {res.errors or 'none'}")
+    _report_counts(res)
     print(f"  throughput     {res.throughput:.1f} req/s")
     print(f"  SLO attainment {res.slo_attainment * 100:.1f}% within {res.slo_ms:g} ms")
     print(f"  latency ms     p50 {res.p50_ms:.2f}  p90 {res.p90_ms:.2f}  p99 {res.p99_ms:.2f}  mean {res.mean_ms:.2f}")
     for k, v in res.server_timing_ms.items():  # the server's own Server-Timing, when it sends one
         print(f"  server {k:<7} p50 {v['p50']:.2f}  p99 {v['p99']:.2f}  mean {v['mean']:.2f}")
     return 0
+
+
+def _report_counts(res) -> None:
+    """The sent / ok / errors line, and what the first failure was told (why a run's requests failed)."""
+    print(f"  sent {res.sent}, ok {res.ok}, errors {res.errors or 'none'}")
+    if res.first_error:
+        print(f"  first error    {res.first_error}")

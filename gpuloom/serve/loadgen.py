@@ -91,6 +91,9 @@ class LoadResult:
     # the server's own account of answered requests (``Server-Timing``, when it sends one), ms:
     # {"service": {"mean": .., "p50": .., "p99": .., "n": ..}, ...}; latency minus it is the network's
     server_timing_ms: dict[str, dict[str, float]] = field(default_factory=dict)
+    # what the first failed request was told ("HTTP 400: ..." with the server's error, or what went
+    # wrong without an answer), "" when none failed: a run whose every request failed says why
+    first_error: str = ""
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -173,6 +176,7 @@ class _Sender:
             self.pool = ConnectionPool(base, timeout_s=timeout_s)
         self.bodies: list[tuple[bytes, dict]] = []
         self.encoded: list[bytes] = []
+        self.first_error = ""  # LoadResult.first_error
 
     def use(self, bodies: list[tuple[bytes, dict]]) -> None:
         self.bodies = bodies
@@ -183,15 +187,36 @@ class _Sender:
         """The ``k``-th request (its body: variant ``k`` modulo their number)."""
         if self.pool is not None:
             r = await self.pool.request(self.encoded[k % len(self.encoded)])
-            return r.status, r.headers.get("server-timing")
-        body, headers = self.bodies[k % len(self.bodies)]
-        async with self.session.post(self.url, data=body, headers=headers) as r:
-            await r.read()
-            return r.status, r.headers.get("Server-Timing")
+            status, timing, answer = r.status, r.headers.get("server-timing"), r.body
+        else:
+            body, headers = self.bodies[k % len(self.bodies)]
+            async with self.session.post(self.url, data=body, headers=headers) as r:
+                answer = await r.read()
+                status, timing = r.status, r.headers.get("Server-Timing")
+        if status != 200 and not self.first_error:
+            self.first_error = f"HTTP {status}: {_error_text(answer)}"
+        return status, timing
+
+    def failed(self, e: BaseException) -> str:
+        """Count-name of a request that got no answer (``failure_kind``), noted if it is the first failure."""
+        kind = failure_kind(e)
+        if not self.first_error:
+            self.first_error = f"{kind}: {type(e).__name__}: {e}"
+        return kind
 
     def close(self) -> None:
         if self.pool is not None:
             self.pool.close()
+
+
+def _error_text(body: bytes) -> str:
+    """The server's error message in an answer: KServe's ``{"error": ...}``, else the body's start."""
+    try:
+        err = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        err = None
+    text = err if isinstance(err, str) else body[:300].decode("utf-8", "replace")
+    return " ".join(text.split())
 
 
 async def _metadata(session, base: str, model: str, inputs: list[dict] | None) -> dict:
@@ -203,16 +228,33 @@ async def _metadata(session, base: str, model: str, inputs: list[dict] | None) -
     return meta if inputs is None else dict(meta, inputs=inputs)
 
 
-async def _model_slo_ms(s: Any, base: str, model: str) -> float:
-    """The model's SLO as a gpuloom server's model config states it (``parameters.slo_ms``), or
-    ``DEFAULT_SLO_MS`` where the server does not say (not gpuloom)."""
+async def _model_config(s: Any, base: str, model: str) -> dict:
+    """The model's configuration (Triton's ``GET .../config``), or {} where the server gives none."""
     try:
         async with s.get(f"{base}/v2/models/{model}/config") as r:
             cfg = await r.json() if r.status == 200 else {}
+    except Exception:  # noqa: BLE001 - any answer that is not a config
+        return {}
+    return cfg if isinstance(cfg, dict) else {}
+
+
+def _model_slo_ms(cfg: dict) -> float:
+    """The model's SLO as a gpuloom server's model config states it (``parameters.slo_ms``), or
+    ``DEFAULT_SLO_MS`` where the server does not say (not gpuloom)."""
+    try:
         slo_ms = float(cfg.get("parameters", {}).get("slo_ms", {}).get("string_value", "nan"))
     except Exception:  # noqa: BLE001 - any answer that is not a gpuloom config
         slo_ms = float("nan")
     return slo_ms if slo_ms == slo_ms else DEFAULT_SLO_MS
+
+
+def _check_batch(cfg: dict, model: str, batch: int) -> None:
+    """ValueError when the model's config says it takes fewer rows a request than ``batch``: every
+    request would be refused (a run of 400s that said nothing of why, before)."""
+    most = cfg.get("max_batch_size")
+    if isinstance(most, int) and not isinstance(most, bool) and 0 < most < batch:
+        raise ValueError(f"batch {batch} is more rows than model {model!r} takes in a request (its config's "
+                         f"max_batch_size is {most}): the server would refuse every request; send at most {most}")
 
 
 async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: bool, slo_ms: float | None,
@@ -227,8 +269,10 @@ async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: b
             raise ValueError(f"model {model!r} metadata from {base} lists no inputs; pass them explicitly (inputs=...)")
         if slo_ms is None and deadline_ms is not None:
             slo_ms = deadline_ms  # attainment against the deadline the requests carry
+        cfg = await _model_config(s, base, model)
+        _check_batch(cfg, model, batch)
         if slo_ms is None:
-            slo_ms = await _model_slo_ms(s, base, model)
+            slo_ms = _model_slo_ms(cfg)
         rng = np.random.default_rng(seed)
         sender.use([_body(meta, batch, binary, rng, deadline_ms) for _ in range(variants)])
         lat: list[float] = []
@@ -243,7 +287,7 @@ async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: b
             try:
                 code, st = await sender.send(i)
             except Exception as e:  # connection refused, timeout: counted, never raised
-                status[failure_kind(e)] += 1
+                status[sender.failed(e)] += 1
                 return
             ms = (time.perf_counter() - t0) * 1000.0
             if code == 200:
@@ -272,7 +316,7 @@ async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: b
         p50_ms=float(np.percentile(arr, 50)), p90_ms=float(np.percentile(arr, 90)), p99_ms=float(np.percentile(arr, 99)),
         mean_ms=float(arr.mean()), latencies_ms=lat,
         send_lag_p99_ms=float(np.percentile(lags, 99)), send_lag_max_ms=float(lags.max()),
-        server_timing_ms=summarize_timing(server_ms),
+        server_timing_ms=summarize_timing(server_ms), first_error=sender.first_error,
     )
 
 
@@ -308,8 +352,10 @@ async def _closed(url: str, model: str, concurrency: int, duration_s: float, *, 
                                      timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
         sender = _Sender(client, s, base, model, timeout_s)
         meta = await _metadata(s, base, model, inputs)
+        cfg = await _model_config(s, base, model)
+        _check_batch(cfg, model, batch)
         if slo_ms is None:
-            slo_ms = await _model_slo_ms(s, base, model)
+            slo_ms = _model_slo_ms(cfg)
         rng = np.random.default_rng(seed)
         sender.use([_body(meta, batch, binary, rng) for _ in range(8)])
         lat: list[float] = []
@@ -328,7 +374,7 @@ async def _closed(url: str, model: str, concurrency: int, duration_s: float, *, 
                 try:
                     code, _ = await sender.send(seq)
                 except Exception as e:
-                    status[failure_kind(e)] += 1
+                    status[sender.failed(e)] += 1
                     continue
                 if code == 200:
                     lat.append((time.perf_counter() - t0) * 1000.0)
@@ -346,7 +392,7 @@ async def _closed(url: str, model: str, concurrency: int, duration_s: float, *, 
         model=model, rate=float("nan"), duration_s=wall, sent=sent, ok=len(lat), errors=dict(status),
         throughput=len(lat) / wall, slo_ms=slo_ms, slo_attainment=float(np.sum(arr <= slo_ms)) / sent if sent else 0.0,
         p50_ms=float(np.percentile(arr, 50)), p90_ms=float(np.percentile(arr, 90)), p99_ms=float(np.percentile(arr, 99)),
-        mean_ms=float(arr.mean()), latencies_ms=lat,
+        mean_ms=float(arr.mean()), latencies_ms=lat, first_error=sender.first_error,
     )
 
 
