@@ -238,19 +238,75 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
-def test_bad_requests_get_a_4xx_that_says_what_was_expected(served, case):
-    addr, _, _ = served
+def _bad_body(case):
+    """A BAD case's body and headers (binary framing built here: claim `binary` bytes of a 64-byte tensor)."""
     _, path, body, headers, status, needle = case
-    headers = dict(headers)  # the case is shared by both servers' runs
-    if "binary" in headers:  # binary framing: claim `binary` bytes of a 64-byte tensor
+    headers = dict(headers)  # the case is shared by every server's run
+    if "binary" in headers:
         size = headers.pop("binary")
         head = _infer_json([{"name": "x", "shape": [1, 16], "datatype": "FP32", "parameters": {"binary_data_size": size}}])
         data = bytes(min(size, 64) if size != 10 else 4)
         body, headers = head + data, {"Inference-Header-Content-Length": str(len(head))}
-    got, _, data = _post(addr, path, body, headers)
+    return body, headers
+
+
+@pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
+def test_bad_requests_get_a_4xx_that_says_what_was_expected(served, case):
+    addr, _, _ = served
+    _, path, _, _, status, needle = case
+    got, _, data = _post(addr, path, *_bad_body(case))
     assert got == status, data
     assert needle in json.loads(data)["error"]
+
+
+def _rejected(core) -> dict[tuple[str, str], int]:
+    """(model, reason) -> requests refused so far, from the server's books."""
+    return {(m, r): n for m, b in core.books.snapshot().items() for r, n in b.rejected.items()}
+
+
+def _booked_once(core, before, timeout_s=10.0) -> dict[tuple[str, str], int]:
+    """The rejections booked since ``before`` once there is one (a worker tells the runtime's process
+    after its answer), and a little longer, so that a second would show."""
+    end, seen_at = time.monotonic() + timeout_s, None
+    while time.monotonic() < end:
+        now = _rejected(core)
+        new = {k: n - before.get(k, 0) for k, n in now.items() if n != before.get(k, 0)}
+        if new and seen_at is None:
+            seen_at = time.monotonic()
+        if seen_at is not None and time.monotonic() - seen_at > 0.1:
+            return new
+        time.sleep(0.01)
+    return {}
+
+
+# what each BAD infer case is booked as in gpuloom_request_rejected: refused while read or parsed
+# (booked since the sixty-fifth session) or by the runtime's checks (invalid_input)
+PARSED = {"too few elements", "malformed json", "json not an object", "unknown datatype", "strings for floats", "header length past body",
+          "header length not int", "binary size past data", "binary size wrong for shape", "unknown output",
+          "negative timeout", "nested too deeply", "timeout past a float", "null among floats",
+          "a numeric string among floats", "a bool among floats", "classification asked for"}
+BOOKED = {**{c: ("tiny_mlp", "invalid_request") for c in PARSED},
+          "unknown model": ("_unknown", "unknown_model"), "unknown version": ("_unknown", "unknown_model"),
+          "body over limit": ("tiny_mlp", "too_large")}
+
+
+@pytest.mark.parametrize("case", [c for c in BAD if c[1].endswith("/infer")], ids=[c[0] for c in BAD if c[1].endswith("/infer")])
+def test_every_refused_infer_request_is_booked_once_as_rejected(served, case):
+    """A request refused while it was read or parsed, before a model was looked up, was in no count of
+    /metrics (a review, sixty-fourth session): each is one ``gpuloom_request_rejected`` now, under the
+    model its URL names (``_unknown`` for one not served), in process and behind the workers alike;
+    none is accepted, so accepted == success + failure + dropped still holds."""
+    addr, core, _ = served
+    before = _rejected(core)
+    accepted = {m: b.accepted for m, b in core.books.snapshot().items() if b.accepted}
+    got, _, data = _post(addr, case[1], *_bad_body(case))
+    assert got == case[4], data
+    assert _booked_once(core, before) == {BOOKED.get(case[0], ("tiny_mlp", "invalid_input")): 1}
+    assert {m: b.accepted for m, b in core.books.snapshot().items() if b.accepted} == accepted
+    assert all(b.balanced() for b in core.books.snapshot().values())
+    m = _metrics(addr)
+    model, reason = BOOKED.get(case[0], ("tiny_mlp", "invalid_input"))
+    assert _metric(m, "gpuloom_request_rejected", model=model, reason=reason) == _rejected(core)[model, reason]
 
 
 def test_grpc_bad_shape_is_invalid_argument_and_unknown_model_not_found(served):
@@ -286,12 +342,16 @@ def test_grpc_bad_contents_timeout_and_classification_are_invalid_argument(serve
             name="y", parameters={"classification": pb.InferParameter(int64_param=2)})),
     }
     cases["not all INT8"][0].contents.int_contents.append(300)
+    core = served[1]
     for needle, (tensor, params, output) in cases.items():
         req = pb.ModelInferRequest(model_name="tiny_mlp", inputs=[tensor], parameters=params or {},
                                    outputs=[output] if output else [])
+        before = _rejected(core)
         with pytest.raises(grpc.RpcError) as e:
             stub.ModelInfer(req, timeout=30)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and needle in e.value.details(), (needle, e.value)
+        # booked as a rejection, as over HTTP (sixty-fifth session; before, in no count)
+        assert _booked_once(core, before) == {("tiny_mlp", "invalid_request"): 1}, needle
     assert len(stub.ModelInfer(pb.ModelInferRequest(model_name="tiny_mlp", inputs=[good]), timeout=30).raw_output_contents) == 1
 
 

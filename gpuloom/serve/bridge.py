@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .protocol import ProtocolError
 from .ring import WAKEUPS, batch_replies, each_reply
 from .wire import (FRAME, RING_MAGIC, RING_REQ, _failure_frame, _internal_error_frame, _Layout, _recv_control,
                    _recv_into, _ReplyEncoder, _RequestTemplate, _Templates, pack)
@@ -124,7 +125,11 @@ class InferBridge:
                 if frame is None:  # the worker went away (between frames or mid-frame)
                     return
                 js, payload = frame
-                self._take(send, ok, json.loads(js), payload, shared, in_arena)
+                meta = json.loads(js)
+                if "refused" in meta:  # a request the worker refused while parsing it: booked, not answered
+                    self._refused(meta["refused"])
+                    continue
+                self._take(send, ok, meta, payload, shared, in_arena)
         except OSError:
             return
         finally:
@@ -139,6 +144,18 @@ class InferBridge:
             out.put(None)  # the writer sends what is queued, then closes the connection
             if pinned is not None:
                 self._unpin(pinned, in_arena)
+
+    def _refused(self, notice: Any) -> None:
+        """Book a request a worker refused while reading or parsing it (``frontend.tell_refused``)."""
+        try:
+            name, version, status = notice["model"], notice.get("version"), notice["status"]
+            if not (isinstance(name, str) and (version is None or isinstance(version, str))
+                    and isinstance(status, int) and 400 <= status < 500):
+                raise ValueError(f"expected a model name, a version or null and a 4xx status, got {notice!r}")
+        except (TypeError, KeyError, ValueError, AttributeError) as e:
+            log.error("a malformed refusal notice from a worker (not booked): %s", e)
+            return
+        self.core.refused(name, version, status)
 
     def _take(self, send: Callable[[list], None], ok: Callable[..., None], meta: dict, payload: memoryview,
               shared: memoryview | None, in_arena: "_Outstanding") -> None:
@@ -333,7 +350,11 @@ class InferBridge:
         try:
             first = next(iter(inputs.values()), None)  # rows for the books; a scalar is refused by submit
             rows = first.shape[0] if first is not None and first.ndim else 0  # (never fails after submit)
-            self.core.check_outputs(name, version, outputs)
+            try:
+                self.core.check_outputs(name, version, outputs)
+            except ProtocolError as e:  # refused before submit, as in process: booked here
+                self.core.refused(name, version, e.status)
+                raise
             checked = template.checked_for if template is not None else None
             fut, checked = self.core.submit(name, version, inputs, deadline_ms, waited_ms, checked_for=checked)
             if template is not None:

@@ -27,6 +27,10 @@ __all__ = ["ServeCore", "SERVER_NAME", "EXTENSIONS", "model_metadata", "model_co
 SERVER_NAME = "gpuloom"
 EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics", "schedule_policy"]
 VERSION = "1"  # every model has one version
+#: ``gpuloom_request_rejected``'s reason for an infer request refused before :meth:`ServeCore.submit`
+#: (framing, JSON, parameters, outputs, body size), by the status it was answered; any other 4xx:
+#: ``invalid_request``
+REFUSED_REASONS = {404: "unknown_model", 413: "too_large"}
 
 
 def _version_check(name: str, version: str | None) -> None:
@@ -181,6 +185,15 @@ class ServeCore:
         return (not self.closing) and self.service.is_live() and all(self.service.ready(c.name) for c in self.service.models())
 
     # -- inference -----------------------------------------------------------------------------
+    def refused(self, name: str, version: str | None, status: int) -> None:
+        """Book an infer request answered ``status`` (4xx) before it reached :meth:`submit`: its body
+        too large, not parsed (framing, JSON, parameters) or asking for outputs the model lacks; or
+        for a model or version that is not served. Counted in ``gpuloom_request_rejected`` under the
+        model, as submit's own refusals are; under ``_unknown`` where the URL names no model served
+        (a bounded label set under fuzzing)."""
+        known = version in (None, "", VERSION) and self.service.config(name) is not None
+        self.books.reject(name if known else "_unknown", REFUSED_REASONS.get(status, "invalid_request"))
+
     def submit(self, name: str, version: str | None, inputs: Mapping[str, np.ndarray], deadline_ms: float | None,
                waited_ms: float = 0.0, checked_for: Any = None):
         """Validate and submit; returns the runtime's concurrent Future, and the model's config when the

@@ -61,7 +61,7 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_b
 
     from . import arena as arena_mod
     from . import ring as ring_mod
-    from .http_server import CORE_KEY, DEADLINE_HEADER, HEADER_LEN, _error, _errors, infer_response
+    from .http_server import CORE_KEY, DEADLINE_HEADER, HEADER_LEN, _error, _errors, infer_response, refused_status
     from .protocol import deadline_ms_from_parameters, parse_infer_body
 
     state: dict[str, Any] = {"pending": {}, "next": 0, "blocks": {}, "arena": None, "rings": None, "up": True}
@@ -143,16 +143,32 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_b
             return  # the runtime's process did not say: the body's own error stands
         raise ProtocolError(why or f"unknown model {name!r}", 404)
 
+    def tell_refused(name: str, version: str | None, status: int) -> None:
+        """Tell the runtime's process of a request this worker refused while reading or parsing it,
+        for its books (``gpuloom_request_rejected``; ``InferBridge`` calls ``ServeCore.refused``). One
+        small frame, no answer awaited; lost only where that process is gone already."""
+        writer = state.get("writer")
+        if not state["up"] or writer is None or writer.is_closing():
+            return
+        js = json.dumps({"refused": {"model": name, "version": version, "status": status}}).encode()
+        writer.write(FRAME.pack(len(js), 0) + js)  # (one write: whole between other writers' frames)
+
     async def infer(request: web.Request):
         t_in = time.perf_counter()  # headers read; the body may still be arriving
         name, version = request.match_info["model"], request.match_info.get("version")
-        body = await request.read()
         try:
-            req = parse_infer_body(body, request.headers.get(HEADER_LEN))
-        except ProtocolError:
-            await _unknown_model_first(name, version)
+            body = await request.read()
+            try:
+                req = parse_infer_body(body, request.headers.get(HEADER_LEN))
+            except ProtocolError:
+                await _unknown_model_first(name, version)
+                raise
+            deadline = deadline_ms_from_parameters(req.parameters, request.headers.get(DEADLINE_HEADER))
+        except Exception as e:
+            status = refused_status(e)
+            if status is not None:
+                tell_refused(name, version, status)
             raise
-        deadline = deadline_ms_from_parameters(req.parameters, request.headers.get(DEADLINE_HEADER))
         if not state["up"]:
             raise ProtocolError("the runtime process is not reachable (its connection closed)", 503, retry_after_s=1.0)
         state["next"] += 1

@@ -182,18 +182,26 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
                 infer_response=pb.ModelInferResponse(model_name=request.model_name, id=request.id))
 
     async def _infer(self, request, context) -> pb.ModelInferResponse:
-        """One ModelInfer request, answered; raises ProtocolError for a request that cannot be."""
-        inputs = self._inputs(request)
-        params = {k: _param_value(v) for k, v in request.parameters.items()}
-        deadline = deadline_ms_from_parameters(params)  # Triton's 'timeout' (microseconds), as over HTTP
-        for o in request.outputs:
-            if "classification" in o.parameters:
-                refuse_classification(o.name, _param_value(o.parameters["classification"]))
-        remaining = context.time_remaining()
-        if remaining is not None:  # the client's gRPC deadline, seconds
-            deadline = min(deadline or float("inf"), remaining * 1000.0)
-        self.core.check_outputs(request.model_name, request.model_version,
-                                [o.name for o in request.outputs] or None)
+        """One ModelInfer request, answered; raises ProtocolError for a request that cannot be. One
+        refused before it reaches the runtime (its tensors, parameters or outputs) is booked in
+        ``gpuloom_request_rejected`` as over HTTP (``ServeCore.refused``); the runtime's refusals
+        are booked by ``ServeCore.submit``."""
+        try:
+            inputs = self._inputs(request)
+            params = {k: _param_value(v) for k, v in request.parameters.items()}
+            deadline = deadline_ms_from_parameters(params)  # Triton's 'timeout' (microseconds), as over HTTP
+            for o in request.outputs:
+                if "classification" in o.parameters:
+                    refuse_classification(o.name, _param_value(o.parameters["classification"]))
+            remaining = context.time_remaining()
+            if remaining is not None:  # the client's gRPC deadline, seconds
+                deadline = min(deadline or float("inf"), remaining * 1000.0)
+            self.core.check_outputs(request.model_name, request.model_version,
+                                    [o.name for o in request.outputs] or None)
+        except ProtocolError as e:
+            if 400 <= e.status < 500:
+                self.core.refused(request.model_name, request.model_version, e.status)
+            raise
         outputs = await self.core.infer(request.model_name, request.model_version, inputs, deadline)
         names = [o.name for o in request.outputs] or list(outputs)
         resp = pb.ModelInferResponse(model_name=request.model_name, model_version="1", id=request.id)

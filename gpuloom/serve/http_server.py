@@ -19,6 +19,7 @@ network's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -99,6 +100,32 @@ async def _errors(request: web.Request, handler):
     except Exception as e:  # a bug of ours: answer, log, never drop the connection
         log.exception("unhandled error on %s %s", request.method, request.path)
         return _error(f"internal error: {type(e).__name__}: {e}", 500)
+
+
+def refused_status(e: BaseException) -> int | None:
+    """The 4xx an infer request is answered for ``e``, raised before it reached the runtime (what
+    ``_errors`` answers); None for anything else (a client gone, a bug of ours: not a refusal)."""
+    if isinstance(e, ProtocolError):
+        return e.status if 400 <= e.status < 500 else None
+    if isinstance(e, web.HTTPRequestEntityTooLarge):
+        return 413
+    if isinstance(e, RequestPayloadError):  # a body that is not the gzip its Content-Encoding says
+        return 400
+    return None
+
+
+@contextlib.contextmanager
+def refusals_booked(core: ServeCore, name: str, version: str | None):
+    """Around an infer request's reading and parsing: a refusal there is booked in
+    ``gpuloom_request_rejected`` (``ServeCore.refused``) before it is answered; they were not booked
+    at all before the sixty-fifth session."""
+    try:
+        yield
+    except Exception as e:
+        status = refused_status(e)
+        if status is not None:
+            core.refused(name, version, status)
+        raise
 
 
 def infer_response(name: str, outputs, req, timing_ms: dict[str, float] | None = None) -> web.Response:
@@ -184,11 +211,12 @@ def build_app(core: ServeCore) -> web.Application:
             t_in = time.perf_counter()  # the deadline counts from here (the body may still be arriving)
             name = request.match_info["model"]
             version = _version(request)
-            body = await request.read()  # aiohttp undoes gzip/deflate Content-Encoding, within client_max_size
-            core.config(name, version)  # an unknown model or version is a 404 whatever the body holds (as Triton)
-            req = parse_infer_body(body, request.headers.get(HEADER_LEN))
-            deadline = deadline_ms_from_parameters(req.parameters, request.headers.get(DEADLINE_HEADER))
-            core.check_outputs(name, version, req.outputs)
+            with refusals_booked(core, name, version):
+                body = await request.read()  # aiohttp undoes gzip/deflate Content-Encoding, within client_max_size
+                core.config(name, version)  # an unknown model or version is a 404 whatever the body holds (as Triton)
+                req = parse_infer_body(body, request.headers.get(HEADER_LEN))
+                deadline = deadline_ms_from_parameters(req.parameters, request.headers.get(DEADLINE_HEADER))
+                core.check_outputs(name, version, req.outputs)
             t0 = time.perf_counter()
             outputs = await core.infer(name, version, req.inputs, deadline, (t0 - t_in) * 1e3)
             return infer_response(name, outputs, req, {"service": (time.perf_counter() - t0) * 1e3})

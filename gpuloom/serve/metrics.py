@@ -29,7 +29,9 @@ class ModelBooks:
     success: int = 0
     failure: int = 0  # the model raised (ModelFailed) or another runtime error
     dropped: Counter = field(default_factory=Counter)  # reason -> n (deadline, shutdown, overload, ...)
-    rejected: Counter = field(default_factory=Counter)  # reason -> n (invalid, overloaded, shed, not_ready, unknown)
+    # reason -> n: invalid_request (not parsed), too_large, invalid_input (not the model's tensors),
+    # unknown_model (under "_unknown"), not_ready, overloaded, shed, shutting_down
+    rejected: Counter = field(default_factory=Counter)
     inferences: int = 0  # samples (rows) served successfully
     request_us: float = 0.0  # summed end-to-end time of successful requests, microseconds
     last_inference_ms: int = 0  # when the last request was accepted, ms since the epoch (Triton's last_inference)
