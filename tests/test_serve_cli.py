@@ -475,3 +475,37 @@ def test_an_ipv6_host_is_bracketed_for_grpc_and_in_urls():
     addr = ServerAddress("::1", 8000, 8001)
     assert addr.http_url == "[::1]:8000" and addr.grpc_url == "[::1]:8001"
     assert ServerAddress("127.0.0.1", 8000, None).http_url == "127.0.0.1:8000"
+
+
+def test_once_the_server_stops_every_answer_closes_its_connection():
+    """During a stop's drain the server answers requests on kept-alive connections (503, or their
+    results), then closes those connections: the answers now say ``Connection: close``, so a client
+    does not send its next request on a connection the server is about to close. Without it, a
+    SIGTERM under keep-alive load left every one of 50 tight-loop clients with a request the server
+    dropped unread or reset (sixty-fifth session, ``docs/reports/serving.md``)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import serve_fake
+
+    from gpuloom.serve.core import ServeCore
+    from gpuloom.serve.repository import load_repository
+    from gpuloom.serve.server import Server
+
+    core = ServeCore(serve_fake.make_service(), load_repository(ROOT / "examples" / "repository" / "tiny_mlp.yaml"))
+    core.load("tiny_mlp")
+    server = Server(core, http_port=0, grpc_port=None)
+    addr = server.start()
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16}]})
+    try:
+        c = http.client.HTTPConnection(addr.host, addr.http_port, timeout=30)
+        c.request("POST", "/v2/models/tiny_mlp/infer", body)
+        r = c.getresponse()
+        r.read()
+        assert r.status == 200 and r.getheader("Connection") is None  # kept alive while serving
+        core.closing = True  # what a stop sets first
+        c.request("POST", "/v2/models/tiny_mlp/infer", body)
+        r = c.getresponse()
+        r.read()
+        assert r.status == 503 and r.getheader("Connection") == "close"
+    finally:
+        core.closing = False
+        server.stop()
