@@ -857,6 +857,7 @@ def test_each_point_is_simulated_on_the_contention_model_asked_for_and_the_repor
         return real(*a, **kw)
 
     monkeypatch.setattr(experiment, "simulate", spy)
+    monkeypatch.setenv("GPULOOM_YIELD_ANSWERS", "0")  # the presets as asked (the option's model below)
     rc, rep = run_bench(tmp_path, "--policy", "triton")  # tiny models on the CPU: the plain model
     assert rc == 0 and seen == [ContentionModel()] and rep["meta"]["sim_contention"]["preset"] == "plain"
     seen.clear()
@@ -868,9 +869,10 @@ def test_each_point_is_simulated_on_the_contention_model_asked_for_and_the_repor
     assert sim_contention(None, "cuda:0", tiny=False)[0] == "h200"
     assert sim_contention(None, "cuda", tiny=True)[0] == sim_contention(None, "cpu", tiny=False)[0] == "plain"
     assert sim_contention("plain", "cuda", tiny=False) == ("plain", ContentionModel())
-    # a process run with GPULOOM_YIELD_ANSWERS is simulated with the option's model, and says so
+    # a process run with GPULOOM_YIELD_ANSWERS (on by default) is simulated with the option's model,
+    # and says so
     seen.clear()
-    monkeypatch.setenv("GPULOOM_YIELD_ANSWERS", "1")
+    monkeypatch.delenv("GPULOOM_YIELD_ANSWERS")
     rc, rep = run_bench(tmp_path, "--policy", "triton", "--contention", "h100-fast-host")
     assert rc == 0 and [(c.drop_yield_ms, c.drop_answer_ms) for c in seen] == [(0.2, 0.01)]
     assert rep["meta"]["sim_contention"]["drop_yield_ms"] == 0.2

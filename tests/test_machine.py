@@ -29,4 +29,16 @@ def test_the_gpuloom_settings_are_the_processes_gpuloom_variables_without_the_ca
            "GPULOOM_PROFILE_CACHE": "/tmp/p", "CUDA_DEVICE_MAX_CONNECTIONS": "32", "PATH": "/bin"}
     got = gpuloom_settings(env)
     assert got == {"GPULOOM_LAUNCH_FIRST": "0", "GPULOOM_YIELD_ANSWERS": "1"} and list(got) == sorted(got)
-    assert gpuloom_settings({"PATH": "/bin"}) == {}
+    # the yield option is recorded set or not (its default, on since the sixty-fifth session): a report
+    # without the key ran before then, with it off
+    assert gpuloom_settings({"PATH": "/bin"}) == {"GPULOOM_YIELD_ANSWERS": "1"}
+    assert gpuloom_settings({"GPULOOM_YIELD_ANSWERS": "0"}) == {"GPULOOM_YIELD_ANSWERS": "0"}
+
+
+def test_answers_yield_by_default_and_a_report_without_the_setting_ran_without():
+    from gpuloom.runtime.core import REPORT_YIELD_DEFAULT, yields_answers
+
+    assert yields_answers({}) and not yields_answers({"GPULOOM_YIELD_ANSWERS": "0"})
+    assert not yields_answers({"GPULOOM_LAUNCH_FIRST": "0"})  # it stops only what launch-first holds back
+    assert not yields_answers({}, default=REPORT_YIELD_DEFAULT)
+    assert yields_answers(gpuloom_settings({}), default=REPORT_YIELD_DEFAULT)  # a report made now says it was on

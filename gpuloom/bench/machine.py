@@ -117,9 +117,15 @@ def gpuloom_settings(environ: Mapping[str, str] | None = None) -> dict[str, str]
     """The process-wide ``GPULOOM_*`` settings in effect (``GPULOOM_LAUNCH_FIRST``,
     ``GPULOOM_YIELD_ANSWERS``, ...), not the cache paths, sorted by name: a report whose figures an
     A/B of such a setting moved says which leg it was (runs 202-203's legs differed by 29-43% with
-    ``GPULOOM_YIELD_ANSWERS``, and their reports did not say so)."""
+    ``GPULOOM_YIELD_ANSWERS``, and their reports did not say so). ``GPULOOM_YIELD_ANSWERS`` is there
+    set or not (its default, on since the sixty-fifth session): a report without it ran before, with
+    the option off."""
+    from ..runtime.core import YIELD_DEFAULT
+
     env = os.environ if environ is None else environ
-    return {k: env[k] for k in sorted(env) if k.startswith("GPULOOM_") and k not in PATH_SETTINGS}
+    got = {k: env[k] for k in env if k.startswith("GPULOOM_") and k not in PATH_SETTINGS}
+    got.setdefault("GPULOOM_YIELD_ANSWERS", YIELD_DEFAULT)
+    return dict(sorted(got.items()))
 
 
 def summary(machine: dict) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from ..runtime.core import YIELD_CHECK_S, yields_answers
+from ..runtime.core import REPORT_YIELD_DEFAULT, YIELD_CHECK_S, yields_answers
 from ..runtime.sim import DROP_ANSWER_MS
 from .e2e import offered_as_scheduled, planned_profiles
 from .experiment import simulate
@@ -33,7 +33,7 @@ def as_the_runtime_ran(contention: Any, settings: Mapping[str, str]) -> Any:
     ``meta.gpuloom_settings``) change on the simulated GPU: with ``GPULOOM_YIELD_ANSWERS`` a launch
     waits behind at most the loop's check interval of drops' answers (``drop_yield_ms``, each answer
     ``DROP_ANSWER_MS`` of the drop's host time), as the runtime's launches do."""
-    if yields_answers(settings) and contention.drop_yield_ms is None:
+    if yields_answers(settings, default=REPORT_YIELD_DEFAULT) and contention.drop_yield_ms is None:
         return dataclasses.replace(contention, drop_yield_ms=YIELD_CHECK_S * 1e3,
                                    drop_answer_ms=min(DROP_ANSWER_MS, contention.host_drop_ms))
     return contention

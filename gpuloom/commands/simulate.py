@@ -81,8 +81,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="contention model: ms of that one host thread per request a policy drops, after the "
                         "decision's launches (plain: 0; nexus at overload drops ten for each it serves)")
     p.add_argument("--yield-answers", action="store_true",
-                   help="simulate the runtime run with GPULOOM_YIELD_ANSWERS=1: a dropped request's answer (0.01 ms of "
-                        "--host-drop-ms) yields to launches, each waiting behind at most 0.2 ms of answers")
+                   help="simulate the runtime as it runs by default (GPULOOM_YIELD_ANSWERS, unless =0): a dropped request's "
+                        "answer (0.01 ms of --host-drop-ms) yields to launches, each waiting behind at most 0.2 ms of "
+                        "answers (matters only where --host-drop-ms is set)")
     p.add_argument("--queue-limit", type=int, default=None, metavar="N",
                    help="refuse a request while N of its model's are queued or running, as gpuloom serve and "
                         "gpuloom bench do (their default: 1024); default: refuse none")

@@ -118,13 +118,22 @@ def launches_first(environ: Mapping[str, str] | None = None) -> bool:
     return env.get("GPULOOM_LAUNCH_FIRST", "1") != "0"
 
 
-def yields_answers(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``environ`` (the process's by default) asks the runtime to yield answers:
-    ``GPULOOM_YIELD_ANSWERS=1`` with launch-first on (the option stops only the answers that
-    launch-first puts after a decision's launches). A bench report's simulation reads its recorded
-    settings through this, as the runtime reads its own (``ContentionModel.drop_yield_ms``)."""
+#: GPULOOM_YIELD_ANSWERS where it is not set: on since the sixty-fifth session. Reports made before
+#: ran with it off and recorded it only when set (:data:`REPORT_YIELD_DEFAULT`)
+YIELD_DEFAULT = "1"
+#: ... so a report's settings without the key read as off; reports since record it always
+#: (``gpuloom.bench.machine.gpuloom_settings``)
+REPORT_YIELD_DEFAULT = "0"
+
+
+def yields_answers(environ: Mapping[str, str] | None = None, *, default: str = YIELD_DEFAULT) -> bool:
+    """Whether ``environ`` (the process's by default) has the runtime yield answers: unless
+    ``GPULOOM_YIELD_ANSWERS=0`` (``default`` where it is not set), with launch-first on (the option
+    stops only the answers that launch-first puts after a decision's launches). A bench report's
+    simulation reads its recorded settings through this with ``default=REPORT_YIELD_DEFAULT``, as the
+    runtime reads its own (``ContentionModel.drop_yield_ms``)."""
     env = os.environ if environ is None else environ
-    return env.get("GPULOOM_YIELD_ANSWERS", "0") == "1" and launches_first(env)
+    return env.get("GPULOOM_YIELD_ANSWERS", default) != "0" and launches_first(env)
 
 
 def _resume_answers() -> None:
@@ -218,7 +227,7 @@ class Runtime:
         #: partition idle
         self._answers_due: list[list[Result]] = []
         self._launch_first = launches_first() and not getattr(backend, "submit_blocks", False)
-        #: GPULOOM_YIELD_ANSWERS=1 (opt-in, for an A/B): the answers held back stop for a batch that
+        #: GPULOOM_YIELD_ANSWERS (on unless 0): the answers held back stop for a batch that
         #: finished meanwhile (_answer_due). Why: at overload a decision's dozens of drops, answered
         #: after its launch, kept a short batch that completed meanwhile on its lane (mobilenet_v2's
         #: hold 0.7 -> 1.5 ms, run 183). Measured on an H100 (run 192, a very slow host): nexus's lane
@@ -226,7 +235,9 @@ class Runtime:
         #: over HTTP mix6 kept 0.290 of in-process goodput against 0.506 without (one pair: the chunks
         #: are more answer calls, each a reply to the HTTP workers; since then only drops are chunked).
         #: In process at the overload since: +15% (run 196), -12% (198), +29% and +43% (202-203).
-        #: Off by default until HTTP and mix6 are measured with it
+        #: On by default since HTTP and mix6 were measured with it (H100, runs 205-206): over HTTP two
+        #: pairs at mix6 x1, 0.726 / 0.634 of in-process goodput against 0.563 / 0.787 without (means
+        #: 0.680 / 0.675); in process dstack +0.8% and triton +2.9% at x1.0625 (dstack held it only with)
         self._yield_answers = self._launch_first and yields_answers()
         self.answer_yields = 0  # times the answers stopped for a finished batch
         # online: the loop's wall time handing results to their callers, and how many (what a
