@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# One of a session's device calls, its work picked by the GPU it lands on (sessions 57-62: most
-# `nvidia-h200` calls ran on H100s). See docs/reports/runtime.md's next-call list for the predictions.
+# One of a session's device calls, its work picked by the GPU it lands on (sessions 57-65: most
+# `nvidia-h200` calls ran on H100s, or none started). See docs/reports/runtime.md's next-call list for the predictions.
 #   OUT=$OUT bash scripts/device_call.sh 1     (then 2, then 3 while the machine is warm)
-#   OUT=$OUT bash scripts/device_call.sh yield_http     (or any work below by its name)
+#   OUT=$OUT bash scripts/device_call.sh http_clients     (or any work below by its name)
 # H200: 1 = h200_http: issue 6's mix6 over HTTP (x0.75, x1) and the batch-1 overhead (with
 #       H200_STEPS="serve overhead diag", branch overlap by width too); 2 = h200_edge: mix6's edge
-#       (dstack, dstack without the batch hold, triton; six loads); 3 = yield_http: the yield option
-#       over HTTP (0/1/0/1, mix6 x1).
-# Other GPUs: 1 = overload: the overload's nexus and gslice after the fake-device host probe, on a fast
-#       host (Python loop probe <= 3000 us; on a slower one call 1 does yield_http instead); 2 = yield_http;
-#       3 = mix6_yield: mix6's dstack and triton at x1 and x1.0625 with the yield option off then on.
+#       (dstack, dstack without the batch hold, triton; six loads); 3 = branch overlap by width.
+# Other GPUs: 1 = http_clients: mix6 x1 over HTTP with 3 client processes then 6, twice (does the
+#       harness's own clients' CPU take the HTTP legs' goodput on a 16-CPU host?); 2 = overload: the
+#       overload's nexus and gslice after the fake-device host probe (more held-out points for the
+#       per-drop time read off the loop's CPU, now with answers yielding by default); 3 = h200_edge's work.
+#       yield_http and mix6_yield (sixty-fifth session, runs 205-206) stay callable by name.
 set -uo pipefail
 export PYTHONPATH=. CUDA_DEVICE_MAX_CONNECTIONS=32
-call=${1:?usage: device_call.sh 1|2|3|WORK (h200_http, h200_edge, overload, yield_http, mix6_yield)}
+call=${1:?usage: device_call.sh 1|2|3|WORK (h200_http, h200_edge, branch_width, http_clients, overload, yield_http, mix6_yield)}
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "GPU: $gpu, call $call"
 run() { bash scripts/gpu_runtime_session.sh; }
@@ -24,9 +25,8 @@ probe=$(python3 -c "from gpuloom.bench.machine import python_loop_us; print(roun
 echo "python loop probe $probe us"
 work=$call
 case "$gpu:$call" in
-  *H200*:1) work=h200_http ;; *H200*:2) work=h200_edge ;; *H200*:3) work=yield_http ;;
-  *:1) work=overload; [ "$probe" -gt 3000 ] && work=yield_http ;;
-  *:2) work=yield_http ;; *:3) work=mix6_yield ;;
+  *H200*:1) work=h200_http ;; *H200*:2) work=h200_edge ;; *H200*:3) work=branch_width ;;
+  *:1) work=http_clients ;; *:2) work=overload ;; *:3) work=h200_edge ;;
 esac
 echo "work: $work"
 case "$work" in
@@ -39,6 +39,10 @@ case "$work" in
       DIAG_CMD="python3 scripts/diag_overload_fake.py --policy nexus --legs 1,1 --leg-env GPULOOM_YIELD_ANSWERS --duration 3 --out \$OUT/diag/fake_probe.json" \
       BENCH_ARGS="--policy nexus,gslice --scale 1 --duration 5 --warmup 3 --max-batch 16 --contention h100-fast-host" run ;;
   yield_http) yield_http 540 ;;
+  branch_width) STEPS=diag T_DIAG=120 \
+      DIAG_CMD="for w in 128 512 2048; do python3 scripts/diag_branch_overlap.py --branches 1,2,4,8 --rounds 2 --width \$w --reduce stack --out \$OUT/diag/w\$w.json; done" run ;;
+  http_clients) STEPS=serve T_SERVE=480 HOST_MAX_LOOP_US=6000 \
+      SERVE_CMD="for c in 3 6 3 6; do python3 scripts/serve_e2e.py examples/mix6.yaml --duration 5 --loop-cpu --scale 1 --http-workers 8 --clients \$c --out \$OUT/serve/c\${c}_\$(date +%s).json; done" run ;;
   mix6_yield) STEPS=bench BENCH=examples/mix6.yaml T_BENCH=200 HOST_MAX_LOOP_US=3500 \
       BENCH_ARGS="--policy dstack,triton --scale 1,1.0625 --duration 6 --warmup 4 --max-batch 16 --share-device" \
       BENCH_ENVS="GPULOOM_YIELD_ANSWERS=0 GPULOOM_YIELD_ANSWERS=1" run ;;
