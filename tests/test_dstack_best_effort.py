@@ -95,17 +95,24 @@ def test_a_model_without_slots_is_served_on_an_idle_gpu_in_the_next_gap_not_drop
     assert max(r.latency_ms for r in record.results) < 10.0  # a cycle (5.9 ms) and a batch at most
 
 
+def _vgg16_beside_resnet50():
+    """The zoo's vgg16 (60 ms SLO, 100/s) and resnet50 (25 ms, 1,500/s): what dstack plans for, with
+    their profiles; the tests send their own requests."""
+    from gpuloom.profile.synthetic import zoo
+
+    profiles = {p.model: p for p in zoo() if p.model in ("vgg16", "resnet50")}
+    return profiles, Workload((ModelSpec("vgg16", 60.0, arrival=Arrival("poisson", rate=100)),
+                               ModelSpec("resnet50", 25.0, arrival=Arrival("poisson", rate=1500))), duration_s=2)
+
+
 def test_a_model_with_slots_whose_own_slot_comes_too_late_for_a_short_deadline_takes_the_next_gap():
     """vgg16 has its own (small) partition, where a batch of one misses a client's 5 ms deadline, and
     fits one in resnet50's larger partition, between resnet50's slots (no resnet50 traffic). A request
     that arrived just before one of those slots was looked at again only at its drop time: 2 of 10
     dropped on an idle GPU (a review, sixty-fourth session). Now it runs as that slot begins."""
     from gpuloom.policy.types import Request
-    from gpuloom.profile.synthetic import zoo
 
-    profiles = {p.model: p for p in zoo() if p.model in ("vgg16", "resnet50")}
-    w = Workload((ModelSpec("vgg16", 60.0, arrival=Arrival("poisson", rate=100)),
-                  ModelSpec("resnet50", 25.0, arrival=Arrival("poisson", rate=1500))), duration_s=2)
+    profiles, w = _vgg16_beside_resnet50()
     policy = make_policy("dstack", lanes="partitions")
     reqs = [Request(i, "vgg16", 100.0 * i + 10, 100.0 * i + 15) for i in range(10)]
     record = Runtime(policy, SimBackend(profiles), make_context(w, profiles)).run(reqs, until_ms=1100.0, drain_ms=60.0)
@@ -144,11 +151,8 @@ def test_on_shared_lanes_a_deadline_too_short_for_the_planned_share_runs_alone_o
     (6.35 ms on its planned 32 SMs, 2.18 ms on the whole GPU) was dropped 10 times of 10 on an idle GPU
     (a review, sixty-fourth session; clipper served them). With every lane free a batch runs alone."""
     from gpuloom.policy.types import Request
-    from gpuloom.profile.synthetic import zoo
 
-    profiles = {p.model: p for p in zoo() if p.model in ("vgg16", "resnet50")}
-    w = Workload((ModelSpec("vgg16", 60.0, arrival=Arrival("poisson", rate=100)),
-                  ModelSpec("resnet50", 25.0, arrival=Arrival("poisson", rate=1500))), duration_s=2)
+    profiles, w = _vgg16_beside_resnet50()
     policy = make_policy("dstack", lanes="shared")
     reqs = [Request(i, "vgg16", 100.0 * i + 10, 100.0 * i + 15) for i in range(10)]
     record = Runtime(policy, SimBackend(profiles), make_context(w, profiles)).run(reqs, until_ms=1100.0, drain_ms=60.0)
@@ -165,11 +169,8 @@ def test_on_shared_lanes_a_short_deadline_run_alone_costs_a_busy_model_none_of_i
     the rest dropped): the price of the idle case above. resnet50 keeps every deadline (its p99 7.4 ->
     14.7 ms against its 25 ms SLO), and every request is accounted for."""
     from gpuloom.policy.types import Request
-    from gpuloom.profile.synthetic import zoo
 
-    profiles = {p.model: p for p in zoo() if p.model in ("vgg16", "resnet50")}
-    w = Workload((ModelSpec("vgg16", 60.0, arrival=Arrival("poisson", rate=100)),
-                  ModelSpec("resnet50", 25.0, arrival=Arrival("poisson", rate=1500))), duration_s=2)
+    profiles, w = _vgg16_beside_resnet50()
     for gap_ms, on_time_at_least in ((0.5, 0), (2.0, 9)):
         policy = make_policy("dstack", lanes="shared")
         busy = [Request(1000 + i, "resnet50", gap_ms * i, gap_ms * i + 25.0) for i in range(int(1000 / gap_ms))]
