@@ -180,3 +180,33 @@ def test_on_shared_lanes_a_short_deadline_run_alone_costs_a_busy_model_none_of_i
         v, r = compute_metrics(record, models=["vgg16", "resnet50"]).models
         assert v.arrived == 9 and v.served + v.dropped == 9 and v.on_time >= on_time_at_least
         assert r.arrived == len(busy) and r.on_time == r.arrived
+
+
+def test_models_whose_slos_fit_alone_but_not_together_are_raised_until_the_set_plans():
+    """Two SLOs 1.3x their batch of one on the whole GPU: servable raised each alone, but the plan of
+    both left mobilenet_v2 out (no one cycle halves to both periods) beside 68 unused SMs, and its
+    requests were dropped on an idle GPU (a review, sixty-fourth session). The left-out model's SLO is
+    raised until the set plans; its requests that can make their own deadline are served."""
+    from gpuloom.plan import fits, servable
+    from gpuloom.policy.types import Request
+    from gpuloom.profile.synthetic import zoo
+
+    profiles = {p.model: p for p in zoo() if p.model in ("resnet50", "mobilenet_v2")}
+    store = ProfileStore(profiles=list(profiles.values()))
+    asked = [Demand(m, rate=100, slo_ms=1.3 * p.latency(1, 132)) for m, p in profiles.items()]
+    alone = [servable([d], store)[0] for d in asked]
+    assert not fits([Demand(d.model, 1.0, d.slo_ms) for d in alone], store)  # the case
+    got = servable(asked, store)
+    assert fits([Demand(d.model, 1.0, d.slo_ms) for d in got], store)
+    assert all(g.slo_ms >= a.slo_ms for g, a in zip(got, alone))
+    sched = plan(got, store)
+    assert all(mp.planned_rps > 0 for mp in sched.models)
+    w = Workload(tuple(ModelSpec(d.model, d.slo_ms, arrival=Arrival("poisson", rate=d.rate)) for d in asked),
+                 duration_s=2)
+    # mobilenet_v2 alone on an idle GPU, each request with the SLO asked (0.54 ms; 0.41 ms a batch)
+    slo = asked[1].slo_ms
+    reqs = [Request(i, "mobilenet_v2", 50.0 * i + 3.7, 50.0 * i + 3.7 + slo) for i in range(20)]
+    policy = make_policy("dstack", lanes="partitions")
+    record = Runtime(policy, SimBackend(profiles), make_context(w, profiles)).run(reqs, until_ms=1100.0, drain_ms=10.0)
+    m = compute_metrics(record, models=["mobilenet_v2"]).models[0]
+    assert m.arrived == 20 and m.on_time == 20

@@ -504,6 +504,13 @@ def servable(
     meet. Planned for its reachable SLO it gets slots like any model, and the runtime still drops the
     requests that cannot make their own deadlines. ``fit_kwargs`` are :func:`fits`'s (the GPU, the
     holds, ``min_sms``). A demand that no SLO below ``slo * step**tries`` makes servable stays as it is.
+
+    Then together: SLOs that each fit alone may still not share the GPU even at a trickle, because a
+    partition's period is the cycle halved (``period + k L <= SLO``: two SLOs near their batches'
+    latencies can want periods that no one cycle halves to), and the plan then leaves one model out
+    beside unused SMs (sixty-fourth session's review: mobilenet_v2 dropped on an idle GPU with 68 SMs
+    outside the layout). The SLOs of the models a trickle plan leaves out are raised a ``step`` at a
+    time, at most ``tries`` times, until the set fits.
     """
     out = []
     for d in demands:
@@ -518,6 +525,14 @@ def servable(
                 d = replace(d, slo_ms=slo)
                 break
         out.append(d)
+    for _ in range(tries):
+        probes = [replace(d, rate=1.0) for d in out]
+        if len(probes) < 2 or fits(probes, profiles, **fit_kwargs):
+            break
+        left_out = {mp.model for mp in plan(probes, profiles, **fit_kwargs).models if mp.planned_rps <= 0}
+        if not left_out:
+            break  # every model planned (a bucket's rounding), though fits says no: nothing to raise
+        out = [replace(d, slo_ms=d.slo_ms * step) if d.model in left_out else d for d in out]
     return out
 
 
