@@ -52,10 +52,11 @@ light3 the partitions idle through each batch's host turnaround (0.45-0.65 ms a 
 Triton's streams over the whole GPU fill one lane's gap with another's kernels. With ``lanes="shared"``
 the plan is made as usual but every model runs on a stream of its own over the whole GPU, deciding
 with the latencies of the partition it was planned on (an upper bound: on the H200 light3's batches
-ran faster shared than on their 40-52 SM partitions). The bound gives way when every lane is free: a
-request whose deadline the planned share cannot meet runs alone at the whole GPU's latencies, and only
-what cannot make its deadline even so is dropped (a client's short deadline was dropped on an idle GPU
-before, sixty-fifth session).
+ran faster shared than on their 40-52 SM partitions). The bound gives way when every lane is free and
+no other model's request waits: a request whose deadline the planned share cannot meet runs alone at the
+whole GPU's latencies, and only what cannot make its deadline even so is dropped (a client's short
+deadline was dropped on an idle GPU before, sixty-fifth session); while the GPU is busy such a request
+is passed over for younger ones of its model.
 
 ``lanes="auto"`` picks per plan (:func:`turnaround_share`): shared lanes where the planned batches
 would leave the partitions idle through their turnarounds for more than
@@ -706,15 +707,20 @@ class DStackPolicy(Policy):
                 pp = parts[idx]
                 # quick reject: not even a batch of one fits before the deadline
                 l1, row = l1s[idx], rows[idx]
-                if l1 > q[i].deadline_ms - now_ms + 1e-9:
-                    if not (shared and len(free_idx) == len(parts)):
+                head_late = l1 > q[i].deadline_ms - now_ms + 1e-9
+                if head_late and shared and len(free_idx) == len(parts) and self._alone(m, queues):
+                    # on shared lanes, the GPU idle and no other model's request waiting, m's batch runs
+                    # alone on the whole GPU, faster than its planned share: a client's deadline too short
+                    # for the share may still be met
+                    alone = self._alone_row[m]
+                    if alone[0][1] <= q[i].deadline_ms - now_ms + 1e-9:
+                        row, l1, head_late = alone, alone[0][1], False
+                if head_late:
+                    if not shared or len(q) - i == 1:
                         continue
-                    # on shared lanes with every lane free, m's batch runs alone on the whole GPU, faster
-                    # than its planned share: a client's deadline too short for the share may still be met
-                    row = self._alone_row[m]
-                    l1 = row[0][1]
-                    if l1 > q[i].deadline_ms - now_ms + 1e-9:
-                        continue
+                    # on shared lanes a head the planned share cannot serve in time waits to run alone (or
+                    # is dropped once hopeless even so): _batch passes it over for younger requests, so it
+                    # does not hold its model's lane while the GPU is busy
                 horizon = math.inf  # ms until another model's next slot here: none where every slot is m's
                 if pp.other_starts[m]:
                     # a partition whose current slot belongs to another model with queued requests is
@@ -736,7 +742,7 @@ class DStackPolicy(Policy):
                                 # deadline, then 504)
                                 gap_opens = horizon
                         continue
-                if len(q) - i == 1:
+                if len(q) - i == 1 and not head_late:
                     # one request left, the usual case: _batch would answer (1, i), as l1 (the hold of
                     # its smallest bucket) fits the deadline and the horizon (both checked above)
                     k, j = 1, i
@@ -786,6 +792,12 @@ class DStackPolicy(Policy):
             if math.isfinite(t) and (wake is None or t < wake):
                 wake = t
         return wake
+
+    @staticmethod
+    def _alone(m: str, queues: Queues) -> bool:
+        """Whether no model but ``m`` has a request waiting (a batch of ``m`` started now on an idle
+        GPU keeps it to itself until another's request arrives)."""
+        return not any(q for o, q in queues.items() if q and o != m)
 
     def _own_slot_too_late(self, m: str, deadline_ms: float, now_ms: float, phi: float) -> bool:
         """Whether a request of ``m`` due at ``deadline_ms`` misses it even from ``m``'s own next slot
