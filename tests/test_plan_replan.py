@@ -191,3 +191,34 @@ def test_a_left_out_model_the_new_plan_cannot_serve_is_looked_at_once_then_after
     decisions = [rp.check(10.0 + 0.25 * i, back) for i in range(12)]  # 3 s of checks every 250 ms
     assert not any(d.replan for d in decisions)
     assert len(calls) == 2 and rp.evaluations == 2  # at once, then once the hold has passed (at 12.0 s)
+
+
+def test_a_plan_for_a_left_out_model_that_could_not_be_set_up_is_proposed_again_after_the_cooldown() -> None:
+    """revert() (the switch's layout could not be built) keeps the model looked at: the look without
+    the hold was not repeated at every check (a review: a failing build retried every 250 ms)."""
+    rp = Replanner(LEFT_OUT, ZOO, hold_s=2.0, cooldown_s=5.0)
+    back = {"resnet50": 600.0, "mobilenet_v2": 20.0, "vgg16": 100.0}
+    assert rp.check(10.0, back).replan
+    rp.revert()
+    assert rp.schedule.model("vgg16").planned_rps == 0
+    assert not any(rp.check(10.0 + 0.25 * i, back).replan for i in range(1, 20))  # up to 14.75 s
+    assert rp.check(15.0, back).replan  # the cooldown over (and the hold)
+
+
+def test_traffic_coming_back_is_planned_for_at_its_onset_rate_not_the_windows_average() -> None:
+    """A quarter second after traffic returns, a 2 s window's average is an eighth of its rate; the
+    plan made then gave the model too little and the cooldown kept it (a review: 95 of 600 requests/s
+    planned)."""
+    est = RateEstimator(2.0)
+    est.observe("vgg16", 10.0, 150)  # what arrived in the quarter second before the check at 10 s
+    assert est.rate("vgg16", 10.0) == pytest.approx(75.0)
+    assert est.onset_rate("vgg16", 10.0, 0.25) == pytest.approx(600.0)
+    est.observe("vgg16", 11.9, 950)  # later on the window's average stands
+    assert est.onset_rate("vgg16", 11.9, 0.25) == pytest.approx(1100 / 1.9)
+    assert est.onset_rate("resnet50", 11.9, 0.25) == 0.0
+    rp = Replanner(LEFT_OUT, ZOO, hold_s=2.0)
+    d = rp.check(10.0, {"resnet50": 600.0, "mobilenet_v2": 20.0, "vgg16": 75.0}, onset_rates={"vgg16": 600.0})
+    assert d.replan and rp.schedule.model("vgg16").demand_rps == pytest.approx(600.0)
+    # only for a model the schedule serves none of: the others keep their rates (and their hold)
+    d = rp.check(20.0, {"resnet50": 600.0, "mobilenet_v2": 20.0, "vgg16": 600.0}, onset_rates={"resnet50": 5000.0})
+    assert not d.replan

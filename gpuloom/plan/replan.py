@@ -92,6 +92,17 @@ class RateEstimator:
             return 0.0
         return self._counts.get(model, 0) / span
 
+    def onset_rate(self, model: str, now: float, min_span_s: float) -> float:
+        """Requests/s of ``model`` since its first arrival in the window (over at least ``min_span_s``,
+        the feeding interval), or :meth:`rate` where that is higher: for a model whose traffic has just
+        come back the window's average is a fraction of it (an eighth, a quarter second into a 2 s
+        window), and a plan made for that gives it too little (a review, sixty-fifth session)."""
+        r = self.rate(model, now)  # (trims the window)
+        q = self._events.get(model)
+        if not q:
+            return r
+        return max(r, self._counts[model] / max(min_span_s, now - q[0][0]))
+
     def rates(self, now: float) -> dict[str, float]:
         return {m: self.rate(m, now) for m in self._events}
 
@@ -225,6 +236,7 @@ class Replanner:
         # models the current schedule serves none of that have had their one look without the hold
         # and the cooldown since it was adopted (:meth:`_unserved_arriving`)
         self._looked_unserved: set[str] = set()
+        self._looked_before: set[str] = set()  # ... as it was before the last switch (revert() restores it)
 
     def drift(self, model: str, rate: float) -> float:
         """Relative distance of a measured rate from the planned one (rates below min_rate count as min_rate)."""
@@ -351,6 +363,7 @@ class Replanner:
         """Make ``candidate`` (planned for ``rates`` with the current slowdowns and holds) current;
         :meth:`revert` can take it back."""
         self._before = (self.schedule, self.planned_rates, self._planned_with)
+        self._looked_before = set(self._looked_unserved)
         self._planned_with = (dict(self.slowdowns), dict(self.holds))
         self.schedule = candidate
         self.planned_rates = dict(rates)
@@ -368,14 +381,20 @@ class Replanner:
             self.slowdowns, self.holds = dict(self._planned_with[0]), dict(self._planned_with[1])
             self._before = None
             self._since.clear()
-            self._looked_unserved.clear()
+            # the models looked at without the hold stay looked at: a plan for them that could not be
+            # set up is proposed again after the cooldown, not at the next check (a review: a build
+            # that failed was retried every 250 ms, each a graph capture beside serving on a GPU)
+            self._looked_unserved = self._looked_before
 
     def check(self, now: float, rates: Mapping[str, float],
               slowdowns: Mapping[str, float] | None = None,
-              holds: Mapping[str, float] | None = None) -> ReplanDecision:
+              holds: Mapping[str, float] | None = None,
+              onset_rates: Mapping[str, float] | None = None) -> ReplanDecision:
         """Decide at time ``now`` (s) whether to switch plans for the measured ``rates`` (requests/s)
         and, when given, each model's measured ``slowdowns`` (device time over profile) and ``holds``
-        (ms a batch holds its partition beyond its device time)."""
+        (ms a batch holds its partition beyond its device time). ``onset_rates``
+        (:meth:`RateEstimator.onset_rate`): what a model the schedule serves none of is planned for when
+        its traffic comes back, where higher than its rate."""
         if slowdowns is not None or holds is not None:
             d = self._check_measured(now, slowdowns, holds)
             if d is not None:
@@ -395,6 +414,8 @@ class Replanner:
         if now - self._last_switch < self.cooldown_s and not unserved:
             return ReplanDecision(False, f"cooling down after the switch at {self._last_switch:.1f} s")
         self._looked_unserved |= unserved
+        if onset_rates:
+            rates = {m: max(r, onset_rates.get(m, 0.0)) if m in unserved else r for m, r in rates.items()}
         # models inside the band keep their planned rate: their deviation is noise, not a trend
         rates = {m: (r if m in drifting else self.planned_rates[m]) for m, r in rates.items()}
         # the current schedule at the latencies measured so far (none remembered: at its planned rates)

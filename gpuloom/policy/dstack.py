@@ -915,9 +915,10 @@ class DStackPolicy(Policy):
         if self._pending is not None:
             return None  # one re-plan at a time: its layout is still being set up (a GPU build takes seconds)
         rates = {m: self.estimator.rate(m, now_s) for m in self.ctx.models}
+        onset = {m: self.estimator.onset_rate(m, now_s, self.check_ms / 1000.0) for m in self.ctx.models}
         t0 = time.perf_counter()
         d = self.replanner.check(now_s, rates, self.slowness.factors() if self.slowness is not None else None,
-                                 self.hold_learner.holds() if self.hold_learner is not None else None)
+                                 self.hold_learner.holds() if self.hold_learner is not None else None, onset)
         took = (time.perf_counter() - t0) * 1e3
         cw = self.check_wall_ms
         cw["checks"] += 1
