@@ -43,7 +43,7 @@ from gpuloom.bench.e2e import check_arrivals, run_point, save_json  # noqa: E402
 from gpuloom.bench.experiment import simulate  # noqa: E402
 from gpuloom.bench.fake import fake_models, fake_service, fake_world  # noqa: E402
 from gpuloom.bench.host_hold import cpu_us_per_request  # noqa: E402
-from gpuloom.bench.machine import python_loop_us  # noqa: E402
+from gpuloom.bench.machine import gpuloom_settings, python_loop_us  # noqa: E402
 from gpuloom.bench.workload import load_workload  # noqa: E402
 from gpuloom.runtime.events import cpu_delta  # noqa: E402
 from gpuloom.runtime.sim import ContentionModel  # noqa: E402
@@ -117,7 +117,10 @@ def main() -> int:
     ap.add_argument("--legs", default="0,1,0,1", help="the --leg-env variable's value per leg (default 0,1,0,1)")
     ap.add_argument("--leg-env", default="GPULOOM_LAUNCH_FIRST",
                     help="the process-wide setting the legs alternate (default GPULOOM_LAUNCH_FIRST; or "
-                         "GPULOOM_YIELD_ANSWERS: answers that stop for a batch that finished meanwhile)")
+                         "GPULOOM_YIELD_ANSWERS: answers that stop for a batch that finished meanwhile). Yielding "
+                         "answers is on by default since the sixty-fifth session and needs launch-first, so a "
+                         "launch-first A/B switches it too unless GPULOOM_YIELD_ANSWERS=0 is set; each leg records "
+                         "its settings")
     ap.add_argument("--arrivals", default="thread",
                     help="who submits each point's requests (gpuloom bench's arrivals key): thread (default) or "
                          "loop, the runtime's own thread; comma-separated: every policy once per value, in turn")
@@ -164,6 +167,7 @@ def run_legs(a, wl, profiles: dict) -> list[dict]:
             sim["told_hold_ms"], sim["told_hold_sigma"] = hold, sigma
             sim["goodput_error"] = sim["goodput_rps"] / got["goodput_rps"] - 1.0 if got["goodput_rps"] else None
             legs.append({"leg": i, "launch_first": os.environ.get("GPULOOM_LAUNCH_FIRST", "1"), "env": {a.leg_env: env},
+                         "settings": gpuloom_settings(),
                          "policy": policy, "arrivals": arrivals, "measured": got, "simulated": sim, "seconds": time.monotonic() - t0})
             lag = ", ".join(f"{q['label']} {q.get('submit_lag_p50_ms', float('nan')):.2f} / "
                             f"{q.get('submit_lag_p99_ms', float('nan')):.2f}" for q in got["lanes"])

@@ -126,8 +126,9 @@ def test_the_bench_line_gives_the_simulate_flags_of_this_host():
     line = host_line(res, "h200")
     assert "above x0.8125 (13 points): 11 told this host's hold (0.64 ms" in line
     assert "10 with --contention h200" in line
-    assert line.endswith("--contention h100-fast-host --batch-overhead-ms 0.757")
+    # a report that ran without the yield option: gpuloom simulate simulates it on unless told
+    assert line.endswith("--contention h100-fast-host --batch-overhead-ms 0.757 --no-yield-answers")
     none = host_line({**res, "summary": {"scored": 0, "within_10pct_host": 0, "within_10pct_preset": 0}}, "h200")
-    assert "no higher load" in none and none.endswith("--batch-overhead-ms 0.757")
+    assert "no higher load" in none and none.endswith("--batch-overhead-ms 0.757 --no-yield-answers")
     yielding = {**res, "calibration": {**res["calibration"], "yield_answers": True}}
-    assert host_line(yielding, "h200").endswith("--batch-overhead-ms 0.757 --yield-answers")
+    assert host_line(yielding, "h200").endswith("--batch-overhead-ms 0.757")

@@ -216,7 +216,9 @@ def test_the_h100_fast_host_preset_is_its_calibrations_best_and_only_the_hold_an
                  "--out", str(tmp_path / "fast")]) == 0
     run = json.loads((tmp_path / "fast" / "tiny.simulate.json").read_text())
     assert run["contention_preset"] == "h100-fast-host"
-    assert run["contention"] == json.loads(json.dumps(dataclasses.asdict(fast)))
+    # the preset, as the runtime runs by default: its drops' answers yield to launches (--no-yield-answers: not)
+    yielding = dataclasses.replace(fast, drop_yield_ms=0.2, drop_answer_ms=min(0.01, fast.host_drop_ms))
+    assert run["contention"] == json.loads(json.dumps(dataclasses.asdict(yielding)))
 
 
 def test_simulate_yield_answers_charges_only_the_answers_of_drops_as_yielding(tmp_path):
@@ -233,6 +235,12 @@ def test_simulate_yield_answers_charges_only_the_answers_of_drops_as_yielding(tm
     assert main(["simulate", str(wl), "--synthetic", "--policy", "nexus", "--yield-answers",
                  "--out", str(tmp_path / "p")]) == 0
     assert json.loads((tmp_path / "p" / "tiny.simulate.json").read_text())["contention"]["drop_answer_ms"] == 0.0
+    # on by default, as the runtime runs since the sixty-fifth session; --no-yield-answers: as it ran before
+    for flag, want in (([], 0.2), (["--no-yield-answers"], None)):
+        out = tmp_path / f"d{len(flag)}"
+        assert main(["simulate", str(wl), "--synthetic", "--policy", "nexus", "--contention", "h100-fast-host",
+                     *flag, "--out", str(out)]) == 0
+        assert json.loads((out / "tiny.simulate.json").read_text())["contention"]["drop_yield_ms"] == want
 
 
 def test_simulate_queue_limit_refuses_what_the_server_would_and_says_so_in_its_json(tmp_path, capsys):

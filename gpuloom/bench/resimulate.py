@@ -32,8 +32,10 @@ def as_the_runtime_ran(contention: Any, settings: Mapping[str, str]) -> Any:
     """``contention`` (a ``ContentionModel``) with what the runtime's process ``settings`` (a report's
     ``meta.gpuloom_settings``) change on the simulated GPU: with ``GPULOOM_YIELD_ANSWERS`` a launch
     waits behind at most the loop's check interval of drops' answers (``drop_yield_ms``, each answer
-    ``DROP_ANSWER_MS`` of the drop's host time), as the runtime's launches do."""
-    if yields_answers(settings, default=REPORT_YIELD_DEFAULT) and contention.drop_yield_ms is None:
+    ``DROP_ANSWER_MS`` of the drop's host time), as the runtime's launches do. A model without a
+    per-drop host time has nothing to yield and is returned as it is."""
+    if yields_answers(settings, default=REPORT_YIELD_DEFAULT) and contention.drop_yield_ms is None \
+            and contention.host_drop_ms > 0:
         return dataclasses.replace(contention, drop_yield_ms=YIELD_CHECK_S * 1e3,
                                    drop_answer_ms=min(DROP_ANSWER_MS, contention.host_drop_ms))
     return contention
@@ -131,7 +133,7 @@ def host_line(res: dict, preset: str) -> str:
     """One line for the bench's output: the two simulated columns' scores on the held-out points."""
     c, s = res["calibration"], res["summary"]
     flags = f"--contention h100-fast-host --batch-overhead-ms {c['batch_overhead_ms']:g}" \
-        + (" --yield-answers" if c.get("yield_answers") else "")
+        + ("" if c.get("yield_answers") else " --no-yield-answers")
     if not s["scored"]:
         return (f"simulated with this host's hold ({c['hold_ms']:.2f} ms a batch at x{c['scale']:g}; sim_host): no "
                 f"higher load measured to score it on; this host in gpuloom simulate: {flags}")

@@ -80,10 +80,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host-drop-ms", type=float, default=None,
                    help="contention model: ms of that one host thread per request a policy drops, after the "
                         "decision's launches (plain: 0; nexus at overload drops ten for each it serves)")
-    p.add_argument("--yield-answers", action="store_true",
-                   help="simulate the runtime as it runs by default (GPULOOM_YIELD_ANSWERS, unless =0): a dropped request's "
+    p.add_argument("--yield-answers", action=argparse.BooleanOptionalAction, default=True,
+                   help="simulate the runtime as it runs by default (GPULOOM_YIELD_ANSWERS): a dropped request's "
                         "answer (0.01 ms of --host-drop-ms) yields to launches, each waiting behind at most 0.2 ms of "
-                        "answers (matters only where --host-drop-ms is set)")
+                        "answers; it matters only where a per-drop host time is set (--host-drop-ms, the presets). "
+                        "--no-yield-answers: as a runtime run with GPULOOM_YIELD_ANSWERS=0, or before the sixty-fifth "
+                        "session (default: on)")
     p.add_argument("--queue-limit", type=int, default=None, metavar="N",
                    help="refuse a request while N of its model's are queued or running, as gpuloom serve and "
                         "gpuloom bench do (their default: 1024); default: refuse none")
@@ -110,7 +112,7 @@ def contention_model(args: argparse.Namespace):
     base = preset_model(args.contention)
     given = {k: getattr(args, k) for k in CONTENTION_FLAGS if getattr(args, k, None) is not None}
     model = dataclasses.replace(base, **given)
-    return as_the_runtime_ran(model, {"GPULOOM_YIELD_ANSWERS": "1"} if getattr(args, "yield_answers", False) else {})
+    return as_the_runtime_ran(model, {"GPULOOM_YIELD_ANSWERS": "1" if getattr(args, "yield_answers", True) else "0"})
 
 
 def run(args: argparse.Namespace) -> int:

@@ -127,13 +127,14 @@ REPORT_YIELD_DEFAULT = "0"
 
 
 def yields_answers(environ: Mapping[str, str] | None = None, *, default: str = YIELD_DEFAULT) -> bool:
-    """Whether ``environ`` (the process's by default) has the runtime yield answers: unless
-    ``GPULOOM_YIELD_ANSWERS=0`` (``default`` where it is not set), with launch-first on (the option
+    """Whether ``environ`` (the process's by default) has the runtime yield answers:
+    ``GPULOOM_YIELD_ANSWERS=1`` (``default`` where it is not set; any other value is off, as before the
+    default changed), with launch-first on (the option
     stops only the answers that launch-first puts after a decision's launches). A bench report's
     simulation reads its recorded settings through this with ``default=REPORT_YIELD_DEFAULT``, as the
     runtime reads its own (``ContentionModel.drop_yield_ms``)."""
     env = os.environ if environ is None else environ
-    return env.get("GPULOOM_YIELD_ANSWERS", default) != "0" and launches_first(env)
+    return env.get("GPULOOM_YIELD_ANSWERS", default) == "1" and launches_first(env)
 
 
 def _resume_answers() -> None:
