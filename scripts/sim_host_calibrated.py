@@ -77,6 +77,9 @@ def main() -> int:
             skipped.append({"report": Path(path).name, "why": "no point held with its lanes' holds"})
             continue
         cal = res["calibration"]
+        if cal["hold_ms"] is None:  # only drop-dominated points told their time per drop: nothing held
+            skipped.append({"report": Path(path).name, "why": "no point held with its lanes' holds"})
+            continue
         tr = trend(d)
         for pol, p in d["policies"].items():
             profs = planned_profiles(d, store, pol)
