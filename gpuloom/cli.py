@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # Subcommand modules, in the order ``--help`` lists them. The first is the default job.
@@ -49,7 +50,28 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command is None:  # the main job on its embedded defaults
         args = parser.parse_args(["demo", *(argv or [])])
-    return int(args._run(args) or 0)
+    try:
+        rc = int(args._run(args) or 0)
+    except KeyboardInterrupt:  # Ctrl-C outside a command's own handling: one line, not a stack
+        print("\ninterrupted", file=sys.stderr)
+        rc = INTERRUPTED
+    if rc == INTERRUPTED and argv is None:  # the console script, not a caller in this process
+        _exit_now(rc)
+    return rc
+
+
+#: a command's exit status after Ctrl-C (128 + SIGINT, as a shell reports it)
+INTERRUPTED = 130
+
+
+def _exit_now(rc: int) -> None:
+    """End the process without the interpreter's teardown. Why: Ctrl-C during a model's compile
+    leaves the builder thread inside torch, and tearing the interpreter down under it aborted the
+    process (``terminate called without an active exception``, SIGABRT, 2 of 8 tries on the CPU);
+    after an interrupt nothing is left to write."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
 
 
 if __name__ == "__main__":

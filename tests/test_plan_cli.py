@@ -73,3 +73,17 @@ def test_plan_command_prints_the_plan_dstack_serves(tmp_path: Path, capsys) -> N
                "--out", str(tmp_path), "--no-png"])
     assert rc == 0 and "partitions of 0 SMs or more, a hold of 0 ms" in " ".join(capsys.readouterr().out.split())
     assert [p.sms for p in Schedule.load(tmp_path / "light3.schedule.json").partitions] == [60, 40, 32]
+
+
+def test_ctrl_c_in_a_command_is_one_line_and_status_130(monkeypatch, capsys) -> None:
+    """Outside a command's own handling Ctrl-C printed Python's stack; now one line, status 130 (the
+    console script then ends without the interpreter's teardown, which aborted under torch's threads)."""
+    from gpuloom.commands import plan as plan_cmd
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(plan_cmd, "run", interrupted)
+    assert main(["plan", "examples/mix6.yaml"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "interrupted"
