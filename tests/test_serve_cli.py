@@ -417,8 +417,7 @@ def test_ctrl_c_while_a_model_builds_ends_the_process_at_once_in_one_line(tmp_pa
     """Ctrl-C before the server serves ends the process with status 130 and one line, whatever it
     interrupts. Raised as Python's KeyboardInterrupt it aborted the process when it landed in torch's
     C++ callbacks or under the builder thread's compile at teardown, and when it landed in the GC
-    monitor's callback it was ignored and the server started anyway: 5 of 13 tries on the CPU
-    (sixty-fifth session). Here the model's factory is still running (on the builder thread)."""
+    monitor's callback it was ignored and the server started anyway (sixty-fifth session, on the CPU). Here the model's factory is still running (on the builder thread)."""
     import signal
     import subprocess
     import sys
