@@ -235,6 +235,8 @@ BAD = [
     ("a numeric string among floats", "/v2/models/tiny_mlp/infer", _infer_json([{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1.0, "2.5", 3.0]}]), {}, 400, "element '2.5' is not a valid FP32"),
     ("a bool among floats", "/v2/models/tiny_mlp/infer", _infer_json([{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1.0, True, 3.0]}]), {}, 400, "element True is not a valid FP32"),
     ("classification asked for", "/v2/models/tiny_mlp/infer", _infer_json([{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [0.0] * 16}], outputs=[{"name": "y", "parameters": {"classification": 2}}]), {}, 400, "classification extension"),
+    # a review (sixty-fifth session): behind the workers a bad parameter went before the unknown model
+    ("unknown model, bad timeout", "/v2/models/nope/infer", _infer_json([{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [0.0] * 16}], parameters={"timeout": -5}), {}, 404, "unknown model 'nope'"),
 ]
 
 
@@ -287,6 +289,7 @@ PARSED = {"too few elements", "malformed json", "json not an object", "unknown d
           "a numeric string among floats", "a bool among floats", "classification asked for"}
 BOOKED = {**{c: ("tiny_mlp", "invalid_request") for c in PARSED},
           "unknown model": ("_unknown", "unknown_model"), "unknown version": ("_unknown", "unknown_model"),
+          "unknown model, bad timeout": ("_unknown", "unknown_model"),
           "body over limit": ("tiny_mlp", "too_large")}
 
 
@@ -352,6 +355,14 @@ def test_grpc_bad_contents_timeout_and_classification_are_invalid_argument(serve
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and needle in e.value.details(), (needle, e.value)
         # booked as a rejection, as over HTTP (sixty-fifth session; before, in no count)
         assert _booked_once(core, before) == {("tiny_mlp", "invalid_request"): 1}, needle
+        # for a model not served the same request is NOT_FOUND, as over HTTP (a review, sixty-fifth
+        # session: INVALID_ARGUMENT, booked as an invalid request)
+        req.model_name = "nope"
+        before = _rejected(core)
+        with pytest.raises(grpc.RpcError) as e:
+            stub.ModelInfer(req, timeout=30)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND and "unknown model 'nope'" in e.value.details(), needle
+        assert _booked_once(core, before) == {("_unknown", "unknown_model"): 1}, needle
     assert len(stub.ModelInfer(pb.ModelInferRequest(model_name="tiny_mlp", inputs=[good]), timeout=30).raw_output_contents) == 1
 
 

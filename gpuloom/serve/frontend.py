@@ -160,10 +160,10 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_b
             body = await request.read()
             try:
                 req = parse_infer_body(body, request.headers.get(HEADER_LEN))
+                deadline = deadline_ms_from_parameters(req.parameters, request.headers.get(DEADLINE_HEADER))
             except ProtocolError:
                 await _unknown_model_first(name, version)
                 raise
-            deadline = deadline_ms_from_parameters(req.parameters, request.headers.get(DEADLINE_HEADER))
         except Exception as e:
             status = refused_status(e)
             if status is not None:

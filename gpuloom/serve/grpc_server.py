@@ -187,6 +187,8 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         ``gpuloom_request_rejected`` as over HTTP (``ServeCore.refused``); the runtime's refusals
         are booked by ``ServeCore.submit``."""
         try:
+            # an unknown model or version is NOT_FOUND whatever the request holds, as over HTTP
+            self.core.config(request.model_name, request.model_version)
             inputs = self._inputs(request)
             params = {k: _param_value(v) for k, v in request.parameters.items()}
             deadline = deadline_ms_from_parameters(params)  # Triton's 'timeout' (microseconds), as over HTTP
