@@ -414,6 +414,9 @@ def test_a_grpc_stream_whose_reading_fails_answers_what_it_took_and_ends_with_th
     from gpuloom.serve.grpc_server import InferenceServicer
 
     class Core:  # answers every request with its input doubled
+        def config(self, name, version=None):  # every model is known
+            pass
+
         def check_outputs(self, *a):
             pass
 
