@@ -215,3 +215,23 @@ def test_models_whose_slos_fit_alone_but_not_together_are_raised_until_the_set_p
     record = Runtime(policy, SimBackend(profiles), make_context(w, profiles)).run(reqs, until_ms=1100.0, drain_ms=10.0)
     m = compute_metrics(record, models=["mobilenet_v2"]).models[0]
     assert m.arrived == 20 and m.on_time == 20
+
+
+def test_servable_raises_no_idle_models_demand_and_no_model_it_gave_up_on():
+    """The set step counts only models with traffic (an idle resnet50 raised mobilenet_v2's SLO though
+    the pair fits as asked) and leaves a model no SLO makes servable alone as asked (it was raised 40
+    more times, and its huge SLO moved every other model's plan): a review, sixty-fifth session."""
+    from gpuloom.plan import servable
+    from gpuloom.profile.synthetic import zoo
+
+    profiles = {p.model: p for p in zoo() if p.model in ("resnet50", "mobilenet_v2")}
+    store = ProfileStore(profiles=list(profiles.values()))
+    busy = Demand("mobilenet_v2", rate=100, slo_ms=2.0 * profiles["mobilenet_v2"].latency(1, 132))
+    idle = Demand("resnet50", rate=0.0, slo_ms=1.3 * profiles["resnet50"].latency(1, 132))
+    got = {d.model: d for d in servable([busy, idle], store)}
+    assert got["mobilenet_v2"] == busy
+    slow = synthetic_profile("slow", per_item_sm_ms=400.0, knee1=32)  # 12.6 ms on the whole GPU
+    fast = synthetic_profile("fast", per_item_sm_ms=40.0, knee1=32)
+    store = ProfileStore(profiles=[slow, fast])
+    asked = [Demand("slow", rate=50, slo_ms=1.0), Demand("fast", rate=200, slo_ms=10)]
+    assert servable(asked, store, tries=3) == asked  # 1.95 ms at most: never servable, left as asked

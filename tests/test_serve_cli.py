@@ -538,3 +538,26 @@ def test_once_the_server_stops_every_answer_closes_its_connection():
     finally:
         core.closing = False
         server.stop()
+
+
+def test_the_start_handler_of_ctrl_c_keeps_an_ignored_sigint_ignored_and_puts_the_previous_back():
+    """A server started in the background by a script, with SIGINT ignored, went on ignoring it until it
+    served before the start handler; it does again (a review, sixty-fifth session)."""
+    import signal
+
+    from gpuloom.commands.serve import _QuitOnCtrlC
+
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        with _QuitOnCtrlC():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        with _QuitOnCtrlC() as q:
+            assert signal.getsignal(signal.SIGINT) == q._quit
+            q.release()
+            assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)

@@ -220,9 +220,11 @@ class _QuitOnCtrlC:
     interpreter's teardown under it aborted (``terminate called without an active exception``; on the
     CPU, sixty-fifth session: 2 of 8 tries, and one stack). Before serving nothing is left to write (the caches'
     files are replaced whole). From :meth:`release` on, the server's own handlers drain and stop.
-    Only in the main thread, where signals are handled."""
+    Only in the main thread, where signals are handled, and not where SIGINT is ignored (a server
+    started in the background by a script keeps ignoring it until it serves, as before)."""
 
     def __init__(self) -> None:
+        self._installed = False
         self._previous = None
 
     @staticmethod
@@ -232,15 +234,17 @@ class _QuitOnCtrlC:
         os._exit(130)
 
     def __enter__(self) -> "_QuitOnCtrlC":
-        if threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
             self._previous = signal.signal(signal.SIGINT, self._quit)
+            self._installed = True
         return self
 
     def release(self) -> None:
-        """Python's (or the caller's) handler again: the server installs its own when it starts."""
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
+        """Python's (or the caller's) handler again: the server installs its own when it starts. (One
+        not installed from Python reads as None and cannot be put back: the default then.)"""
+        if self._installed:
+            signal.signal(signal.SIGINT, self._previous if self._previous is not None else signal.SIG_DFL)
+            self._installed, self._previous = False, None
 
     def __exit__(self, *exc) -> None:
         self.release()

@@ -510,9 +510,11 @@ def servable(
     latencies can want periods that no one cycle halves to), and the plan then leaves one model out
     beside unused SMs (sixty-fourth session's review: mobilenet_v2 dropped on an idle GPU with 68 SMs
     outside the layout). The SLOs of the models a trickle plan leaves out are raised a ``step`` at a
-    time, at most ``tries`` times, until the set fits.
+    time, at most ``tries`` times, until the set fits; only among the models with traffic (``rate >
+    0``: an idle one would raise a busy one's SLO) and that can be served alone.
     """
     out = []
+    hopeless = set()  # no SLO below slo * step**tries makes these servable even alone
     for d in demands:
         probe = replace(d, rate=1.0)
         if fits([probe], profiles, **fit_kwargs):
@@ -524,9 +526,12 @@ def servable(
             if fits([replace(probe, slo_ms=slo)], profiles, **fit_kwargs):
                 d = replace(d, slo_ms=slo)
                 break
+        else:
+            hopeless.add(d.model)
         out.append(d)
     for _ in range(tries):
-        probes = [replace(d, rate=1.0) for d in out]
+        # the models with traffic (an idle one, rate 0, is no demand) that can be served at all
+        probes = [replace(d, rate=1.0) for d in out if d.rate > 0 and d.model not in hopeless]
         if len(probes) < 2 or fits(probes, profiles, **fit_kwargs):
             break
         left_out = {mp.model for mp in plan(probes, profiles, **fit_kwargs).models if mp.planned_rps <= 0}
