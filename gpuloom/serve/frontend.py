@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -61,7 +62,7 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_b
 
     from . import arena as arena_mod
     from . import ring as ring_mod
-    from .http_server import CORE_KEY, DEADLINE_HEADER, HEADER_LEN, _error, _errors, infer_response, refused_status
+    from .http_server import CORE_KEY, DEADLINE_HEADER, HEADER_LEN, _error, _errors, infer_response, refusals_booked
     from .protocol import deadline_ms_from_parameters, parse_infer_body
 
     state: dict[str, Any] = {"pending": {}, "next": 0, "blocks": {}, "arena": None, "rings": None, "up": True}
@@ -156,7 +157,7 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_b
     async def infer(request: web.Request):
         t_in = time.perf_counter()  # headers read; the body may still be arriving
         name, version = request.match_info["model"], request.match_info.get("version")
-        try:
+        with refusals_booked(functools.partial(tell_refused, name, version)):
             body = await request.read()
             try:
                 req = parse_infer_body(body, request.headers.get(HEADER_LEN))
@@ -164,11 +165,6 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_b
             except ProtocolError:
                 await _unknown_model_first(name, version)
                 raise
-        except Exception as e:
-            status = refused_status(e)
-            if status is not None:
-                tell_refused(name, version, status)
-            raise
         if not state["up"]:
             raise ProtocolError("the runtime process is not reachable (its connection closed)", 503, retry_after_s=1.0)
         state["next"] += 1

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
+from typing import Callable
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
@@ -115,16 +117,16 @@ def refused_status(e: BaseException) -> int | None:
 
 
 @contextlib.contextmanager
-def refusals_booked(core: ServeCore, name: str, version: str | None):
-    """Around an infer request's reading and parsing: a refusal there is booked in
-    ``gpuloom_request_rejected`` (``ServeCore.refused``) before it is answered; they were not booked
-    at all before the sixty-fifth session."""
+def refusals_booked(book: Callable[[int], None]):
+    """Around an infer request's reading and parsing: a refusal there is booked, ``book(status)``, before
+    it is answered (``ServeCore.refused`` in process; a worker tells the runtime's process), for
+    ``gpuloom_request_rejected``; they were not booked at all before the sixty-fifth session."""
     try:
         yield
     except Exception as e:
         status = refused_status(e)
         if status is not None:
-            core.refused(name, version, status)
+            book(status)
         raise
 
 
@@ -221,7 +223,7 @@ def build_app(core: ServeCore) -> web.Application:
             t_in = time.perf_counter()  # the deadline counts from here (the body may still be arriving)
             name = request.match_info["model"]
             version = _version(request)
-            with refusals_booked(core, name, version):
+            with refusals_booked(functools.partial(core.refused, name, version)):
                 body = await request.read()  # aiohttp undoes gzip/deflate Content-Encoding, within client_max_size
                 core.config(name, version)  # an unknown model or version is a 404 whatever the body holds (as Triton)
                 req = parse_infer_body(body, request.headers.get(HEADER_LEN))
