@@ -318,27 +318,18 @@ def _tensors(raw: Any, where: str) -> tuple[TensorEntry, ...]:
     return tuple(out)
 
 
-def _number(m: dict, key: str, default: float, where: str, *, integer: bool = False) -> Any:
+def _number(m: dict, key: str, default: float, where: str, *, integer: bool = False,
+            at_most: tuple[float, str] | None = None) -> Any:
+    """``m[key]`` (``default`` where absent): a positive finite number (an integer with ``integer``), at
+    most ``at_most``'s bound where given (its text follows the bound in the error: the unit, why)."""
     v = m.get(key, default)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf or (integer and not isinstance(v, int)):
         kind = "a positive integer" if integer else "a positive finite number"
         hint = " (YAML reads 1.0e308 as a string: write 1.0e+308)" if isinstance(v, str) and "e" in v.lower() else ""
         raise RepositoryError(f"{where}: {key} must be {kind}, found {v!r}{hint}")
+    if at_most is not None and v > at_most[0]:
+        raise RepositoryError(f"{where}: {key} must be at most {at_most[0]:.0f}{at_most[1]}, found {v!r}")
     return v
-
-
-def _slo(m: dict, where: str) -> float:
-    slo = _number(m, "slo_ms", 100.0, where)
-    if slo > MAX_SLO_MS:
-        raise RepositoryError(f"{where}: slo_ms must be at most {MAX_SLO_MS:.0f} (an hour), found {slo!r}")
-    return slo
-
-
-def _max_batch(m: dict, where: str) -> int:
-    n = _number(m, "max_batch", 32, where, integer=True)
-    if n > MAX_BATCH:  # each load compiles, captures and tables batches up to it: 1e8 took the CPU 28 s and 9.3 GB
-        raise RepositoryError(f"{where}: max_batch must be at most {MAX_BATCH} rows, found {n!r}")
-    return n
 
 
 def parse_model(m: Any, origin: Path | None) -> ModelEntry:
@@ -379,8 +370,9 @@ def parse_model(m: Any, origin: Path | None) -> ModelEntry:
         source=source,
         inputs=_tensors(m.get("inputs"), f"{where}: inputs"),
         outputs=_tensors(m["outputs"], f"{where}: outputs") if m.get("outputs") is not None else None,
-        max_batch=_max_batch(m, where),
-        slo_ms=float(_slo(m, where)),
+        # each load compiles, captures and tables batches up to max_batch (1e8 took the CPU 28 s and 9.3 GB)
+        max_batch=_number(m, "max_batch", 32, where, integer=True, at_most=(MAX_BATCH, " rows")),
+        slo_ms=float(_number(m, "slo_ms", 100.0, where, at_most=(MAX_SLO_MS, " (an hour)"))),
         weight=float(_number(m, "weight", 1.0, where)),
         rate_hint=float(_number(m, "rate_hint", 50.0, where)),
         weights=weights,
