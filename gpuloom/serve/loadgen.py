@@ -248,6 +248,14 @@ def _model_slo_ms(cfg: dict) -> float:
     return slo_ms if slo_ms == slo_ms else DEFAULT_SLO_MS
 
 
+async def _slo_checked(s: Any, base: str, model: str, batch: int, slo_ms: float | None) -> float:
+    """``slo_ms``, or the model's where None (:func:`_model_slo_ms`), once the model's config says it
+    takes ``batch`` rows a request (:func:`_check_batch`)."""
+    cfg = await _model_config(s, base, model)
+    _check_batch(cfg, model, batch)
+    return _model_slo_ms(cfg) if slo_ms is None else slo_ms
+
+
 def _check_batch(cfg: dict, model: str, batch: int) -> None:
     """ValueError when the model's config says it takes fewer rows a request than ``batch``: every
     request would be refused (a run of 400s that said nothing of why, before)."""
@@ -269,10 +277,7 @@ async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: b
             raise ValueError(f"model {model!r} metadata from {base} lists no inputs; pass them explicitly (inputs=...)")
         if slo_ms is None and deadline_ms is not None:
             slo_ms = deadline_ms  # attainment against the deadline the requests carry
-        cfg = await _model_config(s, base, model)
-        _check_batch(cfg, model, batch)
-        if slo_ms is None:
-            slo_ms = _model_slo_ms(cfg)
+        slo_ms = await _slo_checked(s, base, model, batch, slo_ms)
         rng = np.random.default_rng(seed)
         sender.use([_body(meta, batch, binary, rng, deadline_ms) for _ in range(variants)])
         lat: list[float] = []
@@ -352,10 +357,7 @@ async def _closed(url: str, model: str, concurrency: int, duration_s: float, *, 
                                      timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
         sender = _Sender(client, s, base, model, timeout_s)
         meta = await _metadata(s, base, model, inputs)
-        cfg = await _model_config(s, base, model)
-        _check_batch(cfg, model, batch)
-        if slo_ms is None:
-            slo_ms = _model_slo_ms(cfg)
+        slo_ms = await _slo_checked(s, base, model, batch, slo_ms)
         rng = np.random.default_rng(seed)
         sender.use([_body(meta, batch, binary, rng) for _ in range(8)])
         lat: list[float] = []
