@@ -3,21 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import math
+
+from .argtypes import positive_number
 
 NAME = "load"
 HELP = "drive a KServe v2 / Triton HTTP server open-loop (Poisson or constant rate); print throughput, SLO attainment, latency percentiles"
-
-
-def positive_ms(text: str) -> float:
-    """A latency in ms, positive and finite: ``--slo-ms -5`` made every answer miss its SLO, unsaid."""
-    try:
-        ms = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of ms > 0, found {text!r}") from None
-    if not 0 < ms < math.inf:
-        raise argparse.ArgumentTypeError(f"expected a positive finite number of ms, found {text!r}")
-    return ms
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     arr.add_argument("--constant", dest="poisson", action="store_false", help="evenly spaced arrivals")
     p.add_argument("--batch", type=int, default=1, help="rows per request (default 1)")
     p.add_argument("--json-tensors", action="store_true", help="send JSON tensors instead of binary tensor data")
-    p.add_argument("--slo-ms", type=positive_ms, default=None,
+    p.add_argument("--slo-ms", type=positive_number("ms"), default=None,
                    help="latency objective, ms (default: the model's, from its config on a gpuloom server; 100 "
                         "where the server does not say)")
     p.add_argument("--timeout", type=float, default=30.0, help="client timeout per request, s (default 30)")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .argtypes import positive_number
+
 NAME = "simulate"
 HELP = "simulate a workload under scheduling policies (dstack and baselines); compare, sweep the load"
 
@@ -26,17 +28,6 @@ def _attainment(text: str) -> float:
     return v
 
 
-def _seconds(text: str) -> float:
-    """argparse type: a positive, finite number of seconds."""
-    try:
-        v = float(text)
-    except ValueError:
-        v = float("nan")
-    if not 0 < v < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, found {text!r}")
-    return v
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("workload", help="workload file (.yaml/.yml/.json), e.g. examples/mix6.yaml")
     p.add_argument("--policy", default=DEFAULT_POLICIES,
@@ -51,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweep-rate", action="store_true",
                    help="find each policy's highest load factor keeping the target SLO attainment (bisection)")
     p.add_argument("--target", type=_attainment, default=0.99, help="SLO attainment the sweep must keep (default 0.99)")
-    p.add_argument("--sweep-duration", type=_seconds, default=10.0,
+    p.add_argument("--sweep-duration", type=positive_number("seconds"), default=10.0,
                    help="seconds of arrivals per sweep point (default 10; at most the workload's)")
     p.add_argument("--contention", choices=CONTENTION_PRESETS, default="plain",
                    help="the simulated GPU's sharing model: plain (the knee model, no host terms; the default) or h200 "
