@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     if args.out:
         Path(args.out).write_text(text + "\n")
     else:
-        print(text[:0], end="")
+        print(text)
     return 0
 
 
