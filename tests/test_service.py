@@ -822,6 +822,66 @@ def test_early_answers_come_from_the_watcher_once_each_and_the_books_still_balan
     svc.close()
 
 
+def test_an_early_answer_comes_after_its_batch_completion_is_posted():
+    """The watcher posts a batch's completion (the loop launches the lane's next batch on it) before
+    it answers the batch's requests: answers behind the HTTP workers cost tens of us each, and the
+    lane sat free behind them."""
+    from gpuloom.runtime.events import COMPLETION
+
+    svc = fake_service(policy="dstack", early_answer=True)
+    try:
+        be = svc._backend
+        seen: list[str] = []
+        post = be.loop.post
+
+        def recording_post(priority, callback, *args):
+            if priority == COMPLETION:
+                seen.append("completion")
+            post(priority, callback, *args)
+
+        answer = be.on_served
+
+        def recording_answer(result, out):
+            seen.append("answer")
+            answer(result, out)
+
+        be.loop.post, be.on_served = recording_post, recording_answer
+        y = svc.submit("twice", {"x": np.full((3, 4), 2.0, np.float32)}).result(10)["y"]
+        np.testing.assert_array_equal(y, np.full((3, 4), 4.0, np.float32))
+        deadline = time.monotonic() + 5
+        while len(seen) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert seen == ["completion", "answer", "answer", "answer"], seen
+        assert_books(svc)
+    finally:
+        svc.close()
+
+
+def test_early_answer_can_be_switched_on_a_running_service():
+    """``svc.early_answer = ...`` takes effect on the live backend: a benchmark compares both on one
+    loaded service. On: answered on a watcher thread; off again: on the runtime's thread."""
+    svc = fake_service(policy="dstack")
+    try:
+        def answered_on() -> str:
+            where = []
+            f = svc.submit("plus", {"x": np.ones((1, 4), np.float32)})
+            f.add_done_callback(lambda _f: where.append(threading.current_thread().name))
+            assert f.result(10)["y"][0, 0] == 2.0
+            deadline = time.monotonic() + 5
+            while not where and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return where[0]
+
+        assert svc.early_answer is False and "runtime" in answered_on()
+        svc.early_answer = True
+        assert svc.early_answer is True and "watch" in answered_on()
+        svc.early_answer = False
+        assert "runtime" in answered_on()
+        assert assert_books(svc)["totals"]["success"] == 3
+    finally:
+        svc.close()
+
+
 def test_a_client_on_the_loop_thread_that_falls_behind_does_not_keep_the_policy_from_dispatching():
     """call_on_loop_at with times already past (a client behind its schedule): each callback submits
     and takes a while; the runtime must still dispatch between them, not only after the client ends."""

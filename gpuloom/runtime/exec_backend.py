@@ -566,15 +566,11 @@ class ExecBackend(Backend):
             outs = []
         end = watcher.last_end = self.loop.wall_ms()
         self._unbooked.pop(id(ticket), None)
+        served: list[tuple[Request, ExecOutput]] = []
         if not err:
-            early = self.on_served
             for i, r in enumerate(requests):
                 out = self._outputs[r.id] = ExecOutput([o[i] for o in outs], start, end, dev_ms, len(requests))
-                if early is not None:
-                    try:
-                        early(Result(r, Status.SERVED, end, "", d.batch), out)
-                    except Exception:  # noqa: BLE001 - the runtime still books and answers it
-                        log.exception("early answer of request %d failed", r.id)
+                served.append((r, out))
         with self._lock:
             part = lanes.layout.partitions[d.partition]
             if lanes is self._lanes:
@@ -605,7 +601,22 @@ class ExecBackend(Backend):
             use = min(sms, self.knee(d.model, d.batch)) if self.knee else sms
             self._busy_sm_ms += use * dev_ms
         self.loop.post(COMPLETION, self._on_completion, Completion(d, start, end, err, math.nan if err else dev_ms))
+        early = self.on_served
+        if early is not None:  # after the post: the lane's next launch does not wait for these answers
+            self._answer_early(early, d, served, end)
         self._batch_gone(lanes)
+
+    @staticmethod
+    def _answer_early(early: Callable[[Result, "ExecOutput"], None], d: Decision,
+                      served: list[tuple[Request, "ExecOutput"]], end: float) -> None:
+        """Watcher thread (``on_served``): answer a finished batch's requests here, after its completion
+        is posted. Before, the answers (an HTTP reply each behind the workers) came first and the loop
+        heard of the free lane only after them."""
+        for r, out in served:
+            try:
+                early(Result(r, Status.SERVED, end, "", d.batch), out)
+            except Exception:  # noqa: BLE001 - the runtime still books and answers it
+                log.exception("early answer of request %d failed", r.id)
 
     def _batch_gone(self, lanes: Lanes) -> None:
         """A batch counted in flight on ``lanes`` is over (done or failed): uncount it, free a replaced

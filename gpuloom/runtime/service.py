@@ -243,7 +243,7 @@ class InferenceService(LoopHosting):
         self.switch_interval_ms = None if switch_interval_ms is None else check_interval_ms(switch_interval_ms)
         self._switch_held = False
         self.launch_on = launch_on if launch_on == "auto" else check_launch_on(launch_on)
-        self.early_answer = bool(early_answer)
+        self._early_answer = bool(early_answer)
         self.raw_launch = bool(raw_launch)
         self.workqueues = check_workqueues(workqueues)  # here, not when the device layer is made
         self.lane_streams = check_lane_streams(lane_streams)
@@ -303,6 +303,20 @@ class InferenceService(LoopHosting):
         self._intakes: list[Callable[[], float]] = []  # pollers on every runtime loop (add_intake)
         self._host: Any = None  # host_loop_on: the event loop every runtime's loop runs on
         self._host_batch_limit_ms: float | None = None  # ... while every model's largest batch takes at most this
+
+    @property
+    def early_answer(self) -> bool:
+        """Whether a served request is answered on its partition's watcher thread (``early_answer``)."""
+        return self._early_answer
+
+    @early_answer.setter
+    def early_answer(self, on: bool) -> None:
+        """Any thread: from the next batch to finish on. Why settable: a benchmark compares both on one
+        loaded service (``scripts/serve_e2e.py --early-answer off,on``), without loading the models twice."""
+        with self._lock:
+            self._early_answer = bool(on)
+            if self._backend is not None:
+                self._backend.on_served = self._on_result if self._early_answer else None
 
     # -- lifecycle ----------------------------------------------------------------------------
     @property
