@@ -32,6 +32,7 @@ import time
 from typing import Any
 
 from ..runtime.gcpause import RareFullCollections, freeze_loaded
+from .allowance import DEFAULT_MODE, MODES, ReturnAllowance
 from .client_timeout import DEFAULT_CLIENT_TIMEOUT_S, ClientTimeouts
 from .protocol import ProtocolError
 from .wire import (FRAME, _copy_into, _describe, _recv_control, _Templates, pack, read_ring_reply, ring_request,
@@ -52,11 +53,13 @@ WORKER_NICE = 0
 _HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
 
 
-def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_bytes: int = 0, ring_bytes: int = 0):
+def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_bytes: int = 0, ring_bytes: int = 0,
+                     return_allowance: str = DEFAULT_MODE):
     """The worker's aiohttp app: infer over the bridge, everything else forwarded to ``upstream``.
     ``arena_bytes``: size of the shared memory the tensors go through (0: inline on the socket).
     ``ring_bytes``: size of the shared rings request and reply frames go through (``ring.py``; only
-    with an arena; 0: over the socket)."""
+    with an arena; 0: over the socket). ``return_allowance``: "auto" adds this worker's estimate of
+    a request's time outside the service after it is handed on to its ``waited_ms`` (``allowance.py``)."""
     import aiohttp
     from aiohttp import web
 
@@ -66,6 +69,9 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_b
     from .protocol import deadline_ms_from_parameters, parse_infer_body
 
     state: dict[str, Any] = {"pending": {}, "next": 0, "blocks": {}, "arena": None, "rings": None, "up": True}
+    if return_allowance not in MODES:
+        raise ValueError(f"return_allowance: expected one of {MODES}, got {return_allowance!r}")
+    allowance = ReturnAllowance() if return_allowance == "auto" else None
 
     async def on_startup(app):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -171,7 +177,10 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_b
         rid = state["next"]
         # the deadline (given, or the model's SLO) counts from this handler, not from the runtime's
         # intake: a worker that falls behind hands on requests with less time left (run 81: 55 ms at p50)
-        waited = (time.perf_counter() - t_in) * 1e3
+        t_handed = time.perf_counter()
+        waited = (t_handed - t_in) * 1e3
+        if allowance is not None:  # and as if the time it will spend outside the service had passed too
+            waited += allowance.ms
         meta = {"id": rid, "model": name, "version": version, "deadline_ms": deadline, "waited_ms": waited,
                 "outputs": list(req.outputs) if req.outputs is not None else None}
         arrays = list(req.inputs.values())
@@ -209,12 +218,17 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_b
                 raise ProtocolError(f"the runtime process is not reachable: {e}", 503, retry_after_s=1.0) from None
         meta, payload = await fut
         if meta["status"] != 200:
+            if allowance is not None:
+                allowance.miss()
             return _error(meta["error"], meta["status"], meta.get("retry_after_s"))
         outputs = unpack_tensors(meta, payload)
         t_out = time.perf_counter()
         timing = {"service": float(meta.get("service_ms", 0.0)), "bridge": (t_out - t_bridge) * 1e3,
                   "worker": (t_out - t_in) * 1e3}
-        return infer_response(name, outputs, req, timing)
+        response = infer_response(name, outputs, req, timing)
+        if allowance is not None:  # from the moment waited_ms was taken: the time the runtime did not count
+            allowance.add((time.perf_counter() - t_handed) * 1e3 - timing["service"])
+        return response
 
     async def forward(request: web.Request):
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
@@ -292,6 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpus", default=None, help="run on these CPUs (a taskset -c list; default: as started)")
     ap.add_argument("--nice", type=int, default=0,
                     help="lower this process's CPU priority by this much (os.nice; default 0: as started)")
+    ap.add_argument("--return-allowance", choices=MODES, default=DEFAULT_MODE,
+                    help="auto: add this worker's estimate of a request's time outside the service after it is "
+                         f"handed on to the time it has waited (allowance.py; default {DEFAULT_MODE})")
     args = ap.parse_args(argv)
     if args.nice:
         try:
@@ -304,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
         pin_process(parse_cpus(args.cpus))
 
     async def run() -> None:
-        app = build_worker_app(args.socket, args.upstream, args.max_body, args.arena_mb << 20, args.ring_kb << 10)
+        app = build_worker_app(args.socket, args.upstream, args.max_body, args.arena_mb << 20, args.ring_kb << 10,
+                               args.return_allowance)
         guard = ClientTimeouts(args.client_timeout)
         runner = await guard.runner(app, access_log=None, shutdown_timeout=args.drain_timeout)
         site = web.TCPSite(runner, args.host, args.port, reuse_port=True, backlog=args.backlog)

@@ -21,7 +21,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from . import AUTO_HOST_MAX_BATCH_MS, DEFAULT_CLIENT_TIMEOUT_S, RUNTIME_ON, bridge, check_client_timeout, frontend
+from . import (AUTO_HOST_MAX_BATCH_MS, DEFAULT_CLIENT_TIMEOUT_S, RUNTIME_ON, allowance, bridge, check_client_timeout,
+               frontend)
 from .client_timeout import ClientTimeouts
 from .core import ServeCore
 
@@ -77,7 +78,7 @@ class Server:
                  worker_arena_mb: int | None = None, worker_ring_kb: int | None = None,
                  worker_cpus: set[int] | None = None, ring_drain_on: str = "loop", worker_wakeups: str = "batch",
                  runtime_on: str = "thread", close_service: bool = True, worker_nice: int = frontend.WORKER_NICE,
-                 client_timeout_s: float = DEFAULT_CLIENT_TIMEOUT_S):
+                 client_timeout_s: float = DEFAULT_CLIENT_TIMEOUT_S, return_allowance: str = allowance.DEFAULT_MODE):
         self.core = core
         # a connection whose client sends nothing this long while the server waits on it (its first
         # request, a body, the next request) is closed (client_timeout.ClientTimeouts: why)
@@ -121,6 +122,13 @@ class Server:
             raise ValueError(f"worker_wakeups: expected one of {bridge.WAKEUPS}, got {worker_wakeups!r}")
         # a worker's replies in its ring wake it once per batch (of ring.COALESCE_FROM_ROWS rows or more) or per reply
         self.worker_wakeups = worker_wakeups
+        if return_allowance not in allowance.MODES:
+            raise ValueError(f"return_allowance: expected one of {allowance.MODES} (whether the front-end workers "
+                             f"count a request's expected time outside the runtime in its deadline), "
+                             f"got {return_allowance!r}")
+        # "auto": each worker adds its estimate of a request's time in the server after it is handed
+        # on and outside the service to the time the request has waited (allowance.py: why)
+        self.return_allowance = return_allowance
         # 0: this process serves HTTP. N > 0: N front-end processes parse HTTP on the public port and
         # pass tensors over a Unix socket (frontend.py); this process serves HTTP on a loopback port
         # for the routes they forward.
@@ -231,6 +239,7 @@ class Server:
             cmd += ["--cpus", ",".join(str(c) for c in sorted(self.worker_cpus))]
         if self.worker_nice:
             cmd += ["--nice", str(self.worker_nice)]
+        cmd += ["--return-allowance", self.return_allowance]
         self._worker_cmd = cmd
         started = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(self.http_workers)]
         self._workers.extend(started)  # all start together; _stop_workers reaps them if one fails
