@@ -345,6 +345,28 @@ def test_http_worker_nice_takes_0_to_19_and_refuses_the_rest_with_the_range(tmp_
             nice_arg(bad)
 
 
+def test_http_return_allowance_is_off_by_default_and_reaches_the_server(tmp_path, monkeypatch, capsys):
+    """``--http-return-allowance``: auto or off (the default until an A/B on the GPU), handed to the
+    Server, which hands it to its front-end workers."""
+    from gpuloom.commands import serve
+    from gpuloom.serve.server import Server
+
+    p, repo = _serve_parser_and_repo(tmp_path)
+    assert p.parse_args([repo]).http_return_allowance == "off"
+    assert p.parse_args([repo, "--http-return-allowance", "auto"]).http_return_allowance == "auto"
+    with pytest.raises(SystemExit):
+        p.parse_args([repo, "--http-return-allowance", "on"])
+    assert "--http-return-allowance: invalid choice: 'on'" in capsys.readouterr().err
+    seen = []
+    monkeypatch.setattr(Server, "serve_forever", lambda self, on_started=None: (
+        seen.append(self.return_allowance), self.core.service.close()))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for flags, want in (([], "off"), (["--http-return-allowance", "auto"], "auto")):
+        assert serve.run(p.parse_args([str(empty), "--device", "cpu", "--http-port", "0", "--no-grpc", *flags])) == 0
+        assert seen.pop() == want
+
+
 def test_client_timeout_takes_seconds_above_zero_and_says_so_otherwise(tmp_path, capsys):
     from gpuloom.commands.serve import client_timeout_arg
 

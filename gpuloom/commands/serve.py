@@ -118,6 +118,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="shared rings per front-end worker that request and reply frames pass through, with no "
                         "thread of this process woken per request or reply (default 8192; 0: over the socket; "
                         "used with the arena, on x86-64 Linux; a frame that does not fit goes over the socket)")
+    from ..serve.allowance import DEFAULT_MODE, MODES
+
+    p.add_argument("--http-return-allowance", choices=MODES, default=DEFAULT_MODE,
+                   help="auto: each front-end worker counts the time it expects a request to spend in the server "
+                        "after it is handed to the runtime and outside the runtime's own clock (the median of its "
+                        "recent replies, at most 50 ms) as already waited, so the scheduler drops what would reach "
+                        f"the client late instead of serving it; off: it does not (default {DEFAULT_MODE} for now: "
+                        "to be decided by an A/B on the GPU)")
 
 
 def default_http_workers(cpus: int | None) -> int:
@@ -347,12 +355,14 @@ def _run(args: argparse.Namespace, quit_on_ctrl_c: _QuitOnCtrlC) -> int:
                     drain_timeout_s=args.drain_timeout, client_timeout_s=args.client_timeout,
                     http_workers=args.http_workers,
                     worker_arena_mb=args.http_worker_arena_mb, worker_ring_kb=args.http_worker_ring_kb,
-                    worker_cpus=worker_cpus, runtime_on=args.runtime_on,
+                    worker_cpus=worker_cpus, runtime_on=args.runtime_on, return_allowance=args.http_return_allowance,
                     **({} if args.http_worker_nice is None else {"worker_nice": args.http_worker_nice}))
 
     def started(addr):
         grpc = f", gRPC on {addr.grpc_url}" if addr.grpc_port else ""
-        workers = f" ({args.http_workers} front-end workers, at nice +{server.worker_nice})" if args.http_workers else ""
+        allowing = ", with the return allowance" if server.return_allowance == "auto" else ""
+        workers = (f" ({args.http_workers} front-end workers, at nice +{server.worker_nice}{allowing})"
+                   if args.http_workers else "")
         hosted = " (the runtime's loop on HTTP's event loop)" if service.loop_hosted else ""
         print(f"gpuloom serving {_count(len(names), 'model')} ({', '.join(names) or 'none yet'}) with policy {args.policy}: HTTP on http://{addr.http_url}{workers}{hosted}{grpc}", file=sys.stderr, flush=True)
 
