@@ -60,6 +60,7 @@ TARGET = 0.9  # issue 6: HTTP goodput >= 90% of in-process goodput
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from gpuloom.bench.e2e import ARRIVALS
+    from gpuloom.serve.allowance import MODES as RETURN_ALLOWANCE
     from gpuloom.serve.bridge import DRAIN_ON, WAKEUPS
 
     p = argparse.ArgumentParser(prog="serve_e2e.py", description=__doc__.split("\n\n")[0],
@@ -96,9 +97,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(gpuloom serve --http-worker-nice; default: the server's, frontend.WORKER_NICE). "
                         "Several, comma-separated: each worker count's HTTP leg once per value, in one process, "
                         "as --http-workers does for counts")
-    p.add_argument("--ring-drain-on", choices=DRAIN_ON, default="loop",
+    p.add_argument("--ring-drain-on", default="loop", metavar="|".join(DRAIN_ON) + "[,...]",
                    help="who takes requests from the workers' rings: the runtime's loop thread (default) or a "
-                        "drain thread per worker (Server(ring_drain_on=...))")
+                        "drain thread per worker (Server(ring_drain_on=...)). Both, comma-separated: each front "
+                        "end's HTTP leg once per value, in one process")
+    p.add_argument("--return-allowance", default="off", metavar="|".join(RETURN_ALLOWANCE) + "[,...]",
+                   help="whether the front-end workers count a request's expected time outside the runtime as "
+                        "waited (gpuloom serve --http-return-allowance; default off). Both, comma-separated: each "
+                        "front end's HTTP leg once per value, in one process")
     p.add_argument("--worker-wakeups", choices=WAKEUPS, default="batch",
                    help="a worker's replies wake it once per batch of 8 rows or more (default) or once per reply "
                         "(Server(worker_wakeups=...))")
@@ -158,9 +164,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.client_list = [x.strip() for x in str(args.client).split(",") if x.strip()]
     if not args.client_list or any(c not in CLIENTS for c in args.client_list):
         p.error(f"--client takes {' or '.join(CLIENTS)} (comma-separated for both), found {args.client!r}")
-    # the front ends each scale's HTTP legs compare, in order: (workers, nice, client)
-    args.front_ends = [(w, n, c) for w in args.http_workers_list for n in args.worker_nice_list
-                       for c in args.client_list]
+    args.ring_drain_on_list = _choices_list(p, "--ring-drain-on", args.ring_drain_on, DRAIN_ON)
+    args.return_allowance_list = _choices_list(p, "--return-allowance", args.return_allowance, RETURN_ALLOWANCE)
+    # the front ends each scale's HTTP legs compare, in order: (workers, nice, client, ring drain, return allowance)
+    args.front_ends = [(w, n, c, d, a) for w in args.http_workers_list for n in args.worker_nice_list
+                       for c in args.client_list for d in args.ring_drain_on_list for a in args.return_allowance_list]
     if args.rounds < 1:
         p.error(f"--rounds must be at least 1, got {args.rounds}")
     if args.client_spec is None:
@@ -188,6 +196,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if args.lookahead_ms is not None and not args.lookahead_ms >= 0:
             p.error(f"--lookahead-ms must be >= 0 ms (0: off), found {args.lookahead_ms}")
     return args
+
+
+def _choices_list(p: argparse.ArgumentParser, flag: str, text: str, choices: tuple[str, ...]) -> list[str]:
+    """A comma-separated list of ``choices`` (a usage error naming ``flag`` otherwise), in order."""
+    values = [x.strip() for x in str(text).split(",") if x.strip()]
+    if not values or any(v not in choices for v in values):
+        p.error(f"{flag} takes {' or '.join(choices)} (comma-separated for several), found {text!r}")
+    return values
+
+
+def _one_or_list(values: list) -> Any:
+    """A report's top-level field: the one value compared, or the list of them."""
+    return values[0] if len(values) == 1 else values
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -457,7 +478,10 @@ def print_table(rep: dict, pt: dict) -> None:
         kind = f" (x{rep['fake_slow']:g} slower than the H200's profiles)"
     print(f"serve_e2e {rep['workload']} x{pt['scale']:g} policy {rep['policy']} on {rep['device']}"
           f"{kind}, {rep['duration_s']:g} s per leg, {pt['clients']} client process(es), "
-          f"{pt.get('http_workers', 0)} front-end worker(s), {pt.get('client', 'aiohttp')} clients"
+          f"{pt.get('http_workers', 0)} front-end worker(s)"
+          + (f" (rings drained on {pt.get('ring_drain_on', 'loop')}, return allowance "
+             f"{pt.get('return_allowance', 'off')})" if pt.get("http_workers") else "")
+          + f", {pt.get('client', 'aiohttp')} clients"
           + (f", round {pt.get('round', 0) + 1} of {rep['rounds']}" if rep.get("rounds", 1) > 1 else ""))
     print(head)
     rows = [(m, ip["models"][m], ht["models"][m]) for m in ip["models"]] + [("TOTAL", ip, ht)]
@@ -608,8 +632,11 @@ def run(args: argparse.Namespace) -> int:
             "outputs": svc.outputs, "target": TARGET, "ok": ok, "error": error,
             "rounds": args.rounds, "comparison": comparison(points),
             "client": args.client_list[0] if len(args.client_list) == 1 else args.client_list,
+            "ring_drain_on": _one_or_list(args.ring_drain_on_list),
+            "return_allowance": _one_or_list(args.return_allowance_list),
             "summary": [{"scale": p["scale"], "http_workers": p["http_workers"], "worker_nice": p["worker_nice"],
-                         "client": p["client"],
+                         "client": p["client"], "ring_drain_on": p["ring_drain_on"],
+                         "return_allowance": p["return_allowance"],
                          "round": p["round"],
                          "offered_rps": p["offered_rps"],
                          "inprocess_goodput_rps": p["inprocess"]["goodput_rps"],
@@ -652,18 +679,20 @@ def run(args: argparse.Namespace) -> int:
                 if cpu0 is not None:
                     inproc["loop_cpu"] = loop_cpu_window(svc, cpu0, t_cpu, inproc.get("submitted"), say)
                 legs = args.front_ends if rnd % 2 == 0 else args.front_ends[::-1]
-                for workers, nice, client in legs:
+                for workers, nice, client, drain_on, allowance in legs:
                     # a server of its own per leg, on the same loaded service (left running at its stop)
                     core = ServeCore(svc, None)
                     server = Server(core, host="127.0.0.1", http_port=0, grpc_port=None, http_workers=workers,
                                     worker_ring_kb=args.worker_ring_kb, worker_cpus=other_cpus,
-                                    ring_drain_on=args.ring_drain_on, worker_wakeups=args.worker_wakeups,
-                                    close_service=False, worker_nice=nice)
+                                    ring_drain_on=drain_on, worker_wakeups=args.worker_wakeups,
+                                    close_service=False, worker_nice=nice, return_allowance=allowance)
                     addr = server.start()
                     http_warmup(addr.http_url, svc.models())
                     wait_pinned(server, svc, workers, say)
-                    say(f"HTTP server on http://{addr.http_url} with {workers} front-end worker(s) at nice +{nice} "
-                        f"(the gpuloom serve code, in this process); {client} clients")
+                    front = (f"{workers} worker(s) at nice +{nice}, rings drained on {drain_on}, "
+                             f"return allowance {allowance}")
+                    say(f"HTTP server on http://{addr.http_url} with {front} (the gpuloom serve code, in this "
+                        f"process); {client} clients")
                     try:
                         http, server_books, used = http_leg(args, svc, core, server, addr.http_url, times, slos,
                                                             clients, other_cpus, scale, rates, say, client)
@@ -671,8 +700,9 @@ def run(args: argparse.Namespace) -> int:
                         server.stop()
                         server = None
                     points.append(make_point(scale, args.duration, inproc, http, server_books, times, used,
-                                             http_workers=workers, round_=rnd, worker_nice=nice, client=client))
-                    say(f"x{scale:g}, {workers} worker(s) at nice +{nice}, {client} clients: goodput in-process {inproc['goodput_rps']:.1f}/s, "
+                                             http_workers=workers, round_=rnd, worker_nice=nice, client=client,
+                                             ring_drain_on=drain_on, return_allowance=allowance))
+                    say(f"x{scale:g}, {front}, {client} clients: goodput in-process {inproc['goodput_rps']:.1f}/s, "
                         f"HTTP {http['goodput_rps']:.1f}/s, ratio {points[-1]['ratio']['goodput']}")
                     say(f"  busiest client process {http['client_cpu_max_s_per_s']:.2f} CPU-s/s; workers "
                         f"{[round(x, 2) for x in http['worker_cpu_s_per_s']]} CPU-s/s")
@@ -767,29 +797,35 @@ def http_leg(args: argparse.Namespace, svc: Any, core: Any, server: Any, url: st
 
 
 def comparison(points: list[dict]) -> list[dict]:
-    """Per scale and front end (worker count, their nice, the client): the ratio of each round's leg, in round
-    order, and their mean and spread (what a comparison of front ends reads: a difference inside the
-    spread says nothing)."""
-    rows: dict[tuple[float, int, int | None, str], list[float | None]] = {}
+    """Per scale and front end (worker count, their nice, the client, who drains the rings, the return
+    allowance): the ratio of each round's leg, in round order, and their mean and spread (what a
+    comparison of front ends reads: a difference inside the spread says nothing)."""
+    rows: dict[tuple[float, int, int | None, str, str, str], list[float | None]] = {}
     for p in points:
-        key = (p["scale"], p["http_workers"], p.get("worker_nice"), p.get("client", "aiohttp"))  # runs before 85: aiohttp
+        # runs before 85: aiohttp clients; before the return allowance: rings drained on the loop, no allowance
+        key = (p["scale"], p["http_workers"], p.get("worker_nice"), p.get("client", "aiohttp"),
+               p.get("ring_drain_on", "loop"), p.get("return_allowance", "off"))
         rows.setdefault(key, []).append(p["ratio"]["goodput"])
     out = []
-    for (scale, workers, nice, client), ratios in rows.items():
+    for (scale, workers, nice, client, drain_on, allowance), ratios in rows.items():
         known = [r for r in ratios if r is not None]
-        out.append({"scale": scale, "http_workers": workers, "worker_nice": nice, "client": client, "ratios": ratios,
+        out.append({"scale": scale, "http_workers": workers, "worker_nice": nice, "client": client,
+                    "ring_drain_on": drain_on, "return_allowance": allowance, "ratios": ratios,
                     "mean": sum(known) / len(known) if known else None,
                     "spread": max(known) - min(known) if known else None})
-    return sorted(out, key=lambda r: (r["scale"], r["http_workers"], r["worker_nice"] or 0, r["client"]))
+    return sorted(out, key=lambda r: (r["scale"], r["http_workers"], r["worker_nice"] or 0, r["client"],
+                                      r["ring_drain_on"], r["return_allowance"]))
 
 
 def print_comparison(points: list[dict]) -> None:
-    print("HTTP / in-process goodput by worker count, their nice and the client (one ratio per round, in order):")
+    print("HTTP / in-process goodput by worker count, their nice, the client, who drains the rings and the return "
+          "allowance (one ratio per round, in order):")
     for r in comparison(points):
         ratios = " ".join("-" if x is None else f"{x:.3f}" for x in r["ratios"])
         mean = "-" if r["mean"] is None else f"{r['mean']:.3f}"
         spread = "-" if r["spread"] is None else f"{r['spread']:.3f}"
-        print(f"  x{r['scale']:g}  {r['http_workers']:>2} worker(s) at nice +{r['worker_nice']}, {r['client']:>7}: {ratios}   "
+        print(f"  x{r['scale']:g}  {r['http_workers']:>2} worker(s) at nice +{r['worker_nice']}, {r['client']:>7}, "
+              f"drain {r['ring_drain_on']:>6}, allowance {r['return_allowance']:>4}: {ratios}   "
               f"mean {mean}, spread {spread}")
 
 
@@ -834,7 +870,8 @@ def _settle(core: Any, timeout_s: float = 30.0) -> None:
 
 def make_point(scale: float, duration_s: float, inproc: dict, http: dict, server_books: dict,
                times: dict[str, list[float]], clients: int, http_workers: int = 0, round_: int = 0,
-               worker_nice: int | None = None, client: str | None = None) -> dict:
+               worker_nice: int | None = None, client: str | None = None, ring_drain_on: str = "loop",
+               return_allowance: str = "off") -> dict:
     """One load factor: both legs, their ratio, and the books of the HTTP leg.
 
     Books: every request the clients sent got an answer (200 or an error status; none lost), and the
@@ -849,6 +886,7 @@ def make_point(scale: float, duration_s: float, inproc: dict, http: dict, server
     return {
         "scale": scale, "offered_rps": sum(len(t) for t in times.values()) / duration_s,
         "clients": clients, "http_workers": http_workers, "worker_nice": worker_nice, "client": client, "round": round_,
+        "ring_drain_on": ring_drain_on, "return_allowance": return_allowance,
         "inprocess": inproc, "http": http,
         "ratio": {"goodput": ratio,
                   "slo_attainment": _ratio(http["slo_attainment"], inproc["slo_attainment"]),

@@ -193,6 +193,7 @@ def test_worker_counts_take_turns_on_one_service_in_rounds(tmp_path):
     rep = json.loads(out.read_text())
     assert rep["ok"]
     assert rep["http_workers"] == [0, 1] and rep["rounds"] == 2 and rep["worker_nice"] == WORKER_NICE
+    assert rep["ring_drain_on"] == "loop" and rep["return_allowance"] == "off"  # one value each: a scalar
     assert [(pt["round"], pt["http_workers"]) for pt in rep["points"]] == [(0, 0), (0, 1), (1, 1), (1, 0)]
     for pt in rep["points"]:
         assert pt["books"]["all_answered"] and pt["books"]["server_balanced"]
@@ -225,6 +226,41 @@ def test_the_clients_take_turns_and_the_lean_ones_get_every_answer(tmp_path):
     assert sorted(r["client"] for r in rep["comparison"]) == ["aiohttp", "lean"]
 
 
+def test_ring_drains_and_return_allowances_take_turns_as_front_ends(tmp_path):
+    """--ring-drain-on loop,thread --return-allowance off,auto: four HTTP legs per scale, each point
+    recording its own, the report listing both values of each, the comparison one row per front end."""
+    wl = tmp_path / "three.yaml"
+    wl.write_text(WORKLOAD)
+    out = tmp_path / "e2e.json"
+    p = subprocess.run([sys.executable, str(SCRIPT), str(wl), "--tiny", "--device", "cpu", "--scale", "0.5",
+                        "--duration", "1", "--max-batch", "4", "--clients", "1", "--http-workers", "1",
+                        "--ring-drain-on", "loop,thread", "--return-allowance", "off,auto", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rep = json.loads(out.read_text())
+    assert rep["ok"] and rep["ring_drain_on"] == ["loop", "thread"] and rep["return_allowance"] == ["off", "auto"]
+    fronts = [("loop", "off"), ("loop", "auto"), ("thread", "off"), ("thread", "auto")]
+    assert [(pt["ring_drain_on"], pt["return_allowance"]) for pt in rep["points"]] == fronts
+    assert [(r["ring_drain_on"], r["return_allowance"]) for r in rep["summary"]] == fronts
+    for pt in rep["points"]:
+        assert pt["books"]["all_answered"] and pt["books"]["server_balanced"]
+    assert sorted((r["ring_drain_on"], r["return_allowance"]) for r in rep["comparison"]) == sorted(fronts)
+    assert "drain thread, allowance auto" in p.stdout
+    assert "rings drained on thread, return allowance auto" in p.stderr
+
+
+def test_front_ends_are_every_combination_of_the_lists_given():
+    from script_loader import load_script
+
+    from gpuloom.serve.frontend import WORKER_NICE
+
+    e2e = load_script("serve_e2e")
+    args = e2e.parse_args(["examples/mix6.yaml", "--ring-drain-on", "loop,thread", "--return-allowance", "off,auto"])
+    assert args.front_ends == [(0, WORKER_NICE, "lean", d, a) for d in ("loop", "thread") for a in ("off", "auto")]
+    args = e2e.parse_args(["examples/mix6.yaml", "--http-workers", "1,2"])
+    assert args.front_ends == [(w, WORKER_NICE, "lean", "loop", "off") for w in (1, 2)]  # the defaults
+
+
 def test_batch_split_weighs_each_batch_size_by_its_batches_and_leaves_unknown_holds_unknown():
     from script_loader import load_script
 
@@ -253,10 +289,28 @@ def test_the_comparison_gives_each_count_its_rounds_in_order_with_mean_and_sprea
         (0.5, 8, 10, [1.0]), (1, 4, 10, [0.5, None]), (1, 8, 0, [0.3, 0.4]), (1, 8, 10, [0.7, 0.9])]
     assert rows[1]["mean"] == 0.5 and rows[1]["spread"] == 0.0
     assert abs(rows[3]["mean"] - 0.8) < 1e-12 and abs(rows[3]["spread"] - 0.2) < 1e-12
+    # points of reports from before them: rings drained on the loop, no return allowance
+    assert {(r["ring_drain_on"], r["return_allowance"]) for r in rows} == {("loop", "off")}
+
+
+def test_the_comparison_keeps_ring_drains_and_return_allowances_apart():
+    from script_loader import load_script
+
+    e2e = load_script("serve_e2e")
+
+    def pt(ratio, **front):
+        return {"scale": 1, "http_workers": 4, "worker_nice": 0, "client": "lean", "ratio": {"goodput": ratio},
+                **front}
+
+    rows = e2e.comparison([pt(0.5), pt(0.6, ring_drain_on="loop", return_allowance="auto"),
+                           pt(0.7, ring_drain_on="thread", return_allowance="off"), pt(0.9, return_allowance="off")])
+    assert [(r["ring_drain_on"], r["return_allowance"], r["ratios"]) for r in rows] == [
+        ("loop", "auto", [0.6]), ("loop", "off", [0.5, 0.9]), ("thread", "off", [0.7])]
 
 
 def test_a_bad_worker_count_or_round_count_is_a_usage_error():
-    for extra in (["--http-workers", "2,x"], ["--rounds", "0"], ["--worker-nice", "0,20"], ["--client", "curl"]):
+    for extra in (["--http-workers", "2,x"], ["--rounds", "0"], ["--worker-nice", "0,20"], ["--client", "curl"],
+                  ["--ring-drain-on", "loop,x"], ["--return-allowance", "on"], ["--return-allowance", ","]):
         p = subprocess.run([sys.executable, str(SCRIPT), "examples/mix6.yaml", "--tiny", *extra],
                            capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert p.returncode == 2 and extra[0] in p.stderr, p.stderr
