@@ -83,9 +83,9 @@ def test_negative_and_nan_samples_neither_go_below_zero_nor_count():
     assert a.ms == 3.0
 
 
-def test_a_window_of_failed_replies_in_a_row_starts_it_again_from_zero():
-    """Requests the allowance itself may fail (each counted out of time) bring no sample that could
-    lower it: after 128 failures in a row it starts again from 0, and again needs 32 samples."""
+def test_a_window_of_drops_in_a_row_starts_it_again_from_zero():
+    """Requests the allowance itself may get dropped (each counted out of time) bring no sample that
+    could lower it: after 128 drops in a row it starts again from 0, and again needs 32 samples."""
     a = ReturnAllowance()
     for _ in range(32):
         a.add(40.0)
@@ -137,7 +137,7 @@ REQUESTS = 40
 
 
 def _infer(url: str, x: np.ndarray) -> dict[str, float]:
-    """One request; its Server-Timing (ms by name)."""
+    """One request; its Server-Timing (ms by name). HTTPError for an error status."""
     body = json.dumps({"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32",
                                    "data": x.ravel().tolist()}]}).encode()
     req = urllib.request.Request(f"http://{url}/v2/models/tiny_mlp/infer", data=body,
@@ -148,19 +148,29 @@ def _infer(url: str, x: np.ndarray) -> dict[str, float]:
         return parse_server_timing(r.headers.get("Server-Timing"))
 
 
-def _slow_replies(monkeypatch) -> None:
-    """Every successful reply waits ``DELAY_MS`` on its way back to the worker, after the service's
+def _status(url: str, x: np.ndarray) -> int:
+    import urllib.error
+
+    try:
+        _infer(url, x)
+    except urllib.error.HTTPError as e:
+        return e.code
+    return 200
+
+
+def _slow_replies(monkeypatch, delay_ms: float = DELAY_MS) -> None:
+    """Every successful reply waits ``delay_ms`` on its way back to the worker, after the service's
     time was taken: through the reply ring (a compact record) and over the socket (a frame) alike."""
     from gpuloom.serve import bridge, wire
 
     record, frame = wire._ReplyEncoder.record, bridge.InferBridge._ok_frame
 
     def slow_record(self, *a):
-        time.sleep(DELAY_MS / 1e3)
+        time.sleep(delay_ms / 1e3)
         return record(self, *a)
 
     def slow_frame(*a):
-        time.sleep(DELAY_MS / 1e3)
+        time.sleep(delay_ms / 1e3)
         return frame(*a)
 
     monkeypatch.setattr(wire._ReplyEncoder, "record", slow_record)
@@ -219,3 +229,28 @@ def test_the_runtime_counts_the_workers_return_allowance_as_waited(ring_kb, monk
             assert min(later) >= outside and max(later) <= 50.0 + DELAY_MS, (outside, waited)
     finally:
         service.close()
+
+
+@pytest.mark.skipif(not arena.supported(), reason="no memfd_create on this platform")
+def test_a_return_time_past_the_slo_is_capped_and_the_drops_it_causes_start_it_again(monkeypatch):
+    """Replies that take 80 ms outside the service: the allowance stops at 50 ms, which is tiny_mlp's
+    whole SLO, so the runtime drops every request from the 33rd on (504); after 128 drops in a row
+    the worker starts its estimate again from 0, and the next request is served."""
+    _slow_replies(monkeypatch, 80.0)
+    repo = load_repository(REPO / "tiny_mlp.yaml")
+    service = serve_fake.make_service()
+    core = ServeCore(service, repo)
+    core.load("tiny_mlp")
+    assert service.config("tiny_mlp").slo_ms == 50.0
+    waited = _record_waited(core)
+    server = Server(core, http_port=0, grpc_port=None, http_workers=1, worker_arena_mb=16,
+                    return_allowance="auto")
+    addr = server.start()
+    x = np.ones((1, 16), np.float32)
+    try:
+        statuses = [_status(addr.http_url, x) for _ in range(32 + 128 + 2)]
+    finally:
+        server.stop()
+    assert statuses == [200] * 32 + [504] * 128 + [200] * 2, statuses
+    assert all(50.0 <= w < 50.0 + DELAY_MS for w in waited[32:160]), waited  # the cap, plus the handler's time
+    assert all(w < DELAY_MS for w in waited[160:]), waited

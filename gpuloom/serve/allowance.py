@@ -36,9 +36,10 @@ class ReturnAllowance:
     until ``every`` samples exist.
 
     It is capped at ``cap_ms``: a run of stalled samples would otherwise tell the runtime that every
-    request is out of time, and it would drop them all. Without successful replies no new samples
-    come in to bring the estimate down, so :meth:`miss` counts the failed ones too: after ``window``
-    failures in a row the estimate starts again from 0 (it may be what failed them)."""
+    request is out of time, and it would drop them all. Even under the cap it can exceed every SLO
+    the worker sees (10-20 ms in mix6), and dropped requests bring no sample that could lower it, so
+    :meth:`miss` counts the drops: after ``window`` of them in a row the estimate starts again from 0
+    (it may be what dropped them)."""
 
     def __init__(self, window: int = 128, every: int = 32, cap_ms: float = 50.0) -> None:
         if not (0 < every <= window) or not cap_ms >= 0:
@@ -47,11 +48,12 @@ class ReturnAllowance:
         self.window, self.every, self.cap_ms = window, every, cap_ms
         self._samples = [0.0] * window  # a ring: sample i is at i % window
         self._n = 0  # samples since the start (or the last reset)
-        self._misses = 0  # failed replies since the last sample
+        self._misses = 0  # drops since the last sample
         self.ms = 0.0
 
     def add(self, sample_ms: float) -> None:
-        """One successful reply: its time after ``waited_ms`` was taken, less the service's own time."""
+        """One successful reply: its time in the worker's handler after ``waited_ms`` was taken, less the
+        service's own time (``service_ms``)."""
         if not math.isfinite(sample_ms):
             return
         self._misses = 0
@@ -62,7 +64,7 @@ class ReturnAllowance:
             self.ms = min(self.cap_ms, max(0.0, statistics.median(recent)))
 
     def miss(self) -> None:
-        """One failed reply (no sample): ``window`` in a row reset the estimate to 0."""
+        """One request the runtime dropped (no sample): ``window`` in a row reset the estimate to 0."""
         self._misses += 1
         if self._misses >= self.window:
             self._n = self._misses = 0

@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 #: (``docs/reports/serving.md``, twenty-ninth session). So 0 (the same priority) until the H200 says.
 WORKER_NICE = 0
 _HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
+_DROPPED = (503, 504)  # the runtime dropped the request (or its deadline passed): what an allowance can cause
 
 
 def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_bytes: int = 0, ring_bytes: int = 0,
@@ -218,7 +219,7 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_b
                 raise ProtocolError(f"the runtime process is not reachable: {e}", 503, retry_after_s=1.0) from None
         meta, payload = await fut
         if meta["status"] != 200:
-            if allowance is not None:
+            if allowance is not None and meta["status"] in _DROPPED:
                 allowance.miss()
             return _error(meta["error"], meta["status"], meta.get("retry_after_s"))
         outputs = unpack_tensors(meta, payload)
