@@ -105,6 +105,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="whether the front-end workers count a request's expected time outside the runtime as "
                         "waited (gpuloom serve --http-return-allowance; default off). Both, comma-separated: each "
                         "front end's HTTP leg once per value, in one process")
+    p.add_argument("--early-answer", default="off", metavar="off|on[,...]",
+                   help="whether the HTTP legs' served requests are answered on their partition's watcher thread "
+                        "(InferenceService(early_answer=...), set per leg on the one loaded service; the in-process "
+                        "legs keep the service's off) instead of the runtime's loop thread; default off. Both, "
+                        "comma-separated: each front end's HTTP leg once per value, in one process")
     p.add_argument("--worker-wakeups", choices=WAKEUPS, default="batch",
                    help="a worker's replies wake it once per batch of 8 rows or more (default) or once per reply "
                         "(Server(worker_wakeups=...))")
@@ -166,9 +171,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--client takes {' or '.join(CLIENTS)} (comma-separated for both), found {args.client!r}")
     args.ring_drain_on_list = _choices_list(p, "--ring-drain-on", args.ring_drain_on, DRAIN_ON)
     args.return_allowance_list = _choices_list(p, "--return-allowance", args.return_allowance, RETURN_ALLOWANCE)
-    # the front ends each scale's HTTP legs compare, in order: (workers, nice, client, ring drain, return allowance)
-    args.front_ends = [(w, n, c, d, a) for w in args.http_workers_list for n in args.worker_nice_list
-                       for c in args.client_list for d in args.ring_drain_on_list for a in args.return_allowance_list]
+    args.early_answer_list = _choices_list(p, "--early-answer", args.early_answer, EARLY_ANSWER)
+    # the front ends each scale's HTTP legs compare, in order:
+    # (workers, nice, client, ring drain, return allowance, early answer)
+    args.front_ends = [(w, n, c, d, a, e) for w in args.http_workers_list for n in args.worker_nice_list
+                       for c in args.client_list for d in args.ring_drain_on_list for a in args.return_allowance_list
+                       for e in args.early_answer_list]
     if args.rounds < 1:
         p.error(f"--rounds must be at least 1, got {args.rounds}")
     if args.client_spec is None:
@@ -196,6 +204,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if args.lookahead_ms is not None and not args.lookahead_ms >= 0:
             p.error(f"--lookahead-ms must be >= 0 ms (0: off), found {args.lookahead_ms}")
     return args
+
+
+EARLY_ANSWER = ("off", "on")  # --early-answer's values
 
 
 def _choices_list(p: argparse.ArgumentParser, flag: str, text: str, choices: tuple[str, ...]) -> list[str]:
@@ -480,7 +491,8 @@ def print_table(rep: dict, pt: dict) -> None:
           f"{kind}, {rep['duration_s']:g} s per leg, {pt['clients']} client process(es), "
           f"{pt.get('http_workers', 0)} front-end worker(s)"
           + (f" (rings drained on {pt.get('ring_drain_on', 'loop')}, return allowance "
-             f"{pt.get('return_allowance', 'off')})" if pt.get("http_workers") else "")
+             f"{pt.get('return_allowance', 'off')}, early answer {pt.get('early_answer', 'off')})"
+             if pt.get("http_workers") else "")
           + f", {pt.get('client', 'aiohttp')} clients"
           + (f", round {pt.get('round', 0) + 1} of {rep['rounds']}" if rep.get("rounds", 1) > 1 else ""))
     print(head)
@@ -634,9 +646,10 @@ def run(args: argparse.Namespace) -> int:
             "client": args.client_list[0] if len(args.client_list) == 1 else args.client_list,
             "ring_drain_on": _one_or_list(args.ring_drain_on_list),
             "return_allowance": _one_or_list(args.return_allowance_list),
+            "early_answer": _one_or_list(args.early_answer_list),
             "summary": [{"scale": p["scale"], "http_workers": p["http_workers"], "worker_nice": p["worker_nice"],
                          "client": p["client"], "ring_drain_on": p["ring_drain_on"],
-                         "return_allowance": p["return_allowance"],
+                         "return_allowance": p["return_allowance"], "early_answer": p["early_answer"],
                          "round": p["round"],
                          "offered_rps": p["offered_rps"],
                          "inprocess_goodput_rps": p["inprocess"]["goodput_rps"],
@@ -679,7 +692,7 @@ def run(args: argparse.Namespace) -> int:
                 if cpu0 is not None:
                     inproc["loop_cpu"] = loop_cpu_window(svc, cpu0, t_cpu, inproc.get("submitted"), say)
                 legs = args.front_ends if rnd % 2 == 0 else args.front_ends[::-1]
-                for workers, nice, client, drain_on, allowance in legs:
+                for workers, nice, client, drain_on, allowance, early in legs:
                     # a server of its own per leg, on the same loaded service (left running at its stop)
                     core = ServeCore(svc, None)
                     server = Server(core, host="127.0.0.1", http_port=0, grpc_port=None, http_workers=workers,
@@ -690,18 +703,22 @@ def run(args: argparse.Namespace) -> int:
                     http_warmup(addr.http_url, svc.models())
                     wait_pinned(server, svc, workers, say)
                     front = (f"{workers} worker(s) at nice +{nice}, rings drained on {drain_on}, "
-                             f"return allowance {allowance}")
+                             f"return allowance {allowance}, early answer {early}")
                     say(f"HTTP server on http://{addr.http_url} with {front} (the gpuloom serve code, in this "
                         f"process); {client} clients")
+                    early_before = svc.early_answer
+                    svc.early_answer = early == "on"  # this leg's; the in-process legs keep the service's
                     try:
                         http, server_books, used = http_leg(args, svc, core, server, addr.http_url, times, slos,
                                                             clients, other_cpus, scale, rates, say, client)
                     finally:
+                        svc.early_answer = early_before
                         server.stop()
                         server = None
                     points.append(make_point(scale, args.duration, inproc, http, server_books, times, used,
                                              http_workers=workers, round_=rnd, worker_nice=nice, client=client,
-                                             ring_drain_on=drain_on, return_allowance=allowance))
+                                             ring_drain_on=drain_on, return_allowance=allowance,
+                                             early_answer=early))
                     say(f"x{scale:g}, {front}, {client} clients: goodput in-process {inproc['goodput_rps']:.1f}/s, "
                         f"HTTP {http['goodput_rps']:.1f}/s, ratio {points[-1]['ratio']['goodput']}")
                     say(f"  busiest client process {http['client_cpu_max_s_per_s']:.2f} CPU-s/s; workers "
@@ -800,32 +817,35 @@ def comparison(points: list[dict]) -> list[dict]:
     """Per scale and front end (worker count, their nice, the client, who drains the rings, the return
     allowance): the ratio of each round's leg, in round order, and their mean and spread (what a
     comparison of front ends reads: a difference inside the spread says nothing)."""
-    rows: dict[tuple[float, int, int | None, str, str, str], list[float | None]] = {}
+    rows: dict[tuple[float, int, int | None, str, str, str, str], list[float | None]] = {}
     for p in points:
-        # runs before 85: aiohttp clients; before the return allowance: rings drained on the loop, no allowance
+        # runs before 85: aiohttp clients; before the return allowance: rings drained on the loop, no allowance;
+        # before the early answer's legs: off
         key = (p["scale"], p["http_workers"], p.get("worker_nice"), p.get("client", "aiohttp"),
-               p.get("ring_drain_on", "loop"), p.get("return_allowance", "off"))
+               p.get("ring_drain_on", "loop"), p.get("return_allowance", "off"), p.get("early_answer", "off"))
         rows.setdefault(key, []).append(p["ratio"]["goodput"])
     out = []
-    for (scale, workers, nice, client, drain_on, allowance), ratios in rows.items():
+    for (scale, workers, nice, client, drain_on, allowance, early), ratios in rows.items():
         known = [r for r in ratios if r is not None]
         out.append({"scale": scale, "http_workers": workers, "worker_nice": nice, "client": client,
-                    "ring_drain_on": drain_on, "return_allowance": allowance, "ratios": ratios,
+                    "ring_drain_on": drain_on, "return_allowance": allowance, "early_answer": early,
+                    "ratios": ratios,
                     "mean": sum(known) / len(known) if known else None,
                     "spread": max(known) - min(known) if known else None})
     return sorted(out, key=lambda r: (r["scale"], r["http_workers"], r["worker_nice"] or 0, r["client"],
-                                      r["ring_drain_on"], r["return_allowance"]))
+                                      r["ring_drain_on"], r["return_allowance"], r["early_answer"]))
 
 
 def print_comparison(points: list[dict]) -> None:
-    print("HTTP / in-process goodput by worker count, their nice, the client, who drains the rings and the return "
-          "allowance (one ratio per round, in order):")
+    print("HTTP / in-process goodput by worker count, their nice, the client, who drains the rings, the return "
+          "allowance and the early answer (one ratio per round, in order):")
     for r in comparison(points):
         ratios = " ".join("-" if x is None else f"{x:.3f}" for x in r["ratios"])
         mean = "-" if r["mean"] is None else f"{r['mean']:.3f}"
         spread = "-" if r["spread"] is None else f"{r['spread']:.3f}"
         print(f"  x{r['scale']:g}  {r['http_workers']:>2} worker(s) at nice +{r['worker_nice']}, {r['client']:>7}, "
-              f"drain {r['ring_drain_on']:>6}, allowance {r['return_allowance']:>4}: {ratios}   "
+              f"drain {r['ring_drain_on']:>6}, allowance {r['return_allowance']:>4}, "
+              f"early {r['early_answer']:>3}: {ratios}   "
               f"mean {mean}, spread {spread}")
 
 
@@ -871,7 +891,7 @@ def _settle(core: Any, timeout_s: float = 30.0) -> None:
 def make_point(scale: float, duration_s: float, inproc: dict, http: dict, server_books: dict,
                times: dict[str, list[float]], clients: int, http_workers: int = 0, round_: int = 0,
                worker_nice: int | None = None, client: str | None = None, ring_drain_on: str = "loop",
-               return_allowance: str = "off") -> dict:
+               return_allowance: str = "off", early_answer: str = "off") -> dict:
     """One load factor: both legs, their ratio, and the books of the HTTP leg.
 
     Books: every request the clients sent got an answer (200 or an error status; none lost), and the
@@ -886,7 +906,7 @@ def make_point(scale: float, duration_s: float, inproc: dict, http: dict, server
     return {
         "scale": scale, "offered_rps": sum(len(t) for t in times.values()) / duration_s,
         "clients": clients, "http_workers": http_workers, "worker_nice": worker_nice, "client": client, "round": round_,
-        "ring_drain_on": ring_drain_on, "return_allowance": return_allowance,
+        "ring_drain_on": ring_drain_on, "return_allowance": return_allowance, "early_answer": early_answer,
         "inprocess": inproc, "http": http,
         "ratio": {"goodput": ratio,
                   "slo_attainment": _ratio(http["slo_attainment"], inproc["slo_attainment"]),

@@ -194,6 +194,7 @@ def test_worker_counts_take_turns_on_one_service_in_rounds(tmp_path):
     assert rep["ok"]
     assert rep["http_workers"] == [0, 1] and rep["rounds"] == 2 and rep["worker_nice"] == WORKER_NICE
     assert rep["ring_drain_on"] == "loop" and rep["return_allowance"] == "off"  # one value each: a scalar
+    assert rep["early_answer"] == "off"
     assert [(pt["round"], pt["http_workers"]) for pt in rep["points"]] == [(0, 0), (0, 1), (1, 1), (1, 0)]
     for pt in rep["points"]:
         assert pt["books"]["all_answered"] and pt["books"]["server_balanced"]
@@ -249,6 +250,36 @@ def test_ring_drains_and_return_allowances_take_turns_as_front_ends(tmp_path):
     assert "rings drained on thread, return allowance auto" in p.stderr
 
 
+def test_the_early_answer_takes_turns_per_http_leg_and_the_service_keeps_its_own(tmp_path):
+    """--early-answer off,on: two HTTP legs on one loaded service, each point recording its own; every
+    request answered and the books balanced in both; the report lists both values."""
+    wl = tmp_path / "three.yaml"
+    wl.write_text(WORKLOAD)
+    out = tmp_path / "e2e.json"
+    p = subprocess.run([sys.executable, str(SCRIPT), str(wl), "--tiny", "--device", "cpu", "--scale", "0.5",
+                        "--duration", "1", "--max-batch", "4", "--clients", "1", "--http-workers", "1",
+                        "--early-answer", "off,on", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rep = json.loads(out.read_text())
+    assert rep["ok"] and rep["early_answer"] == ["off", "on"]
+    assert [pt["early_answer"] for pt in rep["points"]] == ["off", "on"]
+    assert [r["early_answer"] for r in rep["summary"]] == ["off", "on"]
+    for pt in rep["points"]:
+        assert pt["books"]["all_answered"] and pt["books"]["server_balanced"]
+        assert pt["http"]["served"] == pt["http"]["submitted"] > 0
+    assert sorted(r["early_answer"] for r in rep["comparison"]) == ["off", "on"]
+    assert "early answer on" in p.stderr and "early  on" in p.stdout
+
+
+def test_bad_early_answer_values_are_usage_errors():
+    from script_loader import load_script
+
+    e2e = load_script("serve_e2e")
+    with pytest.raises(SystemExit):
+        e2e.parse_args(["examples/mix6.yaml", "--early-answer", "yes"])
+
+
 def test_front_ends_are_every_combination_of_the_lists_given():
     from script_loader import load_script
 
@@ -256,9 +287,12 @@ def test_front_ends_are_every_combination_of_the_lists_given():
 
     e2e = load_script("serve_e2e")
     args = e2e.parse_args(["examples/mix6.yaml", "--ring-drain-on", "loop,thread", "--return-allowance", "off,auto"])
-    assert args.front_ends == [(0, WORKER_NICE, "lean", d, a) for d in ("loop", "thread") for a in ("off", "auto")]
+    assert args.front_ends == [(0, WORKER_NICE, "lean", d, a, "off") for d in ("loop", "thread")
+                               for a in ("off", "auto")]
     args = e2e.parse_args(["examples/mix6.yaml", "--http-workers", "1,2"])
-    assert args.front_ends == [(w, WORKER_NICE, "lean", "loop", "off") for w in (1, 2)]  # the defaults
+    assert args.front_ends == [(w, WORKER_NICE, "lean", "loop", "off", "off") for w in (1, 2)]  # the defaults
+    args = e2e.parse_args(["examples/mix6.yaml", "--return-allowance", "off,auto", "--early-answer", "off,on"])
+    assert [f[4:] for f in args.front_ends] == [("off", "off"), ("off", "on"), ("auto", "off"), ("auto", "on")]
 
 
 def test_batch_split_weighs_each_batch_size_by_its_batches_and_leaves_unknown_holds_unknown():
