@@ -566,11 +566,13 @@ class ExecBackend(Backend):
             outs = []
         end = watcher.last_end = self.loop.wall_ms()
         self._unbooked.pop(id(ticket), None)
-        served: list[tuple[Request, ExecOutput]] = []
+        early = self.on_served
+        served: list[tuple[Request, ExecOutput]] = []  # (what early answers, after the completion's post)
         if not err:
             for i, r in enumerate(requests):
                 out = self._outputs[r.id] = ExecOutput([o[i] for o in outs], start, end, dev_ms, len(requests))
-                served.append((r, out))
+                if early is not None:
+                    served.append((r, out))
         with self._lock:
             part = lanes.layout.partitions[d.partition]
             if lanes is self._lanes:
@@ -601,8 +603,7 @@ class ExecBackend(Backend):
             use = min(sms, self.knee(d.model, d.batch)) if self.knee else sms
             self._busy_sm_ms += use * dev_ms
         self.loop.post(COMPLETION, self._on_completion, Completion(d, start, end, err, math.nan if err else dev_ms))
-        early = self.on_served
-        if early is not None:  # after the post: the lane's next launch does not wait for these answers
+        if served:  # after the post: the lane's next launch does not wait for these answers
             self._answer_early(early, d, served, end)
         self._batch_gone(lanes)
 
