@@ -22,7 +22,8 @@ import statistics
 
 #: ``Server(return_allowance=...)``: "auto" adds the estimate to each request's ``waited_ms``, "off" does not
 MODES = ("auto", "off")
-#: off until an A/B on the GPU says whether it helps
+#: off: on a slow H100 host (runs 210-211) it turned late answers into drops, not on-time ones; a middle
+#: or fast host, where the GPU and not the host limits, is still to measure (reports/runtime.md, next call 2)
 DEFAULT_MODE = "off"
 
 
