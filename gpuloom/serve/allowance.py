@@ -27,6 +27,14 @@ MODES = ("auto", "off")
 DEFAULT_MODE = "off"
 
 
+def check_mode(mode: str) -> str:
+    """``mode`` unchanged, or ValueError naming the choices (the server's setting and the worker's flag)."""
+    if mode not in MODES:
+        raise ValueError(f"return_allowance: expected one of {MODES} (whether the front-end workers count a "
+                         f"request's expected time outside the runtime in its deadline), got {mode!r}")
+    return mode
+
+
 class ReturnAllowance:
     """A worker's running estimate of a request's time in the server after its ``waited_ms`` was
     taken and outside the service's own clock (:attr:`ms`).

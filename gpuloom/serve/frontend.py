@@ -32,7 +32,7 @@ import time
 from typing import Any
 
 from ..runtime.gcpause import RareFullCollections, freeze_loaded
-from .allowance import DEFAULT_MODE, MODES, ReturnAllowance
+from .allowance import DEFAULT_MODE, MODES, ReturnAllowance, check_mode
 from .client_timeout import DEFAULT_CLIENT_TIMEOUT_S, ClientTimeouts
 from .protocol import ProtocolError
 from .wire import (FRAME, _copy_into, _describe, _recv_control, _Templates, pack, read_ring_reply, ring_request,
@@ -70,9 +70,7 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_b
     from .protocol import deadline_ms_from_parameters, parse_infer_body
 
     state: dict[str, Any] = {"pending": {}, "next": 0, "blocks": {}, "arena": None, "rings": None, "up": True}
-    if return_allowance not in MODES:
-        raise ValueError(f"return_allowance: expected one of {MODES}, got {return_allowance!r}")
-    allowance = ReturnAllowance() if return_allowance == "auto" else None
+    allowance = ReturnAllowance() if check_mode(return_allowance) == "auto" else None
 
     async def on_startup(app):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

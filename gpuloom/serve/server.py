@@ -122,13 +122,9 @@ class Server:
             raise ValueError(f"worker_wakeups: expected one of {bridge.WAKEUPS}, got {worker_wakeups!r}")
         # a worker's replies in its ring wake it once per batch (of ring.COALESCE_FROM_ROWS rows or more) or per reply
         self.worker_wakeups = worker_wakeups
-        if return_allowance not in allowance.MODES:
-            raise ValueError(f"return_allowance: expected one of {allowance.MODES} (whether the front-end workers "
-                             f"count a request's expected time outside the runtime in its deadline), "
-                             f"got {return_allowance!r}")
         # "auto": each worker adds its estimate of a request's time in the server after it is handed
         # on and outside the service to the time the request has waited (allowance.py: why)
-        self.return_allowance = return_allowance
+        self.return_allowance = allowance.check_mode(return_allowance)
         # 0: this process serves HTTP. N > 0: N front-end processes parse HTTP on the public port and
         # pass tensors over a Unix socket (frontend.py); this process serves HTTP on a loopback port
         # for the routes they forward.
