@@ -316,7 +316,13 @@ class InferenceService(LoopHosting):
         with self._lock:
             self._early_answer = bool(on)
             if self._backend is not None:
-                self._backend.on_served = self._on_result if self._early_answer else None
+                self._hook_early_answer()
+
+    def _hook_early_answer(self) -> None:
+        """The backend answers served requests on its watchers (``on_served``) exactly while early_answer is
+        on: its one wiring, at the backend's creation and at each switch."""
+        self._backend.on_served = self._on_result if self._early_answer else None  # answers once: the runtime's
+        # later call for the same request finds it done
 
     # -- lifecycle ----------------------------------------------------------------------------
     @property
@@ -999,8 +1005,7 @@ class InferenceService(LoopHosting):
             with self._lock:
                 for poll in self._intakes:
                     self._backend.loop.add_poller(poll)
-            if self.early_answer:
-                self._backend.on_served = self._on_result  # answers once: the runtime's later call finds it done
+            self._hook_early_answer()
             self._runtime = Runtime(policy, self._backend, ctx)
             self._runtime.start(self._on_result, on_layout=self._on_layout, on_results=self._on_results)
         else:
