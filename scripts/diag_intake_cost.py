@@ -23,7 +23,6 @@ pause lets the runtime answer them; their replies are encoded as the ring path e
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -150,7 +149,9 @@ def main(argv=None) -> int:
               f"(min {out['answer_us_min']:.1f}, max {out['answer_us_max']:.1f})")
     print(f"replies {sum(r['replies'] for r in reps)}, errors {sum(r['errors'] for r in reps)}")
     if args.out:
-        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+        from gpuloom.bench.e2e import save_json
+
+        save_json(args.out, out)
     return 0
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from gpuloom.bench.e2e import save_json  # noqa: E402
 from gpuloom.bench.experiment import make_context, make_requests  # noqa: E402
 from gpuloom.bench.workload import load_workload, resolve_profiles, validate  # noqa: E402
 from gpuloom.commands.simulate import CONTENTION_PRESETS, preset_model  # noqa: E402
@@ -104,11 +105,10 @@ def main(argv=None) -> int:
                       f"-> {legs['auto']['on_time']:6d} (x{gain:.3f}); late {legs['off']['late']:5d} -> "
                       f"{legs['auto']['late']:5d}; dropped {legs['off']['dropped']:5d} -> {legs['auto']['dropped']:5d}",
                       file=sys.stderr)
-    text = json.dumps(out, indent=1)
     if args.out:
-        Path(args.out).write_text(text + "\n")
+        save_json(args.out, out)
     else:
-        print(text)
+        print(json.dumps(out, indent=1))
     return 0
 
 
