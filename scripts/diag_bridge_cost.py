@@ -25,7 +25,6 @@ spread (min, max) over ``--repeat`` runs, each with a fresh bridge and client.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import json
 import os
 import platform
@@ -53,7 +52,7 @@ from gpuloom.serve.wire import FRAME, pack  # noqa: E402
 
 
 class StandInCore:
-    """What ``InferBridge`` calls on ``ServeCore``; one thread completes each future at once."""
+    """What ``InferBridge`` calls on ``ServeCore``; one thread answers each request at once."""
 
     service = None  # no device: the bridge never page-locks the arena
 
@@ -65,20 +64,21 @@ class StandInCore:
         self._t.start()
 
     def _run(self) -> None:
-        while (fut := self._q.get()) is not None:
-            fut.set_result(self.outputs)  # runs the bridge's callbacks here, as the runtime's thread does
+        while (on_done := self._q.get()) is not None:
+            on_done(self.outputs, None)  # the bridge's answer, here, as on the runtime's thread
 
     def check_outputs(self, name, version, wanted) -> None:
         return None
 
-    def submit(self, name, version, inputs, deadline_ms, waited_ms=0.0, checked_for=None):
-        fut: cf.Future = cf.Future()
-        self._q.put(fut)
-        return fut, None
+    def submit(self, name, version, inputs, deadline_ms, waited_ms=0.0, checked_for=None, on_done=None):
+        self._q.put(on_done)
+        return None, None
 
-    def outcome(self, name, fut, t0, rows):
+    def settle(self, name, outputs, error, t0, rows):
         self.answered += 1
-        return fut.result(timeout=0)
+        if error is not None:
+            raise error
+        return outputs
 
     def close(self) -> None:
         self._q.put(None)

@@ -131,7 +131,8 @@ class FakeService:
     def ready(self, name):
         return name in self._models and not self._closed
 
-    def submit(self, name, inputs, *, deadline_ms=None, waited_ms=0.0, checked_for=None):  # (neither modelled here)
+    def submit(self, name, inputs, *, deadline_ms=None, waited_ms=0.0, checked_for=None,  # (neither modelled here)
+               on_done=None):
         import torch
 
         with self._lock:
@@ -173,8 +174,10 @@ class FakeService:
                     self._pending -= 1
                     self.counts[name] = self.counts.get(name, 0) + 1
 
+        if on_done is not None:  # the service's callback instead of a future (the HTTP workers' bridge)
+            outer.add_done_callback(lambda f: on_done(None, f.exception()) if f.exception() else on_done(f.result(), None))
         self._pool.submit(run)
-        return outer
+        return None if on_done is not None else outer
 
     _drain = True
 

@@ -182,9 +182,9 @@ def _record_waited(core: ServeCore) -> list[float]:
     seen: list[float] = []
     real = core.submit
 
-    def submit(name, version, inputs, deadline_ms, waited_ms=0.0, checked_for=None):
+    def submit(name, version, inputs, deadline_ms, waited_ms=0.0, checked_for=None, on_done=None):
         seen.append(waited_ms)
-        return real(name, version, inputs, deadline_ms, waited_ms, checked_for=checked_for)
+        return real(name, version, inputs, deadline_ms, waited_ms, checked_for=checked_for, on_done=on_done)
 
     core.submit = submit
     return seen

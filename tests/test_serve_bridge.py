@@ -4,7 +4,6 @@ away mid-frame. CPU only, no worker process."""
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import json
 import queue
 import socket
@@ -33,8 +32,8 @@ class EchoCore:
 
     def _run(self) -> None:
         while (item := self._q.get()) is not None:
-            fut, x = item
-            fut.set_result({"y": x * 2})
+            on_done, x = item
+            on_done({"y": x * 2}, None)  # as the service answers: on its own thread
 
     def check_outputs(self, name, version, wanted) -> None:
         return None
@@ -42,15 +41,16 @@ class EchoCore:
     #: what a real core returns for inputs that match the model exactly (its config)
     config = object()
 
-    def submit(self, name, version, inputs, deadline_ms, waited_ms=0.0, checked_for=None):
+    def submit(self, name, version, inputs, deadline_ms, waited_ms=0.0, checked_for=None, on_done=None):
         self.waited.append(waited_ms)
         self.checked_for.append(checked_for)
-        fut: cf.Future = cf.Future()
-        self._q.put((fut, np.array(inputs["x"], copy=True)))
-        return fut, self.config
+        self._q.put((on_done, np.array(inputs["x"], copy=True)))
+        return None, self.config
 
-    def outcome(self, name, fut, t0, rows):
-        return fut.result(timeout=0)
+    def settle(self, name, outputs, error, t0, rows):
+        if error is not None:
+            raise error
+        return outputs
 
     def close(self) -> None:
         self._q.put(None)

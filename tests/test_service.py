@@ -348,6 +348,56 @@ def test_a_failing_model_fails_only_its_own_requests_through_the_service():
     svc.close()
 
 
+def test_on_done_answers_each_request_once_instead_of_a_future_and_a_raising_one_stops_no_other(caplog):
+    svc = fake_service(policy="dstack")
+    svc.device.inject_fault("plus", "plus is broken")
+    got: dict[int, list] = {}
+    lock = threading.Lock()
+
+    def answer(i):
+        def on_done(outputs, error):
+            with lock:
+                got.setdefault(i, []).append((outputs, error, threading.current_thread().name))
+            if i == 3:
+                raise RuntimeError("a broken answer callback")
+        return on_done
+
+    names = ["twice", "plus"] * 10
+    for i, n in enumerate(names):
+        x = np.full((1 + i % 3, 4), float(i), np.float32)
+        assert svc.submit(n, {"x": x}, on_done=answer(i)) is None  # no future is made
+    deadline = time.monotonic() + 10
+    while len(got) < len(names) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)  # a second answer of any request would show up by now
+    assert sorted(got) == list(range(len(names))) and all(len(v) == 1 for v in got.values())
+    for i, n in enumerate(names):
+        (outputs, error, thread), = got[i]
+        assert thread.startswith("gpuloom-runtime")  # answered on the runtime's thread, not the submitter's
+        if n == "plus":
+            assert outputs is None and isinstance(error, ModelFailed) and "plus is broken" in str(error)
+        else:
+            assert error is None
+            np.testing.assert_array_equal(outputs["y"], np.full((1 + i % 3, 4), 2.0 * i, np.float32))
+    assert "a broken answer callback" in caplog.text  # logged, as a future logs its callbacks' errors
+    st = assert_books(svc)
+    assert st["models"]["plus"]["failure"] == 10 and st["models"]["twice"]["success"] == 10
+    svc.close()
+
+
+def test_a_request_whose_future_its_caller_cancelled_is_booked_without_an_error(caplog):
+    svc = fake_service(latency_ms=30.0)
+    f = svc.submit("twice", {"x": np.ones((1, 4), np.float32)})
+    assert f.cancel()  # an HTTP client gone while its request waits (until_done cancels it)
+    deadline = time.monotonic() + 5
+    while svc.stats()["totals"]["in_flight"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    st = assert_books(svc)
+    assert st["models"]["twice"]["success"] == 1 and st["totals"]["in_flight"] == 0
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
+    svc.close()
+
+
 def test_overload_raises_overloaded_with_retry_after_and_the_queue_stays_bounded():
     svc = fake_service(latency_ms=50.0, queue_limit=3)
     accepted = []

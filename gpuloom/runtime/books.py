@@ -15,7 +15,7 @@ import concurrent.futures
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ..profile.store import Profile
 from .admission import TokenBucket
@@ -106,14 +106,18 @@ class _Model:
 
 
 class _Call:
-    """One accepted client request: its rows' fates joined into one future."""
+    """One accepted client request: its rows' fates joined into one answer, given through a future,
+    or through ``on_done(outputs, error)`` where the caller passed one (no future made)."""
 
-    __slots__ = ("model", "future", "outputs", "left", "error", "t0", "deadline_s", "explicit", "queue_ms",
-                 "compute_ms", "batch")
+    __slots__ = ("model", "future", "on_done", "settled", "outputs", "left", "error", "t0", "deadline_s",
+                 "explicit", "queue_ms", "compute_ms", "batch")
 
-    def __init__(self, model: _Model, n: int, deadline_s: float, explicit: bool) -> None:
+    def __init__(self, model: _Model, n: int, deadline_s: float, explicit: bool,
+                 on_done: Callable[[Any, ServiceError | None], None] | None = None) -> None:
         self.model = model
-        self.future: concurrent.futures.Future = concurrent.futures.Future()
+        self.future: concurrent.futures.Future | None = concurrent.futures.Future() if on_done is None else None
+        self.on_done = on_done
+        self.settled = False  # answered (served, failed or dropped): later results are ignored
         self.outputs: list[Any] = [None] * n
         self.left = n
         self.error: ServiceError | None = None

@@ -575,7 +575,9 @@ class InferenceService(LoopHosting):
 
     # -- requests -----------------------------------------------------------------------------
     def submit(self, name: str, inputs: Mapping[str, np.ndarray], *, deadline_ms: float | None = None,
-               waited_ms: float = 0.0, checked_for: ModelConfig | None = None) -> concurrent.futures.Future:
+               waited_ms: float = 0.0, checked_for: ModelConfig | None = None,
+               on_done: Callable[[dict[str, np.ndarray] | None, ServiceError | None], None] | None = None,
+               ) -> concurrent.futures.Future | None:
         """Queue one request of ``n`` rows; its future gives ``{output name: array of n rows}``.
 
         ``deadline_ms``: answer within this many ms from now (default: the model's SLO); a request
@@ -595,8 +597,14 @@ class InferenceService(LoopHosting):
         place (``device.pinned_empty`` or ``device.register_host``: a worker's shared arena, a load
         generator's pinned pool); those must stay unchanged until the request is answered.
 
-        Raises (at once) UnknownModel, ModelNotReady, InvalidInput, Overloaded. The future fails with
-        DeadlineExceeded, Dropped or ModelFailed.
+        ``on_done``: instead of a future (None is returned), ``on_done(outputs, None)`` once served, or
+        ``on_done(None, error)``; called once, on the thread that answers (the runtime's, mostly),
+        under the service's lock: it must be short. Why: a future's making, callback, result and its
+        reading cost about 15 us of a cold runtime thread per request (the HTTP workers' bridge,
+        ``scripts/diag_intake_cost.py``). What it raises is logged.
+
+        Raises (at once) UnknownModel, ModelNotReady, InvalidInput, Overloaded. The future fails (or
+        ``on_done`` is given) with DeadlineExceeded, Dropped or ModelFailed.
         """
         m = self._models.get(name)
         if m is None:
@@ -638,7 +646,7 @@ class InferenceService(LoopHosting):
                 m.rejected += 1
                 raise Overloaded(f"model {name!r} has {m.in_flight} requests waiting (limit {self.queue_limit})",
                                  retry_after_s=self._retry_after(m))
-            call = _Call(m, len(rows), time.monotonic() + timeout_ms / 1000.0, deadline_ms is not None)
+            call = _Call(m, len(rows), time.monotonic() + timeout_ms / 1000.0, deadline_ms is not None, on_done)
             m.accepted += 1
             m.arrivals.append(call.t0)
             try:
@@ -818,7 +826,9 @@ class InferenceService(LoopHosting):
         return Dropped(result.reason or "unspecified")
 
     def _settle(self, call: _Call, now: float) -> None:
-        """Under the lock: count the request's fate (at monotonic ``now``) and resolve its future."""
+        """Under the lock: count the request's fate (at monotonic ``now``) and resolve its future (or
+        call its ``on_done``)."""
+        call.settled = True
         m = call.model
         late = now > call.deadline_s + 1e-4
         if call.error is None and late and call.explicit:
@@ -835,7 +845,7 @@ class InferenceService(LoopHosting):
                 result = {nm: call.outputs[0][j][None] for j, nm in enumerate(names)}
             else:
                 result = {nm: np.stack([row[j] for row in call.outputs]) for j, nm in enumerate(names)}
-            call.future.set_result(result)
+            self._resolve(call, result, None)
         else:
             if isinstance(call.error, ModelFailed):
                 m.failure += 1
@@ -848,9 +858,26 @@ class InferenceService(LoopHosting):
                     reason = "deadline"
                 m.dropped[reason] += 1
                 m.n_dropped += 1
-            call.future.set_exception(call.error)
+            self._resolve(call, None, call.error)
         if m.in_flight == 0:
             self._cv.notify_all()
+
+    @staticmethod
+    def _resolve(call: _Call, outputs: dict[str, np.ndarray] | None, error: ServiceError | None) -> None:
+        """Give a settled request its answer: through its future, or its ``on_done`` (what that raises
+        is logged, as a future logs what its callbacks raise)."""
+        fut = call.future
+        try:
+            if fut is None:
+                call.on_done(outputs, error)
+            elif error is None:
+                fut.set_result(outputs)
+            else:
+                fut.set_exception(error)
+        except concurrent.futures.InvalidStateError:
+            pass  # its caller cancelled the future (an HTTP client gone): booked all the same
+        except Exception:  # noqa: BLE001 - the other requests of the batch still get theirs
+            log.exception("the answer callback of a %s request failed", call.model.config.name)
 
     def _expire_loop(self) -> None:
         """Every quarter second (at most), answer the requests left unanswered past deadline + grace."""
@@ -885,7 +912,7 @@ class InferenceService(LoopHosting):
             while heap and heap[0][0] < limit:
                 _, rids = heapq.heappop(heap)
                 calls = [e[0] for e in (self._rid.pop(rid, None) for rid in rids) if e is not None]
-                if calls and not calls[0].future.done():  # else answered in time, the usual case
+                if calls and not calls[0].settled:  # else answered in time, the usual case
                     waits = rt is not None and any(rt.is_queued(rid) for rid in rids)
                     overdue.append((calls[0], waits))
                     if waits:  # out of its queue: answered now, it takes no GPU time after
@@ -913,7 +940,7 @@ class InferenceService(LoopHosting):
             calls = {id(c): c for c, _ in self._rid.values()}
             self._rid.clear()
             for call in calls.values():
-                if not call.future.done():
+                if not call.settled:
                     call.error = call.error or Dropped(reason)
                     self._settle(call, time.monotonic())
 

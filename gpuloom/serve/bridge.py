@@ -343,10 +343,21 @@ class InferBridge:
                 in_arena: "_Outstanding | None" = None, waited_ms: float = 0.0,
                 template: "_RequestTemplate | None" = None) -> None:
         """Submit one request's checked ``inputs``; its answer goes back through ``ok`` (served) or as
-        a frame through ``send`` (an error), from the thread that answers the future. ``waited_ms``: how
+        a frame through ``send`` (an error), from the thread that answers it. ``waited_ms``: how
         long the worker had held it (its deadline counts from the worker's handler). ``template``: the
         compact record's, which remembers the config its inputs matched exactly."""
         t0 = time.perf_counter()
+
+        def done(outputs: Any, error: BaseException | None) -> None:  # the service's on_done
+            if in_arena is not None:  # the device has read the request's rows from the arena
+                in_arena.remove()
+            try:
+                outs = self.core.settle(name, outputs, error, t0, rows)
+                names = list(outs)
+                ok(rid, names, [np.asarray(outs[k]) for k in names], (time.perf_counter() - t0) * 1e3)
+            except Exception as e:  # noqa: BLE001 - e.g. outputs that cannot be framed: still answered
+                send(_failure_frame(rid, e))
+
         try:
             first = next(iter(inputs.values()), None)  # rows for the books; a scalar is refused by submit
             rows = first.shape[0] if first is not None and first.ndim else 0  # (never fails after submit)
@@ -356,26 +367,19 @@ class InferBridge:
                 self.core.refused(name, version, e.status)
                 raise
             checked = template.checked_for if template is not None else None
-            fut, checked = self.core.submit(name, version, inputs, deadline_ms, waited_ms, checked_for=checked)
+            if in_arena is not None:  # before submit: an answer may come before it returns
+                in_arena.add()
+            try:
+                _, checked = self.core.submit(name, version, inputs, deadline_ms, waited_ms, checked_for=checked,
+                                              on_done=done)
+            except BaseException:
+                if in_arena is not None:
+                    in_arena.remove()
+                raise
             if template is not None:
                 template.checked_for = checked
         except Exception as e:  # noqa: BLE001 - a malformed frame: answered, never a dead worker
             send(_failure_frame(rid, e))
-            return
-
-        def done(f: Any) -> None:
-            if in_arena is not None:  # the device has read the request's rows from the arena
-                in_arena.remove()
-            try:
-                outs = self.core.outcome(name, f, t0, rows)
-                names = list(outs)
-                ok(rid, names, [np.asarray(outs[k]) for k in names], (time.perf_counter() - t0) * 1e3)
-            except Exception as e:  # noqa: BLE001 - e.g. outputs that cannot be framed: still answered
-                send(_failure_frame(rid, e))
-
-        if in_arena is not None:
-            in_arena.add()
-        fut.add_done_callback(done)
 
     def close(self) -> None:
         self._closed = True

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import threading
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -195,9 +195,11 @@ class ServeCore:
         self.books.reject(name if known else "_unknown", REFUSED_REASONS.get(status, "invalid_request"))
 
     def submit(self, name: str, version: str | None, inputs: Mapping[str, np.ndarray], deadline_ms: float | None,
-               waited_ms: float = 0.0, checked_for: Any = None):
-        """Validate and submit; returns the runtime's concurrent Future, and the model's config when the
-        inputs matched it exactly (else None). Raises ProtocolError (4xx/503).
+               waited_ms: float = 0.0, checked_for: Any = None,
+               on_done: Callable[[Any, BaseException | None], None] | None = None):
+        """Validate and submit; returns the runtime's concurrent Future (None with ``on_done``: the
+        service calls it instead, ``InferenceService.submit``; pass what it gets to :meth:`settle`), and
+        the model's config when the inputs matched it exactly (else None). Raises ProtocolError (4xx/503).
         ``waited_ms``: how long the request has been in the server already (its deadline counts from
         then: ``InferenceService.submit``). ``checked_for``: a config an earlier request of the very
         same layout (names, dtypes, shapes) matched exactly; while it is still the model's config,
@@ -220,7 +222,7 @@ class ServeCore:
         svc = self.svc
         try:
             fut = self.service.submit(name, dict(inputs), deadline_ms=deadline_ms, waited_ms=waited_ms,
-                                      checked_for=checked_for)
+                                      checked_for=checked_for, on_done=on_done)
         except svc.InvalidInput as e:
             self.books.reject(name, "invalid_input")
             raise ProtocolError(f"invalid input for model {name!r}: {e}", 400) from None
@@ -239,9 +241,21 @@ class ServeCore:
 
     def outcome(self, name: str, fut: Any, t0: float, rows: int) -> dict[str, np.ndarray]:
         """Book the finished future's outcome and return its outputs or raise ProtocolError."""
-        svc = self.svc
         try:
             out = fut.result(timeout=0)
+        except BaseException as e:  # noqa: BLE001 - booked and mapped to its status by settle
+            return self.settle(name, None, e, t0, rows)
+        return self.settle(name, out, None, t0, rows)
+
+    def settle(self, name: str, outputs: Any, error: BaseException | None, t0: float, rows: int) -> dict[str, np.ndarray]:
+        """Book a finished request's outcome (its outputs, or the error the runtime answered it with;
+        ``t0``: when it was submitted, ``time.perf_counter``) and return its outputs or raise
+        ProtocolError."""
+        svc = self.svc
+        try:
+            if error is not None:
+                raise error
+            out = outputs
         except svc.DeadlineExceeded as e:
             self.books.finish(name, "dropped", reason="deadline")
             raise ProtocolError(f"model {name!r}: deadline exceeded: {e}", 504) from None
