@@ -172,9 +172,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.ring_drain_on_list = _choices_list(p, "--ring-drain-on", args.ring_drain_on, DRAIN_ON)
     args.return_allowance_list = _choices_list(p, "--return-allowance", args.return_allowance, RETURN_ALLOWANCE)
     args.early_answer_list = _choices_list(p, "--early-answer", args.early_answer, EARLY_ANSWER)
-    # the front ends each scale's HTTP legs compare, in order:
-    # (workers, nice, client, ring drain, return allowance, early answer)
-    args.front_ends = [(w, n, c, d, a, e) for w in args.http_workers_list for n in args.worker_nice_list
+    # the front ends each scale's HTTP legs compare, in order: every combination of the lists given
+    args.front_ends = [FrontEnd(w, n, c, d, a, e) for w in args.http_workers_list for n in args.worker_nice_list
                        for c in args.client_list for d in args.ring_drain_on_list for a in args.return_allowance_list
                        for e in args.early_answer_list]
     if args.rounds < 1:
@@ -207,6 +206,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 EARLY_ANSWER = ("off", "on")  # --early-answer's values
+
+
+@dataclasses.dataclass(frozen=True)
+class FrontEnd:
+    """One HTTP front end a scale's legs compare: how its server is set up and which clients drive it.
+    One object, rather than six values in a row, for what each leg runs, what its point records (the
+    fields are the point's keys) and what the comparison groups the rounds by."""
+
+    http_workers: int
+    worker_nice: int | None
+    client: str
+    ring_drain_on: str
+    return_allowance: str
+    early_answer: str
+
+    @classmethod
+    def of_point(cls, point: dict) -> FrontEnd:
+        """The front end a report's point was measured with. Points of older reports lack the later
+        fields: runs before 85 had aiohttp clients; before the return allowance, rings drained on the
+        loop and no allowance; before the early answer's legs, it was off."""
+        return cls(point["http_workers"], point.get("worker_nice"), point.get("client", "aiohttp"),
+                   point.get("ring_drain_on", "loop"), point.get("return_allowance", "off"),
+                   point.get("early_answer", "off"))
+
+    def fields(self) -> dict[str, Any]:
+        """Its fields by their report keys (a point's, and make_point's keyword arguments)."""
+        return dataclasses.asdict(self)
+
+    def describe(self) -> str:
+        """What the progress lines call it."""
+        return (f"{self.http_workers} worker(s) at nice +{self.worker_nice}, rings drained on "
+                f"{self.ring_drain_on}, return allowance {self.return_allowance}, early answer {self.early_answer}")
 
 
 def _choices_list(p: argparse.ArgumentParser, flag: str, text: str, choices: tuple[str, ...]) -> list[str]:
@@ -692,34 +723,32 @@ def run(args: argparse.Namespace) -> int:
                 if cpu0 is not None:
                     inproc["loop_cpu"] = loop_cpu_window(svc, cpu0, t_cpu, inproc.get("submitted"), say)
                 legs = args.front_ends if rnd % 2 == 0 else args.front_ends[::-1]
-                for workers, nice, client, drain_on, allowance, early in legs:
+                for front in legs:
                     # a server of its own per leg, on the same loaded service (left running at its stop)
                     core = ServeCore(svc, None)
-                    server = Server(core, host="127.0.0.1", http_port=0, grpc_port=None, http_workers=workers,
-                                    worker_ring_kb=args.worker_ring_kb, worker_cpus=other_cpus,
-                                    ring_drain_on=drain_on, worker_wakeups=args.worker_wakeups,
-                                    close_service=False, worker_nice=nice, return_allowance=allowance)
+                    server = Server(core, host="127.0.0.1", http_port=0, grpc_port=None,
+                                    http_workers=front.http_workers, worker_ring_kb=args.worker_ring_kb,
+                                    worker_cpus=other_cpus, ring_drain_on=front.ring_drain_on,
+                                    worker_wakeups=args.worker_wakeups, close_service=False,
+                                    worker_nice=front.worker_nice, return_allowance=front.return_allowance)
                     addr = server.start()
                     http_warmup(addr.http_url, svc.models())
-                    wait_pinned(server, svc, workers, say)
-                    front = (f"{workers} worker(s) at nice +{nice}, rings drained on {drain_on}, "
-                             f"return allowance {allowance}, early answer {early}")
-                    say(f"HTTP server on http://{addr.http_url} with {front} (the gpuloom serve code, in this "
-                        f"process); {client} clients")
+                    wait_pinned(server, svc, front.http_workers, say)
+                    say(f"HTTP server on http://{addr.http_url} with {front.describe()} (the gpuloom serve code, "
+                        f"in this process); {front.client} clients")
                     early_before = svc.early_answer
-                    svc.early_answer = early == "on"  # this leg's; the in-process legs keep the service's
+                    svc.early_answer = front.early_answer == "on"  # this leg's; the in-process legs keep the service's
                     try:
                         http, server_books, used = http_leg(args, svc, core, server, addr.http_url, times, slos,
-                                                            clients, other_cpus, scale, rates, say, client)
+                                                            clients, other_cpus, scale, rates, say, front.client)
                     finally:
                         svc.early_answer = early_before
                         server.stop()
                         server = None
                     points.append(make_point(scale, args.duration, inproc, http, server_books, times, used,
-                                             http_workers=workers, round_=rnd, worker_nice=nice, client=client,
-                                             ring_drain_on=drain_on, return_allowance=allowance,
-                                             early_answer=early))
-                    say(f"x{scale:g}, {front}, {client} clients: goodput in-process {inproc['goodput_rps']:.1f}/s, "
+                                             round_=rnd, **front.fields()))
+                    say(f"x{scale:g}, {front.describe()}, {front.client} clients: goodput in-process "
+                        f"{inproc['goodput_rps']:.1f}/s, "
                         f"HTTP {http['goodput_rps']:.1f}/s, ratio {points[-1]['ratio']['goodput']}")
                     say(f"  busiest client process {http['client_cpu_max_s_per_s']:.2f} CPU-s/s; workers "
                         f"{[round(x, 2) for x in http['worker_cpu_s_per_s']]} CPU-s/s")
@@ -814,22 +843,17 @@ def http_leg(args: argparse.Namespace, svc: Any, core: Any, server: Any, url: st
 
 
 def comparison(points: list[dict]) -> list[dict]:
-    """Per scale and front end (worker count, their nice, the client, who drains the rings, the return
-    allowance): the ratio of each round's leg, in round order, and their mean and spread (what a
-    comparison of front ends reads: a difference inside the spread says nothing)."""
-    rows: dict[tuple[float, int, int | None, str, str, str, str], list[float | None]] = {}
+    """Per scale and front end (FrontEnd.of_point: worker count, their nice, the client, who drains the
+    rings, the return allowance, the early answer): the ratio of each round's leg, in round order, and
+    their mean and spread (what a comparison of front ends reads: a difference inside the spread says
+    nothing)."""
+    rows: dict[tuple[float, FrontEnd], list[float | None]] = {}
     for p in points:
-        # runs before 85: aiohttp clients; before the return allowance: rings drained on the loop, no allowance;
-        # before the early answer's legs: off
-        key = (p["scale"], p["http_workers"], p.get("worker_nice"), p.get("client", "aiohttp"),
-               p.get("ring_drain_on", "loop"), p.get("return_allowance", "off"), p.get("early_answer", "off"))
-        rows.setdefault(key, []).append(p["ratio"]["goodput"])
+        rows.setdefault((p["scale"], FrontEnd.of_point(p)), []).append(p["ratio"]["goodput"])
     out = []
-    for (scale, workers, nice, client, drain_on, allowance, early), ratios in rows.items():
+    for (scale, front), ratios in rows.items():
         known = [r for r in ratios if r is not None]
-        out.append({"scale": scale, "http_workers": workers, "worker_nice": nice, "client": client,
-                    "ring_drain_on": drain_on, "return_allowance": allowance, "early_answer": early,
-                    "ratios": ratios,
+        out.append({"scale": scale, **front.fields(), "ratios": ratios,
                     "mean": sum(known) / len(known) if known else None,
                     "spread": max(known) - min(known) if known else None})
     return sorted(out, key=lambda r: (r["scale"], r["http_workers"], r["worker_nice"] or 0, r["client"],

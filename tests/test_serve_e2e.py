@@ -287,12 +287,13 @@ def test_front_ends_are_every_combination_of_the_lists_given():
 
     e2e = load_script("serve_e2e")
     args = e2e.parse_args(["examples/mix6.yaml", "--ring-drain-on", "loop,thread", "--return-allowance", "off,auto"])
-    assert args.front_ends == [(0, WORKER_NICE, "lean", d, a, "off") for d in ("loop", "thread")
+    assert args.front_ends == [e2e.FrontEnd(0, WORKER_NICE, "lean", d, a, "off") for d in ("loop", "thread")
                                for a in ("off", "auto")]
     args = e2e.parse_args(["examples/mix6.yaml", "--http-workers", "1,2"])
-    assert args.front_ends == [(w, WORKER_NICE, "lean", "loop", "off", "off") for w in (1, 2)]  # the defaults
+    assert args.front_ends == [e2e.FrontEnd(w, WORKER_NICE, "lean", "loop", "off", "off") for w in (1, 2)]  # defaults
     args = e2e.parse_args(["examples/mix6.yaml", "--return-allowance", "off,auto", "--early-answer", "off,on"])
-    assert [f[4:] for f in args.front_ends] == [("off", "off"), ("off", "on"), ("auto", "off"), ("auto", "on")]
+    assert [(f.return_allowance, f.early_answer) for f in args.front_ends] == [
+        ("off", "off"), ("off", "on"), ("auto", "off"), ("auto", "on")]
 
 
 def test_batch_split_weighs_each_batch_size_by_its_batches_and_leaves_unknown_holds_unknown():
