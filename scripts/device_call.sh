@@ -44,7 +44,7 @@ case "$work" in
   http_clients) STEPS=serve T_SERVE=480 HOST_MAX_LOOP_US=6000 \
       SERVE_CMD="for c in 3 6 3 6; do python3 scripts/serve_e2e.py examples/mix6.yaml --duration 5 --loop-cpu --scale 1 --http-workers 8 --clients \$c --out \$OUT/serve/c\${c}_\$(date +%s).json; done" run ;;
   http_ab) STEPS=serve T_SERVE=570 HOST_MAX_LOOP_US=6000 \
-      SERVE_CMD="python3 scripts/serve_e2e.py examples/mix6.yaml --duration 5 --loop-cpu --scale 1 --http-workers 8 --return-allowance off,auto --early-answer off,on --rounds 2 --out \$OUT/serve/http_ab.json" run ;;
+      SERVE_CMD="python3 scripts/serve_e2e.py examples/mix6.yaml --duration 5 --loop-cpu --scale 1 --http-workers 8 --return-allowance off,auto --early-answer off,on --rounds 3 --out \$OUT/serve/http_ab.json" run ;;
   mix6_yield) STEPS=bench BENCH=examples/mix6.yaml T_BENCH=200 HOST_MAX_LOOP_US=3500 \
       BENCH_ARGS="--policy dstack,triton --scale 1,1.0625 --duration 6 --warmup 4 --max-batch 16 --share-device" \
       BENCH_ENVS="GPULOOM_YIELD_ANSWERS=0 GPULOOM_YIELD_ANSWERS=1" run ;;
