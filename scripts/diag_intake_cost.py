@@ -38,14 +38,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 
 
-def build(policy: str):
-    """A started fake service with mix6's models, its ServeCore and an InferBridge on it."""
+def build(policy: str, workload_path: str):
+    """A started fake service with the workload's models, its ServeCore and an InferBridge on it."""
     from gpuloom.bench.fake import fake_models, fake_service, fake_world
     from gpuloom.bench.workload import load_workload
     from gpuloom.serve.bridge import InferBridge
     from gpuloom.serve.core import ServeCore
 
-    workload, profiles = fake_world(load_workload(str(Path(__file__).resolve().parent.parent / "examples/mix6.yaml")),
+    workload, profiles = fake_world(load_workload(workload_path),
                                     1.0, 16)
     svc = fake_service(policy, profiles, queue_limit=100_000)
     svc.start()
@@ -118,6 +118,8 @@ def one_rep(svc, bridge, model: str, n: int, burst: int, pause_s: float) -> dict
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", default=str(Path(__file__).resolve().parent.parent / "examples" / "mix6.yaml"),
+                    help="the models served (default: examples/mix6.yaml)")
     ap.add_argument("--model", default="mobilenet_v2")
     ap.add_argument("--policy", default="dstack")
     ap.add_argument("--requests", type=int, default=3000, help="requests per repetition (default 3000)")
@@ -128,7 +130,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
-    svc, core, bridge = build(args.policy)
+    svc, core, bridge = build(args.policy, args.workload)
     try:
         one_rep(svc, bridge, args.model, 200, args.burst, args.pause_ms / 1000)  # warm-up
         if args.profile:
