@@ -134,7 +134,9 @@ def main(argv=None) -> int:
     ap.add_argument("--burst", type=int, default=1, help="records taken per wake (run 211: 0.7 a poll on average)")
     ap.add_argument("--pause-ms", type=float, default=1.0, help="pause after each burst (default 1 ms)")
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--profile", action="store_true", help="print the runtime loop thread's top cProfile entries instead (the intake, the answers, the loop's own)")
+    ap.add_argument("--profile", action="store_true",
+                    help="print the runtime loop thread's top cProfile entries instead (the intake, the answers, "
+                         "the loop's own)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 

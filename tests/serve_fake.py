@@ -175,7 +175,8 @@ class FakeService:
                     self.counts[name] = self.counts.get(name, 0) + 1
 
         if on_done is not None:  # the service's callback instead of a future (the HTTP workers' bridge)
-            outer.add_done_callback(lambda f: on_done(None, f.exception()) if f.exception() else on_done(f.result(), None))
+            outer.add_done_callback(
+                lambda f: on_done(None, f.exception()) if f.exception() else on_done(f.result(), None))
         self._pool.submit(run)
         return None if on_done is not None else outer
 

@@ -247,7 +247,8 @@ class ServeCore:
             return self.settle(name, None, e, t0, rows)
         return self.settle(name, out, None, t0, rows)
 
-    def settle(self, name: str, outputs: Any, error: BaseException | None, t0: float, rows: int) -> dict[str, np.ndarray]:
+    def settle(self, name: str, outputs: Any, error: BaseException | None, t0: float,
+               rows: int) -> dict[str, np.ndarray]:
         """Book a finished request's outcome (its outputs, or the error the runtime answered it with;
         ``t0``: when it was submitted, ``time.perf_counter``) and return its outputs or raise
         ProtocolError."""
