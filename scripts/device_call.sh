@@ -6,11 +6,12 @@
 # H200: 1 = h200_http: issue 6's mix6 over HTTP (x0.75, x1) and the batch-1 overhead (with
 #       H200_STEPS="serve overhead diag", branch overlap by width too); 2 = h200_edge: mix6's edge
 #       (dstack, dstack without the batch hold, triton; six loads); 3 = branch overlap by width.
-# Other GPUs: 1 = http_ab: mix6 x1 over HTTP, the return allowance x the early answer (runs 210-211
-#       on a slow host; wanted on a middle or fast one); 2 = h200_edge's work (mix6's edge with the
-#       yield default); 3 = overload: the overload's nexus and gslice after the fake-device host probe
-#       (more held-out points for the per-drop time read off the loop's CPU). http_clients (run 209),
-#       yield_http and mix6_yield (runs 205-206) stay callable by name.
+# Other GPUs: 1 = http_ab (mix6 x1 over HTTP, the return allowance x the early answer) where the
+#       Python loop probe reads <= 3 ms (runs 210-213 on slower hosts settled nothing), else the
+#       overload; 2 = h200_edge's work (mix6's edge with the yield default); 3 = overload: the
+#       overload's nexus and gslice after the fake-device host probe (more held-out points for the
+#       per-drop time read off the loop's CPU). http_clients (run 209), yield_http and mix6_yield
+#       (runs 205-206) stay callable by name.
 set -uo pipefail
 export PYTHONPATH=. CUDA_DEVICE_MAX_CONNECTIONS=32
 call=${1:?usage: device_call.sh 1|2|3|WORK (h200_http, h200_edge, branch_width, http_clients, overload, yield_http, mix6_yield, http_ab)}
@@ -26,7 +27,8 @@ echo "python loop probe $probe us"
 work=$call
 case "$gpu:$call" in
   *H200*:1) work=h200_http ;; *H200*:2) work=h200_edge ;; *H200*:3) work=branch_width ;;
-  *:1) work=http_ab ;; *:2) work=h200_edge ;; *:3) work=overload ;;
+  *:1) if [ "$probe" -le 3000 ]; then work=http_ab; else work=overload; fi ;;  # http_ab says something on fast hosts only
+  *:2) work=h200_edge ;; *:3) work=overload ;;
 esac
 echo "work: $work"
 case "$work" in
