@@ -37,7 +37,7 @@ case "$work" in
       DIAG_CMD="for w in 128 512 2048; do python3 scripts/diag_branch_overlap.py --branches 1,2,4,8 --rounds 2 --width \$w --reduce stack --out \$OUT/diag/w\$w.json; done" run ;;
   h200_edge) STEPS=bench BENCH=examples/mix6.yaml T_BENCH=540 HOST_MAX_LOOP_US=3500 \
       BENCH_ARGS="--policy dstack,dstack:batch_overhead_ms=0,triton --scale 0.8125,0.875,1,1.0625,1.125,1.1875 --duration 6 --warmup 4 --max-batch 16 --share-device" run ;;
-  overload) STEPS="diag bench" T_DIAG=40 T_BENCH=160 BENCH=examples/overload.yaml HOST_MAX_LOOP_US=3000 \
+  overload) STEPS="diag bench" T_DIAG=40 T_BENCH=160 BENCH=examples/overload.yaml HOST_MAX_LOOP_US=6000 \
       DIAG_CMD="python3 scripts/diag_overload_fake.py --policy nexus --legs 1,1 --leg-env GPULOOM_YIELD_ANSWERS --duration 3 --out \$OUT/diag/fake_probe.json" \
       BENCH_ARGS="--policy nexus,gslice --scale 1 --duration 5 --warmup 3 --max-batch 16 --contention h100-fast-host" run ;;
   yield_http) yield_http 540 ;;
