@@ -11,7 +11,7 @@
 #       overload; 2 = h200_edge's work (mix6's edge with the yield default); 3 = overload: the
 #       overload's nexus and gslice after the fake-device host probe (more held-out points for the
 #       per-drop time read off the loop's CPU). http_clients (run 209), yield_http and mix6_yield
-#       (runs 205-206) stay callable by name.
+#       (runs 205-206) stay callable by name. The overload's bench needs a probe <= 5 ms (run 214).
 set -uo pipefail
 export PYTHONPATH=. CUDA_DEVICE_MAX_CONNECTIONS=32
 call=${1:?usage: device_call.sh 1|2|3|WORK (h200_http, h200_edge, branch_width, http_clients, overload, yield_http, mix6_yield, http_ab)}
@@ -37,7 +37,7 @@ case "$work" in
       DIAG_CMD="for w in 128 512 2048; do python3 scripts/diag_branch_overlap.py --branches 1,2,4,8 --rounds 2 --width \$w --reduce stack --out \$OUT/diag/w\$w.json; done" run ;;
   h200_edge) STEPS=bench BENCH=examples/mix6.yaml T_BENCH=540 HOST_MAX_LOOP_US=3500 \
       BENCH_ARGS="--policy dstack,dstack:batch_overhead_ms=0,triton --scale 0.8125,0.875,1,1.0625,1.125,1.1875 --duration 6 --warmup 4 --max-batch 16 --share-device" run ;;
-  overload) STEPS="diag bench" T_DIAG=40 T_BENCH=160 BENCH=examples/overload.yaml HOST_MAX_LOOP_US=6000 \
+  overload) STEPS="diag bench" T_DIAG=40 T_BENCH=160 BENCH=examples/overload.yaml HOST_MAX_LOOP_US=5000 \
       DIAG_CMD="python3 scripts/diag_overload_fake.py --policy nexus --legs 1,1 --leg-env GPULOOM_YIELD_ANSWERS --duration 3 --out \$OUT/diag/fake_probe.json" \
       BENCH_ARGS="--policy nexus,gslice --scale 1 --duration 5 --warmup 3 --max-batch 16 --contention h100-fast-host" run ;;
   yield_http) yield_http 540 ;;
