@@ -38,7 +38,7 @@ class InferBridge:
     request ring and posts the runtime loop's semaphore. The loop's thread takes every queued request
     each time it wakes (``InferenceService.add_intake``) and submits it through ``core``; a drain
     thread per worker takes what the loop leaves waiting (no loop runs), or is the ring's consumer
-    with ``drain_on="thread"``. The future's callback (on the runtime's thread) books the outcome and
+    with ``drain_on="thread"``. The service's ``on_done`` (on the runtime's thread) books the outcome and
     writes the reply into the reply ring, waking the worker through an eventfd: no thread hand-off.
     What does not fit in a ring goes over the socket: one thread per worker connection reads frames
     there (``recv_into`` releases the GIL), and a writer thread sends replies, so socket writes,
