@@ -87,7 +87,6 @@ def one_rep(svc, bridge, model: str, n: int, burst: int, pause_s: float) -> dict
     t_wall = time.monotonic()
     used = 0.0
     for i in range(0, n, burst):
-        took = threading.Event()
 
         def take(i: int = i) -> None:  # on the runtime loop's thread, as the ring intake runs
             nonlocal used
@@ -95,11 +94,8 @@ def one_rep(svc, bridge, model: str, n: int, burst: int, pause_s: float) -> dict
             for rec in recs[i:i + burst]:
                 bridge._take_compact(errors.append, ok, rec, shared, in_arena)
             used += time.thread_time() - t
-            took.set()
 
-        svc.call_on_loop_at(0.0, take)
-        if not took.wait(30):
-            raise RuntimeError("the runtime's loop did not take a burst within 30 s")
+        on_loop(svc, take)
         time.sleep(pause_s)
     deadline = time.monotonic() + 30
     while len(replies) + len(errors) < n and time.monotonic() < deadline:
