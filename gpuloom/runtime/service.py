@@ -320,9 +320,9 @@ class InferenceService(LoopHosting):
 
     def _hook_early_answer(self) -> None:
         """The backend answers served requests on its watchers (``on_served``) exactly while early_answer is
-        on: its one wiring, at the backend's creation and at each switch."""
-        self._backend.on_served = self._on_result if self._early_answer else None  # answers once: the runtime's
-        # later call for the same request finds it done
+        on: its one wiring, at the backend's creation and at each switch. Each is answered once: the
+        runtime's later call for the same request finds it done."""
+        self._backend.on_served = self._on_result if self._early_answer else None
 
     # -- lifecycle ----------------------------------------------------------------------------
     @property
