@@ -158,6 +158,38 @@ def test_concurrent_requests_each_get_the_output_of_their_own_input(monkeypatch)
         server.stop()
 
 
+@pytest.mark.skipif(not ring.supported(), reason="the intake window is the rings' (x86-64 Linux)")
+def test_with_an_intake_window_overlapping_requests_go_in_bursts_and_each_gets_its_own_output(slow_safety_net):
+    """``intake_window_ms``: the runtime's loop takes the workers' requests at most once per window,
+    so requests that overlap go in together (fewer takes than requests) and the workers, told the
+    loop looks anyway, skip its wake-ups meanwhile; every answer is still its own request's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    repo = load_repository(REPO / "tiny_mlp.yaml")
+    service = serve_fake.make_service()
+    core = ServeCore(service, repo)
+    core.load("tiny_mlp")
+    server = Server(core, http_port=0, grpc_port=None, http_workers=2, intake_window_ms=5.0)
+    addr = server.start()
+    try:
+        module = repo.models["tiny_mlp"].build()[1]
+        xs = [np.full((1 + i % 4, 16), i, np.float32) for i in range(120)]
+        with ThreadPoolExecutor(12) as pool:
+            outs = list(pool.map(lambda x: _infer(addr.http_url, x, deadline_ms=10_000), xs))
+        for x, got in zip(xs, outs):
+            with torch.no_grad():
+                want = module(torch.from_numpy(x)).numpy()
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        bridge = server._bridge
+        if service._waker.share_fd is not None:  # the loop takes them (else drain threads do, no window)
+            assert bridge.loop_requests == 120 and bridge.loop_takes < 100, (bridge.loop_takes, bridge.loop_requests)
+            assert bridge.loop_deferred > 0
+    finally:
+        server.stop()
+
+
 class _PinningCpuLayer:
     """A CPU device layer that stages rows (as CUDA does) and can "page-lock" host memory: shows
     which requests were copied at submit and which were launched from the worker's arena."""

@@ -131,6 +131,7 @@ class _IntakeService:
     def __init__(self) -> None:
         self.pollers: list = []
         self.handed_out = 0
+        self.held_until: list[float] = []  # hold_intake_posts' times, in order
 
     def add_intake(self, poll):
         if poll not in self.pollers:
@@ -141,12 +142,15 @@ class _IntakeService:
     def remove_intake(self, poll):
         self.pollers = [p for p in self.pollers if p is not poll]
 
+    def hold_intake_posts(self, until_s):
+        self.held_until.append(until_s)
+
 
 def test_one_loop_poller_takes_from_every_attached_ring_and_only_from_rings_with_requests():
     from gpuloom.serve.bridge import _LoopIntake, _RingTaker
 
     class Bridge:
-        loop_requests = 0
+        loop_requests = loop_takes = loop_deferred = 0
 
     bridge, service = Bridge(), _IntakeService()
     intake = _LoopIntake(bridge)
@@ -188,11 +192,57 @@ def test_one_loop_poller_takes_from_every_attached_ring_and_only_from_rings_with
             w.close()
 
 
+def test_with_an_intake_window_a_lone_request_is_taken_at_once_and_the_next_ones_together_at_its_end():
+    """The window's contract, on the poller alone: a request with no take in the last window goes in
+    at once; requests that come within the window are left where they are, the poll saying how long
+    until the window ends (the loop's next call); then all go in at one take. Nothing waiting within
+    the window: no call asked for."""
+    from gpuloom.serve.bridge import _LoopIntake, _RingTaker
+
+    class Bridge:
+        loop_requests = loop_takes = loop_deferred = 0
+
+    bridge, service, got = Bridge(), _IntakeService(), []
+    intake = _LoopIntake(bridge, window_ms=300.0)
+    w, r = _pair()
+    try:
+        os.close(intake.attach(r.requests, _RingTaker(r, lambda v: got.append(bytes(v))), service))
+        assert w.send([b"a"])
+        t0 = time.monotonic()
+        assert intake.poll() == float("inf") and got == [b"a"]  # alone: at once
+        assert intake.poll() == float("inf")  # within the window, nothing waiting: no call asked for
+        assert w.send([b"b"]) and w.send([b"c"])
+        left = intake.poll()
+        elapsed_ms = (time.monotonic() - t0) * 1e3
+        assert got == [b"a"] and 0.0 < left <= 300.0 - elapsed_ms + 1.0, left  # left for the window's end
+        assert bridge.loop_deferred == 1 and bridge.loop_takes == 1
+        # the workers were told they need not wake the loop before the window's end: it looks then
+        assert len(service.held_until) == 1 and 0.0 < service.held_until[0] - time.monotonic() <= left / 1e3 + 1e-3
+        assert intake.poll() > 0.0 and len(service.held_until) == 1  # (told once a window)
+        time.sleep(left / 1e3)
+        while time.monotonic() - t0 < 0.3:  # (a sleep may end a hair early)
+            time.sleep(0.001)
+        assert intake.poll() == float("inf") and got == [b"a", b"b", b"c"]  # together, at one take
+        assert bridge.loop_takes == 2 and bridge.loop_requests == 3 and bridge.loop_deferred == 2
+    finally:
+        r.close()
+        w.close()
+
+
+def test_an_intake_window_must_be_a_few_ms_at_most():
+    from gpuloom.serve.bridge import check_intake_window
+
+    assert check_intake_window(0) == 0 and check_intake_window(0.5) == 0.5
+    for bad in (-0.1, 10.5, float("nan"), "1", True, None):
+        with pytest.raises(ValueError, match="intake window must be a number of ms in"):
+            check_intake_window(bad)
+
+
 def test_a_ring_whose_take_raises_does_not_stop_the_others():
     from gpuloom.serve.bridge import _LoopIntake, _RingTaker
 
     class Bridge:
-        loop_requests = 0
+        loop_requests = loop_takes = loop_deferred = 0
 
     def boom(v):
         raise RuntimeError("bad record")
@@ -334,13 +384,15 @@ def test_a_worker_that_goes_away_ends_its_drain_thread(worker):
 
 
 # -- compact ring records (what workers write, and successful replies) ---------------------------
-def _compact(rid: int, x: np.ndarray, shared: arena.Arena, deadline_ms=None, model: str = "m", waited_ms=0.0) -> list:
+def _compact(rid: int, x: np.ndarray, shared: arena.Arena, deadline_ms=None, model: str = "m", waited_ms=0.0,
+             handed_ms=None) -> list:
     from gpuloom.serve.wire import _copy_into, _describe, ring_request
 
     off = shared.alloc(x.nbytes)
     tensors, bufs = _describe(["x"], [x])
     _copy_into(shared.view(off, x.nbytes), bufs)
-    return ring_request(rid, {"model": model, "version": None, "outputs": None}, tensors, off, deadline_ms, waited_ms)
+    return ring_request(rid, {"model": model, "version": None, "outputs": None}, tensors, off, deadline_ms, waited_ms,
+                        handed_ms)
 
 
 def test_compact_requests_are_answered_with_compact_replies_and_their_json_is_parsed_once(bridge, worker):
@@ -351,7 +403,8 @@ def test_compact_requests_are_answered_with_compact_replies_and_their_json_is_pa
         seen.append((name, deadline_ms, waited_ms)), submit(name, version, inputs, deadline_ms, waited_ms, **kw))[1]
     xs = {i: np.full((1 + i % 3, 4), i, np.float32) for i in range(60)}
     for i, x in xs.items():  # the time each waited in its worker comes along (the deadline counts from there)
-        assert rings.send(_compact(i, x, shared, deadline_ms=None if i % 2 else 250.0 + i, waited_ms=i / 8))
+        assert rings.send(_compact(i, x, shared, deadline_ms=None if i % 2 else 250.0 + i, waited_ms=i / 8,
+                                   handed_ms=float("nan")))  # (no hand-off time: the time in the ring not added)
     got = _ring_replies(rings, 60)
     assert sorted(got) == list(xs)
     for i, x in xs.items():
@@ -362,6 +415,28 @@ def test_compact_requests_are_answered_with_compact_replies_and_their_json_is_pa
     assert sorted(w for _, _, w in seen) == [i / 8 for i in range(60)]
     assert len(bridge._request_templates._known) == 3  # one JSON text per row count
     assert bridge.ring_requests == 60 and bridge.ring_replies == 60 and bridge.arena_requests == 60
+
+
+def test_the_time_a_compact_request_waited_in_the_ring_counts_against_its_deadline_and_in_its_service_time(
+        bridge, worker):
+    """A record handed on 40 ms ago (the worker's clock is the host's monotonic one) reaches the core
+    with those 40 ms added to the time it waited in the worker, and its reply's service time counts
+    them: they were the runtime process's, not the worker's."""
+    shared, rings, _ = worker()
+    seen = []
+    submit = bridge.core.submit
+    bridge.core.submit = lambda name, version, inputs, deadline_ms, waited_ms, **kw: (
+        seen.append(waited_ms), submit(name, version, inputs, deadline_ms, waited_ms, **kw))[1]
+    handed = time.monotonic() * 1e3 - 40.0
+    assert rings.send(_compact(1, np.ones((1, 4), np.float32), shared, waited_ms=3.0, handed_ms=handed))
+    meta = _ring_replies(rings, 1)[1][0]
+    assert 43.0 <= seen[0] < 43.0 + 5_000.0, seen
+    assert meta["status"] == 200 and meta["service_ms"] >= 40.0, meta
+    # a hand-off time from the future or long past (another clock) is not counted
+    for rid, at in ((2, time.monotonic() * 1e3 + 1e6), (3, 0.0)):
+        assert rings.send(_compact(rid, np.ones((1, 4), np.float32), shared, waited_ms=3.0, handed_ms=at))
+        _ring_replies(rings, 1)
+    assert seen[1:] == [3.0, 3.0]
 
 
 def test_a_compact_requests_layout_remembers_the_config_it_matched_so_the_next_is_not_checked_again(bridge, worker):
@@ -384,15 +459,15 @@ def test_bad_compact_requests_are_answered_or_skipped_and_the_drain_goes_on(work
     shared, rings, _ = worker(1 << 16)
     x = np.ones((1, 4), np.float32)
     good = _compact(3, x, shared)
-    _, jlen, _, off, _, _ = RING_REQ.unpack(good[0])
-    assert rings.send([RING_REQ.pack(RING_MAGIC, jlen, 1, 1 << 30, float("nan"), 0.0), good[1]])  # beyond the arena
-    assert rings.send([RING_REQ.pack(RING_MAGIC, 8, 2, off, float("nan"), 0.0), b"not json"])
+    _, jlen, _, off, _, _, _ = RING_REQ.unpack(good[0])
+    assert rings.send([RING_REQ.pack(RING_MAGIC, jlen, 1, 1 << 30, float("nan"), 0.0, 0.0), good[1]])  # beyond the arena
+    assert rings.send([RING_REQ.pack(RING_MAGIC, 8, 2, off, float("nan"), 0.0, 0.0), b"not json"])
     wrong = good[1].replace(b'"nbytes": 16', b'"nbytes": 12')  # the bytes disagree with the shape
-    assert rings.send([RING_REQ.pack(RING_MAGIC, len(wrong), 4, off, float("nan"), 0.0), wrong])
+    assert rings.send([RING_REQ.pack(RING_MAGIC, len(wrong), 4, off, float("nan"), 0.0, 0.0), wrong])
     floats = good[1].replace(b'"shape": [1, 4]', b'"shape": [1.0, 4]')  # only integers make a shape
-    assert rings.send([RING_REQ.pack(RING_MAGIC, len(floats), 5, off, float("nan"), 0.0), floats])
+    assert rings.send([RING_REQ.pack(RING_MAGIC, len(floats), 5, off, float("nan"), 0.0, 0.0), floats])
     unknown = good[1].replace(b'"FP32"', b'"FP99"')  # no such datatype: the client's mistake, a 400
-    assert rings.send([RING_REQ.pack(RING_MAGIC, len(unknown), 6, off, float("nan"), 0.0), unknown])
+    assert rings.send([RING_REQ.pack(RING_MAGIC, len(unknown), 6, off, float("nan"), 0.0, 0.0), unknown])
     assert rings.send([RING_MAGIC + b"\0\0"])  # truncated: no id to answer, logged and skipped
     assert rings.send(good)
     got = _ring_replies(rings, 6)

@@ -66,7 +66,7 @@ def test_the_loop_runs_its_pollers_on_every_wake_and_honours_their_deadline():
     def poll() -> float:
         calls.append(time.monotonic())
         if ran or time.monotonic() < done_at:
-            return float("inf") if ran else loop.wall_ms() + 500.0  # deadline far away: the post must wake us
+            return float("inf") if ran else 500.0  # due far away: the post must wake us
         loop.post(COMPLETION, ran.append, "done")
         return float("inf")
 
@@ -76,3 +76,59 @@ def test_the_loop_runs_its_pollers_on_every_wake_and_honours_their_deadline():
     assert loop.step() and ran == ["done"]
     assert len(calls) < 10, f"the loop polled {len(calls)} times: it should sleep until the post"
     assert not loop.step()  # nothing expected, nothing open: the loop ends
+
+
+def test_a_pollers_delay_brings_the_loop_back_to_it_with_no_post():
+    """What a poller returns is a delay from now (ms), on whichever loop calls it: the loop sleeps that
+    long and calls it again, with nothing posted meanwhile (the HTTP intake's window relies on it)."""
+    loop = RealtimeLoop(start_ms=123_456.0)  # (a loop whose clock is far from the monotonic one's)
+    calls, ran = [], []
+
+    def poll() -> float:
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            return 40.0
+        if not ran:
+            loop.post(COMPLETION, ran.append, "due")
+        return float("inf")
+
+    loop.add_poller(poll)
+    loop.waker.wait(0)  # (takes add_poller's own wake-up: from here nothing posts)
+    loop.expect()
+    t0 = time.monotonic()
+    assert loop.step() and ran == ["due"]
+    assert len(calls) >= 2 and 0.035 <= calls[1] - t0 < 2.0, [c - t0 for c in calls]
+    assert len(calls) < 10, f"the loop polled {len(calls)} times: it should sleep out the delay"
+
+
+def test_a_producer_does_not_wake_a_loop_that_promised_to_look_by_then():
+    """``quiet_until``: the runtime's loop says it will look at monotonic t anyway; another process's
+    ``post_unless_quiet`` (a front-end worker's, after it queued a request) then posts nothing before
+    t, and posts again from t on. A plain ``post`` always wakes."""
+    import os
+
+    loop_side = SemaphoreWaker.in_shared_memory()
+    worker_side = SemaphoreWaker.attach(os.dup(loop_side.share_fd))
+    try:
+        loop_side.quiet_until(time.monotonic() + 60.0)
+        worker_side.post_unless_quiet()
+        t0 = time.monotonic()
+        loop_side.wait(0.05)
+        assert time.monotonic() - t0 >= 0.04  # not woken
+        worker_side.post()
+        t0 = time.monotonic()
+        loop_side.wait(5.0)
+        assert time.monotonic() - t0 < 0.5  # a plain post still wakes it
+        loop_side.quiet_until(time.monotonic() - 0.001)  # the promise has passed
+        worker_side.post_unless_quiet()
+        t0 = time.monotonic()
+        loop_side.wait(5.0)
+        assert time.monotonic() - t0 < 0.5
+    finally:
+        loop_side.close()
+    private = SemaphoreWaker()  # no other process: nothing to quieten, every post wakes
+    private.quiet_until(time.monotonic() + 60.0)
+    private.post_unless_quiet()
+    t0 = time.monotonic()
+    private.wait(5.0)
+    assert time.monotonic() - t0 < 0.5

@@ -127,6 +127,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"the client late instead of serving it; off: it does not (default {DEFAULT_MODE}: on a slow "
                         "H100 host it turned late answers into drops without more on time; a faster host is still "
                         "to measure)")
+    p.add_argument("--http-intake-window-ms", type=intake_window_arg, default=0.0, metavar="MS",
+                   help="the runtime's loop takes the front-end workers' requests at most once per this many ms, "
+                        "so that under load they come in bursts, each request cheaper for the loop's thread; a "
+                        "request may wait up to this long, counted against its deadline (default 0: at every "
+                        "wake-up; at most 10)")
 
 
 def default_http_workers(cpus: int | None) -> int:
@@ -177,6 +182,16 @@ def arena_mb_arg(text: str) -> int:
 def ring_kb_arg(text: str) -> int:
     """A non-negative integer of KiB (argparse type)."""
     return _non_negative(text, "a non-negative integer of KiB (0: no rings)")
+
+
+def intake_window_arg(text: str) -> float:
+    """A number of ms in [0, 10] (argparse type)."""
+    from ..serve.bridge import check_intake_window
+
+    try:
+        return check_intake_window(float(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e) if "window" in str(e) else f"expected a number of ms, got {text!r}")
 
 
 def nice_arg(text: str) -> int:
@@ -357,6 +372,7 @@ def _run(args: argparse.Namespace, quit_on_ctrl_c: _QuitOnCtrlC) -> int:
                     http_workers=args.http_workers,
                     worker_arena_mb=args.http_worker_arena_mb, worker_ring_kb=args.http_worker_ring_kb,
                     worker_cpus=worker_cpus, runtime_on=args.runtime_on, return_allowance=args.http_return_allowance,
+                    intake_window_ms=args.http_intake_window_ms,
                     **({} if args.http_worker_nice is None else {"worker_nice": args.http_worker_nice}))
 
     def started(addr):

@@ -126,8 +126,9 @@ class RealtimeLoop(EventLoop):
 
     def add_poller(self, poll: Callable[[], float]) -> None:
         """Call ``poll()`` on the loop's thread each time it wakes, before it takes posts. ``poll``
-        may :meth:`post`; it returns the wall time (ms) by which it wants to be called again, or
-        ``inf``. (The execution backend books completions this way when the GPU posts the
+        may :meth:`post`; it returns how long from now (ms) it wants to be called again at the
+        latest, with no post to wake the loop, or ``inf`` (a delay, not a time: a poller needs no
+        loop's clock, and one poller serves every loop a service runs). (The execution backend books completions this way when the GPU posts the
         :attr:`waker` itself; the HTTP workers' requests are taken this way, ``serve/bridge.py``.)
         Any thread may add or remove a poller while the loop runs; adding one already there does
         nothing (it is called once per wake)."""
@@ -273,9 +274,10 @@ class RealtimeLoop(EventLoop):
                 self._cpu_clock = None
         inf = float("inf")
         acct = self.cpu
-        due = inf
+        again_in = inf
         for poll in self._pollers:
-            due = min(due, poll() if acct is None else self._timed(acct, poll))
+            again_in = min(again_in, poll() if acct is None else self._timed(acct, poll))
+        due = self.wall_ms() + again_in if again_in < inf else inf
         self._drain_posted()
         heap = self._heap
         now = self.wall_ms()

@@ -404,7 +404,7 @@ class ExecBackend(Backend):
 
     def _poll_pending(self) -> float:
         """Runtime's thread, each time its loop wakes (``complete_on="loop"``): book every batch in
-        flight that is done, in launch order. Returns when to look again without a post."""
+        flight that is done, in launch order. Returns how soon (ms) to look again without a post."""
         if not self._pending:
             return float("inf")
         waiting = []
@@ -419,7 +419,7 @@ class ExecBackend(Backend):
             else:
                 waiting.append(item)
         self._pending = waiting
-        return self.loop.wall_ms() + self.POLL_SAFETY_MS if waiting else float("inf")
+        return self.POLL_SAFETY_MS if waiting else float("inf")
 
     def completion_due(self) -> bool:
         """Runtime's thread, between chunks of answers (:meth:`Backend.completion_due`): a completion

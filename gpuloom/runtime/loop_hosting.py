@@ -154,7 +154,7 @@ class LoopHosting:
 
     def add_intake(self, poll: Callable[[], float]) -> int | None:
         """Run ``poll()`` on the runtime's loop thread each time it wakes, now and after any re-plan
-        (``RealtimeLoop.add_poller``'s contract: it returns when it wants to be called again, ms, or
+        (``RealtimeLoop.add_poller``'s contract: it returns how soon it wants to be called again, ms, or
         ``inf``). A source of requests that other processes queue in shared memory (the HTTP workers'
         rings, ``serve/bridge.py``): submitted from the loop's own thread, with no thread to wake and
         no GIL hand-off. Returns a new descriptor of the loop's semaphore (the caller passes it on and
@@ -175,6 +175,13 @@ class LoopHosting:
                 if self._backend is not None:
                     self._backend.loop.add_poller(poll)
         return mine
+
+    def hold_intake_posts(self, until_s: float) -> None:
+        """An intake's promise (on the loop's thread): its poller will be called at monotonic
+        ``until_s`` (it asked the loop for that call), so the processes feeding it need not wake the
+        loop before then (``SemaphoreWaker.post_unless_quiet``): their requests wait for that call
+        without a wake-up each (``serve/bridge.py``'s intake window)."""
+        self._waker.quiet_until(until_s)
 
     def remove_intake(self, poll: Callable[[], float]) -> None:
         with self._lock:

@@ -39,6 +39,11 @@ class EventWaker:
     def post(self) -> None:
         self._event.set()
 
+    def quiet_until(self, t_s: float) -> None:  # (no other process posts it: nothing to quieten)
+        pass
+
+    post_unless_quiet = post
+
     def wait(self, timeout_s: float | None) -> None:
         """Return after a post (also one made before this call) or after ``timeout_s``."""
         self._event.wait(timeout_s)
@@ -59,11 +64,12 @@ class SemaphoreWaker:
 
     _keep: list = []  # every private and loop semaphore ever made (a few dozen bytes each), see above
 
-    def __init__(self, memory=None, *, create: bool = True) -> None:
+    def __init__(self, memory=None, *, create: bool = True, quiet_memory=None) -> None:
         """``memory``: a writable buffer of at least 64 bytes shared with another process (a
         ``MAP_SHARED`` mapping): the semaphore lives there, process-shared, so that process can post
         it or wait on it (``gpuloom.serve.ring``). ``create=False`` uses the semaphore the other
-        process already initialised there. Default: a semaphore of this process alone."""
+        process already initialised there. Default: a semaphore of this process alone.
+        ``quiet_memory``: 8 bytes beside it for :meth:`quiet_until` (the shared ones have it)."""
         name = ctypes.util.find_library("c") or "libc.so.6"
         self._fast = ctypes.PyDLL(name, use_errno=True)  # sem_post / sem_trywait never block: keep the GIL
         slow = ctypes.CDLL(name, use_errno=True)  # the waits release the GIL
@@ -88,6 +94,9 @@ class SemaphoreWaker:
         self._addr = ctypes.addressof(self._sem)
         self.c_post = (ctypes.cast(self._post_fn, ctypes.c_void_p).value, self._addr)
         self._ts = _Timespec()
+        # monotonic s before which the waiting side needs no post from post_unless_quiet (quiet_until)
+        self._quiet = None if quiet_memory is None else ctypes.c_double.from_buffer(quiet_memory)
+        self._monotonic = time.monotonic
 
     share_fd: int | None = None  # a descriptor of the semaphore's memory, for :meth:`in_shared_memory`'s
 
@@ -101,7 +110,8 @@ class SemaphoreWaker:
         try:
             os.ftruncate(fd, mmap.PAGESIZE)
             memory = mmap.mmap(fd, mmap.PAGESIZE)
-            waker = cls(memoryview(memory)[:64], create=True)
+            view = memoryview(memory)
+            waker = cls(view[:64], create=True, quiet_memory=view[64:72])
         except BaseException:
             os.close(fd)
             raise
@@ -114,7 +124,8 @@ class SemaphoreWaker:
         """The other process's end of :meth:`in_shared_memory`: the semaphore behind ``fd`` (closed
         here; the mapping stays as long as the returned waker)."""
         try:
-            return cls(memoryview(mmap.mmap(fd, 64))[:64], create=False)
+            view = memoryview(mmap.mmap(fd, 72))
+            return cls(view[:64], create=False, quiet_memory=view[64:72])
         finally:
             os.close(fd)
 
@@ -125,6 +136,21 @@ class SemaphoreWaker:
 
     def post(self) -> None:
         self._post_fn(self._addr)
+
+    def quiet_until(self, t_s: float) -> None:
+        """The waiting side (the runtime's loop) promises to look at what other processes queued at
+        monotonic time ``t_s`` anyway: until then :meth:`post_unless_quiet` need not wake it. Only for
+        shared semaphores (:meth:`in_shared_memory`); a no-op otherwise."""
+        if self._quiet is not None:
+            self._quiet.value = t_s
+
+    def post_unless_quiet(self) -> None:
+        """:meth:`post`, unless the waiting side said it will look anyway (:meth:`quiet_until`). A
+        producer calls it after it has published its item: an item published before the promised
+        time is seen then (the monotonic clock is the host's, every process reads it alike)."""
+        quiet = self._quiet
+        if quiet is None or self._monotonic() >= quiet.value:
+            self._post_fn(self._addr)
 
     def wait(self, timeout_s: float | None) -> None:
         """Return after a post (also one made before this call) or after ``timeout_s``; then take

@@ -202,7 +202,8 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_b
         if block is not None:
             state["blocks"][rid] = block  # freed when the reply comes back (deliver)
         t_bridge = time.perf_counter()
-        if block is None or rings is None or not rings.send(ring_request(rid, meta, tensors, block, deadline, waited)):
+        if block is None or rings is None or not rings.send(ring_request(rid, meta, tensors, block, deadline, waited,
+                                                                         time.monotonic() * 1e3)):
             if frame is None:  # the ring is full: the socket, its tensors still in the arena
                 js = json.dumps(dict(meta, arena=block, tensors=tensors)).encode()
                 frame = [FRAME.pack(len(js), 0), js]

@@ -186,7 +186,7 @@ class WorkerRings:
         semaphore once the runtime passed it, else the block's own); False when the ring is full."""
         if not self.requests.put(parts):
             return False
-        self.runtime_wake.post()
+        self.runtime_wake.post_unless_quiet()  # (the runtime's loop may have said it looks anyway: intake window)
         return True
 
     def take_replies(self, handle: Callable[[memoryview], None]) -> int:

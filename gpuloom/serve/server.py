@@ -78,7 +78,8 @@ class Server:
                  worker_arena_mb: int | None = None, worker_ring_kb: int | None = None,
                  worker_cpus: set[int] | None = None, ring_drain_on: str = "loop", worker_wakeups: str = "batch",
                  runtime_on: str = "thread", close_service: bool = True, worker_nice: int = frontend.WORKER_NICE,
-                 client_timeout_s: float = DEFAULT_CLIENT_TIMEOUT_S, return_allowance: str = allowance.DEFAULT_MODE):
+                 client_timeout_s: float = DEFAULT_CLIENT_TIMEOUT_S, return_allowance: str = allowance.DEFAULT_MODE,
+                 intake_window_ms: float = 0.0):
         self.core = core
         # a connection whose client sends nothing this long while the server waits on it (its first
         # request, a body, the next request) is closed (client_timeout.ClientTimeouts: why)
@@ -122,6 +123,9 @@ class Server:
             raise ValueError(f"worker_wakeups: expected one of {bridge.WAKEUPS}, got {worker_wakeups!r}")
         # a worker's replies in its ring wake it once per batch (of ring.COALESCE_FROM_ROWS rows or more) or per reply
         self.worker_wakeups = worker_wakeups
+        # the runtime's loop takes the workers' requests from their rings at most once per this many ms
+        # (0: at every wake), so they come in bursts (bridge._LoopIntake: why, and what it costs)
+        self.intake_window_ms = bridge.check_intake_window(intake_window_ms)
         # "auto": each worker adds its estimate of a request's time in the server after it is handed
         # on and outside the service to the time the request has waited (allowance.py: why)
         self.return_allowance = allowance.check_mode(return_allowance)
@@ -222,7 +226,8 @@ class Server:
 
         self._sockdir = tempfile.mkdtemp(prefix="gpuloom-")
         path = os.path.join(self._sockdir, "bridge.sock")
-        self._bridge = bridge.InferBridge(self.core, path, drain_on=self.ring_drain_on, wakeups=self.worker_wakeups)
+        self._bridge = bridge.InferBridge(self.core, path, drain_on=self.ring_drain_on, wakeups=self.worker_wakeups,
+                                          intake_window_ms=self.intake_window_ms)
         cmd = [sys.executable, "-m", "gpuloom.serve.frontend", "--socket", path, "--host", self.host,
                "--port", str(port), "--upstream", f"http://127.0.0.1:{internal}",
                "--max-body", str(int(self.core.max_body_bytes)), "--backlog", str(self.listen_backlog),

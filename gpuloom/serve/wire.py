@@ -24,6 +24,7 @@ import json
 import math
 import socket
 import struct
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -32,8 +33,10 @@ from .protocol import ProtocolError, numpy_dtype, v2_dtype
 
 FRAME = struct.Struct("!IQ")
 RING_MAGIC = b"\xff\xff\xff\xff"  # no frame's JSON is 4 GiB long: a compact ring record follows
-RING_REQ = struct.Struct("<4sIQQdd")  # magic, JSON bytes, request id, arena offset, deadline ms (NaN: none),
-#                                      ms the request had been in the worker (from its handler) when passed on
+RING_REQ = struct.Struct("<4sIQQddd")  # magic, JSON bytes, request id, arena offset, deadline ms (NaN: none),
+#   ms the request had been in the worker (from its handler) when passed on, and when it was passed on (ms on
+#   the host's monotonic clock, time.monotonic(), which every process reads alike: the runtime adds the time
+#   the record then waited in the ring to both)
 RING_OK = struct.Struct("<4sIQQd")  # magic, JSON bytes, payload bytes, request id, service ms
 _TEMPLATES_MAX = 1024  # distinct JSON texts a side remembers (then it starts over)
 _TEMPLATE_BYTES_MAX = 4096  # longer texts (client-chosen names can be long) are parsed each time, not kept
@@ -141,12 +144,14 @@ def _is_int(x: Any) -> bool:
 
 
 def ring_request(rid: int, meta: dict, tensors: list[dict], arena_offset: int, deadline_ms: float | None,
-                 waited_ms: float = 0.0) -> list[Any]:
-    """A worker's compact request record (its tensors already in the arena at ``arena_offset``)."""
+                 waited_ms: float = 0.0, handed_ms: float | None = None) -> list[Any]:
+    """A worker's compact request record (its tensors already in the arena at ``arena_offset``).
+    ``handed_ms``: when it is passed on (``time.monotonic()`` in ms; default now)."""
     js = json.dumps({"model": meta["model"], "version": meta.get("version"), "outputs": meta.get("outputs"),
                      "tensors": tensors}).encode()
+    handed = time.monotonic() * 1e3 if handed_ms is None else float(handed_ms)
     return [RING_REQ.pack(RING_MAGIC, len(js), rid, arena_offset,
-                          math.nan if deadline_ms is None else float(deadline_ms), float(waited_ms)), js]
+                          math.nan if deadline_ms is None else float(deadline_ms), float(waited_ms), handed), js]
 
 
 def _reply_key(names: list[str], arrays: list[np.ndarray]) -> tuple:
