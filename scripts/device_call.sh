@@ -12,9 +12,10 @@
 #       overload's nexus and gslice after the fake-device host probe (more held-out points for the
 #       per-drop time read off the loop's CPU). http_clients (run 209), yield_http and mix6_yield
 #       (runs 205-206) stay callable by name. The overload's bench needs a probe <= 5 ms (run 214).
+#       intake_window (by name): mix6 x1 over HTTP, the loop's intake window 0 / 1 ms x the GIL switch interval off / 1 ms, 3 rounds.
 set -uo pipefail
 export PYTHONPATH=. CUDA_DEVICE_MAX_CONNECTIONS=32
-call=${1:?usage: device_call.sh 1|2|3|WORK (h200_http, h200_edge, branch_width, http_clients, overload, yield_http, mix6_yield, http_ab)}
+call=${1:?usage: device_call.sh 1|2|3|WORK (h200_http, h200_edge, branch_width, http_clients, overload, yield_http, mix6_yield, http_ab, intake_window)}
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "GPU: $gpu, call $call"
 run() { bash scripts/gpu_runtime_session.sh; }
@@ -47,6 +48,8 @@ case "$work" in
       SERVE_CMD="for c in 3 6 3 6; do python3 scripts/serve_e2e.py examples/mix6.yaml --duration 5 --loop-cpu --scale 1 --http-workers 8 --clients \$c --out \$OUT/serve/c\${c}_\$(date +%s).json; done" run ;;
   http_ab) STEPS=serve T_SERVE=570 HOST_MAX_LOOP_US=6000 \
       SERVE_CMD="python3 scripts/serve_e2e.py examples/mix6.yaml --duration 5 --loop-cpu --scale 1 --http-workers 8 --return-allowance off,auto --early-answer off,on --rounds 3 --out \$OUT/serve/http_ab.json" run ;;
+  intake_window) STEPS=serve T_SERVE=570 HOST_MAX_LOOP_US=6500 \
+      SERVE_CMD="python3 scripts/serve_e2e.py examples/mix6.yaml --duration 5 --loop-cpu --scale 1 --http-workers 8 --intake-window-ms 0,1 --switch-interval-ms off,1 --rounds 3 --out \$OUT/serve/intake_window.json" run ;;
   mix6_yield) STEPS=bench BENCH=examples/mix6.yaml T_BENCH=200 HOST_MAX_LOOP_US=3500 \
       BENCH_ARGS="--policy dstack,triton --scale 1,1.0625 --duration 6 --warmup 4 --max-batch 16 --share-device" \
       BENCH_ENVS="GPULOOM_YIELD_ANSWERS=0 GPULOOM_YIELD_ANSWERS=1" run ;;

@@ -110,6 +110,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(InferenceService(early_answer=...), set per leg on the one loaded service; the in-process "
                         "legs keep the service's off) instead of the runtime's loop thread; default off. Both, "
                         "comma-separated: each front end's HTTP leg once per value, in one process")
+    p.add_argument("--intake-window-ms", default="0", metavar="MS[,MS...]",
+                   help="the runtime's loop takes the workers' requests at most once per this many ms (gpuloom serve "
+                        "--http-intake-window-ms; default 0: at every wake-up). Several, comma-separated: each front "
+                        "end's HTTP leg once per value, in one process")
+    p.add_argument("--switch-interval-ms", default="off", metavar="off|MS[,...]",
+                   help="the interpreter's GIL switch interval during the HTTP legs (gpuloom serve "
+                        "--switch-interval-ms; default off: Python's 5 ms; the in-process legs keep it). Several, "
+                        "comma-separated: each front end's HTTP leg once per value, in one process")
     p.add_argument("--worker-wakeups", choices=WAKEUPS, default="batch",
                    help="a worker's replies wake it once per batch of 8 rows or more (default) or once per reply "
                         "(Server(worker_wakeups=...))")
@@ -172,10 +180,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.ring_drain_on_list = _choices_list(p, "--ring-drain-on", args.ring_drain_on, DRAIN_ON)
     args.return_allowance_list = _choices_list(p, "--return-allowance", args.return_allowance, RETURN_ALLOWANCE)
     args.early_answer_list = _choices_list(p, "--early-answer", args.early_answer, EARLY_ANSWER)
+    from gpuloom.commands.serve import intake_window_arg
+
+    try:
+        args.intake_window_list = [intake_window_arg(x.strip()) for x in str(args.intake_window_ms).split(",")
+                                   if x.strip()] or [0.0]
+    except argparse.ArgumentTypeError as e:
+        p.error(f"--intake-window-ms: {e}")
+    from gpuloom.runtime.gilswitch import check_interval_ms
+
+    try:
+        args.switch_interval_list = [None if x.strip() == "off" else check_interval_ms(float(x))
+                                     for x in str(args.switch_interval_ms).split(",") if x.strip()] or [None]
+    except ValueError as e:
+        p.error(f"--switch-interval-ms takes off or numbers of ms in (0, 100], comma-separated: {e}")
     # the front ends each scale's HTTP legs compare, in order: every combination of the lists given
-    args.front_ends = [FrontEnd(w, n, c, d, a, e) for w in args.http_workers_list for n in args.worker_nice_list
-                       for c in args.client_list for d in args.ring_drain_on_list for a in args.return_allowance_list
-                       for e in args.early_answer_list]
+    args.front_ends = [FrontEnd(w, n, c, d, a, e, i, g) for w in args.http_workers_list
+                       for n in args.worker_nice_list for c in args.client_list for d in args.ring_drain_on_list
+                       for a in args.return_allowance_list for e in args.early_answer_list
+                       for i in args.intake_window_list for g in args.switch_interval_list]
     if args.rounds < 1:
         p.error(f"--rounds must be at least 1, got {args.rounds}")
     if args.client_spec is None:
@@ -220,15 +243,19 @@ class FrontEnd:
     ring_drain_on: str
     return_allowance: str
     early_answer: str
+    intake_window_ms: float = 0.0
+    switch_interval_ms: float | None = None  # None: Python's
 
     @classmethod
     def of_point(cls, point: dict) -> FrontEnd:
         """The front end a report's point was measured with. Points of older reports lack the later
         fields: runs before 85 had aiohttp clients; before the return allowance, rings drained on the
-        loop and no allowance; before the early answer's legs, it was off."""
+        loop and no allowance; before the early answer's legs, it was off; before the intake window and
+        the switch interval's legs, no window and Python's interval."""
         return cls(point["http_workers"], point.get("worker_nice"), point.get("client", "aiohttp"),
                    point.get("ring_drain_on", "loop"), point.get("return_allowance", "off"),
-                   point.get("early_answer", "off"))
+                   point.get("early_answer", "off"), point.get("intake_window_ms", 0.0),
+                   point.get("switch_interval_ms"))
 
     def fields(self) -> dict[str, Any]:
         """Its fields by their report keys (a point's, and make_point's keyword arguments)."""
@@ -237,7 +264,9 @@ class FrontEnd:
     def describe(self) -> str:
         """What the progress lines call it."""
         return (f"{self.http_workers} worker(s) at nice +{self.worker_nice}, rings drained on "
-                f"{self.ring_drain_on}, return allowance {self.return_allowance}, early answer {self.early_answer}")
+                f"{self.ring_drain_on}, return allowance {self.return_allowance}, early answer {self.early_answer}, "
+                f"intake window {self.intake_window_ms:g} ms, GIL switch interval "
+                f"{'Python' + chr(39) + 's' if self.switch_interval_ms is None else f'{self.switch_interval_ms:g} ms'}")
 
 
 def _choices_list(p: argparse.ArgumentParser, flag: str, text: str, choices: tuple[str, ...]) -> list[str]:
@@ -522,7 +551,8 @@ def print_table(rep: dict, pt: dict) -> None:
           f"{kind}, {rep['duration_s']:g} s per leg, {pt['clients']} client process(es), "
           f"{pt.get('http_workers', 0)} front-end worker(s)"
           + (f" (rings drained on {pt.get('ring_drain_on', 'loop')}, return allowance "
-             f"{pt.get('return_allowance', 'off')}, early answer {pt.get('early_answer', 'off')})"
+             f"{pt.get('return_allowance', 'off')}, early answer {pt.get('early_answer', 'off')}, intake window "
+             f"{pt.get('intake_window_ms', 0.0):g} ms, switch interval {pt.get('switch_interval_ms') or 'off'})"
              if pt.get("http_workers") else "")
           + f", {pt.get('client', 'aiohttp')} clients"
           + (f", round {pt.get('round', 0) + 1} of {rep['rounds']}" if rep.get("rounds", 1) > 1 else ""))
@@ -575,6 +605,7 @@ def run(args: argparse.Namespace) -> int:
 
     from gpuloom.bench.e2e import build_models, resolve_device_and_profiles, run_point, save_json
     from gpuloom.bench.workload import WorkloadError, arrival_times, load_workload
+    from gpuloom.runtime.gilswitch import ShortSwitchInterval
     from gpuloom.runtime.service import InferenceService
     from gpuloom.bench.machine import describe_machine, gpuloom_settings, summary
     from gpuloom.serve.core import ServeCore
@@ -678,9 +709,13 @@ def run(args: argparse.Namespace) -> int:
             "ring_drain_on": _one_or_list(args.ring_drain_on_list),
             "return_allowance": _one_or_list(args.return_allowance_list),
             "early_answer": _one_or_list(args.early_answer_list),
+            "intake_window_ms": _one_or_list(args.intake_window_list),
+            "switch_interval_ms": _one_or_list(args.switch_interval_list),
             "summary": [{"scale": p["scale"], "http_workers": p["http_workers"], "worker_nice": p["worker_nice"],
                          "client": p["client"], "ring_drain_on": p["ring_drain_on"],
                          "return_allowance": p["return_allowance"], "early_answer": p["early_answer"],
+                         "intake_window_ms": p.get("intake_window_ms", 0.0),
+                         "switch_interval_ms": p.get("switch_interval_ms"),
                          "round": p["round"],
                          "offered_rps": p["offered_rps"],
                          "inprocess_goodput_rps": p["inprocess"]["goodput_rps"],
@@ -730,7 +765,8 @@ def run(args: argparse.Namespace) -> int:
                                     http_workers=front.http_workers, worker_ring_kb=args.worker_ring_kb,
                                     worker_cpus=other_cpus, ring_drain_on=front.ring_drain_on,
                                     worker_wakeups=args.worker_wakeups, close_service=False,
-                                    worker_nice=front.worker_nice, return_allowance=front.return_allowance)
+                                    worker_nice=front.worker_nice, return_allowance=front.return_allowance,
+                                    intake_window_ms=front.intake_window_ms)
                     addr = server.start()
                     http_warmup(addr.http_url, svc.models())
                     wait_pinned(server, svc, front.http_workers, say)
@@ -738,10 +774,14 @@ def run(args: argparse.Namespace) -> int:
                         f"in this process); {front.client} clients")
                     early_before = svc.early_answer
                     svc.early_answer = front.early_answer == "on"  # this leg's; the in-process legs keep the service's
+                    if front.switch_interval_ms is not None:  # likewise, the process-wide GIL switch interval
+                        ShortSwitchInterval.enter(front.switch_interval_ms)
                     try:
                         http, server_books, used = http_leg(args, svc, core, server, addr.http_url, times, slos,
                                                             clients, other_cpus, scale, rates, say, front.client)
                     finally:
+                        if front.switch_interval_ms is not None:
+                            ShortSwitchInterval.leave(front.switch_interval_ms)
                         svc.early_answer = early_before
                         server.stop()
                         server = None
@@ -838,7 +878,9 @@ def http_leg(args: argparse.Namespace, svc: Any, core: Any, server: Any, url: st
     if bridge is not None:  # requests through a worker's arena, page-locked or not, or inline
         http["bridge"] = {"arena_requests": bridge.arena_requests, "inline_requests": bridge.inline_requests,
                           "ring_requests": bridge.ring_requests, "loop_requests": bridge.loop_requests,
-                          "ring_replies": bridge.ring_replies, "pinned_arenas": bridge.pinned_arenas}
+                          "ring_replies": bridge.ring_replies, "pinned_arenas": bridge.pinned_arenas,
+                          "loop_takes": getattr(bridge, "loop_takes", None),
+                          "loop_deferred": getattr(bridge, "loop_deferred", None)}
     return http, books_delta(books0, core.books.snapshot()), used
 
 
@@ -857,19 +899,21 @@ def comparison(points: list[dict]) -> list[dict]:
                     "mean": sum(known) / len(known) if known else None,
                     "spread": max(known) - min(known) if known else None})
     return sorted(out, key=lambda r: (r["scale"], r["http_workers"], r["worker_nice"] or 0, r["client"],
-                                      r["ring_drain_on"], r["return_allowance"], r["early_answer"]))
+                                      r["ring_drain_on"], r["return_allowance"], r["early_answer"],
+                                      r["intake_window_ms"], r["switch_interval_ms"] or 0.0))
 
 
 def print_comparison(points: list[dict]) -> None:
     print("HTTP / in-process goodput by worker count, their nice, the client, who drains the rings, the return "
-          "allowance and the early answer (one ratio per round, in order):")
+          "allowance, the early answer, the intake window and the switch interval (one ratio per round, in order):")
     for r in comparison(points):
         ratios = " ".join("-" if x is None else f"{x:.3f}" for x in r["ratios"])
         mean = "-" if r["mean"] is None else f"{r['mean']:.3f}"
         spread = "-" if r["spread"] is None else f"{r['spread']:.3f}"
         print(f"  x{r['scale']:g}  {r['http_workers']:>2} worker(s) at nice +{r['worker_nice']}, {r['client']:>7}, "
               f"drain {r['ring_drain_on']:>6}, allowance {r['return_allowance']:>4}, "
-              f"early {r['early_answer']:>3}: {ratios}   "
+              f"early {r['early_answer']:>3}, window {r['intake_window_ms']:g} ms, "
+              f"switch {r['switch_interval_ms'] or 'off'}: {ratios}   "
               f"mean {mean}, spread {spread}")
 
 
@@ -915,7 +959,8 @@ def _settle(core: Any, timeout_s: float = 30.0) -> None:
 def make_point(scale: float, duration_s: float, inproc: dict, http: dict, server_books: dict,
                times: dict[str, list[float]], clients: int, http_workers: int = 0, round_: int = 0,
                worker_nice: int | None = None, client: str | None = None, ring_drain_on: str = "loop",
-               return_allowance: str = "off", early_answer: str = "off") -> dict:
+               return_allowance: str = "off", early_answer: str = "off", intake_window_ms: float = 0.0,
+               switch_interval_ms: float | None = None) -> dict:
     """One load factor: both legs, their ratio, and the books of the HTTP leg.
 
     Books: every request the clients sent got an answer (200 or an error status; none lost), and the
@@ -931,7 +976,7 @@ def make_point(scale: float, duration_s: float, inproc: dict, http: dict, server
         "scale": scale, "offered_rps": sum(len(t) for t in times.values()) / duration_s,
         "clients": clients, "http_workers": http_workers, "worker_nice": worker_nice, "client": client, "round": round_,
         "ring_drain_on": ring_drain_on, "return_allowance": return_allowance, "early_answer": early_answer,
-        "inprocess": inproc, "http": http,
+        "intake_window_ms": intake_window_ms, "switch_interval_ms": switch_interval_ms, "inprocess": inproc, "http": http,
         "ratio": {"goodput": ratio,
                   "slo_attainment": _ratio(http["slo_attainment"], inproc["slo_attainment"]),
                   "models": {m: _ratio(http["models"][m]["goodput_rps"], inproc["models"][m]["goodput_rps"])

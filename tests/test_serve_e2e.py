@@ -294,6 +294,14 @@ def test_front_ends_are_every_combination_of_the_lists_given():
     args = e2e.parse_args(["examples/mix6.yaml", "--return-allowance", "off,auto", "--early-answer", "off,on"])
     assert [(f.return_allowance, f.early_answer) for f in args.front_ends] == [
         ("off", "off"), ("off", "on"), ("auto", "off"), ("auto", "on")]
+    args = e2e.parse_args(["examples/mix6.yaml", "--intake-window-ms", "0,0.5", "--switch-interval-ms", "off,1"])
+    assert [(f.intake_window_ms, f.switch_interval_ms) for f in args.front_ends] == [
+        (0.0, None), (0.0, 1.0), (0.5, None), (0.5, 1.0)]
+    assert e2e.FrontEnd.of_point({"http_workers": 8}).intake_window_ms == 0.0  # a report from before the window
+    for flag, bad in (("--intake-window-ms", "11"), ("--intake-window-ms", "soon"), ("--switch-interval-ms", "0"),
+                      ("--switch-interval-ms", "on")):
+        with pytest.raises(SystemExit):
+            e2e.parse_args(["examples/mix6.yaml", flag, bad])
 
 
 def test_batch_split_weighs_each_batch_size_by_its_batches_and_leaves_unknown_holds_unknown():
