@@ -128,8 +128,9 @@ class RealtimeLoop(EventLoop):
         """Call ``poll()`` on the loop's thread each time it wakes, before it takes posts. ``poll``
         may :meth:`post`; it returns how long from now (ms) it wants to be called again at the
         latest, with no post to wake the loop, or ``inf`` (a delay, not a time: a poller needs no
-        loop's clock, and one poller serves every loop a service runs). (The execution backend books completions this way when the GPU posts the
-        :attr:`waker` itself; the HTTP workers' requests are taken this way, ``serve/bridge.py``.)
+        loop's clock, and one poller serves every loop a service runs). (The execution backend
+        books completions this way when the GPU posts the :attr:`waker` itself; the HTTP workers'
+        requests are taken this way, ``serve/bridge.py``.)
         Any thread may add or remove a poller while the loop runs; adding one already there does
         nothing (it is called once per wake)."""
         with self._mu:

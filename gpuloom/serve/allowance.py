@@ -3,8 +3,9 @@
 Why: a worker hands each request to the runtime with ``waited_ms``, the time since its handler
 started, and the runtime counts the request's deadline from there (``InferenceService.submit``). The
 time the request spends in the server after that and outside the service's own clock is counted
-nowhere: the runtime's intake from the ring, its answer and the reply ring back to the worker, and
-the worker building the response. On the H100 (mix6 over HTTP at full load, run 209,
+nowhere: its answer and the reply ring back to the worker, and the worker building the response
+(before the sixty-eighth session also the wait for the runtime's intake from the ring, which the
+runtime now counts: a ring record carries its hand-off time). On the H100 (mix6 over HTTP at full load, run 209,
 ``docs/results/serve/e2e_h100_run209_c3.json``) that was about 1.1 ms (bridge minus service) plus
 0.95 ms (worker minus bridge) at p50 against SLOs of 10-20 ms, so the scheduler served requests it
 believed on time that reached the client late: mobilenet_v2 served 6,428, 2,600 on time at the

@@ -203,7 +203,7 @@ class InferBridge:
             log.error("a truncated compact record (%d bytes) in a worker's request ring", len(record))
             return
         in_ring = time.monotonic() * 1e3 - handed  # ms since the worker passed it on (the clock is the host's)
-        in_ring = in_ring if 0.0 < in_ring < 60_000.0 else 0.0  # (NaN, or a record of another host: not counted)
+        in_ring = in_ring if 0.0 < in_ring < 60_000.0 else 0.0  # (NaN: no hand-off time; beyond: not this clock)
         self.ring_requests += 1
         try:
             t = self._request_templates.get(bytes(record[RING_REQ.size:RING_REQ.size + jlen]))
