@@ -125,10 +125,6 @@ def test_requests_through_the_arena_or_inline_give_eager_outputs(arena_mb, ring_
 def test_concurrent_requests_each_get_the_output_of_their_own_input(monkeypatch):
     """Blocks are reused only after their request's reply: 200 overlapping requests with distinct
     inputs through one worker's arena each get their own eager output back."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    import torch
-
     monkeypatch.setenv("GPULOOM_WORKER_ARENA_MB", "1")  # small, so blocks are reused many times over (the
     # workers read the variable at start: the default when Server(worker_arena_mb=...) is not given)
     monkeypatch.setenv("GPULOOM_WORKER_RING_KB", "16")  # rings of 4 and 12 KiB: frames of ~300 B wrap
@@ -142,14 +138,7 @@ def test_concurrent_requests_each_get_the_output_of_their_own_input(monkeypatch)
     try:
         module = repo.models["tiny_mlp"].build()[1]
         xs = [np.full((1 + i % 16, 16), i, np.float32) for i in range(200)]
-        # what is tested is whose output comes back, not latency: a deadline far from the model's
-        # 50 ms SLO, which 16 clients at once overran on a slow 2-core VM (a 504, eleventh session)
-        with ThreadPoolExecutor(16) as pool:
-            outs = list(pool.map(lambda x: _infer(addr.http_url, x, deadline_ms=10_000), xs))
-        for x, got in zip(xs, outs):
-            with torch.no_grad():
-                want = module(torch.from_numpy(x)).numpy()
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        _each_gets_its_own_output(addr.http_url, module, xs, clients=16)
         bridge = server._bridge
         assert bridge.arena_requests == 200
         if ring.supported():  # over 20 frames of ~300 B through a 4 KiB ring: it wrapped around
@@ -158,15 +147,27 @@ def test_concurrent_requests_each_get_the_output_of_their_own_input(monkeypatch)
         server.stop()
 
 
+def _each_gets_its_own_output(url: str, module, xs: list[np.ndarray], clients: int) -> None:
+    """``xs`` sent by ``clients`` threads at once: each answer is eager's output of its own input.
+    What is tested is whose output comes back, not latency: a deadline far from the model's 50 ms
+    SLO, which 16 clients at once overran on a slow 2-core VM (a 504, eleventh session)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    with ThreadPoolExecutor(clients) as pool:
+        outs = list(pool.map(lambda x: _infer(url, x, deadline_ms=10_000), xs))
+    for x, got in zip(xs, outs):
+        with torch.no_grad():
+            want = module(torch.from_numpy(x)).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.skipif(not ring.supported(), reason="the intake window is the rings' (x86-64 Linux)")
 def test_with_an_intake_window_overlapping_requests_go_in_bursts_and_each_gets_its_own_output(slow_safety_net):
     """``intake_window_ms``: the runtime's loop takes the workers' requests at most once per window,
     so requests that overlap go in together (fewer takes than requests) and the workers, told the
     loop looks anyway, skip its wake-ups meanwhile; every answer is still its own request's."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    import torch
-
     repo = load_repository(REPO / "tiny_mlp.yaml")
     service = serve_fake.make_service()
     core = ServeCore(service, repo)
@@ -176,12 +177,7 @@ def test_with_an_intake_window_overlapping_requests_go_in_bursts_and_each_gets_i
     try:
         module = repo.models["tiny_mlp"].build()[1]
         xs = [np.full((1 + i % 4, 16), i, np.float32) for i in range(120)]
-        with ThreadPoolExecutor(12) as pool:
-            outs = list(pool.map(lambda x: _infer(addr.http_url, x, deadline_ms=10_000), xs))
-        for x, got in zip(xs, outs):
-            with torch.no_grad():
-                want = module(torch.from_numpy(x)).numpy()
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        _each_gets_its_own_output(addr.http_url, module, xs, clients=12)
         bridge = server._bridge
         if service._waker.share_fd is not None:  # the loop takes them (else drain threads do, no window)
             assert bridge.loop_requests == 120 and bridge.loop_takes < 100, (bridge.loop_takes, bridge.loop_requests)
