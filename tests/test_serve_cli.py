@@ -562,6 +562,45 @@ def test_once_the_server_stops_every_answer_closes_its_connection():
         server.stop()
 
 
+def test_a_stopping_front_end_worker_answers_a_request_sent_on_a_kept_alive_connection_and_closes_it():
+    """A front-end worker told to stop (SIGTERM, as ``Server.stop`` does first) stops taking
+    connections, answers what arrives on the ones open for a short grace, saying ``Connection: close``,
+    then closes. Before, it stopped at once: a request sent on a kept-alive connection just after was
+    dropped unread and its client saw the connection reset (``docs/reports/serving.md``, sixty-fifth
+    session's SIGTERM runs: left for the workers then)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import serve_fake
+
+    from gpuloom.serve.core import ServeCore
+    from gpuloom.serve.repository import load_repository
+    from gpuloom.serve.server import Server
+
+    core = ServeCore(serve_fake.make_service(), load_repository(ROOT / "examples" / "repository" / "tiny_mlp.yaml"))
+    core.load("tiny_mlp")
+    server = Server(core, http_port=0, grpc_port=None, http_workers=1)
+    addr = server.start()
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16}]})
+    try:
+        c = http.client.HTTPConnection(addr.host, addr.http_port, timeout=30)
+        c.request("POST", "/v2/models/tiny_mlp/infer", body)
+        r = c.getresponse()
+        r.read()
+        assert r.status == 200 and r.getheader("Connection") is None  # kept alive while serving
+        (pid,) = server.worker_pids()
+        os.kill(pid, signal.SIGTERM)
+        time.sleep(0.1)  # the worker is stopping now
+        c.request("POST", "/v2/models/tiny_mlp/infer", body)
+        r = c.getresponse()
+        r.read()
+        assert r.status == 200 and r.getheader("Connection") == "close"
+        with pytest.raises(OSError):  # the listener is closed: no new connection while it stops
+            probe = socket.create_connection((addr.host, addr.http_port), timeout=1)
+            probe.close()
+            raise AssertionError("the stopping worker still took a connection")
+    finally:
+        server.stop()
+
+
 def test_the_start_handler_of_ctrl_c_keeps_an_ignored_sigint_ignored_and_puts_the_previous_back():
     """A server started in the background by a script, with SIGINT ignored, went on ignoring it until it
     served before the start handler; it does again (a review, sixty-fifth session)."""

@@ -24,12 +24,13 @@ import asyncio
 import functools
 import json
 import logging
+import math
 import os
 import signal
 import socket
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 from ..runtime.gcpause import RareFullCollections, freeze_loaded
 from .allowance import DEFAULT_MODE, MODES, ReturnAllowance, check_mode
@@ -54,13 +55,68 @@ _HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "ke
 _DROPPED = (503, 504)  # the runtime dropped the request (or its deadline passed): what an allowance can cause
 
 
+class GracefulStop:
+    """How a worker told to stop (SIGTERM: ``Server.stop`` stops the workers before the runtime
+    drains) ends: it stops taking connections, answers what arrives on the ones already open, each
+    answer saying ``Connection: close``, and closes them once none has answered for ``QUIET_S`` (at
+    most ``GRACE_S`` after the stop). Why: aiohttp's own stop drops, unread, whatever arrives after it
+    began, so a client that sent its next request on a kept-alive connection just then saw it reset
+    (the sixty-fifth session's SIGTERM runs, ``docs/reports/serving.md``). An idle connection is
+    closed after the quiet time: a request sent on it later still finds it gone (HTTP/1.1's own
+    race, which a client retries, RFC 9112 9.3.1)."""
+
+    QUIET_S = 0.25
+    GRACE_S = 2.0  # GPULOOM_WORKER_STOP_GRACE_S overrides it (0: close at once, as before)
+
+    def __init__(self, grace_s: float | None = None) -> None:
+        if grace_s is None:
+            text = os.environ.get("GPULOOM_WORKER_STOP_GRACE_S")
+            try:
+                grace_s = self.GRACE_S if text is None else float(text)
+            except ValueError:
+                log.warning("GPULOOM_WORKER_STOP_GRACE_S=%r is not a number of seconds: %g s", text, self.GRACE_S)
+                grace_s = self.GRACE_S
+        self.grace_s = grace_s
+        self.stopping = False
+        self.last_answer = -math.inf  # monotonic s of the last answer prepared
+
+    def hook(self) -> Callable[..., Any]:
+        """The app's ``on_response_prepare``: notes each answer, and closes its connection once stopping."""
+        from .http_server import close_when  # (aiohttp: imported where the app is built, as the rest)
+
+        close = close_when(lambda: self.stopping)
+
+        async def prepare(request: Any, response: Any) -> None:
+            self.last_answer = time.monotonic()
+            await close(request, response)
+
+        return prepare
+
+    async def stop(self, runner: Any, site: Any) -> None:
+        """Stop listening, then wait out the grace before ``runner.cleanup()`` closes every connection."""
+        if self.grace_s <= 0:
+            return
+        self.stopping = True
+        await site.stop()
+        began = time.monotonic()
+        while True:
+            now = time.monotonic()
+            server = runner.server
+            if server is None or not server.connections or now - began >= self.grace_s:
+                return
+            if now - max(self.last_answer, began) >= self.QUIET_S:
+                return
+            await asyncio.sleep(0.02)
+
+
 def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_bytes: int = 0, ring_bytes: int = 0,
-                     return_allowance: str = DEFAULT_MODE):
+                     return_allowance: str = DEFAULT_MODE, graceful: GracefulStop | None = None):
     """The worker's aiohttp app: infer over the bridge, everything else forwarded to ``upstream``.
     ``arena_bytes``: size of the shared memory the tensors go through (0: inline on the socket).
     ``ring_bytes``: size of the shared rings request and reply frames go through (``ring.py``; only
     with an arena; 0: over the socket). ``return_allowance``: "auto" adds this worker's estimate of
-    a request's time outside the service after it is handed on to its ``waited_ms`` (``allowance.py``)."""
+    a request's time outside the service after it is handed on to its ``waited_ms`` (``allowance.py``).
+    ``graceful``: how it answers while it stops (:class:`GracefulStop`)."""
     import aiohttp
     from aiohttp import web
 
@@ -246,6 +302,8 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_b
     app.router.add_route("*", "/{tail:.*}", forward)
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
+    if graceful is not None:
+        app.on_response_prepare.append(graceful.hook())
     return app
 
 
@@ -321,8 +379,9 @@ def main(argv: list[str] | None = None) -> int:
         pin_process(parse_cpus(args.cpus))
 
     async def run() -> None:
+        graceful = GracefulStop()
         app = build_worker_app(args.socket, args.upstream, args.max_body, args.arena_mb << 20, args.ring_kb << 10,
-                               args.return_allowance)
+                               args.return_allowance, graceful)
         guard = ClientTimeouts(args.client_timeout)
         runner = await guard.runner(app, access_log=None, shutdown_timeout=args.drain_timeout)
         site = web.TCPSite(runner, args.host, args.port, reuse_port=True, backlog=args.backlog)
@@ -339,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
         print("READY", flush=True)
         await stop.wait()
         guard.stop()
-        await runner.cleanup()  # stops accepting; in-flight requests finish within the drain timeout
+        await graceful.stop(runner, site)  # no new connections; the open ones answered and told to close
+        await runner.cleanup()  # closes them; in-flight requests finish within the drain timeout
 
     asyncio.run(run())
     return 0

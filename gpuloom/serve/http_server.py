@@ -23,7 +23,7 @@ import contextlib
 import functools
 import logging
 import time
-from typing import Callable
+from typing import Awaitable, Callable
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
@@ -160,20 +160,26 @@ if not any(isinstance(f, _AnsweredPayloadErrors) for f in _SERVER_LOG.filters):
     _SERVER_LOG.addFilter(_AnsweredPayloadErrors())
 
 
+def close_when(stopping: Callable[[], bool]) -> Callable[..., Awaitable[None]]:
+    """An ``on_response_prepare`` hook: while ``stopping()``, every answer closes its connection
+    (``Connection: close``). Why: a client that sent its next request on a kept-alive connection as
+    the listeners closed got no answer, its bytes dropped unread (the sixty-fifth session's SIGTERM
+    runs); told to close, it does not send one there."""
+
+    async def close_when_stopping(request: web.Request, response: web.StreamResponse) -> None:
+        if stopping():
+            response.force_close()  # the server closes it after this answer, and says so (this hook
+            response.headers["Connection"] = "close"  # runs after aiohttp wrote its own Connection header)
+
+    return close_when_stopping
+
+
 def build_app(core: ServeCore) -> web.Application:
     """The aiohttp application serving ``core`` (bodies over ``core.max_body_bytes`` get 413)."""
     app = web.Application(middlewares=[_errors], client_max_size=core.max_body_bytes)
     app[CORE_KEY] = core
 
-    async def close_when_stopping(request: web.Request, response: web.StreamResponse) -> None:
-        """Once the server stops (SIGTERM), every answer closes its connection (``Connection:
-        close``): a client that sent its next request on a kept-alive connection as the listeners
-        closed got no answer, its bytes dropped unread (the sixty-fifth session's SIGTERM runs)."""
-        if core.closing:
-            response.force_close()  # the server closes it after this answer, and says so (this hook
-            response.headers["Connection"] = "close"  # runs after aiohttp wrote its own Connection header)
-
-    app.on_response_prepare.append(close_when_stopping)
+    app.on_response_prepare.append(close_when(lambda: core.closing))
     r = web.RouteTableDef()
 
     @r.get("/v2/health/live")
