@@ -601,6 +601,56 @@ def test_a_stopping_front_end_worker_answers_a_request_sent_on_a_kept_alive_conn
         server.stop()
 
 
+@pytest.mark.parametrize("upload_s", [0.6, 4.0], ids=["within-the-grace", "beyond-it"])
+def test_a_stopping_worker_waits_for_a_body_still_arriving_within_its_grace_and_never_for_the_drain_timeout(upload_s):
+    """A request whose body is still arriving when its worker is told to stop: within the grace (2 s)
+    the worker waits for it and answers; past the grace it cuts that connection, so the stop ends then
+    instead of waiting out the drain timeout for bytes aiohttp's cleanup drops (a review, sixty-eighth
+    session: no answer and ``Server.stop`` 8.7 s with an 8 s drain timeout, the body spread over 0.6 s)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import serve_fake
+
+    from gpuloom.serve.core import ServeCore
+    from gpuloom.serve.repository import load_repository
+    from gpuloom.serve.server import Server
+
+    core = ServeCore(serve_fake.make_service(), load_repository(ROOT / "examples" / "repository" / "tiny_mlp.yaml"))
+    core.load("tiny_mlp")
+    server = Server(core, http_port=0, grpc_port=None, http_workers=1, drain_timeout_s=12.0)
+    addr = server.start()
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16}]}).encode()
+    head = (f"POST /v2/models/tiny_mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"X-Gpuloom-Deadline-Ms: 20000\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    stopper = threading.Thread(target=server.stop)
+    try:
+        s = socket.create_connection((addr.host, addr.http_port), timeout=30)
+        s.sendall(head + body)
+        assert s.recv(65536).startswith(b"HTTP/1.1 200")  # kept alive, with an answer behind it
+        s.sendall(head + body[:len(body) // 2])  # the next request: its headers and half its body
+        time.sleep(0.05)
+        t0 = time.monotonic()
+        stopper.start()
+        rest = body[len(body) // 2:]
+        for i in range(6):
+            time.sleep(upload_s / 6)
+            try:
+                s.sendall(rest[i * len(rest) // 6:(i + 1) * len(rest) // 6])
+            except OSError:  # cut past the grace
+                break
+        try:
+            got = s.recv(65536)
+        except OSError:
+            got = b""
+        stopper.join(30)
+        took = time.monotonic() - t0
+        if upload_s < 2.0:
+            assert got.startswith(b"HTTP/1.1 200") and b"Connection: close" in got, got[:200]
+        assert took < 6.0, f"Server.stop took {took:.1f} s (the drain timeout is 12)"
+    finally:
+        if not stopper.is_alive():
+            server.stop()
+
+
 def test_the_start_handler_of_ctrl_c_keeps_an_ignored_sigint_ignored_and_puts_the_previous_back():
     """A server started in the background by a script, with SIGINT ignored, went on ignoring it until it
     served before the start handler; it does again (a review, sixty-fifth session)."""

@@ -229,6 +229,36 @@ def test_with_an_intake_window_a_lone_request_is_taken_at_once_and_the_next_ones
         w.close()
 
 
+def test_while_the_workers_are_told_not_to_wake_the_loop_the_intake_keeps_its_call_even_with_no_ring_pending():
+    """The loop promised to look at the window's end (the workers skip its wake-ups until then). If
+    the ring whose request made that promise goes (its worker's connection closed) and the loop wakes
+    for something else meanwhile, the intake must still ask for its call at the window's end: another
+    worker may publish a request before then without posting (a review, sixty-eighth session: taken
+    only at an unrelated wake-up otherwise)."""
+    from gpuloom.serve.bridge import _LoopIntake, _RingTaker
+
+    class Bridge:
+        loop_requests = loop_takes = loop_deferred = 0
+
+    service, got = _IntakeService(), []
+    intake = _LoopIntake(Bridge(), window_ms=300.0)
+    (wa, ra), (wb, rb) = _pair(), _pair()
+    try:
+        take_a = _RingTaker(ra, lambda v: got.append(bytes(v)))
+        os.close(intake.attach(ra.requests, take_a, service))
+        os.close(intake.attach(rb.requests, _RingTaker(rb, lambda v: got.append(bytes(v))), service))
+        assert wa.send([b"a1"]) and intake.poll() == float("inf")  # taken at once: the window opens
+        assert wa.send([b"a2"]) and 0.0 < intake.poll() <= 300.0  # deferred: the workers told to stay quiet
+        assert len(service.held_until) == 1
+        intake.detach(take_a, service)  # worker a goes, its request with it
+        left = intake.poll()  # an unrelated wake-up: nothing pending now, but the promise stands
+        assert 0.0 < left <= 300.0, left
+    finally:
+        for w, r in ((wa, ra), (wb, rb)):
+            r.close()
+            w.close()
+
+
 def test_an_intake_window_must_be_a_few_ms_at_most():
     from gpuloom.serve.bridge import check_intake_window
 

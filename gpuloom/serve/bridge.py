@@ -494,7 +494,9 @@ class _LoopIntake:
                             if hold is not None:
                                 hold(end)
                         return left * 1000.0
-                return math.inf
+                # nothing waits, but the workers may still skip their wake-ups (a ring whose request
+                # made the promise may have gone since): keep the call then
+                return (self._quiet_until - now) * 1000.0 if self._quiet_until > now else math.inf
         taken = 0
         for head, tail, take in self._rings:
             if head.value != tail.value:  # RequestRing.pending(), without a call per ring

@@ -58,12 +58,15 @@ _DROPPED = (503, 504)  # the runtime dropped the request (or its deadline passed
 class GracefulStop:
     """How a worker told to stop (SIGTERM: ``Server.stop`` stops the workers before the runtime
     drains) ends: it stops taking connections, answers what arrives on the ones already open, each
-    answer saying ``Connection: close``, and closes them once none has answered for ``QUIET_S`` (at
-    most ``GRACE_S`` after the stop). Why: aiohttp's own stop drops, unread, whatever arrives after it
-    began, so a client that sent its next request on a kept-alive connection just then saw it reset
-    (the sixty-fifth session's SIGTERM runs, ``docs/reports/serving.md``). An idle connection is
-    closed after the quiet time: a request sent on it later still finds it gone (HTTP/1.1's own
-    race, which a client retries, RFC 9112 9.3.1)."""
+    answer saying ``Connection: close``, and closes them once no request is being handled and none
+    has been answered for ``QUIET_S`` (at most ``GRACE_S`` after the stop). Why: aiohttp's own stop
+    drops, unread, whatever arrives after it began, so a client that sent its next request on a
+    kept-alive connection just then saw it reset (the sixty-fifth session's SIGTERM runs,
+    ``docs/reports/serving.md``). An idle connection is closed after the quiet time: a request sent
+    on it later still finds it gone (HTTP/1.1's own race, which a client retries, RFC 9112 9.3.1). A
+    request whose body is still arriving when the grace ends has its connection cut then: aiohttp's
+    cleanup would drop the rest of the body and leave its handler waiting for it until the drain
+    timeout (30 s), holding the whole stop up (a review, sixty-eighth session)."""
 
     QUIET_S = 0.25
     GRACE_S = 2.0  # GPULOOM_WORKER_STOP_GRACE_S overrides it (0: close at once, as before)
@@ -79,6 +82,22 @@ class GracefulStop:
         self.grace_s = grace_s
         self.stopping = False
         self.last_answer = -math.inf  # monotonic s of the last answer prepared
+        self.in_flight: dict[int, Any] = {}  # id -> each request whose handler runs now (middleware; unhashable)
+
+    def middleware(self) -> Callable[..., Any]:
+        """The app's first middleware: keeps :attr:`in_flight`."""
+        from aiohttp import web
+
+        @web.middleware
+        async def track(request: Any, handler: Callable[..., Any]) -> Any:
+            key = id(request)
+            self.in_flight[key] = request
+            try:
+                return await handler(request)
+            finally:
+                del self.in_flight[key]
+
+        return track
 
     def hook(self) -> Callable[..., Any]:
         """The app's ``on_response_prepare``: notes each answer, and closes its connection once stopping."""
@@ -103,10 +122,14 @@ class GracefulStop:
             now = time.monotonic()
             server = runner.server
             if server is None or not server.connections or now - began >= self.grace_s:
-                return
-            if now - max(self.last_answer, began) >= self.QUIET_S:
-                return
+                break
+            if not self.in_flight and now - max(self.last_answer, began) >= self.QUIET_S:
+                break
             await asyncio.sleep(0.02)
+        for request in list(self.in_flight.values()):  # answers coming go on; a body still arriving is cut
+            transport = request.transport
+            if not request.content.is_eof() and transport is not None:
+                transport.close()
 
 
 def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_bytes: int = 0, ring_bytes: int = 0,
@@ -295,7 +318,8 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_b
             out = {k: v for k, v in r.headers.items() if k.lower() not in _HOP_HEADERS}
             return web.Response(status=r.status, body=body, headers=out)
 
-    app = web.Application(middlewares=[_errors], client_max_size=max_body_bytes)
+    app = web.Application(middlewares=([graceful.middleware()] if graceful is not None else []) + [_errors],
+                          client_max_size=max_body_bytes)
     app[CORE_KEY] = _Limits(max_body_bytes)
     app.router.add_post("/v2/models/{model}/infer", infer)
     app.router.add_post("/v2/models/{model}/versions/{version}/infer", infer)
