@@ -59,9 +59,10 @@ def test_grace_zero_stops_at_once_as_before_and_a_bad_setting_keeps_the_default(
     assert _stop(g, _Runner(5), site) < 0.1 and not site.stopped and not g.stopping  # cleanup does it all
     monkeypatch.setenv("GPULOOM_WORKER_STOP_GRACE_S", "0")
     assert GracefulStop().grace_s == 0.0
-    monkeypatch.setenv("GPULOOM_WORKER_STOP_GRACE_S", "soon")
-    assert GracefulStop().grace_s == GracefulStop.GRACE_S
-    assert "GPULOOM_WORKER_STOP_GRACE_S='soon' is not a number" in caplog.text
+    for bad in ("soon", "nan", "-1", "inf"):
+        monkeypatch.setenv("GPULOOM_WORKER_STOP_GRACE_S", bad)
+        assert GracefulStop().grace_s == GracefulStop.GRACE_S
+        assert f"GPULOOM_WORKER_STOP_GRACE_S={bad!r} is not a number of seconds" in caplog.text
 
 
 @pytest.mark.parametrize("stopping", [False, True])

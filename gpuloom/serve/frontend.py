@@ -76,8 +76,11 @@ class GracefulStop:
             text = os.environ.get("GPULOOM_WORKER_STOP_GRACE_S")
             try:
                 grace_s = self.GRACE_S if text is None else float(text)
+                if not 0.0 <= grace_s <= 60.0:  # (NaN too)
+                    raise ValueError
             except ValueError:
-                log.warning("GPULOOM_WORKER_STOP_GRACE_S=%r is not a number of seconds: %g s", text, self.GRACE_S)
+                log.warning("GPULOOM_WORKER_STOP_GRACE_S=%r is not a number of seconds in [0, 60]: %g s", text,
+                            self.GRACE_S)
                 grace_s = self.GRACE_S
         self.grace_s = grace_s
         self.stopping = False
