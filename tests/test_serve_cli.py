@@ -604,7 +604,7 @@ def test_a_stopping_front_end_worker_answers_a_request_sent_on_a_kept_alive_conn
 @pytest.mark.parametrize("upload_s", [0.6, 4.0], ids=["within-the-grace", "beyond-it"])
 def test_a_stopping_worker_waits_for_a_body_still_arriving_within_its_grace_and_never_for_the_drain_timeout(upload_s):
     """A request whose body is still arriving when its worker is told to stop: within the grace (2 s)
-    the worker waits for it and answers; past the grace it cuts that connection, so the stop ends then
+    the worker waits for it and answers it (the runtime's process is stopping too: 503); past the grace it cuts that connection, so the stop ends then
     instead of waiting out the drain timeout for bytes aiohttp's cleanup drops (a review, sixty-eighth
     session: no answer and ``Server.stop`` 8.7 s with an 8 s drain timeout, the body spread over 0.6 s)."""
     sys.path.insert(0, str(ROOT / "tests"))
@@ -643,8 +643,8 @@ def test_a_stopping_worker_waits_for_a_body_still_arriving_within_its_grace_and_
             got = b""
         stopper.join(30)
         took = time.monotonic() - t0
-        if upload_s < 2.0:
-            assert got.startswith(b"HTTP/1.1 200") and b"Connection: close" in got, got[:200]
+        if upload_s < 2.0:  # answered (the runtime's process is stopping too: a 503 with Retry-After, or served)
+            assert got.startswith((b"HTTP/1.1 200", b"HTTP/1.1 503")) and b"Connection: close" in got, got[:200]
         assert took < 6.0, f"Server.stop took {took:.1f} s (the drain timeout is 12)"
     finally:
         if not stopper.is_alive():

@@ -485,6 +485,34 @@ def test_unload_while_serving_lets_queued_and_running_requests_finish():
     svc.close()
 
 
+def test_unload_answers_what_is_left_after_its_timeout_as_dropped_model_unloaded():
+    """What ``unload`` says: requests not finished within ``timeout_s`` are dropped with "model
+    unloaded" (the re-plan without the model drops them), at once, not left for the expiry sweep
+    after their deadlines. A review (sixty-eighth session) read the code as removing the model and
+    leaving them; this pins the behaviour."""
+    from gpuloom.runtime.service import Dropped
+
+    svc = fake_service(latency_ms=200.0)
+    try:
+        futs = [svc.submit("twice", {"x": np.full((1, 4), i, np.float32)}, deadline_ms=60_000) for i in range(16)]
+        t0 = time.monotonic()
+        svc.unload("twice", timeout_s=0.1)
+        assert time.monotonic() - t0 < 5.0
+        outcomes = []
+        for f in futs:
+            try:
+                f.result(2)  # answered by now: served, or dropped at the unload
+                outcomes.append("served")
+            except Dropped as e:
+                assert e.reason == "model unloaded"
+                outcomes.append("unloaded")
+        assert "unloaded" in outcomes, outcomes
+        st = assert_books(svc)
+        assert "twice" not in st["models"] or st["models"]["twice"]["in_flight"] == 0
+    finally:
+        svc.close()
+
+
 def test_close_answers_every_request_even_with_concurrent_submitters():
     svc = fake_service(policy="dstack", latency_ms=5.0)
     svc.device.inject_fault("plus", "boom")
@@ -795,6 +823,24 @@ def test_a_request_the_runtime_never_answers_is_answered_as_expired_after_the_gr
         assert 0.05 + 0.2 <= time.monotonic() - t0 < 2.0  # after deadline + grace, not much later
         st = assert_books(svc)
         assert st["models"]["twice"]["dropped"] == {"expired": 1} and st["models"]["twice"]["in_flight"] == 0
+    finally:
+        svc.close()
+
+
+def test_answered_requests_with_far_deadlines_do_not_pile_up_in_the_expiry_heap():
+    """The expiry sweep keeps each accepted request's deadline until deadline + grace; answered ones
+    used to stay there until then too, so a client asking for a deadline of 1e300 ms left an entry
+    per request for good (30,000 served, 30,000 kept: a review, sixty-eighth session). Answered
+    entries are now pruned once they outnumber the live ones."""
+    svc = fake_service(latency_ms=0.0)
+    try:
+        for _ in range(60):
+            futs = [svc.submit("twice", {"x": np.ones((1, 4), np.float32)}, deadline_ms=1e300) for _ in range(100)]
+            for f in futs:
+                f.result(10)
+        assert len(svc._rid) == 0
+        assert len(svc._by_deadline) <= 4096 + 100, len(svc._by_deadline)
+        assert_books(svc)
     finally:
         svc.close()
 

@@ -8,6 +8,8 @@ import signal
 import sys
 import threading
 
+from .argtypes import positive_number
+
 NAME = "serve"
 HELP = "serve a model repository (directory or YAML) over KServe v2 / Triton-compatible HTTP and gRPC"
 
@@ -52,7 +54,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "'none': keep none)")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--queue-limit", type=int, default=1024, help="queued requests before 429 (default 1024)")
-    p.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body, MiB (default 64)")
+    p.add_argument("--max-body-mb", type=positive_number("MiB"), default=64.0, help="largest request body, MiB (default 64)")
+    p.add_argument("--max-bodies-mb", type=positive_number("MiB"), default=1024.0,
+                   help="infer request bodies received or handled at once, MiB, per HTTP process (default 1024): "
+                        "a request past it is answered 429 with Retry-After before its body is read, so a burst of "
+                        "large requests cannot grow memory without bound")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to drain queued requests on SIGTERM (default 30)")
     p.add_argument("--unload-collect-mib", type=float, default=256.0, metavar="MIB",
                    help="an unloaded model whose weights and graphs take at least this many MiB is freed at once: "
@@ -354,7 +360,8 @@ def _run(args: argparse.Namespace, quit_on_ctrl_c: _QuitOnCtrlC) -> int:
     except (ValueError, RuntimeError) as e:  # --device cuda on a host without one, or a device that is none
         print(f"error: --device {args.device or 'default'}: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
-    core = ServeCore(service, repo, max_body_bytes=int(args.max_body_mb * (1 << 20)))
+    core = ServeCore(service, repo, max_body_bytes=int(args.max_body_mb * (1 << 20)),
+                     max_bodies_bytes=int(args.max_bodies_mb * (1 << 20)))
     if names:
         print(f"loading {', '.join(names)} ...", file=sys.stderr, flush=True)
         try:

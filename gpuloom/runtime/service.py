@@ -108,6 +108,10 @@ def _held_bytes(module: Any, runner: Any) -> int:
     return n
 
 
+#: the expiry heap is pruned of answered calls once it holds more than this many entries and 4x the live ones
+_EXPIRY_PRUNE_FROM = 4096
+
+
 def _split_rows(arrays: list[np.ndarray], copy: bool) -> list[list[np.ndarray]]:
     """A request's input arrays (in the model's input order) as per-row payloads: copied once with
     ``copy`` (the caller may reuse its arrays once submit returns), else contiguous views."""
@@ -657,7 +661,14 @@ class InferenceService(LoopHosting):
                 raise ModelNotReady(f"model {name!r}: {e}") from e
             for i, r in enumerate(reqs):
                 self._rid[r.id] = (call, i)
-            heapq.heappush(self._by_deadline, (call.deadline_s, tuple(r.id for r in reqs)))
+            heap = self._by_deadline
+            heapq.heappush(heap, (call.deadline_s, tuple(r.id for r in reqs)))
+            if len(heap) > _EXPIRY_PRUNE_FROM and len(heap) > 4 * len(self._rid):
+                # mostly answered calls whose deadlines are far off (a client may ask for any): keep the
+                # live ones only, or they stay until deadline + grace, for good with a huge deadline
+                rid = self._rid
+                heap[:] = [e for e in heap if any(i in rid for i in e[1])]
+                heapq.heapify(heap)
         return call.future
 
     def infer(self, name: str, inputs: Mapping[str, np.ndarray], *, deadline_ms: float | None = None,

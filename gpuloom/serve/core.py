@@ -30,7 +30,7 @@ VERSION = "1"  # every model has one version
 #: ``gpuloom_request_rejected``'s reason for an infer request refused before :meth:`ServeCore.submit`
 #: (framing, JSON, parameters, outputs, body size), by the status it was answered; any other 4xx:
 #: ``invalid_request``
-REFUSED_REASONS = {404: "unknown_model", 413: "too_large"}
+REFUSED_REASONS = {404: "unknown_model", 413: "too_large", 429: "bodies_in_flight"}
 
 
 def _version_check(name: str, version: str | None) -> None:
@@ -137,13 +137,16 @@ class ServeCore:
     what the repository API can load/unload by name.
     """
 
-    def __init__(self, service: Any, repository: Repository | None = None, *, max_body_bytes: int = 64 << 20):
+    def __init__(self, service: Any, repository: Repository | None = None, *, max_body_bytes: int = 64 << 20,
+                 max_bodies_bytes: int = 1 << 30):
         from ..runtime import service as svc
 
         self.svc = svc
         self.service = service
         self.repository = repository
         self.max_body_bytes = max_body_bytes
+        # infer request bodies being received or handled at once, bytes, per HTTP process (http_server.bodies_bounded)
+        self.max_bodies_bytes = max_bodies_bytes
         self.books = Books()
         self.closing = False
         self._repo_lock = threading.Lock()

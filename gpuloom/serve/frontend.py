@@ -136,19 +136,22 @@ class GracefulStop:
 
 
 def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_bytes: int = 0, ring_bytes: int = 0,
-                     return_allowance: str = DEFAULT_MODE, graceful: GracefulStop | None = None):
+                     return_allowance: str = DEFAULT_MODE, graceful: GracefulStop | None = None,
+                     max_bodies_bytes: int = 1 << 30):
     """The worker's aiohttp app: infer over the bridge, everything else forwarded to ``upstream``.
     ``arena_bytes``: size of the shared memory the tensors go through (0: inline on the socket).
     ``ring_bytes``: size of the shared rings request and reply frames go through (``ring.py``; only
     with an arena; 0: over the socket). ``return_allowance``: "auto" adds this worker's estimate of
     a request's time outside the service after it is handed on to its ``waited_ms`` (``allowance.py``).
-    ``graceful``: how it answers while it stops (:class:`GracefulStop`)."""
+    ``graceful``: how it answers while it stops (:class:`GracefulStop`). ``max_bodies_bytes``: the
+    infer request bodies it receives or handles at once (``http_server.bodies_bounded``)."""
     import aiohttp
     from aiohttp import web
 
     from . import arena as arena_mod
     from . import ring as ring_mod
-    from .http_server import CORE_KEY, DEADLINE_HEADER, HEADER_LEN, _error, _errors, infer_response, refusals_booked
+    from .http_server import (CORE_KEY, DEADLINE_HEADER, HEADER_LEN, _error, _errors, bodies_bounded, infer_response,
+                              refusals_booked)
     from .protocol import deadline_ms_from_parameters, parse_infer_body
 
     state: dict[str, Any] = {"pending": {}, "next": 0, "blocks": {}, "arena": None, "rings": None, "up": True}
@@ -321,7 +324,9 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_b
             out = {k: v for k, v in r.headers.items() if k.lower() not in _HOP_HEADERS}
             return web.Response(status=r.status, body=body, headers=out)
 
-    app = web.Application(middlewares=([graceful.middleware()] if graceful is not None else []) + [_errors],
+    bounded = bodies_bounded(max_bodies_bytes, max_body_bytes, lambda request, status: tell_refused(
+        request.match_info.get("model", ""), request.match_info.get("version"), status))
+    app = web.Application(middlewares=([graceful.middleware()] if graceful is not None else []) + [_errors, bounded],
                           client_max_size=max_body_bytes)
     app[CORE_KEY] = _Limits(max_body_bytes)
     app.router.add_post("/v2/models/{model}/infer", infer)
@@ -380,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--upstream", required=True)
     ap.add_argument("--max-body", type=int, required=True)
+    ap.add_argument("--max-bodies", type=int, default=1 << 30,
+                    help="bytes of infer request bodies received or handled at once (past it: 429)")
     ap.add_argument("--backlog", type=int, default=2048)
     ap.add_argument("--drain-timeout", type=float, default=30.0)
     ap.add_argument("--client-timeout", type=float, default=DEFAULT_CLIENT_TIMEOUT_S,
@@ -408,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     async def run() -> None:
         graceful = GracefulStop()
         app = build_worker_app(args.socket, args.upstream, args.max_body, args.arena_mb << 20, args.ring_kb << 10,
-                               args.return_allowance, graceful)
+                               args.return_allowance, graceful, args.max_bodies)
         guard = ClientTimeouts(args.client_timeout)
         runner = await guard.runner(app, access_log=None, shutdown_timeout=args.drain_timeout)
         site = web.TCPSite(runner, args.host, args.port, reuse_port=True, backlog=args.backlog)

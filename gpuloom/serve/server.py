@@ -231,7 +231,10 @@ class Server:
         cmd = [sys.executable, "-m", "gpuloom.serve.frontend", "--socket", path, "--host", self.host,
                "--port", str(port), "--upstream", f"http://127.0.0.1:{internal}",
                "--max-body", str(int(self.core.max_body_bytes)), "--backlog", str(self.listen_backlog),
-               "--drain-timeout", str(self.drain_timeout_s), "--client-timeout", str(self.client_timeout_s)]
+               "--max-bodies", str(int(getattr(self.core, "max_bodies_bytes", 1 << 30))),
+               # a worker waits for its requests' answers as long as this process may drain, and a little longer
+               "--drain-timeout", str(self.drain_timeout_s + _WORKER_EXIT_MARGIN_S),
+               "--client-timeout", str(self.client_timeout_s)]
         if self.worker_arena_mb is not None:
             cmd += ["--arena-mb", str(self.worker_arena_mb)]
         if self.worker_ring_kb is not None:
@@ -280,16 +283,31 @@ class Server:
                 self.workers_restarted += 1
 
     def _stop_workers(self) -> None:
-        """SIGTERM every worker (each stops accepting and finishes its requests), wait, then close."""
-        self._watch_stop.set()
+        """SIGTERM every worker, wait for them, then close (:meth:`_signal_workers`, :meth:`_reap_workers`)."""
+        self._signal_workers()
+        self._reap_workers()
+
+    def _signal_workers(self) -> None:
+        """SIGTERM every worker: each stops taking connections, answers what its open ones still send
+        (``frontend.GracefulStop``) and exits once every request it passed on here is answered."""
+        self._watch_stop.set()  # (before the signal: a stopping worker is not restarted)
         for w in self._workers:
             if w.poll() is None:
                 w.terminate()
+
+    def _reap_workers(self) -> None:
+        """Wait for the signalled workers to exit (killed if stuck: never hang a stop), then close the
+        bridge. Called once the runtime has answered every request (its drain): a worker's handlers
+        then have their answers, and nothing it passed on is cut off."""
         for w in self._workers:
             try:
-                w.wait(self.drain_timeout_s + 5)
+                w.wait(self.drain_timeout_s + _WORKER_EXIT_MARGIN_S)
             except Exception:  # noqa: BLE001 - stuck: kill, never hang shutdown
                 w.kill()
+                try:
+                    w.wait(5)
+                except Exception:  # noqa: BLE001
+                    pass
         self._workers = []
         if self._bridge is not None:
             self._bridge.close()
@@ -308,8 +326,9 @@ class Server:
         loop = asyncio.get_running_loop()
         if self.runtime_on != "thread":  # the drain runs on the runtime's own thread: HTTP stays free to answer
             core.service.unhost_loop()
-        if self._workers:  # they forward to this process: stop them first, while it still answers
-            await loop.run_in_executor(None, self._stop_workers)
+        workers = bool(self._workers)
+        if workers:  # told first: they stop taking connections now, and wait for this process's answers
+            self._signal_workers()
         core.closing = True
         if self.close_service:
             # drain: the runtime serves or answers every queued request; handlers awaiting them then reply
@@ -318,6 +337,9 @@ class Server:
         deadline = loop.time() + (5.0 if self.close_service else self.drain_timeout_s)
         while core.books.in_flight() and loop.time() < deadline:
             await asyncio.sleep(0.01)
+        if workers:  # every answer is on its way to them through the bridge: they finish and exit
+            # (stopped before the drain, they cut off what waited for it: a review, sixty-eighth session)
+            await loop.run_in_executor(None, self._reap_workers)
         await self._answer_backlog(loop.time() + 2.0)
         if self._grpc is not None:
             await self._grpc.stop(grace=2.0)
@@ -411,6 +433,11 @@ class Server:
         self._stopped.wait(timeout_s)
         if self._thread is not None:
             self._thread.join(timeout_s)
+
+
+#: how much longer than the runtime's drain a stopping worker may take to exit: its grace
+#: (``frontend.GracefulStop``, at most 2 s) and the answers' way back through the bridge
+_WORKER_EXIT_MARGIN_S = 5.0
 
 
 def _check_size(name: str, value: Any, unit: str) -> None:
