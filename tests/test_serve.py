@@ -681,6 +681,21 @@ def test_graceful_stop_answers_every_queued_request(variant):
     assert all(r in (200, 503, 504) for r in answered), results
 
 
+def _send_once(addr, path: str, body: bytes, sent: list, results: list) -> None:
+    """One POST on a connection of its own: ``sent`` gets an entry once it is written (read by the
+    server or still in its backlog), ``results`` its status or the error's name."""
+    try:
+        c = http.client.HTTPConnection(addr.host, addr.http_port, timeout=60)
+        c.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        sent.append(1)
+        r = c.getresponse()
+        r.read()
+        c.close()
+        results.append(r.status)
+    except OSError as e:
+        results.append(type(e).__name__)
+
+
 @pytest.mark.parametrize("workers", [0, 1], ids=["in-process-http", "1-http-worker"])
 def test_request_bodies_in_flight_are_bounded_and_past_the_bound_answered_429_before_they_are_read(workers):
     """Memory for request bodies is bounded (``ServeCore(max_bodies_bytes=...)``, ``--max-bodies-mb``):
@@ -730,20 +745,8 @@ def test_a_stop_whose_drain_times_out_still_answers_every_accepted_request(varia
     core, server, addr = _slow_server(service, 0.05, drain_timeout_s=0.5, **serve_fake.server_variant(variant))
     body = _infer_json([{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0] * 4}])
     results, sent = [], []
-
-    def send():
-        try:
-            c = http.client.HTTPConnection(addr.host, addr.http_port, timeout=60)
-            c.request("POST", "/v2/models/slow/infer", body=body, headers={"Content-Type": "application/json"})
-            sent.append(1)
-            r = c.getresponse()
-            r.read()
-            c.close()
-            results.append(r.status)
-        except OSError as e:
-            results.append(type(e).__name__)
-
-    threads = [threading.Thread(target=send) for _ in range(240)]
+    threads = [threading.Thread(target=_send_once, args=(addr, "/v2/models/slow/infer", body, sent, results))
+               for _ in range(240)]
     for t in threads:
         t.start()
     end = time.monotonic() + 30
@@ -828,20 +831,8 @@ def test_a_stop_under_load_serves_or_refuses_every_client_and_cuts_none_off(runt
     addr = server.start()
     body = _infer_json([{"name": "x", "shape": [1, width], "datatype": "FP32", "data": [0.01] * width}])
     results, sent = [], []
-
-    def send():
-        try:
-            c = http.client.HTTPConnection(addr.host, addr.http_port, timeout=30)
-            c.request("POST", "/v2/models/big/infer", body=body, headers={"Content-Type": "application/json"})
-            sent.append(1)  # connected and written: read by the server or still in its backlog
-            r = c.getresponse()
-            r.read()
-            c.close()
-            results.append(r.status)
-        except OSError as e:
-            results.append(type(e).__name__)
-
-    threads = [threading.Thread(target=send) for _ in range(30)]
+    threads = [threading.Thread(target=_send_once, args=(addr, "/v2/models/big/infer", body, sent, results))
+               for _ in range(30)]
     for t in threads:
         t.start()
     # the stop comes once every client has sent its request and the service has taken one (polled: a
