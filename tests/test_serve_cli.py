@@ -528,12 +528,9 @@ def test_an_ipv6_host_is_bracketed_for_grpc_and_in_urls():
     assert ServerAddress("127.0.0.1", 8000, None).http_url == "127.0.0.1:8000"
 
 
-def test_once_the_server_stops_every_answer_closes_its_connection():
-    """During a stop's drain the server answers requests on kept-alive connections (503, or their
-    results), then closes those connections: the answers now say ``Connection: close``, so a client
-    does not send its next request on a connection the server is about to close. Without it, a
-    SIGTERM under keep-alive load left every one of 50 tight-loop clients with a request the server
-    dropped unread or reset (sixty-fifth session, ``docs/reports/serving.md``)."""
+def _tiny_mlp_server(**server_kw):
+    """A started server of tiny_mlp on the fake service, and a JSON infer body for it: (core, server,
+    address, body)."""
     sys.path.insert(0, str(ROOT / "tests"))
     import serve_fake
 
@@ -543,15 +540,30 @@ def test_once_the_server_stops_every_answer_closes_its_connection():
 
     core = ServeCore(serve_fake.make_service(), load_repository(ROOT / "examples" / "repository" / "tiny_mlp.yaml"))
     core.load("tiny_mlp")
-    server = Server(core, http_port=0, grpc_port=None)
-    addr = server.start()
+    server = Server(core, http_port=0, grpc_port=None, **server_kw)
     body = json.dumps({"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16}]})
+    return core, server, server.start(), body
+
+
+def _kept_alive_first(addr, body: str) -> http.client.HTTPConnection:
+    """A connection whose first infer request was answered 200 and kept alive."""
+    c = http.client.HTTPConnection(addr.host, addr.http_port, timeout=30)
+    c.request("POST", "/v2/models/tiny_mlp/infer", body)
+    r = c.getresponse()
+    r.read()
+    assert r.status == 200 and r.getheader("Connection") is None  # kept alive while serving
+    return c
+
+
+def test_once_the_server_stops_every_answer_closes_its_connection():
+    """During a stop's drain the server answers requests on kept-alive connections (503, or their
+    results), then closes those connections: the answers now say ``Connection: close``, so a client
+    does not send its next request on a connection the server is about to close. Without it, a
+    SIGTERM under keep-alive load left every one of 50 tight-loop clients with a request the server
+    dropped unread or reset (sixty-fifth session, ``docs/reports/serving.md``)."""
+    core, server, addr, body = _tiny_mlp_server()
     try:
-        c = http.client.HTTPConnection(addr.host, addr.http_port, timeout=30)
-        c.request("POST", "/v2/models/tiny_mlp/infer", body)
-        r = c.getresponse()
-        r.read()
-        assert r.status == 200 and r.getheader("Connection") is None  # kept alive while serving
+        c = _kept_alive_first(addr, body)
         core.closing = True  # what a stop sets first
         c.request("POST", "/v2/models/tiny_mlp/infer", body)
         r = c.getresponse()
@@ -568,24 +580,9 @@ def test_a_stopping_front_end_worker_answers_a_request_sent_on_a_kept_alive_conn
     then closes. Before, it stopped at once: a request sent on a kept-alive connection just after was
     dropped unread and its client saw the connection reset (``docs/reports/serving.md``, sixty-fifth
     session's SIGTERM runs: left for the workers then)."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    import serve_fake
-
-    from gpuloom.serve.core import ServeCore
-    from gpuloom.serve.repository import load_repository
-    from gpuloom.serve.server import Server
-
-    core = ServeCore(serve_fake.make_service(), load_repository(ROOT / "examples" / "repository" / "tiny_mlp.yaml"))
-    core.load("tiny_mlp")
-    server = Server(core, http_port=0, grpc_port=None, http_workers=1)
-    addr = server.start()
-    body = json.dumps({"inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16}]})
+    _, server, addr, body = _tiny_mlp_server(http_workers=1)
     try:
-        c = http.client.HTTPConnection(addr.host, addr.http_port, timeout=30)
-        c.request("POST", "/v2/models/tiny_mlp/infer", body)
-        r = c.getresponse()
-        r.read()
-        assert r.status == 200 and r.getheader("Connection") is None  # kept alive while serving
+        c = _kept_alive_first(addr, body)
         (pid,) = server.worker_pids()
         os.kill(pid, signal.SIGTERM)
         time.sleep(0.1)  # the worker is stopping now
