@@ -278,13 +278,12 @@ class RealtimeLoop(EventLoop):
         again_in = inf
         for poll in self._pollers:
             again_in = min(again_in, poll() if acct is None else self._timed(acct, poll))
-        due = self.wall_ms() + again_in if again_in < inf else inf
         self._drain_posted()
         heap = self._heap
         now = self.wall_ms()
         if heap and heap[0][0] <= now:
             return 0.0
-        nxt = min(heap[0][0] if heap else inf, due)
+        nxt = min(heap[0][0] if heap else inf, now + again_in)
         if nxt < inf:
             return max(nxt - now, 1e-6)  # (a poller due now: call it again at once, but it is no event)
         with self._mu:

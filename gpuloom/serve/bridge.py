@@ -482,12 +482,12 @@ class _LoopIntake:
         window = self._window_s
         if window:
             now = time.monotonic()
-            left = self._last_take + window - now
+            end = self._last_take + window
+            left = end - now
             if left > 0.0:
                 for head, tail, _ in self._rings:
                     if head.value != tail.value:
                         self._bridge.loop_deferred += 1
-                        end = self._last_take + window
                         if end != self._quiet_until:  # the loop calls again then: the workers need not wake it
                             self._quiet_until = end
                             hold = getattr(self._service, "hold_intake_posts", None)

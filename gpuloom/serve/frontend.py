@@ -56,8 +56,8 @@ _DROPPED = (503, 504)  # the runtime dropped the request (or its deadline passed
 
 
 class GracefulStop:
-    """How a worker told to stop (SIGTERM: ``Server.stop`` stops the workers before the runtime
-    drains) ends: it stops taking connections, answers what arrives on the ones already open, each
+    """How a worker told to stop (SIGTERM: ``Server.stop`` signals the workers, drains the runtime,
+    then waits for them to exit) ends: it stops taking connections, answers what arrives on the ones already open, each
     answer saying ``Connection: close``, and closes them once no request is being handled and none
     has been answered for ``QUIET_S`` (at most ``GRACE_S`` after the stop). Why: aiohttp's own stop
     drops, unread, whatever arrives after it began, so a client that sent its next request on a
@@ -287,8 +287,7 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_b
         if block is not None:
             state["blocks"][rid] = block  # freed when the reply comes back (deliver)
         t_bridge = time.perf_counter()
-        if block is None or rings is None or not rings.send(ring_request(rid, meta, tensors, block, deadline, waited,
-                                                                         time.monotonic() * 1e3)):
+        if block is None or rings is None or not rings.send(ring_request(rid, meta, tensors, block, deadline, waited)):
             if frame is None:  # the ring is full: the socket, its tensors still in the arena
                 js = json.dumps(dict(meta, arena=block, tensors=tensors)).encode()
                 frame = [FRAME.pack(len(js), 0), js]
@@ -324,8 +323,7 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_b
             out = {k: v for k, v in r.headers.items() if k.lower() not in _HOP_HEADERS}
             return web.Response(status=r.status, body=body, headers=out)
 
-    bounded = bodies_bounded(max_bodies_bytes, max_body_bytes, lambda request, status: tell_refused(
-        request.match_info.get("model", ""), request.match_info.get("version"), status))
+    bounded = bodies_bounded(max_bodies_bytes, max_body_bytes, tell_refused)
     app = web.Application(middlewares=([graceful.middleware()] if graceful is not None else []) + [_errors, bounded],
                           client_max_size=max_body_bytes)
     app[CORE_KEY] = _Limits(max_body_bytes)
@@ -385,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--upstream", required=True)
     ap.add_argument("--max-body", type=int, required=True)
-    ap.add_argument("--max-bodies", type=int, default=1 << 30,
+    ap.add_argument("--max-bodies", type=int, required=True,
                     help="bytes of infer request bodies received or handled at once (past it: 429)")
     ap.add_argument("--backlog", type=int, default=2048)
     ap.add_argument("--drain-timeout", type=float, default=30.0)

@@ -161,10 +161,11 @@ if not any(isinstance(f, _AnsweredPayloadErrors) for f in _SERVER_LOG.filters):
 
 
 def bodies_bounded(limit_bytes: int, max_body_bytes: int,
-                   refused: Callable[[web.Request, int], None]) -> Callable[..., Awaitable[web.StreamResponse]]:
+                   refused: Callable[[str, str | None, int], None]) -> Callable[..., Awaitable[web.StreamResponse]]:
     """A middleware (inside ``_errors``) that bounds the bytes of infer request bodies being received or
     handled at once: a request whose body would take them past ``limit_bytes`` is answered 429 with
-    Retry-After from its headers alone, before its body is read, and booked through ``refused``. A
+    Retry-After from its headers alone, before its body is read, and booked through
+    ``refused(model, version, status)`` (``ServeCore.refused``, or a worker's report of it). A
     body's size is its Content-Length, or ``max_body_bytes`` where it may grow on reading (chunked, or
     compressed). The first request always goes in. Why: bodies were read whole before any overload
     check, so a burst of large requests grew the process without bound (200 concurrent 8 MB requests:
@@ -179,7 +180,7 @@ def bodies_bounded(limit_bytes: int, max_body_bytes: int,
         if n is None or request.headers.get("Content-Encoding", "identity") != "identity":
             n = max_body_bytes
         if used[0] and used[0] + n > limit_bytes:
-            refused(request, 429)
+            refused(request.match_info.get("model", ""), _version(request), 429)
             raise ProtocolError(f"the server is receiving or handling {used[0] / 2**20:.1f} MiB of request bodies "
                                 f"at once (limit {limit_bytes / 2**20:.1f} MiB; gpuloom serve --max-bodies-mb): "
                                 f"retry later", 429, retry_after_s=1.0)
@@ -208,10 +209,7 @@ def close_when(stopping: Callable[[], bool]) -> Callable[..., Awaitable[None]]:
 
 def build_app(core: ServeCore) -> web.Application:
     """The aiohttp application serving ``core`` (bodies over ``core.max_body_bytes`` get 413)."""
-    def refused(request: web.Request, status: int) -> None:
-        core.refused(request.match_info.get("model", ""), _version(request), status)
-
-    bounded = bodies_bounded(core.max_bodies_bytes, core.max_body_bytes, refused)
+    bounded = bodies_bounded(core.max_bodies_bytes, core.max_body_bytes, core.refused)
     app = web.Application(middlewares=[_errors, bounded], client_max_size=core.max_body_bytes)
     app[CORE_KEY] = core
 

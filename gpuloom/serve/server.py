@@ -231,7 +231,7 @@ class Server:
         cmd = [sys.executable, "-m", "gpuloom.serve.frontend", "--socket", path, "--host", self.host,
                "--port", str(port), "--upstream", f"http://127.0.0.1:{internal}",
                "--max-body", str(int(self.core.max_body_bytes)), "--backlog", str(self.listen_backlog),
-               "--max-bodies", str(int(getattr(self.core, "max_bodies_bytes", 1 << 30))),
+               "--max-bodies", str(int(self.core.max_bodies_bytes)),
                # a worker waits for its requests' answers as long as this process may drain, and a little longer
                "--drain-timeout", str(self.drain_timeout_s + _WORKER_EXIT_MARGIN_S),
                "--client-timeout", str(self.client_timeout_s)]
