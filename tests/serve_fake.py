@@ -68,6 +68,7 @@ def _install_stub():
     class ModelFailed(ServiceError):
         pass
 
+    mod.CANCELLED = "cancelled"
     for k, v in list(locals().items()):
         if isinstance(v, type):
             v.__module__ = mod.__name__

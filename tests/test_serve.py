@@ -367,6 +367,47 @@ def test_grpc_bad_contents_timeout_and_classification_are_invalid_argument(serve
     assert len(stub.ModelInfer(pb.ModelInferRequest(model_name="tiny_mlp", inputs=[good]), timeout=30).raw_output_contents) == 1
 
 
+def test_a_grpc_request_its_client_cancels_never_runs_and_is_booked_cancelled_not_failed(caplog):
+    """Before the sixty-ninth session a gRPC handler cancelled while it waited (the client cancelled, or
+    its deadline passed) was booked as a model failure, logged as an "unexpected runtime error" with a
+    traceback, and its request still ran. Now its rows leave the queue unrun, booked "cancelled". (The
+    runtime on its own thread, the GPU's way: on the HTTP event loop a CPU model's batch holds the loop,
+    and the gRPC server's with it, so nothing else is read while it runs.)"""
+    if not serve_fake.real_service_available():
+        pytest.skip("the runtime's InferenceService is not available")
+    service = serve_fake.make_service()
+    core, server, addr = _slow_server(service, 0.6, grpc_port=0, runtime_on="thread")
+
+    def request(v: float):
+        t = pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1, 4])
+        t.contents.fp32_contents.extend([v] * 4)
+        return pb.ModelInferRequest(model_name="slow", inputs=[t], parameters={
+            "timeout": pb.InferParameter(int64_param=LONG_US)})
+
+    try:
+        stub = _grpc_stub(addr)
+        busy = stub.ModelInfer.future(request(1.0), timeout=30)  # the model's one lane runs it for 0.6 s
+        time.sleep(0.25)
+        waiting = stub.ModelInfer.future(request(2.0), timeout=30)  # queued behind it
+        deadline = time.monotonic() + 10
+        while core.books.snapshot()["slow"].accepted < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert waiting.cancel()
+        assert np.frombuffer(busy.result(30).raw_output_contents[0], np.float32).tolist() == [2.0] * 4
+        deadline = time.monotonic() + 10
+        while core.books.snapshot()["slow"].in_flight and time.monotonic() < deadline:
+            time.sleep(0.01)
+        m = _metrics(addr)
+    finally:
+        server.stop()
+    b = core.books.snapshot()["slow"]
+    assert b.balanced() and (b.success, b.failure, dict(b.dropped)) == (1, 0, {"cancelled": 1})
+    assert _metric(m, "gpuloom_request_dropped", model="slow", reason="cancelled") == 1
+    st = service.stats()["models"]["slow"]
+    assert (st["success"], st["dropped"], st["exec_count"]) == (1, {"cancelled": 1}, 1)  # it never ran
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
+
+
 def test_grpc_stream_answers_each_request_with_its_own_outputs_and_a_bad_one_with_its_error(served):
     """ModelStreamInfer (tritonclient's start_stream / async_stream_infer, perf_analyzer --streaming):
     every request on the stream is answered with its own outputs, matched by id; a bad one gets its

@@ -385,15 +385,51 @@ def test_on_done_answers_each_request_once_instead_of_a_future_and_a_raising_one
     svc.close()
 
 
+@pytest.mark.parametrize("policy", ["triton", "clipper"])  # (dstack's admission sheds the third here)
+def test_cancelling_a_queued_requests_future_takes_it_out_of_the_queue_unrun(policy, caplog):
+    """A's rows are in a batch, B's wait behind it: cancelling B drops it "cancelled" and it never
+    runs; cancelling A changes nothing (it runs, booked served); ``infer`` cancels what times out."""
+    ran = []  # rows of each batch the model ran
+    svc = InferenceService(policy=policy, device_layer=FakeDeviceLayer())
+    svc.start()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no profile: a crude one
+        svc.load(ModelConfig("slow", X4, Y4, max_batch=8, slo_ms=1000),
+                 FakeModel(lambda xs: (ran.append(len(xs[0])), [xs[0] * 2])[1], 300.0))
+    x = np.ones((1, 4), np.float32)
+    rt = svc._runtime
+    try:
+        a = svc.submit("slow", {"x": x})
+        time.sleep(0.01)  # (its arrival taken in: queued until the policy batches it)
+        deadline = time.monotonic() + 5
+        while rt.is_queued(a.rids[0]) and time.monotonic() < deadline:  # until it is in a batch
+            time.sleep(0.002)
+        b = svc.submit("slow", {"x": x})
+        time.sleep(0.02)
+        assert not rt.is_queued(a.rids[0]) and rt.is_queued(b.rids[0])  # (the test's premise)
+        assert b.cancel() and a.cancel()
+        with pytest.raises(TimeoutError):
+            svc.infer("slow", {"x": x}, timeout_s=0.05)
+        deadline = time.monotonic() + 10
+        while svc.stats()["totals"]["in_flight"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        st = assert_books(svc)["models"]["slow"]
+        assert (st["success"], st["dropped"]) == (1, {"cancelled": 2}) and ran == [1]
+        assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
+    finally:
+        svc.close()
+
+
 def test_a_request_whose_future_its_caller_cancelled_is_booked_without_an_error(caplog):
     svc = fake_service(latency_ms=30.0)
     f = svc.submit("twice", {"x": np.ones((1, 4), np.float32)})
-    assert f.cancel()  # an HTTP client gone while its request waits (until_done cancels it)
+    assert f.cancel()  # a client gone while its request waits (until_done cancels it)
     deadline = time.monotonic() + 5
     while svc.stats()["totals"]["in_flight"] and time.monotonic() < deadline:
         time.sleep(0.01)
-    st = assert_books(svc)
-    assert st["models"]["twice"]["success"] == 1 and st["totals"]["in_flight"] == 0
+    st = assert_books(svc)  # served (already in a batch) or dropped "cancelled" (still queued): once
+    twice = st["models"]["twice"]
+    assert twice["success"] + twice["dropped"].get("cancelled", 0) == 1 and st["totals"]["in_flight"] == 0
     assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
     svc.close()
 
@@ -1511,7 +1547,7 @@ def test_a_host_with_a_batch_limit_takes_the_loop_only_while_every_models_batche
         assert svc.loop_hosted
         settle(True)
         assert answered_on() == "host"
-        svc.load(ModelConfig("slow", X4, Y4, max_batch=8, slo_ms=5000), torch.nn.Identity())
+        svc.load(ModelConfig("slow", X4, Y4, max_batch=8, slo_ms=1000), torch.nn.Identity())
         assert not svc.loop_hosted
         settle(False)
         assert answered_on() == "gpuloom-runtime-dstack"

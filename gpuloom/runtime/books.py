@@ -105,17 +105,46 @@ class _Model:
         return len(ts) / max(1e-3, now - ts[0])
 
 
+#: the drop reason of a request whose caller cancelled it (:class:`RequestFuture`)
+CANCELLED = "cancelled"
+
+
+class RequestFuture(concurrent.futures.Future):
+    """A request's answer (``InferenceService.submit``). Cancelling it while the request is
+    unanswered also takes the request's rows still waiting in their model's queue out of it: they
+    are answered (and booked) Dropped("cancelled") and take no GPU time. Rows already in a batch
+    run, and their outputs go nowhere. Why: a gRPC client that gives up (its deadline passes, it
+    cancels) cancels the handler that waits here, and what it left in the queue would otherwise
+    hold a batch slot that another client's request could use."""
+
+    def __init__(self, cancel_rows: Callable[[tuple[int, ...], str], None]) -> None:
+        super().__init__()
+        self._cancel_rows = cancel_rows
+        self.rids: tuple[int, ...] = ()  # the request's rows in the runtime, once submitted
+
+    def cancel(self) -> bool:
+        if not super().cancel():  # answered already
+            return False
+        if self.rids:
+            self._cancel_rows(self.rids, CANCELLED)
+        return True
+
+
 class _Call:
-    """One accepted client request: its rows' fates joined into one answer, given through a future,
-    or through ``on_done(outputs, error)`` where the caller passed one (no future made)."""
+    """One accepted client request: its rows' fates joined into one answer, given through a future
+    (``future``, or a plain one made here), or through ``on_done(outputs, error)`` where the caller
+    passed one (no future made)."""
 
     __slots__ = ("model", "future", "on_done", "settled", "outputs", "left", "error", "t0", "deadline_s",
                  "explicit", "queue_ms", "compute_ms", "batch")
 
     def __init__(self, model: _Model, n: int, deadline_s: float, explicit: bool,
-                 on_done: Callable[[Any, ServiceError | None], None] | None = None) -> None:
+                 on_done: Callable[[Any, ServiceError | None], None] | None = None,
+                 future: concurrent.futures.Future | None = None) -> None:
         self.model = model
-        self.future: concurrent.futures.Future | None = concurrent.futures.Future() if on_done is None else None
+        self.future: concurrent.futures.Future | None = None
+        if on_done is None:
+            self.future = future if future is not None else concurrent.futures.Future()
         self.on_done = on_done
         self.settled = False  # answered (served, failed or dropped): later results are ignored
         self.outputs: list[Any] = [None] * n

@@ -59,7 +59,7 @@ from ..policy import make_policy
 from ..policy.base import ModelInfo, PolicyContext
 from ..policy.types import Layout, Result, Status
 from ..profile.store import Profile, ProfileStore
-from .books import Histogram, _Call, _Model
+from .books import CANCELLED, Histogram, RequestFuture, _Call, _Model
 from .core import Runtime
 from .cuda_device import check_lane_streams, check_outputs
 from .device import DeviceLayer, PinnedRow, make_device_layer
@@ -651,7 +651,8 @@ class InferenceService(LoopHosting):
                 m.rejected += 1
                 raise Overloaded(f"model {name!r} has {m.in_flight} requests waiting (limit {self.queue_limit})",
                                  retry_after_s=self._retry_after(m))
-            call = _Call(m, len(rows), time.monotonic() + timeout_ms / 1000.0, deadline_ms is not None, on_done)
+            call = _Call(m, len(rows), time.monotonic() + timeout_ms / 1000.0, deadline_ms is not None, on_done,
+                         None if on_done is not None else RequestFuture(self._cancel_rows))
             m.accepted += 1
             m.arrivals.append(call.t0)
             try:
@@ -661,8 +662,11 @@ class InferenceService(LoopHosting):
                 raise ModelNotReady(f"model {name!r}: {e}") from e
             for i, r in enumerate(reqs):
                 self._rid[r.id] = (call, i)
+            rids = tuple(r.id for r in reqs)
+            if call.future is not None:
+                call.future.rids = rids
             heap = self._by_deadline
-            heapq.heappush(heap, (call.deadline_s, tuple(r.id for r in reqs)))
+            heapq.heappush(heap, (call.deadline_s, rids))
             if len(heap) > _EXPIRY_PRUNE_FROM and len(heap) > 4 * len(self._rid):
                 # mostly answered calls whose deadlines are far off (a client may ask for any): keep the
                 # live ones only, or they stay until deadline + grace, for good with a huge deadline
@@ -673,8 +677,21 @@ class InferenceService(LoopHosting):
 
     def infer(self, name: str, inputs: Mapping[str, np.ndarray], *, deadline_ms: float | None = None,
               timeout_s: float | None = None) -> dict[str, np.ndarray]:
-        """``submit(...).result()``."""
-        return self.submit(name, inputs, deadline_ms=deadline_ms).result(timeout_s)
+        """``submit(...).result(timeout_s)``; a request not answered within ``timeout_s`` is
+        cancelled (its rows still queued leave the queue) before TimeoutError is raised."""
+        fut = self.submit(name, inputs, deadline_ms=deadline_ms)
+        try:
+            return fut.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise
+
+    def _cancel_rows(self, rids: tuple[int, ...], reason: str) -> None:
+        """Any thread (:class:`RequestFuture`): the rows of ``rids`` still queued leave their queues,
+        answered Dropped(``reason``)."""
+        rt = self._runtime
+        if rt is not None:
+            rt.cancel(rids, reason)
 
     # -- stats --------------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -1109,6 +1126,6 @@ class InferenceService(LoopHosting):
 
 
 __all__ = [
-    "DeadlineExceeded", "Dropped", "Expired", "Histogram", "InferenceService", "InvalidInput", "ModelConfig", "ModelFailed",
+    "CANCELLED", "DeadlineExceeded", "Dropped", "Expired", "Histogram", "InferenceService", "InvalidInput", "ModelConfig", "ModelFailed",
     "ModelNotReady", "Overloaded", "ServiceError", "Shed", "TensorSpec", "UnknownModel", "crude_profile", "trim_profile",
 ]

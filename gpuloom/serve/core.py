@@ -285,6 +285,9 @@ class ServeCore:
         rows = next(iter(inputs.values())).shape[0]
         try:
             await until_done(fut)
+        except asyncio.CancelledError:  # the client gave up (a gRPC deadline or cancel): no one to answer
+            self.books.finish(name, "dropped", reason=self.svc.CANCELLED)  # (its queued rows left the queue)
+            raise
         except BaseException:
             pass  # the outcome is read (and booked) below
         return self.outcome(name, fut, t0, rows)
