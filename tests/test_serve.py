@@ -1069,6 +1069,56 @@ def test_a_front_end_worker_that_dies_is_replaced_and_requests_keep_being_answer
         server.stop()
 
 
+def test_requests_in_flight_on_a_killed_worker_are_booked_dropped_and_the_books_match_the_clients():
+    """Clients whose worker is killed while the runtime holds their requests get no answer (their
+    connections reset): the books say so, "worker_exited", where they said served before the
+    sixty-ninth session. Every other client is served; the books balance."""
+    import os
+    import signal
+
+    if not serve_fake.real_service_available():
+        pytest.skip("the runtime's InferenceService is not available")
+    service = serve_fake.svc.InferenceService(policy="triton", device="cpu")  # (dstack sheds most of the burst)
+    service.start()
+    core, server, addr = _slow_server(service, 0.3, http_workers=2)
+    body = _infer_json([{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0] * 4}],
+                       parameters={"timeout": LONG_US})
+    n, outcomes = 12, []
+    lock = threading.Lock()
+
+    def send():
+        try:
+            got = _post(addr, "/v2/models/slow/infer", body)[0]
+        except (ConnectionError, http.client.HTTPException, OSError) as e:
+            got = type(e).__name__
+        with lock:
+            outcomes.append(got)
+
+    threads = [threading.Thread(target=send) for _ in range(n)]
+    try:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 20
+        while core.books.snapshot().get("slow") is None or core.books.snapshot()["slow"].accepted < n:
+            assert time.monotonic() < deadline, ("the requests did not all reach the runtime", outcomes)
+            time.sleep(0.005)
+        victim = server._workers[0]
+        os.kill(victim.pid, signal.SIGKILL)  # 12 x 0.3 s / 4 a batch: most are still queued
+        for t in threads:
+            t.join(30)
+        deadline = time.monotonic() + 20
+        while core.books.snapshot()["slow"].in_flight and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        server.stop()
+    b = core.books.snapshot()["slow"]
+    failed = [o for o in outcomes if o != 200]  # the victim's clients (the kernel spreads connections: some)
+    assert len(outcomes) == n and failed and set(failed) <= {"ConnectionResetError", "RemoteDisconnected",
+                                                   "BadStatusLine", "ConnectionAbortedError"}, outcomes
+    assert b.balanced() and b.success == outcomes.count(200) and b.failure == 0
+    assert dict(b.dropped) == ({"worker_exited": len(failed)} if failed else {}), (dict(b.dropped), outcomes)
+
+
 def test_serve_forever_off_the_main_thread_serves_without_signal_handlers_and_stops():
     """An embedding application may run serve_forever on a thread of its own: there no signal handler
     can be set (asyncio raises RuntimeError, uvloop ValueError, which once escaped and killed the

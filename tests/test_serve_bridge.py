@@ -195,6 +195,61 @@ def test_a_worker_that_goes_away_mid_frame_ends_its_connection_threads(bridge):
     assert not any(t.is_alive() for t in bridge._threads)
 
 
+class GatedCore(EchoCore):
+    """Answers only once ``gate`` is set; books what it settles and what it is told was lost."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.settled: list[str] = []
+        self.lost_reasons: list[str] = []
+
+    def _run(self) -> None:
+        while (item := self._q.get()) is not None:
+            self.gate.wait(30)
+            on_done, x = item
+            on_done({"y": x * 2}, None)
+
+    def settle(self, name, outputs, error, t0, rows):
+        self.settled.append(name)
+        return super().settle(name, outputs, error, t0, rows)
+
+    def lost(self, name, reason) -> None:
+        self.lost_reasons.append(reason)
+
+
+def test_requests_served_after_their_worker_went_away_are_booked_lost_not_served(tmp_path, caplog):
+    """A worker killed (or cut off at its stop's end) with requests in the runtime: their clients'
+    connections went with it, so what the runtime serves after is booked dropped "worker_exited",
+    and the bridge says how many were left (before the sixty-ninth session: booked served)."""
+    core = GatedCore()
+    b = InferBridge(core, str(tmp_path / "bridge.sock"))
+    try:
+        s = _connect(b)
+        for rid in range(3):
+            s.sendall(_frame(rid, np.ones((1, 4), np.float32)))
+        deadline = time.monotonic() + 10
+        while b.inline_requests < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        s.close()  # the worker dies with its 3 requests in the runtime
+        while any(t.is_alive() for t in b._threads) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        core.gate.set()
+        while len(core.lost_reasons) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert core.lost_reasons == ["worker_exited"] * 3 and core.settled == []
+        assert "closed with 3 of its requests unanswered" in caplog.text
+        s2 = _connect(b)  # a worker connected now is served as ever
+        s2.sendall(_frame(7, np.ones((1, 4), np.float32)))
+        meta, outs = _replies(s2, 1)[7]
+        assert meta["status"] == 200 and core.settled == ["m"] and len(core.lost_reasons) == 3
+        s2.close()
+    finally:
+        core.gate.set()
+        b.close()
+        core.close()
+
+
 def test_a_worker_that_does_not_read_its_replies_holds_up_no_other_worker(bridge):
     """Replies are made on the thread that answers (here the core's one thread) and sent by each
     connection's writer: one worker that leaves its replies unread must not block that thread, or

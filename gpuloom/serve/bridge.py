@@ -29,6 +29,7 @@ _READ_BUF = 1 << 16  # bytes the bridge's reader asks the socket for per call
 _JOIN_MAX = 1 << 16  # reply parts smaller than this are joined into one send; bigger go as they are
 DRAIN_ON = ("loop", "thread")  # InferBridge(drain_on=...)
 _SAFETY_S = 0.02  # how often a drain thread looks at a ring the runtime's loop drains
+WORKER_EXITED = "worker_exited"  # the drop reason of a request served after its worker's connection closed
 INTAKE_WINDOW_MAX_MS = 10.0  # InferBridge(intake_window_ms=...): longer would eat the tightest SLOs
 
 
@@ -103,7 +104,7 @@ class InferBridge:
         out: queue.SimpleQueue = queue.SimpleQueue()  # reply frames for the socket; None stops the writer
         pinned = rings = drain = take = None
         on_loop = False  # the runtime's loop takes this worker's requests (self._intake)
-        in_arena = _Outstanding()  # requests whose rows the device may still read from the arena
+        held = _Outstanding()  # the worker's requests the runtime holds (their rows may lie in the arena)
         writer = threading.Thread(target=self._write, args=(conn, out), name="gpuloom-bridge-write", daemon=True)
         writer.start()
         try:
@@ -117,7 +118,7 @@ class InferBridge:
                 pinned = self._pin(shared)
             wake_fd = None
             if rings is not None:
-                take = self._ring_taker(rings, send, ok, shared, in_arena)
+                take = self._ring_taker(rings, send, ok, shared, held)
                 service = getattr(self.core, "service", None)
                 if service is not None and hasattr(service, "answer_scope"):
                     service.answer_scope = batch_replies if self.wakeups == "batch" else each_reply
@@ -143,10 +144,14 @@ class InferBridge:
                 if "refused" in meta:  # a request the worker refused while parsing it: booked, not answered
                     self._refused(meta["refused"])
                     continue
-                self._take(send, ok, meta, payload, shared, in_arena)
+                self._take(send, ok, meta, payload, shared, held)
         except OSError:
             return
         finally:
+            held.gone = True
+            if held.count:
+                log.warning("an HTTP front-end worker's connection closed with %d of its requests unanswered; "
+                            "their clients' connections went with it (booked dropped %r)", held.count, WORKER_EXITED)
             if on_loop:
                 self._intake.detach(take, self.core.service)
             if take is not None:
@@ -157,7 +162,7 @@ class InferBridge:
                     drain.join(5.0)
             out.put(None)  # the writer sends what is queued, then closes the connection
             if pinned is not None:
-                self._unpin(pinned, in_arena)
+                self._unpin(pinned, held)
 
     def _refused(self, notice: Any) -> None:
         """Book a request a worker refused while reading or parsing it (``frontend.tell_refused``)."""
@@ -172,14 +177,13 @@ class InferBridge:
         self.core.refused(name, version, status)
 
     def _take(self, send: Callable[[list], None], ok: Callable[..., None], meta: dict, payload: memoryview,
-              shared: memoryview | None, in_arena: "_Outstanding") -> None:
+              shared: memoryview | None, held: "_Outstanding") -> None:
         """Submit one request frame: its tensors inline in ``payload``, or in the arena."""
         rid, off = meta["id"], meta.get("arena")
         try:
             layout = _Layout(meta.get("tensors"))
             if off is None:
                 self.inline_requests += 1
-                in_arena = None
             else:
                 self.arena_requests += 1
                 n = layout.nbytes
@@ -192,10 +196,10 @@ class InferBridge:
             return
         waited = meta.get("waited_ms", 0.0)
         self._submit(send, ok, rid, meta["model"], meta.get("version"), meta.get("outputs"), meta.get("deadline_ms"),
-                     inputs, in_arena, waited if isinstance(waited, (int, float)) else 0.0)
+                     inputs, held, waited if isinstance(waited, (int, float)) else 0.0)
 
     def _take_compact(self, send: Callable[[list], None], ok: Callable[..., None], record: memoryview,
-                      shared: memoryview | None, in_arena: "_Outstanding") -> None:
+                      shared: memoryview | None, held: "_Outstanding") -> None:
         """Submit one compact ring request (``RING_REQ``): its JSON parsed and checked once per text."""
         try:
             _, jlen, rid, off, deadline, waited, handed = RING_REQ.unpack_from(record)
@@ -216,15 +220,15 @@ class InferBridge:
             send(_failure_frame(rid, e))
             return
         self._submit(send, ok, rid, t.model, t.version, t.outputs, None if math.isnan(deadline) else deadline,
-                     inputs, in_arena, waited + in_ring, t, in_ring)
+                     inputs, held, waited + in_ring, t, in_ring)
 
     def _ring_taker(self, rings: Any, send: Callable[[list], None], ok: Callable[..., None],
-                    shared: memoryview | None, in_arena: "_Outstanding") -> "_RingTaker":
+                    shared: memoryview | None, held: "_Outstanding") -> "_RingTaker":
         """What submits the requests queued in a worker's request ring (see :class:`_RingTaker`)."""
 
         def one(record: memoryview) -> None:
             if record[:4] == RING_MAGIC:  # what workers write
-                self._take_compact(send, ok, record, shared, in_arena)
+                self._take_compact(send, ok, record, shared, held)
                 return
             try:  # a frame (the tests write some)
                 jlen, plen = FRAME.unpack_from(record)
@@ -238,7 +242,7 @@ class InferBridge:
             try:
                 if plen:
                     raise ValueError("a request in the ring must carry its tensors in the arena")
-                self._take(send, ok, meta, memoryview(b""), shared, in_arena)
+                self._take(send, ok, meta, memoryview(b""), shared, held)
             except Exception as e:  # noqa: BLE001 - answered, and the drain goes on
                 send(_internal_error_frame(meta.get("id"), e))
 
@@ -313,9 +317,9 @@ class InferBridge:
             self.pinned_arenas += 1
         return addr if ok else None
 
-    def _unpin(self, addr: int, in_arena: "_Outstanding") -> None:
+    def _unpin(self, addr: int, held: "_Outstanding") -> None:
         """Unlock an arena once the device can no longer read a request's rows from it."""
-        if not in_arena.wait_none(timeout_s=60):
+        if not held.wait_none(timeout_s=60):
             log.error("requests from a closed worker's arena still unanswered after 60 s; unlocking it anyway")
         self.core.service.device.unregister_host(addr)
         self.pinned_arenas -= 1
@@ -356,10 +360,13 @@ class InferBridge:
 
     def _submit(self, send: Callable[[list], None], ok: Callable[..., None], rid: int, name: str,
                 version: str | None, outputs: Any, deadline_ms: float | None, inputs: dict[str, np.ndarray],
-                in_arena: "_Outstanding | None" = None, waited_ms: float = 0.0,
+                held: "_Outstanding | None" = None, waited_ms: float = 0.0,
                 template: "_RequestTemplate | None" = None, in_ring_ms: float = 0.0) -> None:
         """Submit one request's checked ``inputs``; its answer goes back through ``ok`` (served) or as
-        a frame through ``send`` (an error), from the thread that answers it. ``waited_ms``: how
+        a frame through ``send`` (an error), from the thread that answers it. ``held``: the worker's
+        requests in flight, counted until answered (the device may read their rows from its arena
+        till then); once its connection has closed (``held.gone``) a request served is booked
+        dropped "worker_exited", not served: its client's connection went with the worker. ``waited_ms``: how
         long it has waited since the worker's handler (its deadline counts from there). ``template``: the
         compact record's, which remembers the config its inputs matched exactly. ``in_ring_ms``: of
         that, how long it waited in the worker's request ring: this process's time, counted in the
@@ -367,8 +374,11 @@ class InferBridge:
         t0 = time.perf_counter() - in_ring_ms / 1e3
 
         def done(outputs: Any, error: BaseException | None) -> None:  # the service's on_done
-            if in_arena is not None:  # the device has read the request's rows from the arena
-                in_arena.remove()
+            if held is not None:  # the device has read the request's rows from the arena
+                held.remove()
+                if held.gone and error is None:  # served, for no one: the worker (and its client) gone
+                    self.core.lost(name, WORKER_EXITED)
+                    return
             try:
                 outs = self.core.settle(name, outputs, error, t0, rows)
                 names = list(outs)
@@ -385,14 +395,14 @@ class InferBridge:
                 self.core.refused(name, version, e.status)
                 raise
             checked = template.checked_for if template is not None else None
-            if in_arena is not None:  # before submit: an answer may come before it returns
-                in_arena.add()
+            if held is not None:  # before submit: an answer may come before it returns
+                held.add()
             try:
                 _, checked = self.core.submit(name, version, inputs, deadline_ms, waited_ms, checked_for=checked,
                                               on_done=done)
             except BaseException:
-                if in_arena is not None:
-                    in_arena.remove()
+                if held is not None:
+                    held.remove()
                 raise
             if template is not None:
                 template.checked_for = checked
@@ -538,11 +548,17 @@ class _RingTaker:
 
 
 class _Outstanding:
-    """A count of requests in flight, and a wait for it to reach zero."""
+    """A count of a worker's requests in flight, a wait for it to reach zero, and whether the
+    worker's connection has closed (``gone``: set once, by its reader)."""
 
     def __init__(self) -> None:
         self._n = 0
         self._cv = threading.Condition()
+        self.gone = False
+
+    @property
+    def count(self) -> int:
+        return self._n
 
     def add(self) -> None:
         with self._cv:

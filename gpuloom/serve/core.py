@@ -250,6 +250,11 @@ class ServeCore:
             return self.settle(name, None, e, t0, rows)
         return self.settle(name, out, None, t0, rows)
 
+    def lost(self, name: str, reason: str) -> None:
+        """Book a request the runtime served whose answer had nowhere to go (its HTTP front-end
+        worker's connection closed, and the client's with it) as dropped for ``reason``."""
+        self.books.finish(name, "dropped", reason=reason)
+
     def settle(self, name: str, outputs: Any, error: BaseException | None, t0: float,
                rows: int) -> dict[str, np.ndarray]:
         """Book a finished request's outcome (its outputs, or the error the runtime answered it with;
