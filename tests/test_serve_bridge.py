@@ -188,11 +188,13 @@ def test_a_worker_that_goes_away_mid_frame_ends_its_connection_threads(bridge):
     s.sendall(_frame(1, x))
     assert _replies(s, 1)[1][0]["status"] == 200
     s.sendall(_frame(2, x)[:-5])  # all but the last 5 bytes of the payload
+    threads = list(bridge._threads)
     s.close()
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(t.is_alive() for t in bridge._threads):
+    while time.monotonic() < deadline and any(t.is_alive() for t in threads):
         time.sleep(0.01)
-    assert not any(t.is_alive() for t in bridge._threads)
+    assert len(threads) == 1 and not threads[0].is_alive()
+    assert not bridge._threads and not bridge._conns  # forgotten: a restarted worker leaves nothing behind
 
 
 class GatedCore(EchoCore):

@@ -72,8 +72,10 @@ class InferBridge:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.bind(path)
         self._sock.listen(64)
-        self._conns: list[socket.socket] = []
-        self._threads: list[threading.Thread] = []  # one per worker connection
+        # the worker connections open now, and their reader threads (each leaves both as it ends: workers
+        # restarted for weeks leave nothing behind)
+        self._conns: set[socket.socket] = set()
+        self._threads: set[threading.Thread] = set()
         self._closed = False
         self.arena_requests = 0  # requests whose tensors came through a worker's shared memory
         self.inline_requests = 0  # ... and over the socket
@@ -95,9 +97,9 @@ class InferBridge:
                 conn, _ = self._sock.accept()
             except OSError:
                 return
-            self._conns.append(conn)
+            self._conns.add(conn)
             t = threading.Thread(target=self._serve, args=(conn,), name="gpuloom-bridge", daemon=True)
-            self._threads.append(t)
+            self._threads.add(t)
             t.start()
 
     def _serve(self, conn: socket.socket) -> None:
@@ -163,6 +165,8 @@ class InferBridge:
             out.put(None)  # the writer sends what is queued, then closes the connection
             if pinned is not None:
                 self._unpin(pinned, held)
+            self._conns.discard(conn)
+            self._threads.discard(threading.current_thread())
 
     def _refused(self, notice: Any) -> None:
         """Book a request a worker refused while reading or parsing it (``frontend.tell_refused``)."""
@@ -411,7 +415,7 @@ class InferBridge:
 
     def close(self) -> None:
         self._closed = True
-        for s in [self._sock, *self._conns]:
+        for s in [self._sock, *list(self._conns)]:
             try:
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
@@ -422,7 +426,7 @@ class InferBridge:
         except OSError:
             pass
         deadline = time.monotonic() + 10.0  # let each connection unlock its arena (bounded)
-        for t in self._threads:
+        for t in list(self._threads):
             t.join(max(0.0, deadline - time.monotonic()))
         # the service outlives this bridge (a benchmark's servers take turns on one): what it did
         # around a batch's answers before, unless someone set another since
