@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
@@ -38,9 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="dstack",
                    help="scheduling policy by name (default dstack), with its options as in gpuloom bench: "
                         "NAME:KEY=VALUE[:...], e.g. dstack:min_sms=0 or dstack:slowdowns=bench.json")
-    p.add_argument("--profiles", default=None, metavar="DIR",
-                   help="latency profiles by model name (default: the shipped H200 ones on CUDA); a model with none "
-                        "is profiled on the GPU at load, see --profile-missing")
+    p.add_argument("--profiles", type=profiles_dir_arg, default=None, metavar="DIR",
+                   help="an existing directory of latency profiles by model name (default: the shipped H200 ones on "
+                        "CUDA); a model with none is profiled on the GPU at load, see --profile-missing")
     p.add_argument("--profile-missing", choices=("measure", "crude"), default="measure",
                    help="a model without a profile, on CUDA: measure its latency on the SM grid at load, once "
                         "(seconds to a minute; kept in --profile-cache), or time it crudely at batch 1 and max "
@@ -59,7 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="infer request bodies received or handled at once, MiB, per HTTP process (default 1024): "
                         "a request past it is answered 429 with Retry-After before its body is read, so a burst of "
                         "large requests cannot grow memory without bound")
-    p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to drain queued requests on SIGTERM (default 30)")
+    p.add_argument("--drain-timeout", type=drain_timeout_arg, default=30.0,
+                   help="seconds to drain queued requests on SIGTERM (default 30; 0: stop without waiting)")
     p.add_argument("--unload-collect-mib", type=float, default=256.0, metavar="MIB",
                    help="an unloaded model whose weights and graphs take at least this many MiB is freed at once: "
                         "one full garbage collection, a pause of the models still served (0.15-0.35 s), gives its "
@@ -69,7 +71,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"close an HTTP connection whose client keeps the server waiting this long: no request "
                         f"headers since it connected, a body still arriving, or idle after an answer (default "
                         f"{DEFAULT_CLIENT_TIMEOUT_S:g}); a request being computed is never cut")
-    p.add_argument("--models", default=None, help="comma-separated subset of the repository to load at start")
+    p.add_argument("--models", type=model_names_arg, default=None,
+                   help="comma-separated subset of the repository to load at start, each named once")
     p.add_argument("--http-workers", type=http_workers_arg, default=None, metavar="N|auto",
                    help="HTTP front-end processes that parse requests outside the runtime's process and share "
                         "the port; 0: this process parses them; auto (default): half the CPUs, at most 8, on a host "
@@ -106,7 +109,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "with no thread hand-off, but HTTP waits while a batch runs; --device cpu only, without "
                         "--http-workers) or auto (default: http where it can run there and every model's largest "
                         f"batch takes at most {AUTO_HOST_MAX_BATCH_MS:g} ms, else thread; decided again at each load)")
-    p.add_argument("--switch-interval-ms", type=float, default=None, metavar="MS",
+    p.add_argument("--switch-interval-ms", type=switch_interval_arg, default=None, metavar="MS",
                    help="the interpreter's GIL switch interval while serving (default: Python's, 5 ms): how long "
                         "a thread woken for a request may wait for another busy thread to hand over the GIL")
     p.add_argument("--cpus", type=cpus_arg, default=None, metavar="LIST",
@@ -158,6 +161,49 @@ def _non_negative(text: str, expected: str) -> int:
     if n < 0:
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return n
+
+
+def drain_timeout_arg(text: str) -> float:
+    """Seconds >= 0, finite (argparse type; ``--drain-timeout -5`` and ``nan`` were taken as given)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0 (0: stop without draining), got {text!r}")
+    return seconds
+
+
+def switch_interval_arg(text: str) -> float:
+    """A number of ms in (0, 100] (argparse type; the service's own check, ``gilswitch.check_interval_ms``)."""
+    from gpuloom.runtime.gilswitch import check_interval_ms
+
+    try:
+        return check_interval_ms(float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of ms in (0, 100], got {text!r}") from None
+
+
+def model_names_arg(text: str) -> list[str]:
+    """``a,b`` as ``["a", "b"]`` (argparse type): at least one name, none twice (``a,a`` loaded ``a``
+    twice; ``,`` and an empty value were taken as no ``--models``, every model)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected one or more model names separated by commas, got {text!r} "
+                                         f"(leave --models out to load every model)")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise argparse.ArgumentTypeError(f"names {', '.join(twice)} more than once in {text!r}: name each model once")
+    return names
+
+
+def profiles_dir_arg(text: str) -> str:
+    """An existing directory (argparse type): profiles are only read from it (a missing one was an empty
+    store, unsaid: every model profiled at load)."""
+    if not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} " + ("is not a directory" if os.path.exists(text) else "does not exist")
+                                         + " (a directory of profiles, as gpuloom profile --store DIR writes)")
+    return text
 
 
 def cpus_arg(text: str) -> set[int]:
@@ -314,8 +360,7 @@ def _run(args: argparse.Namespace, quit_on_ctrl_c: _QuitOnCtrlC) -> int:
             return 2
     try:  # every model asked for (all, without --models) must be valid; a broken one not asked for waits
         repo = scan_repository(args.repository)
-        wanted = [n.strip() for n in args.models.split(",") if n.strip()] if args.models else None
-        names = repo.require(wanted)
+        names = repo.require(args.models)  # a list of names (model_names_arg), or None: every model
     except RepositoryError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -27,9 +27,13 @@ objects: safetensors, or ``torch.load(weights_only=True)`` which refuses anythin
 containers. Parsing is pure (no torch); :meth:`ModelEntry.build` imports torch.
 
 A ``file.py`` source is executed afresh by every :meth:`ModelEntry.build` (a load re-reads the model
-from disk, as Triton's does), so its module-level state belongs to that one build. Parsing is per
-model: :func:`scan_repository` keeps the valid models and says why each other one cannot be used
-(:attr:`Repository.errors`); :func:`load_repository` is the strict form, an error for any mistake.
+from disk, as Triton's does), so its module-level state belongs to that one build; while it runs, its
+own directory is first on ``sys.path``, so that it can import a module beside it (imported once per
+process, as any import). The user's code run here (the file, the module imported, the factory, the
+sample run that finds the outputs) cannot stop the server: an exception, or a ``SystemExit``
+(``sys.exit``, argparse at import time), is a :class:`RepositoryError`; ``KeyboardInterrupt`` passes.
+Parsing is per model: :func:`scan_repository` keeps the valid models and says why each other one cannot
+be used (:attr:`Repository.errors`); :func:`load_repository` is the strict form, an error for any mistake.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import math
+import re
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -56,6 +61,8 @@ _ALLOWED_KEYS = {
     "name", "source", "kwargs", "weights", "inputs", "outputs", "max_batch", "slo_ms", "weight", "rate_hint", "seed",
     *ENGINE_KEYS,
 }
+MAX_RATE_HINT = 1e9  # requests/s: one a nanosecond; 1e308 overflowed the planner's requests per period to inf
+MAX_SEED = 2**64 - 1  # torch.manual_seed's largest (2**64: "Overflow when unpacking long long" at load)
 
 
 class RepositoryError(ValueError):
@@ -108,8 +115,8 @@ class ModelEntry:
             torch.manual_seed(self.seed)
         try:
             module = factory(**self.kwargs)
-        except Exception as e:  # the user's factory: say whose it was
-            raise RepositoryError(f"model {self.name!r}: factory {self.source!r} failed: {type(e).__name__}: {e}") from e
+        except (Exception, SystemExit) as e:  # the user's factory: say whose it was (sys.exit must not end the server)
+            raise RepositoryError(f"model {self.name!r}: factory {self.source!r} failed: {_failure(e)}") from e
         if not isinstance(module, torch.nn.Module):
             raise RepositoryError(f"model {self.name!r}: {self.source!r} returned {type(module).__name__}, expected a torch.nn.Module")
         if self.weights is not None:
@@ -168,9 +175,9 @@ class ModelEntry:
         try:
             with torch.no_grad():
                 out = module(*xs)
-        except Exception as e:  # the user's forward
+        except (Exception, SystemExit) as e:  # the user's forward
             raise RepositoryError(f"model {self.name!r}: running one zero sample to find its outputs (the YAML lists "
-                                  f"none) failed: {type(e).__name__}: {e}") from e
+                                  f"none) failed: {_failure(e)}") from e
         named = output_dict(out)
         return tuple(
             TensorEntry(name=n, shape=tuple(v.shape[1:]), dtype=str(v.dtype).removeprefix("torch.")) for n, v in named.items()
@@ -203,13 +210,43 @@ def load_weights(path: Path) -> dict:
     try:
         state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as e:
-        raise RepositoryError(
-            f"weights {path}: not a plain state dict loadable with weights_only=True ({type(e).__name__}: {e}); "
-            "save with torch.save(model.state_dict()) or as .safetensors"
-        ) from e
+        raise _refused(path, e) from e
     if not isinstance(state, dict):
         raise RepositoryError(f"weights {path}: expected a state dict (mapping name -> tensor), found {type(state).__name__}")
+    keys = [k for k in state if not isinstance(k, str)]
+    if keys:  # load_state_dict's own error: "'int' object has no attribute 'startswith'"
+        raise RepositoryError(f"weights {path}: a state dict's keys must be parameter names (strings), found "
+                              f"{keys[0]!r} ({type(keys[0]).__name__})")
     return state
+
+
+def _refused(path: Path, e: Exception) -> RepositoryError:
+    """One line for what ``torch.load(weights_only=True)`` refused. Never torch's own text, which
+    advises re-running with ``weights_only=False``: that runs the pickle, which gpuloom never does."""
+    named = re.search(r"GLOBAL\s+([\w.]+)", str(e))
+    if named:  # a class or function to import and call: an object, not a tensor
+        return RepositoryError(
+            f"weights {path}: the file holds Python objects beyond tensors (it names {named.group(1)}), which "
+            "gpuloom does not load (it never runs a pickle; torch.load(weights_only=True) refused it): save a "
+            "state dict of tensors (torch.save(model.state_dict())) or a .safetensors file")
+    reason = str(e).strip()
+    if reason.startswith("Weights only load failed"):  # torch's advice, then its reason: "Unsupported operand 149"
+        reason = reason.partition("WeightsUnpickler error:")[2].strip().split("\n\n")[0]
+    reason = " ".join(reason.split())
+    return RepositoryError(
+        f"weights {path}: not a state dict that torch.load(weights_only=True) can read ({type(e).__name__}"
+        f"{': ' + reason[:300] if reason else ''}); save a state dict of tensors (torch.save(model.state_dict())) "
+        "or a .safetensors file")
+
+
+def _failure(e: BaseException) -> str:
+    """The user's code's failure, for one line: ``Type: message``, or the ``sys.exit`` it called (a
+    ``SystemExit`` taken for what it says would end the server, for one model's mistake)."""
+    if isinstance(e, SystemExit):
+        code = "" if e.code is None else repr(e.code)
+        return (f"it called sys.exit({code}) (SystemExit; argparse does so on a bad command line): a model's code "
+                "must raise an exception instead, the server does not exit for it")
+    return f"{type(e).__name__}: {e}"
 
 
 def _resolve_factory(source: str, origin: Path | None):
@@ -243,6 +280,8 @@ def _resolve_factory(source: str, origin: Path | None):
             mod = importlib.import_module(kind)
         except ImportError as e:
             raise RepositoryError(f"source {source!r}: cannot import module {kind!r}: {e}") from e
+        except (Exception, SystemExit) as e:  # its top-level code failed, or called sys.exit
+            raise RepositoryError(f"source {source!r}: importing module {kind!r} failed: {_failure(e)}") from e
     fn = mod
     for part in name.split("."):  # a dotted name reaches a class's factory: transformers:AutoModel.from_pretrained
         fn = getattr(fn, part, None)
@@ -269,20 +308,34 @@ def _exec_file(path: Path, source: str):
     system, whose ``__pycache__`` is trusted when the mtime (in whole seconds) and size match: an
     edit of the same length within the second would run the old code. The module is registered in
     ``sys.modules`` under a name fixed per path (dataclasses, typing and pickle look a class's module
-    up by name); a model built before keeps its own module through its functions' globals."""
+    up by name); a model built before keeps its own module through its functions' globals.
+
+    While it runs, the file's directory is first on ``sys.path``, as for ``python file.py``: its
+    ``from helper import block`` finds ``helper.py`` beside it whatever the server's working
+    directory. Such a module is imported as any is, once per process (``sys.modules`` keeps it): a
+    reload runs the file again, not the modules it imports."""
     modname = f"gpuloom_repo_{abs(hash(str(path.resolve())))}"
     spec = importlib.util.spec_from_file_location(modname, path)
     mod = importlib.util.module_from_spec(spec)
     previous = sys.modules.get(modname)
     sys.modules[modname] = mod
+    folder = str(path.resolve().parent)
+    sys.path.insert(0, folder)
     try:
         exec(compile(path.read_bytes(), str(path), "exec"), mod.__dict__)
-    except Exception as e:  # the user's file: say whose it was (the log names the line: ModelEntry.raised_at)
+    except BaseException as e:  # the user's file: say whose it was (the log names the line: ModelEntry.raised_at)
         if previous is None:
             sys.modules.pop(modname, None)
         else:
             sys.modules[modname] = previous
-        raise RepositoryError(f"source {source!r}: running {path} failed: {type(e).__name__}: {e}") from e
+        if not isinstance(e, (Exception, SystemExit)):  # KeyboardInterrupt: Ctrl-C still stops the process
+            raise
+        raise RepositoryError(f"source {source!r}: running {path} failed: {_failure(e)}") from e
+    finally:
+        try:
+            sys.path.remove(folder)  # the first: ours (or the file's own copy of it, the same entry)
+        except ValueError:
+            pass  # the file took it out itself
     return mod
 
 
@@ -292,12 +345,15 @@ def _tensors(raw: Any, where: str) -> tuple[TensorEntry, ...]:
         raise RepositoryError(f"{where}: expected a non-empty list of {{name, shape, dtype}}, found {raw!r}")
     out = []
     for i, t in enumerate(raw):
-        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
-            raise RepositoryError(f"{where}[{i}]: expected a mapping with a string 'name', found {t!r}")
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not t["name"]:
+            raise RepositoryError(f"{where}[{i}]: expected a mapping with a non-empty string 'name', found {t!r}")
         unknown = sorted(set(t) - _TENSOR_KEYS)
         if unknown:  # a typo ("shap") would otherwise leave the default and fail later as a torch error
             raise RepositoryError(f"{where}[{i}] {t['name']!r}: unknown keys {unknown}; allowed {sorted(_TENSOR_KEYS)}")
-        shape = t.get("shape", [])
+        if "shape" not in t:  # (was taken as one number per sample, and failed at load as a torch error)
+            raise RepositoryError(f"{where}[{i}] {t['name']!r}: 'shape' is required: the sizes of one sample, "
+                                  f"without the batch dimension (e.g. [3, 224, 224]; [] for one number per sample)")
+        shape = t["shape"]
         if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
             raise RepositoryError(f"{where}[{i}] {t['name']!r}: shape must be a list of positive ints per sample (no "
                                   f"batch dimension, no -1: each batch size is captured with fixed shapes), found {shape!r}")
@@ -325,11 +381,26 @@ def _number(m: dict, key: str, default: float, where: str, *, integer: bool = Fa
     v = m.get(key, default)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf or (integer and not isinstance(v, int)):
         kind = "a positive integer" if integer else "a positive finite number"
-        hint = " (YAML reads 1.0e308 as a string: write 1.0e+308)" if isinstance(v, str) and "e" in v.lower() else ""
-        raise RepositoryError(f"{where}: {key} must be {kind}, found {v!r}{hint}")
+        raise RepositoryError(f"{where}: {key} must be {kind}, found {v!r}{_quoted_number_hint(v)}")
     if at_most is not None and v > at_most[0]:
         raise RepositoryError(f"{where}: {key} must be at most {at_most[0]:.0f}{at_most[1]}, found {v!r}")
     return v
+
+
+def _quoted_number_hint(v: Any) -> str:
+    """Why a number came as a string, where it reads as one: YAML 1.1 (PyYAML) takes ``1.0e308`` and
+    ``1e5`` for strings (its floats need a dot and a signed exponent), and ``"8"`` is quoted."""
+    if not isinstance(v, str):
+        return ""
+    try:
+        number = float(v)
+    except ValueError:
+        return ""
+    if not math.isfinite(number):  # "inf", "nan": the message says finite
+        return ""
+    if "e" in v.lower():
+        return " (YAML reads 1.0e308 as a string: write 1.0e+308)"
+    return " (a string: write the number without quotes)"
 
 
 def parse_model(m: Any, origin: Path | None) -> ModelEntry:
@@ -357,8 +428,9 @@ def parse_model(m: Any, origin: Path | None) -> ModelEntry:
         if not weights.is_absolute() and origin is not None:
             weights = origin.parent / weights
     seed = m.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise RepositoryError(f"{where}: seed must be a non-negative integer, found {seed!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED):
+        raise RepositoryError(f"{where}: seed must be an integer from 0 to 2**64 - 1 (torch.manual_seed's range), "
+                              f"found {seed!r}")
     engine = {key: m.get(key, ENGINE_DEFAULTS[key]) for key in ENGINE_KEYS}
     for key, value in engine.items():
         if not is_engine_value(key, value):
@@ -374,7 +446,7 @@ def parse_model(m: Any, origin: Path | None) -> ModelEntry:
         max_batch=_number(m, "max_batch", 32, where, integer=True, at_most=(MAX_BATCH, " rows")),
         slo_ms=float(_number(m, "slo_ms", 100.0, where, at_most=(MAX_SLO_MS, " (an hour)"))),
         weight=float(_number(m, "weight", 1.0, where)),
-        rate_hint=float(_number(m, "rate_hint", 50.0, where)),
+        rate_hint=float(_number(m, "rate_hint", 50.0, where, at_most=(MAX_RATE_HINT, " requests/s"))),
         weights=weights,
         kwargs=kwargs,
         origin=origin,
