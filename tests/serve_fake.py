@@ -115,6 +115,9 @@ class FakeService:
         for config, module in models:
             self.load(config, module)
 
+    def reload(self, config, module):
+        self.load(config, module)  # (a new version replaces the old at once)
+
     def unload(self, name):
         with self._lock:
             if name not in self._models:

@@ -303,8 +303,8 @@ def test_a_scan_keeps_the_valid_models_and_gives_each_invalid_one_its_reason(tmp
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "config.yaml").write_text("name: [\n")  # no name to read: the directory's
     (tmp_path / "bad.yaml").write_text("name: bad\nsource: x:y\ninputs: [{name: x, shape: [3]}]\nmax_batch: 0\n")
-    (tmp_path / "twice.yaml").write_text("models: [{name: good, source: 'x:y', inputs: [{name: x}]},"
-                                         " {name: fine, source: 'x:y', inputs: [{name: x}]}]\n")
+    (tmp_path / "twice.yaml").write_text("models: [{name: good, source: 'x:y', inputs: [{name: x, shape: [3]}]},"
+                                         " {name: fine, source: 'x:y', inputs: [{name: x, shape: [3]}]}]\n")
     repo = scan_repository(tmp_path)
     assert repo.names() == ["fine"]  # 'good' is defined twice: neither copy is served
     assert sorted(repo.errors) == ["bad", "broken", "good"]
@@ -375,7 +375,7 @@ def test_an_unexpected_failure_of_the_runtime_is_logged_with_its_traceback_and_a
     from gpuloom.serve.protocol import ProtocolError
 
     class Failing(serve_fake.FakeService):
-        def load(self, config, module):
+        def reload(self, config, module):
             raise RuntimeError("lost the device")
 
     _model_dir(tmp_path, "m")

@@ -594,6 +594,78 @@ def test_a_model_whose_graphs_do_not_fit_is_refused_and_the_others_keep_serving(
     svc.close()
 
 
+def test_reload_compiles_the_new_version_while_the_old_one_serves_and_never_answers_unknown_model():
+    """Before the sixty-ninth session a reload was an unload and a load: the model unknown (404 over
+    HTTP) for the whole compile. Now the old version serves through the new one's compile; only the
+    swap itself refuses (ModelNotReady: retry)."""
+    svc = fake_service(latency_ms=2.0)
+    compile_once = svc._compile
+
+    def slow_compile(config, module):
+        time.sleep(0.5)
+        return compile_once(config, module)
+
+    svc._compile = slow_compile
+    got, stop = [], threading.Event()
+
+    def client():
+        x = np.ones((1, 4), np.float32)
+        while not stop.is_set():
+            try:
+                got.append(float(svc.infer("twice", {"x": x}, timeout_s=5)["y"][0, 0]))
+            except ModelNotReady:
+                got.append("not ready")
+            except UnknownModel:
+                got.append("unknown")
+            time.sleep(0.002)
+
+    t = threading.Thread(target=client)
+    try:
+        t.start()
+        time.sleep(0.1)
+        t0 = time.monotonic()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            svc.reload(ModelConfig("twice", X4, Y4, max_batch=8, slo_ms=500), FakeModel(lambda xs: [xs[0] * 3], 2.0))
+        took = time.monotonic() - t0
+        time.sleep(0.1)
+    finally:
+        stop.set()
+        t.join(10)
+    try:
+        assert took >= 0.5 and "unknown" not in got, got
+        served_old = got.index(3.0)  # (the new version's first answer)
+        assert got[:served_old].count(2.0) >= 5 and set(got[served_old:]) == {3.0}, got  # (~50 ms each: triton waits)
+        assert got[:served_old].count("not ready") <= 5, got  # the swap alone (no compile) refuses
+        assert_books(svc)
+    finally:
+        svc.close()
+
+
+@pytest.mark.parametrize("fails_in", ["compile", "layout"])
+def test_a_new_version_that_fails_to_compile_or_fit_leaves_the_old_one_serving(fails_in):
+    svc = InferenceService(policy="triton", device_layer=FakeDeviceLayer(memory_limit_bytes=100))
+    svc.start()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            svc.load(ModelConfig("twice", X4, Y4, max_batch=4), FakeModel(lambda xs: [xs[0] * 2], 1.0, graph_bytes=10))
+            if fails_in == "compile":  # e.g. its sample run fails (a new input shape the module refuses)
+                def refuse(config, module):
+                    raise ValueError("model 'twice' does not run on one sample")
+
+                svc._compile = refuse
+                with pytest.raises(ValueError, match="one sample"):
+                    svc.reload(ModelConfig("twice", X4, Y4, max_batch=4), FakeModel(lambda xs: xs, 1.0))
+            else:  # its graphs do not fit beside the others'
+                with pytest.raises(ModelNotReady, match="the old one serves on"):
+                    svc.reload(ModelConfig("twice", X4, Y4, max_batch=4), FakeModel(lambda xs: xs, 1.0, graph_bytes=500))
+        assert svc.ready("twice")
+        assert svc.submit("twice", {"x": np.ones((1, 4), np.float32)}).result(5)["y"][0, 0] == 2.0
+    finally:
+        svc.close()
+
+
 class OutOfMemoryError(RuntimeError):
     """Named as torch's is (a RuntimeError, not a MemoryError): what the service must recognise."""
 

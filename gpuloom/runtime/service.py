@@ -509,6 +509,69 @@ class InferenceService(LoopHosting):
                 # model's requests timed out during a load in the test suite's large heap)
                 freeze_loaded(collect=len(self._models) == len(entries))
 
+    def reload(self, config: ModelConfig, module: Any, *, timeout_s: float = 60.0) -> None:
+        """Replace the loaded model ``config.name`` with a new version (``module``), as Triton swaps
+        versions: the new one is compiled and profiled first while the old one serves, so a version
+        that fails there leaves the old one serving, untouched. Then the old one's requests finish
+        (within ``timeout_s``; those still queued then are dropped "model unloaded"), the new one
+        takes its place and the layout is set up again; meanwhile the model's requests are refused
+        with ModelNotReady (retry), never UnknownModel. When the layout cannot be set up with the new
+        version, the old one is put back and ModelNotReady says why. A name not loaded is loaded.
+
+        Why: unloading first and then loading left a gap of the whole compile in which the model was
+        unknown (404s), and lost the serving version when the new one failed to compile (a review,
+        sixty-ninth session)."""
+        self._not_on_host("reload")
+        if not isinstance(config, ModelConfig):
+            raise TypeError(f"reload expects a ModelConfig, got {type(config).__name__}")
+        if not self._started or self._closed:
+            raise ModelNotReady("the service is not running: call start() first")
+        name = config.name
+        with self._admin:
+            old = self._models.get(name)
+            if old is None:
+                load_now = True
+            else:
+                load_now = False
+                ShortSwitchInterval.enter(LOAD_SWITCH_INTERVAL_MS)  # (see load_many)
+                try:
+                    runner, config, profile = self.device.builder.call(
+                        lambda: self._compile_and_profile(config, module))
+                finally:
+                    ShortSwitchInterval.leave(LOAD_SWITCH_INTERVAL_MS)
+                new = _Model(config, profile, runner, held_bytes=_held_bytes(module, runner))
+                with self._lock:
+                    old.state = "unloading"  # refused meanwhile (ModelNotReady), its requests finish
+                    self._cv.wait_for(lambda: old.in_flight == 0, timeout=timeout_s)
+                    left = [rid for rid, (call, _) in self._rid.items() if call.model is old]
+                    self._models[name] = new  # (state "loading": refused with ModelNotReady until set up)
+                rt = self._runtime
+                if left and rt is not None:  # still queued after the timeout: not for the new version
+                    rt.cancel(left, "model unloaded")
+                self.device.remove_model(name)
+                self.device.add_model(name, new.runner)
+                t0 = time.perf_counter()
+                err = self._replan()
+                if err is not None:
+                    with self._lock:
+                        self._models[name] = old
+                    self.device.remove_model(name)
+                    self.device.add_model(name, old.runner)
+                    self._replan()
+                    old.state = "ready"
+                    raise ModelNotReady(f"model {name!r}: its new version could not be set up (the old one serves "
+                                        f"on): {type(err).__name__}: {err}") from err
+                log.info("model %r: the layout serving its new version set up in %.1f s", name,
+                         time.perf_counter() - t0)
+                new.state = "ready"
+                new.loaded_at = time.monotonic()
+                self._warn_if_slower_than_slo(new)
+                held = old.held_bytes
+                old = None  # nothing here may keep the old version alive past the collection below
+                self._collect_unloaded(name, held)  # (its collection freezes the new version with the rest)
+        if load_now:
+            self.load(config, module)
+
     def _warn_if_slower_than_slo(self, m: "_Model") -> None:
         """A model whose profile says that even a batch of one on the whole device misses its SLO:
         say so at load (its requests with the default deadline will fail with DeadlineExceeded)
@@ -559,23 +622,28 @@ class InferenceService(LoopHosting):
             # still there kept its graphs and weights alive until the next layout change)
             self.device.remove_model(name)
             self._replan()
-            if self.tune_gc:
-                # the model's objects (FX graphs are cyclic; they hold its weights) must become
-                # collectable: thaw, and let the next full collection free them rather than stop the
-                # models still served for one now; that collection freezes the rest again (a load
-                # before it freezes nothing: it would freeze the unloaded model's cycles for good)
-                if not full_collection_awaited():  # one has run since the last unload: all freed
-                    self._uncollected_bytes = 0
-                thaw(refreeze=True)
-                self._uncollected_bytes += held
-                if self._uncollected_bytes >= self.unload_collect_mib * 2**20:  # give it back now, for a pause
-                    t0 = time.perf_counter()
-                    gc.collect()  # frees the models' cycles; the refreeze (thaw's) runs at its end
-                    self.unload_collections += 1
-                    log.info("unloaded %s: a full collection (%.0f ms) gave back %.0f MiB of unloaded models "
-                             "at once (unload_collect_mib=%g)", name, (time.perf_counter() - t0) * 1e3,
-                             self._uncollected_bytes / 2**20, self.unload_collect_mib)
-                    self._uncollected_bytes = 0
+            self._collect_unloaded(name, held)
+
+    def _collect_unloaded(self, name: str, held: int) -> None:
+        """After a model (or a model's old version) left: make its objects collectable and give its
+        ``held`` bytes back, at once past ``unload_collect_mib`` of them."""
+        if self.tune_gc:
+            # the model's objects (FX graphs are cyclic; they hold its weights) must become
+            # collectable: thaw, and let the next full collection free them rather than stop the
+            # models still served for one now; that collection freezes the rest again (a load
+            # before it freezes nothing: it would freeze the unloaded model's cycles for good)
+            if not full_collection_awaited():  # one has run since the last unload: all freed
+                self._uncollected_bytes = 0
+            thaw(refreeze=True)
+            self._uncollected_bytes += held
+            if self._uncollected_bytes >= self.unload_collect_mib * 2**20:  # give it back now, for a pause
+                t0 = time.perf_counter()
+                gc.collect()  # frees the models' cycles; the refreeze (thaw's) runs at its end
+                self.unload_collections += 1
+                log.info("unloaded %s: a full collection (%.0f ms) gave back %.0f MiB of unloaded models "
+                         "at once (unload_collect_mib=%g)", name, (time.perf_counter() - t0) * 1e3,
+                         self._uncollected_bytes / 2**20, self.unload_collect_mib)
+                self._uncollected_bytes = 0
 
     # -- requests -----------------------------------------------------------------------------
     def submit(self, name: str, inputs: Mapping[str, np.ndarray], *, deadline_ms: float | None = None,

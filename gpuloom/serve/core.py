@@ -25,12 +25,12 @@ log = logging.getLogger("gpuloom.serve")
 __all__ = ["ServeCore", "SERVER_NAME", "EXTENSIONS", "model_metadata", "model_config_json"]
 
 SERVER_NAME = "gpuloom"
-EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics", "schedule_policy"]
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "statistics"]
 VERSION = "1"  # every model has one version
 #: ``gpuloom_request_rejected``'s reason for an infer request refused before :meth:`ServeCore.submit`
 #: (framing, JSON, parameters, outputs, body size), by the status it was answered; any other 4xx:
 #: ``invalid_request``
-REFUSED_REASONS = {404: "unknown_model", 413: "too_large", 429: "bodies_in_flight"}
+REFUSED_REASONS = {404: "unknown_model", 413: "too_large", 429: "bodies_in_flight", 503: "not_ready"}
 
 
 def _version_check(name: str, version: str | None) -> None:
@@ -148,6 +148,7 @@ class ServeCore:
         # infer request bodies being received or handled at once, bytes, per HTTP process (http_server.bodies_bounded)
         self.max_bodies_bytes = max_bodies_bytes
         self.books = Books()
+        self._waits: set = set()  # repository calls awaited in in_own_thread (event loop futures)
         self.closing = False
         self._repo_lock = threading.Lock()
         self._states: dict[str, str] = {}  # name -> READY | UNAVAILABLE | LOADING (+ reason)
@@ -163,6 +164,8 @@ class ServeCore:
         c = self.service.config(name)
         if c is not None:
             return c
+        if self._states.get(name) == "LOADING":  # (not yet served: a first load)
+            raise ProtocolError(f"model {name!r} is loading; retry shortly", 503, retry_after_s=1.0)
         known = sorted(c.name for c in self.service.models())
         raise ProtocolError(f"unknown model {name!r}; loaded models: {known}", 404)
 
@@ -194,7 +197,8 @@ class ServeCore:
         for a model or version that is not served. Counted in ``gpuloom_request_rejected`` under the
         model, as submit's own refusals are; under ``_unknown`` where the URL names no model served
         (a bounded label set under fuzzing)."""
-        known = version in (None, "", VERSION) and self.service.config(name) is not None
+        known = version in (None, "", VERSION) and (self.service.config(name) is not None
+                                                    or self._states.get(name) == "LOADING")
         self.books.reject(name if known else "_unknown", REFUSED_REASONS.get(status, "invalid_request"))
 
     def submit(self, name: str, version: str | None, inputs: Mapping[str, np.ndarray], deadline_ms: float | None,
@@ -212,8 +216,11 @@ class ServeCore:
             raise ProtocolError("server is shutting down; not accepting new requests", 503, retry_after_s=1.0)
         try:
             config = self.config(name, version)
-        except ProtocolError:
-            self.books.reject("_unknown", "unknown_model")  # bounded label set under fuzzing
+        except ProtocolError as e:
+            if e.status == 503:  # a model of the repository loading
+                self.books.reject(name, "not_ready")
+            else:
+                self.books.reject("_unknown", "unknown_model")  # bounded label set under fuzzing
             raise
         if checked_for is not config:
             try:
@@ -335,12 +342,15 @@ class ServeCore:
 
     def load(self, name: str) -> None:
         """(Re)load ``name`` from the repository (re-read from disk, its ``file.py`` re-executed);
-        blocking. Only ``name``'s entry must be valid. When the new model fails to build (entry,
-        file, weights, factory), a model already loaded under that name keeps serving (as Triton keeps
-        the loaded version); once built, the old one is unloaded before the new one loads."""
+        blocking. Only ``name``'s entry must be valid. When the new version fails to build or compile
+        (entry, file, weights, factory, its sample run), a model already loaded under that name keeps
+        serving (as Triton keeps the loaded version); once compiled, it replaces the old one
+        (``InferenceService.reload``: the model's requests meanwhile are answered 503, retry)."""
         if self.repository is None:
             raise ProtocolError("this server has no model repository to load from", 400)
+        self._refuse_when_closing("loading")
         with self._repo_lock:
+            self._refuse_when_closing("loading")  # (a load queued behind another, past the stop)
             try:
                 repo = self._rescan()
             except RepositoryError as e:
@@ -351,10 +361,12 @@ class ServeCore:
             try:
                 config, module = entry.build()
                 built = True
-                if name in {c.name for c in self.service.models()}:
-                    self.service.unload(name)
-                self.service.load(config, module)
+                self.service.reload(config, module)  # (a load where none is loaded)
             except Exception as e:
+                if self.closing:  # the service stopped under it: not the model's fault
+                    self._states.pop(name, None)
+                    raise ProtocolError(f"the server is shutting down; model {name!r} was not loaded", 503,
+                                        retry_after_s=1.0) from None
                 raise self._load_failed(name, e, entry, built=built) from None
             self._states[name] = "READY"
             self._reasons.pop(name, None)
@@ -416,6 +428,58 @@ class ServeCore:
             raise ProtocolError(f"model {name!r} is not in the repository; it has {repo.names()}{invalid}", 404)
         return entry
 
+    async def in_own_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on a daemon thread of its own, awaited: for the repository's loads and
+        unloads, which take as long as a compile or a user's factory (minutes), or never end (one that
+        hangs). In the event loop's default executor they queued the server's own drain behind them at
+        a stop, and the process waited for them to end before it could exit (a SIGTERM held 44.6 s by a
+        45 s factory; a review, sixty-ninth session). What ``fn`` raises is raised here; a SystemExit (a
+        user's file calling ``sys.exit``) as a RuntimeError, so that it cannot end the server. At a stop
+        (:meth:`abandon_waits`) the wait ends at once, answered 503; the thread is left to finish."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def settle(result: Any, error: BaseException | None) -> None:
+            if done.done():  # abandoned at a stop, or its handler cancelled (its client went away)
+                return
+            if error is None:
+                done.set_result(result)
+            else:
+                done.set_exception(error)
+
+        def run() -> None:
+            try:
+                outcome = (fn(*args), None)
+            except Exception as e:  # noqa: BLE001 - handed to the awaiting handler
+                outcome = (None, e)
+            except BaseException as e:  # noqa: BLE001 - SystemExit: never the server's own exit from here
+                outcome = (None, RuntimeError(f"{getattr(fn, '__name__', 'a call')} raised {type(e).__name__}: {e}"))
+            try:
+                loop.call_soon_threadsafe(settle, *outcome)
+            except RuntimeError:  # the loop has closed: nobody waits any more
+                pass
+
+        self._waits.add(done)
+        try:
+            threading.Thread(target=run, name=f"gpuloom-{getattr(fn, '__name__', 'call')}", daemon=True).start()
+            return await done
+        finally:
+            self._waits.discard(done)
+
+    def abandon_waits(self) -> None:
+        """On the event loop, at a stop: answer every repository call still waiting in
+        :meth:`in_own_thread` with 503 (their threads go on; being daemons, they hold no exit)."""
+        for done in list(self._waits):
+            if not done.done():
+                done.set_exception(ProtocolError("the server is shutting down; the operation was abandoned", 503,
+                                                 retry_after_s=1.0))
+
+    def _refuse_when_closing(self, what: str) -> None:
+        """503 once the server stops: a load would hold its stop up (a factory of 45 s held a SIGTERM
+        for 44.6 s) and then fail on a service no longer running."""
+        if self.closing:
+            raise ProtocolError(f"the server is shutting down; not {what} models", 503, retry_after_s=1.0)
+
     def _load_failed(self, name: str, e: Exception, entry: Any, *, built: bool) -> ProtocolError:
         """Mark ``name`` unavailable with the cause, log it, and return the answer to raise.
 
@@ -441,6 +505,7 @@ class ServeCore:
         succeeds and changes nothing (a client may unload without asking first). A name neither
         loaded nor in the repository is 404, as its load is (Triton answers success there too; a
         404 tells a mistyped name)."""
+        self._refuse_when_closing("unloading")
         with self._repo_lock:
             loaded = sorted(c.name for c in self.service.models())
             if name not in loaded:

@@ -30,7 +30,7 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from .core import EXTENSIONS, SERVER_NAME, ServeCore, model_config_json, model_metadata
 from .protocol import (ProtocolError, deadline_ms_from_parameters, encode_infer_response, load_json, parse_infer_body,
-                       server_timing)
+                       refuse_load_overrides, server_timing)
 
 log = logging.getLogger("gpuloom.serve.http")
 
@@ -105,10 +105,11 @@ async def _errors(request: web.Request, handler):
 
 
 def refused_status(e: BaseException) -> int | None:
-    """The 4xx an infer request is answered for ``e``, raised before it reached the runtime (what
-    ``_errors`` answers); None for anything else (a client gone, a bug of ours: not a refusal)."""
+    """The 4xx (or 503: its model loading) an infer request is answered for ``e``, raised before it
+    reached the runtime (what ``_errors`` answers); None for anything else (a client gone, a bug of
+    ours: not a refusal)."""
     if isinstance(e, ProtocolError):
-        return e.status if 400 <= e.status < 500 else None
+        return e.status if 400 <= e.status < 500 or e.status == 503 else None
     if isinstance(e, web.HTTPRequestEntityTooLarge):
         return 413
     if isinstance(e, RequestPayloadError):  # a body that is not the gzip its Content-Encoding says
@@ -284,17 +285,14 @@ def build_app(core: ServeCore) -> web.Application:
     @r.post("/v2/repository/models/{model}/load")
     async def repo_load(request):
         body = await _json_body(request, optional=True)
-        if body and any(k in (body.get("parameters") or {}) for k in ("config",)) or (
-            body and any(k.startswith("file:") for k in (body.get("parameters") or {}))
-        ):
-            raise ProtocolError("loading with an override config or files is not supported; edit the repository", 400)
-        await asyncio.get_running_loop().run_in_executor(None, core.load, request.match_info["model"])
+        refuse_load_overrides(body.get("parameters") or {})
+        await core.in_own_thread(core.load, request.match_info["model"])
         return web.json_response({})
 
     @r.post("/v2/repository/models/{model}/unload")
     async def repo_unload(request):
         await _json_body(request, optional=True)
-        await asyncio.get_running_loop().run_in_executor(None, core.unload, request.match_info["model"])
+        await core.in_own_thread(core.unload, request.match_info["model"])
         return web.json_response({})
 
     @r.get("/metrics")

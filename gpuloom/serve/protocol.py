@@ -5,7 +5,8 @@ Pure numpy: parses an HTTP infer body (JSON tensors, or Triton's binary tensor d
 and encodes result arrays back (JSON ``data`` or binary, per output). Every user mistake raises
 :class:`ProtocolError` carrying the HTTP status (4xx) and a message saying what was expected and found.
 
-The gRPC server reuses :func:`check_inputs`, :func:`from_raw` and the dtype tables.
+The gRPC server reuses :func:`check_inputs`, :func:`from_raw`, :func:`reshape`, :func:`refuse_load_overrides`
+and the dtype tables.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ __all__ = [
     "parse_infer_body",
     "check_inputs",
     "from_raw",
+    "reshape",
+    "refuse_load_overrides",
     "encode_infer_response",
     "deadline_ms_from_parameters",
     "server_timing",
@@ -129,7 +132,19 @@ def _json_tensor(t: Mapping[str, Any], dtype: np.dtype, shape: tuple[int, ...], 
         arr = np.asarray(flat, dtype=dtype)
     except (TypeError, ValueError, OverflowError) as e:
         raise ProtocolError(f"{where}: 'data' is not all {NUMPY_TO_V2[dtype.name]} values ({e})") from None
-    return arr.reshape(shape)
+    return reshape(arr, shape, where)
+
+
+def reshape(arr: np.ndarray, shape: tuple[int, ...], where: str) -> np.ndarray:
+    """``arr.reshape(shape)``; a ProtocolError (400) naming the input and shape where numpy cannot
+    make that shape. Why: a shape with a zero and a huge dimension (``[0, 2**62]``) needs no data,
+    so it passes the size checks, and numpy's ValueError ("array is too big") was answered as an
+    internal error (500 over HTTP, UNKNOWN over gRPC) and booked nowhere (a review, sixty-ninth
+    session)."""
+    try:
+        return arr.reshape(shape)
+    except (ValueError, OverflowError) as e:
+        raise ProtocolError(f"{where}: shape {list(shape)} is too large for an array ({e})") from None
 
 
 def from_raw(raw: bytes | memoryview, dtype: np.dtype, shape: tuple[int, ...], where: str) -> np.ndarray:
@@ -146,7 +161,7 @@ def from_raw(raw: bytes | memoryview, dtype: np.dtype, shape: tuple[int, ...], w
     arr = np.frombuffer(raw, dtype=dtype.newbyteorder("<"))
     if arr.dtype != dtype:  # a big-endian host
         arr = arr.astype(dtype)
-    return arr.reshape(shape)
+    return reshape(arr, shape, where)
 
 
 def load_json(text: bytes | bytearray | str) -> Any:
@@ -243,6 +258,15 @@ def refuse_classification(output: str, class_count: Any) -> None:
         raise ProtocolError(f"output {output!r}: gpuloom does not implement Triton's classification extension "
                             f"(parameter 'classification' = {_short(class_count)}); ask for the output without "
                             "it and take the top classes from the tensor")
+
+
+def refuse_load_overrides(parameters: Mapping[str, Any]) -> None:
+    """A 400 for a repository load that carries an override ``config`` or ``file:...`` contents
+    (Triton's model repository extension allows them): gpuloom loads what the repository holds, and
+    reloading it silently instead would leave the client believing its override is served. Shared
+    by the HTTP and gRPC load endpoints, so that both refuse the same requests in the same words."""
+    if "config" in parameters or any(k.startswith("file:") for k in parameters):
+        raise ProtocolError("loading with an override config or files is not supported; edit the repository", 400)
 
 
 _SPEC_DTYPES: dict[str, np.dtype] = {}  # a spec's dtype name -> numpy dtype (np.dtype(str) per request costs)

@@ -330,6 +330,7 @@ class Server:
         if workers:  # told first: they stop taking connections now, and wait for this process's answers
             self._signal_workers()
         core.closing = True
+        core.abandon_waits()  # loads or unloads under way answer 503 now (a load of minutes held the stop)
         if self.close_service:
             # drain: the runtime serves or answers every queued request; handlers awaiting them then reply
             await loop.run_in_executor(None, lambda: core.service.close(drain=True, timeout_s=self.drain_timeout_s))
