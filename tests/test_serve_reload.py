@@ -124,3 +124,19 @@ def test_a_stop_answers_a_load_under_way_503_at_once_and_refuses_later_ones(tmp_
     with pytest.raises(ProtocolError) as e:
         core.load("slow")
     assert e.value.status == 503
+
+
+def test_a_model_whose_forward_calls_sys_exit_is_a_load_error_and_the_rest_serve_on(served):
+    """The service's own sample run (the YAML declares the outputs) ran ``forward`` outside the
+    repository's guard: a ``sys.exit`` there ended the server (a review, sixty-ninth session)."""
+    core, yaml = served
+    nets = yaml.parent / "nets.py"
+    nets.write_text(nets.read_text() + "\n\ndef exits(**kwargs):\n    import sys\n\n    import torch\n\n"
+                    "    class Exits(torch.nn.Module):\n        def forward(self, x):\n            sys.exit(3)\n\n"
+                    "    return Exits()\n")
+    (yaml.parent / "exits.yaml").write_text("name: exits\nsource: nets.py:exits\ninputs: [{name: x, shape: [4]}]\n"
+                                            "outputs: [{name: y, shape: [4]}]\n")
+    with pytest.raises(ProtocolError) as e:
+        core.load("exits")
+    assert e.value.status == 400 and "SystemExit" in str(e.value), e.value
+    assert _infer(core, np.ones((1, 16), np.float32)).shape == (1, 4)

@@ -362,7 +362,7 @@ class ServeCore:
                 config, module = entry.build()
                 built = True
                 self.service.reload(config, module)  # (a load where none is loaded)
-            except Exception as e:
+            except (Exception, SystemExit) as e:  # (sys.exit in the model's forward, run at load: its fault)
                 if self.closing:  # the service stopped under it: not the model's fault
                     self._states.pop(name, None)
                     raise ProtocolError(f"the server is shutting down; model {name!r} was not loaded", 503,
@@ -404,7 +404,7 @@ class ServeCore:
                 raise
             try:
                 self.service.load_many(built)
-            except Exception as e:  # noqa: BLE001 - attributed below, one model at a time
+            except (Exception, SystemExit) as e:  # noqa: BLE001 - attributed below, one model at a time
                 log.info("loading %d models together failed (%s: %s); loading them one at a time", len(names),
                          type(e).__name__, e)
                 fallback = True
@@ -480,7 +480,7 @@ class ServeCore:
         if self.closing:
             raise ProtocolError(f"the server is shutting down; not {what} models", 503, retry_after_s=1.0)
 
-    def _load_failed(self, name: str, e: Exception, entry: Any, *, built: bool) -> ProtocolError:
+    def _load_failed(self, name: str, e: BaseException, entry: Any, *, built: bool) -> ProtocolError:
         """Mark ``name`` unavailable with the cause, log it, and return the answer to raise.
 
         A mistake in the model is an ordinary event (400), logged as one ERROR line with the cause
