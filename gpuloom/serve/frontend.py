@@ -178,7 +178,10 @@ def build_worker_app(sock_path: str, upstream: str, max_body_bytes: int, arena_b
         reader, writer = await asyncio.open_unix_connection(sock=sock)
         state["writer"], state["lock"] = writer, asyncio.Lock()
         state["reader_task"] = asyncio.create_task(read_replies(reader))
-        state["session"] = aiohttp.ClientSession(auto_decompress=False)
+        # no total timeout: a repository load forwarded upstream lasts as long as its compile and profile
+        # (minutes on a GPU), and aiohttp's default 300 s answered it an error while it carried on
+        state["session"] = aiohttp.ClientSession(auto_decompress=False,
+                                                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=30))
         if rings is not None:
             asyncio.get_running_loop().add_reader(rings.event_fd, rings.take_replies, ring_reply)
 
