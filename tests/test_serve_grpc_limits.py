@@ -355,3 +355,32 @@ def test_the_standard_grpc_health_check_answers_serving_while_ready_and_not_foun
     with pytest.raises(grpc.RpcError) as e:
         list(watch(_health_request(""), timeout=10))
     assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED and "Health/Check" in e.value.details()
+
+
+def test_a_stream_answer_says_it_is_final_where_the_client_asks_as_triton_does(served):
+    """tritonclient's ``enable_empty_final_response``: clients read until ``triton_final_response``."""
+    _, addr = served
+    client = tritongrpc.InferenceServerClient(addr.grpc_url)
+    got: list = []
+    answered = threading.Semaphore(0)
+
+    def callback(result, error):
+        got.append((result, error))
+        answered.release()
+
+    x = tritongrpc.InferInput("x", [1, 4], "FP32")
+    x.set_data_from_numpy(np.ones((1, 4), np.float32))
+    client.start_stream(callback=callback)
+    try:  # one at a time (dstack's admission sheds a second sent at once to this slow model)
+        client.async_stream_infer("slow", [x], request_id="asked", enable_empty_final_response=True)
+        assert answered.acquire(timeout=30)
+        client.async_stream_infer("slow", [x], request_id="not asked")
+        assert answered.acquire(timeout=30)
+    finally:
+        client.stop_stream()
+        client.close()
+    answers = {r.get_response().id: r.get_response() for r, e in got if e is None}
+    assert set(answers) == {"asked", "not asked"}, got
+    assert answers["asked"].parameters["triton_final_response"].bool_param is True
+    np.testing.assert_array_equal(np.frombuffer(answers["asked"].raw_output_contents[0], np.float32), [2.0] * 4)
+    assert "triton_final_response" not in answers["not asked"].parameters
