@@ -60,6 +60,9 @@ def _install_stub():
     class DeadlineExceeded(ServiceError):
         pass
 
+    class Expired(DeadlineExceeded):
+        pass
+
     class Dropped(ServiceError):
         def __init__(self, reason="dropped"):
             super().__init__(reason)

@@ -211,8 +211,8 @@ class ServeCore:
         then: ``InferenceService.submit``). ``checked_for``: a config an earlier request of the very
         same layout (names, dtypes, shapes) matched exactly; while it is still the model's config,
         these inputs are not checked again (the workers' bridge remembers it per request layout)."""
-        if self.closing:
-            self.books.reject(name, "shutting_down")
+        if self.closing:  # (under its name only where it is one served: a bounded label set)
+            self.books.reject(name if self.service.config(name) is not None else "_unknown", "shutting_down")
             raise ProtocolError("server is shutting down; not accepting new requests", 503, retry_after_s=1.0)
         try:
             config = self.config(name, version)
@@ -272,6 +272,9 @@ class ServeCore:
             if error is not None:
                 raise error
             out = outputs
+        except svc.Expired as e:  # (a DeadlineExceeded the service answered itself: the runtime's books say so)
+            self.books.finish(name, "dropped", reason="expired")
+            raise ProtocolError(f"model {name!r}: deadline exceeded: {e}", 504) from None
         except svc.DeadlineExceeded as e:
             self.books.finish(name, "dropped", reason="deadline")
             raise ProtocolError(f"model {name!r}: deadline exceeded: {e}", 504) from None
