@@ -140,3 +140,58 @@ def test_a_model_whose_forward_calls_sys_exit_is_a_load_error_and_the_rest_serve
         core.load("exits")
     assert e.value.status == 400 and "SystemExit" in str(e.value), e.value
     assert _infer(core, np.ones((1, 16), np.float32)).shape == (1, 4)
+
+
+def test_repository_calls_waiting_at_once_are_bounded_and_past_the_bound_answered_503():
+    """A hung load left one blocked thread per later load or unload, each run long after its client
+    had gone (a review, sixty-ninth session): at most MAX_ADMIN_THREADS now, then 503 at once."""
+    import asyncio
+
+    from gpuloom.serve.core import MAX_ADMIN_THREADS
+
+    core = ServeCore(serve_fake.FakeService())
+    release = threading.Event()
+
+    async def main():
+        waits = [asyncio.ensure_future(core.in_own_thread(release.wait, 30)) for _ in range(MAX_ADMIN_THREADS)]
+        await asyncio.sleep(0.05)
+        with pytest.raises(ProtocolError) as e:
+            await core.in_own_thread(release.wait, 30)
+        release.set()
+        assert await asyncio.gather(*waits) == [True] * MAX_ADMIN_THREADS
+        return e.value
+
+    refused = asyncio.run(main())
+    assert refused.status == 503 and "at most" in str(refused)
+    assert asyncio.run(_once(core)) == "done"  # the threads gave their places back
+
+
+async def _once(core):
+    return await core.in_own_thread(lambda: "done")
+
+
+def test_a_cancelled_wait_for_a_request_already_answered_is_booked_as_answered(monkeypatch):
+    """A gRPC handler cancelled after the runtime had answered its request: booked "cancelled" by the
+    server and success by the runtime before; now as the runtime booked it."""
+    import asyncio
+
+    from gpuloom.serve import core as core_module
+
+    service = serve_fake.FakeService()
+    service.start()
+    try:
+        service.load(*serve_fake.slow_net(0.0))
+        core = ServeCore(service)
+
+        async def answered_then_cancelled(fut):
+            while not fut.done():
+                await asyncio.sleep(0.001)
+            raise asyncio.CancelledError
+
+        monkeypatch.setattr(core_module, "until_done", answered_then_cancelled)
+        with pytest.raises(asyncio.CancelledError):
+            asyncio.run(core.infer("slow", None, {"x": np.ones((1, 4), np.float32)}, None))
+        b = core.books.snapshot()["slow"]
+        assert (b.success, dict(b.dropped)) == (1, {}) and b.balanced()
+    finally:
+        service.close()

@@ -2030,3 +2030,84 @@ def test_a_batchs_answers_are_given_inside_the_services_answer_scope():
     assert 1 <= entered[0] < len(futs)  # answered in batches, one scope each
     assert seen == [1] * len(futs) and depth[0] == 0  # every future resolved inside one
     svc.close()
+
+
+def test_a_reload_keeps_the_server_ready_and_the_models_statistics_going():
+    """While a model swaps versions it is refused for a moment but stays ``swapping`` (the server
+    stays ready: a reload took the whole server out of readiness probes before), and its statistics
+    go on from the old version's (they started again at zero, beside server counters that did not)."""
+    svc = fake_service(latency_ms=2.0)
+    try:
+        x = np.ones((1, 4), np.float32)
+        for _ in range(5):
+            svc.infer("twice", {"x": x}, timeout_s=5)
+        before = svc.stats()["models"]["twice"]
+        seen, stop = [], threading.Event()
+
+        def probe():
+            while not stop.is_set():
+                seen.append((svc.ready("twice"), svc.swapping("twice")))
+                time.sleep(0.0005)
+
+        slow_replan = svc._replan
+
+        def replan():
+            time.sleep(0.2)  # a swap long enough to be seen
+            return slow_replan()
+
+        svc._replan = replan
+        t = threading.Thread(target=probe)
+        t.start()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                svc.reload(ModelConfig("twice", X4, Y4, max_batch=8, slo_ms=500), FakeModel(lambda xs: [xs[0] * 3], 2.0))
+        finally:
+            stop.set()
+            t.join(10)
+        assert (False, True) in seen and all(ready or swapping for ready, swapping in seen), set(seen)
+        assert not svc.swapping("twice")
+        svc.infer("twice", {"x": x}, timeout_s=5)
+        after = assert_books(svc)["models"]["twice"]
+        assert after["success"] == before["success"] + 1 == 6
+        assert after["exec_count"] == before["exec_count"] + 1
+    finally:
+        svc.close()
+
+
+@pytest.mark.filterwarnings("ignore:no latency profile")  # (catch_warnings is not for threads)
+def test_two_reloads_of_a_model_not_loaded_both_succeed():
+    """The first loads it, the second replaces it (the second raised "already loaded" before: the
+    first's load ran outside the service's admin lock)."""
+    svc = fake_service()
+    compile_once = svc._compile
+
+    def slow_compile(config, module):
+        time.sleep(0.2)
+        return compile_once(config, module)
+
+    svc._compile = slow_compile
+    load_once = svc.load
+
+    def late_load(config, module):  # (widens the window the first reload's load left open)
+        time.sleep(0.2)
+        load_once(config, module)
+
+    svc.load = late_load
+    errors = []
+
+    def reload(k):
+        try:
+            svc.reload(ModelConfig("new", X4, Y4, max_batch=8, slo_ms=500), FakeModel(lambda xs: [xs[0] * k], 1.0))
+        except Exception as e:  # noqa: BLE001 - collected for the assertion
+            errors.append(e)
+
+    try:
+        threads = [threading.Thread(target=reload, args=(k,)) for k in (2, 3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert errors == [] and svc.ready("new")
+    finally:
+        svc.close()

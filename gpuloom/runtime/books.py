@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import concurrent.futures
+import copy
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -89,10 +90,25 @@ class _Model:
     #: backend asks once per batch (Profile.knee interpolates every measured SM count: ~30 us)
     knee_by_batch: dict = field(default_factory=dict)
     held_bytes: int = 0  # what its unload can give back: the module's weights and the graphs' memory
+    exec_base: int = 0  # the backend's batches of this name before this load (its exec_count counts from there)
 
     @property
     def answered(self) -> int:
         return self.success + self.failure + self.n_dropped
+
+    def books(self) -> dict:
+        """A copy of its books of the requests answered so far (those still in flight are left out,
+        with their outcomes: whoever books them later books them here), for the model's next version
+        or its next load to go on from (:meth:`take_books`). Why: the server's counters
+        (``nv_inference_*``) went on across a reload while these started again, so the statistics
+        contradicted each other (a review, sixty-ninth session)."""
+        out = {f: copy.deepcopy(getattr(self, f)) for f in _CARRIED}
+        out["accepted"] = self.answered
+        return out
+
+    def take_books(self, books: dict) -> None:
+        for f, v in books.items():
+            setattr(self, f, v)
 
     @property
     def in_flight(self) -> int:
@@ -104,6 +120,11 @@ class _Model:
             return None
         return len(ts) / max(1e-3, now - ts[0])
 
+
+#: what a model's books carry to its next version or load (:meth:`_Model.books`): counts, latencies,
+#: batch sizes, arrivals (its rate), and when it was first loaded (its goodput's denominator)
+_CARRIED = ("loaded_at", "accepted", "success", "failure", "on_time", "rejected", "shed", "dropped", "n_dropped",
+            "queue_ms", "compute_ms", "total_ms", "batch", "arrivals", "exec_base")
 
 #: the drop reason of a request whose caller cancelled it (:class:`RequestFuture`)
 CANCELLED = "cancelled"

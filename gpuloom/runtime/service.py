@@ -285,7 +285,8 @@ class InferenceService(LoopHosting):
         # answer_scope(rows): a context entered around each batch's answers (_on_results); a server in
         # front sets its own (serve.ring.batch_replies: one wake-up per worker for a big batch's replies)
         self.answer_scope: Callable[[int], Any] = _no_scope
-        self._admin = threading.Lock()  # one load/unload at a time
+        self._admin = threading.RLock()  # one load/unload at a time (reload loads a model not loaded under it)
+        self._swapping: set[str] = set()  # models between their versions (reload): refused, not gone
         self._cv = threading.Condition(self._lock)
         self._runtime: Runtime | None = None
         self._backend: ExecBackend | None = None
@@ -416,6 +417,12 @@ class InferenceService(LoopHosting):
         m = self._models.get(name)
         return m is not None and m.state == "ready" and self.is_live()
 
+    def swapping(self, name: str) -> bool:
+        """Whether ``name`` is between two versions (:meth:`reload`): not ready for a moment, but still
+        served. A server stays ready meanwhile, as Triton's does while it swaps versions (before, a
+        reload took the whole server out of readiness and health probes; a review, sixty-ninth session)."""
+        return name in self._swapping
+
     def profile(self, name: str) -> Profile:
         """The latency profile ``name`` is planned with (trimmed to its max_batch)."""
         m = self._models.get(name)
@@ -499,9 +506,11 @@ class InferenceService(LoopHosting):
                 self._replan()
                 raise ModelNotReady(f"{what} could not be set up: {type(err).__name__}: {err}") from err
             now = time.monotonic()
+            batches = self._backend.model_batches if self._backend is not None else {}
             for e in entries:
                 e.state = "ready"
                 e.loaded_at = now
+                e.exec_base = batches.get(e.config.name, 0)  # (a name loaded before, others served meanwhile)
                 self._warn_if_slower_than_slo(e)
             if self.tune_gc:
                 # the first load collects, then freezes (nothing is served yet); a later one only
@@ -530,47 +539,54 @@ class InferenceService(LoopHosting):
         with self._admin:
             old = self._models.get(name)
             if old is None:
-                load_now = True
-            else:
-                load_now = False
-                ShortSwitchInterval.enter(LOAD_SWITCH_INTERVAL_MS)  # (see load_many)
-                try:
-                    runner, config, profile = self.device.builder.call(
-                        lambda: self._compile_and_profile(config, module))
-                finally:
-                    ShortSwitchInterval.leave(LOAD_SWITCH_INTERVAL_MS)
-                new = _Model(config, profile, runner, held_bytes=_held_bytes(module, runner))
-                with self._lock:
-                    old.state = "unloading"  # refused meanwhile (ModelNotReady), its requests finish
-                    self._cv.wait_for(lambda: old.in_flight == 0, timeout=timeout_s)
-                    left = [rid for rid, (call, _) in self._rid.items() if call.model is old]
-                    self._models[name] = new  # (state "loading": refused with ModelNotReady until set up)
-                rt = self._runtime
-                if left and rt is not None:  # still queued after the timeout: not for the new version
-                    rt.cancel(left, "model unloaded")
-                self.device.remove_model(name)
-                self.device.add_model(name, new.runner)
-                t0 = time.perf_counter()
-                err = self._replan()
-                if err is not None:
-                    with self._lock:
-                        self._models[name] = old
-                    self.device.remove_model(name)
-                    self.device.add_model(name, old.runner)
-                    self._replan()
-                    old.state = "ready"
-                    raise ModelNotReady(f"model {name!r}: its new version could not be set up (the old one serves "
-                                        f"on): {type(err).__name__}: {err}") from err
-                log.info("model %r: the layout serving its new version set up in %.1f s", name,
-                         time.perf_counter() - t0)
-                new.state = "ready"
-                new.loaded_at = time.monotonic()
-                self._warn_if_slower_than_slo(new)
-                held = old.held_bytes
-                old = None  # nothing here may keep the old version alive past the collection below
-                self._collect_unloaded(name, held)  # (its collection freezes the new version with the rest)
-        if load_now:
-            self.load(config, module)
+                self.load(config, module)
+                return
+            ShortSwitchInterval.enter(LOAD_SWITCH_INTERVAL_MS)  # (see load_many)
+            try:
+                runner, config, profile = self.device.builder.call(lambda: self._compile_and_profile(config, module))
+            finally:
+                ShortSwitchInterval.leave(LOAD_SWITCH_INTERVAL_MS)
+            new = _Model(config, profile, runner, held_bytes=_held_bytes(module, runner))
+            self._swapping.add(name)
+            try:
+                self._swap(old, new, timeout_s)
+            finally:
+                self._swapping.discard(name)
+            held = old.held_bytes
+            old = None  # nothing here may keep the old version alive past the collection below
+            self._collect_unloaded(name, held)  # (its collection freezes the new version with the rest)
+
+    def _swap(self, old: "_Model", new: "_Model", timeout_s: float) -> None:
+        """:meth:`reload`'s second half, with ``_admin`` held: ``new`` serves in ``old``'s place, or
+        ``old`` again (ModelNotReady) when the layout cannot be set up with ``new``."""
+        name = old.config.name
+        with self._lock:
+            old.state = "unloading"  # refused meanwhile (ModelNotReady), its requests finish
+            self._cv.wait_for(lambda: old.in_flight == 0, timeout=timeout_s)
+            left = [rid for rid, (call, _) in self._rid.items() if call.model is old]
+            new.take_books(old.books())  # its statistics go on, as the server's counters do
+            self._models[name] = new  # (state "loading": refused with ModelNotReady until set up)
+        rt = self._runtime
+        if left and rt is not None:  # still queued after the timeout: not for the new version
+            rt.cancel(left, "model unloaded")
+        self.device.remove_model(name)
+        self.device.add_model(name, new.runner)
+        t0 = time.perf_counter()
+        err = self._replan()
+        if err is not None and self._closed:  # (the service closed under the reload: nothing to put back)
+            raise ModelNotReady(f"model {name!r}: the service closed during its reload") from err
+        if err is not None:
+            with self._lock:
+                self._models[name] = old
+            self.device.remove_model(name)
+            self.device.add_model(name, old.runner)
+            self._replan()
+            old.state = "ready"
+            raise ModelNotReady(f"model {name!r}: its new version could not be set up (the old one serves on): "
+                                f"{type(err).__name__}: {err}") from err
+        log.info("model %r: the layout serving its new version set up in %.1f s", name, time.perf_counter() - t0)
+        new.state = "ready"
+        self._warn_if_slower_than_slo(new)
 
     def _warn_if_slower_than_slo(self, m: "_Model") -> None:
         """A model whose profile says that even a batch of one on the whole device misses its SLO:
@@ -799,8 +815,8 @@ class InferenceService(LoopHosting):
                 tot["dropped"] += sum(dropped.values())
             be = self._backend.stats() if self._backend is not None else {"partitions": []}
             for name, mb in (be.get("model_batches") or {}).items():
-                if name in per:
-                    per[name]["exec_count"] = mb  # batches of this model run by the current backend
+                if name in per:  # batches of this model run since it was loaded (a reload goes on counting)
+                    per[name]["exec_count"] = mb - self._models[name].exec_base
             rt = self._runtime
             idle = dict(rt.idle) if rt is not None else {}
             if rt is not None:  # times the answers stopped for a batch that finished meanwhile (a float, as the rest)

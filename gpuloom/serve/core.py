@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .metrics import Books, build_registry
+from .metrics import UNKNOWN_MODEL, Books, build_registry
 from .protocol import ProtocolError, check_inputs, v2_dtype
 from .repository import Repository, RepositoryError
 
@@ -27,6 +27,9 @@ __all__ = ["ServeCore", "SERVER_NAME", "EXTENSIONS", "model_metadata", "model_co
 SERVER_NAME = "gpuloom"
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "statistics"]
 VERSION = "1"  # every model has one version
+#: repository operations (loads, unloads) under way or waiting for one, at most; past it a new one is
+#: answered 503 (a hung load left one blocked thread per later call, each run long after its client left)
+MAX_ADMIN_THREADS = 8
 #: ``gpuloom_request_rejected``'s reason for an infer request refused before :meth:`ServeCore.submit`
 #: (framing, JSON, parameters, outputs, body size), by the status it was answered; any other 4xx:
 #: ``invalid_request``
@@ -149,6 +152,8 @@ class ServeCore:
         self.max_bodies_bytes = max_bodies_bytes
         self.books = Books()
         self._waits: set = set()  # repository calls awaited in in_own_thread (event loop futures)
+        self._admin_threads = 0  # in_own_thread's threads not yet ended (running, or waiting for _repo_lock)
+        self._admin_lock = threading.Lock()
         self.closing = False
         self._repo_lock = threading.Lock()
         self._states: dict[str, str] = {}  # name -> READY | UNAVAILABLE | LOADING (+ reason)
@@ -188,7 +193,11 @@ class ServeCore:
             return False
 
     def server_ready(self) -> bool:
-        return (not self.closing) and self.service.is_live() and all(self.service.ready(c.name) for c in self.service.models())
+        """Live, not stopping, and every model ready, or between two of its versions (a reload: a
+        moment, during which the server stays ready, as Triton's does)."""
+        swapping = getattr(self.service, "swapping", lambda name: False)
+        return (not self.closing) and self.service.is_live() and all(
+            self.service.ready(c.name) or swapping(c.name) for c in self.service.models())
 
     # -- inference -----------------------------------------------------------------------------
     def refused(self, name: str, version: str | None, status: int) -> None:
@@ -199,7 +208,7 @@ class ServeCore:
         (a bounded label set under fuzzing)."""
         known = version in (None, "", VERSION) and (self.service.config(name) is not None
                                                     or self._states.get(name) == "LOADING")
-        self.books.reject(name if known else "_unknown", REFUSED_REASONS.get(status, "invalid_request"))
+        self.books.reject(name if known else UNKNOWN_MODEL, REFUSED_REASONS.get(status, "invalid_request"))
 
     def submit(self, name: str, version: str | None, inputs: Mapping[str, np.ndarray], deadline_ms: float | None,
                waited_ms: float = 0.0, checked_for: Any = None,
@@ -212,7 +221,7 @@ class ServeCore:
         same layout (names, dtypes, shapes) matched exactly; while it is still the model's config,
         these inputs are not checked again (the workers' bridge remembers it per request layout)."""
         if self.closing:  # (under its name only where it is one served: a bounded label set)
-            self.books.reject(name if self.service.config(name) is not None else "_unknown", "shutting_down")
+            self.books.reject(name if self.service.config(name) is not None else UNKNOWN_MODEL, "shutting_down")
             raise ProtocolError("server is shutting down; not accepting new requests", 503, retry_after_s=1.0)
         try:
             config = self.config(name, version)
@@ -220,7 +229,7 @@ class ServeCore:
             if e.status == 503:  # a model of the repository loading
                 self.books.reject(name, "not_ready")
             else:
-                self.books.reject("_unknown", "unknown_model")  # bounded label set under fuzzing
+                self.books.reject(UNKNOWN_MODEL, "unknown_model")  # bounded label set under fuzzing
             raise
         if checked_for is not config:
             try:
@@ -301,7 +310,13 @@ class ServeCore:
         try:
             await until_done(fut)
         except asyncio.CancelledError:  # the client gave up (a gRPC deadline or cancel): no one to answer
-            self.books.finish(name, "dropped", reason=self.svc.CANCELLED)  # (its queued rows left the queue)
+            if fut.done() and not fut.cancelled():  # answered just before: booked as the runtime booked it
+                try:
+                    self.outcome(name, fut, t0, rows)
+                except ProtocolError:
+                    pass
+            else:  # its queued rows left the queue; the runtime books it "cancelled" too
+                self.books.finish(name, "dropped", reason=self.svc.CANCELLED)
             raise
         except BaseException:
             pass  # the outcome is read (and booked) below
@@ -438,7 +453,8 @@ class ServeCore:
         a stop, and the process waited for them to end before it could exit (a SIGTERM held 44.6 s by a
         45 s factory; a review, sixty-ninth session). What ``fn`` raises is raised here; a SystemExit (a
         user's file calling ``sys.exit``) as a RuntimeError, so that it cannot end the server. At a stop
-        (:meth:`abandon_waits`) the wait ends at once, answered 503; the thread is left to finish."""
+        (:meth:`abandon_waits`) the wait ends at once, answered 503; the thread is left to finish. At
+        most ``MAX_ADMIN_THREADS`` run or wait at once; past them a call is answered 503 at once."""
         loop = asyncio.get_running_loop()
         done = loop.create_future()
 
@@ -457,11 +473,20 @@ class ServeCore:
                 outcome = (None, e)
             except BaseException as e:  # noqa: BLE001 - SystemExit: never the server's own exit from here
                 outcome = (None, RuntimeError(f"{getattr(fn, '__name__', 'a call')} raised {type(e).__name__}: {e}"))
+            finally:
+                with self._admin_lock:
+                    self._admin_threads -= 1
             try:
                 loop.call_soon_threadsafe(settle, *outcome)
             except RuntimeError:  # the loop has closed: nobody waits any more
                 pass
 
+        with self._admin_lock:
+            if self._admin_threads >= MAX_ADMIN_THREADS:  # (one hung load: every later call waits behind it)
+                raise ProtocolError(f"{self._admin_threads} repository operations are under way or waiting for "
+                                    f"one (at most {MAX_ADMIN_THREADS}); retry once they are done", 503,
+                                    retry_after_s=5.0)
+            self._admin_threads += 1
         self._waits.add(done)
         try:
             threading.Thread(target=run, name=f"gpuloom-{getattr(fn, '__name__', 'call')}", daemon=True).start()
