@@ -297,12 +297,11 @@ def build_app(core: ServeCore) -> web.Application:
 
     @r.get("/metrics")
     async def metrics(request):
-        from prometheus_client import CONTENT_TYPE_LATEST
+        """The Prometheus text, declared as the format :func:`~.metrics.render` writes (0.0.4): a scraper
+        reads the body by the version the header names (``CONTENT_TYPE_LATEST`` is 1.0.0 now)."""
+        from .metrics import CONTENT_TYPE, render
 
-        from .metrics import render
-
-        text = render(core.registry)
-        return web.Response(body=text, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(body=render(core.registry), headers={"Content-Type": CONTENT_TYPE})
 
     @r.get("/openapi.json")
     async def openapi(request):

@@ -19,7 +19,23 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-__all__ = ["Books", "ModelBooks", "build_registry"]
+from ..runtime.model_config import MAX_BATCH
+
+__all__ = ["BATCH_SIZE_BOUNDS", "CONTENT_TYPE", "UNKNOWN_MODEL", "Books", "ModelBooks", "build_registry", "render"]
+
+#: the pseudo-model under which refusals for a model not served are booked (``ServeCore.refused``,
+#: ``ServeCore.submit``), so that client-chosen names never become labels; it has rejections only, so
+#: it appears in ``gpuloom_request_rejected`` and in no other family (a review, sixty-ninth session: it
+#: showed as a model with 0 successes, failures, inferences and pending requests)
+UNKNOWN_MODEL = "_unknown"
+#: upper bounds of ``gpuloom_batch_size``'s buckets (rows): powers of two up to the largest max_batch a
+#: model may have. Fixed, because rate() and histogram_quantile() need the same ``le`` set in every
+#: scrape; they were the sizes seen so far, and a new ``le="4.0"`` appeared mid-run (a review,
+#: sixty-ninth session). The registry is not told a model's max_batch, hence one ladder for all.
+BATCH_SIZE_BOUNDS = tuple(float(2**i) for i in range(MAX_BATCH.bit_length()))
+#: the media type of :func:`render`'s text: Prometheus text format 0.0.4 (``CONTENT_TYPE_LATEST`` of
+#: prometheus-client 0.2x is 1.0.0, which the body is not written in)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 @dataclass
@@ -138,6 +154,21 @@ def _histogram_parts(h: Any) -> tuple[list[tuple[float, float]], float, float] |
     return cum, total, acc
 
 
+def _batch_size_parts(sizes: Any) -> tuple[list[tuple[float, float]], float, float] | None:
+    """The runtime's ``batch_size`` map (rows of a batch -> requests that ran in one of that size) ->
+    (cumulative [(le, count)] over :data:`BATCH_SIZE_BOUNDS`, sum, count). The bounds never depend on
+    the data (see there); a runtime histogram or a list of observations is read as
+    :func:`_histogram_parts` reads it, whose bounds are fixed already."""
+    if not isinstance(sizes, dict) or "bounds" in sizes:
+        return _histogram_parts(sizes)
+    try:
+        items = [(float(k), float(v)) for k, v in sizes.items()]
+    except (TypeError, ValueError):
+        return None
+    cum = [(le, sum(n for size, n in items if size <= le)) for le in BATCH_SIZE_BOUNDS]
+    return cum, sum(size * n for size, n in items), sum(n for _, n in items)
+
+
 def batches_from_sizes(sizes: Any) -> float | None:
     """Batches executed, from the runtime's ``batch_size`` map (size -> requests that ran in a batch of
     that size): a batch of size k holds k single-row requests, so batches = sum(n_k / k)."""
@@ -175,7 +206,7 @@ def build_registry(books: Books, stats: Callable[[], dict], model_names: Callabl
             except Exception:  # a scrape must never fail because the runtime is shutting down
                 st = {}
             st_models = st.get("models", {}) if isinstance(st.get("models"), dict) else {}
-            names = sorted(set(snap) | set(model_names()) | set(st_models))
+            names = sorted((set(snap) | set(model_names()) | set(st_models)) - {UNKNOWN_MODEL})
             succ = CounterMetricFamily("nv_inference_request_success", "Number of successful inference requests", labels=["model", "version"])
             fail = CounterMetricFamily("nv_inference_request_failure", "Number of failed inference requests (model errors, drops, timeouts)", labels=["model", "version", "reason"])
             count = CounterMetricFamily("nv_inference_count", "Number of inferences performed (samples, not requests)", labels=["model", "version"])
@@ -188,10 +219,15 @@ def build_registry(books: Books, stats: Callable[[], dict], model_names: Callabl
             drop = CounterMetricFamily("gpuloom_request_dropped", "Accepted requests answered without a result, by reason", labels=["model", "reason"])
             rej = CounterMetricFamily("gpuloom_request_rejected", "Requests refused before the runtime took them, by reason", labels=["model", "reason"])
             good = GaugeMetricFamily("gpuloom_goodput", "Requests per second served within their deadline", labels=["model"])
-            slo = GaugeMetricFamily("gpuloom_slo_attainment", "Fraction of finished requests served within their deadline", labels=["model"])
-            qh = HistogramMetricFamily("gpuloom_queue_duration_ms", "Queueing time, ms", labels=["model"])
-            ch = HistogramMetricFamily("gpuloom_compute_duration_ms", "Compute time per batch, ms", labels=["model"])
-            bh = HistogramMetricFamily("gpuloom_batch_size", "Size of the batch each request ran in", labels=["model"])
+            slo = GaugeMetricFamily("gpuloom_slo_attainment", "Fraction of the requests offered (answered, or refused for overload) served within their deadline", labels=["model"])
+            # observed once per successful request, the largest over its rows (InferenceService._book_row)
+            qh = HistogramMetricFamily("gpuloom_queue_duration_ms", "Time each successful request waited "
+                                       "before its batch started, ms (its longest-waiting row)", labels=["model"])
+            ch = HistogramMetricFamily("gpuloom_compute_duration_ms", "Compute time of each successful request, "
+                                       "ms: the run of the batch it was in (the longest, if its rows were in "
+                                       "several)", labels=["model"])
+            bh = HistogramMetricFamily("gpuloom_batch_size", "Rows in the batch each successful request ran "
+                                       "in (the largest, if its rows were in several)", labels=["model"])
             for m in names:
                 b = snap.get(m)
                 sm = st_models.get(m, {}) if isinstance(st_models.get(m), dict) else {}
@@ -219,7 +255,7 @@ def build_registry(books: Books, stats: Callable[[], dict], model_names: Callabl
                         buckets, total, n = parts
                         fam.add_metric([m, "1"], total * 1000.0)
                         hist.add_metric([m], [(str(le), c) for le, c in buckets] + [("+Inf", n)], total)
-                bparts = _histogram_parts(batch_hist)
+                bparts = _batch_size_parts(batch_hist)
                 if bparts is not None:
                     buckets, total, n = bparts
                     bh.add_metric([m], [(str(le), c) for le, c in buckets] + [("+Inf", n)], total)
@@ -229,6 +265,9 @@ def build_registry(books: Books, stats: Callable[[], dict], model_names: Callabl
                 a = _num(sm, "slo_attainment", "attainment")
                 if a is not None:
                     slo.add_metric([m], a)
+            if UNKNOWN_MODEL in snap:  # not a model: its refusals alone (see UNKNOWN_MODEL)
+                for r, n in snap[UNKNOWN_MODEL].rejected.items():
+                    rej.add_metric([UNKNOWN_MODEL, r], n)
             yield from (succ, fail, count, execc, req_us, q_us, c_us, pend, acc, drop, rej, good, slo, qh, ch, bh)
             sms = GaugeMetricFamily("gpuloom_partition_sms", "SMs in each partition", labels=["partition"])
             busy = GaugeMetricFamily("gpuloom_partition_busy_ratio", "Fraction of time each partition was busy", labels=["partition"])
@@ -270,8 +309,9 @@ def _escape(v: str) -> str:
 
 
 def render(registry) -> bytes:
-    """Prometheus text format 0.0.4, with counter names as given (prometheus-client's own writer would
-    append ``_total`` to the TYPE line, which Triton's ``nv_inference_*`` counters do not have)."""
+    """Prometheus text format 0.0.4 (served as :data:`CONTENT_TYPE`), with counter names as given
+    (prometheus-client's own writer would append ``_total`` to the TYPE line, which Triton's
+    ``nv_inference_*`` counters do not have)."""
     from prometheus_client.utils import floatToGoString
 
     lines: list[str] = []
