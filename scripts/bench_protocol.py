@@ -242,7 +242,10 @@ def main() -> int:
     print(f"{'server':<{w}}{cols} {'p50 ms':>12} {'p99 ms':>12}  (p50/p99 at a fixed {args.rate:g} req/s; "
           f"{'min-max of ' + str(len(runs)) + ' runs' if len(runs) > 1 else 'one run'})")
 
-    def span(vals: list[float], fmt: str) -> str:
+    def span(vals: list[float | None], fmt: str) -> str:
+        vals = [v for v in vals if v is not None]  # (None: a run in which no request succeeded)
+        if not vals:
+            return "-"
         lo, hi = min(vals), max(vals)
         return format(lo, fmt) if len(vals) == 1 else f"{lo:{fmt}}-{hi:{fmt}}"
 

@@ -103,7 +103,8 @@ def main() -> int:
         for name, r in run.items():
             cells = "".join(f"{r[f'closed_c{c}']['throughput']:>11.0f}{r[f'closed_c{c}']['health_ms']['p99']:>15.1f}"
                             for c in args.concurrency)
-            print(f"{i:<4}{name:<17}{cells}{r['fixed_rate']['p50_ms']:>9.2f}{r['fixed_rate']['p99_ms']:>9.2f}")
+            p50, p99 = (r["fixed_rate"][k] for k in ("p50_ms", "p99_ms"))  # (None: no request succeeded)
+            print(f"{i:<4}{name:<17}{cells}{'-' if p50 is None else f'{p50:.2f}':>9}{'-' if p99 is None else f'{p99:.2f}':>9}")
     if args.out:
         result = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0]},
                   "model": args.model, "repository": args.repository, "duration_s": args.duration,

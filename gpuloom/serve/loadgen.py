@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import math
 import re
 import time
 from collections import Counter
@@ -26,7 +27,7 @@ from aiohttp import http_exceptions
 from .httpconn import BadResponse
 from .protocol import V2_TO_NUMPY, parse_server_timing
 
-__all__ = ["LoadResult", "run_load", "run_closed", "arrival_times", "failure_kind", "CLIENTS"]
+__all__ = ["LoadResult", "run_load", "run_closed", "arrival_times", "failure_kind", "CLIENTS", "MAX_REQUESTS"]
 
 #: who sends the inference requests: aiohttp's client, or ``httpconn``'s lean one (plain HTTP only;
 #: about half aiohttp's CPU per 600 KB request, on the build VM and the H200 host: for load
@@ -34,6 +35,10 @@ __all__ = ["LoadResult", "run_load", "run_closed", "arrival_times", "failure_kin
 CLIENTS = ("aiohttp", "lean")
 #: the SLO attainment is measured against where neither the caller nor the server names one (not gpuloom)
 DEFAULT_SLO_MS = 100.0
+#: the most requests one open-loop run schedules (rate x duration): every request is scheduled up
+#: front and its task kept until the run ends, about 1 KB of client memory each (``--rate 1e12``
+#: asked numpy for 109 TiB of send times before this bound)
+MAX_REQUESTS = 10_000_000
 
 
 def failure_kind(e: BaseException) -> str:
@@ -71,19 +76,23 @@ def _errno_of(e: BaseException) -> int | None:
 
 @dataclass
 class LoadResult:
+    """One load run's account. ``None`` where there is no value (never NaN: ``as_dict()`` is valid
+    JSON): latencies when no request succeeded, attainment when none was sent, rate in closed loop."""
+
     model: str
-    rate: float  # offered requests/s
-    duration_s: float
+    rate: float | None  # requests/s asked for (open loop; None in closed loop, which asks for none)
+    sent_rate: float  # requests/s actually sent: sent / the duration asked for (Poisson arrivals vary)
+    duration_s: float  # the run's wall time, s: at least the duration asked for, and until the last answer
     sent: int
     ok: int
     errors: dict[str, int]  # HTTP status, or what went wrong without one (failure_kind) -> count
-    throughput: float  # successful requests/s over the run
+    throughput: float  # successful requests/s over duration_s
     slo_ms: float
-    slo_attainment: float  # fraction of sent requests answered 200 within slo_ms
-    p50_ms: float
-    p90_ms: float
-    p99_ms: float
-    mean_ms: float
+    slo_attainment: float | None  # fraction of sent requests answered 200 within slo_ms; None: none sent
+    p50_ms: float | None  # latency of the successful requests; None: none succeeded
+    p90_ms: float | None
+    p99_ms: float | None
+    mean_ms: float | None
     latencies_ms: list[float] = field(default_factory=list, repr=False)
     # open loop: how late sends left after their scheduled time, ms (a client falling behind shows here)
     send_lag_p99_ms: float = 0.0
@@ -102,15 +111,27 @@ class LoadResult:
 
 
 def arrival_times(rate: float, duration_s: float, *, poisson: bool = True, seed: int = 0) -> np.ndarray:
-    """Send times (s from start) for ``rate`` requests/s over ``duration_s``."""
-    if rate <= 0 or duration_s <= 0:
-        raise ValueError(f"rate and duration must be positive, found rate={rate}, duration={duration_s}")
+    """Send times (s from start) for ``rate`` requests/s over ``duration_s``: both finite and
+    positive, their product at most ``MAX_REQUESTS``."""
+    if not (0 < rate < math.inf and 0 < duration_s < math.inf):
+        raise ValueError(f"rate and duration must be finite and positive, found rate={rate}, duration={duration_s}")
+    if rate * duration_s > MAX_REQUESTS:
+        raise ValueError(f"rate {rate:g}/s for {duration_s:g} s is {rate * duration_s:.3g} requests; a run sends at "
+                         f"most {MAX_REQUESTS:,} (each is scheduled up front, about 1 KB of memory each)")
     if not poisson:
         return np.arange(0.0, duration_s, 1.0 / rate)
     rng = np.random.default_rng(seed)
     n = int(rate * duration_s * 1.5) + 16
     t = np.cumsum(rng.exponential(1.0 / rate, n))
     return t[t < duration_s]
+
+
+def _latency_summary(lat: list[float]) -> dict[str, float | None]:
+    """p50, p90, p99 and mean of ``lat`` (ms), as ``LoadResult``'s fields; None each when it is empty."""
+    if not lat:
+        return {"p50_ms": None, "p90_ms": None, "p99_ms": None, "mean_ms": None}
+    p50, p90, p99 = np.percentile(lat, [50, 90, 99])
+    return {"p50_ms": float(p50), "p90_ms": float(p90), "p99_ms": float(p99), "mean_ms": float(np.mean(lat))}
 
 
 def _url(url: str) -> str:
@@ -267,7 +288,10 @@ def _check_batch(cfg: dict, model: str, batch: int) -> None:
 
 async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: bool, slo_ms: float | None,
                timeout_s: float, seed: int, variants: int = 8, inputs: list[dict] | None = None,
-               client: str = "aiohttp", deadline_ms: float | None = None) -> LoadResult:
+               client: str = "aiohttp", deadline_ms: float | None = None, rate: float | None = None,
+               duration_s: float | None = None) -> LoadResult:
+    """``times`` sent open loop; ``rate`` and ``duration_s``: what ``times`` were drawn for (None: the
+    rate and duration ``times`` themselves span, for callers that drew them otherwise)."""
     base = _url(url)
     conn = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
@@ -310,16 +334,18 @@ async def _run(url: str, model: str, times: np.ndarray, *, batch: int, binary: b
             await fire_open_loop(times, start, lambda i, _t: one(i))
         finally:
             sender.close()
-        wall = max(time.perf_counter() - start, float(times[-1]) if len(times) else 0.0, 1e-9)
-    arr = np.asarray(lat) if lat else np.asarray([float("nan")])
-    lags = np.maximum(np.asarray(lag), 0.0) if lag else np.zeros(1)
+        elapsed = time.perf_counter() - start
     n = len(times)
+    if duration_s is None:
+        duration_s = max(float(times[-1]) if n else 0.0, 1e-9)
+    if rate is None:
+        rate = n / duration_s
+    wall = max(elapsed, duration_s)
+    lags = np.maximum(np.asarray(lag), 0.0) if lag else np.zeros(1)
     return LoadResult(
-        model=model, rate=n / max(float(times[-1]) if n else 1.0, 1e-9) if n > 1 else float(n), duration_s=wall,
+        model=model, rate=rate, sent_rate=n / duration_s, duration_s=wall,
         sent=n, ok=len(lat), errors=dict(status), throughput=len(lat) / wall, slo_ms=float(slo_ms),
-        slo_attainment=ok_in_slo / n if n else 0.0,
-        p50_ms=float(np.percentile(arr, 50)), p90_ms=float(np.percentile(arr, 90)), p99_ms=float(np.percentile(arr, 99)),
-        mean_ms=float(arr.mean()), latencies_ms=lat,
+        slo_attainment=ok_in_slo / n if n else None, **_latency_summary(lat), latencies_ms=lat,
         send_lag_p99_ms=float(np.percentile(lags, 99)), send_lag_max_ms=float(lags.max()),
         server_timing_ms=summarize_timing(server_ms), first_error=sender.first_error,
     )
@@ -341,12 +367,19 @@ def run_load(url: str, model: str, *, rate: float, duration_s: float, poisson: b
     ``inputs`` (``[{"name", "shape": [-1, ...], "datatype"}]``) overrides the server's metadata, for
     servers whose metadata does not list them (KServe's Python server). ``client``: one of ``CLIENTS``."""
     times = arrival_times(rate, duration_s, poisson=poisson, seed=seed)
-    if deadline_ms is not None and not deadline_ms > 0:
-        raise ValueError(f"deadline_ms must be a positive number of ms, found {deadline_ms}")
-    res = asyncio.run(_run(url, model, times, batch=batch, binary=binary, slo_ms=slo_ms, timeout_s=timeout_s, seed=seed,
-                           inputs=inputs, client=client, deadline_ms=deadline_ms))
-    res.rate = rate
-    return res
+    if deadline_ms is not None and not 0 < deadline_ms < math.inf:
+        raise ValueError(f"deadline_ms must be a finite positive number of ms, found {deadline_ms}")
+    _check_timeout(timeout_s)
+    return asyncio.run(_run(url, model, times, batch=batch, binary=binary, slo_ms=slo_ms, timeout_s=timeout_s,
+                            seed=seed, inputs=inputs, client=client, deadline_ms=deadline_ms, rate=rate,
+                            duration_s=duration_s))
+
+
+def _check_timeout(timeout_s: float) -> None:
+    """ValueError unless ``timeout_s`` is a finite positive number of seconds (aiohttp reads 0 as
+    "no timeout", the lean client refuses it: neither is asked for by 0)."""
+    if not 0 < timeout_s < math.inf:
+        raise ValueError(f"timeout_s must be a finite positive number of seconds, found {timeout_s}")
 
 
 async def _closed(url: str, model: str, concurrency: int, duration_s: float, *, binary: bool, slo_ms: float | None,
@@ -388,13 +421,12 @@ async def _closed(url: str, model: str, concurrency: int, duration_s: float, *, 
             await asyncio.gather(*(worker(k) for k in range(concurrency)))
         finally:
             sender.close()
-        wall = time.perf_counter() - start
-    arr = np.asarray(lat) if lat else np.asarray([float("nan")])
+        wall = max(time.perf_counter() - start, duration_s)
     return LoadResult(
-        model=model, rate=float("nan"), duration_s=wall, sent=sent, ok=len(lat), errors=dict(status),
-        throughput=len(lat) / wall, slo_ms=slo_ms, slo_attainment=float(np.sum(arr <= slo_ms)) / sent if sent else 0.0,
-        p50_ms=float(np.percentile(arr, 50)), p90_ms=float(np.percentile(arr, 90)), p99_ms=float(np.percentile(arr, 99)),
-        mean_ms=float(arr.mean()), latencies_ms=lat, first_error=sender.first_error,
+        model=model, rate=None, sent_rate=sent / duration_s, duration_s=wall, sent=sent, ok=len(lat),
+        errors=dict(status), throughput=len(lat) / wall, slo_ms=slo_ms,
+        slo_attainment=sum(ms <= slo_ms for ms in lat) / sent if sent else None, **_latency_summary(lat),
+        latencies_ms=lat, first_error=sender.first_error,
     )
 
 
@@ -404,8 +436,9 @@ def run_closed(url: str, model: str, *, concurrency: int, duration_s: float, bin
     """Closed loop (perf_analyzer's concurrency mode): ``concurrency`` clients, each sending its next
     request of ``batch`` rows when the last one answers, for ``duration_s``. Measures requests/s at
     saturation; ``slo_ms`` None: the model's, as :func:`run_load` takes it."""
-    if concurrency < 1 or duration_s <= 0 or batch < 1:
-        raise ValueError(f"concurrency and batch must be >= 1 and duration positive, found {concurrency}, {batch}, "
-                         f"{duration_s}")
+    if concurrency < 1 or not 0 < duration_s < math.inf or batch < 1:
+        raise ValueError(f"concurrency and batch must be >= 1 and duration finite and positive, found {concurrency}, "
+                         f"{batch}, {duration_s}")
+    _check_timeout(timeout_s)
     return asyncio.run(_closed(url, model, concurrency, duration_s, binary=binary, slo_ms=slo_ms, inputs=inputs,
                                seed=seed, timeout_s=timeout_s, client=client, batch=batch))
