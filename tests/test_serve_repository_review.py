@@ -159,3 +159,13 @@ def test_a_flag_that_cannot_be_served_is_an_argparse_error(serve_parser, capsys,
 def test_the_models_flag_gives_the_names_and_a_drain_timeout_of_zero_is_allowed(serve_parser, tmp_path):
     args = serve_parser.parse_args(["repo", "--models", " a, b ,", "--drain-timeout", "0", "--profiles", str(tmp_path)])
     assert args.models == ["a", "b"] and args.drain_timeout == 0.0 and args.profiles == str(tmp_path)
+
+
+def test_a_dtype_may_be_written_as_triton_names_it():
+    """``FP32`` and ``TYPE_FP32`` (what the server's own metadata and config report) were refused as
+    unknown dtypes (a user's walkthrough, sixty-ninth session)."""
+    from gpuloom.serve.repository import _tensors
+
+    got = _tensors([{"name": "x", "shape": [4], "dtype": "FP32"}, {"name": "y", "shape": [], "dtype": "TYPE_INT64"},
+                    {"name": "z", "shape": [2], "dtype": "bool"}], "model.yaml inputs")
+    assert [t.dtype for t in got] == ["float32", "int64", "bool"]

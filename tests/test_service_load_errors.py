@@ -80,3 +80,54 @@ def test_a_max_batch_past_the_bound_is_refused_in_the_config():
     assert ModelConfig("m", x, max_batch=65536).max_batch == 65536
     with pytest.raises(ValueError, match=r"model 'm': max_batch must be at most 65536 rows, got 100000000"):
         ModelConfig("m", x, max_batch=100_000_000)
+
+
+def test_inputs_named_as_forwards_arguments_but_listed_in_another_order_are_refused():
+    """They were passed by position: ``[b, a]`` for ``forward(a, b)`` served ``b - 2a`` for ``a - 2b``."""
+    from gpuloom.runtime.service import InferenceService, ModelConfig, TensorSpec
+
+    class Sub(torch.nn.Module):
+        def forward(self, a, b):
+            return a - 2 * b
+
+    spec = {n: TensorSpec(n, (4,), "float32") for n in ("a", "b", "x", "y")}
+    svc = InferenceService(device="cpu")
+    svc.start()
+    try:
+        with pytest.raises(ValueError, match=r"'b' is input 0 but forward's argument 1; 'a' is input 1 but "
+                                             r"forward's argument 0; list the inputs in forward's order"):
+            svc.load(ModelConfig("swapped", (spec["b"], spec["a"]), max_batch=2), Sub())
+        svc.load(ModelConfig("named", (spec["a"], spec["b"]), max_batch=2), Sub())  # forward's order
+        svc.load(ModelConfig("by_position", (spec["x"], spec["y"]), max_batch=2), Sub())  # other names: by position
+        import numpy as np
+
+        a, b = np.arange(4, dtype=np.float32)[None], np.ones((1, 4), np.float32)
+        assert svc.infer("named", {"a": a, "b": b}, timeout_s=30)["output0"].tolist() == (a - 2 * b).tolist()
+        assert sorted(c.name for c in svc.models()) == ["by_position", "named"]
+    finally:
+        svc.close()
+
+
+def test_a_submodule_named_as_a_graph_modules_attribute_is_refused_by_name(monkeypatch):
+    """``self.meta = nn.Linear(...)`` broke torch.export's graph, reported as an internal error hinting
+    at data-dependent control flow (a user's walkthrough, sixty-ninth session)."""
+    import gpuloom
+    from gpuloom.runtime.service import InferenceService, ModelConfig, TensorSpec
+
+    class Meta(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.meta = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.meta(x)
+
+    monkeypatch.setattr(gpuloom, "compile", lambda *a, **kw: pytest.fail("compiled a model export cannot trace"))
+    svc = InferenceService(device="cpu")
+    svc.start()
+    try:
+        with pytest.raises(ValueError, match=r"model 'm': its attribute \['meta'\] shares a name with "
+                                             r"torch.fx.GraphModule's.*rename it"):
+            svc.load(ModelConfig("m", (TensorSpec("x", (4,), "float32"),), max_batch=2), Meta())
+    finally:
+        svc.close()

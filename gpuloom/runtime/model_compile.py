@@ -65,6 +65,8 @@ def compile_model(config: ModelConfig, module: Any, device: DeviceLayer) -> tupl
                              f"it with fuse_epilogues=False, fuse_gates=False or set "
                              f"ModelConfig(fuse_epilogues=True)")
     elif isinstance(module, torch.nn.Module):
+        check_input_order(config, module)
+        check_child_names(config, module)
         module = module.eval().to(dev)
         try:  # one eager sample first: a config that does not fit the model is the user's to fix, and
             # torch.export would fail on it deep inside, with its own error log, as an internal error
@@ -101,3 +103,46 @@ def compile_model(config: ModelConfig, module: Any, device: DeviceLayer) -> tupl
             raise ValueError(f"model {config.name!r}: ModelConfig.outputs say {want} (shape, dtype per sample) "
                              f"but the model returns {got}")
     return cm, config
+
+
+def check_input_order(config: ModelConfig, module: Any) -> None:
+    """ValueError where an input is named as one of ``forward``'s parameters but listed at another
+    position. Inputs are passed to ``forward`` by position, in the order the config lists them: a
+    repository that listed ``forward(self, a, b)``'s inputs as ``[b, a]`` served every request with
+    them swapped, silently (a user's walkthrough, sixty-ninth session). Names that are not
+    ``forward``'s (``image`` for ``x``) stay by position, as before."""
+    import inspect
+
+    try:
+        params = [p.name for p in inspect.signature(module.forward).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):  # no signature to read (a C extension's forward): by position
+        return
+    names = [t.name for t in config.inputs]
+    wrong = [f"{n!r} is input {i} but forward's argument {params.index(n)}" for i, n in enumerate(names)
+             if n in params and params.index(n) != i]
+    if wrong:
+        raise ValueError(f"model {config.name!r}: inputs are passed to forward by position, in the order the "
+                         f"config lists them ({names}), and forward takes ({', '.join(params)}): "
+                         f"{'; '.join(wrong)}; list the inputs in forward's order")
+
+
+#: attributes of torch.fx's GraphModule: a model's submodule (or parameter) of one of these names at its
+#: top level breaks torch.export's graph ("references nonexistent attribute"; checked for each with
+#: torch 2.14), which gpuloom.compile reported as an export failure hinting at control flow
+_GRAPH_MODULE_NAMES = ("meta", "graph", "code", "recompile", "to_folder", "add_submodule", "delete_submodule",
+                       "delete_all_unused_submodules", "print_readable")
+
+
+def check_child_names(config: ModelConfig, module: Any) -> None:
+    """ValueError naming a top-level submodule, parameter or buffer of ``module`` that torch.export
+    cannot trace under its name (``self.meta = nn.Linear(...)``: a user's walkthrough, sixty-ninth
+    session, got an internal error about data-dependent control flow)."""
+    names = {n.split(".")[0] for n, _ in module.named_parameters()} | {n.split(".")[0] for n, _ in module.named_buffers()}
+    names |= {n for n, _ in module.named_children()}
+    clash = sorted(names & set(_GRAPH_MODULE_NAMES))
+    if clash:
+        raise ValueError(f"model {config.name!r}: its attribute{'s' if len(clash) > 1 else ''} {clash} share"
+                         f"{'' if len(clash) > 1 else 's'} a name with torch.fx.GraphModule's, which torch.export "
+                         f"cannot trace (its graph's attributes would clash); rename {'them' if len(clash) > 1 else 'it'} "
+                         f"in the model (e.g. self.meta -> self.meta_head)")

@@ -53,6 +53,7 @@ import yaml
 
 from ..engine.options import ENGINE_CHOICES, ENGINE_DEFAULTS, ENGINE_KEYS, is_engine_value
 from ..runtime.model_config import DTYPES, MAX_BATCH, MAX_SLO_MS
+from .protocol import V2_TO_NUMPY
 
 __all__ = ["RepositoryError", "TensorEntry", "ModelEntry", "Repository", "load_repository", "scan_repository"]
 
@@ -358,6 +359,9 @@ def _tensors(raw: Any, where: str) -> tuple[TensorEntry, ...]:
             raise RepositoryError(f"{where}[{i}] {t['name']!r}: shape must be a list of positive ints per sample (no "
                                   f"batch dimension, no -1: each batch size is captured with fixed shapes), found {shape!r}")
         dtype = str(t.get("dtype", "float32"))
+        triton = V2_TO_NUMPY.get(dtype.upper().removeprefix("TYPE_"))  # FP32, TYPE_FP32: as the server reports it
+        if triton is not None:
+            dtype = triton
         try:
             sized = np.dtype(dtype).name
         except TypeError:
