@@ -169,3 +169,26 @@ def test_a_dtype_may_be_written_as_triton_names_it():
     got = _tensors([{"name": "x", "shape": [4], "dtype": "FP32"}, {"name": "y", "shape": [], "dtype": "TYPE_INT64"},
                     {"name": "z", "shape": [2], "dtype": "bool"}], "model.yaml inputs")
     assert [t.dtype for t in got] == ["float32", "int64", "bool"]
+
+
+def test_a_training_checkpoint_is_named_as_one_with_how_to_save_its_weights(tmp_path):
+    import torch
+
+    from gpuloom.serve.repository import RepositoryError, load_weights
+
+    path = tmp_path / "ckpt.pt"
+    torch.save({"state_dict": torch.nn.Linear(2, 2).state_dict(), "epoch": 3}, path)
+    with pytest.raises(RepositoryError, match=r"a training checkpoint .*torch.save\(checkpoint\['state_dict'\], PATH\)"):
+        load_weights(path)
+
+
+def test_a_sample_run_to_find_the_outputs_that_fails_names_the_shapes_without_the_batch(tmp_path):
+    """With the outputs left out, a batch dimension written into ``shape`` failed without the hint that
+    the declared outputs' path gives (a user's walkthrough, sixty-ninth session)."""
+    from gpuloom.serve.repository import RepositoryError, load_repository
+
+    (tmp_path / "net.py").write_text("import torch\n\n\ndef make():\n    return torch.nn.Conv2d(3, 4, 3)\n")
+    (tmp_path / "cnn.yaml").write_text("name: cnn\nsource: net.py:make\ninputs: [{name: x, shape: [1, 3, 16, 16]}]\n")
+    with pytest.raises(RepositoryError, match=r"one zero sample of its inputs \(x \[1, 3, 16, 16\] float32, without "
+                                              r"the batch\)"):
+        load_repository(tmp_path).models["cnn"].build()

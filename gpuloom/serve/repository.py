@@ -177,8 +177,9 @@ class ModelEntry:
             with torch.no_grad():
                 out = module(*xs)
         except (Exception, SystemExit) as e:  # the user's forward
-            raise RepositoryError(f"model {self.name!r}: running one zero sample to find its outputs (the YAML lists "
-                                  f"none) failed: {_failure(e)}") from e
+            shapes = ", ".join(f"{t.name} {list(t.shape)} {t.dtype}" for t in self.inputs)
+            raise RepositoryError(f"model {self.name!r}: running one zero sample of its inputs ({shapes}, without the "
+                                  f"batch) to find its outputs (the YAML lists none) failed: {_failure(e)}") from e
         named = output_dict(out)
         return tuple(
             TensorEntry(name=n, shape=tuple(v.shape[1:]), dtype=str(v.dtype).removeprefix("torch.")) for n, v in named.items()
@@ -214,6 +215,10 @@ def load_weights(path: Path) -> dict:
         raise _refused(path, e) from e
     if not isinstance(state, dict):
         raise RepositoryError(f"weights {path}: expected a state dict (mapping name -> tensor), found {type(state).__name__}")
+    for key in ("state_dict", "model_state_dict", "model"):  # a training checkpoint: the weights and more
+        if isinstance(state.get(key), dict):
+            raise RepositoryError(f"weights {path}: a training checkpoint (keys {sorted(map(str, state))[:6]}), not a "
+                                  f"state dict: save its weights alone, torch.save(checkpoint[{key!r}], PATH)")
     keys = [k for k in state if not isinstance(k, str)]
     if keys:  # load_state_dict's own error: "'int' object has no attribute 'startswith'"
         raise RepositoryError(f"weights {path}: a state dict's keys must be parameter names (strings), found "
