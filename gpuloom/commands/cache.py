@@ -65,6 +65,8 @@ def _size(n: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
+
     from gpuloom.engine import graph_cache
 
     for kind, directory in directories(args).items():
@@ -75,6 +77,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"{kind}: {directory}")
             continue
         files = cache_files(kind, directory) if directory.is_dir() else []
+        if not directory.is_dir():  # a mistyped --profile-cache read as an empty cache, unsaid (on stderr:
+            # the counts stay on stdout as they were)
+            what = "is not a directory" if directory.exists() else "does not exist (yet)"
+            print(f"note: the {kind} cache {directory} {what}", file=sys.stderr)
         total = 0
         for f in files:
             try:

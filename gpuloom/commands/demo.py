@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .argtypes import int_between
+
 NAME = "demo"
 HELP = "compile a few torchvision models; print eager vs compiled latency and the stream plans"
 
@@ -12,9 +14,11 @@ DEFAULT_MODELS = ("resnet18", "googlenet", "mobilenet_v3_small")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("models", nargs="*", default=list(DEFAULT_MODELS), help="torchvision model names")
-    p.add_argument("--batch", type=int, default=1, help="batch size to time (default 1)")
-    p.add_argument("--size", type=int, default=None, help="input resolution (default 224 on GPU, 112 on CPU)")
-    p.add_argument("--iters", type=int, default=None, help="timed iterations (default 100 on GPU, 5 on CPU)")
+    p.add_argument("--batch", type=int_between(1, None, "a batch size"), default=1, help="batch size to time (default 1)")
+    p.add_argument("--size", type=int_between(1, None, "a resolution in pixels"), default=None,
+                   help="input resolution (default 224 on GPU, 112 on CPU)")
+    p.add_argument("--iters", type=int_between(1, None, "a number of iterations"), default=None,
+                   help="timed iterations (default 100 on GPU, 5 on CPU)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--draw", metavar="DIR", default=None, help="write each stream plan as a PNG into DIR")
 
@@ -24,21 +28,42 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
     import torchvision
+    from rich.markup import escape
     from rich.table import Table
 
     import gpuloom
-    from gpuloom.commands.output import table_console
+    from gpuloom.commands.output import out_dir_error, print_error, table_console
     from gpuloom.engine.dag import CaptureError
     from gpuloom.gpu.timing import median_ms
 
     console = table_console(120)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    try:
+        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cuda", "cpu"):
+        print_error(console, f"--device: expected cuda, cuda:N or cpu, found {args.device!r}")
+        return 2
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print_error(console, f"--device {args.device}: no CUDA GPU here (torch.cuda.is_available() is False); "
+                             f"--device cpu runs the CPU path")
+        return 2
+    problem = out_dir_error(args.draw, "--draw") if args.draw else None
+    if problem:
+        print_error(console, problem)
+        return 2
+    known = set(torchvision.models.list_models(module=torchvision.models))  # classification builders
+    for name in args.models:  # before any compile: "Weights", an attribute but no model, was a TypeError
+        if name not in known:
+            print_error(console, f"unknown torchvision model {name!r}; torchvision.models.list_models("
+                                 f"module=torchvision.models) names the {len(known)} known")
+            return 2
     on_gpu = device.type == "cuda"
     if not on_gpu:
         console.print("[yellow]No CUDA GPU here: running the CPU path (the operator DAG in stream-plan "
                       "order, no CUDA graphs). Latencies are CPU latencies.[/]")
-    size = args.size or (224 if on_gpu else 112)
-    iters = args.iters or (100 if on_gpu else 5)
+    size = args.size if args.size is not None else (224 if on_gpu else 112)
+    iters = args.iters if args.iters is not None else (100 if on_gpu else 5)
 
     def timed(fn, x) -> float:
         return median_ms(lambda: fn(x), warmup=20 if on_gpu else 3, iters=iters, cuda=on_gpu)
@@ -50,11 +75,7 @@ def run(args: argparse.Namespace) -> int:
         table.add_column(col, justify="right")
     cached_any = False
     for name in args.models:
-        try:
-            factory = getattr(torchvision.models, name)
-        except AttributeError:
-            console.print(f"[red]unknown torchvision model {name!r}[/]")
-            return 2
+        factory = getattr(torchvision.models, name)
         kwargs = {"weights": None}
         if name in ("googlenet", "inception_v3"):
             kwargs.update(aux_logits=False, init_weights=False)
@@ -64,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
             try:
                 cm = gpuloom.compile(model, (x,), max_batch=max(args.batch, 1), streams="auto")
             except CaptureError as e:
-                console.print(f"[red]{name}: {e}[/]")
+                print_error(console, f"{name}: {e}")
                 continue
         with torch.no_grad():
             eager = timed(model, x)
@@ -75,8 +96,8 @@ def run(args: argparse.Namespace) -> int:
                       f"{eager:.2f}", f"{ours:.2f}", f"{eager / ours:.2f}x",
                       f"{cm.compile_seconds:.1f}" + (" *" if cm.graph.graph_from_cache else ""))
         cached_any = cached_any or cm.graph.graph_from_cache
-        console.print(f"[bold]{name}[/]: {cm!r}")
-        console.print(str(cm.plan).splitlines()[0])
+        console.print(f"[bold]{name}[/]: {escape(repr(cm))}")
+        console.print(str(cm.plan).splitlines()[0], markup=False)
         if args.draw:
             Path(args.draw).mkdir(parents=True, exist_ok=True)
             cm.plan.draw(Path(args.draw) / f"{name}_plan.png")

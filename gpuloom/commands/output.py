@@ -34,4 +34,74 @@ def plain_warnings() -> None:
     warnings.showwarning = show
 
 
-__all__ = ["plain_warnings", "table_console"]
+def print_error(console, text, *, label: str = "error", style: str = "red") -> None:
+    """Print ``error: text`` on ``console`` (a rich Console), on one line however long, ``text`` taken
+    literally: as markup, a message holding ``[start_s, rate]`` lost that text as a tag, and a model
+    named ``[/bold]`` ended in rich's MarkupError."""
+    from rich.text import Text
+
+    console.print(Text.assemble((f"{label}:", style), " ", str(text)), soft_wrap=True)
+
+
+def print_warning(console, text) -> None:
+    """:func:`print_error`'s ``warning: text``."""
+    print_error(console, text, label="warning", style="yellow")
+
+
+def out_dir_error(path, flag: str = "--out") -> str | None:
+    """Why ``--out PATH`` (or ``flag``) cannot be the directory a command writes into (a file is there: that was a
+    FileExistsError traceback, after the work), or None. Checked before the work."""
+    from pathlib import Path
+
+    for p in (Path(path), *Path(path).parents):
+        if p.exists():
+            return None if p.is_dir() else f"{flag} {path}: expected a directory, found the file {p}"
+    return None
+
+
+def open_profiles(workload, *, profiles_dir=None, gpu=None, synthetic: bool = False):
+    """``gpuloom.bench.workload.resolve_profiles``, with a ``--profiles`` directory whose JSON files do
+    not all load as profiles (a ProfileError traceback, that named no file) turned into a WorkloadError
+    naming the first file that does not, and why."""
+    import json
+    from pathlib import Path
+
+    from gpuloom.bench.workload import WorkloadError, resolve_profiles
+    from gpuloom.profile.store import Profile
+
+    try:
+        return resolve_profiles(workload, profiles_dir=profiles_dir, gpu=gpu, synthetic=synthetic)
+    except WorkloadError:
+        raise
+    except (ValueError, OSError, AttributeError) as e:  # ProfileError, bad JSON, unreadable, JSON not an object
+        if profiles_dir is None:
+            raise
+        for path in sorted(Path(profiles_dir).glob("*.json")):
+            try:
+                with open(path) as f:
+                    Profile.from_json(json.load(f))
+            except (ValueError, OSError, AttributeError) as bad:
+                raise WorkloadError(f"--profiles {profiles_dir}: {path} is not a gpuloom profile: {bad}") from None
+        raise WorkloadError(f"--profiles {profiles_dir}: {e}") from None
+
+
+def finite_json(data, **dumps_kwargs) -> str:
+    """``data`` as JSON with null for each NaN and infinity: ``json.dumps`` writes them as ``NaN`` and
+    ``Infinity``, which no JSON parser but Python's reads (a latency percentile of a run that served
+    nothing is NaN). What JSON has no type for is written as its ``str()``."""
+    import json
+    import math
+
+    def clean(x):
+        if isinstance(x, float):
+            return x if math.isfinite(x) else None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        return x
+
+    return json.dumps(clean(data), allow_nan=False, default=str, **dumps_kwargs)
+
+
+__all__ = ["finite_json", "open_profiles", "out_dir_error", "plain_warnings", "print_error", "print_warning", "table_console"]

@@ -108,45 +108,57 @@ def contention_model(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     import dataclasses
-    import json
     import time
     from pathlib import Path
 
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from gpuloom.bench.experiment import fluid_bound, simulate, sweep_rate
     from gpuloom.bench.plots import comparison_chart
-    from gpuloom.bench.workload import WorkloadError, load_workload, resolve_profiles, validate
+    from gpuloom.bench.workload import WorkloadError, load_workload, validate
     from gpuloom.bench.variants import parse_policy_spec
-    from gpuloom.commands.output import table_console
+    from gpuloom.commands.output import (finite_json, open_profiles, out_dir_error, print_error, print_warning,
+                                         table_console)
     from gpuloom.plan.slowdown import load_slowdowns, slowed
     from gpuloom.policy import make_policy, policy_names
 
     console = table_console(170)
     err = Console(stderr=True)
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+    if not policies:
+        print_error(err, f"--policy: expected comma-separated policy names, e.g. {DEFAULT_POLICIES}; found {args.policy!r}")
+        return 2
+    twice = sorted({p for p in policies if policies.count(p) > 1})
+    if twice:  # each would run again and print a second row of the same numbers
+        print_error(err, f"--policy: each policy once, found {', '.join(twice)} more than once")
+        return 2
     if args.queue_limit is not None and args.queue_limit < 1:
-        err.print(f"[red]error:[/] --queue-limit: expected a positive number of requests, got {args.queue_limit}")
+        print_error(err, f"--queue-limit: expected a positive number of requests, got {args.queue_limit}")
+        return 2
+    problem = out_dir_error(args.out) if args.out else None
+    if problem:
+        print_error(err, problem)
         return 2
     try:
         specs = {p: parse_policy_spec(p) for p in policies}
     except ValueError as e:
-        err.print(f"[red]error:[/] {e}")
+        print_error(err, e)
         return 2
     unknown = [p for p, (name, _, _) in specs.items() if name not in policy_names()]
     if unknown:
-        err.print(f"[red]error:[/] unknown policies {unknown}; known policies: {', '.join(policy_names())}")
+        print_error(err, f"unknown policies {unknown}; known policies: {', '.join(policy_names())}")
         return 2
     for p, (name, options, service) in specs.items():
         if service:
-            err.print(f"[red]error:[/] {p}: {sorted(service)} configure the real runtime's service (gpuloom bench), "
-                      f"not the simulated GPU; give policy options only")
+            print_error(err, f"{p}: {sorted(service)} configure the real runtime's service (gpuloom bench), "
+                             f"not the simulated GPU; give policy options only")
             return 2
         try:
             make_policy(name, **options)  # a bad option fails here, before any run
         except (TypeError, ValueError) as e:
-            err.print(f"[red]error:[/] {p}: {e}")
+            print_error(err, f"{p}: {e}")
             return 2
     try:
         workload = load_workload(args.workload)
@@ -154,15 +166,15 @@ def run(args: argparse.Namespace) -> int:
             workload = workload.scaled(args.scale)
         if args.duration is not None:
             workload = dataclasses.replace(workload, duration_s=float(args.duration))
-        profiles, warnings = resolve_profiles(workload, profiles_dir=args.profiles, synthetic=args.synthetic)
+        profiles, warnings = open_profiles(workload, profiles_dir=args.profiles, synthetic=args.synthetic)
         for w in warnings:
-            err.print(f"[yellow]warning:[/] {w}")
+            print_warning(err, w)
         validate(workload, profiles)
         contention = contention_model(args)
         slow = load_slowdowns(args.slowdowns) if args.slowdowns else {}
         device = {m.name: slowed(profiles.get(m.name), slow.get(m.name, 1.0)) for m in workload.models} if slow else None
     except (WorkloadError, ValueError) as e:
-        err.print(f"[red]error:[/] {e}")
+        print_error(err, e)
         return 2
 
     t0 = time.perf_counter()
@@ -178,11 +190,11 @@ def run(args: argparse.Namespace) -> int:
         for i, p in enumerate(policies, 1):
             name, options, _ = specs[p]
             t_p = time.perf_counter()
-            with console.status(f"sweeping {p} ({i}/{len(policies)}) ..."):
+            with console.status(f"sweeping {escape(p)} ({i}/{len(policies)}) ..."):
                 sweeps[p] = sweep_rate(sweep_w, profiles, name, target=args.target, contention=contention,
                                        options=options, device_profiles=device, queue_limit=args.queue_limit)
             # a line per policy: the spinner shows nothing where the output goes to a pipe or a log
-            err.print(f"swept {p} ({i}/{len(policies)}): highest load x{sweeps[p].max_factor:.3g} in "
+            err.print(f"swept {escape(p)} ({i}/{len(policies)}): highest load x{sweeps[p].max_factor:.3g} in "
                       f"{time.perf_counter() - t_p:.1f} s")
     bound = fluid_bound(workload, device or profiles, knee_eps=contention.knee_eps) if args.sweep_rate else None
     elapsed = time.perf_counter() - t0
@@ -192,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
     ideal = by.get("ideal")
     name = Path(args.workload).stem
     t = Table(
-        title=f"{name}: {workload.total_rate():.0f} req/s over {workload.duration_s:g} s, "
+        title=f"{escape(name)}: {workload.total_rate():.0f} req/s over {workload.duration_s:g} s, "
         f"{len(workload.models)} models, simulated (contention: demand_fraction {contention.demand_fraction:g}, "
         f"efficiency {contention.efficiency:g}, interference {contention.interference:g}, batch overhead "
         f"{contention.batch_overhead_ms:g} ms"
@@ -215,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
 
     for r in runs:
         m = r.metrics
-        row = [m.policy]
+        row = [escape(m.policy)]
         if sweeps:
             s = sweeps[m.policy]
             row += [f"{s.max_factor:.2f}x", f"{s.max_rps:.0f}", ratio(s.max_factor, sweeps["dstack"].max_factor if "dstack" in sweeps else None),
@@ -236,7 +248,6 @@ def run(args: argparse.Namespace) -> int:
 
     if args.out:
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
         data = {
             "schema": "gpuloom.simulate/1",
             "workload": str(args.workload),
@@ -254,9 +265,14 @@ def run(args: argparse.Namespace) -> int:
                           "at_max": s.at_max.to_json() if s.at_max else None} for p, s in sweeps.items()},
         }
         jpath = out / f"{name}.simulate.json"
-        jpath.write_text(json.dumps(data, indent=1, default=str) + "\n")
-        ppath = comparison_chart([r.metrics for r in runs], out / f"{name}.simulate.png",
-                                 sweep={p: s.max_factor for p, s in sweeps.items()} or None,
-                                 title=f"{name} (simulated)")
-        console.print(f"wrote {jpath} and {ppath}")
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            jpath.write_text(finite_json(data, indent=1) + "\n")  # null, not NaN: a run that served nothing
+            ppath = comparison_chart([r.metrics for r in runs], out / f"{name}.simulate.png",
+                                     sweep={p: s.max_factor for p, s in sweeps.items()} or None,
+                                     title=f"{name} (simulated)")
+        except OSError as e:
+            print_error(err, f"cannot write into --out {args.out}: {e}")
+            return 2
+        console.print(f"wrote {escape(str(jpath))} and {escape(str(ppath))}")
     return 0

@@ -432,10 +432,10 @@ def _setup(
     names = [d.model for d in demands]
     if len(set(names)) != len(names):
         raise PlanError(f"each model may appear once in a plan; repeated: {sorted({n for n in names if names.count(n) > 1})}")
-    if headroom < 0:
-        raise PlanError(f"headroom must be >= 0, found {headroom}")
-    if not batch_overhead_ms >= 0:
-        raise PlanError(f"batch_overhead_ms must be >= 0, found {batch_overhead_ms}")
+    if not 0 <= headroom < math.inf:  # NaN and inf too: they ended in a ZeroDivisionError or a ValueError
+        raise PlanError(f"headroom must be a finite number >= 0, found {headroom}")
+    if not 0 <= batch_overhead_ms < math.inf:
+        raise PlanError(f"batch_overhead_ms must be a finite number of ms >= 0, found {batch_overhead_ms}")
     bad = {m: h for m, h in (model_overhead_ms or {}).items()
            if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0 <= h < math.inf}
     if bad:
@@ -633,12 +633,32 @@ def _fair_share(pl: _Planner, active: list[Demand], ladders: Sequence[Sequence[f
             trial[m] = min(1.0, cur[m] + step)
             if not pl.feasible(trial, ladders):
                 stuck.append(m)
+        if not stuck and lo == 0.0 and len(todo) > 1:
+            # each can rise alone but not all together (a min_sms near the GPU's size leaves room for
+            # one partition): give one nothing and fill the others, rather than give every one nothing
+            stuck = [_left_out(pl, cur, todo, w, ladders, step)]
         if not stuck:  # the packing is not perfectly monotone: freeze everyone rather than loop
             stuck = list(todo)
         for m in stuck:
             frozen[m] = cur[m]
         todo = [m for m in todo if m not in stuck]
     return frozen
+
+
+def _left_out(
+    pl: _Planner, cur: dict[str, float], todo: list[str], w: dict[str, float], ladders: Sequence[Sequence[float]],
+    step: float,
+) -> str:
+    """The model of ``todo`` (all at 0, each able to rise a ``step`` alone, not all together) that
+    :func:`_fair_share` gives nothing: the lowest weight, the last in order among equals, whose absence
+    lets the others rise a ``step`` together; else simply the first of that order."""
+    order = sorted(todo, key=lambda m: (w[m], -todo.index(m)))
+    for m in order:
+        trial = dict(cur)
+        trial.update({n: min(1.0, cur[n] + step) for n in todo if n != m})
+        if pl.feasible(trial, ladders):
+            return m
+    return order[0]
 
 
 def _served(pl: _Planner, parts: list[_Part]) -> dict[str, float]:
