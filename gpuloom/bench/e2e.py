@@ -40,7 +40,7 @@ from ..runtime.gcpause import GcMonitor
 from ..runtime.threadcpu import cpu_share, thread_cpu
 from .labels import policy_of
 from .metrics import jain, percentile
-from .workload import Workload, arrival_times, deadlines_ms
+from .workload import Workload, arrival_times, deadlines_ms, resolve_profiles
 
 TINY_DIM = 32
 # a point counts at its load only if 99% of its requests were submitted within this many ms of their
@@ -146,19 +146,19 @@ def resolve_device_and_profiles(workload: Workload, *, device: str | None, profi
     """``(device, profiles, warnings)`` for a benchmark of ``workload``: the device asked for (default
     cuda when available), the profiles in ``profiles_dir`` or, on CUDA with real models, the shipped
     ones for the workload's GPU (``None``: the service's default). ValueError when cuda is asked for
-    without CUDA."""
+    without CUDA, for a CUDA device this machine lacks, or for a profile directory that does not exist
+    or holds no profiles (as ``gpuloom plan`` and ``simulate`` refuse it)."""
     import torch
 
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if dev.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("--device cuda was asked for but CUDA is not available; use --device cpu")
+    if dev.startswith("cuda:") and not (dev[5:].isdigit() and int(dev[5:]) < torch.cuda.device_count()):
+        raise ValueError(f"--device {dev}: expected cuda:N with N from 0 to {torch.cuda.device_count() - 1} "
+                         f"(this machine's CUDA devices)")
     if profiles_dir:
-        from gpuloom.profile.store import ProfileStore
-
-        return dev, ProfileStore(profiles_dir), []
+        return dev, resolve_profiles(workload, profiles_dir=profiles_dir)[0], []
     if dev.startswith("cuda") and not tiny:
-        from .workload import resolve_profiles
-
         profiles, warns = resolve_profiles(workload)
         return dev, profiles, list(warns)
     return dev, None, []
@@ -636,10 +636,51 @@ class PolicyResult:
     # or one measured at load (gpuloom's kernels make mobilenet_v2 and efficientnet_b0 other models than
     # the shipped profiles timed), so a report can be simulated again as it ran (fiftieth session)
     profiles: dict = field(default_factory=dict)
+    # a point above max_scale missed the target; False: none was measured, so max_scale is a lower
+    # bound (a sweep whose steps ran out while doubling, or loads given with --scale that all held)
+    max_scale_bounded: bool = True
 
 
 def rounded(seconds: dict) -> dict:
     return {k: round(v, 1) for k, v in seconds.items()}
+
+
+def sweep_search(held: Callable[[float], bool], *, steps: int, max_scale: float = 64.0) -> None:
+    """A rate sweep's search: ``held(s)`` measures load factor ``s`` and says whether it kept the target.
+    Doubles from x1 until a miss (``steps`` points at most, none past ``max_scale``), then bisects
+    ``steps`` times between the last hit and the miss (between 0 and x1 where x1 missed). Which load
+    is the highest held is :func:`highest_held`'s to say, from every point measured."""
+    if steps < 1:
+        raise ValueError(f"a sweep needs steps >= 1, got {steps!r}")
+    lo, hi, s = 0.0, None, 1.0
+    for _ in range(steps):  # double until a miss
+        if not held(s):
+            hi = s
+            break
+        lo = s
+        if s >= max_scale:
+            break
+        s *= 2
+    for _ in range(steps if hi is not None else 0):  # bisect between the last hit (or 0) and the miss
+        mid = (lo + hi) / 2
+        if held(mid):
+            lo = mid
+        else:
+            hi = mid
+
+
+def highest_held(verdicts: Sequence[tuple[float, bool]]) -> tuple[float, bool]:
+    """``(max_scale, bounded)`` from ``(load factor, held the target)`` of every point measured: the
+    highest load factor that held (0.0 where none did), and whether a point above it missed (False:
+    nothing measured bounds it, so it is a lower bound).
+
+    >>> highest_held([(3.0, True), (1.0, True), (2.0, True)])  # --scale 3 and a sweep's x1, x2
+    (3.0, False)
+    >>> highest_held([(1.0, True), (2.0, False), (1.5, True)])
+    (1.5, True)
+    """
+    best = max((s for s, ok in verdicts if ok), default=0.0)
+    return best, any(not ok and s > best for s, ok in verdicts)
 
 
 def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, Any]], *, device: str,
@@ -687,9 +728,11 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
     planned: dict = {}
     clock = time.monotonic
 
-    def best_scale() -> float:
-        """The highest load factor measured at the target so far (0 if none)."""
-        return max((p.scale for p in points if p.ok(target)), default=0.0)
+    def result(error: str = "") -> PolicyResult:
+        """The points so far, with the highest load factor among them that held the target."""
+        best, bounded = highest_held([(p.scale, p.ok(target)) for p in points])
+        return PolicyResult(name, list(points), best, best * workload.total_rate(), error=error,
+                            seconds=rounded(seconds), profiles=planned, max_scale_bounded=bounded)
 
     def retune_to(s: float) -> None:
         """Plan for the offered rates at load ``s`` (the same information for every policy), timed."""
@@ -769,9 +812,7 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
                     f"profiled time ({r['measured_ms']:.2f} vs {r['profile_ms']:.2f} ms, {r['batches']} batches)")
             points.append(p)
             if on_point is not None:
-                best_so_far = best_scale()
-                on_point(PolicyResult(name, list(points), best_so_far, best_so_far * workload.total_rate(),
-                                      error=IN_PROGRESS, seconds=rounded(seconds), profiles=planned))
+                on_point(result(IN_PROGRESS))
             return p
 
         first = (scales or [1.0])[0]
@@ -784,40 +825,15 @@ def bench_policy(workload: Workload, policy: str, models: dict[str, tuple[Any, A
             say(f"{name}: warmed up for {warmup_s:g} s at x{first:.3g}")
         for s in scales or ([] if sweep else [1.0]):
             measure(s)
-        best = 0.0
-        if sweep:
-            lo, hi = 0.0, None
-            s = 1.0
-            for _ in range(steps):  # double until a miss
-                if measure(s).ok(target):
-                    lo = s
-                    if s >= max_scale:
-                        break
-                    s *= 2
-                else:
-                    hi = s
-                    break
-            if hi is None and lo == 0.0:
-                hi = 1.0
-            for _ in range(steps if hi is not None else 0):  # bisect between the last hit and the miss
-                mid = (lo + hi) / 2 if lo > 0 else hi / 2
-                if measure(mid).ok(target):
-                    lo = mid
-                else:
-                    hi = mid
-            best = lo
-        else:
-            best = best_scale()
+        if sweep:  # the highest load held is every point's to say, those given with --scale too
+            sweep_search(lambda s: measure(s).ok(target), steps=steps, max_scale=max_scale)
         say(f"{name}: time by phase: setup {seconds['setup']:.0f} s (models loaded, first layout captured), "
             f"re-plans {seconds['replan']:.0f} s, warm-up {seconds['warmup']:.0f} s, points {seconds['points']:.0f} s")
-        return PolicyResult(name, points, best, best * workload.total_rate(), seconds=rounded(seconds),
-                            profiles=planned)
+        return result()
     except Exception as e:  # noqa: BLE001 - one policy's failure must not lose the others' results
         say(f"{name}: FAILED: {type(e).__name__}: {e}")
         # what was measured before the failure still counts (a sweep cut short is a lower bound)
-        best = best_scale()
-        return PolicyResult(name, points, best, best * workload.total_rate(), error=f"{type(e).__name__}: {e}",
-                            seconds=rounded(seconds), profiles=planned)
+        return result(f"{type(e).__name__}: {e}")
     finally:
         svc.close(drain=False, timeout_s=10)
 
@@ -872,7 +888,9 @@ def to_json(workload: Workload, results: Sequence[PolicyResult], *, device: str,
         "device": device,
         "target": target,
         "meta": meta or {},
-        "policies": {r.policy: {"max_scale": r.max_scale, "max_load_rps": r.max_load_rps, "error": r.error,
+        # max_scale_bounded false: no point above max_scale missed the target, so it is a lower bound
+        "policies": {r.policy: {"max_scale": r.max_scale, "max_scale_bounded": r.max_scale_bounded,
+                                "max_load_rps": r.max_load_rps, "error": r.error,
                                 "seconds": r.seconds, "points": [_clean({**dataclasses.asdict(p), "offered_as_scheduled": p.offered_as_scheduled})
                                            for p in r.points]} for r in results},
     }
@@ -939,5 +957,5 @@ def _clean(v: Any) -> Any:
     return v
 
 
-__all__ = ["ModelPoint", "Point", "PolicyResult", "bench_policy", "build_models", "goodput_ratios", "run_point",
-           "simulate_point", "tiny_module", "to_json", "versus_best_baseline"]
+__all__ = ["ModelPoint", "Point", "PolicyResult", "bench_policy", "build_models", "goodput_ratios", "highest_held",
+           "run_point", "simulate_point", "sweep_search", "tiny_module", "to_json", "versus_best_baseline"]

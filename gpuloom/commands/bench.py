@@ -3,14 +3,38 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import re
+from pathlib import Path
 
 from ..bench.variants import DEVICE_KEYS, SERVICE_KEYS, parse_policy_spec
-from .simulate import CONTENTION_PRESETS, preset_model
+from .argtypes import int_between, positive_number
+from .simulate import CONTENTION_PRESETS, _attainment, preset_model
 
 NAME = "bench"
 HELP = "end-to-end benchmark: serve a workload for real under each policy, find the highest load within the SLO"
 
 DEFAULT_POLICIES = "dstack,triton,clipper,nexus,gslice,temporal"
+DEFAULT_STEPS = 5  # --sweep's doubling and bisection steps
+
+
+def _scales(text: str) -> list[float]:
+    """argparse type: comma-separated load factors, each a positive finite number."""
+    try:
+        scales = [float(s) for s in text.split(",")]
+    except ValueError:
+        scales = []
+    if not scales or not all(0 < s < math.inf for s in scales):
+        raise argparse.ArgumentTypeError(f"expected comma-separated load factors > 0, e.g. 0.5,1,2; found {text!r}")
+    return scales
+
+
+def _device(text: str) -> str:
+    """argparse type: a device the service runs on (``make_device_layer``'s spellings)."""
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, found {text!r}")
+    return text
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,16 +48,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"place, as the server's worker arenas are; arrivals=loop: the runtime's own thread "
                         f"submits the requests, as if the clients ran in other processes; cpus=0-1: the whole "
                         f"process on those CPUs while the variant runs, '+' for ',' as in cpus=0+4)")
-    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if available)")
+    p.add_argument("--device", type=_device, default=None, help="cuda, cuda:N or cpu (default: cuda if available)")
     p.add_argument("--tiny", action="store_true",
                    help="serve small MLPs named like the workload's models (CPU smoke runs, CI)")
-    p.add_argument("--max-batch", type=int, default=32, help="max batch each model is compiled for (default 32)")
-    p.add_argument("--duration", type=float, default=5.0, help="seconds of arrivals per load point (default 5)")
-    p.add_argument("--scale", type=str, default=None,
+    p.add_argument("--max-batch", type=int_between(1, what="a batch size"), default=32,
+                   help="max batch each model is compiled for (default 32)")
+    p.add_argument("--duration", type=positive_number("seconds"), default=5.0,
+                   help="seconds of arrivals per load point (default 5)")
+    p.add_argument("--scale", type=_scales, default=None,
                    help="comma-separated load factors to measure (default 1 without --sweep)")
     p.add_argument("--sweep", action="store_true", help="find each policy's highest load factor at the target")
-    p.add_argument("--target", type=float, default=0.99, help="SLO attainment a load must keep (default 0.99)")
-    p.add_argument("--steps", type=int, default=5, help="doubling and bisection steps of the sweep (default 5)")
+    p.add_argument("--target", type=_attainment, default=0.99, help="SLO attainment a load must keep (default 0.99)")
+    p.add_argument("--steps", type=int_between(1, what="a number of steps"), default=None,
+                   help=f"doubling and bisection steps of --sweep (default {DEFAULT_STEPS})")
     p.add_argument("--profiles", metavar="DIR", default=None,
                    help="profile directory (default: shipped H200 profiles on CUDA; crude ones measured at load "
                         "with --tiny)")
@@ -41,7 +68,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="engine options for every model, as a repository's keys: channels_last, fuse_convolutions, "
                         "split_gemms, fuse_epilogues (e.g. fuse_epilogues=true); a model whose graph they change "
                         "is profiled at its load (once; cached)")
-    p.add_argument("--queue-limit", type=int, default=1024, help="per-model queue bound (default 1024)")
+    p.add_argument("--queue-limit", type=int_between(1, what="a number of requests"), default=1024,
+                   help="per-model queue bound (default 1024)")
     p.add_argument("--warmup", type=float, default=2.0,
                    help="seconds of unmeasured load before each policy's first point, at most --duration "
                         "(default 2; 0: none): on the H200 the first policy of a process lost to itself run later")
@@ -60,6 +88,74 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "lane_streams, outputs): a layout captured for one policy is served to the next without "
                         "capturing it again (captures are never part of a point; this saves device time)")
     p.add_argument("--out", metavar="FILE", default=None, help="write the JSON report here")
+
+
+def check_out(path: str) -> None:
+    """ValueError unless ``path`` can be the report's file: not a directory, and no file where a
+    directory above it should be (missing directories are made when the report is written)."""
+    out = Path(path)
+    if out.is_dir():
+        raise ValueError(f"--out {path!r} is a directory; give the report's file, e.g. {str(out / 'bench.json')!r}")
+    above = next((d for d in out.parents if d.exists()), None)
+    if above is not None and not above.is_dir():
+        raise ValueError(f"--out {path!r}: {str(above)!r} is a file, not a directory")
+
+
+def check_cpus(text: object) -> set[int]:
+    """A variant's ``cpus=`` as a set of CPU numbers, or ValueError unless each is one this process
+    may run on (pinning it to others fails only when the variant's turn comes)."""
+    from gpuloom.runtime.affinity import parse_cpus
+
+    cpus = parse_cpus(str(text))
+    usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    if not cpus <= usable:
+        raise ValueError(f"cpus={text}: CPU {', '.join(map(str, sorted(cpus - usable)))} not available; this "
+                         f"process may run on CPUs {', '.join(map(str, sorted(usable)))}")
+    return cpus
+
+
+def check_service_options(opts: dict) -> None:
+    """ValueError (naming the key) unless each of a variant's service keys has a value the service and
+    the load generator take, by their own checks: the service runs them only when the variant's turn
+    comes, after every model was compiled."""
+    from gpuloom.bench.e2e import check_arrivals
+    from gpuloom.gpu.partition import check_workqueues
+    from gpuloom.runtime.cuda_lane import check_lane_streams, check_outputs
+    from gpuloom.runtime.exec_backend import check_complete_on, check_launch_on, check_lookahead
+    from gpuloom.runtime.gilswitch import check_interval_ms
+
+    for key in ("tune_gc", "early_answer", "raw_launch", "pinned_inputs"):
+        if key in opts and not isinstance(opts[key], bool):
+            raise ValueError(f"{key}: expected true or false, found {opts[key]!r}")
+    v = opts.get("lookahead_ms", 0.0)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):  # check_lookahead compares it with 0
+        raise ValueError(f"lookahead_ms: expected a number of ms >= 0, found {v!r}")
+    check_lookahead(v)
+    if opts.get("switch_interval_ms") is not None:  # None: the interpreter's own
+        check_interval_ms(opts["switch_interval_ms"])
+    if opts.get("launch_on", "auto") != "auto":
+        check_launch_on(opts["launch_on"])
+    checks = {"workqueues": check_workqueues, "lane_streams": check_lane_streams, "complete_on": check_complete_on,
+              "arrivals": check_arrivals, "cpus": check_cpus}
+    for key, check in checks.items():
+        if key in opts:
+            check(opts[key])
+    check_outputs(opts.get("outputs", "copies"), opts.get("raw_launch", True))
+
+
+def max_load_cells(r) -> tuple[str, str]:
+    """The table's "max load x" and "max req/s" of a policy's result ``r``: "none" where no load held
+    the target, "at least" where no point above its highest held load missed (a lower bound)."""
+    if r.max_scale <= 0:
+        return "none", "-"
+    least = "" if r.max_scale_bounded else "at least "
+    return f"{least}{r.max_scale:.4g}", f"{least}{r.max_load_rps:.0f}"
+
+
+def attainment_cell(point) -> str:
+    """A point's SLO attainment for the table: "-" where no request was submitted (the metric reads 1.0
+    there: nothing missed, but nothing was served either)."""
+    return f"{point.slo_attainment:.3f}" if sum(m.submitted for m in point.models) else "-"
 
 
 def summary_line(r: dict, target: float, name: str = "dstack") -> str:
@@ -100,7 +196,6 @@ def run(args: argparse.Namespace) -> int:
     import dataclasses
     import sys
     import time
-    from pathlib import Path
 
     from rich.console import Console
     from rich.table import Table
@@ -108,16 +203,26 @@ def run(args: argparse.Namespace) -> int:
     from gpuloom.engine.options import parse_engine_options
     from gpuloom.gpu.connections import connections_in_effect
     from gpuloom.policy.dstack import DEFAULT_HOLD_MS, DEFAULT_LANES, DEFAULT_MIN_SMS, DEFAULT_REMAINDER
-    from gpuloom.bench.e2e import (bench_policy, build_models, check_arrivals, resolve_device_and_profiles,
+    from gpuloom.bench.e2e import (bench_policy, build_models, resolve_device_and_profiles,
                                    save_json, to_json)
     from gpuloom.bench.labels import run_labels
     from gpuloom.bench.workload import WorkloadError, load_workload
     from gpuloom.commands.output import table_console
     from gpuloom.policy import make_policy, policy_names
     from gpuloom.runtime.affinity import parse_cpus, pinned
-    from gpuloom.runtime.cuda_device import check_outputs
 
     console = Console(stderr=True)
+    if args.steps is not None and not args.sweep:
+        console.print("[red]error:[/red] --steps counts the rate sweep's doubling and bisection steps; "
+                      "it needs --sweep")
+        return 2
+    steps = args.steps if args.steps is not None else DEFAULT_STEPS
+    if args.out:
+        try:
+            check_out(args.out)
+        except ValueError as e:
+            console.print(f"[red]error:[/red] {e}")
+            return 2
     try:
         workload = load_workload(args.workload)
     except (OSError, WorkloadError) as e:
@@ -140,18 +245,11 @@ def run(args: argparse.Namespace) -> int:
     for p, (name, opts, service_opts) in specs.items():
         try:
             make_policy(name, **opts)
-            check_arrivals(service_opts.get("arrivals", "thread"))
-            check_outputs(service_opts.get("outputs", "copies"), bool(service_opts.get("raw_launch", True)))
-            if "cpus" in service_opts:
-                parse_cpus(str(service_opts["cpus"]))
+            check_service_options(service_opts)
         except (TypeError, ValueError) as e:
             console.print(f"[red]error:[/red] policy variant {p!r}: {e}")
             return 2
-    try:
-        scales = [float(s) for s in args.scale.split(",")] if args.scale else None
-    except ValueError:
-        console.print(f"[red]error:[/red] --scale expects comma-separated numbers, got {args.scale!r}")
-        return 2
+    scales = args.scale
     try:
         engine = parse_engine_options(args.engine)
     except ValueError as e:
@@ -247,7 +345,7 @@ def run(args: argparse.Namespace) -> int:
             with pinned(parse_cpus(str(cpus)) if cpus is not None else None):
                 results.append(bench_policy(workload, name, models, device=device, profiles=profiles,
                                             duration_s=args.duration, scales=scales, sweep=args.sweep,
-                                            target=args.target, steps=args.steps, queue_limit=args.queue_limit,
+                                            target=args.target, steps=steps, queue_limit=args.queue_limit,
                                             simulate=not args.no_simulate, progress=lambda s: console.print(s),
                                             policy_options=opts or None, label=label, service_options=service_opts,
                                             on_point=save_partial if args.out else None,
@@ -278,10 +376,11 @@ def run(args: argparse.Namespace) -> int:
 
     table = Table(title=f"gpuloom bench {Path(args.workload).name} on {device}"
                         + (" (tiny models)" if args.tiny else ""),
-                  caption=f"max load: the highest load factor held at >= {args.target:.0%} SLO attainment; the "
-                          f"other columns: the highest load measured that held it ('at x'), or the highest "
-                          f"measured where none did; sim: the simulated goodput's error there (--contention "
-                          f"{sim_preset}), sim host: with this host's hold")
+                  caption=f"max load: the highest load factor held at >= {args.target:.0%} SLO attainment "
+                          f"('at least': no load measured above it missed); the other columns: the highest load "
+                          f"measured that held it ('at x'), or the highest measured where none did; sim: the "
+                          f"simulated goodput's error there (--contention {sim_preset}), sim host: with this "
+                          f"host's hold")
 
     def sim_error(policy: str, scale: float, key: str) -> str:
         """The simulated goodput's error at that point (``sim``: the preset; ``sim_host``: this host's hold)."""
@@ -300,10 +399,9 @@ def run(args: argparse.Namespace) -> int:
             table.add_row(r.policy, "-", "-", "-", "-", "-", "-", "-", "-", "-", r.error[:30], "-", "-")
             continue
         name = f"{r.policy} (cut short)" if r.error else r.policy  # its max load is a lower bound
-        held = r.max_scale > 0
-        table.add_row(name, f"{r.max_scale:.4g}" if held else "none", f"{r.max_load_rps:.0f}" if held else "-",
+        table.add_row(name, *max_load_cells(r),
                       f"{last.scale:.4g}", f"{last.goodput_rps:.0f}",
-                      f"{last.slo_attainment:.3f}", f"{last.p50_ms:.1f}", f"{last.p99_ms:.1f}",
+                      attainment_cell(last), f"{last.p50_ms:.1f}", f"{last.p99_ms:.1f}",
                       f"{last.sm_utilization:.2f}", f"{last.gpu_idle_ratio:.2f}", f"{last.dispatch_overhead:.3f}",
                       sim_error(r.policy, last.scale, "sim"), sim_error(r.policy, last.scale, "sim_host"))
     out = table_console(160)  # a log or a pipe gets the width of a wide terminal, not rich's 80 columns
