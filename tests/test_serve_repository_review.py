@@ -144,8 +144,8 @@ def serve_parser():
     (["--models", "a,a"], "names a more than once in 'a,a'"),
     (["--models", ","], "expected one or more model names"),
     (["--models", ""], "expected one or more model names"),
-    (["--drain-timeout", "-5"], "argument --drain-timeout: expected a number of seconds >= 0"),
-    (["--drain-timeout", "nan"], "argument --drain-timeout: expected a number of seconds >= 0"),
+    (["--drain-timeout", "-5"], "argument --drain-timeout: expected seconds to drain (0: stop without draining): a finite number >= 0"),
+    (["--drain-timeout", "nan"], "argument --drain-timeout: expected seconds to drain (0: stop without draining): a finite number >= 0"),
     (["--switch-interval-ms", "-5"], "argument --switch-interval-ms: expected a number of ms in (0, 100]"),
     (["--profiles", "/nonexistent/review69"], "argument --profiles: '/nonexistent/review69' does not exist"),
 ])

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import signal
 import sys
 import threading
 
-from .argtypes import positive_number
+from .argtypes import nonnegative_number, positive_number
 
 NAME = "serve"
 HELP = "serve a model repository (directory or YAML) over KServe v2 / Triton-compatible HTTP and gRPC"
@@ -60,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="infer request bodies received or handled at once, MiB, per HTTP process (default 1024): "
                         "a request past it is answered 429 with Retry-After before its body is read, so a burst of "
                         "large requests cannot grow memory without bound")
-    p.add_argument("--drain-timeout", type=drain_timeout_arg, default=30.0,
+    p.add_argument("--drain-timeout", type=nonnegative_number("seconds to drain (0: stop without draining)"), default=30.0,
                    help="seconds to drain queued requests on SIGTERM (default 30; 0: stop without waiting)")
     p.add_argument("--unload-collect-mib", type=float, default=256.0, metavar="MIB",
                    help="an unloaded model whose weights and graphs take at least this many MiB is freed at once: "
@@ -161,17 +160,6 @@ def _non_negative(text: str, expected: str) -> int:
     if n < 0:
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return n
-
-
-def drain_timeout_arg(text: str) -> float:
-    """Seconds >= 0, finite (argparse type; ``--drain-timeout -5`` and ``nan`` were taken as given)."""
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not 0 <= seconds < math.inf:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0 (0: stop without draining), got {text!r}")
-    return seconds
 
 
 def switch_interval_arg(text: str) -> float:
