@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..bench.variants import DEVICE_KEYS, SERVICE_KEYS, parse_policy_spec
 from .argtypes import int_between, positive_number
+from .output import print_error, print_warning
 from .simulate import CONTENTION_PRESETS, _attainment, preset_model
 
 NAME = "bench"
@@ -213,47 +214,46 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console(stderr=True)
     if args.steps is not None and not args.sweep:
-        console.print("[red]error:[/red] --steps counts the rate sweep's doubling and bisection steps; "
-                      "it needs --sweep")
+        print_error(console, "--steps counts the rate sweep's doubling and bisection steps; it needs --sweep")
         return 2
     steps = args.steps if args.steps is not None else DEFAULT_STEPS
     if args.out:
         try:
             check_out(args.out)
         except ValueError as e:
-            console.print(f"[red]error:[/red] {e}")
+            print_error(console, e)
             return 2
     try:
         workload = load_workload(args.workload)
     except (OSError, WorkloadError) as e:
-        console.print(f"[red]error:[/red] {e}")
+        print_error(console, e)
         return 2
     if not args.warmup >= 0:
-        console.print(f"[red]error:[/red] --warmup is seconds >= 0 (0: none), found {args.warmup}")
+        print_error(console, f"--warmup is seconds >= 0 (0: none), found {args.warmup}")
         return 2
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     try:
         specs = {p: parse_policy_spec(p) for p in policies}
     except ValueError as e:
-        console.print(f"[red]error:[/red] {e}")
+        print_error(console, e)
         return 2
     bad = [p for p, (name, _, _) in specs.items() if name not in policy_names() or name == "ideal"]
     if bad:
-        console.print(f"[red]error:[/red] unknown or simulation-only policies {bad}; "
-                      f"known: {[p for p in policy_names() if p != 'ideal']}")
+        print_error(console, f"unknown or simulation-only policies {bad}; "
+                             f"known: {[p for p in policy_names() if p != 'ideal']}")
         return 2
     for p, (name, opts, service_opts) in specs.items():
         try:
             make_policy(name, **opts)
             check_service_options(service_opts)
         except (TypeError, ValueError) as e:
-            console.print(f"[red]error:[/red] policy variant {p!r}: {e}")
+            print_error(console, f"policy variant {p!r}: {e}")
             return 2
     scales = args.scale
     try:
         engine = parse_engine_options(args.engine)
     except ValueError as e:
-        console.print(f"[red]error:[/red] --engine: {e}")
+        print_error(console, f"--engine: {e}")
         return 2
     import torch
 
@@ -261,10 +261,10 @@ def run(args: argparse.Namespace) -> int:
         device, profiles, warns = resolve_device_and_profiles(workload, device=args.device,
                                                               profiles_dir=args.profiles, tiny=args.tiny)
     except ValueError as e:
-        console.print(f"[red]error:[/red] {e}")
+        print_error(console, e)
         return 2
     for w in warns:
-        console.print(f"[yellow]warning:[/yellow] {w}")
+        print_warning(console, w)
     from gpuloom.bench.host_hold import hold_line, host_hold
     from gpuloom.bench.machine import describe_machine, gpuloom_settings, summary
     from gpuloom.bench.resimulate import as_the_runtime_ran
@@ -357,7 +357,7 @@ def run(args: argparse.Namespace) -> int:
             try:
                 layer.close()
             except Exception as e:  # noqa: BLE001 - close the others; the results are written already
-                console.print(f"[yellow]warning:[/yellow] closing a shared device layer: {e}")
+                print_warning(console, f"closing a shared device layer: {e}")
     machine["end"] = describe_machine(sync)
     console.print(summary(machine["end"]) + " (at the end)")
     report = write_report()
@@ -369,8 +369,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             host_sim = add_host_resimulation(report, ProfileStore.builtin("h200"), args.target)
         except Exception as e:  # noqa: BLE001 - the measurement and the preset's column stand without it
-            console.print(f"[yellow]warning:[/yellow] simulating the points with this host's hold: "
-                          f"{type(e).__name__}: {e}")
+            print_warning(console, f"simulating the points with this host's hold: {type(e).__name__}: {e}")
         if host_sim is not None and args.out:
             save_json(args.out, report)
 
@@ -408,7 +407,7 @@ def run(args: argparse.Namespace) -> int:
     out.print(table)
     for r in results:
         if r.error:
-            console.print(f"[red]{r.policy} stopped:[/red] {r.error}")
+            print_error(console, r.error, label=f"{r.policy} stopped")
     if "dstack_vs_best_baseline" in report:
         out.print(summary_line(report["dstack_vs_best_baseline"], args.target))
     for name, r in report.get("variants_vs_best_baseline", {}).items():
