@@ -127,7 +127,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         return msg
 
     async def RepositoryIndex(self, request, context):
-        idx = self.core.repository_index(ready_only=request.ready)
+        idx = await asyncio.to_thread(self.core.repository_index, ready_only=request.ready)  # (off the loop: a disk scan)
         return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**m) for m in idx])
 
     async def RepositoryModelLoad(self, request, context):
