@@ -39,7 +39,7 @@ from ..runtime import loghist
 from ..runtime.gcpause import GcMonitor
 from ..runtime.threadcpu import cpu_share, thread_cpu
 from .labels import policy_of
-from .metrics import jain, percentile
+from .metrics import finite_values, jain, percentile
 from .workload import Workload, arrival_times, deadlines_ms, resolve_profiles
 
 TINY_DIM = 32
@@ -891,7 +891,7 @@ def to_json(workload: Workload, results: Sequence[PolicyResult], *, device: str,
         # max_scale_bounded false: no point above max_scale missed the target, so it is a lower bound
         "policies": {r.policy: {"max_scale": r.max_scale, "max_scale_bounded": r.max_scale_bounded,
                                 "max_load_rps": r.max_load_rps, "error": r.error,
-                                "seconds": r.seconds, "points": [_clean({**dataclasses.asdict(p), "offered_as_scheduled": p.offered_as_scheduled})
+                                "seconds": r.seconds, "points": [finite_values({**dataclasses.asdict(p), "offered_as_scheduled": p.offered_as_scheduled})
                                            for p in r.points]} for r in results},
     }
     shared, own = shared_profiles([r.profiles for r in results])
@@ -911,7 +911,7 @@ def to_json(workload: Workload, results: Sequence[PolicyResult], *, device: str,
                 out["dstack_vs_best_baseline"] = versus_best_baseline(ds, rivals, base)
             else:  # each variant and repeat compared as well: a user tuning dstack wants its own ratio
                 out.setdefault("variants_vs_best_baseline", {})[ds.policy] = versus_best_baseline(ds, rivals, base)
-    return _clean(out)
+    return finite_values(out)
 
 
 def versus_best_baseline(ds: PolicyResult, rivals: Sequence[PolicyResult], base: Sequence[PolicyResult]) -> dict:
@@ -944,17 +944,6 @@ def goodput_ratios(ds: PolicyResult, base: Sequence[PolicyResult]) -> list[dict]
         out.append({"scale": p.scale, "baseline": name, "dstack_goodput_rps": p.goodput_rps,
                     "baseline_goodput_rps": g, "ratio": p.goodput_rps / g if g > 0 else None})
     return out
-
-
-def _clean(v: Any) -> Any:
-    """JSON without NaN/inf (null instead)."""
-    if isinstance(v, float):
-        return v if math.isfinite(v) else None
-    if isinstance(v, dict):
-        return {k: _clean(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_clean(x) for x in v]
-    return v
 
 
 __all__ = ["ModelPoint", "Point", "PolicyResult", "bench_policy", "build_models", "goodput_ratios", "highest_held",

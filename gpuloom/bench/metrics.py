@@ -79,6 +79,19 @@ class RunMetrics:
         return asdict(self)
 
 
+def finite_values(v):
+    """``v`` (numbers, dicts, lists) with every NaN and infinity as None: JSON has neither (``json.dumps``
+    writes ``NaN``, which no parser but Python's reads). One place for the bench's report, the
+    commands' ``--out`` JSON and ``gpuloom load --json``."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: finite_values(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [finite_values(x) for x in v]
+    return v
+
+
 def percentile(sorted_values: Sequence[float], q: float) -> float:
     """The ``q``-th percentile (0..100) of ascending ``sorted_values``; NaN when empty."""
     n = len(sorted_values)

@@ -9,6 +9,7 @@ import argparse
 import math
 
 from .argtypes import positive_number
+from .output import finite_json
 
 NAME = "load"
 HELP = "drive a KServe v2 / Triton HTTP server open-loop (Poisson or constant rate); print throughput, SLO attainment, latency percentiles"
@@ -104,7 +105,7 @@ def _report(res, args: argparse.Namespace, head: str) -> None:
     """The run's account on stdout: one JSON object with ``--json`` (null where there is no value),
     else ``head`` and the report's lines ("-" where there is no value)."""
     if args.json:
-        print(_json(res.as_dict()))
+        print(finite_json(res.as_dict()))
         return
     print(head)
     print(f"  sent {res.sent}, ok {res.ok}, errors {res.errors or 'none'}")
@@ -138,19 +139,3 @@ def _exit_status(res, args: argparse.Namespace) -> int:
 
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
-
-
-def _json(d: dict) -> str:
-    """``d`` as JSON, with null for any non-finite float (NaN, inf: JSON has none)."""
-    import json
-
-    def finite(v):
-        if isinstance(v, float) and not math.isfinite(v):
-            return None
-        if isinstance(v, dict):
-            return {k: finite(x) for k, x in v.items()}
-        if isinstance(v, (list, tuple)):
-            return [finite(x) for x in v]
-        return v
-
-    return json.dumps(finite(d), allow_nan=False)

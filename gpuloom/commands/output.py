@@ -90,18 +90,10 @@ def finite_json(data, **dumps_kwargs) -> str:
     ``Infinity``, which no JSON parser but Python's reads (a latency percentile of a run that served
     nothing is NaN). What JSON has no type for is written as its ``str()``."""
     import json
-    import math
 
-    def clean(x):
-        if isinstance(x, float):
-            return x if math.isfinite(x) else None
-        if isinstance(x, dict):
-            return {k: clean(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return [clean(v) for v in x]
-        return x
+    from gpuloom.bench.metrics import finite_values
 
-    return json.dumps(clean(data), allow_nan=False, default=str, **dumps_kwargs)
+    return json.dumps(finite_values(data), allow_nan=False, default=str, **dumps_kwargs)
 
 
 __all__ = ["finite_json", "open_profiles", "out_dir_error", "plain_warnings", "print_error", "print_warning", "table_console"]
