@@ -364,7 +364,7 @@ class InferBridge:
 
     def _submit(self, send: Callable[[list], None], ok: Callable[..., None], rid: int, name: str,
                 version: str | None, outputs: Any, deadline_ms: float | None, inputs: dict[str, np.ndarray],
-                held: "_Outstanding | None" = None, waited_ms: float = 0.0,
+                held: "_Outstanding", waited_ms: float = 0.0,
                 template: "_RequestTemplate | None" = None, in_ring_ms: float = 0.0) -> None:
         """Submit one request's checked ``inputs``; its answer goes back through ``ok`` (served) or as
         a frame through ``send`` (an error), from the thread that answers it. ``held``: the worker's
@@ -378,11 +378,10 @@ class InferBridge:
         t0 = time.perf_counter() - in_ring_ms / 1e3
 
         def done(outputs: Any, error: BaseException | None) -> None:  # the service's on_done
-            if held is not None:  # the device has read the request's rows from the arena
-                held.remove()
-                if held.gone and error is None:  # served, for no one: the worker (and its client) gone
-                    self.core.lost(name, WORKER_EXITED)
-                    return
+            held.remove()  # the device has read the request's rows from the arena
+            if held.gone and error is None:  # served, for no one: the worker (and its client) gone
+                self.core.lost(name, WORKER_EXITED)
+                return
             try:
                 outs = self.core.settle(name, outputs, error, t0, rows)
                 names = list(outs)
@@ -399,14 +398,12 @@ class InferBridge:
                 self.core.refused(name, version, e.status)
                 raise
             checked = template.checked_for if template is not None else None
-            if held is not None:  # before submit: an answer may come before it returns
-                held.add()
+            held.add()  # before submit: an answer may come before it returns
             try:
                 _, checked = self.core.submit(name, version, inputs, deadline_ms, waited_ms, checked_for=checked,
                                               on_done=done)
             except BaseException:
-                if held is not None:
-                    held.remove()
+                held.remove()
                 raise
             if template is not None:
                 template.checked_for = checked

@@ -36,7 +36,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
 from .core import EXTENSIONS, SERVER_NAME, ServeCore, model_config_json, model_metadata
-from .protocol import (ProtocolError, deadline_ms_from_parameters, from_raw, numpy_dtype, refuse_classification,
+from .protocol import (ProtocolError, deadline_ms_from_parameters, from_raw, is_refusal, numpy_dtype, refuse_classification,
                        refuse_load_overrides, reshape, v2_dtype)
 
 log = logging.getLogger("gpuloom.serve.grpc")
@@ -256,7 +256,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
             wanted = list(dict.fromkeys(o.name for o in request.outputs))  # each once, first-asked order, as over HTTP
             self.core.check_outputs(request.model_name, request.model_version, wanted or None)
         except ProtocolError as e:
-            if 400 <= e.status < 500 or e.status == 503:  # (503: its model loading)
+            if is_refusal(e.status):
                 self.core.refused(request.model_name, request.model_version, e.status)
             raise
         outputs = await self.core.infer(request.model_name, request.model_version, inputs, deadline)

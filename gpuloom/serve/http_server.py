@@ -30,7 +30,7 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from .core import EXTENSIONS, SERVER_NAME, ServeCore, model_config_json, model_metadata
 from .protocol import (ProtocolError, deadline_ms_from_parameters, encode_infer_response, load_json, parse_infer_body,
-                       refuse_load_overrides, server_timing)
+                       is_refusal, refuse_load_overrides, server_timing)
 
 log = logging.getLogger("gpuloom.serve.http")
 
@@ -109,7 +109,7 @@ def refused_status(e: BaseException) -> int | None:
     reached the runtime (what ``_errors`` answers); None for anything else (a client gone, a bug of
     ours: not a refusal)."""
     if isinstance(e, ProtocolError):
-        return e.status if 400 <= e.status < 500 or e.status == 503 else None
+        return e.status if is_refusal(e.status) else None
     if isinstance(e, web.HTTPRequestEntityTooLarge):
         return 413
     if isinstance(e, RequestPayloadError):  # a body that is not the gzip its Content-Encoding says

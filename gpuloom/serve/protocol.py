@@ -30,6 +30,7 @@ __all__ = [
     "from_raw",
     "reshape",
     "refuse_load_overrides",
+    "is_refusal",
     "encode_infer_response",
     "deadline_ms_from_parameters",
     "server_timing",
@@ -258,6 +259,13 @@ def refuse_classification(output: str, class_count: Any) -> None:
         raise ProtocolError(f"output {output!r}: gpuloom does not implement Triton's classification extension "
                             f"(parameter 'classification' = {_short(class_count)}); ask for the output without "
                             "it and take the top classes from the tensor")
+
+
+def is_refusal(status: int) -> bool:
+    """Whether a request answered ``status`` before the runtime took it is booked as refused
+    (``gpuloom_request_rejected``): a 4xx, or 503 for a model of the repository still loading. One
+    rule for the HTTP and gRPC front ends."""
+    return 400 <= status < 500 or status == 503
 
 
 def refuse_load_overrides(parameters: Mapping[str, Any]) -> None:
