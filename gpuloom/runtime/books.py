@@ -99,7 +99,8 @@ class _Model:
     def books(self) -> dict:
         """A copy of its books of the requests answered so far (those still in flight are left out,
         with their outcomes: whoever books them later books them here), for the model's next version
-        or its next load to go on from (:meth:`take_books`). Why: the server's counters
+        to go on from (:meth:`take_books`, ``InferenceService.reload``; a model unloaded and loaded again
+        starts afresh). Why: the server's counters
         (``nv_inference_*``) went on across a reload while these started again, so the statistics
         contradicted each other (a review, sixty-ninth session)."""
         out = {f: copy.deepcopy(getattr(self, f)) for f in _CARRIED}
@@ -121,7 +122,7 @@ class _Model:
         return len(ts) / max(1e-3, now - ts[0])
 
 
-#: what a model's books carry to its next version or load (:meth:`_Model.books`): counts, latencies,
+#: what a model's books carry to its next version (:meth:`_Model.books`): counts, latencies,
 #: batch sizes, arrivals (its rate), and when it was first loaded (its goodput's denominator)
 _CARRIED = ("loaded_at", "accepted", "success", "failure", "on_time", "rejected", "shed", "dropped", "n_dropped",
             "queue_ms", "compute_ms", "total_ms", "batch", "arrivals", "exec_base")

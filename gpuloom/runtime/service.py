@@ -473,20 +473,7 @@ class InferenceService(LoopHosting):
                 raise ValueError(f"model {taken[0]!r} is already loaded; unload it first")
             if taken:
                 raise ValueError(f"models {taken} are already loaded; unload them first")
-            entries = []
-            # compiling (torch.export, planning streams) is long pure Python; with models being served,
-            # hand the GIL over every LOAD_SWITCH_INTERVAL_MS so their requests are not held up for
-            # whole 5 ms slices at each of their threads' hand-offs (see LOAD_SWITCH_INTERVAL_MS)
-            ShortSwitchInterval.enter(LOAD_SWITCH_INTERVAL_MS)
-            try:
-                for config, module in models:
-                    # on the device's build thread, where the captures run: cuDNN's timings made while
-                    # compiling are kept per thread, and the captures then find them (device.Builder)
-                    runner, config, profile = self.device.builder.call(
-                        lambda config=config, module=module: self._compile_and_profile(config, module))
-                    entries.append(_Model(config, profile, runner, held_bytes=_held_bytes(module, runner)))
-            finally:
-                ShortSwitchInterval.leave(LOAD_SWITCH_INTERVAL_MS)
+            entries = self._compiled(models)
             for e in entries:
                 self.device.add_model(e.config.name, e.runner)
                 with self._lock:
@@ -541,12 +528,7 @@ class InferenceService(LoopHosting):
             if old is None:
                 self.load(config, module)
                 return
-            ShortSwitchInterval.enter(LOAD_SWITCH_INTERVAL_MS)  # (see load_many)
-            try:
-                runner, config, profile = self.device.builder.call(lambda: self._compile_and_profile(config, module))
-            finally:
-                ShortSwitchInterval.leave(LOAD_SWITCH_INTERVAL_MS)
-            new = _Model(config, profile, runner, held_bytes=_held_bytes(module, runner))
+            new, = self._compiled([(config, module)])
             self._swapping.add(name)
             try:
                 self._swap(old, new, timeout_s)
@@ -1182,6 +1164,25 @@ class InferenceService(LoopHosting):
             p = m.profile
             knee = m.knee_by_batch[batch] = p.knee(p.bucket(min(batch, p.max_batch)))
         return knee
+
+    def _compiled(self, models: Sequence[tuple[ModelConfig, Any]]) -> list["_Model"]:
+        """Each model compiled and profiled (the slow, failure-prone part of a load or a reload), as
+        the entry the service will keep for it; none is added to the service here."""
+        entries = []
+        # compiling (torch.export, planning streams) is long pure Python; with models being served,
+        # hand the GIL over every LOAD_SWITCH_INTERVAL_MS so their requests are not held up for
+        # whole 5 ms slices at each of their threads' hand-offs (see LOAD_SWITCH_INTERVAL_MS)
+        ShortSwitchInterval.enter(LOAD_SWITCH_INTERVAL_MS)
+        try:
+            for config, module in models:
+                # on the device's build thread, where the captures run: cuDNN's timings made while
+                # compiling are kept per thread, and the captures then find them (device.Builder)
+                runner, config, profile = self.device.builder.call(
+                    lambda config=config, module=module: self._compile_and_profile(config, module))
+                entries.append(_Model(config, profile, runner, held_bytes=_held_bytes(module, runner)))
+        finally:
+            ShortSwitchInterval.leave(LOAD_SWITCH_INTERVAL_MS)
+        return entries
 
     def _compile_and_profile(self, config: ModelConfig, module: Any) -> tuple[Any, ModelConfig, Profile]:
         """One model's share of a load, run on the device's builder thread (see ``load_many``)."""
